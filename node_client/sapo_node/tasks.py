@@ -1,0 +1,234 @@
+"""Tasks: the catalogues of reasoning-gym datasets, rebuilding entries, and scoring completions.
+
+This module is the one rule shared by the node client and the platform: both rebuild an entry from
+(dataset, catalogue config, seed, index) and score a completion the same way, so a node's claimed
+reward and the server's verified reward agree exactly for honest nodes. It imports reasoning-gym
+only (no torch, no network, no Django).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import reasoning_gym
+from reasoning_gym.utils import extract_answer as _rg_extract_answer
+
+#: Seeds and indices a task may use: both are non-negative and below these bounds.
+MAX_SEED = 2**31 - 1
+MAX_INDEX = 10**9
+
+#: Two rewards agree when they differ by no more than this.
+REWARD_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One dataset of a catalogue: a reasoning-gym name and the keyword config it is built with."""
+
+    dataset: str
+    config: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def key(self) -> str:
+        """A stable text form of (dataset, config), used to cache built datasets."""
+        return self.dataset + ":" + json.dumps(self.config, sort_keys=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "config": dict(self.config)}
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The tasks a pool accepts, as sent in the server's `welcome`."""
+
+    name: str
+    tasks: tuple[TaskSpec, ...]
+
+    def get(self, dataset: str) -> TaskSpec | None:
+        for spec in self.tasks:
+            if spec.dataset == dataset:
+                return spec
+        return None
+
+    @property
+    def datasets(self) -> list[str]:
+        return [spec.dataset for spec in self.tasks]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "tasks": [spec.to_json() for spec in self.tasks]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Catalogue:
+        tasks = tuple(TaskSpec(t["dataset"], dict(t.get("config") or {})) for t in data["tasks"])
+        if not tasks:
+            raise ValueError("a catalogue needs at least one task")
+        return cls(name=str(data.get("name", "custom")), tasks=tasks)
+
+
+# The nine specialties of the SAPO paper's demo, with its configurations (shared/SAPO.md).
+SAPO_CATALOGUE = Catalogue(
+    name="sapo",
+    tasks=(
+        TaskSpec("arc_1d", {"min_size": 10, "max_size": 30, "num_train": 3}),
+        TaskSpec(
+            "basic_arithmetic",
+            {
+                "min_terms": 2,
+                "max_terms": 6,
+                "min_digits": 1,
+                "max_digits": 4,
+                "operators": ["+", "-", "*", "/"],
+                "allow_parentheses": True,
+            },
+        ),
+        TaskSpec("base_conversion", {"min_base": 2, "max_base": 16, "min_value": 0, "max_value": 1000}),
+        TaskSpec("bf", {"difficulty": 1}),
+        TaskSpec("binary_matrix", {"min_n": 3, "max_n": 10, "p_zero": 0.25}),
+        TaskSpec("calendar_arithmetic", {"year": 2023, "offset_upper_bound": 100, "leap_year_range": 200}),
+        TaskSpec(
+            "decimal_arithmetic",
+            {"min_terms": 2, "max_terms": 6, "min_num_decimal_places": 1, "max_num_decimal_places": 3, "precision": 5},
+        ),
+        TaskSpec("fraction_simplification", {"min_value": 1, "max_value": 100, "min_factor": 2, "max_factor": 100}),
+        TaskSpec(
+            "propositional_logic",
+            {"min_vars": 2, "max_vars": 4, "min_statements": 2, "max_statements": 4, "min_complexity": 1, "max_complexity": 3},
+        ),
+    ),
+)
+
+# Easy configurations of the same kinds of task, which a model of a few million parameters partly
+# solves after a short warm start (shared/SAPO.md, "Measured here"). The local demo and the tiny
+# model's offline default use these; the full configurations are for real models.
+EASY_CATALOGUE = Catalogue(
+    name="easy",
+    tasks=(
+        TaskSpec("calendar_arithmetic", {"year": 2023, "tasks": ["is_leap_year"], "leap_year_range": 200}),
+        TaskSpec(
+            "basic_arithmetic",
+            {
+                "min_terms": 2,
+                "max_terms": 2,
+                "min_digits": 1,
+                "max_digits": 1,
+                "operators": ["+", "-"],
+                "allow_parentheses": False,
+                "allow_negation": False,
+            },
+        ),
+        TaskSpec("base_conversion", {"min_base": 2, "max_base": 10, "min_value": 1, "max_value": 15}),
+        TaskSpec("fraction_simplification", {"min_value": 1, "max_value": 10, "min_factor": 2, "max_factor": 5, "styles": ["plain"]}),
+    ),
+)
+
+CATALOGUES: dict[str, Catalogue] = {c.name: c for c in (SAPO_CATALOGUE, EASY_CATALOGUE)}
+
+
+class TaskError(ValueError):
+    """A task that cannot be rebuilt: unknown dataset or out-of-range seed/index."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# Building a bf entry prints dots to stdout; redirect_stdout swaps the process-wide sys.stdout,
+# so builds are serialised rather than letting one thread swallow another's output.
+_build_lock = threading.Lock()
+
+
+@lru_cache(maxsize=256)
+def _dataset(key: str, dataset: str, config_json: str, seed: int) -> Any:
+    config = json.loads(config_json)
+    for name, value in config.items():
+        if isinstance(value, list):  # reasoning-gym configs take tuples where JSON has lists
+            config[name] = tuple(value) if name in ("operators", "styles") else value
+    with contextlib.redirect_stdout(io.StringIO()):
+        return reasoning_gym.create_dataset(dataset, size=MAX_INDEX, seed=seed, **config)
+
+
+def build_entry(spec: TaskSpec, seed: int, index: int) -> dict[str, Any]:
+    """Rebuild the reasoning-gym entry {question, answer, metadata} for (spec, seed, index).
+
+    Deterministic: anyone holding the same arguments gets the same entry.
+    """
+    if not (0 <= seed <= MAX_SEED) or not (0 <= index < MAX_INDEX):
+        raise TaskError("bad_index", f"seed must be in [0, {MAX_SEED}] and index in [0, {MAX_INDEX})")
+    try:
+        with _build_lock:
+            ds = _dataset(spec.key, spec.dataset, json.dumps(spec.config, sort_keys=True), seed)
+            with contextlib.redirect_stdout(io.StringIO()):
+                return ds[index]
+    except KeyError as exc:  # reasoning-gym raises KeyError-like errors for unknown names
+        raise TaskError("unknown_task", f"unknown dataset {spec.dataset!r}") from exc
+
+
+def _dataset_for(spec: TaskSpec, seed: int) -> Any:
+    with _build_lock:
+        return _dataset(spec.key, spec.dataset, json.dumps(spec.config, sort_keys=True), seed)
+
+
+def extract_answer(completion: str) -> str | None:
+    """The answer of a completion: the text of its last <answer>...</answer>, or None."""
+    return _rg_extract_answer(completion, tag_name="answer", strip=True)
+
+
+def score_completion(spec: TaskSpec, seed: int, entry: dict[str, Any], completion: str) -> float:
+    """The dataset verifier's score in [0, 1] of the answer in `completion` (0 without tags)."""
+    answer = extract_answer(completion)
+    if answer is None:
+        return 0.0
+    try:
+        score = _dataset_for(spec, seed).score_answer(answer, entry)
+    except Exception:  # a verifier choking on hostile text is a wrong answer, not a crash
+        return 0.0
+    return float(min(1.0, max(0.0, float(score))))
+
+
+def rewards_match(claimed: float, verified: float) -> bool:
+    return abs(float(claimed) - float(verified)) <= REWARD_TOLERANCE
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """The identity of one question: which dataset, and the (seed, index) that rebuilds it."""
+
+    dataset: str
+    seed: int
+    index: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "seed": self.seed, "index": self.index}
+
+
+class TaskStream:
+    """A node's own stream of questions, deterministic in the node's seed.
+
+    Each draw picks a dataset uniformly from the catalogue and a fresh index, so two nodes with
+    different seeds see different questions and a resumed node can restore the stream's state.
+    """
+
+    def __init__(self, catalogue: Catalogue, seed: int) -> None:
+        self.catalogue = catalogue
+        self.seed = seed % (MAX_SEED + 1)
+        self._rng = random.Random(seed)
+
+    def draw(self, n: int) -> list[TaskRef]:
+        refs = []
+        for _ in range(n):
+            spec = self._rng.choice(self.catalogue.tasks)
+            refs.append(TaskRef(spec.dataset, self.seed, self._rng.randrange(MAX_INDEX)))
+        return refs
+
+    def state(self) -> Any:
+        return self._rng.getstate()
+
+    def set_state(self, state: Any) -> None:
+        self._rng.setstate(state)
