@@ -1,0 +1,53 @@
+from django import forms
+from django.contrib.auth import password_validation
+
+from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
+from accounts.services import display_name_is_taken
+
+
+class SignupForm(forms.Form):
+    """Validates a sign-up; the account itself is created by accounts.services.user_create."""
+
+    username = forms.CharField(
+        max_length=150,
+        help_text="For logging in. Letters, digits and @/./+/-/_ only.",
+        validators=[User.username_validator],
+        widget=forms.TextInput(attrs={"autocomplete": "username", "autofocus": True}),
+    )
+    display_name = forms.CharField(max_length=DISPLAY_NAME_MAX_LENGTH, help_text="Shown publicly on the leaderboard.")
+    password1 = forms.CharField(
+        label="Password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text=password_validation.password_validators_help_text_html(),
+    )
+    password2 = forms.CharField(
+        label="Password (again)", strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "new-password"})
+    )
+
+    def clean_username(self) -> str:
+        username = User.normalize_username(self.cleaned_data["username"])
+        if User.objects.filter(username__iexact=username).exists():
+            raise forms.ValidationError("This username is taken.")
+        return username
+
+    def clean_display_name(self) -> str:
+        display_name = " ".join(self.cleaned_data["display_name"].split())
+        if not display_name:
+            raise forms.ValidationError("A display name is required.")
+        if display_name_is_taken(display_name):
+            raise forms.ValidationError("This display name is taken.")
+        return display_name
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        password1, password2 = cleaned.get("password1"), cleaned.get("password2")
+        if password1 and password2 and password1 != password2:
+            self.add_error("password2", "The two passwords differ.")
+        elif password1:
+            candidate = User(username=cleaned.get("username", ""), display_name=cleaned.get("display_name", ""))
+            try:
+                password_validation.validate_password(password1, candidate)
+            except forms.ValidationError as exc:
+                self.add_error("password1", exc)
+        return cleaned

@@ -1,0 +1,42 @@
+from django.contrib.auth.models import AbstractUser
+from django.db import models
+from django.db.models.functions import Lower
+
+DISPLAY_NAME_MAX_LENGTH = 40
+
+
+class User(AbstractUser):
+    """A contributor. `display_name` is public (leaderboard, pool authorship); `username` is for login.
+
+    `banned_at` set: the contributor's nodes are refused (close code 4403) and their groups leave
+    the pool; the account itself can still log in to see why.
+    """
+
+    display_name = models.CharField(
+        max_length=DISPLAY_NAME_MAX_LENGTH,
+        blank=True,
+        help_text="Public name shown on the leaderboard. Unique, case-insensitively.",
+    )
+    banned_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                Lower("display_name"),
+                name="accounts_user_display_name_ci_unique",
+                condition=~models.Q(display_name=""),
+                violation_error_message="This display name is taken.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.username
+
+    @property
+    def public_name(self) -> str:
+        """What other people see: the display name, or the username when none was chosen."""
+        return self.display_name or self.username
+
+    @property
+    def is_banned(self) -> bool:
+        return self.banned_at is not None

@@ -1,0 +1,36 @@
+from django.contrib import admin
+
+from nodes.models import Node, NodeToken
+
+
+class NodeTokenInline(admin.TabularInline):
+    model = NodeToken
+    extra = 0
+    can_delete = False
+    fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "created_at", "last_used_at")
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False  # tokens are issued by services (the plaintext must be shown once)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "owner", "status", "model_id", "client_version", "last_seen_at", "banned_at", "retired_at")
+    list_filter = (("banned_at", admin.EmptyFieldListFilter), ("retired_at", admin.EmptyFieldListFilter))
+    search_fields = ("name", "owner__username", "owner__display_name", "model_id")
+    list_select_related = ("owner",)
+    readonly_fields = ("connections", "last_seen_at", "created_at", "client_version")
+    raw_id_fields = ("owner",)
+    inlines = [NodeTokenInline]
+
+
+@admin.register(NodeToken)
+class NodeTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "node", "created_at", "last_used_at", "revoked_at")
+    list_select_related = ("node",)
+    search_fields = ("prefix", "node__name")
+    readonly_fields = ("node", "token_hash", "prefix", "created_at", "last_used_at")
+
+    def has_add_permission(self, request) -> bool:
+        return False

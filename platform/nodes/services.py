@@ -1,0 +1,180 @@
+"""Writes on nodes and their tokens. Every function validates its own input: callers include the
+WebSocket consumer, which passes untrusted text from the node."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from accounts.models import User
+from common.errors import ApplicationError
+from nodes.events import CLOSE_UNAUTHENTICATED, node_disconnect_on_commit
+from nodes.models import NODE_NAME_MAX_LENGTH, Node, NodeToken
+
+TOKEN_PREFIX = "sapo_"
+#: Characters of the plaintext kept (unhashed) for display: "sapo_" + 8.
+TOKEN_DISPLAY_LENGTH = len(TOKEN_PREFIX) + 8
+_TOKEN_MAX_LENGTH = 128
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._\-]*$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+#: Don't write last_seen_at / last_used_at more often than this per node (one write per message
+#: would be wasteful); status windows are minutes long.
+SEEN_WRITE_INTERVAL = timedelta(seconds=10)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _clean_name(name: str) -> str:
+    name = " ".join(str(name).split())
+    if not name or len(name) > NODE_NAME_MAX_LENGTH or not _NAME_RE.match(name):
+        raise ApplicationError(
+            "invalid_name",
+            f"A node name has 1-{NODE_NAME_MAX_LENGTH} characters: letters, digits, space, '.', '_' or '-', "
+            "starting with a letter or digit.",
+        )
+    return name
+
+
+def _clean_text(value: object, max_length: int) -> str:
+    """Self-reported free text: a string without control characters, cut to the column's length."""
+    if not isinstance(value, str):
+        return ""
+    return _CONTROL_RE.sub("", value).strip()[:max_length]
+
+
+def _ensure_not_retired(node: Node) -> None:
+    if node.retired_at is not None:
+        raise ApplicationError("node_retired", "This node is retired.", status=409)
+
+
+def node_create(*, owner: User, name: str, model_id: str = "", hardware: str = "") -> Node:
+    """Raises ApplicationError: invalid_name, name_taken (409), banned (403)."""
+    if owner.banned_at is not None:
+        raise ApplicationError("banned", "Your account is banned from the swarm.", status=403)
+    node = Node(
+        owner=owner,
+        name=_clean_name(name),
+        model_id=_clean_text(model_id, Node._meta.get_field("model_id").max_length),
+        hardware=_clean_text(hardware, Node._meta.get_field("hardware").max_length),
+    )
+    try:
+        with transaction.atomic():
+            node.save()
+    except IntegrityError as exc:
+        raise ApplicationError("name_taken", f"You already have a node named {node.name!r}.", status=409) from exc
+    return node
+
+
+def node_token_issue(*, node: Node) -> tuple[NodeToken, str]:
+    """Create a token for the node; the plaintext is returned here and never stored or shown again."""
+    _ensure_not_retired(node)
+    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = NodeToken.objects.create(
+        node=node, token_hash=token_hash(plaintext), prefix=plaintext[:TOKEN_DISPLAY_LENGTH]
+    )
+    return token, plaintext
+
+
+def node_token_revoke(*, node: Node) -> int:
+    """Revoke every active token of the node and close its open sockets (4401). Returns how many."""
+    revoked = NodeToken.objects.filter(node=node, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    if revoked:
+        node_disconnect_on_commit(node_id=node.id, code=CLOSE_UNAUTHENTICATED, reason="token_revoked")
+    return revoked
+
+
+@transaction.atomic
+def node_token_rotate(*, node: Node) -> str:
+    """Revoke the node's tokens and issue a new one; returns its plaintext (shown once)."""
+    _ensure_not_retired(node)
+    node_token_revoke(node=node)
+    _, plaintext = node_token_issue(node=node)
+    return plaintext
+
+
+def node_rename(*, node: Node, name: str) -> Node:
+    """Raises ApplicationError: invalid_name, name_taken (409), node_retired (409)."""
+    _ensure_not_retired(node)
+    node.name = _clean_name(name)
+    try:
+        with transaction.atomic():
+            node.save(update_fields=["name"])
+    except IntegrityError as exc:
+        raise ApplicationError("name_taken", f"You already have a node named {node.name!r}.", status=409) from exc
+    return node
+
+
+@transaction.atomic
+def node_retire(*, node: Node) -> Node:
+    """Retire the node for good: its tokens are revoked, its name freed, its history kept."""
+    if node.retired_at is not None:
+        return node
+    node.retired_at = timezone.now()
+    node.save(update_fields=["retired_at"])
+    node_token_revoke(node=node)
+    return node
+
+
+def node_record_hello(*, node: Node, client: object, model: object, hardware: object) -> Node:
+    """Store what a node says about itself in `hello` (untrusted: cleaned and cut to length)."""
+    node.client_version = _clean_text(client, Node._meta.get_field("client_version").max_length)
+    node.model_id = _clean_text(model, Node._meta.get_field("model_id").max_length)
+    node.hardware = _clean_text(hardware, Node._meta.get_field("hardware").max_length)
+    node.last_seen_at = timezone.now()
+    node.save(update_fields=["client_version", "model_id", "hardware", "last_seen_at"])
+    return node
+
+
+def node_mark_seen(*, node: Node) -> None:
+    """The node just sent something. Writes at most once per SEEN_WRITE_INTERVAL."""
+    now = timezone.now()
+    Node.objects.filter(id=node.id).filter(
+        Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_WRITE_INTERVAL)
+    ).update(last_seen_at=now)
+    node.last_seen_at = now
+
+
+def node_mark_connected(*, node: Node) -> None:
+    """A WebSocket of this node was accepted (the consumer calls this once per socket)."""
+    now = timezone.now()
+    Node.objects.filter(id=node.id).update(connections=F("connections") + 1, last_seen_at=now)
+    node.last_seen_at = now
+
+
+def node_mark_disconnected(*, node: Node) -> None:
+    """A WebSocket of this node closed (pairs with node_mark_connected; never goes below 0)."""
+    Node.objects.filter(id=node.id).update(connections=Greatest(F("connections") - 1, 0))
+
+
+def node_authenticate(*, token: str | None) -> Node:
+    """The node a bearer token belongs to, with `owner` loaded.
+
+    Raises ApplicationError "unauthenticated" (401: missing, malformed, unknown, revoked, node
+    retired) or "banned" (403: node or owner banned). The consumer closes with 4401 / 4403.
+    """
+    if not token or not isinstance(token, str) or not token.startswith(TOKEN_PREFIX) or len(token) > _TOKEN_MAX_LENGTH:
+        raise ApplicationError("unauthenticated", "A valid node token is required.", status=401)
+    record = (
+        NodeToken.objects.select_related("node", "node__owner")
+        .filter(token_hash=token_hash(token), revoked_at__isnull=True)
+        .first()
+    )
+    if record is None or record.node.retired_at is not None:
+        raise ApplicationError("unauthenticated", "A valid node token is required.", status=401)
+    node = record.node
+    if node.is_banned:
+        raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
+    now = timezone.now()
+    NodeToken.objects.filter(id=record.id).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - SEEN_WRITE_INTERVAL)
+    ).update(last_used_at=now)
+    return node

@@ -1,0 +1,151 @@
+import pytest
+from django.contrib.auth import get_user_model
+from factories import DEFAULT_PASSWORD, make_user
+
+from accounts.services import user_create
+from common.errors import ApplicationError
+
+pytestmark = pytest.mark.django_db
+User = get_user_model()
+
+SIGNUP = "/accounts/signup/"
+LOGIN = "/accounts/login/"
+LOGOUT = "/accounts/logout/"
+PASSWORD_CHANGE = "/accounts/password/"
+
+
+def signup_data(**overrides) -> dict:
+    data = {
+        "username": "dana",
+        "display_name": "Dana R.",
+        "password1": "plenty-of-entropy-17",
+        "password2": "plenty-of-entropy-17",
+    }
+    data.update(overrides)
+    return data
+
+
+class TestUserCreate:
+    def test_creates_a_user_with_a_hashed_password(self):
+        user = user_create(username="erin", display_name="Erin", password="plenty-of-entropy-17")
+        assert user.check_password("plenty-of-entropy-17")
+        assert user.password != "plenty-of-entropy-17"
+        assert user.public_name == "Erin"
+
+    def test_display_names_are_unique_case_insensitively(self):
+        make_user(username="erin", display_name="Erin")
+        with pytest.raises(ApplicationError) as info:
+            user_create(username="erin2", display_name="ERIN", password="plenty-of-entropy-17")
+        assert info.value.code == "display_name_taken"
+
+    def test_weak_password_is_refused(self):
+        with pytest.raises(ApplicationError) as info:
+            user_create(username="erin", display_name="Erin", password="123")
+        assert info.value.code == "invalid_password"
+
+    def test_no_password_means_unusable(self):
+        assert not user_create(username="bot", display_name="Bot", password=None).has_usable_password()
+
+
+class TestSignup:
+    def test_page_renders(self, client):
+        response = client.get(SIGNUP)
+        assert response.status_code == 200
+        assert b'name="display_name"' in response.content
+
+    def test_sign_up_logs_the_contributor_in(self, client):
+        response = client.post(SIGNUP, signup_data())
+
+        assert response.status_code == 302
+        user = User.objects.get(username="dana")
+        assert user.display_name == "Dana R."
+        assert client.session["_auth_user_id"] == str(user.id)
+
+    @pytest.mark.parametrize(
+        ("overrides", "field"),
+        [
+            ({"password2": "something-else-entirely"}, "password2"),
+            ({"password1": "short", "password2": "short"}, "password1"),
+            ({"display_name": "   "}, "display_name"),
+            ({"username": "no spaces allowed"}, "username"),
+        ],
+    )
+    def test_invalid_sign_up_shows_errors_and_creates_nothing(self, client, overrides, field):
+        response = client.post(SIGNUP, signup_data(**overrides))
+
+        assert response.status_code == 400
+        assert response.context["form"].errors[field]
+        assert not User.objects.filter(username=signup_data(**overrides)["username"]).exists()
+
+    def test_taken_username_and_display_name(self, client):
+        make_user(username="dana", display_name="Someone")
+        make_user(username="other", display_name="dana r.")
+        response = client.post(SIGNUP, signup_data())
+        errors = response.context["form"].errors
+        assert "username" in errors and "display_name" in errors
+
+
+class TestLoginLogout:
+    def test_login_and_logout(self, client, user):
+        page = client.get(LOGIN)
+        assert page.status_code == 200
+
+        response = client.post(LOGIN, {"username": "alice", "password": DEFAULT_PASSWORD})
+        assert response.status_code == 302
+        assert client.session["_auth_user_id"] == str(user.id)
+
+        response = client.post(LOGOUT)
+        assert response.status_code == 302
+        assert "_auth_user_id" not in client.session
+
+    def test_wrong_password(self, client, user):
+        response = client.post(LOGIN, {"username": "alice", "password": "nope"})
+        assert response.status_code == 200
+        assert "_auth_user_id" not in client.session
+
+    def test_logged_in_nav_offers_logout(self, auth_client):
+        response = auth_client.get(PASSWORD_CHANGE)
+        assert b"Log out" in response.content and b"Alice" in response.content
+
+
+class TestPasswordChange:
+    def test_requires_login(self, client):
+        response = client.get(PASSWORD_CHANGE)
+        assert response.status_code == 302
+        assert response["Location"].startswith(LOGIN)
+
+    def test_change_password(self, auth_client, user):
+        response = auth_client.post(
+            PASSWORD_CHANGE,
+            {
+                "old_password": DEFAULT_PASSWORD,
+                "new_password1": "new-long-phrase-99",
+                "new_password2": "new-long-phrase-99",
+            },
+        )
+        assert response.status_code == 302
+        user.refresh_from_db()
+        assert user.check_password("new-long-phrase-99")
+        assert auth_client.get(response["Location"]).status_code == 200
+
+    def test_wrong_old_password(self, auth_client, user):
+        response = auth_client.post(
+            PASSWORD_CHANGE,
+            {"old_password": "wrong", "new_password1": "new-long-phrase-99", "new_password2": "new-long-phrase-99"},
+        )
+        assert response.status_code == 200
+        user.refresh_from_db()
+        assert user.check_password(DEFAULT_PASSWORD)
+
+
+def test_admin_pages_for_accounts_and_nodes(client, node):
+    admin = make_user(username="root", display_name="Root", is_staff=True, is_superuser=True)
+    client.force_login(admin)
+    for url in [
+        "/admin/accounts/user/",
+        "/admin/accounts/user/add/",
+        "/admin/nodes/node/",
+        f"/admin/nodes/node/{node.id}/change/",
+        "/admin/nodes/nodetoken/",
+    ]:
+        assert client.get(url).status_code == 200, url

@@ -1,0 +1,186 @@
+import hashlib
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+from factories import make_node, make_node_token, make_user
+
+from accounts.models import User
+from common.errors import ApplicationError
+from nodes.models import Node, NodeStatus, NodeToken
+from nodes.selectors import access_node, node_list
+from nodes.services import (
+    node_authenticate,
+    node_create,
+    node_mark_connected,
+    node_mark_disconnected,
+    node_mark_seen,
+    node_record_hello,
+    node_rename,
+    node_retire,
+    node_token_issue,
+    node_token_revoke,
+    node_token_rotate,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def error_code(callable_, **kwargs) -> str:
+    with pytest.raises(ApplicationError) as info:
+        callable_(**kwargs)
+    return info.value.code
+
+
+class TestTokens:
+    def test_token_is_returned_once_and_stored_only_as_its_hash(self, node):
+        token, plaintext = node_token_issue(node=node)
+
+        assert plaintext.startswith("sapo_") and len(plaintext) > 40
+        token.refresh_from_db()
+        assert token.token_hash == hashlib.sha256(plaintext.encode()).hexdigest()
+        assert plaintext[:13] == token.prefix
+        stored = [str(value) for value in NodeToken.objects.values_list(flat=False).get(id=token.id)]
+        assert plaintext not in stored
+
+    def test_tokens_differ(self, node):
+        assert node_token_issue(node=node)[1] != node_token_issue(node=node)[1]
+
+    def test_valid_token_authenticates_its_node(self, node, node_token):
+        assert node_authenticate(token=node_token) == node
+        assert NodeToken.objects.get(node=node).last_used_at is not None
+
+    @pytest.mark.parametrize("token", [None, "", "sapo_", "not-a-sapo-token", "sapo_" + "x" * 43, "sapo_" + "x" * 500])
+    def test_missing_malformed_or_unknown_token_is_unauthenticated(self, token):
+        assert error_code(node_authenticate, token=token) == "unauthenticated"
+
+    def test_rotate_revokes_old_tokens_and_returns_a_working_one(self, node, node_token):
+        new = node_token_rotate(node=node)
+
+        assert error_code(node_authenticate, token=node_token) == "unauthenticated"
+        assert node_authenticate(token=new) == node
+        assert NodeToken.objects.filter(node=node, revoked_at__isnull=True).count() == 1
+
+    def test_revoke_stops_every_token(self, node, node_token):
+        _, second = make_node_token(node=node)
+
+        assert node_token_revoke(node=node) == 2
+        assert error_code(node_authenticate, token=node_token) == "unauthenticated"
+        assert error_code(node_authenticate, token=second) == "unauthenticated"
+
+    def test_retired_node_is_unauthenticated(self, node, node_token):
+        node_retire(node=node)
+        assert error_code(node_authenticate, token=node_token) == "unauthenticated"
+
+    def test_banned_node_is_banned(self, node, node_token):
+        Node.objects.filter(id=node.id).update(banned_at=timezone.now())
+        assert error_code(node_authenticate, token=node_token) == "banned"
+
+    def test_banned_owner_is_banned(self, user, node, node_token):
+        User.objects.filter(id=user.id).update(banned_at=timezone.now())
+        assert error_code(node_authenticate, token=node_token) == "banned"
+
+    def test_authentication_error_statuses(self, node, node_token):
+        with pytest.raises(ApplicationError) as info:
+            node_authenticate(token="sapo_unknown")
+        assert info.value.status == 401
+        Node.objects.filter(id=node.id).update(banned_at=timezone.now())
+        with pytest.raises(ApplicationError) as info:
+            node_authenticate(token=node_token)
+        assert info.value.status == 403
+
+
+class TestNodes:
+    def test_names_are_unique_per_owner_among_active_nodes(self, user, other_user, node):
+        assert error_code(node_create, owner=user, name="laptop") == "name_taken"
+        assert node_create(owner=other_user, name="laptop").name == "laptop"
+        node_retire(node=node)
+        assert node_create(owner=user, name="laptop").name == "laptop"
+
+    @pytest.mark.parametrize("name", ["", "   ", "x" * 65, "<script>", "-dash-first", "a/b"])
+    def test_invalid_names_are_refused(self, user, name):
+        assert error_code(node_create, owner=user, name=name) == "invalid_name"
+
+    def test_banned_contributor_cannot_create_nodes(self):
+        banned = make_user(banned_at=timezone.now())
+        assert error_code(node_create, owner=banned, name="box") == "banned"
+
+    def test_rename(self, user, node):
+        make_node(owner=user, name="desktop")
+        assert node_rename(node=node, name="  big   box ").name == "big box"
+        assert error_code(node_rename, node=node, name="desktop") == "name_taken"
+
+    def test_retired_node_cannot_be_renamed_or_get_tokens(self, node):
+        node_retire(node=node)
+        assert error_code(node_rename, node=node, name="other") == "node_retired"
+        assert error_code(node_token_rotate, node=node) == "node_retired"
+
+    def test_hello_is_recorded_cleaned_and_bounded(self, node):
+        node_record_hello(node=node, client="sapo-node/0.1.0\x00", model="m" * 1000, hardware=["not", "text"])
+        node.refresh_from_db()
+        assert node.client_version == "sapo-node/0.1.0"
+        assert node.model_id == "m" * 200
+        assert node.hardware == ""
+        assert node.last_seen_at is not None
+
+    def test_status_follows_connections_and_last_seen(self, node):
+        assert node.status == NodeStatus.OFFLINE
+        node_mark_connected(node=node)
+        node.refresh_from_db()
+        assert node.status == NodeStatus.ONLINE
+        assert node.status_at(timezone.now() + timedelta(minutes=10)) == NodeStatus.IDLE
+        assert node.status_at(timezone.now() + timedelta(hours=2)) == NodeStatus.OFFLINE
+        node_mark_disconnected(node=node)
+        node_mark_disconnected(node=node)  # never below zero
+        node.refresh_from_db()
+        assert node.connections == 0
+        assert node.status == NodeStatus.OFFLINE
+
+    def test_status_banned_and_retired(self, user, node):
+        node_retire(node=node)
+        assert node.status == NodeStatus.RETIRED
+        user.banned_at = timezone.now()
+        assert node.status == NodeStatus.BANNED
+
+    def test_mark_seen_updates_last_seen(self, node):
+        node_mark_seen(node=node)
+        node.refresh_from_db()
+        assert node.last_seen_at is not None
+
+    def test_access_node_is_owner_only(self, user, other_user, node):
+        assert access_node(user, node.id) == node
+        for who, node_id in [(other_user, node.id), (user, 10**9), (user, "abc")]:
+            with pytest.raises(ApplicationError) as info:
+                access_node(who, node_id)
+            assert (info.value.code, info.value.status) == ("not_found", 404)
+
+    def test_node_list_is_the_owners_active_nodes(self, user, other_user, node):
+        retired = make_node(owner=user, name="old")
+        node_retire(node=retired)
+        make_node(owner=other_user)
+        assert list(node_list(owner=user)) == [node]
+        assert list(node_list(owner=user, include_retired=True)) == [node, retired]
+
+
+class TestTokenCommand:
+    def run(self, *args: str) -> list[str]:
+        out = StringIO()
+        call_command("sapo_node_token", *args, stdout=out, stderr=StringIO())
+        return out.getvalue().strip().splitlines()
+
+    def test_creates_user_and_node_and_prints_a_working_token_last(self):
+        lines = self.run("carol", "rig-1")
+
+        user = User.objects.get(username="carol")
+        assert not user.has_usable_password()
+        node = node_authenticate(token=lines[-1])
+        assert (node.owner, node.name) == (user, "rig-1")
+
+    def test_reuses_existing_user_and_node(self, user, node, node_token):
+        lines = self.run(user.username, node.name)
+
+        assert node_authenticate(token=lines[-1]) == node
+        assert node_authenticate(token=node_token) == node  # earlier tokens stay valid
+        assert Node.objects.filter(owner=user).count() == 1
