@@ -1,0 +1,45 @@
+# SAPO Swarm: `make run` starts the site and a local swarm; `make test` runs every test.
+# Both create the virtual environment .venv/ with everything installed when it is missing.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint format venv wheel bench clean-db
+
+venv: $(STAMP)
+
+# torch goes first and pinned: a loose requirement would pull gigabytes of CUDA packages on a
+# CPU machine. requirements/lock.txt pins everything else to the versions the tests ran with.
+$(STAMP): requirements/base.txt requirements/dev.txt requirements/lock.txt node_client/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -r requirements/dev.txt -c requirements/lock.txt
+	$(PIP) install -q -e ./node_client -c requirements/lock.txt
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) manage.py sapo_local
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) bench/pool.py
+	$(PY) bench/round.py
+
+clean-db:
+	$(PY) manage.py sapo_db stop || true
+	rm -rf var/postgres
