@@ -101,6 +101,26 @@ def node_token_rotate(*, node: Node) -> str:
     return plaintext
 
 
+@transaction.atomic
+def node_provision(*, username: str, node_name: str, model_id: str = "", rotate: bool = False) -> tuple[Node, str]:
+    """Get or create the contributor `username` (unusable password) and their node `node_name`, and
+    issue a token, for headless set-ups: `sapo_node_token`, compose and `make run`'s local swarm.
+
+    With rotate=True earlier tokens are revoked; otherwise they stay valid. Returns (node, plaintext).
+    """
+    from accounts.services import display_name_is_taken, user_create
+
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        display_name = username if not display_name_is_taken(username) else f"{username}-{User.objects.count() + 1}"
+        user = user_create(username=username, display_name=display_name, password=None)
+    node = Node.objects.filter(owner=user, name=node_name, retired_at__isnull=True).first()
+    if node is None:
+        node = node_create(owner=user, name=node_name, model_id=model_id)
+    plaintext = node_token_rotate(node=node) if rotate else node_token_issue(node=node)[1]
+    return node, plaintext
+
+
 def node_rename(*, node: Node, name: str) -> Node:
     """Raises ApplicationError: invalid_name, name_taken (409), node_retired (409)."""
     _ensure_not_retired(node)

@@ -184,3 +184,16 @@ class TestTokenCommand:
         assert node_authenticate(token=lines[-1]) == node
         assert node_authenticate(token=node_token) == node  # earlier tokens stay valid
         assert Node.objects.filter(owner=user).count() == 1
+
+
+class TestNodeProvision:
+    def test_rotate_revokes_the_earlier_tokens_of_the_same_node(self, user, node, node_token):
+        from nodes.services import node_provision
+
+        provisioned, fresh = node_provision(username=user.username, node_name=node.name, rotate=True)
+
+        assert provisioned == node
+        assert node_authenticate(token=fresh) == node
+        with pytest.raises(ApplicationError) as exc:
+            node_authenticate(token=node_token)
+        assert exc.value.code == "unauthenticated"

@@ -1,11 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
 
-from accounts.models import User
-from accounts.services import display_name_is_taken, user_create
 from common.errors import ApplicationError
-from nodes.models import Node
-from nodes.services import node_create, node_token_issue
+from nodes.services import node_provision
 
 
 class Command(BaseCommand):
@@ -18,21 +14,10 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument("node_name")
 
-    @transaction.atomic
     def handle(self, *args, username: str, node_name: str, **options) -> None:
         try:
-            user = User.objects.filter(username=username).first()
-            if user is None:
-                display_name = username
-                if display_name_is_taken(display_name):
-                    display_name = f"{username}-{User.objects.count() + 1}"
-                user = user_create(username=username, display_name=display_name, password=None)
-                self.stderr.write(f"created contributor {username!r} (no password: set one with changepassword)")
-            node = Node.objects.filter(owner=user, name=node_name, retired_at__isnull=True).first()
-            if node is None:
-                node = node_create(owner=user, name=node_name)
-                self.stderr.write(f"created node {node.name!r} (id {node.id})")
-            _, plaintext = node_token_issue(node=node)
+            node, plaintext = node_provision(username=username, node_name=node_name)
         except ApplicationError as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
+        self.stderr.write(f"node {node.name!r} (id {node.id}) of contributor {username!r}")
         self.stdout.write(plaintext)

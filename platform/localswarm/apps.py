@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class LocalSwarmConfig(AppConfig):
+    name = "localswarm"
+    verbose_name = "Local swarm (make run)"
