@@ -1,0 +1,483 @@
+"""The built-in tiny policies: a Qwen2-architecture model built from a config, its own byte-level
+BPE tokenizer trained on reasoning-gym text, and a short supervised warm start on the easy
+catalogue so it starts with partial accuracy (GRPO learns nothing from groups that all fail or
+all succeed).
+
+Nothing is downloaded. The first `load_tiny` builds the model (about a minute on 2 CPU cores for
+"tiny") and saves it under <cache_dir>/<variant>-<recipe hash>/; later loads read it back. Two
+processes building the same recipe at once serialise on a file lock.
+
+    python -m sapo_node.tiny --variant tiny --eval     # build or load, then print accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
+
+from sapo_node.prompts import format_plain, format_prompt, format_target
+from sapo_node.tasks import EASY_CATALOGUE, MAX_INDEX, SAPO_CATALOGUE, Catalogue, build_entry, score_completion
+
+#: Bump when the build changes in a way the variant fields do not capture: old caches are then ignored.
+RECIPE_VERSION = 1
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+
+#: Dataset seeds: the warm start draws from TRAIN_SEED + seed, evaluation from EVAL_SEED (held out).
+TRAIN_SEED = 1000
+EVAL_SEED = 987_654
+
+#: The file that marks a finished build; it records the recipe and what the build measured.
+BUILD_INFO = "build.json"
+
+
+@dataclass(frozen=True)
+class TinyVariant:
+    """A recipe: tokenizer, architecture and warm start of one built-in model."""
+
+    name: str
+    #: Target vocabulary of the byte-level BPE tokenizer (256 bytes + special tokens + merges).
+    vocab_size: int
+    #: Split numbers into single digits before BPE (a different tokenizer from the same text).
+    split_digits: bool
+    #: Seed of the reasoning-gym questions the tokenizer is trained on, and how many per dataset.
+    tokenizer_seed: int
+    tokenizer_examples: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    #: Warm start: optimizer steps, examples per step, peak learning rate.
+    steps: int
+    batch_size: int
+    lr: float
+
+
+VARIANTS: dict[str, TinyVariant] = {
+    "tiny": TinyVariant(
+        name="tiny",
+        vocab_size=2048,
+        split_digits=False,
+        tokenizer_seed=11,
+        tokenizer_examples=300,
+        hidden_size=256,
+        num_layers=6,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=704,
+        steps=200,
+        batch_size=32,
+        lr=2e-3,
+    ),
+    "tiny-mini": TinyVariant(
+        name="tiny-mini",
+        vocab_size=1024,
+        split_digits=True,
+        tokenizer_seed=23,
+        tokenizer_examples=200,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=384,
+        steps=150,
+        batch_size=32,
+        lr=3e-3,
+    ),
+}
+
+
+def get_variant(name: str) -> TinyVariant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown tiny variant {name!r}; choose from {sorted(VARIANTS)}") from None
+
+
+# --- tokenizer ---------------------------------------------------------------------------------
+
+
+def tokenizer_corpus(variant: TinyVariant) -> list[str]:
+    """Prompt+target texts of reasoning-gym entries: mostly the easy catalogue, some full configs."""
+    texts = []
+    for catalogue, n in (
+        (EASY_CATALOGUE, variant.tokenizer_examples),
+        (SAPO_CATALOGUE, variant.tokenizer_examples // 10),
+    ):
+        for spec in catalogue.tasks:
+            for index in range(n):
+                entry = build_entry(spec, variant.tokenizer_seed, index)
+                texts.append(format_plain(entry["question"]) + format_target(str(entry["answer"])))
+    return texts
+
+
+def train_tokenizer(variant: TinyVariant) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (any text round-trips) with <|endoftext|> as eos and <|pad|>."""
+    tokenizer = Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if variant.split_digits:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=variant.vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(tokenizer_corpus(variant), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        padding_side="left",
+        model_max_length=2048,
+    )
+
+
+# --- model -------------------------------------------------------------------------------------
+
+
+def build_model(variant: TinyVariant, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=variant.hidden_size,
+        intermediate_size=variant.intermediate_size,
+        num_hidden_layers=variant.num_layers,
+        num_attention_heads=variant.num_heads,
+        num_key_value_heads=variant.num_kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- warm start --------------------------------------------------------------------------------
+
+
+def supervised_batch(tokenizer: Any, entries: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, labels), right-padded; labels cover the answer and eos only."""
+    prompts = tokenizer([format_prompt(tokenizer, e["question"]) for e in entries], add_special_tokens=False)[
+        "input_ids"
+    ]
+    targets = tokenizer([format_target(str(e["answer"])) for e in entries], add_special_tokens=False)["input_ids"]
+    rows = [(p, t + [tokenizer.eos_token_id]) for p, t in zip(prompts, targets, strict=True)]
+    width = max(len(p) + len(t) for p, t in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)  # (B, T)
+    for i, (p, t) in enumerate(rows):
+        n = len(p) + len(t)
+        input_ids[i, :n] = torch.tensor(p + t)
+        attention_mask[i, :n] = 1
+        labels[i, len(p) : n] = torch.tensor(t)
+    return input_ids, attention_mask, labels
+
+
+def warm_start(
+    model: Qwen2ForCausalLM,
+    tokenizer: Any,
+    variant: TinyVariant,
+    *,
+    seed: int,
+    steps: int,
+    catalogue: Catalogue = EASY_CATALOGUE,
+    progress: bool = True,
+) -> float:
+    """Supervised fine-tuning on (question, answer) pairs of `catalogue`; returns the final loss (EMA).
+
+    Each step's batch comes from one dataset, in turn: questions of one dataset have similar
+    lengths, so little compute goes to padding (the long base-conversion prompts would otherwise
+    set the width of every batch).
+    """
+    rng = random.Random(TRAIN_SEED + seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=variant.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup = max(1, steps // 10)
+
+    def lr_factor(step: int) -> float:  # linear warm-up, cosine decay to a tenth
+        if step < warmup:
+            return (step + 1) / warmup
+        done = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    ema = float("nan")
+    bar = tqdm(range(steps), desc=f"warm start {variant.name}", disable=not progress, leave=False)
+    for step in bar:
+        spec = catalogue.tasks[step % len(catalogue.tasks)]
+        entries = [build_entry(spec, TRAIN_SEED + seed, rng.randrange(MAX_INDEX)) for _ in range(variant.batch_size)]
+        input_ids, attention_mask, labels = supervised_batch(tokenizer, entries)
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        ema = loss.item() if math.isnan(ema) else 0.9 * ema + 0.1 * loss.item()
+        bar.set_postfix(loss=f"{ema:.3f}")
+    model.eval()
+    return ema
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 24,
+    temperature: float = 0.0,
+    num_return_sequences: int = 1,
+    min_new_tokens: int | None = None,
+) -> list[str]:
+    """Completions (text after each prompt, special tokens dropped), prompt-major order.
+
+    temperature 0 is greedy; otherwise plain sampling (no top-k/top-p), as the node samples.
+    """
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    kwargs: dict[str, Any] = {"do_sample": False}
+    if temperature > 0:
+        kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    if min_new_tokens:
+        kwargs["min_new_tokens"] = min_new_tokens
+    out = model.generate(
+        **batch,
+        max_new_tokens=max_new_tokens,
+        num_return_sequences=num_return_sequences,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **kwargs,
+    )
+    return tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    *,
+    catalogue: Catalogue = EASY_CATALOGUE,
+    n: int = 64,
+    seed: int = EVAL_SEED,
+    temperature: float = 0.0,
+    max_new_tokens: int = 24,
+) -> dict[str, float]:
+    """Mean score per dataset on questions 0..n-1 of dataset seed `seed` (held out from the warm start)."""
+    torch.manual_seed(seed)
+    scores = {}
+    for spec in catalogue.tasks:
+        entries = [build_entry(spec, seed, i) for i in range(n)]
+        prompts = [format_prompt(tokenizer, e["question"]) for e in entries]
+        completions = generate_completions(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature
+        )
+        scores[spec.dataset] = (
+            sum(score_completion(spec, seed, e, c) for e, c in zip(entries, completions, strict=True)) / n
+        )
+    return scores
+
+
+# --- cache -------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SAPO_CACHE") or Path.home() / ".cache" / "sapo-node")
+
+
+def recipe(variant: TinyVariant, seed: int, steps: int) -> dict[str, Any]:
+    """Everything the built model depends on; its hash names the cache folder."""
+    return {
+        "version": RECIPE_VERSION,
+        "variant": dataclasses.asdict(dataclasses.replace(variant, steps=steps)),
+        "seed": seed,
+        "catalogue": EASY_CATALOGUE.to_json(),
+        "prompt": format_plain("{question}") + format_target("{answer}"),
+    }
+
+
+def tiny_path(variant: str = "tiny", cache_dir: Path | None = None, seed: int = 0, steps: int | None = None) -> Path:
+    """Where `load_tiny` with these arguments keeps its model."""
+    spec = get_variant(variant)
+    text = json.dumps(recipe(spec, seed, spec.steps if steps is None else steps), sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return Path(cache_dir or default_cache_dir()) / f"{variant}-{digest}"
+
+
+def build_info(path: Path) -> dict[str, Any] | None:
+    """What a finished build recorded (recipe, params, timings), or None if there is none at `path`."""
+    try:
+        return json.loads((Path(path) / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build_tiny(
+    variant: str = "tiny", seed: int = 0, steps: int | None = None, progress: bool = True
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
+    """Train the tokenizer, build the model and warm-start it, without touching the cache."""
+    spec = get_variant(variant)
+    steps = spec.steps if steps is None else steps
+    started = time.perf_counter()
+    tokenizer = train_tokenizer(spec)
+    tokenizer_seconds = time.perf_counter() - started
+    model = build_model(spec, tokenizer, seed)
+    started = time.perf_counter()
+    loss = warm_start(model, tokenizer, spec, seed=seed, steps=steps, progress=progress)
+    info = {
+        "recipe": recipe(spec, seed, steps),
+        "params": count_params(model),
+        "vocab_size": len(tokenizer),
+        "tokenizer_seconds": round(tokenizer_seconds, 3),
+        "warm_start_seconds": round(time.perf_counter() - started, 2),
+        "final_loss": round(loss, 4),
+        "torch_threads": torch.get_num_threads(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return model, tokenizer, info
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No "Loading weights" / "Writing model shards" bars for a model of a few megabytes."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def load_tiny(
+    variant: str = "tiny",
+    cache_dir: Path | None = None,
+    seed: int = 0,
+    steps: int | None = None,
+    progress: bool = True,
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """The built-in model `variant` and its tokenizer: read from the cache, built on first use.
+
+    Deterministic in (variant, seed, steps). The model comes back in eval mode, float32, on the CPU.
+    """
+    path = tiny_path(variant, cache_dir, seed, steps)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"), _quiet_transformers():
+        if build_info(path) is None:
+            model, tokenizer, info = build_tiny(variant, seed, steps, progress)
+            # Write beside the final folder and rename: a crash never leaves a half-written model
+            # that a later load would take for a finished one.
+            staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+            try:
+                model.save_pretrained(staging)
+                tokenizer.save_pretrained(staging)
+                (staging / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
+                if path.exists():
+                    shutil.rmtree(path)
+                os.replace(staging, path)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model.eval()
+    return model, tokenizer
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def benchmark_generation(model: Any, tokenizer: Any, prompts: int = 8, completions: int = 8, tokens: int = 64) -> float:
+    """Seconds to sample `prompts` x `completions` completions of exactly `tokens` new tokens, batched."""
+    entries = [build_entry(EASY_CATALOGUE.tasks[i % len(EASY_CATALOGUE.tasks)], EVAL_SEED, i) for i in range(prompts)]
+    texts = [format_prompt(tokenizer, e["question"]) for e in entries]
+    generate_completions(model, tokenizer, texts[:1], max_new_tokens=4, temperature=1.0)  # warm-up
+    started = time.perf_counter()
+    generate_completions(
+        model,
+        tokenizer,
+        texts,
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        temperature=1.0,
+        num_return_sequences=completions,
+    )
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sapo_node.tiny", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", default="tiny", choices=sorted(VARIANTS))
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: $SAPO_CACHE or ~/.cache/sapo-node")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None, help="warm-start steps (default: the variant's)")
+    parser.add_argument("--eval", action="store_true", help="print per-dataset accuracy on held-out questions")
+    parser.add_argument("-n", type=int, default=64, help="questions per dataset for --eval")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --eval")
+    parser.add_argument("--bench", action="store_true", help="time 8 prompts x 8 completions x 64 tokens")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    model, tokenizer = load_tiny(args.variant, args.cache_dir, args.seed, args.steps)
+    path = tiny_path(args.variant, args.cache_dir, args.seed, args.steps)
+    info = build_info(path) or {}
+    print(f"{args.variant}: {path} (loaded in {time.perf_counter() - started:.1f} s)")
+    print(
+        f"  params {info.get('params')}, vocab {info.get('vocab_size')}, tokenizer {info.get('tokenizer_seconds')} s, "
+        f"warm start {info.get('warm_start_seconds')} s on {info.get('torch_threads')} threads, "
+        f"final loss {info.get('final_loss')}"
+    )
+    if args.eval:
+        greedy = evaluate(model, tokenizer, n=args.n)
+        sampled = evaluate(model, tokenizer, n=args.n, temperature=args.temperature)
+        print(f"\n{'dataset':<26}{'greedy':>8}{f'T={args.temperature:g}':>8}   (n={args.n}, seed {EVAL_SEED})")
+        for name in greedy:
+            print(f"{name:<26}{greedy[name]:>8.1%}{sampled[name]:>8.1%}")
+        mean = sum(greedy.values()) / len(greedy), sum(sampled.values()) / len(sampled)
+        print(f"{'mean':<26}{mean[0]:>8.1%}{mean[1]:>8.1%}")
+    if args.bench:
+        seconds = benchmark_generation(model, tokenizer)
+        print(f"\ngeneration: 8 prompts x 8 completions x 64 new tokens in {seconds:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

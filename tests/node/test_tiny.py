@@ -1,0 +1,144 @@
+"""The built-in tiny models: their tokenizers, the cache, reproducibility and partial accuracy."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from sapo_node import tiny
+from sapo_node.prompts import format_prompt
+from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, build_entry
+from sapo_node.tiny import (
+    BUILD_INFO,
+    VARIANTS,
+    build_info,
+    build_model,
+    count_params,
+    evaluate,
+    generate_completions,
+    load_tiny,
+    tiny_path,
+    train_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {name: train_tokenizer(variant) for name, variant in VARIANTS.items()}
+
+
+def test_tokenizers_round_trip_reasoning_gym_text(tokenizers):
+    texts = [
+        build_entry(spec, 77, i)["question"] for spec in EASY_CATALOGUE.tasks + SAPO_CATALOGUE.tasks for i in range(3)
+    ]
+    texts += ["  tabs\tand\nnewlines ", "ünïcödé ∑ 😀 <answer>-4.5</answer>"]  # bytes it never saw
+    for tokenizer in tokenizers.values():
+        for text in texts:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert tokenizer.decode(ids) == text
+
+
+def test_variants_have_their_own_tokenizers_with_eos_and_pad(tokenizers):
+    tiny_tok, mini_tok = tokenizers["tiny"], tokenizers["tiny-mini"]
+
+    assert tiny_tok.get_vocab() != mini_tok.get_vocab()
+    assert 1000 <= len(mini_tok) < len(tiny_tok) <= 2048
+    for tokenizer in tokenizers.values():
+        assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.pad_token == "<|pad|>"
+        assert tokenizer.eos_token_id != tokenizer.pad_token_id
+        assert tokenizer.padding_side == "left"
+
+
+def test_variant_sizes(tokenizers):
+    assert 4_000_000 <= count_params(build_model(VARIANTS["tiny"], tokenizers["tiny"], 0)) <= 6_000_000
+    assert 700_000 <= count_params(build_model(VARIANTS["tiny-mini"], tokenizers["tiny-mini"], 0)) <= 1_300_000
+
+
+def test_unknown_variant_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown tiny variant"):
+        load_tiny("huge", cache_dir=tmp_path)
+
+
+def test_build_is_reproducible_from_the_seed(tmp_path):
+    first, first_tok = load_tiny("tiny-mini", cache_dir=tmp_path / "a", steps=3, progress=False)
+    again, again_tok = load_tiny("tiny-mini", cache_dir=tmp_path / "b", steps=3, progress=False)
+    other, _ = load_tiny("tiny-mini", cache_dir=tmp_path / "a", seed=1, steps=3, progress=False)
+
+    assert first_tok.get_vocab() == again_tok.get_vocab()
+    same = first.state_dict(), again.state_dict()
+    assert all(torch.equal(same[0][k], same[1][k]) for k in same[0])
+    assert not torch.equal(first.model.embed_tokens.weight, other.model.embed_tokens.weight)
+    assert tiny_path("tiny-mini", tmp_path, seed=0, steps=3) != tiny_path("tiny-mini", tmp_path, seed=1, steps=3)
+
+
+def test_second_load_reads_the_cache_without_rebuilding(tiny_policy, tiny_cache_dir, monkeypatch):
+    path = tiny_path("tiny", tiny_cache_dir)
+    marker = path / BUILD_INFO
+    built = marker.stat().st_mtime_ns
+    monkeypatch.setattr(tiny, "build_tiny", lambda *a, **k: pytest.fail("rebuilt a cached model"))
+
+    model, tokenizer = load_tiny("tiny", cache_dir=tiny_cache_dir, progress=False)
+
+    assert marker.stat().st_mtime_ns == built
+    assert build_info(path)["params"] == count_params(model)
+    assert torch.equal(model.lm_head.weight, tiny_policy[0].lm_head.weight)
+    assert tokenizer.get_vocab() == tiny_policy[1].get_vocab()
+
+
+def test_concurrent_builds_of_one_recipe_build_once(tmp_path, monkeypatch):
+    calls = []
+    real_build = tiny.build_tiny
+    monkeypatch.setattr(tiny, "build_tiny", lambda *a, **k: calls.append(1) or real_build(*a, **k))
+    results = []
+
+    def load() -> None:
+        results.append(load_tiny("tiny-mini", cache_dir=tmp_path, steps=2, progress=False))
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(calls) == 1 and len(results) == 2
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == [
+        tiny_path("tiny-mini", tmp_path, steps=2).name
+    ]
+
+
+def test_warm_start_gives_partial_accuracy(tiny_policy):
+    """GRPO needs groups with some right and some wrong answers: neither 0 nor 1 on held-out questions."""
+    model, tokenizer = tiny_policy
+
+    greedy = evaluate(model, tokenizer, n=64)
+
+    assert any(0 < score < 1 for score in greedy.values()), greedy
+    assert sum(greedy.values()) / len(greedy) > 0.05, greedy
+
+
+def test_warm_started_completions_use_the_answer_tags(tiny_policy):
+    model, tokenizer = tiny_policy
+    prompts = [
+        format_prompt(tokenizer, build_entry(spec, 4242, i)["question"])
+        for spec in EASY_CATALOGUE.tasks
+        for i in range(4)
+    ]
+
+    completions = generate_completions(model, tokenizer, prompts, temperature=1.0, num_return_sequences=2)
+
+    tagged = [c for c in completions if c.startswith(" <answer>") and c.endswith("</answer>")]
+    assert len(tagged) >= 0.9 * len(completions), completions
+
+
+def test_command_line_prints_an_accuracy_table(tmp_path, capsys):
+    tiny.main(["--variant", "tiny-mini", "--steps", "2", "--cache-dir", str(tmp_path), "--eval", "-n", "2"])
+
+    out = capsys.readouterr().out
+    assert "params" in out
+    for spec in EASY_CATALOGUE.tasks:
+        assert spec.dataset in out
+    info = json.loads((tiny_path("tiny-mini", tmp_path, steps=2) / BUILD_INFO).read_text())
+    assert info["recipe"]["variant"]["steps"] == 2
