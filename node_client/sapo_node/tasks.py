@@ -14,7 +14,6 @@ import json
 import random
 import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import reasoning_gym
@@ -142,16 +141,30 @@ class TaskError(ValueError):
 # Building a bf entry prints dots to stdout; redirect_stdout swaps the process-wide sys.stdout,
 # so builds are serialised rather than letting one thread swallow another's output.
 _build_lock = threading.Lock()
+# Built datasets by (dataset, config, seed). Verification scores every completion of every group,
+# so a hit must cost a dict lookup: no lock, no re-serialised config.
+_datasets: dict[tuple[str, int], Any] = {}
+_MAX_CACHED_DATASETS = 1024
 
 
-@lru_cache(maxsize=256)
-def _dataset(key: str, dataset: str, config_json: str, seed: int) -> Any:
-    config = json.loads(config_json)
-    for name, value in config.items():
-        if isinstance(value, list):  # reasoning-gym configs take tuples where JSON has lists
-            config[name] = tuple(value) if name in ("operators", "styles") else value
-    with contextlib.redirect_stdout(io.StringIO()):
-        return reasoning_gym.create_dataset(dataset, size=MAX_INDEX, seed=seed, **config)
+def _dataset_for(spec: TaskSpec, seed: int) -> Any:
+    key = (spec.key, seed)
+    ds = _datasets.get(key)
+    if ds is not None:
+        return ds
+    config = dict(spec.config)
+    for name in ("operators", "styles"):  # reasoning-gym takes tuples where JSON has lists
+        if isinstance(config.get(name), list):
+            config[name] = tuple(config[name])
+    with _build_lock:
+        ds = _datasets.get(key)
+        if ds is None:
+            with contextlib.redirect_stdout(io.StringIO()):
+                ds = reasoning_gym.create_dataset(spec.dataset, size=MAX_INDEX, seed=seed, **config)
+            if len(_datasets) >= _MAX_CACHED_DATASETS:
+                _datasets.clear()  # many seeds: rebuilding is cheap (microseconds), memory is not
+            _datasets[key] = ds
+    return ds
 
 
 def build_entry(spec: TaskSpec, seed: int, index: int) -> dict[str, Any]:
@@ -162,17 +175,13 @@ def build_entry(spec: TaskSpec, seed: int, index: int) -> dict[str, Any]:
     if not (0 <= seed <= MAX_SEED) or not (0 <= index < MAX_INDEX):
         raise TaskError("bad_index", f"seed must be in [0, {MAX_SEED}] and index in [0, {MAX_INDEX})")
     try:
-        with _build_lock:
-            ds = _dataset(spec.key, spec.dataset, json.dumps(spec.config, sort_keys=True), seed)
-            with contextlib.redirect_stdout(io.StringIO()):
-                return ds[index]
-    except KeyError as exc:  # reasoning-gym raises KeyError-like errors for unknown names
-        raise TaskError("unknown_task", f"unknown dataset {spec.dataset!r}") from exc
-
-
-def _dataset_for(spec: TaskSpec, seed: int) -> Any:
-    with _build_lock:
-        return _dataset(spec.key, spec.dataset, json.dumps(spec.config, sort_keys=True), seed)
+        ds = _dataset_for(spec, seed)
+    except (KeyError, ValueError) as exc:  # unknown name, or a config reasoning-gym refuses
+        raise TaskError("unknown_task", f"cannot build dataset {spec.dataset!r}: {exc}") from exc
+    if spec.dataset == "bf":  # bf prints while generating an entry too
+        with _build_lock, contextlib.redirect_stdout(io.StringIO()):
+            return ds[index]
+    return ds[index]
 
 
 def extract_answer(completion: str) -> str | None:
