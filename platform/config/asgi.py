@@ -16,28 +16,13 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
-from django.utils.module_loading import import_string  # noqa: E402
 
-
-class LazyConsumer:
-    """An ASGI app that imports its consumer class on first use (by dotted path).
-
-    The routing table must not import app modules at load time, so the site starts even while an
-    app's consumer module is being written or fails to import (the socket then fails, not the site).
-    """
-
-    def __init__(self, dotted_path: str) -> None:
-        self.dotted_path = dotted_path
-        self._app = None
-
-    async def __call__(self, scope, receive, send):
-        if self._app is None:
-            self._app = import_string(self.dotted_path).as_asgi()
-        return await self._app(scope, receive, send)
-
+# Imported at start-up, not on the first connection: it loads reasoning-gym, which on a busy
+# machine can take longer than daphne's WebSocket handshake timeout.
+from pool.consumers import NodeConsumer  # noqa: E402
 
 websocket_urlpatterns = [
-    path("ws/node/", LazyConsumer("pool.consumers.NodeConsumer")),
+    path("ws/node/", NodeConsumer.as_asgi()),
 ]
 
 application = ProtocolTypeRouter(

@@ -110,7 +110,7 @@ class TestExceptionHandler:
         assert response.data["code"] == "not_found"
 
 
-def test_asgi_routes_node_socket_lazily():
+def test_asgi_routes_node_socket_to_the_pool_consumer():
     from channels.routing import ProtocolTypeRouter
 
     from config import asgi
@@ -118,19 +118,4 @@ def test_asgi_routes_node_socket_lazily():
     assert isinstance(asgi.application, ProtocolTypeRouter)
     consumer = asgi.websocket_urlpatterns[0]
     assert str(consumer.pattern) == "ws/node/"
-    assert consumer.callback.dotted_path == "pool.consumers.NodeConsumer"
-
-
-async def test_lazy_consumer_imports_on_first_connection():
-    from channels.routing import URLRouter
-    from channels.testing import WebsocketCommunicator
-    from django.urls import path
-
-    from config.asgi import LazyConsumer
-
-    lazy = LazyConsumer("channels.generic.websocket.WebsocketConsumer")  # accepts every socket
-    router = URLRouter([path("ws/node/", lazy)])
-    communicator = WebsocketCommunicator(router, "/ws/node/")
-    connected, _ = await communicator.connect()
-    assert connected
-    await communicator.disconnect()
+    assert consumer.callback.consumer_class.__name__ == "NodeConsumer"

@@ -1,0 +1,466 @@
+"""Benchmark of the pool: ingest through real WebSockets, and sampling latency as the pool grows.
+
+    .venv/bin/python bench/pool.py                      # full run (10k and 1M groups)
+    .venv/bin/python bench/pool.py --sizes 10000,100000 # quicker
+
+(a) Ingest: a daphne server on a loopback port (a subprocess) and `--connections` clients (the
+    `websockets` library) share honest groups; every completion is re-verified by the server and
+    stored in PostgreSQL. The same rows are then written again by a plain bulk insert on the same
+    server (executemany, one transaction per message-sized batch, and one COPY of everything): the
+    ratio of the two rates is the price of the protocol, verification and ORM.
+(b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
+    `rollout_sample` (the selector behind the `sample` message, with its JSON payload) is timed.
+
+Runs in its own database (`--db-name`, dropped at the end unless --keep-db) on DATABASE_URL's server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--database-url", default=os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
+    parser.add_argument("--db-name", default="sapo_bench", help="database created (and dropped) for the run")
+    parser.add_argument("--keep-db", action="store_true", help="leave the benchmark database behind")
+    parser.add_argument("--connections", type=int, default=4, help="concurrent WebSocket clients (one node each)")
+    parser.add_argument("--messages", type=int, default=30, help="share messages per connection")
+    parser.add_argument("--groups", type=int, default=32, help="groups per share message")
+    parser.add_argument("--completions", type=int, default=8, help="completions per group")
+    parser.add_argument("--completion-chars", type=int, default=300, help="length of each completion's text")
+    parser.add_argument("--catalogue", default="easy", choices=["easy", "sapo"])
+    parser.add_argument("--conn-max-age", type=int, default=600, help="SAPO_CONN_MAX_AGE given to the server")
+    parser.add_argument("--sizes", default="10000,1000000", help="pool sizes for the sampling test")
+    parser.add_argument("--samples", type=int, default=500, help="timed sample calls per size")
+    parser.add_argument("--n", type=int, default=8, help="groups per sample call")
+    parser.add_argument(
+        "--moderation", default="both", choices=["on", "off", "both"],
+        help="ingest with the moderation app's automatic rules, without them, or both runs",
+    )  # fmt: skip
+    parser.add_argument("--skip-ingest", action="store_true")
+    parser.add_argument("--skip-sample", action="store_true")
+    return parser.parse_args()
+
+
+def with_db(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def recreate_database(url: str, name: str, drop_only: bool = False, template: str | None = None) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if not drop_only:
+            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- setup ------------------------------------------------------------------------------------
+
+
+def setup_django(args: argparse.Namespace) -> None:
+    os.environ["DATABASE_URL"] = args.bench_url
+    os.environ["SAPO_CATALOGUE"] = args.catalogue
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def make_nodes(count: int, prefix: str) -> list[tuple[object, str]]:
+    from accounts.services import user_create
+    from nodes.services import node_create, node_token_issue
+
+    out = []
+    for i in range(count):
+        user = user_create(username=f"{prefix}{i}", display_name=f"{prefix} {i}", password=None)
+        node = node_create(owner=user, name=f"{prefix}-{i}")
+        out.append((node, node_token_issue(node=node)[1]))
+    return out
+
+
+def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
+    """Per connection, its share frames (JSON text): honest groups, half right and half wrong."""
+    from tqdm import tqdm
+
+    from sapo_node.tasks import CATALOGUES, build_entry, score_completion
+
+    catalogue = CATALOGUES[args.catalogue]
+    filler = ("Let me work through this step by step. " * 20)[: max(0, args.completion_chars - 40)]
+    frames: list[list[str]] = []
+    total = args.connections * args.messages * args.groups
+    with tqdm(total=total, desc="building groups", unit="group", leave=False) as bar:
+        for c in range(args.connections):
+            mine = []
+            for m in range(args.messages):
+                groups = []
+                for g in range(args.groups):
+                    spec = catalogue.tasks[(m * args.groups + g) % len(catalogue.tasks)]
+                    index = m * args.groups + g
+                    entry = build_entry(spec, seeds[c], index)
+                    completions = [
+                        f"{filler}<answer>{entry['answer'] if k % 2 == 0 else 'no idea'}</answer>"
+                        for k in range(args.completions)
+                    ]
+                    groups.append(
+                        {
+                            "id": str(uuid.uuid4()),
+                            "round": m,
+                            "task": {"dataset": spec.dataset, "seed": seeds[c], "index": index},
+                            "question": entry["question"],
+                            "answer": entry["answer"],
+                            "completions": completions,
+                            "rewards": [score_completion(spec, seeds[c], entry, x) for x in completions],
+                        }
+                    )
+                    bar.update()
+                mine.append(json.dumps({"type": "share", "v": 1, "ref": f"{c}-{m}", "rollouts": groups}))
+            frames.append(mine)
+    return frames
+
+
+# --- (a) ingest -------------------------------------------------------------------------------
+
+
+SERVER_SCRIPT = """
+import sys
+import django
+django.setup()
+if sys.argv.pop(1) == "without":  # measure the pool alone: no automatic moderation rules
+    import pool.services
+    pool.services.moderation_hooks = lambda: None
+from daphne.cli import CommandLineInterface
+sys.argv[0] = "daphne"
+CommandLineInterface.entrypoint()
+"""
+
+
+def start_server(args: argparse.Namespace, port: int, moderation: bool) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL=args.bench_url,
+        SAPO_CATALOGUE=args.catalogue,
+        SAPO_CONN_MAX_AGE=str(args.conn_max_age),
+        SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
+        SAPO_LOG_LEVEL="WARNING",
+    )
+    env.pop("REDIS_URL", None)  # one process: in-memory layer and counters
+    # The first socket imports the consumer and reasoning-gym (seconds on a busy machine): allow more
+    # than daphne's default 5 s handshake.
+    daphne_args = ["-b", "127.0.0.1", "-p", str(port), "-v", "0", "--websocket_connect_timeout", "60"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SERVER_SCRIPT,
+            "with" if moderation else "without",
+            *daphne_args,
+            "config.asgi:application",
+        ],  # fmt: skip
+        env=env,
+        cwd=ROOT,
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        if proc.poll() is not None:
+            raise SystemExit("daphne exited during start-up")
+        time.sleep(0.2)
+    proc.terminate()
+    raise SystemExit("daphne did not start listening in 30 s")
+
+
+async def run_clients(port: int, tokens: list[str], frames: list[list[str]], completions: int) -> tuple[float, int]:
+    import websockets
+    from tqdm import tqdm
+
+    url = f"ws://127.0.0.1:{port}/ws/node/"
+    sockets = [
+        await websockets.connect(url, additional_headers={"Authorization": f"Bearer {t}"}, max_size=None)
+        for t in tokens
+    ]
+    for ws in sockets:  # warm-up: authentication done, first DB connection open
+        await ws.send(json.dumps({"type": "hello", "v": 1, "client": "bench"}))
+        assert json.loads(await ws.recv())["type"] == "welcome"
+    accepted = 0
+    bar = tqdm(total=sum(len(f) for f in frames), desc="sharing", unit="msg", leave=False)
+
+    async def client(ws, mine: list[str]) -> None:
+        nonlocal accepted
+        for frame in mine:
+            await ws.send(frame)
+            reply = json.loads(await ws.recv())
+            if reply.get("type") != "ack" or reply["rejected"]:
+                raise SystemExit(f"unexpected reply: {str(reply)[:300]}")
+            accepted += len(reply["accepted"])
+            bar.update()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(ws, mine) for ws, mine in zip(sockets, frames, strict=True)))
+    elapsed = time.perf_counter() - start
+    bar.close()
+    for ws in sockets:
+        await ws.close()
+    return elapsed, accepted * completions
+
+
+def raw_insert_rates(args: argparse.Namespace, batch: int) -> tuple[float, float, int]:
+    """Write the same rows again: executemany per batch (one transaction each), then one COPY."""
+    import psycopg
+
+    columns = [
+        "id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
+        "completion_count", "claimed_rewards", "verified_rewards", "verdict", "reason", "moderation_status",
+        "has_variance", "sampleable", "sample_seq", "created_at",
+    ]  # fmt: skip
+    quoted = ", ".join(f'"{c}"' for c in columns)
+    with psycopg.connect(args.bench_url) as conn:
+        json_columns = {"completions", "claimed_rewards", "verified_rewards"}
+        select = ", ".join(f'"{c}"::text' if c in json_columns else f'"{c}"' for c in columns)
+        rows = conn.execute(f"SELECT {select} FROM pool_rollout").fetchall()
+        completions = sum(r[9] for r in rows)
+        placeholders = ", ".join(["%s"] * len(columns))
+
+        def reset() -> None:
+            conn.execute("TRUNCATE pool_rollout CASCADE")
+            conn.commit()
+
+        reset()
+        start = time.perf_counter()
+        with conn.cursor() as cur:
+            for i in range(0, len(rows), batch):
+                cur.executemany(f"INSERT INTO pool_rollout ({quoted}) VALUES ({placeholders})", rows[i : i + batch])
+                conn.commit()
+        executemany_rate = completions / (time.perf_counter() - start)
+
+        reset()
+        start = time.perf_counter()
+        with conn.cursor() as cur, cur.copy(f"COPY pool_rollout ({quoted}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        conn.commit()
+        copy_rate = completions / (time.perf_counter() - start)
+    return executemany_rate, copy_rate, completions
+
+
+def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
+    from pool.models import Rollout
+
+    nodes = make_nodes(args.connections, "ingest")
+    frames = build_frames(args, seeds=[1000 + i for i in range(args.connections)])
+    expected = args.connections * args.messages * args.groups
+    rates = {}
+    for moderation in (True, False) if args.moderation == "both" else (args.moderation == "on",):
+        Rollout.objects.all().delete()  # the same groups again, as new
+        port = free_port()
+        server = start_server(args, port, moderation)
+        try:
+            elapsed, verified = asyncio.run(run_clients(port, [t for _, t in nodes], frames, args.completions))
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+        stored = Rollout.objects.count()
+        if stored != expected:
+            raise SystemExit(f"{stored} groups stored, expected {expected}")
+        rates["with" if moderation else "without"] = (verified / elapsed, elapsed)
+    executemany_rate, copy_rate, completions = raw_insert_rates(args, batch=args.groups)
+    assert completions == verified
+    return {"ws": rates, "executemany_rate": executemany_rate, "copy_rate": copy_rate, "completions": verified}
+
+
+# --- (b) sampling -----------------------------------------------------------------------------
+
+FILL_SQL = """
+INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
+    completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
+    has_variance, sampleable, sample_seq, created_at)
+SELECT md5(%(tag)s || g::text)::uuid,
+       (%(authors)s)[1 + g %% cardinality(%(authors)s)],
+       g / 100, 'basic_arithmetic', 7, g,
+       'What is ' || g::text || ' + 1? Give the answer in <answer> tags.', (g + 1)::text,
+       '["<answer>1</answer>", "<answer>2</answer>", "I think <answer>3</answer>", "<answer>4</answer>"]'::jsonb,
+       4, '[1, 0, 0, 0]'::jsonb, '[1, 0, 0, 0]'::jsonb,
+       'accepted', '', 'ok',
+       (g %% 5 <> 0), (g %% 5 <> 0),
+       CASE WHEN g %% 5 <> 0 THEN nextval('pool_rollout_sample_seq') END,
+       now() - make_interval(secs => (%(size)s - g) * %(spacing)s)
+FROM generate_series(%(start)s, %(stop)s) AS g
+"""
+
+
+def fill_pool(size: int, authors: list[int], window: int) -> None:
+    """Fill the pool with `size` groups: a fifth zero-variance, one author in twenty is the asker,
+    created oldest first over 1.1 windows (so the oldest tenth is stale)."""
+    from django.db import connection
+    from tqdm import tqdm
+
+    spacing = window * 1.1 / size
+    step = 100_000
+    with tqdm(total=size, desc=f"filling to {size:,}", unit="group", leave=False) as bar:
+        for start in range(0, size, step):
+            stop = min(size, start + step) - 1
+            with connection.cursor() as cur:
+                cur.execute(
+                    FILL_SQL,
+                    {
+                        "tag": f"s{size}",
+                        "authors": authors,
+                        "size": size,
+                        "spacing": spacing,
+                        "start": start,
+                        "stop": stop,
+                    },
+                )
+            bar.update(stop - start + 1)
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE pool_rollout")
+
+
+def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
+    """One database per pool size (copies of the benchmark database), filled, then timed in
+    alternation: call i goes to every size in turn, so each size sees the same machine load."""
+    from django.conf import settings
+    from django.db import connections
+    from tqdm import tqdm
+
+    from pool.consumers import _sample_payload
+    from pool.models import Rollout
+
+    window = 86_400
+    nodes = make_nodes(20, "author")
+    asker = nodes[0][0]
+    authors = [n.id for n, _ in nodes]
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    default = connections["default"]
+    default.close()
+    aliases = {}
+    for size in sizes:
+        alias = f"pool{size}"
+        recreate_database(args.database_url, f"{args.db_name}_{alias}", template=args.db_name)
+        settings.DATABASES[alias] = {**settings.DATABASES["default"], "NAME": f"{args.db_name}_{alias}"}
+        aliases[size] = alias
+    args.extra_dbs = [settings.DATABASES[a]["NAME"] for a in aliases.values()]
+    fill_s = {}
+    try:
+        for size, alias in aliases.items():
+            connections["default"] = connections[alias]
+            start = time.perf_counter()
+            with connections[alias].cursor() as cur:
+                cur.execute("TRUNCATE pool_rollout CASCADE")
+            fill_pool(size, authors, window)
+            fill_s[size] = time.perf_counter() - start
+            assert Rollout.objects.count() == size
+            for _ in range(20):  # warm caches and the connection
+                _sample_payload(node=asker, n=args.n, window_seconds=window)
+        timings: dict[int, list[float]] = {size: [] for size in sizes}
+        got = dict.fromkeys(sizes, 0)
+        for _ in tqdm(range(args.samples), desc=f"sampling {args.sizes}", unit="round", leave=False):
+            for size, alias in aliases.items():
+                connections["default"] = connections[alias]
+                t0 = time.perf_counter()
+                rows = _sample_payload(node=asker, n=args.n, window_seconds=window)
+                timings[size].append((time.perf_counter() - t0) * 1000)
+                got[size] += len(rows)
+                if any(r["node"] == asker.name for r in rows):
+                    raise SystemExit("sampled the asker's own group")
+    finally:
+        connections["default"] = default
+        for alias in aliases.values():
+            connections[alias].close()
+    results = []
+    for size in sizes:
+        ts = sorted(timings[size])
+        results.append(
+            {
+                "size": size,
+                "fill_s": fill_s[size],
+                "p50": statistics.median(ts),
+                "p99": ts[min(len(ts) - 1, int(len(ts) * 0.99))],
+                "mean": statistics.fmean(ts),
+                "per_call": got[size] / len(ts),
+            }
+        )
+    return results
+
+
+def main() -> None:
+    args = parse_args()
+    args.bench_url = with_db(args.database_url, args.db_name)
+    recreate_database(args.database_url, args.db_name)
+    try:
+        setup_django(args)
+        ingest = None if args.skip_ingest else bench_ingest(args)
+        sampling = [] if args.skip_sample else bench_sampling(args)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep_db:
+            for name in [args.db_name, *getattr(args, "extra_dbs", [])]:
+                recreate_database(args.database_url, name, drop_only=True)
+
+    print(f"\nPool benchmark ({os.cpu_count()} CPUs; PostgreSQL at {urlsplit(args.database_url).hostname})")
+    if ingest:
+        print(
+            f"\n(a) ingest: {args.connections} WebSocket connections x {args.messages} messages x {args.groups} groups"
+            f" x {args.completions} completions of ~{args.completion_chars} chars ({args.catalogue} catalogue)"
+        )
+        executemany, copy = ingest["executemany_rate"], ingest["copy_rate"]
+        print("| path | verified completions/s | / executemany | / COPY |\n|---|---:|---:|---:|")
+        for label, (rate, elapsed) in ingest["ws"].items():
+            print(
+                f"| WebSocket share, {label} moderation rules ({elapsed:.1f} s) | {rate:,.0f} |"
+                f" {rate / executemany:.2f} | {rate / copy:.2f} |"
+            )
+        print(f"| executemany, one transaction per {args.groups} rows | {executemany:,.0f} | 1.00 | |")
+        print(f"| COPY, one transaction | {copy:,.0f} | | 1.00 |")
+        print(f"({ingest['completions']:,} completions per run)")
+    if sampling:
+        print(
+            f"\n(b) sample latency, n={args.n}, {args.samples} calls per size, sizes in alternation"
+            " (selector + JSON payload)"
+        )
+        print(
+            "| groups in pool | fill (s) | p50 (ms) | p99 (ms) | mean (ms) | groups per call |\n|---:|---:|---:|---:|---:|---:|"
+        )
+        for r in sampling:
+            print(
+                f"| {r['size']:,} | {r['fill_s']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['mean']:.2f} | {r['per_call']:.1f} |"
+            )
+        if len(sampling) > 1:
+            print(f"p99 ratio largest/smallest: {sampling[-1]['p99'] / sampling[0]['p99']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

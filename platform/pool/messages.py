@@ -1,0 +1,279 @@
+"""Parsing and validating the node protocol's frames (docs/protocol.md), with no I/O.
+
+`parse_frame(text, limits)` turns one WebSocket text frame into a typed message or raises
+`ProtocolError(code, detail)` with the protocol's error code. Nothing here touches the database:
+a frame that fails here is answered with an `error` and nothing in it is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pool.limits import Limits
+
+PROTOCOL_VERSION = 1
+MAX_REF_CHARS = 64
+MAX_DATASET_CHARS = 64
+MAX_HELLO_CHARS = 200
+MAX_FIGURES = 32
+MAX_FIGURE_NAME_CHARS = 64
+# Seeds and indices outside the task range are a verdict (bad_index), not a malformed frame, but they
+# must still fit a PostgreSQL bigint; rounds fit an int.
+MAX_STORED_INT = 2**62
+MAX_ROUND = 2**31 - 1
+
+
+class ProtocolError(Exception):
+    """A frame the server refuses; `code` is one of the protocol's error codes."""
+
+    def __init__(self, code: str, detail: str, ref: str | None = None) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.ref = ref
+
+
+@dataclass(frozen=True)
+class RolloutIn:
+    id: uuid.UUID
+    round: int
+    dataset: str
+    seed: int
+    index: int
+    question: str
+    answer: str | None
+    completions: tuple[str, ...]
+    rewards: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Hello:
+    ref: str | None
+    client: str
+    model: str
+    hardware: str
+    local: int | None
+    external: int | None
+
+
+@dataclass(frozen=True)
+class Share:
+    ref: str | None
+    rollouts: tuple[RolloutIn, ...]
+
+
+@dataclass(frozen=True)
+class Sample:
+    ref: str | None
+    n: int
+
+
+@dataclass(frozen=True)
+class Report:
+    ref: str | None
+    round: int
+    figures: dict[str, float | None]
+    used: tuple[uuid.UUID, ...]
+
+
+Message = Hello | Share | Sample | Report
+
+
+def parse_frame(text: str | bytes | None, limits: Limits) -> Message:
+    """Validate one frame against the protocol and the limits; raise ProtocolError if it is refused."""
+    if text is None:
+        raise ProtocolError("invalid_json", "empty frame")
+    size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_frame_bytes:
+        raise ProtocolError("frame_too_large", f"frame is {size} bytes, the limit is {limits.max_frame_bytes}")
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("invalid_json", f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_json", "a frame must be a JSON object")
+    ref = data.get("ref")
+    if ref is not None and not (isinstance(ref, str) and len(ref) <= MAX_REF_CHARS and _clean(ref)):
+        raise ProtocolError("invalid_message", f"ref: expected a string of at most {MAX_REF_CHARS} characters")
+    try:
+        version = data.get("v")
+        if type(version) is not int or version != PROTOCOL_VERSION:
+            raise ProtocolError("unsupported_version", f"v must be {PROTOCOL_VERSION}")
+        kind = data.get("type")
+        parser = _PARSERS.get(kind) if isinstance(kind, str) else None
+        if parser is None:
+            raise ProtocolError("unknown_type", f"unknown message type {kind!r}"[:200])
+        return parser(data, ref, limits)
+    except ProtocolError as exc:
+        exc.ref = ref
+        raise
+
+
+# Field helpers: each raises ProtocolError("invalid_message", "<path>: ...").
+
+
+def _clean(value: str) -> bool:
+    # PostgreSQL text cannot hold NUL, and lone surrogates (from JSON "\ud800") cannot be encoded.
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _invalid(path: str, what: str) -> ProtocolError:
+    return ProtocolError("invalid_message", f"{path}: {what}")
+
+
+def _int(data: dict[str, Any], key: str, path: str, lo: int, hi: int, *, required: bool = True) -> int | None:
+    if key not in data or data[key] is None:
+        if required:
+            raise _invalid(path + key, "required")
+        return None
+    value = data[key]
+    if type(value) is not int:
+        raise _invalid(path + key, "expected an integer")
+    if not lo <= value <= hi:
+        raise _invalid(path + key, f"expected an integer in [{lo}, {hi}]")
+    return value
+
+
+def _text(value: Any, path: str, max_chars: int, code: str = "invalid_message") -> str:
+    if not isinstance(value, str):
+        raise _invalid(path, "expected a string")
+    if len(value) > max_chars:
+        raise ProtocolError(code, f"{path}: {len(value)} characters, the limit is {max_chars}")
+    if not _clean(value):
+        raise _invalid(path, "NUL characters and unpaired surrogates are not allowed")
+    return value
+
+
+def _number(value: Any, path: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _invalid(path, "expected a finite number")
+    return float(value)
+
+
+def _uuid(value: Any, path: str) -> uuid.UUID:
+    if not isinstance(value, str) or len(value) > 45:
+        raise _invalid(path, "expected a UUID string")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise _invalid(path, "expected a UUID string") from None
+
+
+def _parse_hello(data: dict[str, Any], ref: str | None, limits: Limits) -> Hello:
+    texts = {}
+    for key in ("client", "model", "hardware"):
+        value = data.get(key, "")
+        texts[key] = "" if value is None else _text(value, key, MAX_HELLO_CHARS, "invalid_message")
+    return Hello(
+        ref=ref,
+        local=_int(data, "local", "", 0, 10_000, required=False),
+        external=_int(data, "external", "", 0, 10_000, required=False),
+        **texts,
+    )
+
+
+def _parse_rollout(item: Any, path: str, limits: Limits) -> RolloutIn:
+    if not isinstance(item, dict):
+        raise _invalid(path, "expected an object")
+    task = item.get("task")
+    if not isinstance(task, dict):
+        raise _invalid(path + ".task", "expected an object")
+    dataset = task.get("dataset")
+    if not isinstance(dataset, str) or not 1 <= len(dataset) <= MAX_DATASET_CHARS or not _clean(dataset):
+        raise _invalid(path + ".task.dataset", f"expected a name of 1 to {MAX_DATASET_CHARS} characters")
+    seed = _int(task, "seed", path + ".task.", -MAX_STORED_INT, MAX_STORED_INT)
+    index = _int(task, "index", path + ".task.", -MAX_STORED_INT, MAX_STORED_INT)
+    max_chars = limits.max_chars_per_completion
+    question = _text(item.get("question"), path + ".question", max_chars, "completion_too_long")
+    if "answer" not in item:
+        raise _invalid(path + ".answer", "required (null when the task has no single answer)")
+    answer = item["answer"]
+    if answer is not None:
+        answer = _text(answer, path + ".answer", max_chars, "completion_too_long")
+    completions = item.get("completions")
+    if not isinstance(completions, list) or not completions:
+        raise _invalid(path + ".completions", "expected a non-empty list of strings")
+    if len(completions) > limits.max_completions_per_group:
+        raise ProtocolError(
+            "too_many_completions",
+            f"{path}.completions: {len(completions)} completions, the limit is {limits.max_completions_per_group}",
+        )
+    completions = tuple(
+        _text(c, f"{path}.completions[{i}]", max_chars, "completion_too_long") for i, c in enumerate(completions)
+    )
+    rewards = item.get("rewards")
+    if not isinstance(rewards, list):
+        raise _invalid(path + ".rewards", "expected a list of numbers")
+    if len(rewards) != len(completions):
+        raise _invalid(path + ".rewards", "expected one reward per completion")
+    rewards = tuple(_number(r, f"{path}.rewards[{i}]") for i, r in enumerate(rewards))
+    return RolloutIn(
+        id=_uuid(item.get("id"), path + ".id"),
+        round=_int(item, "round", path + ".", 0, MAX_ROUND),
+        dataset=dataset,
+        seed=seed,
+        index=index,
+        question=question,
+        answer=answer,
+        completions=completions,
+        rewards=rewards,
+    )
+
+
+def _parse_share(data: dict[str, Any], ref: str | None, limits: Limits) -> Share:
+    items = data.get("rollouts")
+    if not isinstance(items, list) or not items:
+        raise _invalid("rollouts", "expected a non-empty list")
+    if len(items) > limits.max_groups_per_message:
+        raise ProtocolError(
+            "too_many_groups", f"rollouts: {len(items)} groups, the limit is {limits.max_groups_per_message}"
+        )
+    rollouts = tuple(_parse_rollout(item, f"rollouts[{i}]", limits) for i, item in enumerate(items))
+    if len({r.id for r in rollouts}) != len(rollouts):
+        raise _invalid("rollouts", "the same id appears twice in one share")
+    return Share(ref=ref, rollouts=rollouts)
+
+
+def _parse_sample(data: dict[str, Any], ref: str | None, limits: Limits) -> Sample:
+    n = data.get("n")
+    if type(n) is not int or n < 1:
+        raise _invalid("n", "expected a positive integer")
+    if n > limits.max_sample_n:
+        raise ProtocolError("too_many_samples", f"n: {n}, the limit is {limits.max_sample_n}")
+    return Sample(ref=ref, n=n)
+
+
+_REPORT_RESERVED = {"type", "v", "ref", "round", "used"}
+
+
+def _parse_report(data: dict[str, Any], ref: str | None, limits: Limits) -> Report:
+    round_ = _int(data, "round", "", 0, MAX_ROUND)
+    used = data.get("used", [])
+    if not isinstance(used, list):
+        raise _invalid("used", "expected a list of rollout ids")
+    if len(used) > limits.max_used_per_report:
+        raise ProtocolError("too_many_used", f"used: {len(used)} ids, the limit is {limits.max_used_per_report}")
+    used_ids = tuple(dict.fromkeys(_uuid(u, f"used[{i}]") for i, u in enumerate(used)))
+    figures: dict[str, float | None] = {}
+    for key, value in data.items():
+        if key in _REPORT_RESERVED:
+            continue
+        if len(figures) >= MAX_FIGURES:
+            raise _invalid("report", f"at most {MAX_FIGURES} figures")
+        if len(key) > MAX_FIGURE_NAME_CHARS or not _clean(key):
+            raise _invalid("report", f"figure names have at most {MAX_FIGURE_NAME_CHARS} characters")
+        figures[key] = None if value is None else _number(value, key)
+    return Report(ref=ref, round=round_, figures=figures, used=used_ids)
+
+
+_PARSERS = {"hello": _parse_hello, "share": _parse_share, "sample": _parse_sample, "report": _parse_report}

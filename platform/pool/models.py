@@ -1,0 +1,137 @@
+"""The pool: shared rollout groups, their verdicts, and what nodes report and consume.
+
+A `Rollout` is one shared group (question, ground truth, G completions) as a node sent it, with the
+server's verdict and the rewards it verified. Rejected groups are kept (the contributor's rejection
+inbox) but are never sampleable. `sampleable` is maintained by the services, never computed on read,
+so the sampling index stays partial and small.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Verdict(models.TextChoices):
+    ACCEPTED = "accepted", "Accepted"
+    REJECTED = "rejected", "Rejected"
+
+
+class ModerationStatus(models.TextChoices):
+    OK = "ok", "OK"
+    QUARANTINED = "quarantined", "Quarantined"
+    REJECTED = "rejected", "Rejected by a moderator"
+    HELD = "held", "Held for review"
+
+
+class RejectReason(models.TextChoices):
+    UNKNOWN_TASK = "unknown_task", "Dataset not in the catalogue"
+    BAD_INDEX = "bad_index", "Seed or index out of range"
+    QUESTION_MISMATCH = "question_mismatch", "Question does not match its task"
+    ANSWER_MISMATCH = "answer_mismatch", "Ground truth does not match its task"
+    REWARD_MISMATCH = "reward_mismatch", "A claimed reward differs from the verified one"
+
+
+# The sequence that numbers sampleable groups densely (see services.rollout_share and selectors.rollout_sample).
+SAMPLE_SEQUENCE = "pool_rollout_sample_seq"
+
+
+class Rollout(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, help_text="Chosen by the node; idempotency key.")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="rollouts")
+    round = models.PositiveIntegerField()
+    dataset = models.CharField(max_length=64)
+    seed = models.BigIntegerField()
+    index = models.BigIntegerField()
+    question = models.TextField()
+    # NULL (no single answer, e.g. propositional_logic) differs from an empty answer.
+    answer = models.TextField(null=True, blank=True, help_text="Null for tasks without a single answer.")  # noqa: DJ001
+    completions = models.JSONField(help_text="List of completion texts, as sent.")
+    completion_count = models.PositiveSmallIntegerField()
+    claimed_rewards = models.JSONField(help_text="Rewards the node claimed, one per completion.")
+    verified_rewards = models.JSONField(null=True, blank=True, help_text="Server re-scores; null if not rebuildable.")
+    verdict = models.CharField(max_length=16, choices=Verdict.choices)
+    reason = models.CharField(max_length=32, blank=True, choices=RejectReason.choices)
+    moderation_status = models.CharField(max_length=16, choices=ModerationStatus.choices, default=ModerationStatus.OK)
+    has_variance = models.BooleanField(help_text="Verified rewards not all equal.")
+    sampleable = models.BooleanField(help_text="accepted and moderation ok and has_variance; kept by services.")
+    sample_seq = models.BigIntegerField(
+        null=True, blank=True, help_text="Dense number given when the group first becomes sampleable."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["sample_seq"], condition=Q(sampleable=True), name="pool_rollout_sample_seq_idx"),
+            models.Index(fields=["created_at"], condition=Q(sampleable=True), name="pool_rollout_fresh_idx"),
+            models.Index(fields=["node", "-created_at"], name="pool_rollout_node_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(sampleable=False)
+                | Q(verdict="accepted", moderation_status="ok", has_variance=True, sample_seq__isnull=False),
+                name="pool_rollout_sampleable_consistent",
+            ),
+            models.CheckConstraint(
+                condition=Q(verdict="accepted", reason="") | Q(verdict="rejected") & ~Q(reason=""),
+                name="pool_rollout_reason_iff_rejected",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dataset}#{self.index} by node {self.node_id} ({self.verdict})"
+
+
+class NodeTrust(models.Model):
+    """Per-node verification record. trust = (accepted + 1) / (accepted + rejected + 2)."""
+
+    node = models.OneToOneField("nodes.Node", on_delete=models.CASCADE, primary_key=True, related_name="trust")
+    accepted_groups = models.PositiveIntegerField(default=0)
+    rejected_groups = models.PositiveIntegerField(default=0)
+    trust = models.FloatField(default=0.5)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"node {self.node_id}: trust {self.trust:.3f}"
+
+
+class NodeRound(models.Model):
+    """What a node reported about one training round (self-reported; shown as such)."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="rounds")
+    round = models.PositiveIntegerField()
+    figures = models.JSONField(default=dict, help_text="reward_mean, reward_std, groups_local, ... as sent.")
+    used_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "round"], name="pool_noderound_unique")]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} round {self.round}"
+
+
+class Consumption(models.Model):
+    """A node trained on another node's accepted group: the author's helpfulness credit."""
+
+    consumer = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="consumptions")
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="consumptions")
+    author = models.ForeignKey(
+        "nodes.Node",
+        on_delete=models.CASCADE,
+        related_name="consumed_by_others",
+        help_text="rollout.node, denormalised.",
+    )
+    round = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["consumer", "rollout"], name="pool_consumption_unique")]
+        indexes = [models.Index(fields=["author"], name="pool_consumption_author_idx")]
+
+    def __str__(self) -> str:
+        return f"node {self.consumer_id} used {self.rollout_id}"

@@ -1,0 +1,58 @@
+"""Messages per minute per node, counted across every connection of the node.
+
+With REDIS_URL set (a multi-process deployment: the channel layer is Redis too) the counter lives in
+Redis, one key per node and minute (INCR + EXPIRE in one round trip), so it holds across connections
+and server processes. Without REDIS_URL the deployment is one process (the in-memory channel layer
+cannot span processes), and an in-process counter with the same fixed-minute semantics is exact.
+
+A fixed window lets a node send up to twice the limit across a minute boundary; that is the price
+of one cheap atomic operation per frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from django.conf import settings
+
+_local_counts: dict[tuple[int, int], int] = {}
+_redis_clients: dict[int, object] = {}
+
+
+def _redis():
+    """One asyncio Redis client per event loop (clients are bound to the loop that made them)."""
+    import redis.asyncio as aioredis
+
+    loop = asyncio.get_running_loop()
+    client = _redis_clients.get(id(loop))
+    if client is None:
+        if len(_redis_clients) > 8:  # loops come and go in tests; keep the map small
+            _redis_clients.clear()
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        _redis_clients[id(loop)] = client
+    return client
+
+
+async def hit(node_id: int, limit: int, now: float | None = None) -> bool:
+    """Count one frame for the node; True when it is over `limit` frames this minute."""
+    minute = int((now if now is not None else time.time()) // 60)
+    if getattr(settings, "REDIS_URL", ""):
+        key = f"sapo:rate:{node_id}:{minute}"
+        async with _redis().pipeline(transaction=False) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, 120)
+            count, _ = await pipe.execute()
+        return int(count) > limit
+    key = (node_id, minute)
+    count = _local_counts.get(key, 0) + 1
+    _local_counts[key] = count
+    if count == 1 and len(_local_counts) > 10_000:
+        for old in [k for k in _local_counts if k[1] < minute]:
+            del _local_counts[old]
+    return count > limit
+
+
+def reset_local() -> None:
+    """Forget in-process counts (tests)."""
+    _local_counts.clear()

@@ -1,0 +1,213 @@
+"""Reads from the pool: uniform sampling, public views of one group, pool statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.cache import cache
+from django.db import connection
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from common.errors import NotFound
+from pool.models import ModerationStatus, Rollout, Verdict
+from pool.services import moderation_hooks
+
+# When the window's range of sample numbers is this small, list the eligible groups and pick from
+# them; above it, probe random numbers (rejection sampling), a few index lookups per group drawn.
+ENUMERATE_BELOW = 512
+PROBE_ROUNDS = 6
+STATS_CACHE_SECONDS = 10
+
+
+# One round trip for the common case: the window's range of sample numbers, `k` distinct uniform
+# numbers in it, and the eligible groups they name (index lookups on the partial sample_seq index).
+# Rows come back for every number drawn, with NULL group columns for a miss.
+_DRAW_SQL = """
+WITH bounds AS (
+    SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %(cutoff)s
+            ORDER BY created_at LIMIT 1) AS lo,
+           (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable) AS hi
+), draws AS (
+    SELECT DISTINCT b.lo + floor(random() * (b.hi - b.lo + 1))::bigint AS k
+    FROM bounds b, generate_series(1, {k}) WHERE b.hi >= b.lo
+)
+SELECT b.lo, b.hi, d.k, n.name, r.id, r.node_id, r.round, r.dataset, r.seed, r.index, r.question,
+       r.answer, r.completions, r.verified_rewards, r.created_at
+FROM bounds b
+LEFT JOIN draws d ON true
+LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
+       ON r.sample_seq = d.k AND r.sampleable AND r.node_id <> %(node)s AND r.created_at >= %(cutoff)s
+"""
+_DRAW_FIELDS = ["id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
+                "verified_rewards", "created_at"]  # fmt: skip
+
+
+def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int | None, set[int], list[Rollout]]:
+    """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit). Model instances via from_db (other fields deferred)."""
+    from nodes.models import Node
+
+    with connection.cursor() as cursor:
+        cursor.execute(_DRAW_SQL.format(k=int(k)), {"cutoff": cutoff, "node": node_id})
+        rows = cursor.fetchall()
+    lo, hi = rows[0][0], rows[0][1]
+    drawn = {row[2] for row in rows if row[2] is not None}
+    hits = []
+    for row in rows:
+        if row[4] is None:
+            continue
+        values = list(row[4:])
+        for position in (8, 9):  # completions, verified_rewards: jsonb arrives as text
+            if isinstance(values[position], str):
+                values[position] = json.loads(values[position])
+        rollout = Rollout.from_db(connection.alias, _DRAW_FIELDS, values)
+        rollout.sample_seq = row[2]
+        rollout.node = Node.from_db(connection.alias, ["id", "name"], [row[5], row[3]])
+        hits.append(rollout)
+    return lo, hi, drawn, hits
+
+
+def rollout_sample(
+    *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
+) -> list[Rollout]:
+    """Up to `n` distinct groups drawn uniformly at random among the sampleable groups of the window
+    that `node` did not write. Cost does not grow with the pool (no ORDER BY random()).
+
+    Sampleable groups carry unique numbers from one sequence (`sample_seq`, given when they become
+    sampleable). The window is the range [lo, hi] of those numbers from its oldest fresh group to the
+    newest. The draw picks distinct uniform numbers in that range and keeps those naming an eligible
+    group (rejection sampling), in rounds until it has `n`, then keeps a uniform `n` of the hits. The
+    procedure treats every eligible group alike whatever the gaps, so the result is an exactly
+    uniform random subset (docs/benchmarks.md, "Pool"). Usually one query; each further round is one.
+    Returned groups have `node` loaded (id and name).
+    """
+    if n <= 0:
+        return []
+    rng = rng or random.SystemRandom()
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=window_seconds)
+    lo, hi, tried, hits = _first_draw(node.id, cutoff, math.ceil(n * 1.3) + 4)
+    if lo is None or hi is None or hi < lo:
+        return []
+    chosen = _keep(hits, tried, rng)
+    span = hi - lo + 1
+    eligible = Rollout.objects.filter(
+        sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo, sample_seq__lte=hi
+    ).exclude(node_id=node.id)
+    hit_rate = max(len(chosen) / max(len(tried), 1), 0.02)
+    rounds = PROBE_ROUNDS if span > ENUMERATE_BELOW else 0
+    for _ in range(rounds):
+        need = n - len(chosen)
+        if need <= 0 or len(tried) >= span:
+            break
+        want = min(span - len(tried), math.ceil(need * 1.3 / hit_rate) + 4, 20 * n + 64)
+        draws: list[int] = []
+        while len(draws) < want:
+            k = rng.randint(lo, hi)
+            if k not in tried:
+                tried.add(k)
+                draws.append(k)
+        # Only the sample-number index is used (the other conditions are checked here), so the
+        # planner cannot prefer a scan of the whole window.
+        found = [
+            r
+            for r in Rollout.objects.filter(sampleable=True, sample_seq__in=draws).select_related("node")
+            if r.node_id != node.id and r.created_at >= cutoff
+        ]
+        hit_rate = max(len(found) / len(draws), 0.02)
+        chosen.extend(_keep(found, tried, rng))
+    if len(chosen) < n and len(tried) < span:
+        # Few eligible groups in the range (a small window, or most are the asker's own or moderated
+        # out): the eligible groups not drawn yet are all equally likely to come next, so take a
+        # uniform pick among them.
+        rest = list(eligible.exclude(id__in=[r.id for r in chosen]).values_list("id", "node_id"))
+        hooks = moderation_hooks()
+        picked = hooks.weighted_pick(candidates=rest, n=n - len(chosen), rng=rng) if hooks else None
+        if picked is None:
+            picked = [i for i, _ in rng.sample(rest, min(n - len(chosen), len(rest)))]
+        chosen.extend(_fetch(picked))
+    return chosen[:n]
+
+
+def _keep(hits: list[Rollout], tried: set[int], rng: random.Random) -> list[Rollout]:
+    """The hits of one round in a uniform random order, less those trust weighting turns away.
+
+    Without weighting, the first n hits over the rounds are a uniform random n-subset. With it
+    (moderation's `sample_keep`), each hit is kept with its author's acceptance and a turned-away
+    group may be drawn again later: sequential rejection sampling, picks proportional to weight.
+    """
+    rng.shuffle(hits)
+    hooks = moderation_hooks()
+    keep = hooks.sample_keep(node_ids=[r.node_id for r in hits], rng=rng) if hooks and hits else None
+    if keep is None:
+        return hits
+    for rollout, kept in zip(hits, keep, strict=True):
+        if not kept:
+            tried.discard(rollout.sample_seq)
+    return [r for r, kept in zip(hits, keep, strict=True) if kept]
+
+
+def _fetch(ids: list[uuid.UUID]) -> list[Rollout]:
+    if not ids:
+        return []
+    rows = {r.id: r for r in Rollout.objects.filter(id__in=ids).select_related("node")}
+    return [rows[i] for i in ids if i in rows]
+
+
+def rollout_get_public(*, rollout_id: uuid.UUID) -> Rollout:
+    """One group as the public sees it; groups a moderator took out are not shown."""
+    rollout = (
+        Rollout.objects.select_related("node").filter(id=rollout_id, moderation_status=ModerationStatus.OK).first()
+    )
+    if rollout is None:
+        raise NotFound("No such rollout.")
+    return rollout
+
+
+def rollout_list_for_node(*, node: Any, verdict: str | None = None, limit: int = 50) -> list[Rollout]:
+    """A node's latest groups, newest first (the contributor's inbox filters verdict="rejected")."""
+    queryset = Rollout.objects.filter(node=node).order_by("-created_at")
+    if verdict:
+        queryset = queryset.filter(verdict=verdict)
+    return list(queryset[:limit])
+
+
+def pool_stats(*, use_cache: bool = True) -> dict[str, Any]:
+    """Counts over the whole pool (cached for a few seconds: they scan the table)."""
+    if use_cache:
+        cached = cache.get("pool:stats")
+        if cached is not None:
+            return cached
+    accepted = Q(verdict=Verdict.ACCEPTED)
+    totals = Rollout.objects.aggregate(
+        groups=Count("id"),
+        accepted=Count("id", filter=accepted),
+        rejected=Count("id", filter=Q(verdict=Verdict.REJECTED)),
+        sampleable=Count("id", filter=Q(sampleable=True)),
+        completions=Sum("completion_count"),
+    )
+    per_dataset = {
+        row["dataset"]: {"groups": row["groups"], "accepted": row["accepted"], "sampleable": row["sampleable"]}
+        for row in Rollout.objects.values("dataset")
+        .annotate(
+            groups=Count("id"), accepted=Count("id", filter=accepted), sampleable=Count("id", filter=Q(sampleable=True))
+        )
+        .order_by("dataset")
+    }
+    stats = {
+        "groups": totals["groups"],
+        "accepted": totals["accepted"],
+        "rejected": totals["rejected"],
+        "sampleable": totals["sampleable"],
+        "completions": totals["completions"] or 0,
+        "acceptance_rate": (totals["accepted"] / totals["groups"]) if totals["groups"] else None,
+        "datasets": per_dataset,
+    }
+    if use_cache:
+        cache.set("pool:stats", stats, STATS_CACHE_SECONDS)
+    return stats

@@ -1,0 +1,357 @@
+"""The node WebSocket end to end, through the ASGI application (WebsocketCommunicator, real PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async as sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.utils import timezone
+from test_pool_support import make_group, share_frame
+
+from config.asgi import application
+from nodes.events import node_group_name
+from nodes.models import Node
+from nodes.services import node_token_revoke
+from pool import ratelimit
+from pool.consumers import contributor_group_name
+from pool.models import Consumption, NodeRound, NodeTrust, Rollout
+from pool.services import moderation_hooks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT = 5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_counts():
+    ratelimit.reset_local()
+    yield
+    ratelimit.reset_local()
+
+
+async def open_socket(token: str | None, *, scheme: str = "Bearer") -> WebsocketCommunicator:
+    headers = [(b"authorization", f"{scheme} {token}".encode())] if token is not None else []
+    socket = WebsocketCommunicator(application, "/ws/node/", headers=headers)
+    connected, _ = await socket.connect(timeout=TIMEOUT)
+    assert connected
+    return socket
+
+
+async def close_code(socket: WebsocketCommunicator) -> int:
+    output = await socket.receive_output(timeout=TIMEOUT)
+    assert output["type"] == "websocket.close", output
+    # Let the consumer finish (it updates presence on disconnect) before the test's loop ends.
+    await socket.send_input({"type": "websocket.disconnect", "code": output["code"]})
+    await socket.wait(0.5)  # the Redis layer's reader may take longer to stop: then it is cancelled
+    return output["code"]
+
+
+async def ask(socket: WebsocketCommunicator, frame: dict | str) -> dict:
+    await socket.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
+    return await socket.receive_json_from(timeout=TIMEOUT)
+
+
+def second_node_with_token(name: str = "desktop"):
+    from factories import make_node_with_token
+
+    return make_node_with_token(name=name)
+
+
+# Authentication -------------------------------------------------------------------------------
+
+
+async def test_no_header_closes_4401():
+    socket = await open_socket(None)
+    assert await close_code(socket) == 4401
+
+
+@pytest.mark.parametrize(("scheme", "token"), [("Bearer", "sapo_wrong"), ("Bearer", "x"), ("Basic", "good")])
+async def test_a_wrong_token_closes_4401(node_token, scheme, token):
+    socket = await open_socket(node_token if token == "good" else token, scheme=scheme)
+    assert await close_code(socket) == 4401
+
+
+async def test_a_revoked_token_closes_4401(node, node_token):
+    await sync_to_async(node_token_revoke)(node=node)
+    socket = await open_socket(node_token)
+    assert await close_code(socket) == 4401
+
+
+async def test_a_banned_node_closes_4403(node, node_token):
+    await sync_to_async(Node.objects.filter(id=node.id).update)(banned_at=timezone.now())
+    socket = await open_socket(node_token)
+    assert await close_code(socket) == 4403
+
+
+async def test_a_banned_contributor_closes_4403(user, node_token):
+    user.banned_at = timezone.now()
+    await sync_to_async(user.save)()
+    socket = await open_socket(node_token)
+    assert await close_code(socket) == 4403
+
+
+async def test_revoking_the_token_closes_an_open_socket_4401(node, node_token):
+    socket = await open_socket(node_token)
+    await sync_to_async(node_token_revoke)(node=node)
+    assert await close_code(socket) == 4401
+
+
+async def test_presence_counts_open_sockets(node, node_token):
+    socket = await open_socket(node_token)
+    await ask(socket, {"type": "hello", "v": 1})
+    assert (await sync_to_async(Node.objects.get)(id=node.id)).connections == 1
+    await socket.disconnect()
+    refreshed = await sync_to_async(Node.objects.get)(id=node.id)
+    assert refreshed.connections == 0 and refreshed.last_seen_at is not None
+
+
+# Messages ---------------------------------------------------------------------------------------
+
+
+async def test_hello_gets_welcome_with_catalogue_and_limits(node, node_token, settings):
+    settings.SAPO_CATALOGUE = "easy"
+    socket = await open_socket(node_token)
+    reply = await ask(socket, {"type": "hello", "v": 1, "ref": "h1", "client": "sapo-node/0.1", "model": "tiny"})
+    assert reply["type"] == "welcome" and reply["ref"] == "h1"
+    assert (reply["node_id"], reply["node_name"]) == (node.id, "laptop")
+    assert reply["catalogue"]["name"] == "easy"
+    assert reply["limits"]["max_groups_per_message"] == 64
+    assert (await sync_to_async(Node.objects.get)(id=node.id)).client_version == "sapo-node/0.1"
+    await socket.disconnect()
+
+
+async def test_share_accepts_an_honest_group_and_stores_verified_rewards(node, node_token):
+    socket = await open_socket(node_token)
+    group = make_group(right=2, wrong=2)
+    reply = await ask(socket, share_frame(group, ref="s1"))
+    assert reply == {"type": "ack", "for": "share", "accepted": [group["id"]], "rejected": [], "v": 1, "ref": "s1"}
+    row = await sync_to_async(Rollout.objects.get)(id=group["id"])
+    assert row.node_id == node.id and row.verdict == "accepted" and row.sampleable
+    assert row.verified_rewards == [1.0, 1.0, 0.0, 0.0] == row.claimed_rewards
+    trust = await sync_to_async(NodeTrust.objects.get)(node=node)
+    assert (trust.accepted_groups, trust.rejected_groups) == (1, 0)
+    await socket.disconnect()
+
+
+def _forge_reward(g):
+    g["rewards"] = [1.0] * len(g["rewards"])
+
+
+def _forge_answer(g):
+    g["answer"] = "999999"
+
+
+def _forge_question(g):
+    g["question"] = "What is 1 + 1?"
+
+
+def _forge_dataset(g):
+    g["task"]["dataset"] = "made_up_dataset"
+
+
+async def test_forged_groups_are_rejected_stored_and_counted(node, node_token):
+    socket = await open_socket(node_token)
+    groups = {}
+    for reason, forge in [
+        ("reward_mismatch", _forge_reward),
+        ("answer_mismatch", _forge_answer),
+        ("question_mismatch", _forge_question),
+        ("unknown_task", _forge_dataset),
+    ]:
+        group = make_group(right=1, wrong=1)
+        forge(group)
+        groups[reason] = group
+    reply = await ask(socket, share_frame(*groups.values()))
+    assert reply["accepted"] == []
+    assert reply["rejected"] == [{"id": g["id"], "reason": reason} for reason, g in groups.items()]
+    rows = {str(r.id): r for r in await sync_to_async(list)(Rollout.objects.all())}
+    for reason, group in groups.items():
+        row = rows[group["id"]]
+        assert (row.verdict, row.reason, row.sampleable) == ("rejected", reason, False)
+        expected = None if reason == "unknown_task" else [1.0, 0.0]
+        assert row.verified_rewards == expected
+        assert row.claimed_rewards == group["rewards"]
+    trust = await sync_to_async(NodeTrust.objects.get)(node=node)
+    assert (trust.accepted_groups, trust.rejected_groups) == (0, 4) and trust.trust < 0.5
+    await socket.disconnect()
+
+
+async def test_a_replayed_id_gets_the_same_verdict_and_one_row(node, node_token):
+    socket = await open_socket(node_token)
+    good, forged = make_group(), make_group(index=8)
+    _forge_reward(forged)
+    first = await ask(socket, share_frame(good, forged))
+    again = await ask(socket, share_frame(good, forged))
+    assert first == again
+    assert await sync_to_async(Rollout.objects.count)() == 2
+    trust = await sync_to_async(NodeTrust.objects.get)(node=node)
+    assert (trust.accepted_groups, trust.rejected_groups) == (1, 1)
+    await socket.disconnect()
+
+
+async def test_another_nodes_id_is_an_id_conflict_and_stores_nothing(node, node_token):
+    group = make_group()
+    socket = await open_socket(node_token)
+    await ask(socket, share_frame(group))
+    other, other_token = await sync_to_async(second_node_with_token)()
+    intruder = await open_socket(other_token)
+    copy = make_group(index=9, rollout_id=group["id"])
+    reply = await ask(intruder, share_frame(copy))
+    assert reply["rejected"] == [{"id": group["id"], "reason": "id_conflict"}]
+    row = await sync_to_async(Rollout.objects.get)(id=group["id"])
+    assert row.node_id == node.id and row.index == 7
+    assert await sync_to_async(Rollout.objects.count)() == 1
+    await socket.disconnect()
+    await intruder.disconnect()
+
+
+async def test_sample_returns_other_nodes_groups_with_their_name_never_the_askers(node, node_token):
+    mine = make_group(index=1)
+    socket = await open_socket(node_token)
+    await ask(socket, share_frame(mine))
+    other, other_token = await sync_to_async(second_node_with_token)("desktop")
+    theirs = make_group(index=2)
+    other_socket = await open_socket(other_token)
+    await ask(other_socket, share_frame(theirs))
+    reply = await ask(socket, {"type": "sample", "v": 1, "n": 5, "ref": "q"})
+    assert reply["type"] == "samples" and reply["ref"] == "q"
+    assert [r["id"] for r in reply["rollouts"]] == [theirs["id"]]
+    sampled = reply["rollouts"][0]
+    assert sampled["node"] == "desktop"
+    assert sampled["rewards"] == theirs["rewards"] and sampled["task"] == theirs["task"]
+    assert sampled["question"] == theirs["question"] and sampled["answer"] == theirs["answer"]
+    await socket.disconnect()
+    await other_socket.disconnect()
+
+
+async def test_report_stores_the_round_and_credits_each_used_group_once(node, node_token):
+    other, other_token = await sync_to_async(second_node_with_token)()
+    other_socket = await open_socket(other_token)
+    theirs, rejected = make_group(index=2), make_group(index=3)
+    _forge_reward(rejected)
+    await ask(other_socket, share_frame(theirs, rejected))
+    socket = await open_socket(node_token)
+    mine = make_group(index=4)
+    await ask(socket, share_frame(mine))
+    used = [theirs["id"], rejected["id"], mine["id"], str(uuid.uuid4())]
+    report = {"type": "report", "v": 1, "round": 3, "reward_mean": 0.4, "groups_local": 4, "used": used}
+    assert await ask(socket, report) == {"type": "ack", "for": "report", "round": 3, "v": 1}
+    assert await ask(socket, {**report, "round": 4}) == {"type": "ack", "for": "report", "round": 4, "v": 1}
+    credits = await sync_to_async(list)(Consumption.objects.values_list("consumer_id", "rollout_id", "author_id"))
+    assert credits == [(node.id, uuid.UUID(theirs["id"]), other.id)]
+    node_round = await sync_to_async(NodeRound.objects.get)(node=node, round=3)
+    assert node_round.figures == {"reward_mean": 0.4, "groups_local": 4}
+    await socket.disconnect()
+    await other_socket.disconnect()
+
+
+# Limits ---------------------------------------------------------------------------------------
+
+
+async def test_every_limit_answers_its_code_stores_nothing_and_keeps_the_socket(node_token, settings):
+    settings.SAPO_LIMITS = {
+        "max_frame_bytes": 4000,
+        "max_groups_per_message": 2,
+        "max_completions_per_group": 3,
+        "max_chars_per_completion": 300,
+        "max_sample_n": 4,
+        "max_used_per_report": 2,
+    }
+    socket = await open_socket(node_token)
+    too_many_completions = make_group(right=2, wrong=2)
+    long_completion = make_group(right=1, wrong=1)
+    long_completion["completions"][1] = "x" * 301
+    cases = [
+        ("{not json", "invalid_json"),
+        ({"type": "hello", "v": 7, "ref": "r"}, "unsupported_version"),
+        ({"type": "dance", "v": 1}, "unknown_type"),
+        ({"type": "share", "v": 1, "rollouts": [{"id": "x"}]}, "invalid_message"),
+        ({"type": "hello", "v": 1, "client": "y" * 5000}, "frame_too_large"),
+        (share_frame(make_group(), make_group(), make_group()), "too_many_groups"),
+        (share_frame(too_many_completions), "too_many_completions"),
+        (share_frame(long_completion), "completion_too_long"),
+        ({"type": "sample", "v": 1, "n": 5}, "too_many_samples"),
+        ({"type": "report", "v": 1, "round": 1, "used": [str(uuid.uuid4()) for _ in range(3)]}, "too_many_used"),
+    ]
+    for frame, code in cases:
+        reply = await ask(socket, frame)
+        assert (reply["type"], reply["code"]) == ("error", code), reply
+        assert reply["detail"]
+    assert (await ask(socket, {"type": "hello", "v": 7, "ref": "r"}))["ref"] == "r"
+    assert await sync_to_async(Rollout.objects.count)() == 0
+    assert await sync_to_async(NodeRound.objects.count)() == 0
+    assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
+    await socket.disconnect()
+
+
+async def test_consecutive_errors_close_4429_and_a_good_frame_resets_the_count(node_token, settings):
+    settings.SAPO_LIMITS = {"max_consecutive_errors": 3}
+    socket = await open_socket(node_token)
+    for _ in range(2):
+        assert (await ask(socket, "junk"))["code"] == "invalid_json"
+    assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
+    for _ in range(3):
+        assert (await ask(socket, "junk"))["code"] == "invalid_json"
+    assert await close_code(socket) == 4429
+
+
+async def test_rate_limit_holds_across_connections_of_a_node(node, node_token, settings):
+    settings.SAPO_LIMITS = {"max_messages_per_minute": 20}
+    hooks = moderation_hooks()  # moderation may scale the limit by the node's trust
+    quota = await sync_to_async(hooks.node_message_quota)(node_id=node.id, base=20) if hooks else 20
+    first, second = await open_socket(node_token), await open_socket(node_token)
+    for i in range(quota):
+        socket = (first, second)[i % 2]
+        assert (await ask(socket, {"type": "sample", "v": 1, "n": 1}))["type"] == "samples"
+    reply = await ask(second, {"type": "share", "v": 1, "rollouts": [make_group()]})
+    assert (reply["type"], reply["code"]) == ("error", "rate_limited")
+    assert await sync_to_async(Rollout.objects.count)() == 0
+    await first.disconnect()
+    await second.disconnect()
+
+
+# Bans through the channel layer ----------------------------------------------------------------
+
+
+async def test_node_ban_closes_4403_through_the_in_memory_layer(node, node_token):
+    socket = await open_socket(node_token)
+    await ask(socket, {"type": "hello", "v": 1})  # the socket has joined its groups once it answers
+    await get_channel_layer().group_send(node_group_name(node.id), {"type": "node.ban"})
+    assert await close_code(socket) == 4403
+
+
+@pytest.fixture
+def redis_layer(settings):
+    redis = pytest.importorskip("redis")
+    url = "redis://127.0.0.1:6379/0"
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    settings.REDIS_URL = url
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [url], "prefix": f"sapo-test-{uuid.uuid4().hex[:8]}"},
+        }
+    }
+    return url
+
+
+async def test_node_ban_over_redis_closes_every_socket_of_the_contributor(redis_layer, user, node, node_token):
+    from factories import make_node_with_token
+
+    second_node, second_token = await sync_to_async(make_node_with_token)(owner=user, name="desktop")
+    first, second = await open_socket(node_token), await open_socket(second_token)
+    # The Redis rate counter is in use: both sockets answer (and have joined their groups).
+    for socket in (first, second):
+        assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
+    layer = get_channel_layer()
+    assert type(layer).__name__ == "RedisChannelLayer"
+    await layer.group_send(contributor_group_name(user.id), {"type": "node.ban"})
+    assert await close_code(first) == 4403
+    assert await close_code(second) == 4403

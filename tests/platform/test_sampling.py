@@ -1,0 +1,118 @@
+"""Uniform sampling from the pool (pool.selectors.rollout_sample) and what is never sampled."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from factories import make_node
+from test_pool_support import EASY, make_group, to_rollout_in
+
+from pool import selectors
+from pool.models import Rollout
+from pool.selectors import rollout_sample
+from pool.services import rollout_set_moderation, rollout_share
+
+pytestmark = pytest.mark.django_db
+DAY = 86_400
+
+
+def share(node, *groups):
+    return rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=EASY)
+
+
+def easy_group(index: int, **kwargs):
+    return make_group("basic_arithmetic", seed=5, index=index, catalogue=EASY, **kwargs)
+
+
+def sampled_ids(node, n=50, **kwargs) -> set[str]:
+    return {str(r.id) for r in rollout_sample(node=node, n=n, window_seconds=DAY, **kwargs)}
+
+
+@pytest.fixture(params=["enumerate", "probe"])
+def path(request, monkeypatch):
+    """Run each test through both draws: listing a small window, and probing random numbers."""
+    if request.param == "probe":
+        monkeypatch.setattr(selectors, "ENUMERATE_BELOW", 0)
+    return request.param
+
+
+def test_only_other_nodes_fresh_verified_varied_unmoderated_groups_are_sampled(path):
+    asker, author = make_node(name="asker"), make_node(name="author")
+    good = [easy_group(i) for i in range(5)]
+    own = easy_group(10)
+    forged = easy_group(11)
+    forged["rewards"] = [1.0] * len(forged["rewards"])
+    all_right, all_wrong = easy_group(12, right=3, wrong=0), easy_group(13, right=0, wrong=3)
+    stale, quarantined, held = easy_group(14), easy_group(15), easy_group(16)
+    share(asker, own)
+    share(author, *good, forged, all_right, all_wrong, stale, quarantined, held)
+    Rollout.objects.filter(id=stale["id"]).update(
+        created_at=Rollout.objects.get(id=stale["id"]).created_at - timedelta(days=2)
+    )
+    rollout_set_moderation(rollouts=[quarantined["id"]], status="quarantined")
+    rollout_set_moderation(rollouts=[held["id"]], status="held")
+    expected = {g["id"] for g in good}
+    for _ in range(5):
+        assert sampled_ids(asker) == expected
+    # The author sees only the asker's group.
+    assert sampled_ids(author) == {own["id"]}
+
+
+def test_sample_returns_n_distinct_groups_and_fewer_when_fewer_exist(path):
+    asker, author = make_node(), make_node()
+    share(author, *[easy_group(i) for i in range(30)])
+    draw = rollout_sample(node=asker, n=10, window_seconds=DAY)
+    assert len(draw) == 10 == len({r.id for r in draw})
+    assert all(r.node.name == author.name for r in draw)
+    assert len(rollout_sample(node=asker, n=64, window_seconds=DAY)) == 30
+    assert rollout_sample(node=author, n=5, window_seconds=DAY) == []
+
+
+def test_an_empty_pool_samples_nothing():
+    assert rollout_sample(node=make_node(), n=4, window_seconds=DAY) == []
+
+
+def test_moderation_back_to_ok_makes_a_group_sampleable_again(path):
+    asker, author = make_node(), make_node()
+    group = easy_group(1)
+    share(author, group)
+    rollout_set_moderation(rollouts=[group["id"]], status="rejected")
+    assert sampled_ids(asker) == set()
+    rollout_set_moderation(rollouts=Rollout.objects.filter(node=author), status="ok")
+    assert sampled_ids(asker) == {group["id"]}
+
+
+def test_a_held_group_first_released_gets_a_sample_number():
+    asker, author = make_node(), make_node()
+    group = easy_group(1)
+    share(author, group)
+    Rollout.objects.filter(id=group["id"]).update(sampleable=False, sample_seq=None, moderation_status="held")
+    rollout_set_moderation(rollouts=[group["id"]], status="ok")
+    row = Rollout.objects.get(id=group["id"])
+    assert row.sampleable and row.sample_seq is not None
+    assert sampled_ids(asker) == {group["id"]}
+
+
+def test_draws_are_uniform_despite_holes_in_the_numbering(monkeypatch):
+    """Chi-square check: with half the numbers unusable (own groups, moderated), every eligible
+    group is drawn equally often."""
+    monkeypatch.setattr(selectors, "ENUMERATE_BELOW", 0)
+    asker, author = make_node(), make_node()
+    groups = [easy_group(i) for i in range(40)]
+    share(author, *groups[:20])
+    share(asker, *[easy_group(100 + i) for i in range(10)])  # the asker's own: holes
+    share(author, *groups[20:])
+    rollout_set_moderation(rollouts=[g["id"] for g in groups[30:]], status="quarantined")  # more holes
+    eligible = [g["id"] for g in groups[:30]]
+    rng = random.Random(7)
+    counts: Counter[str] = Counter()
+    draws = 400
+    for _ in range(draws):
+        counts.update(str(r.id) for r in rollout_sample(node=asker, n=3, window_seconds=DAY, rng=rng))
+    assert set(counts) == set(eligible)
+    expected = draws * 3 / len(eligible)
+    chi2 = sum((counts[i] - expected) ** 2 / expected for i in eligible)
+    assert chi2 < 58.3  # the 0.999 quantile of chi-square with 29 degrees of freedom
