@@ -92,8 +92,7 @@ INSTALLED_APPS = [
     "pool",
     "localswarm",  # `manage.py sapo_local`, what `make run` starts
     # --- Added by other helpers: moderation, web. Keep the project apps above in this order. ---
-    # "moderation",
-    # "web",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -151,7 +150,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    # socket_timeout None: redis-py >= 8 reads with a 5 s timeout by default, the same 5 s that
+    # channels_redis blocks in BZPOPMIN waiting for messages, so an idle node socket would die with
+    # a redis TimeoutError (close 1011) after 5 s of quiet.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+        }
+    }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 

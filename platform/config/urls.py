@@ -10,4 +10,11 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     # --- Added by other helpers: the web app's pages (home, leaderboard, dashboard) go here. ---
+    path("", include("web.urls")),
 ]
+
+# Error pages in the site's style (web app).
+handler400 = "web.views.bad_request"
+handler403 = "web.views.permission_denied"
+handler404 = "web.views.page_not_found"
+handler500 = "web.views.server_error"

@@ -1,0 +1,120 @@
+// Small SVG charts drawn from the JSON API (no library). An element with data-chart="line|bar",
+// data-source (URL), data-series (key of a list in the JSON), data-x / data-y (keys of each point)
+// and optional data-y-max is (re)drawn on load and every 15 s.
+(function () {
+  "use strict";
+  var NS = "http://www.w3.org/2000/svg";
+  var W = 640, H = 270, PAD = { left: 44, right: 12, top: 16, bottom: 64 };
+
+  function el(name, attrs, text) {
+    var node = document.createElementNS(NS, name);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function hourLabel(iso) {
+    var d = new Date(iso);
+    return String(d.getUTCHours()).padStart(2, "0") + "h";
+  }
+
+  function xLabel(value) {
+    // Hours (ISO dates) read "21 Nov 14h"; names (datasets) lose their underscores.
+    if (/^\d{4}-\d{2}-\d{2}T/.test(String(value))) {
+      var d = new Date(value);
+      return d.getUTCDate() + " " + d.toLocaleString("en", { month: "short", timeZone: "UTC" }) + " " + hourLabel(value);
+    }
+    var label = String(value).replace(/_/g, " ");
+    return label.length > 18 ? label.slice(0, 17) + "…" : label;
+  }
+
+  function yText(v, format) {
+    return format === "pct" ? (v * 100).toFixed(0) + "%" : (Math.abs(v) >= 10 ? v.toFixed(0) : v.toFixed(2));
+  }
+
+  function frame(svg, yMax) {
+    for (var i = 0; i <= 4; i++) {
+      var v = (yMax * i) / 4;
+      var y = PAD.top + (H - PAD.top - PAD.bottom) * (1 - i / 4);
+      svg.appendChild(el("line", { "class": "grid-line", x1: PAD.left, x2: W - PAD.right, y1: y, y2: y }));
+      svg.appendChild(el("text", { x: PAD.left - 6, y: y + 4, "text-anchor": "end" }, v.toFixed(2)));
+    }
+    svg.appendChild(el("line", { "class": "axis", x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom }));
+  }
+
+  function draw(box, points, opts) {
+    // Draw at the box's own width, so labels keep their size on a phone.
+    W = Math.max(300, Math.min(900, Math.round(box.clientWidth || 640)));
+    box.textContent = "";
+    points = points.filter(function (p) { return p[opts.y] !== null && p[opts.y] !== undefined; });
+    if (!points.length) {
+      box.appendChild(Object.assign(document.createElement("p"), { className: "chart-empty", textContent: "No verified groups in this period yet." }));
+      return;
+    }
+    var yMax = opts.yMax || Math.max.apply(null, points.map(function (p) { return p[opts.y]; })) || 1;
+    var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
+    frame(svg, yMax);
+    var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
+    function yPos(v) { return PAD.top + plotH * (1 - Math.min(v, yMax) / yMax); }
+    var n = points.length, every = Math.max(1, Math.ceil(n / 8));
+    if (opts.kind === "bar") {
+      var slot = plotW / n, bw = Math.min(72, Math.max(4, slot * 0.6));
+      points.forEach(function (p, i) {
+        var x = PAD.left + slot * i + (slot - bw) / 2, y = yPos(p[opts.y]), cx = x + bw / 2;
+        var bar = el("rect", { "class": "bar", x: x, y: y, width: bw, height: H - PAD.bottom - y, rx: 3 });
+        bar.appendChild(el("title", {}, xLabel(p[opts.x]) + ": " + yText(p[opts.y], opts.format)));
+        svg.appendChild(bar);
+        if (n <= 16) svg.appendChild(el("text", { x: cx, y: y - 4, "text-anchor": "middle" }, yText(p[opts.y], opts.format)));
+        if (i % every === 0 || i === n - 1) {
+          var ly = H - PAD.bottom + 14;
+          svg.appendChild(el("text", { x: cx, y: ly, "text-anchor": "end", transform: "rotate(-30 " + cx + " " + ly + ")" }, xLabel(p[opts.x])));
+        }
+      });
+    } else {
+      // x by time: hours without groups leave a gap instead of being squeezed out.
+      var times = points.map(function (p) { return new Date(p[opts.x]).getTime(); });
+      var t0 = Math.min.apply(null, times), span = Math.max.apply(null, times) - t0;
+      var coords = points.map(function (p, i) {
+        return [PAD.left + (span > 0 ? plotW * (times[i] - t0) / span : plotW / 2), yPos(p[opts.y])];
+      });
+      var path = coords.map(function (c, i) { return (i ? "L" : "M") + c[0].toFixed(1) + " " + c[1].toFixed(1); }).join(" ");
+      svg.appendChild(el("path", { "class": "area", d: path + " L" + coords[n - 1][0] + " " + (H - PAD.bottom) + " L" + coords[0][0] + " " + (H - PAD.bottom) + " Z" }));
+      svg.appendChild(el("path", { "class": "line", d: path }));
+      coords.forEach(function (c, i) {
+        var dot = el("circle", { "class": "dot", cx: c[0], cy: c[1], r: n === 1 ? 5 : 3 });
+        dot.appendChild(el("title", {}, hourLabel(points[i][opts.x]) + ": " + points[i][opts.y].toFixed(3)));
+        svg.appendChild(dot);
+        if (i % every === 0 || i === n - 1) {
+          svg.appendChild(el("text", { x: c[0], y: H - PAD.bottom + 16, "text-anchor": "middle" }, hourLabel(points[i][opts.x])));
+          if (n <= 3) svg.appendChild(el("text", { x: c[0], y: c[1] - 9, "text-anchor": "middle" }, yText(points[i][opts.y], "num")));
+        }
+      });
+    }
+    box.appendChild(svg);
+  }
+
+  function refresh(box) {
+    fetch(box.dataset.source, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
+      .then(function (data) {
+        draw(box, (box.dataset.series ? data[box.dataset.series] : data) || [], {
+          kind: box.dataset.chart, x: box.dataset.x, y: box.dataset.y, format: box.dataset.format || "pct",
+          yMax: box.dataset.yMax ? parseFloat(box.dataset.yMax) : null,
+        });
+        box.dataset.drawn = "1";
+      })
+      .catch(function () { box.textContent = "The chart could not be loaded."; });
+  }
+
+  function start() {
+    document.querySelectorAll("[data-chart]").forEach(refresh);
+    setInterval(function () {
+      if (document.visibilityState === "visible") document.querySelectorAll("[data-chart]").forEach(refresh);
+    }, 15000);
+    // Fragments swapped in by htmx (a node card after an action) draw their charts at once.
+    document.body.addEventListener("htmx:afterSettle", function (event) {
+      event.target.querySelectorAll("[data-chart]:not([data-drawn])").forEach(refresh);
+    });
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
+})();

@@ -1,0 +1,96 @@
+"""The JSON behind every figure of the pages, from the same selectors (web.selectors)."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from nodes.selectors import access_node, node_list
+from web import selectors
+from web.serializers import (
+    ContributorFiguresSerializer,
+    CurvePointSerializer,
+    InboxItemSerializer,
+    LeaderboardSerializer,
+    MyNodeSerializer,
+    NodeFiguresSerializer,
+    SwarmSerializer,
+)
+
+_BOARD_PARAMS = [
+    OpenApiParameter("view", OpenApiTypes.STR, enum=["contributors", "nodes"], description="Default contributors."),
+    OpenApiParameter("sort", OpenApiTypes.STR, enum=sorted(selectors.CONTRIBUTOR_SORTS), description="Default reward."),
+    OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
+    OpenApiParameter("page", OpenApiTypes.INT, description=f"{selectors.PAGE_SIZE} rows a page."),
+]
+
+
+class LeaderboardApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(parameters=_BOARD_PARAMS, responses=LeaderboardSerializer, summary="The public leaderboard")
+    def get(self, request: Request) -> Response:
+        board = selectors.leaderboard(
+            view=request.query_params.get("view", "contributors"),
+            sort=request.query_params.get("sort", "reward"),
+            order=request.query_params.get("order", "desc"),
+            page=request.query_params.get("page", 1),
+        )
+        rows = list(board.page.object_list)
+        body = {
+            "view": board.view,
+            "sort": board.sort,
+            "order": "desc" if board.descending else "asc",
+            "page": board.page.number,
+            "pages": board.page.paginator.num_pages,
+            "total": board.total,
+        }
+        if board.view == "contributors":
+            body["contributors"] = ContributorFiguresSerializer(rows, many=True).data
+        else:
+            body["nodes"] = NodeFiguresSerializer(rows, many=True).data
+        return Response(body)
+
+
+class SwarmApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=SwarmSerializer, summary="Swarm status: the swarm page's figures and charts")
+    def get(self, request: Request) -> Response:
+        return Response(SwarmSerializer(selectors.swarm_overview()).data)
+
+
+class MyNodesApi(APIView):
+    @extend_schema(responses=MyNodeSerializer(many=True), summary="My nodes with their figures")
+    def get(self, request: Request) -> Response:
+        nodes = list(node_list(owner=request.user))
+        figures = selectors.node_figures_for(nodes)
+        reports = selectors.last_reports(nodes=nodes)
+        rows = []
+        for node in nodes:
+            row = dict(NodeFiguresSerializer(figures[node.id]).data)
+            report = reports.get(node.id)
+            row["last_report"] = {"round": report.round, **report.figures} if report else None
+            rows.append(row)
+        return Response(rows)
+
+
+class MyNodeCurveApi(APIView):
+    @extend_schema(responses=CurvePointSerializer(many=True), summary="A node's verified reward per hour, 7 days")
+    def get(self, request: Request, node_id: int) -> Response:
+        node = access_node(request.user, node_id)
+        return Response(CurvePointSerializer(selectors.node_curve(node=node), many=True).data)
+
+
+class MyInboxApi(APIView):
+    @extend_schema(
+        responses=InboxItemSerializer(many=True), summary="My rejection inbox: rejected or moderated-out groups"
+    )
+    def get(self, request: Request) -> Response:
+        return Response(InboxItemSerializer(selectors.rejection_inbox(owner=request.user), many=True).data)

@@ -1,0 +1,11 @@
+from django.urls import path
+
+from web import api
+
+urlpatterns = [
+    path("leaderboard/", api.LeaderboardApi.as_view(), name="api-leaderboard"),
+    path("swarm/", api.SwarmApi.as_view(), name="api-swarm"),
+    path("me/nodes/", api.MyNodesApi.as_view(), name="api-me-nodes"),
+    path("me/nodes/<int:node_id>/curve/", api.MyNodeCurveApi.as_view(), name="api-me-node-curve"),
+    path("me/inbox/", api.MyInboxApi.as_view(), name="api-me-inbox"),
+]

@@ -1,0 +1,77 @@
+"""Folded figures of the pool, so that pages never scan it (docs/leaderboard.md).
+
+The pool's groups, consumptions and round reports are folded into these small tables by
+`web.stats.stats_fold`, incrementally: rows older than FOLD_LAG are added once, in order of time
+(groups) or id (consumptions, reports), and `StatsCursor` remembers how far the fold got. Readers add
+the few rows newer than the cursor on the fly (web.selectors), in the same snapshot.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class StatsCursor(models.Model):
+    """One row (id=1): how far the pool has been folded into NodeStats / NodeHour / DatasetHour."""
+
+    folded_until = models.DateTimeField(help_text="Groups created before this are in the totals.")
+    consumption_id = models.BigIntegerField(default=0, help_text="Consumption rows with id <= this are counted.")
+    round_id = models.BigIntegerField(default=0, help_text="NodeRound rows with id <= this are counted.")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"folded until {self.folded_until:%Y-%m-%d %H:%M:%S}"
+
+
+class NodeStats(models.Model):
+    """A node's totals since it joined (folded part only; see the module docstring)."""
+
+    node = models.OneToOneField("nodes.Node", on_delete=models.CASCADE, primary_key=True, related_name="stats")
+    accepted_groups = models.PositiveIntegerField(default=0)
+    rejected_groups = models.PositiveIntegerField(default=0)
+    moderated_groups = models.PositiveIntegerField(default=0, help_text="Accepted, then taken out by moderation.")
+    credited_completions = models.PositiveIntegerField(default=0)
+    verified_reward = models.FloatField(default=0.0, help_text="Sum of verified rewards of credited groups.")
+    credit_growth = models.FloatField(
+        default=0.0, help_text="Sum of reward * 2^((created_at - CREDIT_EPOCH) / half-life): the decayed credit."
+    )
+    helped = models.PositiveIntegerField(default=0, help_text="(other node, group) pairs that trained on its groups.")
+    rounds = models.PositiveIntegerField(default=0, help_text="Round reports received (self-reported).")
+
+    def __str__(self) -> str:
+        return f"stats of node {self.node_id}"
+
+
+class NodeHour(models.Model):
+    """A node's shared groups per hour: its verified-reward curve."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="hours")
+    hour = models.DateTimeField()
+    accepted_groups = models.PositiveIntegerField(default=0)
+    rejected_groups = models.PositiveIntegerField(default=0)
+    credited_completions = models.PositiveIntegerField(default=0)
+    verified_reward = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "hour"], name="web_nodehour_unique")]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} at {self.hour:%Y-%m-%d %H}h"
+
+
+class DatasetHour(models.Model):
+    """The whole swarm's groups per hour and dataset: the swarm page's charts."""
+
+    hour = models.DateTimeField()
+    dataset = models.CharField(max_length=64)
+    accepted_groups = models.PositiveIntegerField(default=0)
+    rejected_groups = models.PositiveIntegerField(default=0)
+    credited_completions = models.PositiveIntegerField(default=0)
+    verified_reward = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["hour", "dataset"], name="web_datasethour_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.dataset} at {self.hour:%Y-%m-%d %H}h"

@@ -1,0 +1,407 @@
+"""Reads behind every page and API figure of the web app (the same functions feed both).
+
+Per-node figures come from web.stats (folded totals plus live rows, one snapshot) and are cached
+for FIGURES_CACHE_SECONDS, so a busy leaderboard costs one computation per few seconds whatever
+its traffic. docs/leaderboard.md says how each figure is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.cache import cache
+from django.core.paginator import Page, Paginator
+from django.db import connection
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from accounts.models import User
+from nodes.models import ONLINE_WINDOW, Node
+from pool.limits import current_limits
+from pool.models import Consumption, ModerationStatus, NodeRound, Rollout, Verdict
+from web.models import DatasetHour, NodeHour, NodeStats
+from web.stats import (
+    Measures,
+    _active_node_ids,
+    live_rows,
+    recent_average_credit,
+    snapshot,
+    stats_fold_if_due,
+)
+
+FIGURES_CACHE_SECONDS = 5
+PAGE_SIZE = 25
+SWARM_CURVE_HOURS = 48
+ACCURACY_DAYS = 7
+NODE_CURVE_DAYS = 7
+AHA_RECENT_CONSUMPTIONS = 5000
+AHA_MIN_NODES = 2
+INBOX_LIMIT = 50
+POOL_COUNT_EXACT_BELOW = 100_000
+
+
+@dataclass
+class NodeFigures:
+    """One node's leaderboard figures. Self-reported: model_id, hardware, rounds."""
+
+    node_id: int
+    name: str
+    owner_id: int
+    contributor: str
+    model_id: str
+    hardware: str
+    status: str
+    last_seen_at: datetime | None
+    public: bool  # neither the node nor its contributor is banned
+    accepted: int = 0
+    rejected: int = 0
+    moderated: int = 0
+    completions: int = 0
+    verified_reward: float = 0.0
+    helped: int = 0
+    rounds: int = 0
+    recent_credit: float = 0.0
+
+    @property
+    def judged(self) -> int:
+        return self.accepted + self.rejected
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.judged if self.judged else None
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.verified_reward / self.completions if self.completions else None
+
+
+@dataclass
+class ContributorFigures:
+    owner_id: int
+    contributor: str
+    nodes: int = 0
+    models: list[str] = field(default_factory=list)
+    last_seen_at: datetime | None = None
+    accepted: int = 0
+    rejected: int = 0
+    completions: int = 0
+    verified_reward: float = 0.0
+    helped: int = 0
+    rounds: int = 0
+    recent_credit: float = 0.0
+
+    @property
+    def judged(self) -> int:
+        return self.accepted + self.rejected
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.judged if self.judged else None
+
+
+def _compute_node_figures(now: datetime) -> list[NodeFigures]:
+    stats_fold_if_due()
+    with snapshot():
+        live = live_rows()
+        folded = {s.node_id: s for s in NodeStats.objects.all()}
+        ids = set(folded) | set(live.groups.by_node) | set(live.helped) | set(live.rounds)
+        nodes = list(Node.objects.filter(id__in=ids).select_related("owner"))
+    figures = []
+    for node in nodes:
+        m = Measures()
+        helped = rounds = 0
+        if (s := folded.get(node.id)) is not None:
+            m.add(Measures(s.accepted_groups, s.rejected_groups, s.moderated_groups, s.credited_completions,
+                           s.verified_reward, s.credit_growth))  # fmt: skip
+            helped, rounds = s.helped, s.rounds
+        if (extra := live.groups.by_node.get(node.id)) is not None:
+            m.add(extra)
+        helped += live.helped.get(node.id, 0)
+        rounds += live.rounds.get(node.id, 0)
+        figures.append(
+            NodeFigures(
+                node_id=node.id,
+                name=node.name,
+                owner_id=node.owner_id,
+                contributor=node.owner.public_name,
+                model_id=node.model_id,
+                hardware=node.hardware,
+                status=node.status_at(now),
+                last_seen_at=node.last_seen_at,
+                public=not node.is_banned,
+                accepted=m.accepted,
+                rejected=m.rejected,
+                moderated=m.moderated,
+                completions=m.completions,
+                verified_reward=m.reward,
+                helped=helped,
+                rounds=rounds,
+                recent_credit=recent_average_credit(m.growth, now=now),
+            )
+        )
+    return figures
+
+
+def node_figures_all() -> list[NodeFigures]:
+    """Every node that has shared, been used or reported, with its figures (cached a few seconds)."""
+    cached = cache.get("web:node-figures")
+    if cached is None:
+        cached = _compute_node_figures(timezone.now())
+        cache.set("web:node-figures", cached, FIGURES_CACHE_SECONDS)
+    return cached
+
+
+def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
+    """Figures of the given nodes (a contributor's own), empty figures for those without any."""
+    now = timezone.now()
+    known = {f.node_id: f for f in node_figures_all()}
+    out = {}
+    for node in nodes:
+        out[node.id] = known.get(node.id) or NodeFigures(
+            node_id=node.id, name=node.name, owner_id=node.owner_id, contributor=node.owner.public_name,
+            model_id=node.model_id, hardware=node.hardware, status=node.status_at(now),
+            last_seen_at=node.last_seen_at, public=not node.is_banned,
+        )  # fmt: skip
+        # Name, status and self-description change faster than the cache: take them from the row.
+        fig = out[node.id]
+        fig.name, fig.status, fig.last_seen_at = node.name, node.status_at(now), node.last_seen_at
+        fig.model_id, fig.hardware = node.model_id, node.hardware
+    return out
+
+
+# ---------------------------------------------------------------------------- leaderboard
+
+NODE_SORTS = {
+    "reward": lambda f: f.verified_reward,
+    "recent": lambda f: f.recent_credit,
+    "helped": lambda f: f.helped,
+    "accepted": lambda f: f.accepted,
+    "rejected": lambda f: f.rejected,
+    "rate": lambda f: -1.0 if f.acceptance_rate is None else f.acceptance_rate,
+    "rounds": lambda f: f.rounds,
+    "seen": lambda f: f.last_seen_at.timestamp() if f.last_seen_at else 0.0,
+    "name": lambda f: f.name.lower(),
+}
+CONTRIBUTOR_SORTS = {**NODE_SORTS, "name": lambda f: f.contributor.lower(), "nodes": lambda f: f.nodes}
+VIEWS = ("contributors", "nodes")
+
+
+def contributor_figures_all() -> list[ContributorFigures]:
+    by_owner: dict[int, ContributorFigures] = {}
+    for f in node_figures_all():
+        if not f.public:
+            continue
+        c = by_owner.setdefault(f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor))
+        c.nodes += 1
+        if f.model_id and f.model_id not in c.models:
+            c.models.append(f.model_id)
+        if f.last_seen_at and (c.last_seen_at is None or f.last_seen_at > c.last_seen_at):
+            c.last_seen_at = f.last_seen_at
+        c.accepted += f.accepted
+        c.rejected += f.rejected
+        c.completions += f.completions
+        c.verified_reward += f.verified_reward
+        c.helped += f.helped
+        c.rounds += f.rounds
+        c.recent_credit += f.recent_credit
+    return list(by_owner.values())
+
+
+@dataclass
+class Leaderboard:
+    view: str
+    sort: str
+    descending: bool
+    page: Page
+    total: int
+
+
+def leaderboard(*, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1) -> Leaderboard:
+    """One sorted page of the public leaderboard; unknown parameters fall back to the defaults."""
+    view = view if view in VIEWS else "contributors"
+    sorts = CONTRIBUTOR_SORTS if view == "contributors" else NODE_SORTS
+    sort = sort if sort in sorts else "reward"
+    descending = order != "asc"
+    rows: list[Any] = (
+        contributor_figures_all() if view == "contributors" else [f for f in node_figures_all() if f.public]
+    )
+    # Ties broken by name, so the order is stable between polls.
+    rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
+    rows.sort(key=sorts[sort], reverse=descending)
+    paginator = Paginator(rows, PAGE_SIZE)
+    return Leaderboard(view, sort, descending, paginator.get_page(page), len(rows))
+
+
+# ---------------------------------------------------------------------------- swarm
+
+
+def _rate(reward: float, completions: int) -> float | None:
+    return reward / completions if completions else None
+
+
+def swarm_overview() -> dict[str, Any]:
+    """The swarm page's figures (cached a few seconds)."""
+    cached = cache.get("web:swarm")
+    if cached is None:
+        cached = _compute_swarm(timezone.now())
+        cache.set("web:swarm", cached, FIGURES_CACHE_SECONDS)
+    return cached
+
+
+def _compute_swarm(now: datetime) -> dict[str, Any]:
+    figures = [f for f in node_figures_all() if f.public]
+    accepted = sum(f.accepted for f in figures)
+    rejected = sum(f.rejected for f in figures)
+    online = (
+        Node.objects.filter(
+            connections__gt=0, last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
+            banned_at__isnull=True, owner__banned_at__isnull=True,
+        ).count()
+    )  # fmt: skip
+    recent_window = timedelta(minutes=10)
+    recent_groups = Rollout.objects.filter(
+        node_id__in=_active_node_ids(now - recent_window), created_at__gte=now - recent_window
+    ).count()
+    window = current_limits().sample_window_seconds
+    pool_size = _pool_size(now - timedelta(seconds=window))
+
+    curve_start = (now - timedelta(hours=SWARM_CURVE_HOURS)).replace(minute=0, second=0, microsecond=0)
+    accuracy_start = now - timedelta(days=ACCURACY_DAYS)
+    with snapshot():
+        live = live_rows()
+        hours = list(DatasetHour.objects.filter(hour__gte=min(curve_start, accuracy_start)))
+    per_hour: dict[datetime, Measures] = {}
+    per_dataset: dict[str, Measures] = {}
+    buckets = [(h.dataset, h.hour, Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions,
+                                           h.verified_reward)) for h in hours]  # fmt: skip
+    buckets += [(d, h, m) for (d, h), m in live.groups.by_dataset_hour.items()]
+    for dataset, hour, m in buckets:
+        if hour >= curve_start:
+            per_hour.setdefault(hour, Measures()).add(m)
+        if hour >= accuracy_start - timedelta(hours=1):
+            per_dataset.setdefault(dataset, Measures()).add(m)
+    return {
+        "generated_at": now,
+        "nodes_online": online,
+        "nodes_total": len(figures),
+        "groups_per_minute": recent_groups / (recent_window.total_seconds() / 60),
+        "pool_size": pool_size,
+        "pool_window_seconds": window,
+        "accepted_groups": accepted,
+        "rejected_groups": rejected,
+        "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else None,
+        "verified_reward": sum(f.verified_reward for f in figures),
+        "reward_curve": [
+            {"hour": hour, "mean_reward": _rate(m.reward, m.completions), "groups": m.accepted + m.rejected}
+            for hour, m in sorted(per_hour.items())
+        ],
+        "accuracy": [
+            {
+                "dataset": d,
+                "accuracy": _rate(m.reward, m.completions),
+                "completions": m.completions,
+                "groups": m.accepted + m.rejected,
+            }
+            for d, m in sorted(per_dataset.items())
+        ],  # fmt: skip
+        "aha": aha_groups(),
+    }
+
+
+def _pool_size(cutoff: datetime) -> int:
+    """Sampleable groups inside the window. Exact (an index count) while the window's range of
+    sample numbers is small; above POOL_COUNT_EXACT_BELOW, that range itself: two index lookups, an
+    upper bound off by the groups moderated out since (their numbers leave holes)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %s
+                    ORDER BY created_at LIMIT 1),
+                   (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable)
+            """,
+            [cutoff],
+        )
+        lo, hi = cursor.fetchone()
+    if lo is None or hi is None or hi < lo:
+        return 0
+    if hi - lo + 1 > POOL_COUNT_EXACT_BELOW:
+        return hi - lo + 1
+    return Rollout.objects.filter(sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo).count()
+
+
+def aha_groups(*, limit: int = 10) -> list[dict[str, Any]]:
+    """Recent groups that several other nodes trained on, most used first (from the latest
+    AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids)."""
+    recent = Consumption.objects.order_by("-id").values_list("id", flat=True)[
+        AHA_RECENT_CONSUMPTIONS - 1 : AHA_RECENT_CONSUMPTIONS
+    ]
+    floor = next(iter(recent), 0)
+    rows = list(
+        Consumption.objects.filter(id__gte=floor)
+        .values("rollout_id")
+        .annotate(nodes=Count("consumer_id", distinct=True))
+        .filter(nodes__gte=AHA_MIN_NODES)
+        .order_by("-nodes", "rollout_id")[:limit]
+    )
+    rollouts = Rollout.objects.filter(
+        id__in=[r["rollout_id"] for r in rows], moderation_status=ModerationStatus.OK
+    ).select_related("node", "node__owner")
+    by_id = {r.id: r for r in rollouts}
+    out = []
+    for row in rows:
+        rollout = by_id.get(row["rollout_id"])
+        if rollout is None or rollout.node.is_banned:
+            continue
+        rewards = rollout.verified_rewards or []
+        out.append(
+            {
+                "id": rollout.id,
+                "dataset": rollout.dataset,
+                "question": rollout.question[:200],
+                "node": rollout.node.name,
+                "contributor": rollout.node.owner.public_name,
+                "nodes_trained": row["nodes"],
+                "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+                "created_at": rollout.created_at,
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------- my nodes
+
+
+def node_curve(*, node: Node, days: int = NODE_CURVE_DAYS) -> list[dict[str, Any]]:
+    """A node's verified reward per hour over the last `days` days (hours with groups only)."""
+    start = timezone.now() - timedelta(days=days)
+    with snapshot():
+        live = live_rows(node_ids=[node.id])
+        hours = {h.hour: Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions, h.verified_reward)
+                 for h in NodeHour.objects.filter(node=node, hour__gte=start)}  # fmt: skip
+    for (node_id, hour), m in live.groups.by_node_hour.items():
+        if node_id == node.id and hour >= start:
+            hours.setdefault(hour, Measures()).add(m)
+    return [
+        {"hour": hour, "verified_reward": m.reward, "mean_reward": _rate(m.reward, m.completions),
+         "accepted": m.accepted, "rejected": m.rejected}
+        for hour, m in sorted(hours.items())
+    ]  # fmt: skip
+
+
+def rejection_inbox(*, owner: User, limit: int = INBOX_LIMIT) -> list[Rollout]:
+    """The contributor's groups the pool refused or moderation took out, newest first, with `node`."""
+    taken_out = [ModerationStatus.QUARANTINED, ModerationStatus.REJECTED]
+    return list(
+        Rollout.objects.filter(node__owner=owner)
+        .filter(Q(verdict=Verdict.REJECTED) | Q(moderation_status__in=taken_out))
+        .select_related("node")
+        .order_by("-created_at")[:limit]
+    )
+
+
+def last_reports(*, nodes: list[Node]) -> dict[int, NodeRound]:
+    """Each node's latest round report (self-reported figures)."""
+    rows = NodeRound.objects.filter(node__in=nodes).order_by("node_id", "-round").distinct("node_id")
+    return {r.node_id: r for r in rows}

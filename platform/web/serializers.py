@@ -1,0 +1,108 @@
+"""Output shapes of the figures API (web.api). Fields mirror web.selectors' dataclasses."""
+
+from rest_framework import serializers
+
+
+class NodeFiguresSerializer(serializers.Serializer):
+    node_id = serializers.IntegerField()
+    name = serializers.CharField()
+    contributor = serializers.CharField()
+    model_id = serializers.CharField(help_text="Self-reported by the node.")
+    hardware = serializers.CharField(help_text="Self-reported by the node.")
+    status = serializers.CharField()
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+    verified_reward = serializers.FloatField(help_text="Sum of server-verified rewards of its credited groups.")
+    accepted = serializers.IntegerField(help_text="Groups the server accepted.")
+    rejected = serializers.IntegerField(help_text="Groups the server rejected.")
+    acceptance_rate = serializers.FloatField(allow_null=True)
+    helped = serializers.IntegerField(help_text="(other node, group) pairs that trained on its groups.")
+    recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life.")
+    rounds = serializers.IntegerField(help_text="Round reports received (self-reported).")
+
+
+class ContributorFiguresSerializer(serializers.Serializer):
+    contributor = serializers.CharField()
+    nodes = serializers.IntegerField()
+    models = serializers.ListField(child=serializers.CharField(), help_text="Self-reported.")
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+    verified_reward = serializers.FloatField()
+    accepted = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    acceptance_rate = serializers.FloatField(allow_null=True)
+    helped = serializers.IntegerField()
+    recent_credit = serializers.FloatField()
+    rounds = serializers.IntegerField(help_text="Self-reported.")
+
+
+class LeaderboardSerializer(serializers.Serializer):
+    view = serializers.ChoiceField(choices=["contributors", "nodes"])
+    sort = serializers.CharField()
+    order = serializers.ChoiceField(choices=["asc", "desc"])
+    page = serializers.IntegerField()
+    pages = serializers.IntegerField()
+    total = serializers.IntegerField()
+    contributors = ContributorFiguresSerializer(many=True, required=False)
+    nodes = NodeFiguresSerializer(many=True, required=False)
+
+
+class RewardPointSerializer(serializers.Serializer):
+    hour = serializers.DateTimeField()
+    mean_reward = serializers.FloatField(allow_null=True, help_text="Verified reward per completion.")
+    groups = serializers.IntegerField()
+
+
+class DatasetAccuracySerializer(serializers.Serializer):
+    dataset = serializers.CharField()
+    accuracy = serializers.FloatField(allow_null=True, help_text="Mean verified reward per completion, 7 days.")
+    completions = serializers.IntegerField()
+    groups = serializers.IntegerField()
+
+
+class AhaGroupSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    dataset = serializers.CharField()
+    question = serializers.CharField()
+    node = serializers.CharField()
+    contributor = serializers.CharField()
+    nodes_trained = serializers.IntegerField(help_text="Other nodes that trained on it.")
+    mean_reward = serializers.FloatField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class SwarmSerializer(serializers.Serializer):
+    generated_at = serializers.DateTimeField()
+    nodes_online = serializers.IntegerField()
+    nodes_total = serializers.IntegerField(help_text="Nodes with any figure on the leaderboard.")
+    groups_per_minute = serializers.FloatField(help_text="Groups shared per minute, last 10 minutes.")
+    pool_size = serializers.IntegerField(help_text="Sampleable groups inside the freshness window.")
+    pool_window_seconds = serializers.IntegerField()
+    accepted_groups = serializers.IntegerField()
+    rejected_groups = serializers.IntegerField()
+    acceptance_rate = serializers.FloatField(allow_null=True)
+    verified_reward = serializers.FloatField()
+    reward_curve = RewardPointSerializer(many=True)
+    accuracy = DatasetAccuracySerializer(many=True)
+    aha = AhaGroupSerializer(many=True)
+
+
+class MyNodeSerializer(NodeFiguresSerializer):
+    last_report = serializers.DictField(allow_null=True, help_text="Latest round report, self-reported.")
+
+
+class CurvePointSerializer(serializers.Serializer):
+    hour = serializers.DateTimeField()
+    verified_reward = serializers.FloatField()
+    mean_reward = serializers.FloatField(allow_null=True)
+    accepted = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+
+
+class InboxItemSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    node = serializers.CharField(source="node.name")
+    dataset = serializers.CharField()
+    round = serializers.IntegerField()
+    verdict = serializers.CharField()
+    reason = serializers.CharField(help_text="Verification reason; empty when moderation took it out.")
+    moderation_status = serializers.CharField()
+    created_at = serializers.DateTimeField()

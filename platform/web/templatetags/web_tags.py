@@ -1,0 +1,73 @@
+"""Small formatting helpers for the figures on the pages."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django import template
+from django.utils import timezone
+from django.utils.safestring import mark_safe
+from django.utils.timesince import timesince
+
+register = template.Library()
+
+
+@register.filter
+def pct(value: float | None, digits: int = 0) -> str:
+    """0.873 -> "87%"; None (nothing to divide) -> an em dash."""
+    if value is None:
+        return "—"
+    return f"{value * 100:.{int(digits)}f}%"
+
+
+@register.filter
+def num(value: float | int | None, digits: int = 1) -> str:
+    """A figure with `digits` decimals and thin thousands separators; None -> an em dash."""
+    if value is None:
+        return "—"
+    return f"{value:,.{int(digits)}f}"
+
+
+@register.simple_tag
+def board_url(board, **changes) -> str:
+    """The leaderboard's query string with some parameters changed (sorting resets the page)."""
+    params = {
+        "view": board.view,
+        "sort": board.sort,
+        "order": "desc" if board.descending else "asc",
+        "page": board.page.number,
+    }
+    params.update({k: v for k, v in changes.items() if v is not None})
+    return "?" + urlencode(params)
+
+
+@register.simple_tag
+def sort_url(board, key: str) -> str:
+    """Sort by `key`: descending first, flipping the order when it is already the sort key."""
+    order = "asc" if board.sort == key and board.descending else "desc"
+    if key == "name" and board.sort != key:
+        order = "asc"
+    return board_url(board, sort=key, order=order, page=1)
+
+
+@register.simple_tag
+def aria_sort(board, key: str) -> str:
+    if board.sort != key:
+        return ""
+    return mark_safe('aria-sort="descending"' if board.descending else 'aria-sort="ascending"')  # noqa: S308
+
+
+@register.filter
+def get_item(mapping, key):
+    """`mapping|get_item:key`: a dict lookup by a variable key (None when absent)."""
+    return mapping.get(key) if mapping else None
+
+
+@register.filter
+def ago(value) -> str:
+    """ "just now", "5 minutes ago", "2 days ago" (the largest unit only)."""
+    if value is None:
+        return "never"
+    if (timezone.now() - value).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(value, depth=1)} ago"

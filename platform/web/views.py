@@ -1,0 +1,258 @@
+"""Pages of the site (thin: validate -> selector/service -> render). htmx requests get the partial
+template of the fragment they swap; the same selectors feed the JSON API (web.api)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+
+from common.errors import ApplicationError, NotFound
+from nodes.selectors import access_node, node_list
+from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
+from web import selectors
+from web.wheel import wheel_find, wheel_get
+
+#: Session key holding a just-created token until the page that shows it once is rendered.
+NEW_TOKEN_SESSION_KEY = "web:new-token"
+
+
+def _site(request: HttpRequest) -> dict[str, str]:
+    """Where this site is, for the commands shown to contributors."""
+    http = request.build_absolute_uri("/").rstrip("/")
+    ws = ("wss://" if request.is_secure() else "ws://") + request.get_host()
+    return {"site_url": http, "ws_url": ws + "/ws/node/"}
+
+
+def _install_context(request: HttpRequest) -> dict:
+    wheel = wheel_get()
+    site = _site(request)
+    wheel_url = site["site_url"] + reverse("web:download-file", args=[wheel.build_id, wheel.filename])
+    return {**site, "wheel": wheel, "wheel_url": wheel_url}
+
+
+# ---------------------------------------------------------------------------- public pages
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    swarm = selectors.swarm_overview()
+    return render(request, "web/home.html", {"swarm": swarm})
+
+
+@require_GET
+def download(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/download.html", _install_context(request))
+
+
+@require_GET
+def download_file(request: HttpRequest, build_id: str, filename: str) -> HttpResponse:
+    wheel = wheel_find(build_id=build_id, filename=filename)
+    if wheel is None:
+        current = wheel_get()
+        if not filename.startswith("sapo_node-"):
+            raise Http404("No such file.")
+        # An older build, cleaned up since: the current client is what the link was for.
+        return redirect("web:download-file", current.build_id, current.filename)
+    response = FileResponse(wheel.path.open("rb"), as_attachment=True, filename=wheel.filename)
+    response["Content-Type"] = "application/zip"  # a wheel is a zip archive
+    response["X-Checksum-Sha256"] = wheel.sha256
+    return response
+
+
+def _leaderboard_context(request: HttpRequest) -> dict:
+    board = selectors.leaderboard(
+        view=request.GET.get("view", "contributors"),
+        sort=request.GET.get("sort", "reward"),
+        order=request.GET.get("order", "desc"),
+        page=request.GET.get("page", 1),
+    )
+    return {"board": board}
+
+
+@require_GET
+def leaderboard(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/leaderboard.html", _leaderboard_context(request))
+
+
+@require_GET
+def leaderboard_table(request: HttpRequest) -> HttpResponse:
+    """The table alone: what the page's htmx poll swaps in every few seconds."""
+    return render(request, "web/partials/leaderboard_table.html", _leaderboard_context(request))
+
+
+@require_GET
+def leaderboard_how(request: HttpRequest) -> HttpResponse:
+    from web import stats
+
+    return render(
+        request,
+        "web/leaderboard_how.html",
+        {"half_life_days": stats.CREDIT_HALF_LIFE.days, "fold_lag_minutes": int(stats.FOLD_LAG.total_seconds() // 60),
+         "cache_seconds": selectors.FIGURES_CACHE_SECONDS},
+    )  # fmt: skip
+
+
+@require_GET
+def swarm(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/swarm.html", {"swarm": selectors.swarm_overview()})
+
+
+@require_GET
+def swarm_figures(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/partials/swarm_figures.html", {"swarm": selectors.swarm_overview()})
+
+
+# ---------------------------------------------------------------------------- my nodes
+
+
+def _me_context(request: HttpRequest) -> dict:
+    nodes = list(node_list(owner=request.user))
+    return {
+        "nodes": nodes,
+        "figures": selectors.node_figures_for(nodes),
+        "reports": selectors.last_reports(nodes=nodes),
+    }
+
+
+@never_cache  # it may show a token: never stored by the browser or a proxy
+@login_required
+@require_GET
+def me(request: HttpRequest) -> HttpResponse:
+    context = _me_context(request)
+    new_token = request.session.pop(NEW_TOKEN_SESSION_KEY, None)  # shown on this render only
+    if new_token:
+        context["new_token"] = new_token
+        context.update(_install_context(request))
+    context["inbox"] = selectors.rejection_inbox(owner=request.user)
+    context["banned"] = request.user.banned_at is not None
+    return render(request, "web/me.html", context)
+
+
+@login_required
+@require_GET
+def me_nodes(request: HttpRequest) -> HttpResponse:
+    """The node table alone (polled by htmx, so a node shows up online within seconds)."""
+    return render(request, "web/partials/node_table.html", _me_context(request))
+
+
+@login_required
+@require_POST
+def node_add(request: HttpRequest) -> HttpResponse:
+    try:
+        node = node_create(owner=request.user, name=request.POST.get("name", ""))
+        _, plaintext = node_token_issue(node=node)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+        return redirect("web:me")
+    request.session[NEW_TOKEN_SESSION_KEY] = {"node_id": node.id, "node_name": node.name, "token": plaintext}
+    return redirect(reverse("web:me") + "#new-token")
+
+
+def _access(request: HttpRequest, node_id: int):
+    """access_node for pages: someone else's node or none at all is a plain 404 page."""
+    try:
+        return access_node(request.user, node_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+
+
+def _node_card(request: HttpRequest, node_id: int, **extra) -> HttpResponse:
+    node = _access(request, node_id)
+    context = {
+        "node": node,
+        "figure": selectors.node_figures_for([node])[node.id],
+        "report": selectors.last_reports(nodes=[node]).get(node.id),
+        **extra,
+    }
+    if extra.get("token"):
+        context.update(_install_context(request))
+    return render(request, "web/partials/node_card.html", context)
+
+
+def _node_action(request: HttpRequest, node_id: int, action) -> HttpResponse:
+    """Run `action(node)`; answer the refreshed card (htmx) or go back to /me/ (plain form)."""
+    node = _access(request, node_id)
+    extra = {}
+    try:
+        extra = action(node) or {}
+    except ApplicationError as exc:
+        extra = {"error": exc.message}
+        if not request.htmx:
+            messages.error(request, exc.message)
+    if not request.htmx:
+        if extra.get("token"):
+            request.session[NEW_TOKEN_SESSION_KEY] = {"node_id": node.id, "node_name": node.name, **extra}
+            return redirect(reverse("web:me") + "#new-token")
+        return redirect(reverse("web:me") + f"#node-{node.id}")
+    return _node_card(request, node.id, **extra)
+
+
+@never_cache
+@login_required
+@require_POST
+def node_rename_view(request: HttpRequest, node_id: int) -> HttpResponse:
+    return _node_action(
+        request,
+        node_id,
+        lambda node: node_rename(node=node, name=request.POST.get("name", "")) and {"notice": "Renamed."},
+    )
+
+
+@never_cache
+@login_required
+@require_POST
+def node_rotate_view(request: HttpRequest, node_id: int) -> HttpResponse:
+    return _node_action(request, node_id, lambda node: {"token": node_token_rotate(node=node)})
+
+
+@never_cache
+@login_required
+@require_POST
+def node_revoke_view(request: HttpRequest, node_id: int) -> HttpResponse:
+    def revoke(node):
+        count = node_token_revoke(node=node)
+        return {"notice": f"Revoked {count} token{'s' if count != 1 else ''}. The node is disconnected."}
+
+    return _node_action(request, node_id, revoke)
+
+
+@never_cache
+@login_required
+@require_POST
+def node_retire_view(request: HttpRequest, node_id: int) -> HttpResponse:
+    return _node_action(
+        request, node_id, lambda node: node_retire(node=node) and {"notice": "Retired: its history is kept."}
+    )
+
+
+@login_required
+@require_GET
+def node_card(request: HttpRequest, node_id: int) -> HttpResponse:
+    return _node_card(request, node_id)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return render(request, "400.html", status=400)
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return render(request, "403.html", status=403)
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return render(request, "404.html", {"request_path": request.path}, status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    # No context processors beyond the request: the failure may lie in any of them.
+    from django.template import loader
+
+    return HttpResponse(loader.get_template("500.html").render({}), status=500)

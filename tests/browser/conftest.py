@@ -1,0 +1,216 @@
+"""Fixtures for browser tests: a live ASGI server (HTTP and WebSockets, daphne) on the pytest test
+database, Debian's chromium driven by Playwright, and small helpers.
+
+    @pytest.mark.browser
+    def test_something(live_server, page, user, login, screenshot):
+        login(page, user)
+        page.goto(live_server.url + "/me/")
+        screenshot(page, "me")
+
+- `live_server` (session): daphne in a forked process serving config.asgi.application (plus static
+  files from the finders) on 127.0.0.1; `.url` is http://127.0.0.1:PORT, `.ws_url` ws://127.0.0.1:PORT.
+  Using it makes the test transactional (pytest-django's helper requests `transactional_db`), so
+  rows the test writes are visible to the server and the other way round.
+- `browser` (session, one chromium per run) and `page` (a fresh context per test).
+- `login(page, user)`: a logged-in session cookie for `user` (no form round-trip).
+- `screenshot(page, name)`: saves test-artifacts/screenshots/NAME.png (full page).
+- `in_thread(fn, *args, **kwargs)`: call sync code on a helper thread and return its result. Needed
+  for services that reach the channel layer through `async_to_sync` (pool.services.rollout_share
+  announces on commit, bans and token revocations close sockets): once Playwright runs, the main
+  thread has a running event loop and asgiref refuses `async_to_sync` there.
+- `run_async(coro)`: run a coroutine to completion on a fresh loop in another thread (Playwright's
+  sync API holds the main thread's loop, so `asyncio.run` fails there). For a node's socket the
+  sync client is simplest: `websockets.sync.client.connect(live_server.ws_url + "/ws/node/",
+  additional_headers={"Authorization": f"Bearer {token}"})`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+
+import pytest
+
+# Playwright's sync API keeps an asyncio loop on the main thread; Django's ORM then refuses to run
+# there unless told that it is safe (it is: the loop is idle while the test's own code runs).
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT_DIR = REPO / "test-artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test in this folder drives a browser or a live server: mark them all.
+    for item in items:
+        if "tests/browser/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.browser)
+
+
+def _asgi_application():
+    """What the server process runs: the project's ASGI router, with static files served from the
+    finders (as runserver does; the test run has no collectstatic)."""
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+    from config.asgi import application
+
+    return ASGIStaticFilesHandler(application)
+
+
+class _NoSettings:
+    """pytest-django's live-server helper toggles settings on this; nothing to toggle here."""
+
+    def enable(self) -> None: ...
+
+    def disable(self) -> None: ...
+
+
+class AsgiLiveServer:
+    def __init__(self, process) -> None:
+        self._process = process
+        self.host = "127.0.0.1"
+        self.port = process.port.value
+        self.url = f"http://{self.host}:{self.port}"
+        self.ws_url = f"ws://{self.host}:{self.port}"
+        self._live_server_modified_settings = _NoSettings()
+
+    def __str__(self) -> str:
+        return self.url
+
+
+@pytest.fixture(scope="session")
+def live_server(django_db_setup, django_db_blocker) -> Iterator[AsgiLiveServer]:
+    """Daphne serving HTTP and WebSockets against the test database (see the module docstring)."""
+    from channels.layers import channel_layers
+    from daphne.testing import DaphneProcess
+    from django.conf import settings
+    from django.db import connections
+
+    # Keep this run's channel-layer groups apart from other test runs sharing the same Redis.
+    layer = settings.CHANNEL_LAYERS.get("default", {})
+    if "RedisChannelLayer" in layer.get("BACKEND", ""):
+        config = layer.setdefault("CONFIG", {})
+        config["prefix"] = f"asgitest{os.getpid()}"
+        channel_layers.backends.clear()
+
+    with django_db_blocker.unblock():
+        connections.close_all()  # the forked server must not share the parent's sockets
+        process = DaphneProcess(host="127.0.0.1", get_application=_asgi_application)
+        process.daemon = True
+        process.start()
+        if not process.ready.wait(30):
+            process.terminate()
+            if not process.errors.empty():
+                _, trace = process.errors.get(False)
+                raise RuntimeError(f"daphne did not start:\n{trace}")
+            raise RuntimeError("daphne did not start within 30 s")
+        server = AsgiLiveServer(process)
+        try:
+            yield server
+        finally:
+            process.terminate()
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+
+
+@pytest.fixture(scope="session")
+def _playwright():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        yield playwright
+
+
+@pytest.fixture(scope="session")
+def browser(_playwright):
+    """One chromium for the whole run (the machine is small)."""
+    browser = _playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh browser context (no cookies) and page, desktop-sized."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860}, accept_downloads=True)
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def login(live_server) -> Callable:
+    """`login(page, user)`: give the page's context a logged-in session for `user`."""
+    from django.conf import settings
+    from django.test import Client
+
+    def _login(page, user) -> None:
+        client = Client()
+        client.force_login(user)
+        cookie = client.cookies[settings.SESSION_COOKIE_NAME]
+        page.context.add_cookies(
+            [{"name": settings.SESSION_COOKIE_NAME, "value": cookie.value, "url": live_server.url}]
+        )
+
+    return _login
+
+
+@pytest.fixture
+def screenshot() -> Callable:
+    """`screenshot(page, name)`: a full-page PNG in test-artifacts/screenshots/; returns its path."""
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+
+    def _screenshot(page, name: str) -> Path:
+        path = SCREENSHOT_DIR / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return _screenshot
+
+
+def _call_in_thread(fn: Callable, *args, **kwargs) -> object:
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        from django.db import connections
+
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(300)
+    if thread.is_alive():
+        raise TimeoutError(f"{fn!r} did not return within 300 s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("result")
+
+
+@pytest.fixture
+def in_thread() -> Callable[..., object]:
+    """`in_thread(fn, *args, **kwargs)`: fn's result, computed on a helper thread (no event loop)."""
+    return _call_in_thread
+
+
+@pytest.fixture
+def run_async() -> Callable[[Coroutine], object]:
+    """`run_async(coro)`: its result, computed on a new event loop in a helper thread."""
+    return lambda coro: _call_in_thread(asyncio.run, coro)

@@ -1,0 +1,221 @@
+"""The figures behind the leaderboard: folding the pool, live rows, and every figure's definition."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from factories import make_node, make_user
+from test_web_data import fresh_figures, make_consumption, make_group, make_report
+
+from pool.models import ModerationStatus, Verdict
+from web import selectors, stats
+from web.models import DatasetHour, NodeHour, NodeStats, StatsCursor
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _clear_cache():
+    fresh_figures()
+    yield
+    fresh_figures()
+
+
+def _figures(node) -> selectors.NodeFigures:
+    fresh_figures()
+    return {f.node_id: f for f in selectors.node_figures_all()}[node.id]
+
+
+def test_verified_reward_counts_accepted_groups_not_moderated_out(node):
+    make_group(node, rewards=(1.0, 0.0, 1.0))
+    make_group(node, rewards=(0.5, 0.5), verdict=Verdict.REJECTED)
+    make_group(node, rewards=(1.0, 1.0), moderation_status=ModerationStatus.QUARANTINED)
+    f = _figures(node)
+    assert f.verified_reward == pytest.approx(2.0)
+    assert (f.accepted, f.rejected, f.moderated) == (2, 1, 1)
+    assert f.acceptance_rate == pytest.approx(2 / 3)
+    assert f.completions == 3
+
+
+def test_folded_and_live_rows_add_up_to_the_same_figures(node):
+    old = timezone.now() - timedelta(hours=3)
+    make_group(node, rewards=(1.0, 0.0), created_at=old)
+    make_group(node, rewards=(1.0, 1.0), created_at=old + timedelta(minutes=1))
+    before = _figures(node)  # first read folds everything older than the lag
+    assert StatsCursor.objects.get().folded_until > old
+    assert NodeStats.objects.get(node=node).accepted_groups == 2
+
+    make_group(node, rewards=(1.0, 0.0, 0.0))  # live: newer than the fold
+    after = _figures(node)
+    assert after.accepted == 3
+    assert after.verified_reward == pytest.approx(before.verified_reward + 1.0)
+
+    # Folding later moves the live row into the tables without counting anything twice.
+    stats.stats_fold(now=timezone.now() + timedelta(minutes=10))
+    refolded = _figures(node)
+    assert (refolded.accepted, refolded.verified_reward) == (3, pytest.approx(4.0))
+    assert NodeStats.objects.get(node=node).accepted_groups == 3
+    assert sum(h.accepted_groups for h in NodeHour.objects.filter(node=node)) == 3
+    assert sum(h.credited_completions for h in DatasetHour.objects.all()) == 7
+
+
+def test_fold_is_idempotent_when_nothing_new(node):
+    make_group(node, created_at=timezone.now() - timedelta(hours=1))
+    stats.stats_fold()
+    stats.stats_fold()
+    assert NodeStats.objects.get(node=node).accepted_groups == 1
+
+
+def test_rows_of_quiet_nodes_are_not_rescanned(node, django_assert_max_num_queries):
+    make_group(node, created_at=timezone.now() - timedelta(days=2))
+    stats.stats_fold()
+    # Ten quiet nodes add no per-node query: the fold is a fixed number of statements.
+    for _ in range(10):
+        make_node()
+    with django_assert_max_num_queries(14):
+        stats.stats_fold(now=timezone.now() + timedelta(minutes=5))
+
+
+def test_helpfulness_counts_each_consuming_node_and_group_once(node):
+    author_group = make_group(node)
+    other_group = make_group(node)
+    reader_a, reader_b = make_node(), make_node()
+    make_consumption(reader_a, author_group)
+    make_consumption(reader_b, author_group)
+    make_consumption(reader_a, other_group)
+    assert _figures(node).helped == 3
+    stats.stats_fold(now=timezone.now() + timedelta(minutes=10))
+    assert _figures(node).helped == 3
+
+
+def test_recent_credit_halves_every_seven_days(node):
+    now = timezone.now()
+    assert stats.recent_average_credit(0.0, now=now) == 0.0
+    make_group(node, rewards=(1.0, 1.0), created_at=now - timedelta(days=7))
+    growth = 2.0 * 2 ** ((now - timedelta(days=7) - stats.CREDIT_EPOCH) / stats.CREDIT_HALF_LIFE)
+    expected = 2.0 * 0.5 * math.log(2) / 7
+    assert stats.recent_average_credit(growth, now=now) == pytest.approx(expected)
+    assert _figures(node).recent_credit == pytest.approx(expected, rel=1e-3)
+
+
+def test_steady_rate_converges_to_that_rate():
+    # A twenty-fourth of a unit every hour for a year reads as one unit per day.
+    now = stats.CREDIT_EPOCH + timedelta(days=400)
+    growth = sum(
+        2 ** ((now - timedelta(hours=h) - stats.CREDIT_EPOCH) / stats.CREDIT_HALF_LIFE) / 24 for h in range(365 * 24)
+    )
+    assert stats.recent_average_credit(growth, now=now) == pytest.approx(1.0, rel=0.01)
+
+
+def test_rounds_are_self_reported_counts(node):
+    make_report(node, round=1)
+    make_report(node, round=2)
+    make_group(node)
+    assert _figures(node).rounds == 2
+
+
+def test_contributors_sum_their_nodes_and_banned_ones_are_hidden():
+    alice = make_user(display_name="Alice A")
+    laptop, desktop = make_node(owner=alice), make_node(owner=alice)
+    make_group(laptop, rewards=(1.0, 0.0))
+    make_group(desktop, rewards=(1.0, 1.0))
+    banned = make_user(display_name="Mallory")
+    make_group(make_node(owner=banned), rewards=(1.0, 1.0, 1.0))
+    banned.banned_at = timezone.now()
+    banned.save(update_fields=["banned_at"])
+    board = selectors.leaderboard(view="contributors")
+    rows = list(board.page.object_list)
+    assert [r.contributor for r in rows] == ["Alice A"]
+    assert rows[0].verified_reward == pytest.approx(3.0) and rows[0].nodes == 2
+    nodes = selectors.leaderboard(view="nodes", sort="reward")
+    assert [r.node_id for r in nodes.page.object_list] == [desktop.id, laptop.id]
+
+
+def test_leaderboard_sorts_and_paginates():
+    for i in range(selectors.PAGE_SIZE + 3):
+        make_group(make_node(name=f"n{i:02d}"), rewards=(1.0,) * (i % 5 + 1))
+    board = selectors.leaderboard(view="nodes", sort="name", order="asc", page=2)
+    assert board.total == selectors.PAGE_SIZE + 3
+    assert [r.name for r in board.page.object_list] == ["n25", "n26", "n27"]
+    top = selectors.leaderboard(view="nodes", sort="reward")
+    assert list(top.page.object_list)[0].verified_reward == 5.0
+    odd = selectors.leaderboard(view="bogus", sort="bogus", page="x")
+    assert (odd.view, odd.sort, odd.page.number) == ("contributors", "reward", 1)
+
+
+def test_swarm_overview_figures(node):
+    make_group(node, rewards=(1.0, 0.0), dataset="basic_arithmetic")
+    make_group(node, rewards=(1.0, 1.0), dataset="bf")
+    make_group(node, verdict=Verdict.REJECTED)
+    a, b = make_node(), make_node()
+    aha = make_group(node, rewards=(1.0, 0.0))
+    make_consumption(a, aha)
+    make_consumption(b, aha)
+    swarm = selectors.swarm_overview()
+    assert swarm["groups_per_minute"] == pytest.approx(0.4)
+    assert swarm["pool_size"] == 2
+    assert swarm["acceptance_rate"] == pytest.approx(0.75)
+    accuracy = {row["dataset"]: row["accuracy"] for row in swarm["accuracy"]}
+    assert accuracy == {"basic_arithmetic": pytest.approx(0.5), "bf": pytest.approx(1.0)}
+    assert swarm["reward_curve"][-1]["mean_reward"] == pytest.approx(4 / 6)  # credited: (1, 0), (1, 1), (1, 0)
+    assert [g["id"] for g in swarm["aha"]] == [aha.id]
+    assert swarm["aha"][0]["nodes_trained"] == 2
+
+
+def test_node_curve_and_inbox(user, node):
+    make_group(node, rewards=(1.0, 1.0), created_at=timezone.now() - timedelta(days=1))
+    make_group(node, rewards=(1.0, 0.0))
+    bad = make_group(node, verdict=Verdict.REJECTED, reason="question_mismatch")
+    held = make_group(node, moderation_status=ModerationStatus.QUARANTINED)
+    make_group(make_node(), verdict=Verdict.REJECTED)  # someone else's
+    curve = selectors.node_curve(node=node)
+    assert [p["verified_reward"] for p in curve] == [2.0, 1.0]
+    assert {r.id for r in selectors.rejection_inbox(owner=user)} == {bad.id, held.id}
+
+
+def test_rebuild_recounts_from_scratch(node):
+    group = make_group(node, rewards=(1.0, 1.0), created_at=timezone.now() - timedelta(hours=1))
+    stats.stats_fold()
+    group.moderation_status = ModerationStatus.QUARANTINED
+    group.save(update_fields=["moderation_status"])
+    assert NodeStats.objects.get(node=node).verified_reward == 2.0
+    stats.stats_rebuild()
+    assert NodeStats.objects.get(node=node).verified_reward == 0.0
+
+
+def test_moderation_moves_folded_credit_both_ways(node):
+    from pool.services import rollout_set_moderation
+
+    old = make_group(node, rewards=(1.0, 1.0), created_at=timezone.now() - timedelta(hours=1))
+    make_group(node, rewards=(1.0, 0.0), created_at=timezone.now() - timedelta(hours=1))
+    stats.stats_fold()
+    before = _figures(node)
+    assert stats.node_stats_apply_moderation(rollouts=[old.id], status=ModerationStatus.QUARANTINED) == 1
+    rollout_set_moderation(rollouts=[old.id], status=ModerationStatus.QUARANTINED)
+    taken_out = _figures(node)
+    assert taken_out.verified_reward == pytest.approx(before.verified_reward - 2.0)
+    assert (taken_out.moderated, taken_out.completions) == (1, 2)
+    assert sum(h.verified_reward for h in DatasetHour.objects.all()) == pytest.approx(1.0)
+    # Same status again: nothing moves. Back to ok: the credit returns.
+    assert stats.node_stats_apply_moderation(rollouts=[old.id], status=ModerationStatus.REJECTED) == 0
+    assert stats.node_stats_apply_moderation(rollouts=[old.id], status=ModerationStatus.OK) == 1
+    rollout_set_moderation(rollouts=[old.id], status=ModerationStatus.OK)
+    back = _figures(node)
+    assert (back.verified_reward, back.moderated) == (pytest.approx(before.verified_reward), 0)
+    assert back.recent_credit == pytest.approx(before.recent_credit)
+    # And a full recount agrees with the incremental figures.
+    stats.stats_rebuild()
+    assert _figures(node).verified_reward == pytest.approx(before.verified_reward)
+
+
+def test_pool_size_is_exact_when_small_and_a_bound_when_large(node, monkeypatch):
+    first = make_group(node, rewards=(1.0, 0.0))
+    make_group(node, rewards=(1.0, 1.0))  # no variance: never sampleable
+    last = make_group(node, rewards=(0.0, 1.0))
+    cutoff = timezone.now() - timedelta(hours=1)
+    assert selectors._pool_size(cutoff) == 2
+    monkeypatch.setattr(selectors, "POOL_COUNT_EXACT_BELOW", 1)
+    assert selectors._pool_size(cutoff) == last.sample_seq - first.sample_seq + 1

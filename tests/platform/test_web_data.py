@@ -1,0 +1,66 @@
+"""Helpers for the web app's tests: pool rows as the pool's services would have stored them.
+
+(Rows are written directly, without re-verification, so figure tests stay fast; the browser journey
+drives the real WebSocket path.)
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from django.core.cache import cache
+from django.utils import timezone
+
+from nodes.models import Node
+from pool.models import Consumption, ModerationStatus, NodeRound, Rollout, Verdict
+
+
+def make_group(
+    node: Node,
+    *,
+    rewards: tuple[float, ...] = (1.0, 0.0),
+    verdict: str = Verdict.ACCEPTED,
+    reason: str = "",
+    dataset: str = "basic_arithmetic",
+    moderation_status: str = ModerationStatus.OK,
+    created_at: datetime | None = None,
+    round: int = 1,
+) -> Rollout:
+    """One stored group of `node`; marks the node seen at that time, as sharing does."""
+    created_at = created_at or timezone.now()
+    accepted = verdict == Verdict.ACCEPTED
+    variance = accepted and len(set(rewards)) > 1
+    sampleable = variance and moderation_status == ModerationStatus.OK
+    rollout = Rollout.objects.create(
+        id=uuid.uuid4(), node=node, round=round, dataset=dataset, seed=1234, index=Rollout.objects.count(),
+        question=f"What is {len(rewards)} + 1?", answer="2", completions=[f"<answer>{r}</answer>" for r in rewards],
+        completion_count=len(rewards), claimed_rewards=list(rewards), verified_rewards=list(rewards),
+        verdict=verdict, reason="" if accepted else (reason or "reward_mismatch"), moderation_status=moderation_status,
+        has_variance=variance, sampleable=sampleable, sample_seq=Rollout.objects.count() + 1 if sampleable else None,
+        created_at=created_at,
+    )  # fmt: skip
+    if node.last_seen_at is None or node.last_seen_at < created_at:
+        Node.objects.filter(id=node.id).update(last_seen_at=created_at)
+        node.last_seen_at = created_at
+    return rollout
+
+
+def make_consumption(consumer: Node, rollout: Rollout, *, round: int = 1) -> Consumption:
+    Node.objects.filter(id=consumer.id).update(last_seen_at=timezone.now())
+    return Consumption.objects.create(consumer=consumer, rollout=rollout, author_id=rollout.node_id, round=round)
+
+
+def make_report(node: Node, *, round: int = 1, reward_mean: float = 0.5) -> NodeRound:
+    return NodeRound.objects.create(node=node, round=round, figures={"reward_mean": reward_mean}, used_count=0)
+
+
+def fresh_figures() -> None:
+    """Forget cached figures (they live a few seconds), so the next read recomputes."""
+    cache.clear()
+
+
+def test_make_group_marks_the_node_seen(node):
+    make_group(node)
+    node.refresh_from_db()
+    assert node.last_seen_at is not None
