@@ -1,0 +1,117 @@
+"""Step 5 of a round: the training set T = I own groups + J groups from the swarm's pool.
+
+Nothing another node sent is trusted: an external group's question and answer must be the ones its
+(dataset, seed, index) rebuilds from this node's catalogue, every completion is re-scored with this
+node's verifier, and the text is tokenised with this node's own prompt format and tokenizer (so
+nodes with different models and tokenizers learn from each other's text). Groups whose rewards all
+agree carry no advantage and are dropped before sampling.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sapo_node.generate import Generated, encode_prompt
+from sapo_node.groups import Group, TrainGroup
+from sapo_node.sample import entry_answer
+from sapo_node.score import score_group
+from sapo_node.tasks import Catalogue, TaskError, build_entry
+
+
+@dataclass
+class AssembleStats:
+    local_offered: int = 0
+    local_kept: int = 0
+    external_offered: int = 0
+    external_kept: int = 0
+    #: External groups that failed re-verification (unknown task, question or answer mismatch).
+    external_invalid: int = 0
+    #: External completions whose claimed reward differed from this node's score.
+    external_rescored: int = 0
+    #: Groups dropped because all their rewards agree (own and external).
+    zero_advantage: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def zero_advantage_share(self) -> float:
+        offered = self.local_offered + self.external_offered - self.external_invalid
+        return self.zero_advantage / offered if offered else 0.0
+
+
+def local_train_group(group: Group, generated: Generated) -> TrainGroup:
+    """An own group keeps the exact token ids it was sampled as."""
+    return TrainGroup(group.id, "local", generated.prompt_ids, generated.completion_ids, list(group.rewards))
+
+
+def external_train_group(
+    group: Group,
+    *,
+    catalogue: Catalogue,
+    tokenizer: Any,
+    format_prompt: Callable[[Any, str], str],
+    max_tokens: int,
+) -> TrainGroup:
+    """Re-verify, re-score and re-tokenise a group from the pool; raises TaskError if it does not verify."""
+    spec = catalogue.get(group.task.dataset)
+    if spec is None:
+        raise TaskError("unknown_task", f"{group.task.dataset!r} is not in catalogue {catalogue.name!r}")
+    entry = build_entry(spec, group.task.seed, group.task.index)
+    if str(entry["question"]) != group.question:
+        raise TaskError("question_mismatch", "the question is not the one its task rebuilds")
+    if entry_answer(entry) != group.answer:
+        raise TaskError("answer_mismatch", "the answer is not the one its task rebuilds")
+    rewards = score_group(spec, group.task.seed, entry, group.completions)
+
+    prompt_ids = encode_prompt(tokenizer, format_prompt(tokenizer, entry["question"]))
+    eos = tokenizer.eos_token_id
+    completion_ids = []
+    for text in group.completions:
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        # The sender's completion ended here, so this node learns to stop here too; an overlong one is cut.
+        completion_ids.append(ids[:max_tokens] if len(ids) >= max_tokens else ids + [eos])
+    rescored = sum(abs(a - b) > 1e-6 for a, b in zip(rewards, group.rewards, strict=True))
+    return TrainGroup(
+        group.id, "external", prompt_ids, completion_ids, rewards, extra={"rescored": rescored, "node": group.node}
+    )
+
+
+def assemble(
+    own: list[tuple[Group, Generated]],
+    external: list[Group],
+    *,
+    n_local: int,
+    n_external: int,
+    rng: random.Random,
+    catalogue: Catalogue,
+    tokenizer: Any,
+    format_prompt: Callable[[Any, str], str],
+    max_tokens: int,
+) -> tuple[list[TrainGroup], AssembleStats]:
+    """Up to `n_local` informative own groups and up to `n_external` informative external ones,
+    each sampled uniformly at random."""
+    stats = AssembleStats(local_offered=len(own), external_offered=len(external))
+    local = [local_train_group(g, gen) for g, gen in own]
+
+    checked: list[TrainGroup] = []
+    for group in external:
+        try:
+            tg = external_train_group(
+                group, catalogue=catalogue, tokenizer=tokenizer, format_prompt=format_prompt, max_tokens=max_tokens
+            )
+        except TaskError as exc:
+            stats.external_invalid += 1
+            stats.reasons[exc.code] = stats.reasons.get(exc.code, 0) + 1
+            continue
+        stats.external_rescored += tg.extra["rescored"]
+        checked.append(tg)
+
+    informative_local = [g for g in local if g.informative]
+    informative_external = [g for g in checked if g.informative]
+    stats.zero_advantage = (len(local) - len(informative_local)) + (len(checked) - len(informative_external))
+    chosen_local = rng.sample(informative_local, min(n_local, len(informative_local)))
+    chosen_external = rng.sample(informative_external, min(n_external, len(informative_external)))
+    stats.local_kept, stats.external_kept = len(chosen_local), len(chosen_external)
+    return chosen_local + chosen_external, stats

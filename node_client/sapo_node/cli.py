@@ -1,0 +1,126 @@
+"""The `sapo-node` command line.
+
+    sapo-node run --server wss://HOST/ws/node/ --token TOKEN      # join a swarm
+    sapo-node run --offline --rounds 20 --out runs/silo           # train alone
+    sapo-node run --resume --out runs/silo --rounds 40            # continue a stopped run
+
+Adding a subcommand is one function `add_command(subparsers)` that registers a parser and sets
+`handler=callable(args) -> exit code`: write it in a module and list the module in COMMAND_MODULES
+(a listed module that is not installed is skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from sapo_node import __version__
+from sapo_node.config import NodeConfig, field_docs
+
+#: Modules that add subcommands beside `run` (each defines add_command(subparsers)).
+COMMAND_MODULES = ("sapo_node.experiment",)
+
+#: Short metavars for the flags SAPO's paper names with a letter.
+METAVARS = {"questions": "B", "generations": "G", "local": "I", "external": "J", "rounds": "R", "seed": "S",
+            "out": "DIR", "server": "URL", "token": "T", "model": "ID_OR_PATH"}  # fmt: skip
+CHOICES = {"device": None, "catalogue": ["easy", "sapo"], "dtype": ["auto", "float32", "bfloat16", "float16"]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sapo-node",
+        description="A SAPO swarm node: trains a language model with GRPO on its own rollouts and the swarm's.",
+    )
+    parser.add_argument("--version", action="version", version=f"sapo-node {__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    add_run_command(subparsers)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        add_command = getattr(module, "add_command", None)
+        if add_command is not None:
+            add_command(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.handler(args))
+
+
+# ---------------------------------------------------------------------------- sapo-node run
+
+
+def add_run_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="train: run rounds of sample -> generate -> score -> share -> assemble -> GRPO update",
+        description="Run a node. Every flag maps to a field of the run's config (saved as DIR/config.json).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_config_flags(parser)
+    parser.set_defaults(handler=run_command)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per NodeConfig field, its help the field's docstring. Flags default to "not given",
+    so a resumed run can tell the flags given now from the saved config they override."""
+    docs, defaults = field_docs(), NodeConfig()
+    for f in dataclasses.fields(NodeConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        help_text = docs.get(f.name, "") + ("" if f.type == "bool" else f" (default: {default})")
+        if f.type == "bool":
+            parser.add_argument(flag, dest=f.name, action="store_true", default=argparse.SUPPRESS, help=help_text)
+            continue
+        kind = int if f.type.startswith("int") else float if f.type.startswith("float") else str
+        parser.add_argument(
+            flag, dest=f.name, type=kind, default=argparse.SUPPRESS, metavar=METAVARS.get(f.name, f.name.upper()),
+            choices=CHOICES.get(f.name), help=help_text,
+        )  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    """Defaults (or, with --resume, the saved config.json), then the environment, then the flags given."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(NodeConfig) if hasattr(args, f.name)}
+    config = NodeConfig()
+    saved = Path(given.get("out", config.out)) / "config.json"
+    if given.get("resume") and saved.exists():
+        config = NodeConfig.from_json(json.loads(saved.read_text()))
+    config.server = os.environ.get("SAPO_SERVER") or config.server
+    config.token = os.environ.get("SAPO_TOKEN") or None
+    return dataclasses.replace(config, **given)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from sapo_node.loop import run  # torch and transformers load only when a run starts
+
+    config = config_from_args(args)
+    try:
+        config = config.resolved()
+        if not config.offline and not config.server:
+            raise ValueError("give --server URL (or set SAPO_SERVER), or --offline to train alone")
+    except ValueError as exc:
+        print(f"sapo-node run: error: {exc}", file=sys.stderr)
+        return 2
+    result = run(config)
+    if result.interrupted:
+        print(f"stopped after round {result.last_round}; continue with: sapo-node run --resume --out {result.out}")
+        return 130
+    return 0

@@ -1,0 +1,173 @@
+"""The one configuration of a node run. Every field is documented where it is declared; the CLI
+takes its help text from these docstrings, and the resolved config is printed at start and saved as
+config.json beside metrics.jsonl, so every run can be repeated."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+#: Built-in tiny models (sapo_node.tiny): they get the easy catalogue and tiny-model defaults.
+TINY_MODELS = ("tiny", "tiny-mini")
+
+#: Fields never written to disk or printed in clear.
+SECRET_FIELDS = ("token",)
+
+
+@dataclass
+class NodeConfig:
+    # --- where the node runs ---
+    server: str | None = None
+    """WebSocket URL of the platform's node endpoint, e.g. wss://sapo.example.org/ws/node/ (also SAPO_SERVER)."""
+    token: str | None = None
+    """The node's token, sent as `Authorization: Bearer`; also read from SAPO_TOKEN. Never saved."""
+    offline: bool = False
+    """Train in silo: no server, no sharing, no external groups (J is then 0 in effect)."""
+    model: str = "tiny"
+    """Policy: "tiny" or "tiny-mini" (built-in, made locally) or a Hugging Face id or local path."""
+    device: str = "auto"
+    """auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."""
+    dtype: str = "auto"
+    """Weights dtype: auto (bfloat16 on CUDA, float32 elsewhere), float32, bfloat16 or float16."""
+    out: str = "sapo-run"
+    """Run directory: config.json, metrics.jsonl, checkpoints/ and the outbox of unacknowledged shares."""
+    resume: bool = False
+    """Continue from the latest checkpoint in --out (the saved config.json is the base; flags given override)."""
+    seed: int | None = None
+    """Seed of the question stream, sampling and initialisation; None draws one (saved in config.json)."""
+
+    # --- the round (SAPO Algorithm 1) ---
+    rounds: int = 0
+    """Number of the last round to run (a resumed run continues to it); 0 runs until Ctrl-C."""
+    questions: int = 8
+    """B: questions sampled from the node's own stream per round."""
+    generations: int = 8
+    """G: completions generated per question (the group)."""
+    local: int = 4
+    """I: own groups in the training set of a round."""
+    external: int = 4
+    """J: groups from the swarm's pool in the training set of a round (0 = silo)."""
+    catalogue: str | None = None
+    """Offline catalogue: easy or sapo; None picks easy for tiny models, sapo otherwise. Online the server's is used."""
+    max_new_tokens: int | None = None
+    """Tokens generated per completion at most; None: 48 for tiny models, 256 otherwise."""
+    temperature: float = 1.0
+    """Sampling temperature of generation (the loss uses the same temperature)."""
+    generate_batch: int = 0
+    """Sequences per generate call; 0 puts all B*G completions in one call."""
+
+    # --- the GRPO update ---
+    lr: float | None = None
+    """AdamW learning rate; None: 1e-4 for tiny models, 1e-5 otherwise (the SAPO demo's)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the initial policy; 0 (the paper's) keeps no reference model."""
+    eps_low: float = 0.2
+    """Lower clip range of the importance ratio: ratios below 1 - eps_low stop pushing down."""
+    eps_high: float = 0.28
+    """Upper clip range (DAPO's clip-higher): ratios above 1 + eps_high stop pushing up."""
+    epochs: int = 1
+    """Optimisation steps per round over the whole training set (old log-probs stay those before the update)."""
+    micro_batch: int = 16
+    """Sequences per forward/backward pass; gradients accumulate, so this bounds memory, not the maths."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm."""
+
+    # --- durability and networking ---
+    checkpoint_every: int = 10
+    """Save a checkpoint every N rounds (and always on Ctrl-C and at the end); 0 only at those times."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep in --out/checkpoints."""
+    connect_wait: float = 15.0
+    """Seconds to wait at start-up for the server's catalogue before falling back to the default one."""
+    flush_wait: float = 10.0
+    """Seconds to wait at exit for the server to acknowledge pending shares (the rest stay in the outbox)."""
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def is_tiny(self) -> bool:
+        return self.model in TINY_MODELS
+
+    def resolved(self) -> NodeConfig:
+        """A copy with every automatic default (None) replaced by the value this run uses."""
+        c = dataclasses.replace(self)
+        if c.seed is None:
+            c.seed = random.SystemRandom().randrange(2**31 - 1)
+        if c.catalogue is None:
+            c.catalogue = "easy" if c.is_tiny else "sapo"
+        if c.max_new_tokens is None:
+            c.max_new_tokens = 48 if c.is_tiny else 256
+        if c.lr is None:
+            c.lr = 1e-4 if c.is_tiny else 1e-5
+        if c.offline:
+            c.external = 0
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        checks = {
+            "questions must be >= 1": self.questions >= 1,
+            "generations must be >= 2 (advantages compare completions of a group)": self.generations >= 2,
+            "local and external must be >= 0": self.local >= 0 and self.external >= 0,
+            "local + external must be >= 1": self.local + self.external >= 1,
+            "rounds must be >= 0": self.rounds >= 0,
+            "epochs must be >= 1": self.epochs >= 1,
+            "micro_batch must be >= 1": self.micro_batch >= 1,
+            "temperature must be > 0": self.temperature > 0,
+            "eps_low must be in [0, 1)": 0 <= self.eps_low < 1,
+            "eps_high must be >= 0": self.eps_high >= 0,
+            "catalogue must be easy or sapo": self.catalogue in (None, "easy", "sapo"),
+            "dtype must be auto, float32, bfloat16 or float16": self.dtype
+            in ("auto", "float32", "bfloat16", "float16"),
+        }
+        errors = [message for message, ok in checks.items() if not ok]
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def to_json(self) -> dict[str, Any]:
+        """The config as saved: secrets left out."""
+        data = dataclasses.asdict(self)
+        for name in SECRET_FIELDS:
+            data[name] = "<set>" if data[name] else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names and k not in SECRET_FIELDS}
+        return cls(**values)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    def describe(self) -> str:
+        """The full config, one field a line, for the start of a run."""
+        data = self.to_json()
+        width = max(len(k) for k in data)
+        return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in data.items())
+
+
+@lru_cache(maxsize=1)
+def field_docs() -> dict[str, str]:
+    """{field name: its docstring}, read from the source of NodeConfig (used as CLI help)."""
+    tree = ast.parse(inspect.getsource(NodeConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, following in zip(body, body[1:], strict=False):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[stmt.target.id] = following.value.value
+    return docs

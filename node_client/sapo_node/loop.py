@@ -1,0 +1,256 @@
+"""The node's training loop: SAPO's Algorithm 1, one round after another, read top to bottom.
+
+    sample -> generate -> score -> share -> assemble -> update -> report and log
+
+Each step is a function in a module named for it. The loop never waits on the network: sharing
+appends to a durable outbox and external groups are whatever has already arrived. Ctrl-C (or
+SIGTERM) finishes the current step, saves a checkpoint and returns; `--resume` continues.
+
+`run` is start_node -> play_round ... -> finish_node; a driver that interleaves several nodes in
+one process (the experiment) calls those three itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sapo_node import __version__
+from sapo_node.assemble import assemble
+from sapo_node.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from sapo_node.config import NodeConfig
+from sapo_node.generate import generate_completions, pad_id
+from sapo_node.grpo import grpo_update
+from sapo_node.metrics import MetricsLog, PhaseTimer, RoundProgress, round_metrics, round_report
+from sapo_node.models import describe_hardware, load_policy
+from sapo_node.prompts import format_prompt
+from sapo_node.sample import sample_questions
+from sapo_node.score import score_rollouts
+from sapo_node.share import share_groups
+from sapo_node.tasks import CATALOGUES, Catalogue, TaskStream
+from sapo_node.transport import Hello, SiloTransport, Transport, make_transport
+
+
+@dataclass
+class RunResult:
+    out: Path
+    #: The last round completed (and checkpointed).
+    last_round: int
+    #: True when Ctrl-C/SIGTERM stopped the run before its last round.
+    interrupted: bool
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run(config: NodeConfig, transport: Transport | None = None, *, policy: tuple[Any, Any] | None = None) -> RunResult:
+    """Run rounds until `config.rounds` (0: until stopped). `policy` = (model, tokenizer) skips loading."""
+    node = start_node(config, transport, policy=policy)
+    result = RunResult(node.out, node.last_round, interrupted=False)
+    progress = RoundProgress(node.last_round + 1, node.config.rounds)
+    with stop_on_signals() as stop:
+        try:
+            while not stop.requested and (node.config.rounds == 0 or node.last_round < node.config.rounds):
+                row = play_round(node, stop=stop, on_phase=progress.phase)
+                if row is None:
+                    break  # stopped mid-round: the round is dropped, the last complete one is saved below
+                result.metrics.append(row)
+                progress.done(row)
+        finally:
+            progress.close()
+            finish_node(node)
+    result.last_round, result.interrupted = node.last_round, stop.requested
+    return result
+
+
+@dataclass
+class Node:
+    """Everything one node holds between rounds."""
+
+    config: NodeConfig
+    out: Path
+    model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    #: The frozen initial policy, only when kl_coef > 0.
+    reference: Any
+    transport: Transport
+    state: TrainingState
+    metrics_log: MetricsLog
+    last_round: int = 0
+    last_saved: int = 0
+    owns_transport: bool = False
+
+
+def start_node(
+    config: NodeConfig, transport: Transport | None = None, *, policy: tuple[Any, Any] | None = None
+) -> Node:
+    """Resolve and save the config, load the policy, say hello to the swarm, resume if asked."""
+    config = config.resolved()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / "config.json")
+    print(f"sapo-node {__version__}\n{config.describe()}", flush=True)
+
+    # ---- the policy, its optimizer, and (only with a KL penalty) the frozen initial policy
+    seed_everything(config.seed)
+    model, tokenizer = policy if policy is not None else load_model(config)
+    reference = None
+    if config.kl_coef:  # the initial policy, frozen (a resumed run reloads it, not the checkpoint)
+        reference = copy.deepcopy(model) if policy is not None else load_model(config)[0]
+        reference.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+    # ---- the swarm: say hello, take its catalogue if it answers in time
+    owns_transport = transport is None
+    transport = transport if transport is not None else make_transport(config, out)
+    transport.start(
+        Hello(f"sapo-node/{__version__}", config.model, describe_hardware(config.device), config.local, config.external)
+    )
+    stream = TaskStream(starting_catalogue(transport, config), config.seed)
+    state = TrainingState(model, optimizer, stream, random.Random(config.seed + 1))
+
+    last = 0
+    if config.resume:
+        found = latest_checkpoint(out)
+        if found is not None:
+            last = load_checkpoint(found, state)
+        print(
+            f"resumed from {found} (round {last})" if found else f"no checkpoint in {out}: starting at round 1",
+            flush=True,
+        )
+    return Node(config, out, model, tokenizer, optimizer, reference, transport, state, MetricsLog(out / "metrics.jsonl"),
+                last_round=last, last_saved=last, owns_transport=owns_transport)  # fmt: skip
+
+
+def play_round(
+    node: Node, *, stop: StopFlag | None = None, on_phase: Callable[[int, str], None] | None = None
+) -> dict[str, Any] | None:
+    """One round of SAPO's Algorithm 1. Returns its metrics, or None when `stop` came during generation."""
+    config, model, tokenizer, transport, stream = (
+        node.config,
+        node.model,
+        node.tokenizer,
+        node.transport,
+        node.state.stream,
+    )
+    n = node.last_round + 1
+    timer = PhaseTimer(on_enter=(lambda phase: on_phase(n, phase)) if on_phase else None)
+    follow_swarm_catalogue(stream, transport)
+
+    with timer("sample"):
+        questions = sample_questions(stream, config.questions)
+    with timer("generate"):
+        prompts = [format_prompt(tokenizer, q.question) for q in questions]
+        generated = generate_completions(
+            model, tokenizer, prompts, generations=config.generations, max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature, batch_size=config.generate_batch,
+        )  # fmt: skip
+    if stop is not None and stop.requested:
+        return None
+    with timer("score"):
+        own = score_rollouts(n, questions, generated)
+    with timer("share"):
+        share_groups(transport, [group for group, _ in own])
+    with timer("assemble"):
+        train_set, assembled = assemble(
+            own, transport.take_external(config.external), n_local=config.local, n_external=config.external,
+            rng=node.state.rng, catalogue=stream.catalogue, tokenizer=tokenizer, format_prompt=format_prompt,
+            max_tokens=2 * config.max_new_tokens,
+        )  # fmt: skip
+    with timer("update"):
+        update = grpo_update(
+            model, node.optimizer, train_set, pad_id=pad_id(tokenizer), epochs=config.epochs,
+            micro_batch=config.micro_batch, eps_low=config.eps_low, eps_high=config.eps_high,
+            kl_coef=config.kl_coef, reference=node.reference, max_grad_norm=config.max_grad_norm,
+            temperature=config.temperature,
+        )  # fmt: skip
+    node.last_round = n
+
+    row = round_metrics(
+        round=n, own=[group for group, _ in own], new_tokens=sum(g.num_tokens for g in generated),
+        assembled=assembled, update=update, counts=transport.counts(), connection=transport.status, timer=timer,
+    )  # fmt: skip
+    node.metrics_log.write(row)
+    transport.report(round_report(n, row, train_set))
+    if config.checkpoint_every and n % config.checkpoint_every == 0:
+        save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints)
+        node.last_saved = n
+    return row
+
+
+def finish_node(node: Node) -> None:
+    """Checkpoint the last complete round, give pending shares a last chance, close what we opened."""
+    if node.last_round > node.last_saved:
+        save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints)
+        node.last_saved = node.last_round
+    transport = node.transport
+    if not isinstance(transport, SiloTransport) and not transport.flush(node.config.flush_wait):
+        print(f"{transport.counts().pending} shared groups still wait for the server; they stay in the outbox")
+    if node.owns_transport:
+        transport.close()
+
+
+# ---------------------------------------------------------------------------- helpers of the loop
+
+
+def load_model(config: NodeConfig) -> tuple[Any, Any]:
+    dtype = None if config.dtype == "auto" else config.dtype
+    model, tokenizer, _device = load_policy(config.model, device=config.device, dtype=dtype)
+    return model, tokenizer
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def starting_catalogue(transport: Transport, config: NodeConfig) -> Catalogue:
+    """The swarm's catalogue if its welcome comes within `connect_wait` seconds, else the default."""
+    if transport.wait_connected(config.connect_wait) and (catalogue := transport.catalogue()) is not None:
+        return catalogue
+    if not isinstance(transport, SiloTransport):
+        print(f"no catalogue from the swarm yet ({transport.status}): starting on {config.catalogue!r}", flush=True)
+    return CATALOGUES[config.catalogue or "easy"]
+
+
+def follow_swarm_catalogue(stream: TaskStream, transport: Transport) -> None:
+    """Switch to the swarm's catalogue once it is known (the pool rejects tasks outside it)."""
+    catalogue = transport.catalogue()
+    if catalogue is not None and catalogue != stream.catalogue:
+        stream.catalogue = catalogue
+
+
+@dataclass
+class StopFlag:
+    requested: bool = False
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[StopFlag]:
+    """First Ctrl-C/SIGTERM: finish the current step and stop. Second Ctrl-C: stop at once."""
+    flag = StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag  # signal handlers can only be set from the main thread
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        flag.requested = True
+        print("\nstopping after the current step (Ctrl-C again to abort now)...", file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,78 @@
+"""The outbox: a durable on-disk queue of shared groups waiting for the server's verdict.
+
+A group is written here (and committed to disk) before any attempt to send it. It stays pending
+until the server acknowledges it, accepted or rejected; after a lost connection every pending group
+is sent again, and since the server treats a resent id idempotently, each group is stored once by
+the pool. A rejected group keeps its reason and is never sent again. sqlite3 (stdlib) gives atomic
+commits, so a crash between two writes loses nothing that was committed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PENDING, ACCEPTED, REJECTED = "pending", "accepted", "rejected"
+
+
+class Outbox:
+    """Thread-safe: the training thread adds, the network thread takes and marks."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS outbox ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, payload TEXT,"
+            " state TEXT NOT NULL, reason TEXT, created REAL NOT NULL, done REAL)"
+        )
+
+    def put(self, rollouts: list[dict[str, Any]]) -> None:
+        """Queue wire-form rollouts; an id already queued is left as it is."""
+        now = time.time()
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT OR IGNORE INTO outbox (id, payload, state, created) VALUES (?, ?, ?, ?)",
+                [(r["id"], json.dumps(r), PENDING, now) for r in rollouts],
+            )
+
+    def pending(self, limit: int = 1000, exclude: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+        """The oldest pending rollouts (wire form), skipping ids in `exclude` (those in flight)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, payload FROM outbox WHERE state = ? ORDER BY seq LIMIT ?", (PENDING, limit + len(exclude))
+            ).fetchall()
+        return [json.loads(payload) for id_, payload in rows if id_ not in exclude][:limit]
+
+    def mark(self, id_: str, state: str, reason: str | None = None) -> bool:
+        """Record the server's verdict on a pending group (its text is dropped); False if not pending."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "UPDATE outbox SET state = ?, reason = ?, payload = NULL, done = ? WHERE id = ? AND state = ?",
+                (state, reason, time.time(), id_, PENDING),
+            )
+        return cur.rowcount == 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM outbox GROUP BY state").fetchall()
+        counts = {PENDING: 0, ACCEPTED: 0, REJECTED: 0}
+        counts.update(dict(rows))
+        return counts
+
+    def rejections(self) -> list[tuple[str, str | None]]:
+        with self._lock:
+            return self._db.execute(
+                "SELECT id, reason FROM outbox WHERE state = ? ORDER BY seq", (REJECTED,)
+            ).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

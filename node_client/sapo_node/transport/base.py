@@ -1,0 +1,92 @@
+"""The interface between the training loop and the swarm. Every method returns at once: the loop
+never waits on the network (only `wait_connected` and `flush`, which take a timeout, block)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from sapo_node.groups import Group
+from sapo_node.tasks import Catalogue
+
+
+@dataclass
+class Hello:
+    """What a node says about itself when it connects (protocol `hello`)."""
+
+    client: str
+    model: str
+    hardware: str
+    local: int
+    external: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "hello", "v": 1, "client": self.client, "model": self.model, "hardware": self.hardware,
+                "local": self.local, "external": self.external}  # fmt: skip
+
+
+@dataclass
+class TransportCounts:
+    """Verdicts on this node's shares so far, and what is still waiting for one."""
+
+    accepted: int = 0
+    rejected: int = 0
+    pending: int = 0
+
+
+class Transport(ABC):
+    def start(self, hello: Hello) -> None:  # noqa: B027 - optional hook
+        """Begin talking to the swarm (non-blocking)."""
+
+    @abstractmethod
+    def share(self, groups: list[Group]) -> None:
+        """Offer own groups to the swarm; durable before it returns where the transport has a disk queue."""
+
+    @abstractmethod
+    def take_external(self, max_n: int) -> list[Group]:
+        """Up to `max_n` groups from other nodes that have already arrived (possibly none); never blocks."""
+
+    @abstractmethod
+    def report(self, report: dict[str, Any]) -> None:
+        """Send a round's report (protocol `report` fields, without type/v); best effort."""
+
+    @property
+    @abstractmethod
+    def status(self) -> str:
+        """A short word for the progress line: silo, connecting, connected, retrying, refused, ..."""
+
+    def catalogue(self) -> Catalogue | None:
+        """The catalogue the swarm accepts, once known (None: use the default)."""
+        return None
+
+    def counts(self) -> TransportCounts:
+        return TransportCounts()
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds for the swarm's welcome; True if it came."""
+        return False
+
+    def flush(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds until every shared group has a verdict; True if none is pending."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop background work; undelivered shares stay in the outbox for the next run."""
+
+
+class SiloTransport(Transport):
+    """No swarm: nothing is shared and nothing arrives (--offline, or J = 0 in spirit)."""
+
+    def share(self, groups: list[Group]) -> None:
+        pass
+
+    def take_external(self, max_n: int) -> list[Group]:
+        return []
+
+    def report(self, report: dict[str, Any]) -> None:
+        pass
+
+    @property
+    def status(self) -> str:
+        return "silo"

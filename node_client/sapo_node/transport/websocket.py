@@ -1,0 +1,386 @@
+"""The platform transport: one WebSocket (docs/protocol.md) driven by a background thread.
+
+The thread runs an asyncio loop with the `websockets` client. It says hello on every connect,
+sends shares from the on-disk outbox (resending whatever was not acknowledged before a lost
+connection), keeps a buffer of external groups topped up with `sample` requests, sends reports,
+and reconnects with exponential backoff and jitter. Nothing it does raises into the training
+loop: the loop only appends to the outbox and takes what is in the buffer. Close code 4401 (bad
+token) or 4403 (banned) stops the retries with a clear message; the node goes on in silo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus, WebSocketException
+
+from sapo_node import __version__
+from sapo_node.groups import Group
+from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
+from sapo_node.tasks import Catalogue
+from sapo_node.transport.base import Hello, Transport, TransportCounts
+
+log = logging.getLogger("sapo_node.transport")
+
+#: Close codes after which retrying cannot help.
+REFUSALS = {4401: "the server does not accept this token (4401): check --token / SAPO_TOKEN",
+            4403: "this node or its contributor is banned (4403)"}  # fmt: skip
+
+#: Defaults until the server's `welcome.limits` arrive.
+DEFAULT_LIMITS = {
+    "max_frame_bytes": 1_048_576,
+    "max_groups_per_message": 64,
+    "max_completions_per_group": 32,
+    "max_chars_per_completion": 8192,
+    "max_sample_n": 64,
+}
+
+#: Errors that condemn the groups of a single-group share frame (resending would fail again).
+FATAL_SHARE_ERRORS = {
+    "invalid_message",
+    "frame_too_large",
+    "too_many_groups",
+    "too_many_completions",
+    "completion_too_long",
+}
+
+
+class WebSocketTransport(Transport):
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        outbox_path: str | Path,
+        *,
+        buffer_size: int = 8,
+        backoff_min: float = 1.0,
+        backoff_max: float = 60.0,
+        poll_interval: float = 2.0,
+        open_timeout: float = 10.0,
+    ) -> None:
+        self.url, self._token = url, token
+        self.outbox = Outbox(outbox_path)
+        self.buffer_size = buffer_size
+        self.backoff_min, self.backoff_max = backoff_min, backoff_max
+        self.poll_interval, self.open_timeout = poll_interval, open_timeout
+
+        self.limits: dict[str, int] = dict(DEFAULT_LIMITS)
+        self.node_name: str | None = None
+        self.last_error: str | None = None
+        self.share_frames = 0  # frames sent, for diagnostics and tests
+        self._state = "idle"
+        self._catalogue: Catalogue | None = None
+        self._hello: Hello | None = None
+        self._buffer: collections.deque[Group] = collections.deque()
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ the training thread's side
+    def start(self, hello: Hello) -> None:
+        self._hello = hello
+        self._state = "connecting"
+        self._thread = threading.Thread(target=self._thread_main, name="sapo-transport", daemon=True)
+        self._thread.start()
+
+    def share(self, groups: list[Group]) -> None:
+        try:
+            self.outbox.put([g.to_wire() for g in groups])
+        except Exception:  # a full disk must not stop training; the groups are simply not shared
+            log.exception("could not write %d groups to the outbox", len(groups))
+        self._poke()
+
+    def take_external(self, max_n: int) -> list[Group]:
+        with self._lock:
+            return [self._buffer.popleft() for _ in range(min(max_n, len(self._buffer)))]
+
+    def report(self, report: dict[str, Any]) -> None:
+        self._reports.append(dict(report))
+        self._poke()
+
+    @property
+    def status(self) -> str:
+        return self._state
+
+    def catalogue(self) -> Catalogue | None:
+        return self._catalogue
+
+    def counts(self) -> TransportCounts:
+        c = self.outbox.counts()
+        return TransportCounts(accepted=c[ACCEPTED], rejected=c[REJECTED], pending=c[PENDING])
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    def flush(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.outbox.counts()[PENDING]:
+            if time.monotonic() >= deadline or self._state.startswith("refused"):
+                return False
+            self._poke()
+            time.sleep(0.05)
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, self.open_timeout))
+        self._state = "closed" if not self._state.startswith("refused") else self._state
+        self.outbox.close()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already stopped
+                loop.call_soon_threadsafe(wake.set)
+
+    # ------------------------------------------------------------------ the network thread
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception:  # never let the thread die silently
+            log.exception("the transport thread stopped")
+            self._state = "stopped (error)"
+
+    async def _main(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        delay = self.backoff_min
+        while not self._stop.is_set():
+            self._state = "connecting"
+            code = await self._connect_once()
+            self._connected.clear()
+            if self._stop.is_set():
+                break
+            if code in REFUSALS:
+                self._state = f"refused ({code})"
+                log.error("%s [%s]; not retrying, training goes on in silo", REFUSALS[code], self.last_error)
+                return
+            if self._was_welcomed:
+                delay = self.backoff_min
+            self._state = "retrying"
+            pause = delay * random.uniform(0.5, 1.5)  # jitter: a restarted server is not hit by all nodes at once
+            log.warning("connection to %s lost (%s); retrying in %.1f s", self.url, self.last_error, pause)
+            await self._sleep(pause)
+            delay = min(delay * 2, self.backoff_max)
+
+    async def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            assert self._wake is not None
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, deadline - time.monotonic()))
+
+    async def _connect_once(self) -> int | None:
+        """One connection, from opening to its end; returns the close code it ended with."""
+        self._was_welcomed = False
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        ws: ClientConnection | None = None
+        try:
+            ws = await connect(
+                self.url, additional_headers=headers, open_timeout=self.open_timeout, max_size=None,
+                user_agent_header=f"sapo-node/{__version__}", proxy=None,
+            )  # fmt: skip
+            await self._session(ws)
+        except InvalidStatus as exc:  # refused at the HTTP upgrade
+            status = exc.response.status_code
+            self.last_error = f"HTTP {status}"
+            return {401: 4401, 403: 4403}.get(status)
+        except (OSError, TimeoutError, WebSocketException, ValueError) as exc:
+            self.last_error = exc.__class__.__name__ + (f": {exc}" if str(exc) else "")
+        finally:
+            if ws is not None:
+                await ws.close()
+        if ws is None:
+            return None
+        if ws.close_code is not None and ws.close_code != 1000:
+            self.last_error = f"closed with code {ws.close_code}"
+        return ws.close_code
+
+    async def _session(self, ws: ClientConnection) -> None:
+        assert self._hello is not None
+        self._inflight: dict[str, list[str]] = {}  # share frame ref -> ids awaiting their verdict
+        self._solo: set[str] = set()  # ids of a frame the server refused whole: sent alone next time
+        self._sample_pending_since: float | None = None
+        self._sample_ref: str | None = None
+        self._sample_n = 0
+        self._next_sample = 0.0
+        self._next_share = 0.0
+        self._ref = 0
+        self._welcome = asyncio.Event()
+        await ws.send(json.dumps(self._hello.to_wire()))
+        tasks = [asyncio.create_task(self._reader(ws)), asyncio.create_task(self._writer(ws))]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()  # re-raise what ended the session
+
+    def _next_ref(self) -> str:
+        self._ref += 1
+        return str(self._ref)
+
+    async def _reader(self, ws: ClientConnection) -> None:
+        async for raw in ws:
+            try:
+                frame = json.loads(raw)
+                kind = frame.get("type")
+            except (ValueError, AttributeError):
+                log.warning("ignoring a frame that is not a JSON object")
+                continue
+            if kind == "welcome":
+                self._on_welcome(frame)
+            elif kind == "ack" and frame.get("for") == "share":
+                self._on_share_ack(frame)
+            elif kind == "samples":
+                self._on_samples(frame)
+            elif kind == "error":
+                self._on_error(frame)
+            self._poke()
+
+    async def _writer(self, ws: ClientConnection) -> None:
+        await asyncio.wait_for(self._welcome.wait(), timeout=self.open_timeout)
+        assert self._wake is not None
+        while not self._stop.is_set():
+            self._wake.clear()
+            await self._send_shares(ws)
+            await self._request_samples(ws)
+            while self._reports:
+                await ws.send(json.dumps({"type": "report", "v": 1, **self._reports[0]}))
+                self._reports.popleft()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+
+    # ------------------------------------------------------------------ frames
+    def _on_welcome(self, frame: dict[str, Any]) -> None:
+        try:
+            self._catalogue = Catalogue.from_json(frame["catalogue"])
+        except (KeyError, TypeError, ValueError):
+            log.warning("the server's welcome has no usable catalogue; keeping the current one")
+        self.limits.update({k: int(v) for k, v in (frame.get("limits") or {}).items() if isinstance(v, (int, float))})
+        self.node_name = frame.get("node_name")
+        self._was_welcomed = True
+        self._state = "connected"
+        self._welcome.set()
+        self._connected.set()
+
+    def _on_share_ack(self, frame: dict[str, Any]) -> None:
+        for id_ in frame.get("accepted") or []:
+            self.outbox.mark(str(id_), ACCEPTED)
+        for item in frame.get("rejected") or []:
+            if isinstance(item, dict) and self.outbox.mark(str(item.get("id")), REJECTED, str(item.get("reason"))):
+                log.warning("the pool rejected group %s: %s", item.get("id"), item.get("reason"))
+        self._inflight.pop(str(frame.get("ref")), None)
+
+    def _on_samples(self, frame: dict[str, Any]) -> None:
+        self._sample_pending_since = None
+        rollouts = frame.get("rollouts") or []
+        added = 0
+        with self._lock:
+            for raw in rollouts:
+                try:
+                    group = Group.from_wire(raw)
+                except ValueError as exc:
+                    log.warning("ignoring a sampled group: %s", exc)
+                    continue
+                if group.id in self._seen:
+                    continue
+                self._seen[group.id] = None
+                if len(self._seen) > 100_000:
+                    self._seen.popitem(last=False)
+                self._buffer.append(group)
+                added += 1
+            while len(self._buffer) > max(self.buffer_size, 1) * 2:
+                self._buffer.popleft()  # keep the freshest
+        # A pool that could not fill the request has nothing new for a while: ask less often.
+        thin = added < self._sample_n
+        self._next_sample = time.monotonic() + self.poll_interval * (5 if thin else 1)
+
+    def _on_error(self, frame: dict[str, Any]) -> None:
+        code, ref = str(frame.get("code")), str(frame.get("ref"))
+        log.warning("the server answered error %s: %s", code, frame.get("detail"))
+        if code == "rate_limited":  # slow down everything; the refused frame is simply sent again later
+            self._next_share = self._next_sample = time.monotonic() + max(5.0, self.poll_interval * 5)
+        if ref == self._sample_ref:
+            self._sample_pending_since = None
+        ids = self._inflight.pop(ref, None)
+        if ids is None or code == "rate_limited":
+            return
+        if len(ids) > 1:
+            self._solo.update(ids)  # find the culprit: resend one by one
+        elif code in FATAL_SHARE_ERRORS:
+            self.outbox.mark(ids[0], REJECTED, code)
+
+    async def _send_shares(self, ws: ClientConnection) -> None:
+        if time.monotonic() < self._next_share:
+            return
+        inflight = {i for ids in self._inflight.values() for i in ids}
+        max_groups = max(1, self.limits["max_groups_per_message"])
+        max_bytes = self.limits["max_frame_bytes"] - 256
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for rollout in self.outbox.pending(limit=max_groups * 4, exclude=inflight):
+            reason = self._local_reason(rollout)
+            if reason is not None:
+                self.outbox.mark(rollout["id"], REJECTED, reason)
+                log.warning("not sharing group %s: %s", rollout["id"], reason)
+                continue
+            n = len(json.dumps(rollout)) + 2
+            alone = rollout["id"] in self._solo
+            if batch and (alone or len(batch) >= max_groups or size + n > max_bytes):
+                await self._send_share_frame(ws, batch)
+                batch, size = [], 0
+            batch.append(rollout)
+            size += n
+            if alone:
+                await self._send_share_frame(ws, batch)
+                batch, size = [], 0
+        if batch:
+            await self._send_share_frame(ws, batch)
+
+    async def _send_share_frame(self, ws: ClientConnection, batch: list[dict[str, Any]]) -> None:
+        ref = self._next_ref()
+        self._inflight[ref] = [r["id"] for r in batch]
+        await ws.send(json.dumps({"type": "share", "v": 1, "ref": ref, "rollouts": batch}))
+        self.share_frames += 1
+
+    def _local_reason(self, rollout: dict[str, Any]) -> str | None:
+        """Why the server would refuse this group outright, checked before sending it."""
+        if len(rollout["completions"]) > self.limits["max_completions_per_group"]:
+            return "too_many_completions"
+        texts = [rollout["question"], rollout["answer"] or "", *rollout["completions"]]
+        if any(len(t) > self.limits["max_chars_per_completion"] for t in texts):
+            return "completion_too_long"
+        if len(json.dumps(rollout)) + 256 > self.limits["max_frame_bytes"]:
+            return "frame_too_large"
+        return None
+
+    async def _request_samples(self, ws: ClientConnection) -> None:
+        now = time.monotonic()
+        if self._sample_pending_since is not None and now - self._sample_pending_since < 30:
+            return
+        with self._lock:
+            missing = self.buffer_size - len(self._buffer)
+        if missing <= 0 or now < self._next_sample:
+            return
+        self._sample_n = min(missing, self.limits["max_sample_n"])
+        self._sample_pending_since = now
+        self._sample_ref = self._next_ref()
+        await ws.send(json.dumps({"type": "sample", "v": 1, "n": self._sample_n, "ref": self._sample_ref}))

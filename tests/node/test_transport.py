@@ -1,0 +1,225 @@
+"""The outbox and the WebSocket transport against a stand-in server: delivery exactly once across
+lost connections, rejected groups never resent, refusal codes, sampling, and the in-memory pool."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fake_pool import FakePool, free_port
+
+from sapo_node.groups import Group
+from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
+from sapo_node.tasks import EASY_CATALOGUE, TaskRef
+from sapo_node.transport import Hello, MemoryPool, MemoryTransport
+from sapo_node.transport.websocket import WebSocketTransport
+
+HELLO = Hello("sapo-node/test", "tiny", "cpu", 2, 2)
+
+
+def group(i: int, rewards=(1.0, 0.0)) -> Group:
+    return Group(f"00000000-0000-0000-0000-{i:012d}", 1, TaskRef("basic_arithmetic", 7, i), f"q{i}", "a",
+                 ["x"] * len(rewards), list(rewards))  # fmt: skip
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def transports():
+    made = []
+
+    def make(url, token="good-token", path=None, **kwargs):
+        t = WebSocketTransport(
+            url, token, path, backoff_min=0.05, backoff_max=0.2, poll_interval=0.05, open_timeout=2, **kwargs
+        )
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def test_outbox_keeps_pending_groups_across_reopening(tmp_path):
+    box = Outbox(tmp_path / "o.sqlite3")
+    box.put([group(1).to_wire(), group(2).to_wire()])
+    box.put([group(1).to_wire()])  # the same id again is not a second group
+    assert box.mark(group(2).id, REJECTED, "reward_mismatch")
+    box.close()
+    box = Outbox(tmp_path / "o.sqlite3")
+    assert [r["id"] for r in box.pending()] == [group(1).id]
+    assert box.counts() == {PENDING: 1, ACCEPTED: 0, REJECTED: 1}
+    assert box.rejections() == [(group(2).id, "reward_mismatch")]
+    assert not box.mark(group(2).id, ACCEPTED)  # a verdict is final
+
+
+def test_a_group_shared_while_disconnected_is_delivered_once_after_reconnect(tmp_path, transports):
+    port = free_port()
+    t = transports(f"ws://127.0.0.1:{port}/ws/node/", path=tmp_path / "o.sqlite3")
+    t.start(HELLO)
+    no_answer = group(3)
+    no_answer.answer = None  # tasks without a single answer share a null ground truth
+    t.share([group(1), group(2), no_answer])  # no server yet: the groups wait in the outbox
+    assert t.take_external(4) == []
+    assert wait_for(lambda: t.status == "retrying")
+    pool = FakePool(port=port).start()
+    try:
+        assert t.wait_connected(10)
+        assert t.catalogue() == EASY_CATALOGUE
+        assert t.flush(10)
+        assert sorted(pool.groups) == sorted(g.id for g in (group(1), group(2), group(3)))
+        assert pool.groups[no_answer.id]["answer"] is None
+        assert all(len(ids) <= 2 for ids in pool.share_frames)  # welcome.limits are honoured
+        assert sum(len(ids) for ids in pool.share_frames) == 3  # each sent once
+        assert t.counts().accepted == 3 and t.counts().pending == 0
+    finally:
+        pool.stop()
+
+
+def test_a_lost_ack_is_resent_and_the_pool_stores_it_once(tmp_path, transports):
+    pool = FakePool().start()
+    try:
+        pool.drop_next_ack = True
+        t = transports(pool.url, path=tmp_path / "o.sqlite3")
+        t.start(HELLO)
+        t.share([group(1)])
+        assert t.flush(10)
+        assert pool.share_frames == [[group(1).id], [group(1).id]]  # sent, connection lost, sent again
+        assert list(pool.groups) == [group(1).id] and pool.connections == 2
+        assert t.counts().accepted == 1
+    finally:
+        pool.stop()
+
+
+def test_a_rejected_group_is_logged_and_never_resent(tmp_path, transports):
+    pool = FakePool().start()
+    try:
+        pool.reject[group(1).id] = "reward_mismatch"
+        t = transports(pool.url, path=tmp_path / "o.sqlite3")
+        t.start(HELLO)
+        t.share([group(1)])
+        assert t.flush(10)
+        pool.kick()  # reconnect: only what is pending may be sent again
+        assert wait_for(lambda: pool.connections == 2)
+        t.share([group(2)])
+        assert t.flush(10)
+        sent = [i for ids in pool.share_frames for i in ids]
+        assert sent.count(group(1).id) == 1 and sent.count(group(2).id) == 1
+        assert t.outbox.rejections() == [(group(1).id, "reward_mismatch")]
+        assert (t.counts().accepted, t.counts().rejected) == (1, 1)
+    finally:
+        pool.stop()
+
+
+def test_pending_groups_survive_a_restart_of_the_node(tmp_path, transports):
+    port = free_port()
+    first = transports(f"ws://127.0.0.1:{port}/ws/node/", path=tmp_path / "o.sqlite3")
+    first.start(HELLO)
+    first.share([group(1)])
+    first.close()
+    pool = FakePool(port=port).start()
+    try:
+        second = transports(pool.url, path=tmp_path / "o.sqlite3")
+        second.start(HELLO)
+        assert second.flush(10)
+        assert list(pool.groups) == [group(1).id]
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize("code", [4401, 4403])
+def test_a_refused_node_stops_retrying_and_trains_in_silo(tmp_path, transports, code):
+    pool = FakePool(close_code=code).start()
+    try:
+        t = transports(pool.url, path=tmp_path / "o.sqlite3")
+        t.start(HELLO)
+        assert wait_for(lambda: t.status.startswith("refused"))
+        assert str(code) in t.status
+        time.sleep(0.3)
+        assert pool.connections == 0 and t._thread is not None and not t._thread.is_alive()
+        t.share([group(1)])  # still safe to call
+        assert t.take_external(2) == [] and not t.flush(0.1)
+    finally:
+        pool.stop()
+
+
+def test_a_bad_token_is_refused(tmp_path, transports):
+    pool = FakePool().start()
+    try:
+        t = transports(pool.url, token="wrong", path=tmp_path / "o.sqlite3")
+        t.start(HELLO)
+        assert wait_for(lambda: t.status == "refused (4401)")
+    finally:
+        pool.stop()
+
+
+def test_sampled_groups_are_buffered_validated_and_reported(tmp_path, transports):
+    pool = FakePool().start()
+    try:
+        good = {**group(5).to_wire(), "node": "peer"}
+        malformed = {**group(6).to_wire(), "rewards": [1.0]}  # lengths differ
+        pool.sampleable = [good, malformed]
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=4)
+        t.start(HELLO)
+        assert wait_for(lambda: len(t._buffer) == 1)
+        (got,) = t.take_external(4)
+        assert got.id == good["id"] and got.node == "peer"
+        t.report({"round": 1, "reward_mean": 0.5, "used": [got.id]})
+        assert wait_for(lambda: pool.reports)
+        assert pool.reports[0]["used"] == [got.id]
+    finally:
+        pool.stop()
+
+
+def test_memory_pool_is_idempotent_and_never_returns_a_nodes_own_groups():
+    pool = MemoryPool(EASY_CATALOGUE)
+    a, b = MemoryTransport(pool, "a"), MemoryTransport(pool, "b")
+    a.share([group(1), group(2, rewards=(1.0, 1.0))])
+    a.share([group(1)])
+    assert len(pool.groups) == 2 and a.take_external(5) == []
+    taken = b.take_external(5)
+    assert [g.id for g in taken] == [group(1).id] and taken[0].node == "a"  # the all-equal group is not served
+
+
+def test_a_thin_pool_is_not_flooded_with_sample_requests(tmp_path, transports):
+    pool = FakePool().start()
+    try:
+        pool.sampleable = [{**group(7).to_wire(), "node": "peer"}]  # the node wants 8, the pool has 1
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8)
+        t.start(HELLO)
+        assert t.wait_connected(10)
+        time.sleep(1.0)
+        assert 1 <= pool.sample_requests <= 6  # poll_interval 0.05 s, 5x slower when the pool cannot fill
+        assert [g.id for g in t.take_external(8)] == [group(7).id]  # and the same group is not taken twice
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize(
+    ("typed", "endpoint"),
+    [
+        ("ws://127.0.0.1:8000", "ws://127.0.0.1:8000/ws/node/"),
+        ("https://sapo.example.org/", "wss://sapo.example.org/ws/node/"),
+        ("http://localhost:8000", "ws://localhost:8000/ws/node/"),
+        ("wss://sapo.example.org/ws/node/", "wss://sapo.example.org/ws/node/"),
+    ],
+)
+def test_the_server_address_a_user_types_becomes_the_node_endpoint(typed, endpoint):
+    from sapo_node.transport import node_endpoint
+
+    assert node_endpoint(typed) == endpoint
+
+
+@pytest.mark.parametrize("typed", ["127.0.0.1:8000", "ftp://host/", "ws://"])
+def test_a_server_address_that_is_not_a_web_address_is_refused(typed):
+    from sapo_node.transport import node_endpoint
+
+    with pytest.raises(ValueError, match="--server"):
+        node_endpoint(typed)
