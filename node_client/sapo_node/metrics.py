@@ -127,27 +127,34 @@ class MetricsLog:
 
 
 class RoundProgress:
-    """A tqdm bar over rounds whose description names the current phase."""
+    """A tqdm bar over rounds whose description names the current phase. When stderr is not a
+    terminal (docker logs, a parent process reading the output) a bar is noise: one plain line per
+    round goes to stdout instead."""
 
-    def __init__(self, first: int, last: int, *, enabled: bool = True) -> None:
+    def __init__(self, first: int, last: int, *, enabled: bool | None = None) -> None:
+        self.live = sys.stderr.isatty() if enabled is None else enabled
         total = last if last > 0 else None
         self.bar = tqdm(
-            total=total, initial=first - 1, unit="round", dynamic_ncols=True, disable=not enabled, file=sys.stderr
+            total=total, initial=first - 1, unit="round", dynamic_ncols=True, disable=not self.live, file=sys.stderr
         )
 
     def phase(self, round: int, phase: str) -> None:
         self.bar.set_description(f"round {round}: {phase}", refresh=True)
 
     def done(self, row: dict[str, Any]) -> None:
-        self.bar.set_postfix(
-            reward=f"{row['reward_mean']:.3f}",
-            kept=f"{row['local_kept']}+{row['external_kept']}",
-            shares=f"{row['accepted']}ok/{row['rejected']}rej",
-            tok_s=f"{row['tokens_per_s']:.0f}",
-            net=row["connection"],
-            refresh=False,
-        )
-        self.bar.update(1)
+        figures = {
+            "reward": f"{row['reward_mean']:.3f}",
+            "kept": f"{row['local_kept']}+{row['external_kept']}",
+            "shares": f"{row['accepted']}ok/{row['rejected']}rej",
+            "tok_s": f"{row['tokens_per_s']:.0f}",
+            "net": row["connection"],
+        }
+        if self.live:
+            self.bar.set_postfix(**figures, refresh=False)
+            self.bar.update(1)
+        else:
+            line = " ".join(f"{k}={v}" for k, v in figures.items())
+            print(f"round {row['round']}: {line} ({row['seconds']['total']:.1f}s)", flush=True)
 
     def close(self) -> None:
         self.bar.close()

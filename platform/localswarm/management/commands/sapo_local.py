@@ -83,7 +83,6 @@ class Command(BaseCommand):
                 "--out",
                 str(out),
                 "--resume",
-                "--no-progress",
             ]
             if rounds:
                 cmd += ["--rounds", str(rounds)]
