@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "pool",
     "localswarm",  # `manage.py sapo_local`, what `make run` starts
     # --- Added by other helpers: moderation, web. Keep the project apps above in this order. ---
+    "moderation",
     "web",
 ]
 

@@ -9,6 +9,7 @@ urlpatterns = [
     path("api/v1/", include("pool.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("moderation/", include("moderation.urls")),
     # --- Added by other helpers: the web app's pages (home, leaderboard, dashboard) go here. ---
     path("", include("web.urls")),
 ]

@@ -1,0 +1,207 @@
+"""Moderation: the audit log, the switchable automatic rules, per-group decisions and flags, node trust.
+
+The pool owns `Rollout.moderation_status` and `sampleable`; this app records *why* a group has the
+status it has (`ModerationDecision`), which automatic rule noticed it (`ModerationFlag`), who did what
+(`AuditEntry`, append-only) and how far each node is trusted (`TrustRecord`).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+REASON_MAX_LENGTH = 500
+
+
+class AuditAction(models.TextChoices):
+    QUARANTINE = "quarantine", "Quarantine"
+    RESTORE = "restore", "Restore"
+    REJECT = "reject", "Reject"
+    BAN_NODE = "ban_node", "Ban node"
+    UNBAN_NODE = "unban_node", "Unban node"
+    BAN_CONTRIBUTOR = "ban_contributor", "Ban contributor"
+    UNBAN_CONTRIBUTOR = "unban_contributor", "Unban contributor"
+    AUTO_VERDICT = "auto_verdict", "Automatic verdict"
+    AUTO_FLAG = "auto_flag", "Automatic flag"
+    AUTO_HOLD = "auto_hold", "Automatic hold"
+    RULE_CHANGE = "rule_change", "Rule changed"
+    FLAG_RESOLVE = "flag_resolve", "Flag resolved"
+
+
+class TargetType(models.TextChoices):
+    ROLLOUT = "rollout", "Group"
+    ROLLOUT_FILTER = "rollout_filter", "Groups matching a filter"
+    NODE = "node", "Node"
+    CONTRIBUTOR = "contributor", "Contributor"
+    RULE = "rule", "Rule"
+
+
+class AuditEntryQuerySet(models.QuerySet):
+    def update(self, **kwargs):  # noqa: ANN003 - mirrors QuerySet.update
+        raise PermissionError("the audit log is append-only")
+
+    def delete(self):
+        raise PermissionError("the audit log is append-only")
+
+
+class AuditEntry(models.Model):
+    """One moderation action or automatic verdict. Append-only: the model refuses updates and deletes
+    and a PostgreSQL trigger (migration 0001) refuses UPDATE and DELETE on the table, whatever the client.
+
+    Who: `actor` (a staff user) or `rule` (an automatic rule's key), exactly one of them.
+    What: `action` on `target_type`/`target_id`, `count` rows affected (bulk actions: the filter is in
+    `details`). Why: `reason`.
+    """
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    rule = models.CharField(max_length=32, blank=True)
+    action = models.CharField(max_length=32, choices=AuditAction.choices)
+    target_type = models.CharField(max_length=16, choices=TargetType.choices)
+    target_id = models.CharField(max_length=64, blank=True)
+    count = models.PositiveIntegerField(default=1)
+    reason = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    objects = AuditEntryQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [
+            models.Index(fields=["target_type", "target_id"], name="moderation_audit_target_idx"),
+            models.Index(fields=["action", "-created_at"], name="moderation_audit_action_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(actor__isnull=False) & models.Q(rule=""))
+                | (models.Q(actor__isnull=True) & ~models.Q(rule="")),
+                name="moderation_audit_actor_xor_rule",
+            )
+        ]
+
+    def __str__(self) -> str:
+        who = f"user {self.actor_id}" if self.actor_id else f"rule {self.rule}"
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {who} {self.action} {self.target_type}:{self.target_id}"
+
+    def save(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        if not self._state.adding:
+            raise PermissionError("the audit log is append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        raise PermissionError("the audit log is append-only")
+
+
+class RuleAction(models.TextChoices):
+    FLAG = "flag", "Flag only (stays sampleable)"
+    HOLD = "hold", "Hold for review (not sampled until a moderator decides)"
+
+
+class ModerationRule(models.Model):
+    """One automatic rule or trust setting, switched and tuned by staff at run time (moderation.rules).
+
+    `params` hold the rule's knobs; their names, types and bounds are in moderation.rules.RULES.
+    """
+
+    key = models.CharField(max_length=32, primary_key=True)
+    enabled = models.BooleanField(default=True)
+    action = models.CharField(max_length=8, choices=RuleAction.choices, default=RuleAction.HOLD)
+    params = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({'on' if self.enabled else 'off'}, {self.action})"
+
+
+class ModerationDecision(models.Model):
+    """Why a group has its current moderation status: the latest decision, by a moderator or a rule.
+
+    `batch` names the action that wrote it (one per single or bulk action), so a bulk action can
+    address exactly the groups it decided on in one UPDATE.
+    """
+
+    rollout = models.OneToOneField(
+        "pool.Rollout", on_delete=models.CASCADE, primary_key=True, related_name="moderation_decision"
+    )
+    status = models.CharField(max_length=16)
+    reason = models.TextField(blank=True)
+    rule = models.CharField(max_length=32, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    batch = models.UUIDField(default=uuid.uuid4, db_index=True)
+    decided_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.rollout_id}: {self.status} ({self.rule or self.actor_id})"
+
+
+class ModerationFlag(models.Model):
+    """An automatic rule noticed something: on a group (`rollout` set) or on a node (outliers)."""
+
+    rollout = models.ForeignKey(
+        "pool.Rollout", on_delete=models.CASCADE, null=True, blank=True, related_name="moderation_flags"
+    )
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="moderation_flags")
+    rule = models.CharField(max_length=32)
+    detail = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["rule", "rollout"], name="moderation_flag_rule_idx"),
+            models.Index(
+                fields=["node", "rule"], condition=models.Q(resolved_at__isnull=True), name="moderation_flag_open_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rule} on {self.rollout_id or f'node {self.node_id}'}"
+
+
+class RolloutFingerprint(models.Model):
+    """What the duplicate rules compare: per completion, the hash of its normalised text (exact copies)
+    and its 64-bit simhash (near copies, signed to fit a bigint), for accepted groups only."""
+
+    rollout = models.OneToOneField("pool.Rollout", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+")
+    question_hash = models.CharField(max_length=40)
+    exact = models.JSONField(default=list)
+    simhash = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["question_hash", "-created_at"], name="moderation_fp_question_idx")]
+
+    def __str__(self) -> str:
+        return f"fingerprint of {self.rollout_id}"
+
+
+class TrustRecord(models.Model):
+    """A node's trust (docs/moderation.md, "Trust"): trust = (streak + 1) / (streak + 1 + half_streak),
+    `streak` = accepted groups since the node's last rejected one (by the verifier or a moderator)."""
+
+    node = models.OneToOneField("nodes.Node", on_delete=models.CASCADE, primary_key=True, related_name="trust_record")
+    streak = models.PositiveIntegerField(default=0)
+    accepted = models.PositiveIntegerField(default=0)
+    rejected = models.PositiveIntegerField(default=0)
+    last_rejected_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"node {self.node_id}: streak {self.streak}"

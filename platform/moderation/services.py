@@ -1,0 +1,363 @@
+"""Moderators' writes: group decisions (single and bulk), node and contributor bans, rule changes.
+
+Every function writes one AuditEntry (append-only) in the same transaction as the change it records,
+and works set-based: a bulk action is a fixed number of statements whatever it matches.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.apps import apps
+from django.db import connection, transaction
+from django.db.models import Count, QuerySet
+from django.utils import timezone
+
+from accounts.models import User
+from common.errors import ApplicationError
+from moderation.models import (
+    REASON_MAX_LENGTH,
+    AuditAction,
+    AuditEntry,
+    ModerationDecision,
+    ModerationFlag,
+    ModerationRule,
+    TargetType,
+)
+from moderation.rules import RULES, RuleError, clean_params, rules_forget
+from moderation.trust import trust_reset
+from nodes.events import CLOSE_BANNED, node_disconnect_on_commit
+from nodes.models import Node
+from pool.models import ModerationStatus, Rollout
+from pool.services import rollout_set_moderation
+
+#: Queue actions and the moderation status each sets.
+ACTIONS = {
+    "quarantine": ModerationStatus.QUARANTINED,
+    "restore": ModerationStatus.OK,
+    "reject": ModerationStatus.REJECTED,
+}
+
+
+def _clean_reason(reason: object) -> str:
+    text = " ".join(str(reason or "").split())
+    if not text:
+        raise ApplicationError("reason_required", "A reason is required.")
+    if len(text) > REASON_MAX_LENGTH:
+        raise ApplicationError("reason_too_long", f"A reason has at most {REASON_MAX_LENGTH} characters.")
+    return text
+
+
+def _action_status(action: str) -> str:
+    try:
+        return ACTIONS[action]
+    except KeyError:
+        raise ApplicationError("invalid_action", f"Unknown action {action!r}.") from None
+
+
+def _audit(
+    *,
+    actor: User | None,
+    action: str,
+    target_type: str,
+    target_id: object = "",
+    count: int = 1,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+    rule: str = "",
+) -> AuditEntry:
+    return AuditEntry.objects.create(
+        actor=actor,
+        rule=rule,
+        action=action,
+        target_type=target_type,
+        target_id=str(target_id),
+        count=count,
+        reason=reason,
+        details=details or {},
+    )
+
+
+def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: User) -> tuple[uuid.UUID, int]:
+    """Record a decision on every group the queryset matches and set their status, in 3 statements:
+    upsert the decisions (INSERT ... SELECT, tagged with a fresh batch id), then the pool's own
+    `rollout_set_moderation` on exactly that batch (it keeps `sampleable` and `sample_seq` consistent),
+    then resolve the groups' open flags (plus the leaderboard's credit move when the web app is
+    installed). Caller holds a transaction."""
+    batch = uuid.uuid4()
+    now = timezone.now()
+    sub_sql, sub_params = rollouts.order_by().values("id").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
+            SELECT s.id, %s, %s, '', %s, %s, %s FROM ({sub_sql}) AS s
+            ON CONFLICT (rollout_id) DO UPDATE SET
+                status = EXCLUDED.status, reason = EXCLUDED.reason, rule = '', actor_id = EXCLUDED.actor_id,
+                batch = EXCLUDED.batch, decided_at = EXCLUDED.decided_at
+            """,  # noqa: S608 - sub_sql is Django's compiled SQL; values are parameters
+            [status, reason, actor.id, batch, now, *sub_params],
+        )
+        count = cursor.rowcount
+    decided = Rollout.objects.filter(id__in=ModerationDecision.objects.filter(batch=batch).values("rollout_id"))
+    if apps.is_installed("web"):
+        # The leaderboard's folded totals credit groups by moderation status: move their credit
+        # first (it reads the old status), as web.stats asks.
+        from web.stats import node_stats_apply_moderation
+
+        node_stats_apply_moderation(rollouts=decided, status=status)
+    rollout_set_moderation(rollouts=decided, status=status)
+    ModerationFlag.objects.filter(rollout__in=decided, resolved_at__isnull=True).update(resolved_at=now)
+    if status == ModerationStatus.REJECTED:
+        per_node = dict(decided.values_list("node_id").annotate(n=Count("id")).order_by())
+        trust_reset(node_ids=per_node, rejected_counts=per_node)
+    return batch, count
+
+
+@transaction.atomic
+def rollout_moderate(*, actor: User, rollout_id: uuid.UUID | str, action: str, reason: str) -> Rollout:
+    """Quarantine, restore or reject one group. Raises ApplicationError: invalid_action, reason_required,
+    reason_too_long, not_found (404)."""
+    status = _action_status(action)
+    reason = _clean_reason(reason)
+    try:
+        rollout_id = uuid.UUID(str(rollout_id))
+    except ValueError:
+        raise ApplicationError("not_found", "No such group.", status=404) from None
+    queryset = Rollout.objects.filter(id=rollout_id)
+    batch, count = _decide(rollouts=queryset, status=status, reason=reason, actor=actor)
+    if not count:
+        raise ApplicationError("not_found", "No such group.", status=404)
+    _audit(
+        actor=actor,
+        action=action,
+        target_type=TargetType.ROLLOUT,
+        target_id=rollout_id,
+        reason=reason,
+        details={"batch": str(batch)},
+    )
+    return Rollout.objects.select_related("node", "node__owner").get(id=rollout_id)
+
+
+@transaction.atomic
+def rollouts_moderate_bulk(
+    *, actor: User, rollouts: QuerySet[Rollout], action: str, reason: str, description: dict[str, Any]
+) -> int:
+    """Apply an action to every group a queue filter matches (`description`: the filter, for the log).
+    Returns how many groups it decided on."""
+    status = _action_status(action)
+    reason = _clean_reason(reason)
+    batch, count = _decide(rollouts=rollouts, status=status, reason=reason, actor=actor)
+    _audit(
+        actor=actor,
+        action=action,
+        target_type=TargetType.ROLLOUT_FILTER,
+        count=count,
+        reason=reason,
+        details={"filter": description, "batch": str(batch)},
+    )
+    return count
+
+
+# --- bans -----------------------------------------------------------------------------------------
+
+_BANNABLE = [ModerationStatus.OK, ModerationStatus.HELD]
+
+
+def _restore_ban_batch(*, actor: User, target_type: str, target_id: object, reason: str) -> int:
+    """Restore the groups the latest ban of this target quarantined and nobody decided on since."""
+    ban = (
+        AuditEntry.objects.filter(
+            target_type=target_type,
+            target_id=str(target_id),
+            action=AuditAction.BAN_NODE if target_type == TargetType.NODE else AuditAction.BAN_CONTRIBUTOR,
+        )
+        .order_by("-created_at", "-id")
+        .first()
+    )
+    batch = (ban.details or {}).get("batch") if ban else None
+    if not batch:
+        return 0
+    groups = Rollout.objects.filter(
+        moderation_status=ModerationStatus.QUARANTINED,
+        id__in=ModerationDecision.objects.filter(batch=batch).values("rollout_id"),
+    )
+    _, count = _decide(rollouts=groups, status=ModerationStatus.OK, reason=f"unbanned: {reason}", actor=actor)
+    return count
+
+
+@transaction.atomic
+def node_ban(*, actor: User, node: Node, reason: str) -> Node:
+    """Ban a node: refused at connect from now on (nodes.services.node_authenticate), its open sockets
+    closed with 4403 on commit (channel layer, every server process), its groups quarantined (one
+    bulk decision)."""
+    reason = _clean_reason(reason)
+    now = timezone.now()
+    Node.objects.filter(id=node.id).update(banned_at=now)
+    node.banned_at = now
+    batch, count = _decide(
+        rollouts=Rollout.objects.filter(node_id=node.id, moderation_status__in=_BANNABLE),
+        status=ModerationStatus.QUARANTINED,
+        reason=f"node banned: {reason}",
+        actor=actor,
+    )
+    _audit(
+        actor=actor,
+        action=AuditAction.BAN_NODE,
+        target_type=TargetType.NODE,
+        target_id=node.id,
+        count=count,
+        reason=reason,
+        details={"batch": str(batch), "node": node.name},
+    )
+    node_disconnect_on_commit(node_id=node.id, code=CLOSE_BANNED, reason="banned")
+    return node
+
+
+@transaction.atomic
+def node_unban(*, actor: User, node: Node, reason: str, restore_groups: bool = True) -> Node:
+    """Lift a node's ban; with `restore_groups`, the groups its ban quarantined go back to the pool."""
+    reason = _clean_reason(reason)
+    Node.objects.filter(id=node.id).update(banned_at=None)
+    node.banned_at = None
+    count = (
+        _restore_ban_batch(actor=actor, target_type=TargetType.NODE, target_id=node.id, reason=reason)
+        if restore_groups
+        else 0
+    )
+    _audit(
+        actor=actor,
+        action=AuditAction.UNBAN_NODE,
+        target_type=TargetType.NODE,
+        target_id=node.id,
+        count=count,
+        reason=reason,
+        details={"restored": count, "node": node.name},
+    )
+    return node
+
+
+def _contributor_disconnect_on_commit(user_id: int) -> None:
+    from pool.consumers import contributor_group_name  # the consumer joins this group per socket
+
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(layer.group_send)(
+                contributor_group_name(user_id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
+            )
+
+    transaction.on_commit(send)
+
+
+@transaction.atomic
+def contributor_ban(*, actor: User, user: User, reason: str) -> User:
+    """Ban a contributor: all their nodes are refused and their open sockets closed with 4403 (one
+    message to the contributor's channel-layer group), all their groups quarantined (one bulk decision).
+    Raises ApplicationError "cannot_ban" for oneself or a staff account."""
+    reason = _clean_reason(reason)
+    if user.id == actor.id or user.is_staff:
+        raise ApplicationError("cannot_ban", "Staff accounts (and yourself) cannot be banned.", status=409)
+    now = timezone.now()
+    User.objects.filter(id=user.id).update(banned_at=now)
+    user.banned_at = now
+    batch, count = _decide(
+        rollouts=Rollout.objects.filter(node__owner_id=user.id, moderation_status__in=_BANNABLE),
+        status=ModerationStatus.QUARANTINED,
+        reason=f"contributor banned: {reason}",
+        actor=actor,
+    )
+    _audit(
+        actor=actor,
+        action=AuditAction.BAN_CONTRIBUTOR,
+        target_type=TargetType.CONTRIBUTOR,
+        target_id=user.id,
+        count=count,
+        reason=reason,
+        details={"batch": str(batch), "username": user.username},
+    )
+    _contributor_disconnect_on_commit(user.id)
+    return user
+
+
+@transaction.atomic
+def contributor_unban(*, actor: User, user: User, reason: str, restore_groups: bool = True) -> User:
+    reason = _clean_reason(reason)
+    User.objects.filter(id=user.id).update(banned_at=None)
+    user.banned_at = None
+    count = (
+        _restore_ban_batch(actor=actor, target_type=TargetType.CONTRIBUTOR, target_id=user.id, reason=reason)
+        if restore_groups
+        else 0
+    )
+    _audit(
+        actor=actor,
+        action=AuditAction.UNBAN_CONTRIBUTOR,
+        target_type=TargetType.CONTRIBUTOR,
+        target_id=user.id,
+        count=count,
+        reason=reason,
+        details={"restored": count, "username": user.username},
+    )
+    return user
+
+
+# --- rules and flags ------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def rule_update(*, actor: User, key: str, enabled: bool, action: str, params: dict[str, Any]) -> ModerationRule:
+    """Switch or tune an automatic rule. Raises ApplicationError: unknown_rule (404), invalid_rule."""
+    spec = RULES.get(key)
+    if spec is None:
+        raise ApplicationError("unknown_rule", f"No rule {key!r}.", status=404)
+    if not isinstance(params, dict):
+        raise ApplicationError("invalid_rule", "Parameters must be a JSON object.")
+    try:
+        cleaned = clean_params(key, params)
+    except RuleError as exc:
+        raise ApplicationError("invalid_rule", str(exc)) from exc
+    if action not in ("flag", "hold"):
+        raise ApplicationError("invalid_rule", "The action is 'flag' or 'hold'.")
+    row, _ = ModerationRule.objects.select_for_update().get_or_create(key=key)
+    before = {"enabled": row.enabled, "action": row.action, "params": row.params}
+    row.enabled = bool(enabled) if spec.switchable else True
+    row.action = action if spec.has_action else spec.action
+    row.params = cleaned
+    row.updated_at = timezone.now()
+    row.updated_by = actor
+    row.save()
+    after = {"enabled": row.enabled, "action": row.action, "params": row.params}
+    _audit(
+        actor=actor,
+        action=AuditAction.RULE_CHANGE,
+        target_type=TargetType.RULE,
+        target_id=key,
+        reason="rule settings changed",
+        details={"before": before, "after": after},
+    )
+    transaction.on_commit(rules_forget)
+    return row
+
+
+@transaction.atomic
+def flag_resolve(*, actor: User, flag_id: int, reason: str) -> ModerationFlag:
+    """Dismiss an open flag (e.g. an outlier node judged honest). Raises not_found (404)."""
+    reason = _clean_reason(reason)
+    flag = ModerationFlag.objects.select_for_update().filter(id=flag_id, resolved_at__isnull=True).first()
+    if flag is None:
+        raise ApplicationError("not_found", "No such open flag.", status=404)
+    flag.resolved_at = timezone.now()
+    flag.save(update_fields=["resolved_at"])
+    _audit(
+        actor=actor,
+        action=AuditAction.FLAG_RESOLVE,
+        target_type=TargetType.NODE if flag.rollout_id is None else TargetType.ROLLOUT,
+        target_id=flag.rollout_id or flag.node_id,
+        reason=reason,
+        details={"flag": flag.id, "rule": flag.rule},
+    )
+    return flag

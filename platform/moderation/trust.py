@@ -1,0 +1,157 @@
+"""Node trust (docs/moderation.md, "Trust").
+
+    trust = (streak + 1) / (streak + 1 + half_streak)
+
+`streak` counts the node's accepted groups since its last rejected one (a verifier rejection or a
+moderator's reject resets it to 0). A new node has trust 1 / (1 + half_streak) (0.1 by default); after
+half_streak accepted groups in a row it reaches 0.5, and it tends to 1 with a long clean run.
+
+Uses: shown to moderators; scales the node's message quota; optionally weights sampling; optionally
+holds a low-trust node's groups for review (rule "low_trust").
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from django.db import connection
+from django.utils import timezone
+
+from moderation.models import TrustRecord
+from moderation.rules import rules_current
+
+
+def trust_value(streak: int, half_streak: int) -> float:
+    return (streak + 1) / (streak + 1 + half_streak)
+
+
+def _half_streak() -> int:
+    return rules_current()["trust"]["half_streak"]
+
+
+def trust_record_verdicts(*, node_id: int, verdicts: Sequence[bool], now: datetime | None = None) -> None:
+    """Count a node's newly judged groups, in the order judged (True = accepted). One upsert."""
+    if not verdicts:
+        return
+    now = now or timezone.now()
+    accepted = sum(1 for v in verdicts if v)
+    rejected = len(verdicts) - accepted
+    reset = rejected > 0
+    tail = 0  # accepted groups after the last rejection in this batch
+    for v in reversed(verdicts):
+        if not v:
+            break
+        tail += 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO moderation_trustrecord AS t
+                (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
+            VALUES (%(node)s, %(start)s, %(a)s, %(r)s, %(last)s, %(now)s)
+            ON CONFLICT (node_id) DO UPDATE SET
+                streak = CASE WHEN %(reset)s THEN %(tail)s ELSE t.streak + %(a)s END,
+                accepted = t.accepted + %(a)s,
+                rejected = t.rejected + %(r)s,
+                last_rejected_at = COALESCE(%(last)s, t.last_rejected_at),
+                updated_at = %(now)s
+            """,
+            {
+                "node": node_id,
+                "start": tail if reset else accepted,
+                "a": accepted,
+                "r": rejected,
+                "last": now if reset else None,
+                "now": now,
+                "reset": reset,
+                "tail": tail,
+            },
+        )
+
+
+def trust_reset(*, node_ids: Iterable[int], rejected_counts: dict[int, int] | None = None) -> None:
+    """A moderator rejected groups of these nodes: their streaks restart at 0 (one upsert)."""
+    node_ids = sorted(set(node_ids))
+    if not node_ids:
+        return
+    counts = rejected_counts or {}
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO moderation_trustrecord AS t
+                (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
+            SELECT n, 0, 0, c, %(now)s, %(now)s FROM unnest(%(nodes)s::bigint[], %(counts)s::int[]) AS x(n, c)
+            ON CONFLICT (node_id) DO UPDATE SET
+                streak = 0, rejected = t.rejected + EXCLUDED.rejected,
+                last_rejected_at = EXCLUDED.last_rejected_at, updated_at = EXCLUDED.updated_at
+            """,
+            {"nodes": node_ids, "counts": [counts.get(n, 0) for n in node_ids], "now": now},
+        )
+
+
+def trust_for_nodes(node_ids: Iterable[int]) -> dict[int, float]:
+    """Trust per node id (nodes without a record: a new node's trust). One query."""
+    node_ids = set(node_ids)
+    half = _half_streak()
+    streaks = dict(TrustRecord.objects.filter(node_id__in=node_ids).values_list("node_id", "streak"))
+    return {n: trust_value(streaks.get(n, 0), half) for n in node_ids}
+
+
+def trust_for_node(node_id: int) -> float:
+    return trust_for_nodes([node_id])[node_id]
+
+
+def node_message_quota(*, node_id: int, base: int) -> int:
+    """Messages per minute allowed to the node: base * (floor + (1 - floor) * trust) when the "trust"
+    rule is enabled, else base. Never below 1."""
+    rule = rules_current()["trust"]
+    if not rule.enabled:
+        return base
+    floor = rule["quota_floor"]
+    return max(1, int(base * (floor + (1 - floor) * trust_for_node(node_id))))
+
+
+def sample_acceptance(trust: float, *, floor: float) -> float:
+    """Probability of keeping a uniformly drawn group of a node with this trust: floor + (1-floor)*trust.
+    Over the draw, a group is kept with probability proportional to its weight (max weight 1)."""
+    return floor + (1 - floor) * trust
+
+
+def sample_keep(*, node_ids: Sequence[int], rng: random.Random) -> list[bool] | None:
+    """For groups drawn uniformly at random (by their authors' ids, in draw order): whether to keep each,
+    with probability floor + (1 - floor) * trust(author). None when trust weighting is off (keep all).
+
+    Rejection sampling on the uniform draw: a kept group is drawn with probability proportional to its
+    acceptance, and the cost per draw stays flat (one query for the authors' trust, however big the pool).
+    """
+    rule = rules_current()["trust"]
+    if not rule["sample_weighting"] or not node_ids:
+        return None
+    trust = trust_for_nodes(node_ids)
+    floor = rule["sample_floor"]
+    return [rng.random() < sample_acceptance(trust[n], floor=floor) for n in node_ids]
+
+
+def weighted_pick(*, candidates: Sequence[tuple[object, int]], n: int, rng: random.Random) -> list[object] | None:
+    """Up to `n` of the (group id, author node id) candidates, drawn by the same rejection rule as
+    `sample_keep` (uniform draw among those left, kept with the author's acceptance), in draw order.
+    None when trust weighting is off: the caller then draws uniformly as usual. One query."""
+    rule = rules_current()["trust"]
+    if not rule["sample_weighting"]:
+        return None
+    left = list(candidates)
+    if not left or n <= 0:
+        return []
+    trust = trust_for_nodes({node_id for _, node_id in left})
+    floor = rule["sample_floor"]
+    picked: list[object] = []
+    while left and len(picked) < n:
+        i = rng.randrange(len(left))
+        rollout_id, node_id = left[i]
+        if rng.random() < sample_acceptance(trust[node_id], floor=floor):
+            picked.append(rollout_id)
+            left[i] = left[-1]
+            left.pop()
+    return picked

@@ -1,0 +1,238 @@
+"""The automatic rules at ingest: each catches its case, leaves a clean group alone, and is audited."""
+
+from __future__ import annotations
+
+import pytest
+from factories import make_node
+from test_moderation_support import group, long_reasoning, share, staff
+
+from moderation import filters
+from moderation.models import AuditEntry, ModerationDecision, ModerationFlag
+from moderation.rules import RULES, Rule, default_rule, rules_forget
+from moderation.screening import outlier_scan, outlier_scores
+from moderation.services import rule_update
+from pool.models import ModerationStatus
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rules():
+    rules_forget()
+    yield
+    rules_forget()
+
+
+def set_rule(key: str, *, enabled: bool = True, action: str = "hold", **params) -> None:
+    rule_update(
+        actor=staff(),
+        key=key,
+        enabled=enabled,
+        action=action,
+        params={**default_rule(key).params, **params},
+    )
+    rules_forget()
+
+
+def flags_of(rollout) -> list[str]:
+    return sorted(ModerationFlag.objects.filter(rollout=rollout).values_list("rule", flat=True))
+
+
+def assert_clean(rollout) -> None:
+    rollout.refresh_from_db()
+    assert rollout.moderation_status == ModerationStatus.OK
+    assert rollout.sampleable
+    assert flags_of(rollout) == []
+
+
+def assert_held(rollout, rule: str) -> None:
+    rollout.refresh_from_db()
+    assert rollout.moderation_status == ModerationStatus.HELD
+    assert not rollout.sampleable
+    assert rule in flags_of(rollout)
+    decision = ModerationDecision.objects.get(rollout=rollout)
+    assert decision.rule == rule and decision.status == "held"
+    assert AuditEntry.objects.filter(rule=rule, action="auto_hold", target_id=str(rollout.id)).exists()
+
+
+# --- verification ---------------------------------------------------------------------------------
+
+
+def test_a_verification_mismatch_is_an_audited_automatic_verdict():
+    node = make_node()
+    forged = group(3)
+    forged["rewards"] = [1.0] * len(forged["completions"])
+    good = group(4)
+    bad_row, good_row = share(node, forged, good)
+    assert bad_row.verdict == "rejected" and bad_row.reason == "reward_mismatch"
+    entry = AuditEntry.objects.get(action="auto_verdict", target_id=str(bad_row.id))
+    assert entry.rule == "verification" and entry.actor is None and entry.reason == "reward_mismatch"
+    assert not AuditEntry.objects.filter(target_id=str(good_row.id)).exists()
+    assert_clean(good_row)
+
+
+# --- copies ---------------------------------------------------------------------------------------
+
+
+def test_an_exact_copy_of_another_nodes_group_is_held_and_the_original_is_not():
+    author, copier, honest = make_node(), make_node(), make_node()
+    g = group(11)
+    (original,) = share(author, group(11, completions=long_reasoning(g)))
+    (copy,) = share(copier, group(11, completions=[c.upper() + "  " for c in long_reasoning(g)]))  # same normalised
+    (own_words,) = share(honest, group(11, completions=long_reasoning(g, variant=" in a completely different way")))
+    assert_clean(original)
+    assert_held(copy, "duplicate_exact")
+    flag = ModerationFlag.objects.get(rollout=copy)
+    assert flag.data["sources"] == [str(original.id)]
+    assert "duplicate_exact" not in flags_of(own_words)
+
+
+def test_the_same_node_resharing_its_own_text_is_not_a_copy():
+    node = make_node()
+    g = group(12)
+    share(node, group(12, completions=long_reasoning(g)))
+    (again,) = share(node, group(12, completions=long_reasoning(g)))
+    assert_clean(again)
+
+
+def test_short_identical_answers_are_not_copies():
+    g = group(13)
+    short = [f"<answer>{g['answer']}</answer>", "<answer>1</answer>"]
+    share(make_node(), group(13, completions=short))
+    (second,) = share(make_node(), group(13, completions=short))
+    assert_clean(second)
+
+
+def test_a_near_copy_is_caught_by_the_near_rule():
+    g = group(14)
+    share(make_node(), group(14, completions=long_reasoning(g)))
+    tweaked = [c.replace("carefully", "carefuly") for c in long_reasoning(g)]  # one typo per completion
+    (near,) = share(make_node(), group(14, completions=tweaked))
+    assert_held(near, "duplicate_near")
+
+
+def test_simhash_distance_is_small_for_near_texts_and_large_for_different_ones():
+    a = filters.simhash(filters.normalise("the quick brown fox jumps over the lazy dog " * 4))
+    b = filters.simhash(filters.normalise("the quick brown fox jumps over the lazy cat " * 4))
+    c = filters.simhash(filters.normalise("completely unrelated text about arithmetic and carrying digits"))
+    assert filters.hamming(a, b) <= 8
+    assert filters.hamming(a, c) > 12
+
+
+# --- length and character classes -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 7000 + " <answer>1</answer>",  # too long
+        "\u200b\u200e\x07" * 30 + "<answer>1</answer>",  # non-printable
+        "数学" * 40 + "<answer>1</answer>",  # mostly non-ASCII
+        "a" * 100 + "<answer>1</answer>",  # repeated characters
+    ],
+    ids=["too-long", "non-printable", "non-ascii", "repeated"],
+)
+def test_length_and_character_limits_hold_a_group(text):
+    g = group(20)
+    (row,) = share(make_node(), group(20, completions=[f"<answer>{g['answer']}</answer>", text]))
+    assert_held(row, "length")
+
+
+def test_ordinary_text_passes_the_length_rule():
+    g = group(21)
+    (row,) = share(make_node(), group(21, completions=[*long_reasoning(g), "Résumé: naïve café. <answer>0</answer>"]))
+    assert_clean(row)
+
+
+# --- blocklist ------------------------------------------------------------------------------------
+
+
+def test_a_blocklisted_pattern_holds_a_group_and_flag_only_keeps_it_sampleable():
+    set_rule("blocklist", patterns=[r"buy\s+cheap\s+\w+", "casino"])
+    g = group(30)
+    (spam,) = share(make_node(), group(30, completions=[f"Buy  CHEAP pills <answer>{g['answer']}</answer>", "no"]))
+    (clean,) = share(make_node(), group(31))
+    assert_held(spam, "blocklist")
+    assert_clean(clean)
+
+    set_rule("blocklist", action="flag", patterns=["casino"])
+    g = group(32)
+    (flagged,) = share(make_node(), group(32, completions=[f"casino <answer>{g['answer']}</answer>", "no"]))
+    flagged.refresh_from_db()
+    assert flagged.moderation_status == ModerationStatus.OK and flagged.sampleable
+    assert flags_of(flagged) == ["blocklist"]
+    assert AuditEntry.objects.filter(rule="blocklist", action="auto_flag", target_id=str(flagged.id)).exists()
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["(a+)+$", "(a|aa)*b", r"(\w+)\1", "(?=x)y", "(x*)*", "a{2,}{3}", "[", "x" * 201],
+    ids=[
+        "nested-plus",
+        "alternation-in-star",
+        "backref",
+        "lookahead",
+        "nested-star",
+        "nested-count",
+        "broken",
+        "too-long",
+    ],
+)
+def test_dangerous_or_broken_patterns_are_refused(pattern):
+    with pytest.raises(filters.BlocklistError):
+        filters.validate_pattern(pattern)
+
+
+def test_safe_patterns_are_accepted():
+    assert filters.validate_patterns([r"buy\s+cheap", r"\bhttps?://\S+", "(foo|bar) baz", "[a-z]{3,8}\\d+"])
+
+
+def test_a_disabled_rule_does_nothing():
+    set_rule("length", enabled=False)
+    g = group(22)
+    (row,) = share(make_node(), group(22, completions=["y" * 7000, f"<answer>{g['answer']}</answer>"]))
+    assert_clean(row)
+
+
+# --- outlier nodes --------------------------------------------------------------------------------
+
+
+def rule(key: str, **params) -> Rule:
+    base = default_rule(key)
+    return Rule(key, True, base.action, {**base.params, **params})
+
+
+def test_outlier_scores_flag_only_the_far_node():
+    means = [(1, 30, 0.40), (2, 30, 0.45), (3, 30, 0.42), (4, 30, 0.38), (5, 30, 0.99), (6, 5, 0.0)]
+    outliers = outlier_scores(means, rule("outlier"))
+    assert set(outliers) == {5}  # node 6 has too few groups to be judged
+    assert outliers[5][0] > 3
+
+
+def test_outlier_scores_need_enough_other_nodes():
+    assert outlier_scores([(1, 30, 0.1), (2, 30, 0.9), (3, 30, 0.1)], rule("outlier")) == {}
+
+
+def test_outlier_scan_flags_the_node_for_review_without_rejecting():
+    nodes = [make_node() for _ in range(4)]
+    for n, node in enumerate(nodes):
+        groups = []
+        for i in range(4):
+            if n == 3:  # always right
+                groups.append(group(100 + 10 * n + i, right=4, wrong=0))
+            else:
+                groups.append(group(100 + 10 * n + i, right=1, wrong=3))
+        share(node, *groups)
+    flags = outlier_scan(dataset="basic_arithmetic", rule=rule("outlier", min_groups=3, z_threshold=2.0))
+    assert [f.node_id for f in flags] == [nodes[3].id]
+    assert AuditEntry.objects.filter(rule="outlier", target_type="node", target_id=str(nodes[3].id)).exists()
+    assert not nodes[3].rollouts.exclude(moderation_status=ModerationStatus.OK).exists()
+    # An open flag is not repeated by the next scan.
+    assert outlier_scan(dataset="basic_arithmetic", rule=rule("outlier", min_groups=3, z_threshold=2.0)) == []
+
+
+def test_every_rule_has_defaults_that_validate():
+    from moderation.rules import clean_params
+
+    for key in RULES:
+        assert clean_params(key, {}) == default_rule(key).params

@@ -1,0 +1,110 @@
+"""Bans through the real node socket: an open socket is closed with 4403 at once (channel layer), a
+reconnect is refused, the groups leave the pool; a contributor ban closes every node of theirs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async as db
+from channels.testing import WebsocketCommunicator
+from factories import make_node_with_token, make_user
+from test_moderation_support import group, share, staff
+
+from config.asgi import application
+from moderation.models import AuditEntry
+from moderation.services import contributor_ban, node_ban
+from pool import ratelimit
+from pool.models import Rollout
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT = 5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_counts():
+    ratelimit.reset_local()
+    yield
+    ratelimit.reset_local()
+
+
+async def open_socket(token: str) -> WebsocketCommunicator:
+    socket = WebsocketCommunicator(application, "/ws/node/", headers=[(b"authorization", f"Bearer {token}".encode())])
+    connected, _ = await socket.connect(timeout=TIMEOUT)
+    assert connected
+    await socket.send_to(text_data=json.dumps({"type": "hello", "v": 1, "client": "t", "model": "m", "hardware": "h"}))
+    reply = await socket.receive_json_from(timeout=TIMEOUT)
+    assert reply["type"] == "welcome", reply
+    return socket
+
+
+async def close_code(socket: WebsocketCommunicator) -> int:
+    output = await socket.receive_output(timeout=TIMEOUT)
+    assert output["type"] == "websocket.close", output
+    await socket.send_input({"type": "websocket.disconnect", "code": output["code"]})
+    await socket.wait(TIMEOUT)
+    return output["code"]
+
+
+async def refused_code(token: str) -> int:
+    socket = WebsocketCommunicator(application, "/ws/node/", headers=[(b"authorization", f"Bearer {token}".encode())])
+    connected, _ = await socket.connect(timeout=TIMEOUT)
+    assert connected  # accepted first, then closed with a code (see the consumer)
+    return await close_code(socket)
+
+
+async def test_banning_a_node_closes_its_open_socket_with_4403_and_refuses_reconnects():
+    node, token = await db(make_node_with_token)(name="forger")
+    rows = await db(share)(node, group(1), group(2))
+    moderator = await db(staff)()
+    socket = await open_socket(token)
+
+    await db(node_ban)(actor=moderator, node=node, reason="forged rewards")
+
+    assert await close_code(socket) == 4403
+    assert await refused_code(token) == 4403
+    statuses = await db(
+        lambda: set(Rollout.objects.filter(id__in=[r.id for r in rows]).values_list("moderation_status", "sampleable"))
+    )()
+    assert statuses == {("quarantined", False)}
+    entry = await db(AuditEntry.objects.get)(action="ban_node")
+    assert (entry.target_id, entry.count, entry.reason) == (str(node.id), 2, "forged rewards")
+
+
+async def test_banning_a_contributor_closes_all_their_nodes_sockets():
+    owner = await db(make_user)(username="spammer")
+    bystander = await db(make_user)(username="bystander")
+    first, first_token = await db(make_node_with_token)(owner=owner, name="one")
+    second, second_token = await db(make_node_with_token)(owner=owner, name="two")
+    _, other_token = await db(make_node_with_token)(owner=bystander, name="three")
+    await db(share)(first, group(3))
+    await db(share)(second, group(4))
+    moderator = await db(staff)()
+    sockets = [await open_socket(first_token), await open_socket(second_token)]
+    innocent = await open_socket(other_token)
+
+    await db(contributor_ban)(actor=moderator, user=owner, reason="spam ring")
+
+    assert [await close_code(s) for s in sockets] == [4403, 4403]
+    assert await refused_code(second_token) == 4403
+    # The bystander's socket is still open and served.
+    await innocent.send_to(text_data=json.dumps({"type": "sample", "v": 1, "n": 4}))
+    reply = await innocent.receive_json_from(timeout=TIMEOUT)
+    assert reply["type"] == "samples" and reply["rollouts"] == []  # the banned contributor's groups are out
+    await innocent.disconnect()
+    count = await db(lambda: Rollout.objects.filter(node__owner=owner, moderation_status="quarantined").count())()
+    assert count == 2
+
+
+async def test_a_low_trust_node_gets_a_smaller_message_quota(settings):
+    settings.SAPO_LIMITS = {"max_messages_per_minute": 10}
+    node, token = await db(make_node_with_token)(name="newcomer")
+    socket = await open_socket(token)  # quota: int(10 * (0.25 + 0.75 * 0.1)) = 3 messages a minute
+    hello = json.dumps({"type": "hello", "v": 1, "client": "t", "model": "m", "hardware": "h"})
+    replies = []
+    for _ in range(3):
+        await socket.send_to(text_data=hello)
+        replies.append((await socket.receive_json_from(timeout=TIMEOUT))["type"])
+    assert replies == ["welcome", "welcome", "error"]  # the hello in open_socket counted as the first
+    await socket.disconnect()

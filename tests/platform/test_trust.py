@@ -1,0 +1,113 @@
+"""Node trust: the formula, what raises and resets it, and what it changes (quota, holds)."""
+
+from __future__ import annotations
+
+import pytest
+from factories import make_node
+from test_moderation_support import group, share, staff
+
+from moderation.models import TrustRecord
+from moderation.rules import default_rule, rules_forget
+from moderation.services import rollout_moderate, rule_update
+from moderation.trust import node_message_quota, sample_acceptance, trust_for_node, trust_value
+from pool.models import ModerationStatus
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rules():
+    rules_forget()
+    yield
+    rules_forget()
+
+
+def set_rule(key: str, *, enabled: bool = True, action: str = "hold", **params) -> None:
+    rule_update(actor=staff(), key=key, enabled=enabled, action=action, params={**default_rule(key).params, **params})
+    rules_forget()
+
+
+def forged(index: int) -> dict:
+    g = group(index)
+    g["rewards"] = [1.0] * len(g["rewards"])
+    return g
+
+
+def test_the_formula():
+    assert trust_value(0, 9) == pytest.approx(0.1)
+    assert trust_value(8, 9) == pytest.approx(0.5)
+    assert trust_value(90, 9) == pytest.approx(91 / 100)
+
+
+def test_a_run_of_accepted_groups_raises_trust_and_a_rejection_resets_it():
+    node = make_node()
+    assert trust_for_node(node.id) == pytest.approx(0.1)  # a new node
+    share(node, *[group(i) for i in range(1, 9)])
+    assert TrustRecord.objects.get(node=node).streak == 8
+    assert trust_for_node(node.id) == pytest.approx(0.5)
+
+    share(node, group(20), forged(21), group(22))  # the streak restarts after the rejection
+    record = TrustRecord.objects.get(node=node)
+    assert (record.streak, record.accepted, record.rejected) == (1, 10, 1)
+    assert trust_for_node(node.id) == pytest.approx(2 / 11)
+
+
+def test_a_moderator_rejection_resets_the_streak():
+    node = make_node()
+    rows = share(node, *[group(i) for i in range(30, 35)])
+    assert TrustRecord.objects.get(node=node).streak == 5
+    rollout_moderate(actor=staff(), rollout_id=rows[0].id, action="reject", reason="nonsense reasoning")
+    assert TrustRecord.objects.get(node=node).streak == 0
+
+
+def test_low_trust_lowers_the_message_quota():
+    fresh, steady = make_node(), make_node()
+    share(steady, *[group(i) for i in range(40, 48)])  # trust 0.5
+    assert node_message_quota(node_id=fresh.id, base=600) == int(600 * (0.25 + 0.75 * 0.1))
+    assert node_message_quota(node_id=steady.id, base=600) == int(600 * (0.25 + 0.75 * 0.5))
+    set_rule("trust", enabled=False)
+    assert node_message_quota(node_id=fresh.id, base=600) == 600
+
+
+def test_low_trust_can_hold_a_nodes_groups_for_review():
+    set_rule("low_trust", threshold=0.3)
+    node = make_node()
+    (first,) = share(node, group(50))
+    first.refresh_from_db()
+    assert first.moderation_status == ModerationStatus.HELD and not first.sampleable
+    share(node, *[group(i) for i in range(51, 60)])  # streak 10 -> trust 0.55
+    (later,) = share(node, group(60))
+    later.refresh_from_db()
+    assert later.moderation_status == ModerationStatus.OK and later.sampleable
+
+
+def test_sample_acceptance_is_linear_between_the_floor_and_one():
+    assert sample_acceptance(0.0, floor=0.1) == pytest.approx(0.1)
+    assert sample_acceptance(1.0, floor=0.1) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("enumerate_below", [512, 0], ids=["enumerated", "probed"])
+def test_trust_weighted_sampling_prefers_trusted_authors(monkeypatch, enumerate_below):
+    import random
+
+    import pool.selectors
+    from pool.selectors import rollout_sample
+
+    monkeypatch.setattr(pool.selectors, "ENUMERATE_BELOW", enumerate_below)
+    trusted, fresh, asker = make_node(), make_node(), make_node()
+    share(trusted, *[group(i) for i in range(100, 110)])
+    share(fresh, *[group(i) for i in range(200, 210)])
+    TrustRecord.objects.filter(node=trusted).update(streak=10_000)  # trust ~1.0
+    TrustRecord.objects.filter(node=fresh).update(streak=0)  # trust 0.1, as after a rejection
+    rng = random.Random(7)
+
+    def trusted_share(draws: int = 200) -> float:
+        hits = [rollout_sample(node=asker, n=1, window_seconds=86_400, rng=rng)[0].node_id for _ in range(draws)]
+        return hits.count(trusted.id) / draws
+
+    assert 0.35 < trusted_share() < 0.65  # weighting off: uniform
+    set_rule("trust", sample_weighting=True, sample_floor=0.01)
+    # Acceptance 1.0 vs 0.01 + 0.99 * 0.1 = 0.109: the trusted node's share is 1 / 1.109 = 0.90.
+    assert trusted_share() > 0.8
+    # Asking for more groups than the trusted node has still fills up from the others.
+    assert len(rollout_sample(node=asker, n=15, window_seconds=86_400, rng=rng)) == 15
