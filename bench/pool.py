@@ -4,7 +4,8 @@
     .venv/bin/python bench/pool.py --sizes 10000,100000 # quicker
 
 (a) Ingest: a daphne server on a loopback port (a subprocess) and `--connections` clients (the
-    `websockets` library) share honest groups; every completion is re-verified by the server and
+    `websockets` library) share honest groups (each node writes its own text: honest nodes are not
+    copies of each other); every completion is re-verified by the server and
     stored in PostgreSQL. The same rows are then written again by a plain bulk insert on the same
     server (executemany, one transaction per message-sized batch, and one COPY of everything): the
     ratio of the two rates is the price of the protocol, verification and ORM.
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -106,6 +108,14 @@ def make_nodes(count: int, prefix: str) -> list[tuple[object, str]]:
     return out
 
 
+REASONING_WORDS = (
+    "let me work through this step by step first the question asks for a value so I compute each part "
+    "then check the result against the constraints carry the digit subtract multiply divide add compare "
+    "count convert simplify because therefore which means so the answer should be clear now verify again "
+    "looking at the numbers we see that it follows from the previous line and this gives us"
+).split()
+
+
 def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
     """Per connection, its share frames (JSON text): honest groups, half right and half wrong."""
     from tqdm import tqdm
@@ -113,11 +123,22 @@ def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
     from sapo_node.tasks import CATALOGUES, build_entry, score_completion
 
     catalogue = CATALOGUES[args.catalogue]
-    filler = ("Let me work through this step by step. " * 20)[: max(0, args.completion_chars - 40)]
+
+    def reasoning(rng: random.Random) -> str:
+        # Each node writes its own reasoning: with one filler shared by every node, the same question
+        # drawn by two nodes made byte-identical groups, which the duplicate rules rightly hold as copies.
+        words: list[str] = []
+        size = 0
+        while size < args.completion_chars - 40:
+            words.append(rng.choice(REASONING_WORDS))
+            size += len(words[-1]) + 1
+        return " ".join(words)[: max(0, args.completion_chars - 40)]
+
     frames: list[list[str]] = []
     total = args.connections * args.messages * args.groups
     with tqdm(total=total, desc="building groups", unit="group", leave=False) as bar:
         for c in range(args.connections):
+            rng = random.Random(seeds[c])
             mine = []
             for m in range(args.messages):
                 groups = []
@@ -126,7 +147,7 @@ def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
                     index = m * args.groups + g
                     entry = build_entry(spec, seeds[c], index)
                     completions = [
-                        f"{filler}<answer>{entry['answer'] if k % 2 == 0 else 'no idea'}</answer>"
+                        f"{reasoning(rng)} <answer>{entry['answer'] if k % 2 == 0 else 'no idea'}</answer>"
                         for k in range(args.completions)
                     ]
                     groups.append(

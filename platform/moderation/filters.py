@@ -17,15 +17,18 @@ from moderation.rules import Rule
 
 # --- normalising and fingerprints -----------------------------------------------------------------
 
-_WS_RE = re.compile(r"\s+")
 SHINGLE = 4
 SIMHASH_CHARS = 4000
 _MASK64 = (1 << 64) - 1
 
 
 def normalise(text: str) -> str:
-    """What "the same text" means for copies: NFKC, case-folded, runs of whitespace as one space."""
-    return _WS_RE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+    """What "the same text" means for copies: NFKC, case-folded, runs of whitespace as one space.
+
+    ASCII text (nearly every completion) skips NFKC and casefold, which are the identity and `lower()`
+    on ASCII; `str.split()` splits on exactly the characters `re`'s `\\s` matches."""
+    folded = text.lower() if text.isascii() else unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(folded.split())
 
 
 def text_hash(normalised: str) -> str:
@@ -36,48 +39,82 @@ def question_hash(question: str) -> str:
     return hashlib.sha1(normalise(question).encode("utf-8")).hexdigest()  # noqa: S324 - a key, not a secret
 
 
+_FNV = np.uint64(1099511628211)
+_ONE = np.uint64(1)
+_S33 = np.uint64(33)
 _MIX1 = np.uint64(0xFF51AFD7ED558CCD)
 _MIX2 = np.uint64(0xC4CEB9FE1A85EC53)
-_SHIFTS = np.arange(64, dtype=np.uint64)
+# Bit counting 4 bits per uint64 add: word j of a hash keeps its bits j, 16+j, 32+j and 48+j, one in each
+# 16-bit lane. A text has at most 4 * SIMHASH_CHARS windows (< 2**16), so no lane overflows into the next.
+_LANE_SHIFTS = np.arange(16, dtype=np.uint64)[:, None]
+_LANE_MASK = np.uint64(0x0001000100010001)
+_LANES = np.array([0, 16, 32, 48], dtype=np.uint64)
+_LANE_BITS = np.uint64(0xFFFF)
 
 
-def _gram_hashes(data: bytes) -> np.ndarray:
-    """A 64-bit hash of every SHINGLE-byte window of `data` (vectorised; uint64 arithmetic wraps)."""
-    raw = np.frombuffer(data, dtype=np.uint8).astype(np.uint64)
-    if raw.size < SHINGLE:
-        raw = np.concatenate([raw, np.zeros(SHINGLE - raw.size, dtype=np.uint64)])
+def simhashes(normalised: Sequence[str]) -> list[int]:
+    """The 64-bit simhash of each text's byte 4-grams (first SIMHASH_CHARS characters), as a signed int
+    (fits PostgreSQL bigint and JSON). Near-identical texts differ in few bits.
+
+    Every gram of a text gets a 64-bit hash (FNV-style over its 4 bytes, then murmur3's finaliser, which
+    spreads every input bit over all 64 output bits); bit b of the simhash is set when more than half the
+    grams have it set. All texts are hashed in one numpy pass over their concatenation (a text shorter
+    than 4 bytes is padded with zero bytes); the windows straddling two texts are computed and ignored.
+    """
+    if not normalised:
+        return []
+    datas = [t[:SIMHASH_CHARS].encode("utf-8") for t in normalised]
+    datas = [d if len(d) >= SHINGLE else d + bytes(SHINGLE - len(d)) for d in datas]
+    lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
+    raw = np.frombuffer(b"".join(datas), dtype=np.uint8).astype(np.uint64)
     n = raw.size - SHINGLE + 1
-    h = np.zeros(n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for k in range(SHINGLE):
-            h = h * np.uint64(1099511628211) + raw[k : k + n] + np.uint64(1)
-        # murmur3's finaliser: spreads every input bit over all 64 output bits
-        h ^= h >> np.uint64(33)
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as intended
+        h = raw[:n] + _ONE
+        for k in range(1, SHINGLE):
+            h *= _FNV
+            h += raw[k : k + n]
+            h += _ONE
+        h ^= h >> _S33
         h *= _MIX1
-        h ^= h >> np.uint64(33)
+        h ^= h >> _S33
         h *= _MIX2
-        h ^= h >> np.uint64(33)
-    return h
+        h ^= h >> _S33
+    windows = lengths - SHINGLE + 1  # (m,)
+    starts = np.cumsum(lengths) - lengths
+    bounds = np.empty(2 * len(datas), dtype=np.int64)  # each text's windows: [start, start + windows)
+    bounds[0::2] = starts
+    bounds[1::2] = starts + windows
+    if bounds[-1] == n:
+        bounds = bounds[:-1]
+    spread = (h[None, :] >> _LANE_SHIFTS) & _LANE_MASK  # (16, n)
+    sums = np.add.reduceat(spread, bounds, axis=1)[:, 0::2]  # (16, m)
+    ones = (sums[:, :, None] >> _LANES) & _LANE_BITS  # (16 j, m, 4 lanes): the count of bit 16 * lane + j
+    ones = ones.transpose(1, 2, 0).reshape(len(datas), 64).astype(np.int64)  # (m, 64): bit b in column b
+    majority = 2 * ones > windows[:, None]
+    return np.packbits(majority, axis=1, bitorder="little").view("<i8").ravel().tolist()
 
 
 def simhash(normalised: str) -> int:
-    """64-bit simhash of the text's byte 4-grams (first SIMHASH_CHARS characters), as a signed int
-    (fits PostgreSQL bigint and JSON). Near-identical texts differ in few bits."""
-    hashes = _gram_hashes(normalised[:SIMHASH_CHARS].encode("utf-8"))
-    ones = ((hashes[:, None] >> _SHIFTS) & np.uint64(1)).sum(axis=0, dtype=np.int64)
-    value = sum(1 << bit for bit in range(64) if 2 * int(ones[bit]) > hashes.size)
-    return value - (1 << 64) if value >= 1 << 63 else value
+    """The simhash of one text (see `simhashes`)."""
+    return simhashes([normalised])[0]
 
 
 def hamming(a: int, b: int) -> int:
     return ((a ^ b) & _MASK64).bit_count()
 
 
-def bands(value: int) -> list[tuple[int, int]]:
-    """The simhash cut in 4 bands of 16 bits. Two hashes within Hamming distance 3 share at least one
-    band exactly (pigeonhole), so near copies are found by 4 dictionary lookups, not by all pairs."""
-    value &= _MASK64
-    return [(i, (value >> (16 * i)) & 0xFFFF) for i in range(4)]
+#: Simhashes are cut in 4 bands of 16 bits. Two hashes within Hamming distance 3 share at least one band
+#: exactly (pigeonhole), so near copies are found by looking up 4 band values, never by comparing all pairs.
+BANDS = 4
+#: At most this many candidates are kept per band value (the first ones added): a degenerate band (very
+#: common text) stays bounded.
+BAND_BUCKET = 64
+
+
+def _band_keys(hashes: np.ndarray) -> np.ndarray:
+    """(BANDS, n) band values of uint64 hashes: row i holds bits 16*i .. 16*i+15."""
+    shifts = np.arange(BANDS, dtype=np.uint64)[:, None] * np.uint64(16)
+    return (hashes[None, :] >> shifts) & np.uint64(0xFFFF)
 
 
 @dataclass(frozen=True)
@@ -87,97 +124,207 @@ class Fingerprint:
     lengths: list[int]  # normalised length of each completion
 
 
+def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
+    """The fingerprints of several groups' completions (one per group, in order), the simhashes of all
+    of them computed in one pass: a share's groups cost one numpy call, not one per completion."""
+    normalised = [[normalise(c) for c in completions] for completions in groups]
+    hashes = simhashes([n for group in normalised for n in group])
+    out = []
+    at = 0
+    for group in normalised:
+        out.append(
+            Fingerprint(
+                exact=[text_hash(n) for n in group],
+                simhash=hashes[at : at + len(group)],
+                lengths=[len(n) for n in group],
+            )
+        )
+        at += len(group)
+    return out
+
+
 def fingerprint(completions: Sequence[str]) -> Fingerprint:
-    normalised = [normalise(c) for c in completions]
-    return Fingerprint(
-        exact=[text_hash(n) for n in normalised],
-        simhash=[simhash(n) for n in normalised],
-        lengths=[len(n) for n in normalised],
-    )
+    return fingerprints([completions])[0]
 
 
 class CopyIndex:
-    """The completions of other nodes' recent groups, indexed for exact and near lookups."""
+    """The completions of other nodes' recent groups, indexed for exact and near lookups.
+
+    Exact: a dict from text hash to the first group holding it. Near: per band, the candidates' band
+    values sorted (stably, so equal values keep the order they were added in); a lookup is a binary
+    search per band for a whole group's hashes at once, then a distance check of the at most
+    BAND_BUCKET candidates sharing that band value, bands in order, candidates in the order added.
+    """
 
     def __init__(self) -> None:
         self.exact: dict[str, str] = {}  # text hash -> rollout id
-        self.band: dict[tuple[int, int], list[tuple[int, str]]] = {}  # band -> [(simhash, rollout id)]
+        self._ids: list[str] = []  # rollout ids, in the order added
+        self._owner: list[int] = []  # per candidate simhash: its index in _ids
+        self._hashes: list[int] = []  # candidate simhashes (signed, as stored)
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (BANDS, n) sorted band values, their order
 
     def add(self, rollout_id: str, exact: Sequence[str], hashes: Sequence[int]) -> None:
         for h in exact:
-            self.exact.setdefault(h, rollout_id)
-        for s in hashes:
-            for b in bands(s):
-                bucket = self.band.setdefault(b, [])
-                if len(bucket) < 64:  # a degenerate band (very common text) stays bounded
-                    bucket.append((s, rollout_id))
+            if h not in self.exact:
+                self.exact[h] = rollout_id
+        self._owner += [len(self._ids)] * len(hashes)
+        self._hashes += hashes
+        self._ids.append(rollout_id)
+        self._sorted = None
 
     def exact_match(self, h: str) -> str | None:
         return self.exact.get(h)
 
-    def near_match(self, s: int, max_distance: int) -> str | None:
-        for b in bands(s):
-            for other, rollout_id in self.band.get(b, ()):
-                if hamming(s, other) <= max_distance:
-                    return rollout_id
-        return None
+    def _bands(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._sorted is None:
+            keys = _band_keys(np.array(self._hashes, dtype=np.int64).view(np.uint64))
+            order = np.argsort(keys, axis=1, kind="stable")
+            self._sorted = (np.take_along_axis(keys, order, axis=1), order)
+        return self._sorted
+
+    def near_matches(self, hashes: Sequence[int], max_distance: int) -> list[str | None]:
+        """For each simhash, the first candidate group within `max_distance` bits (bands in order, then
+        candidates in the order added), or None."""
+        found: list[str | None] = [None] * len(hashes)
+        if not hashes or not self._hashes:
+            return found
+        keys, order = self._bands()
+        probes = _band_keys(np.array(hashes, dtype=np.int64).view(np.uint64))
+        starts = np.stack([np.searchsorted(keys[i], probes[i], side="left") for i in range(BANDS)])
+        ends = np.minimum(
+            np.stack([np.searchsorted(keys[i], probes[i], side="right") for i in range(BANDS)]), starts + BAND_BUCKET
+        )
+        # Only the hashes sharing a band value with some candidate are compared (few, unless copied).
+        sharing = np.flatnonzero((ends > starts).any(axis=0))
+        lows_highs = zip(starts[:, sharing].T.tolist(), ends[:, sharing].T.tolist(), strict=True)
+        for j, (lows, highs) in zip(sharing.tolist(), lows_highs, strict=True):
+            value = hashes[j]
+            for i in range(BANDS):
+                for k in order[i, lows[i] : highs[i]].tolist():
+                    if hamming(value, self._hashes[k]) <= max_distance:
+                        found[j] = self._ids[self._owner[k]]
+                        break
+                if found[j] is not None:
+                    break
+        return found
+
+    def near_match(self, h: int, max_distance: int) -> str | None:
+        return self.near_matches([h], max_distance)[0]
+
+
+def copy_findings(
+    fps: Sequence[Fingerprint], index: CopyIndex, rule: Rule, *, near: bool
+) -> list[tuple[str, list[str]] | None]:
+    """Per group: (detail, [source rollout ids]) when at least `min_share` of its completions of at least
+    `min_chars` normalised characters copy another node's; None otherwise (or when none are long).
+    The near lookups of all the groups are one vectorised call."""
+    long_enough = [[i for i, n in enumerate(fp.lengths) if n >= rule["min_chars"]] for fp in fps]
+    if near:
+        flat = index.near_matches(
+            [fp.simhash[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen], rule["max_distance"]
+        )
+    else:
+        flat = [index.exact_match(fp.exact[i]) for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen]
+    findings: list[tuple[str, list[str]] | None] = []
+    at = 0
+    for chosen in long_enough:
+        sources = [m for m in flat[at : at + len(chosen)] if m is not None]
+        at += len(chosen)
+        if not sources or len(sources) / len(chosen) < rule["min_share"]:
+            findings.append(None)
+            continue
+        kind = "near copies" if near else "exact copies"
+        detail = f"{len(sources)} of {len(chosen)} completions are {kind} of other nodes' groups"
+        findings.append((detail, sorted(set(sources))))
+    return findings
 
 
 def copy_finding(fp: Fingerprint, index: CopyIndex, rule: Rule, *, near: bool) -> tuple[str, list[str]] | None:
-    """(detail, [source rollout ids]) when at least `min_share` of the group's completions of at least
-    `min_chars` normalised characters copy another node's; None otherwise (or when none are long)."""
-    long_enough = [i for i, n in enumerate(fp.lengths) if n >= rule["min_chars"]]
-    if not long_enough:
-        return None
-    sources: list[str] = []
-    for i in long_enough:
-        if near:
-            source = index.near_match(fp.simhash[i], rule["max_distance"])
-        else:
-            source = index.exact_match(fp.exact[i])
-        if source is not None:
-            sources.append(source)
-    share = len(sources) / len(long_enough)
-    if not sources or share < rule["min_share"]:
-        return None
-    kind = "near copies" if near else "exact copies"
-    detail = f"{len(sources)} of {len(long_enough)} completions are {kind} of other nodes' groups"
-    return detail, sorted(set(sources))
+    """`copy_findings` for one group."""
+    return copy_findings([fp], index, rule, near=near)[0]
 
 
 # --- length and character classes -----------------------------------------------------------------
 
 
-_NONPRINTABLE_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
+#: Non-printable: controls other than tab/newline/carriage return, zero-width and bidi marks, BOM; as a
+#: lookup table over the Basic Multilingual Plane (no code point above it is in these ranges).
+_NONPRINTABLE = ((0x00, 0x08), (0x0B, 0x0C), (0x0E, 0x1F), (0x7F, 0x9F), (0x200B, 0x200F), (0x202A, 0x202E),
+                 (0x2060, 0x2064), (0xFEFF, 0xFEFF))  # fmt: skip
+_NONPRINTABLE_TABLE = np.zeros(0x10001, dtype=bool)  # the last entry stands for every code point above the BMP
+for _lo, _hi in _NONPRINTABLE:
+    _NONPRINTABLE_TABLE[_lo : _hi + 1] = True
 
 
-def _shares(text: str) -> tuple[float, float, float]:
-    """Shares of non-printable (controls other than tab/newline, zero-width and bidi marks), non-ASCII
-    and repeated (equal to the previous) characters. Vectorised: C loops only."""
-    n = len(text)
-    nonprintable = len(_NONPRINTABLE_RE.findall(text))
-    non_ascii = n - len(text.encode("ascii", "ignore"))
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    repeats = int((codes[1:] == codes[:-1]).sum())
-    return nonprintable / n, non_ascii / n, repeats / n
+def _counts(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per text: its length and how many of its characters are non-printable, non-ASCII, and repeated
+    (equal to the previous one). All texts in one numpy pass over their concatenated code points."""
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    codes = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+    nonprintable = _NONPRINTABLE_TABLE[np.minimum(codes, 0x10000)]
+
+    def per_text(mask: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        total = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
+        return total[ends] - total[starts]
+
+    # pair k is (k, k + 1) and counts for the text holding both: its pairs are [start, end - 1); padded
+    # to one entry per character so that every index stays in range
+    repeated = np.concatenate((codes[1:] == codes[:-1], [False]))
+    return (
+        lengths,
+        per_text(nonprintable, ends),
+        per_text(codes > 127, ends),
+        per_text(repeated, np.maximum(starts, ends - 1)),
+    )
+
+
+def length_findings(groups: Sequence[Sequence[str]], rule: Rule) -> list[str | None]:
+    """Per group: its first completion breaking a length or character-class limit, described; None if
+    all pass. The character counts of all groups' completions are computed and compared in one pass;
+    only a group with a completion over a limit is looked at completion by completion."""
+    floor = max(1, rule["min_chars_for_shares"])
+    texts = [t for completions in groups for t in completions]
+    lengths, *counts = _counts(texts)
+    limits = (rule["max_nonprintable_share"], rule["max_non_ascii_share"], rule["max_repeat_share"])
+    over = lengths > rule["max_chars"]
+    shares_apply = lengths >= floor
+    for count, limit in zip(counts, limits, strict=True):
+        # int64 / int64 in float64 is the same correctly rounded quotient as Python's int / int
+        over |= shares_apply & (count / np.maximum(lengths, 1) > limit)
+    over_at = over.tolist()
+    findings: list[str | None] = []
+    at = 0
+    for completions in groups:
+        findings.append(None)
+        if any(over_at[at : at + len(completions)]):
+            findings[-1] = _first_over(completions, [c[at : at + len(completions)].tolist() for c in counts], rule)
+        at += len(completions)
+    return findings
+
+
+def _first_over(completions: Sequence[str], counts: list[list[int]], rule: Rule) -> str | None:
+    floor = max(1, rule["min_chars_for_shares"])
+    for i, text in enumerate(completions):
+        n = len(text)
+        if n > rule["max_chars"]:
+            return f"completion {i + 1} has {n} characters (limit {rule['max_chars']})"
+        if n < floor:
+            continue
+        for label, count, limit in (
+            ("non-printable", counts[0][i], rule["max_nonprintable_share"]),
+            ("non-ASCII", counts[1][i], rule["max_non_ascii_share"]),
+            ("repeated", counts[2][i], rule["max_repeat_share"]),
+        ):
+            if count / n > limit:
+                return f"completion {i + 1}: {count / n:.0%} {label} characters (limit {limit:.0%})"
+    return None
 
 
 def length_finding(completions: Sequence[str], rule: Rule) -> str | None:
     """The first completion breaking a length or character-class limit, described; None if all pass."""
-    for i, text in enumerate(completions):
-        if len(text) > rule["max_chars"]:
-            return f"completion {i + 1} has {len(text)} characters (limit {rule['max_chars']})"
-        if len(text) < max(1, rule["min_chars_for_shares"]):
-            continue
-        nonprintable, non_ascii, repeats = _shares(text)
-        for label, value, limit in (
-            ("non-printable", nonprintable, rule["max_nonprintable_share"]),
-            ("non-ASCII", non_ascii, rule["max_non_ascii_share"]),
-            ("repeated", repeats, rule["max_repeat_share"]),
-        ):
-            if value > limit:
-                return f"completion {i + 1}: {value:.0%} {label} characters (limit {limit:.0%})"
-    return None
+    return length_findings([completions], rule)[0]
 
 
 # --- the regex blocklist --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ see a group before its hold is set:
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import uuid
@@ -22,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import psycopg
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import F, Q, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Q
 from django.utils import timezone
 
 from moderation import filters
@@ -34,7 +35,6 @@ from moderation.models import (
     AuditEntry,
     ModerationDecision,
     ModerationFlag,
-    RolloutFingerprint,
     TargetType,
 )
 from moderation.rules import Rule, rules_current
@@ -68,23 +68,71 @@ class Screening:
         return {f.rollout_id for f in self.findings if f.hold}
 
 
+# The latest `per` fingerprints of other nodes' groups on each question, inside the window: one index
+# descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is.
+# Parameters bound server-side (as the pool's INSERT).
+_CANDIDATES_SQL = """
+SELECT f.rollout_id, f.exact::text, f.simhash::text
+FROM unnest(%(questions)b::text[]) AS q(hash)
+CROSS JOIN LATERAL (
+    SELECT rollout_id, exact, simhash FROM moderation_rolloutfingerprint
+    WHERE question_hash = q.hash AND created_at >= %(cutoff)s AND node_id <> %(node)s
+    ORDER BY created_at DESC
+    LIMIT %(per)s
+) AS f
+"""
+
+
 def _copy_index(node_id: int, question_hashes: set[str], rules: dict[str, Rule], now: datetime) -> filters.CopyIndex:
+    """Other nodes' recent fingerprints for these questions, indexed: one query for the whole share."""
     index = filters.CopyIndex()
     active = [r for r in (rules["duplicate_exact"], rules["duplicate_near"]) if r.enabled]
     if not active or not question_hashes:
         return index
-    cutoff = now - timedelta(hours=max(r["window_hours"] for r in active))
-    per_question = max(r["max_candidates"] for r in active)
-    candidates = (
-        RolloutFingerprint.objects.filter(question_hash__in=question_hashes, created_at__gte=cutoff)
-        .exclude(node_id=node_id)
-        .annotate(rank=Window(RowNumber(), partition_by=[F("question_hash")], order_by=F("created_at").desc()))
-        .filter(rank__lte=per_question)
-        .values_list("rollout_id", "exact", "simhash")
-    )
-    for rollout_id, exact, hashes in candidates:
-        index.add(str(rollout_id), exact, hashes)
+    params = {
+        "questions": sorted(question_hashes),
+        "cutoff": now - timedelta(hours=max(r["window_hours"] for r in active)),
+        "node": node_id,
+        "per": max(r["max_candidates"] for r in active),
+    }
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_CANDIDATES_SQL, params)
+        for rollout_id, exact, hashes in cursor.fetchall():
+            index.add(str(rollout_id), json.loads(exact), json.loads(hashes))
     return index
+
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _fingerprints_insert(
+    *, node_id: int, fingerprints: dict[uuid.UUID, tuple[str, filters.Fingerprint]], now: datetime
+) -> None:
+    """Store the groups' fingerprints (RolloutFingerprint) in one statement, parameters bound server-side
+    and the arrays in binary, as the pool's INSERT does: the ORM's bulk_create quoted each JSON list into
+    the SQL text, which cost more than the fingerprints themselves (docs/benchmarks.md, "Pool")."""
+    if not fingerprints:
+        return
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(
+            """
+            INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)
+            SELECT u.id, %(node)s, u.qh, u.exact::jsonb, u.simhash::jsonb, %(now)s
+            FROM unnest(%(id)b::uuid[], %(qh)b::text[], %(exact)b::text[], %(simhash)b::text[])
+                 AS u(id, qh, exact, simhash)
+            ON CONFLICT (rollout_id) DO NOTHING
+            """,
+            {
+                "node": node_id,
+                "now": now,
+                "id": list(fingerprints),
+                "qh": [qh for qh, _ in fingerprints.values()],
+                "exact": [_dumps(fp.exact) for _, fp in fingerprints.values()],
+                "simhash": [_dumps(fp.simhash) for _, fp in fingerprints.values()],
+            },
+        )
 
 
 def rollouts_screen(
@@ -97,7 +145,9 @@ def rollouts_screen(
     """Run the enabled automatic rules on a node's freshly verified groups (before they are stored).
 
     Only accepted groups are screened (rejected ones are never sampleable). At most one query: the
-    other nodes' recent fingerprints for the same questions. The pool stores the groups, then calls
+    other nodes' recent fingerprints for the same questions. Each completion is normalised and
+    fingerprinted once, and the character counts of the length rule taken, for the whole share in one
+    numpy pass each; every rule reuses the result. The pool stores the groups, then calls
     `rollouts_record` with this result in the same transaction.
     """
     now = now or timezone.now()
@@ -106,26 +156,29 @@ def rollouts_screen(
     accepted = [r for r in rollouts if checks[r.id].accepted]
     if not accepted:
         return screening
-    for r in accepted:
-        screening.fingerprints[r.id] = (filters.question_hash(r.question), filters.fingerprint(r.completions))
+    for r, fp in zip(accepted, filters.fingerprints([r.completions for r in accepted]), strict=True):
+        screening.fingerprints[r.id] = (filters.question_hash(r.question), fp)
     index = _copy_index(node_id, {qh for qh, _ in screening.fingerprints.values()}, rules, now)
     low_trust = rules["low_trust"]
     trust = trust_for_node(node_id) if low_trust.enabled else 1.0
 
-    for r in accepted:
+    length = rules["length"]
+    length_hits = filters.length_findings([r.completions for r in accepted], length) if length.enabled else []
+    fps = [screening.fingerprints[r.id][1] for r in accepted]
+    copies = {
+        key: filters.copy_findings(fps, index, rules[key], near=near)
+        for key, near in (("duplicate_exact", False), ("duplicate_near", True))
+        if rules[key].enabled
+    }
+
+    for n, r in enumerate(accepted):
         found: list[tuple[Rule, str, dict]] = []
-        _, fp = screening.fingerprints[r.id]
-        for key, near in (("duplicate_exact", False), ("duplicate_near", True)):
-            rule = rules[key]
-            if rule.enabled:
-                hit = filters.copy_finding(fp, index, rule, near=near)
-                if hit is not None:
-                    found.append((rule, hit[0], {"sources": hit[1][:10]}))
-                    break  # an exact copy is also a near one: report it once
-        if rules["length"].enabled:
-            detail = filters.length_finding(r.completions, rules["length"])
-            if detail:
-                found.append((rules["length"], detail, {}))
+        for key, hits in copies.items():
+            if hits[n] is not None:
+                found.append((rules[key], hits[n][0], {"sources": hits[n][1][:10]}))
+                break  # an exact copy is also a near one: report it once
+        if length.enabled and length_hits[n]:
+            found.append((length, length_hits[n], {}))
         if rules["blocklist"].enabled and rules["blocklist"]["patterns"]:
             detail = filters.blocklist_finding([r.question, r.answer or "", *r.completions], rules["blocklist"])
             if detail:
@@ -166,15 +219,10 @@ def rollouts_record(
             ],
             ignore_conflicts=True,
         )
-    RolloutFingerprint.objects.bulk_create(
-        [
-            RolloutFingerprint(
-                rollout_id=rid, node_id=node_id, question_hash=qh, exact=fp.exact, simhash=fp.simhash, created_at=now
-            )
-            for rid, (qh, fp) in screening.fingerprints.items()
-            if rid in inserted
-        ],
-        ignore_conflicts=True,
+    _fingerprints_insert(
+        node_id=node_id,
+        fingerprints={rid: v for rid, v in screening.fingerprints.items() if rid in inserted},
+        now=now,
     )
     ModerationFlag.objects.bulk_create(
         [

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from pool.models import Consumption, NodeRound, NodeTrust, Rollout
+from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
 
 
 @admin.register(Rollout)
@@ -14,9 +14,9 @@ class RolloutAdmin(admin.ModelAdmin):
     show_full_result_count = False  # counting millions of rows on every page is slow
 
 
-@admin.register(NodeTrust)
-class NodeTrustAdmin(admin.ModelAdmin):
-    list_display = ("node", "accepted_groups", "rejected_groups", "trust", "updated_at")
+@admin.register(NodeVerdictCounts)
+class NodeVerdictCountsAdmin(admin.ModelAdmin):
+    list_display = ("node", "accepted_groups", "rejected_groups", "updated_at")
     raw_id_fields = ("node",)
 
 

@@ -85,17 +85,21 @@ class Rollout(models.Model):
         return f"{self.dataset}#{self.index} by node {self.node_id} ({self.verdict})"
 
 
-class NodeTrust(models.Model):
-    """Per-node verification record. trust = (accepted + 1) / (accepted + rejected + 2)."""
+class NodeVerdictCounts(models.Model):
+    """How many of a node's groups the verifier accepted and rejected (an id conflict counts as a
+    rejection), counted once per group at ingest. Only counts: the node's trust is the moderation app's
+    (moderation.trust, docs/moderation.md, "Trust")."""
 
-    node = models.OneToOneField("nodes.Node", on_delete=models.CASCADE, primary_key=True, related_name="trust")
+    node = models.OneToOneField("nodes.Node", on_delete=models.CASCADE, primary_key=True, related_name="verdict_counts")
     accepted_groups = models.PositiveIntegerField(default=0)
     rejected_groups = models.PositiveIntegerField(default=0)
-    trust = models.FloatField(default=0.5)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        verbose_name_plural = "node verdict counts"
+
     def __str__(self) -> str:
-        return f"node {self.node_id}: trust {self.trust:.3f}"
+        return f"node {self.node_id}: {self.accepted_groups} accepted, {self.rejected_groups} rejected"
 
 
 class NodeRound(models.Model):

@@ -27,11 +27,13 @@ STATS_CACHE_SECONDS = 10
 
 # One round trip for the common case: the window's range of sample numbers, `k` distinct uniform
 # numbers in it, and the eligible groups they name (index lookups on the partial sample_seq index).
-# Rows come back for every number drawn, with NULL group columns for a miss.
+# Rows come back for every number drawn, with NULL group columns for a miss. The groups of one share
+# have the same created_at: `lo` is the smallest number among the oldest ones (ordering by created_at
+# alone picked any of them, and the window then lost the others).
 _DRAW_SQL = """
 WITH bounds AS (
     SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %(cutoff)s
-            ORDER BY created_at LIMIT 1) AS lo,
+            ORDER BY created_at, sample_seq LIMIT 1) AS lo,
            (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable) AS hi
 ), draws AS (
     SELECT DISTINCT b.lo + floor(random() * (b.hi - b.lo + 1))::bigint AS k
@@ -170,7 +172,8 @@ def rollout_get_public(*, rollout_id: uuid.UUID) -> Rollout:
 
 
 def rollout_list_for_node(*, node: Any, verdict: str | None = None, limit: int = 50) -> list[Rollout]:
-    """A node's latest groups, newest first (the contributor's inbox filters verdict="rejected")."""
+    """A node's latest groups, newest first, optionally of one verdict. (The contributor's inbox, with
+    moderation's reasons too, is moderation.selectors.rollout_inbox_list.)"""
     queryset = Rollout.objects.filter(node=node).order_by("-created_at")
     if verdict:
         queryset = queryset.filter(verdict=verdict)

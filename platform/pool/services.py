@@ -50,7 +50,8 @@ class ShareResult:
 # One statement per share: arrays in, one row per group, ON CONFLICT for concurrent replays, and a
 # sample number drawn only for rows that become sampleable. Parameters are bound server-side
 # (psycopg's default) rather than quoted into the SQL text as Django's cursor does: quoting the
-# completions was most of the ORM bulk_create's cost (docs/benchmarks.md, "Pool").
+# completions was most of the ORM bulk_create's cost (docs/benchmarks.md, "Pool"). The arrays go in
+# binary (%(...)b): text format escapes every element with a regular expression.
 _INSERT_SQL = """
 WITH inserted AS (
 INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
@@ -60,10 +61,10 @@ SELECT u.id, %(node)s, u.round, u.dataset, u.seed, u.index, u.question, u.answer
        u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason, 'ok',
        u.has_variance, u.sampleable,
        CASE WHEN u.sampleable THEN nextval('pool_rollout_sample_seq') END, %(now)s
-FROM unnest(%(id)s::uuid[], %(round)s::int[], %(dataset)s::text[], %(seed)s::bigint[], %(index)s::bigint[],
-            %(question)s::text[], %(answer)s::text[], %(completions)s::text[], %(count)s::int[],
-            %(claimed)s::text[], %(verified)s::text[], %(verdict)s::text[], %(reason)s::text[],
-            %(has_variance)s::bool[], %(sampleable)s::bool[])
+FROM unnest(%(id)b::uuid[], %(round)b::int[], %(dataset)b::text[], %(seed)b::bigint[], %(index)b::bigint[],
+            %(question)b::text[], %(answer)b::text[], %(completions)b::text[], %(count)b::int[],
+            %(claimed)b::text[], %(verified)b::text[], %(verdict)b::text[], %(reason)b::text[],
+            %(has_variance)b::bool[], %(sampleable)b::bool[])
      AS u(id, round, dataset, seed, index, question, answer, completions, completion_count, claimed,
           verified, verdict, reason, has_variance, sampleable)
 ON CONFLICT (id) DO NOTHING
@@ -71,14 +72,12 @@ RETURNING id, verdict
 ), counts AS (
     SELECT count(*) FILTER (WHERE verdict = 'accepted') AS a, count(*) FILTER (WHERE verdict <> 'accepted') AS r
     FROM inserted
-), trust AS (
-    INSERT INTO pool_nodetrust AS t (node_id, accepted_groups, rejected_groups, trust, updated_at)
-    SELECT %(node)s, a, r, (a + 1.0) / (a + r + 2.0), now() FROM counts WHERE a + r > 0
+), verdict_counts AS (
+    INSERT INTO pool_nodeverdictcounts AS t (node_id, accepted_groups, rejected_groups, updated_at)
+    SELECT %(node)s, a, r, now() FROM counts WHERE a + r > 0
     ON CONFLICT (node_id) DO UPDATE SET
         accepted_groups = t.accepted_groups + EXCLUDED.accepted_groups,
         rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
-        trust = (t.accepted_groups + EXCLUDED.accepted_groups + 1.0)
-              / (t.accepted_groups + EXCLUDED.accepted_groups + t.rejected_groups + EXCLUDED.rejected_groups + 2.0),
         updated_at = now()
 )
 SELECT id FROM inserted
@@ -87,8 +86,8 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def _insert_rollouts(node_id: int, rollouts: list[RolloutIn], checks: dict[uuid.UUID, Verification]) -> set[uuid.UUID]:
-    """Insert the groups and count them in the node's trust, in one statement (the caller holds a
-    transaction); return the ids actually inserted (an id already stored is left alone)."""
+    """Insert the groups and count their verdicts (NodeVerdictCounts), in one statement (the caller
+    holds a transaction); return the ids actually inserted (an id already stored is left alone)."""
     verdicts = [checks[r.id] for r in rollouts]
     variance = [c.accepted and has_variance(c.verified_rewards) for c in verdicts]
     params = {
@@ -116,20 +115,17 @@ def _insert_rollouts(node_id: int, rollouts: list[RolloutIn], checks: dict[uuid.
         return {row[0] for row in cursor.fetchall()}
 
 
-def _record_trust(node_id: int, accepted: int, rejected: int) -> None:
+def _count_verdicts(node_id: int, accepted: int, rejected: int) -> None:
     if not (accepted or rejected):
         return
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO pool_nodetrust AS t (node_id, accepted_groups, rejected_groups, trust, updated_at)
-            VALUES (%(node)s, %(a)s, %(r)s, (%(a)s + 1.0) / (%(a)s + %(r)s + 2.0), now())
+            INSERT INTO pool_nodeverdictcounts AS t (node_id, accepted_groups, rejected_groups, updated_at)
+            VALUES (%(node)s, %(a)s, %(r)s, now())
             ON CONFLICT (node_id) DO UPDATE SET
                 accepted_groups = t.accepted_groups + EXCLUDED.accepted_groups,
                 rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
-                trust = (t.accepted_groups + EXCLUDED.accepted_groups + 1.0)
-                      / (t.accepted_groups + EXCLUDED.accepted_groups
-                         + t.rejected_groups + EXCLUDED.rejected_groups + 2.0),
                 updated_at = now()
             """,
             {"node": node_id, "a": accepted, "r": rejected},
@@ -150,7 +146,8 @@ def rollout_share(*, node: Any, rollouts: Sequence[RolloutIn], catalogue: Catalo
     Idempotent per id: a group already stored for this node gets its stored verdict again and is not
     stored or counted twice; an id stored for another node gets `id_conflict` and nothing is stored.
     Rejected groups are stored with their reason (the contributor's inbox) but never sampleable.
-    Each group newly judged counts towards the node's trust (NodeTrust), id conflicts as rejections.
+    Each group newly judged is counted in the node's NodeVerdictCounts, id conflicts as rejections
+    (the node's trust is moderation's, updated by its hook in the same transaction).
     """
     # Verification is CPU only: done before the transaction opens, so no lock waits on it. A resent
     # group is verified again (resends are rare; a lookup first would cost every share a round trip).
@@ -189,7 +186,7 @@ def rollout_share(*, node: Any, rollouts: Sequence[RolloutIn], catalogue: Catalo
             else:
                 result.rejected.append({"id": str(r.id), "reason": reason})
         if conflicts:
-            _record_trust(node.id, 0, conflicts)
+            _count_verdicts(node.id, 0, conflicts)
         if sampleable:
             transaction.on_commit(lambda: _announce(node.id, sampleable))
     return result

@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from web import selectors
 from web.serializers import (
@@ -90,7 +91,8 @@ class MyNodeCurveApi(APIView):
 
 class MyInboxApi(APIView):
     @extend_schema(
-        responses=InboxItemSerializer(many=True), summary="My rejection inbox: rejected or moderated-out groups"
+        responses=InboxItemSerializer(many=True),
+        summary="My rejection inbox: groups rejected, quarantined or held, each with its reason",
     )
     def get(self, request: Request) -> Response:
-        return Response(InboxItemSerializer(selectors.rejection_inbox(owner=request.user), many=True).data)
+        return Response(InboxItemSerializer(rollout_inbox_list(owner=request.user), many=True).data)

@@ -14,13 +14,12 @@ from typing import Any
 from django.core.cache import cache
 from django.core.paginator import Page, Paginator
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.utils import timezone
 
-from accounts.models import User
 from nodes.models import ONLINE_WINDOW, Node
 from pool.limits import current_limits
-from pool.models import Consumption, ModerationStatus, NodeRound, Rollout, Verdict
+from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from web.models import DatasetHour, NodeHour, NodeStats
 from web.stats import (
     Measures,
@@ -38,7 +37,6 @@ ACCURACY_DAYS = 7
 NODE_CURVE_DAYS = 7
 AHA_RECENT_CONSUMPTIONS = 5000
 AHA_MIN_NODES = 2
-INBOX_LIMIT = 50
 POOL_COUNT_EXACT_BELOW = 100_000
 
 
@@ -318,7 +316,7 @@ def _pool_size(cutoff: datetime) -> int:
         cursor.execute(
             """
             SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %s
-                    ORDER BY created_at LIMIT 1),
+                    ORDER BY created_at, sample_seq LIMIT 1),
                    (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable)
             """,
             [cutoff],
@@ -388,17 +386,6 @@ def node_curve(*, node: Node, days: int = NODE_CURVE_DAYS) -> list[dict[str, Any
          "accepted": m.accepted, "rejected": m.rejected}
         for hour, m in sorted(hours.items())
     ]  # fmt: skip
-
-
-def rejection_inbox(*, owner: User, limit: int = INBOX_LIMIT) -> list[Rollout]:
-    """The contributor's groups the pool refused or moderation took out, newest first, with `node`."""
-    taken_out = [ModerationStatus.QUARANTINED, ModerationStatus.REJECTED]
-    return list(
-        Rollout.objects.filter(node__owner=owner)
-        .filter(Q(verdict=Verdict.REJECTED) | Q(moderation_status__in=taken_out))
-        .select_related("node")
-        .order_by("-created_at")[:limit]
-    )
 
 
 def last_reports(*, nodes: list[Node]) -> dict[int, NodeRound]:

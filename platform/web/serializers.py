@@ -98,11 +98,15 @@ class CurvePointSerializer(serializers.Serializer):
 
 
 class InboxItemSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    node = serializers.CharField(source="node.name")
-    dataset = serializers.CharField()
-    round = serializers.IntegerField()
-    verdict = serializers.CharField()
-    reason = serializers.CharField(help_text="Verification reason; empty when moderation took it out.")
-    moderation_status = serializers.CharField()
-    created_at = serializers.DateTimeField()
+    """One moderation.selectors.InboxEntry: a group out of the pool, and why."""
+
+    id = serializers.UUIDField(source="rollout.id")
+    node = serializers.CharField(source="rollout.node.name")
+    dataset = serializers.CharField(source="rollout.dataset")
+    index = serializers.IntegerField(source="rollout.index")
+    round = serializers.IntegerField(source="rollout.round")
+    state = serializers.CharField(help_text='"rejected" (verifier or moderator), "quarantined" or "held" (for review).')
+    code = serializers.CharField(help_text="The verifier's reason code, \"moderator\", or the automatic rule's key.")
+    reason = serializers.CharField(help_text="Why, in words: the verifier's reason, or the moderator's or rule's own.")
+    created_at = serializers.DateTimeField(source="rollout.created_at", help_text="When the group was shared.")
+    decided_at = serializers.DateTimeField(help_text="When it was rejected, quarantined or held.")

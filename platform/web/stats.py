@@ -31,7 +31,7 @@ from web.models import StatsCursor
 
 FOLD_LAG = timedelta(minutes=2)
 FOLD_EVERY_SECONDS = 15
-#: Nodes whose last activity (last_seen_at, or the pool's trust update at ingest) is this much
+#: Nodes whose last activity (last_seen_at, or the pool's verdict-count update at ingest) is this much
 #: older than the fold's start cannot have written rows in the folded range.
 ACTIVITY_MARGIN = timedelta(minutes=5)
 CREDIT_HALF_LIFE = timedelta(days=7)
@@ -143,11 +143,11 @@ def _last_id_before(table: str, *, after_id: int, cutoff: datetime) -> int:
 
 
 def _active_node_ids(since: datetime) -> list[int]:
-    """Nodes that may have written groups since `since` (seen, or their trust row touched at ingest)."""
+    """Nodes that may have written groups since `since` (seen, or their verdict counts touched at ingest)."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT n.id FROM nodes_node n LEFT JOIN pool_nodetrust t ON t.node_id = n.id
+            SELECT n.id FROM nodes_node n LEFT JOIN pool_nodeverdictcounts t ON t.node_id = n.id
             WHERE n.last_seen_at >= %(since)s OR t.updated_at >= %(since)s
             """,
             {"since": since - ACTIVITY_MARGIN},

@@ -12,6 +12,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from common.errors import ApplicationError, NotFound
+from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
 from web import selectors
@@ -128,7 +129,7 @@ def me(request: HttpRequest) -> HttpResponse:
     if new_token:
         context["new_token"] = new_token
         context.update(_install_context(request))
-    context["inbox"] = selectors.rejection_inbox(owner=request.user)
+    context["inbox"] = rollout_inbox_list(owner=request.user)
     context["banned"] = request.user.banned_at is not None
     return render(request, "web/me.html", context)
 

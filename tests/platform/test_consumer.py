@@ -13,12 +13,13 @@ from django.utils import timezone
 from test_pool_support import make_group, share_frame
 
 from config.asgi import application
+from moderation.trust import trust_for_node
 from nodes.events import node_group_name
 from nodes.models import Node
 from nodes.services import node_token_revoke
 from pool import ratelimit
 from pool.consumers import contributor_group_name
-from pool.models import Consumption, NodeRound, NodeTrust, Rollout
+from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
 from pool.services import moderation_hooks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,8 +133,8 @@ async def test_share_accepts_an_honest_group_and_stores_verified_rewards(node, n
     row = await sync_to_async(Rollout.objects.get)(id=group["id"])
     assert row.node_id == node.id and row.verdict == "accepted" and row.sampleable
     assert row.verified_rewards == [1.0, 1.0, 0.0, 0.0] == row.claimed_rewards
-    trust = await sync_to_async(NodeTrust.objects.get)(node=node)
-    assert (trust.accepted_groups, trust.rejected_groups) == (1, 0)
+    counts = await sync_to_async(NodeVerdictCounts.objects.get)(node=node)
+    assert (counts.accepted_groups, counts.rejected_groups) == (1, 0)
     await socket.disconnect()
 
 
@@ -175,8 +176,10 @@ async def test_forged_groups_are_rejected_stored_and_counted(node, node_token):
         expected = None if reason == "unknown_task" else [1.0, 0.0]
         assert row.verified_rewards == expected
         assert row.claimed_rewards == group["rewards"]
-    trust = await sync_to_async(NodeTrust.objects.get)(node=node)
-    assert (trust.accepted_groups, trust.rejected_groups) == (0, 4) and trust.trust < 0.5
+    counts = await sync_to_async(NodeVerdictCounts.objects.get)(node=node)
+    assert (counts.accepted_groups, counts.rejected_groups) == (0, 4)
+    # The node's one trust is moderation's: four rejections leave its streak at 0, a new node's trust.
+    assert await sync_to_async(trust_for_node)(node.id) == pytest.approx(0.1)
     await socket.disconnect()
 
 
@@ -188,8 +191,8 @@ async def test_a_replayed_id_gets_the_same_verdict_and_one_row(node, node_token)
     again = await ask(socket, share_frame(good, forged))
     assert first == again
     assert await sync_to_async(Rollout.objects.count)() == 2
-    trust = await sync_to_async(NodeTrust.objects.get)(node=node)
-    assert (trust.accepted_groups, trust.rejected_groups) == (1, 1)
+    counts = await sync_to_async(NodeVerdictCounts.objects.get)(node=node)
+    assert (counts.accepted_groups, counts.rejected_groups) == (1, 1)
     await socket.disconnect()
 
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 from factories import make_node, make_user
 from test_web_data import fresh_figures, make_consumption, make_group, make_report
 
+from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Verdict
 from web import selectors, stats
 from web.models import DatasetHour, NodeHour, NodeStats, StatsCursor
@@ -173,7 +174,7 @@ def test_node_curve_and_inbox(user, node):
     make_group(make_node(), verdict=Verdict.REJECTED)  # someone else's
     curve = selectors.node_curve(node=node)
     assert [p["verified_reward"] for p in curve] == [2.0, 1.0]
-    assert {r.id for r in selectors.rejection_inbox(owner=user)} == {bad.id, held.id}
+    assert {e.rollout.id for e in rollout_inbox_list(owner=user)} == {bad.id, held.id}
 
 
 def test_rebuild_recounts_from_scratch(node):

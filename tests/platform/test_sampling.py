@@ -116,3 +116,16 @@ def test_draws_are_uniform_despite_holes_in_the_numbering(monkeypatch):
     expected = draws * 3 / len(eligible)
     chi2 = sum((counts[i] - expected) ** 2 / expected for i in eligible)
     assert chi2 < 58.3  # the 0.999 quantile of chi-square with 29 degrees of freedom
+
+
+def test_a_whole_share_stays_in_the_window_when_its_rows_move(path):
+    """One share's groups have one created_at; the window starts at the smallest of their numbers,
+    whichever of them the index returns first (here the restored ones have moved behind the last)."""
+    asker, author = make_node(name="asker"), make_node(name="author")
+    groups = [easy_group(i) for i in range(6)]
+    share(author, *groups)
+    moved = [g["id"] for g in groups[:-1]]
+    rollout_set_moderation(rollouts=moved, status="quarantined")
+    rollout_set_moderation(rollouts=moved, status="ok")
+    for _ in range(5):
+        assert sampled_ids(asker) == {g["id"] for g in groups}

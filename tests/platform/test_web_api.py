@@ -65,7 +65,10 @@ def test_inbox_api(api_client, node):
     bad = make_group(node, verdict=Verdict.REJECTED, reason="answer_mismatch")
     make_group(node)
     rows = api_client.get("/api/v1/me/inbox/").json()
-    assert [(r["id"], r["reason"], r["node"]) for r in rows] == [(str(bad.id), "answer_mismatch", "laptop")]
+    assert [(r["id"], r["state"], r["code"], r["node"]) for r in rows] == [
+        (str(bad.id), "rejected", "answer_mismatch", "laptop")
+    ]
+    assert rows[0]["reason"] == "Verification: Ground truth does not match its task."
 
 
 def test_figures_are_in_the_openapi_schema(client):
