@@ -5,13 +5,21 @@ Each pytest process gets its own test database (`test_<name>_p<pid>`), so severa
 can share one server at the same time.
 
 Factories live in tests/factories.py (`from factories import make_user, make_node, ...`).
+
+`live_server` (session) is daphne in a forked process serving HTTP and WebSockets on 127.0.0.1
+against this run's test database; tests/browser and tests/integration use it. `asgi_server` (session)
+starts more of them: `with asgi_server(port=..., settings={...}) as server:` (settings are applied in
+the server process only, e.g. another catalogue or limits).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +89,101 @@ def api_client(user):
     api = APIClient()
     api.force_login(user)
     return api
+
+
+# ---------------------------------------------------------------------------- a live ASGI server
+
+
+def _asgi_application(settings_overrides: dict[str, Any] | None = None):
+    """What the server process runs: the project's ASGI router, with static files served from the
+    finders (as runserver does; the test run has no collectstatic). Called in the server process,
+    so `settings_overrides` change that process's settings only."""
+    from django.conf import settings
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+    for name, value in (settings_overrides or {}).items():
+        setattr(settings, name, value)
+
+    from config.asgi import application
+
+    return ASGIStaticFilesHandler(application)
+
+
+class _NoSettings:
+    """pytest-django's live-server helper toggles settings on this; nothing to toggle here."""
+
+    def enable(self) -> None: ...
+
+    def disable(self) -> None: ...
+
+
+class AsgiLiveServer:
+    def __init__(self, process) -> None:
+        self.process = process
+        self.host = "127.0.0.1"
+        self.port = process.port.value
+        self.url = f"http://{self.host}:{self.port}"
+        self.ws_url = f"ws://{self.host}:{self.port}"
+        self._live_server_modified_settings = _NoSettings()
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def _isolate_channel_layer() -> None:
+    """Keep this run's channel-layer groups apart from other test runs sharing the same Redis."""
+    from channels.layers import channel_layers
+    from django.conf import settings
+
+    layer = settings.CHANNEL_LAYERS.get("default", {})
+    if "RedisChannelLayer" in layer.get("BACKEND", ""):
+        config = layer.setdefault("CONFIG", {})
+        prefix = f"asgitest{os.getpid()}"
+        if config.get("prefix") != prefix:
+            config["prefix"] = prefix
+            channel_layers.backends.clear()
+
+
+@contextmanager
+def _serve_asgi(
+    django_db_blocker, *, port: int = 0, settings: dict[str, Any] | None = None
+) -> Iterator[AsgiLiveServer]:
+    from daphne.testing import DaphneProcess
+    from django.db import connections
+
+    _isolate_channel_layer()
+    with django_db_blocker.unblock():
+        connections.close_all()  # the forked server must not share the parent's sockets
+        process = DaphneProcess(host="127.0.0.1", port=port, get_application=lambda: _asgi_application(settings))
+        process.daemon = True
+        process.start()
+        if not process.ready.wait(30):
+            process.terminate()
+            if not process.errors.empty():
+                _, trace = process.errors.get(False)
+                raise RuntimeError(f"daphne did not start:\n{trace}")
+            raise RuntimeError("daphne did not start within 30 s")
+        server = AsgiLiveServer(process)
+        try:
+            yield server
+        finally:
+            process.terminate()
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+
+
+@pytest.fixture(scope="session")
+def live_server(django_db_setup, django_db_blocker) -> Iterator[AsgiLiveServer]:
+    """Daphne serving HTTP and WebSockets against the test database (see the module docstring).
+    Using it makes the test transactional (pytest-django's helper requests `transactional_db`), so
+    rows the test writes are visible to the server and the other way round."""
+    with _serve_asgi(django_db_blocker) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def asgi_server(django_db_setup, django_db_blocker) -> Callable[..., AbstractContextManager[AsgiLiveServer]]:
+    """`with asgi_server(port=0, settings=None) as server:` another live server, e.g. one to kill and
+    restart on the same port. Tests using it need `@pytest.mark.django_db(transaction=True)`."""
+    return lambda **kwargs: _serve_asgi(django_db_blocker, **kwargs)

@@ -7,10 +7,11 @@ database, Debian's chromium driven by Playwright, and small helpers.
         page.goto(live_server.url + "/me/")
         screenshot(page, "me")
 
-- `live_server` (session): daphne in a forked process serving config.asgi.application (plus static
-  files from the finders) on 127.0.0.1; `.url` is http://127.0.0.1:PORT, `.ws_url` ws://127.0.0.1:PORT.
-  Using it makes the test transactional (pytest-django's helper requests `transactional_db`), so
-  rows the test writes are visible to the server and the other way round.
+- `live_server` (session, defined in tests/conftest.py so tests/integration shares it): daphne in a
+  forked process serving config.asgi.application (plus static files from the finders) on 127.0.0.1;
+  `.url` is http://127.0.0.1:PORT, `.ws_url` ws://127.0.0.1:PORT. Using it makes the test
+  transactional (pytest-django's helper requests `transactional_db`), so rows the test writes are
+  visible to the server and the other way round.
 - `browser` (session, one chromium per run) and `page` (a fresh context per test).
 - `login(page, user)`: a logged-in session cookie for `user` (no form round-trip).
 - `screenshot(page, name)`: saves test-artifacts/screenshots/NAME.png (full page).
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 
 import pytest
@@ -56,73 +57,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/browser/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.browser)
-
-
-def _asgi_application():
-    """What the server process runs: the project's ASGI router, with static files served from the
-    finders (as runserver does; the test run has no collectstatic)."""
-    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-
-    from config.asgi import application
-
-    return ASGIStaticFilesHandler(application)
-
-
-class _NoSettings:
-    """pytest-django's live-server helper toggles settings on this; nothing to toggle here."""
-
-    def enable(self) -> None: ...
-
-    def disable(self) -> None: ...
-
-
-class AsgiLiveServer:
-    def __init__(self, process) -> None:
-        self._process = process
-        self.host = "127.0.0.1"
-        self.port = process.port.value
-        self.url = f"http://{self.host}:{self.port}"
-        self.ws_url = f"ws://{self.host}:{self.port}"
-        self._live_server_modified_settings = _NoSettings()
-
-    def __str__(self) -> str:
-        return self.url
-
-
-@pytest.fixture(scope="session")
-def live_server(django_db_setup, django_db_blocker) -> Iterator[AsgiLiveServer]:
-    """Daphne serving HTTP and WebSockets against the test database (see the module docstring)."""
-    from channels.layers import channel_layers
-    from daphne.testing import DaphneProcess
-    from django.conf import settings
-    from django.db import connections
-
-    # Keep this run's channel-layer groups apart from other test runs sharing the same Redis.
-    layer = settings.CHANNEL_LAYERS.get("default", {})
-    if "RedisChannelLayer" in layer.get("BACKEND", ""):
-        config = layer.setdefault("CONFIG", {})
-        config["prefix"] = f"asgitest{os.getpid()}"
-        channel_layers.backends.clear()
-
-    with django_db_blocker.unblock():
-        connections.close_all()  # the forked server must not share the parent's sockets
-        process = DaphneProcess(host="127.0.0.1", get_application=_asgi_application)
-        process.daemon = True
-        process.start()
-        if not process.ready.wait(30):
-            process.terminate()
-            if not process.errors.empty():
-                _, trace = process.errors.get(False)
-                raise RuntimeError(f"daphne did not start:\n{trace}")
-            raise RuntimeError("daphne did not start within 30 s")
-        server = AsgiLiveServer(process)
-        try:
-            yield server
-        finally:
-            process.terminate()
-            process.join(10)
-            if process.is_alive():
-                process.kill()
 
 
 @pytest.fixture(scope="session")
