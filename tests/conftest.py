@@ -98,11 +98,21 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None):
     """What the server process runs: the project's ASGI router, with static files served from the
     finders (as runserver does; the test run has no collectstatic). Called in the server process,
     so `settings_overrides` change that process's settings only."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import SyncToAsync
+    from channels.layers import channel_layers
     from django.conf import settings
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
     for name, value in (settings_overrides or {}).items():
         setattr(settings, name, value)
+    # The server is a fork of the test process, which may already have run consumers in process.
+    # A fork copies objects but not threads: asgiref's single-thread executor would queue the
+    # server's database calls for a worker thread that does not exist here, and inherited channel
+    # layers hold Redis connections of the parent's event loops. Start both afresh.
+    SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
+    channel_layers.backends.clear()
 
     from config.asgi import application
 
@@ -135,6 +145,7 @@ def _isolate_channel_layer() -> None:
     from channels.layers import channel_layers
     from django.conf import settings
 
+    settings.SAPO_REDIS_PREFIX = f"sapotest{os.getpid()}"  # rate-limit counters too
     layer = settings.CHANNEL_LAYERS.get("default", {})
     if "RedisChannelLayer" in layer.get("BACKEND", ""):
         config = layer.setdefault("CONFIG", {})

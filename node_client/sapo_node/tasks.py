@@ -14,6 +14,7 @@ import json
 import random
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import reasoning_gym
@@ -34,9 +35,10 @@ class TaskSpec:
     dataset: str
     config: dict[str, Any] = field(default_factory=dict, hash=False)
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """A stable text form of (dataset, config), used to cache built datasets."""
+        """A stable text form of (dataset, config), used to cache built datasets (computed once:
+        verification asks for it for every completion)."""
         return self.dataset + ":" + json.dumps(self.config, sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:

@@ -150,6 +150,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
+# Namespace of every Redis key this deployment writes (channel layer, rate limits), so deployments
+# or test runs sharing one Redis never count or deliver each other's messages.
+SAPO_REDIS_PREFIX = env_str("SAPO_REDIS_PREFIX", "sapo")
 if REDIS_URL:
     # socket_timeout None: redis-py >= 8 reads with a 5 s timeout by default, the same 5 s that
     # channels_redis blocks in BZPOPMIN waiting for messages, so an idle node socket would die with
@@ -157,7 +160,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+                "prefix": f"{SAPO_REDIS_PREFIX}:asgi",
+            },
         }
     }
 else:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 
 from django.conf import settings
 
 _local_counts: dict[tuple[int, int], int] = {}
-_redis_clients: dict[int, object] = {}
+# Keyed by the loop object itself, not id(loop): an id can be reused by a later loop (or by a
+# forked process's new loop) and hand it a client whose connections belong to a dead loop.
+_redis_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, object] = weakref.WeakKeyDictionary()
 
 
 def _redis():
@@ -25,12 +28,10 @@ def _redis():
     import redis.asyncio as aioredis
 
     loop = asyncio.get_running_loop()
-    client = _redis_clients.get(id(loop))
+    client = _redis_clients.get(loop)
     if client is None:
-        if len(_redis_clients) > 8:  # loops come and go in tests; keep the map small
-            _redis_clients.clear()
         client = aioredis.Redis.from_url(settings.REDIS_URL)
-        _redis_clients[id(loop)] = client
+        _redis_clients[loop] = client
     return client
 
 
@@ -38,7 +39,7 @@ async def hit(node_id: int, limit: int, now: float | None = None) -> bool:
     """Count one frame for the node; True when it is over `limit` frames this minute."""
     minute = int((now if now is not None else time.time()) // 60)
     if getattr(settings, "REDIS_URL", ""):
-        key = f"sapo:rate:{node_id}:{minute}"
+        key = f"{settings.SAPO_REDIS_PREFIX}:rate:{node_id}:{minute}"
         async with _redis().pipeline(transaction=False) as pipe:
             pipe.incr(key)
             pipe.expire(key, 120)
