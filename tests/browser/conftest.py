@@ -59,7 +59,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running in the main thread
+# while it is open, and every async test collected after the browser tests (pytest-asyncio) would
+# then fail with "cannot be called from a running event loop".
+@pytest.fixture(scope="module")
 def _playwright():
     from playwright.sync_api import sync_playwright
 
@@ -67,9 +70,9 @@ def _playwright():
         yield playwright
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(_playwright):
-    """One chromium for the whole run (the machine is small)."""
+    """One chromium per test module (the machine is small)."""
     browser = _playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     yield browser
     browser.close()
