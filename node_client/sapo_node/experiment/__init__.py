@@ -1,0 +1,167 @@
+"""`sapo-node experiment`: the SAPO paper's controlled experiment against the real platform.
+
+    sapo-node experiment --preset smoke                      # every moving part, < 2 minutes
+    sapo-node experiment --preset cpu-tiny                   # the study on 2 CPU cores, < 1 hour
+    sapo-node experiment --preset gpu-qwen                   # the paper's settings, on a GPU
+    sapo-node experiment --analyze results/cpu-tiny          # redo the table and plots from rounds.csv
+
+(`python -m sapo_node.experiment ...` is the same.) Importing this module stays cheap: torch,
+numpy and matplotlib load only when a study or an analysis runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from sapo_node.experiment.presets import PRESETS, StudyConfig, preset
+
+HELP = "run the paper's controlled experiment (local/external configurations) against the real platform"
+
+DESCRIPTION = """\
+Runs a swarm of N nodes for R rounds for each local/external configuration (default 8/0, 6/2, 4/4,
+2/6: groups out of 8, scaled to B when B < 8), once per seed, every configuration with the same
+seeds (same initial weights, same question stream for node k). The nodes share through the REAL
+platform: a fresh pool (PostgreSQL database) and a daphne server of the /ws/node/ endpoint per
+run, started from the repository checkout -- so this command needs the SAPO Swarm checkout
+(--platform-root, default: the one containing this package) with the platform's requirements
+installed; the node client package alone has no server. PostgreSQL: --database-url or
+DATABASE_URL (a server where CREATE DATABASE is allowed), else the platform's embedded one.
+All nodes of a run live in this one process and take turns (node 1 round r, node 2 round r, ...):
+a synchronous schedule of asynchronous nodes, each with its own WebSocket to the server.
+Writes rounds.csv, table.csv/.md, rewards.png, significance.csv/.png and summary.json to --out."""
+
+#: Fields with a list value, given on the command line comma-separated.
+LIST_FIELDS = {"seeds": int, "configs": str}
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    docs = _study_docs()
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-tiny",
+                        help="starting values of every setting below (default: cpu-tiny)")  # fmt: skip
+    for f in dataclasses.fields(StudyConfig):
+        if f.name == "preset":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in LIST_FIELDS:
+            kind: Any = _comma_list(LIST_FIELDS[f.name])
+        elif f.type in ("int",):
+            kind = int
+        elif f.type in ("float", "float | None"):
+            kind = float
+        else:
+            kind = str
+        parser.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS, help=docs.get(f.name, ""))
+    parser.add_argument("--resume", action="store_true", help="continue the study in --out, skipping complete runs")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--analyze", metavar="DIR", help="only redo the analysis of DIR/rounds.csv (no runs)")
+    parser.add_argument("--publish", metavar="DIR",
+                        help="then copy table.md/.csv, the PNGs and summary.json to DIR (e.g. docs/experiment)")  # fmt: skip
+
+
+def _comma_list(kind: type) -> Any:
+    def parse(text: str) -> list[Any]:
+        return [kind(x.strip()) for x in text.split(",") if x.strip()]
+
+    return parse
+
+
+def _study_docs() -> dict[str, str]:
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(StudyConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for stmt, following in zip(body, body[1:], strict=False):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(following, ast.Expr):
+            value = getattr(following, "value", None)
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docs[stmt.target.id] = " ".join(value.value.split())  # type: ignore[attr-defined]
+    return docs
+
+
+def add_command(subparsers: Any) -> None:
+    """Register `sapo-node experiment` (called by sapo_node.cli)."""
+    parser = subparsers.add_parser("experiment", help=HELP, description=DESCRIPTION,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_flags(parser)
+    parser.set_defaults(handler=experiment_command)
+
+
+def study_config(args: argparse.Namespace) -> StudyConfig:
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(StudyConfig) if hasattr(args, f.name)}
+    given.pop("preset", None)
+    return preset(args.preset, **given)
+
+
+def saved_study_config(folder: Path, args: argparse.Namespace) -> StudyConfig:
+    """The config saved beside a study's rounds.csv (study.json), with the flags given now on top."""
+    import json
+
+    saved = folder / "study.json"
+    if not saved.exists():
+        return study_config(args)
+    values = json.loads(saved.read_text())
+    names = {f.name for f in dataclasses.fields(StudyConfig)}
+    values = {k: v for k, v in values.items() if k in names}
+    values.update({k: getattr(args, k) for k in names if hasattr(args, k) and k != "preset"})
+    return StudyConfig(**values)
+
+
+PUBLISHED = ("table.md", "table.csv", "rewards.png", "significance.png", "significance.csv", "summary.json")
+
+
+def experiment_command(args: argparse.Namespace) -> int:
+    if args.analyze:
+        from sapo_node.experiment.analysis import analyse, read_rounds
+
+        folder = Path(args.analyze)
+        cfg = saved_study_config(folder, args)
+        summary = analyse(read_rounds(folder / "rounds.csv"), folder, window=cfg.window, method=cfg.test,
+                          sig_window=cfg.sig_window, meta=_saved_meta(folder))  # fmt: skip
+        out = folder
+    else:
+        from sapo_node.experiment.study import out_dir, run_study
+
+        try:
+            cfg = study_config(args)
+        except ValueError as exc:
+            print(f"sapo-node experiment: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"study ({cfg.preset}): {len(cfg.seeds)} seeds x {len(cfg.configs)} configurations "
+              f"{', '.join(f'{c} as {i}/{j}' for c, i, j in cfg.counts())}; {cfg.nodes} nodes x {cfg.rounds} rounds, "
+              f"B={cfg.questions}, G={cfg.generations}, model {cfg.model}", flush=True)  # fmt: skip
+        summary = run_study(cfg, resume=args.resume, progress=not args.no_progress)
+        out = out_dir(cfg)
+    print((out / "table.md").read_text())
+    print(f"results in {out}/ ({summary['meta'].get('seconds', '?')} s)")
+    if args.publish:
+        target = Path(args.publish)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in PUBLISHED:
+            shutil.copy2(out / name, target / name)
+        print(f"published {', '.join(PUBLISHED)} to {target}/")
+    return 0
+
+
+def _saved_meta(folder: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads((folder / "summary.json").read_text()).get("meta", {})
+    except (OSError, ValueError):
+        study = folder / "study.json"
+        return {"study": json.loads(study.read_text())} if study.exists() else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sapo_node.experiment", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_flags(parser)
+    args = parser.parse_args(argv)
+    return experiment_command(args)

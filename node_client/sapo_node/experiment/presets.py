@@ -1,0 +1,153 @@
+"""The configuration of a study (the paper's controlled experiment) and its presets.
+
+A study runs, for every seed and every local/external configuration, a fresh swarm of `nodes`
+nodes for `rounds` rounds against a fresh pool of the real platform. Configurations differ only in
+their local/external group counts: seeds, model initialisation and every node's question stream
+are the same in all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The paper's configurations: local/external groups out of 8 per round (8/0 is the silo).
+PAPER_CONFIGS = ("8/0", "6/2", "4/4", "2/6")
+
+
+@dataclass
+class StudyConfig:
+    preset: str = "cpu-tiny"
+    """The preset this config started from (smoke, cpu-tiny or gpu-qwen)."""
+    nodes: int = 4
+    """N: nodes in the swarm of every run."""
+    rounds: int = 30
+    """R: rounds each node runs."""
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    """Seeds: every configuration is run once per seed (same model init and question streams for a seed)."""
+    configs: list[str] = field(default_factory=lambda: list(PAPER_CONFIGS))
+    """Configurations as local/external groups out of their sum (the paper's: 8/0, 6/2, 4/4, 2/6)."""
+    questions: int = 4
+    """B: questions each node draws per round (one per dataset of the catalogue, cycling, when B <= datasets)."""
+    generations: int = 8
+    """G: completions per question."""
+    groups: int = 0
+    """Training groups per round that the configurations are scaled to (I + J); 0 = B. With B = 4, 6/2 becomes 3/1."""
+    model: str = "tiny"
+    """Policy of every node: tiny, tiny-mini or a Hugging Face id (all nodes start from the same weights)."""
+    catalogue: str = "easy"
+    """Catalogue the server accepts (SAPO_CATALOGUE): easy (tiny models) or sapo (the paper's nine tasks)."""
+    max_new_tokens: int = 48
+    """Tokens generated per completion at most."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    lr: float | None = None
+    """Learning rate; None: the node client's default (1e-4 for tiny models, 1e-5 otherwise)."""
+    micro_batch: int = 16
+    """Sequences per forward/backward pass in the update."""
+    device: str = "auto"
+    """auto (cuda, then mps, then cpu), cpu, cuda, ..."""
+    dtype: str = "auto"
+    """auto (bfloat16 on CUDA, float32 elsewhere), float32, bfloat16 or float16."""
+    threads: int = 0
+    """torch CPU threads; 0 = the cores this process may use."""
+    out: str = ""
+    """Results folder; empty = results/<preset> in the current directory."""
+    platform_root: str = ""
+    """The repository checkout holding manage.py and platform/; empty = the checkout containing this package."""
+    database_url: str = ""
+    """PostgreSQL server for the per-run pools (a URL of a database where CREATE DATABASE is allowed); empty =
+    DATABASE_URL, else the platform's embedded PostgreSQL (started with manage.py sapo_db start)."""
+    flush_wait: float = 30.0
+    """Seconds a node waits, at the end of its turn, for the server to acknowledge its shares (then the run fails)."""
+    connect_wait: float = 60.0
+    """Seconds to wait for every node's welcome at the start of a run."""
+    window: int = 5
+    """Rounds of the moving average in the reward plot."""
+    test: str = "mannwhitney"
+    """Per-round test of swarm vs silo node rewards, two-sided, BH-adjusted over rounds: mannwhitney or welch
+    (independent samples), or wilcoxon (signed-rank of the paired differences: same seed, node, round)."""
+    sig_window: int = 1
+    """Rounds averaged per node before the per-round test (1 = that round only)."""
+
+    def counts(self) -> list[tuple[str, int, int]]:
+        """(label, I, J) per configuration, scaled to `groups` (or B) training groups per round."""
+        total = self.groups or self.questions
+        out = []
+        for label in self.configs:
+            local, external = parse_config(label)
+            scaled_local = round(local * total / (local + external))
+            out.append((label, scaled_local, total - scaled_local))
+        return out
+
+    def validate(self) -> None:
+        problems = []
+        if self.nodes < 1 or self.rounds < 1 or not self.seeds:
+            problems.append("nodes, rounds and seeds must be at least 1")
+        if self.questions < 1 or self.generations < 2:
+            problems.append("questions must be >= 1 and generations >= 2")
+        labels = [label for label, _, _ in self.counts()]
+        if len(set(labels)) != len(labels):
+            problems.append("configurations must differ")
+        for label, local, external in self.counts():
+            if local > self.questions:
+                problems.append(f"{label}: {local} local groups but only {self.questions} questions per round")
+            if local + external < 1:
+                problems.append(f"{label}: no training groups")
+        if self.test not in ("mannwhitney", "welch", "wilcoxon"):
+            problems.append("test must be mannwhitney, welch or wilcoxon")
+        if self.catalogue not in ("easy", "sapo"):
+            problems.append("catalogue must be easy or sapo")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def parse_config(label: str) -> tuple[int, int]:
+    """ "6/2" -> (6, 2)."""
+    try:
+        local, external = (int(x) for x in label.split("/"))
+    except ValueError as exc:
+        raise ValueError(f"configuration {label!r}: expected LOCAL/EXTERNAL, e.g. 4/4") from exc
+    if local < 0 or external < 0 or local + external == 0:
+        raise ValueError(f"configuration {label!r}: counts must be >= 0 and not both 0")
+    return local, external
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The tests' end-to-end check: every moving part, two nodes, two rounds, under two minutes.
+    "smoke": dict(
+        nodes=2, rounds=2, seeds=[1], questions=4, generations=4, model="tiny-mini", catalogue="easy",
+        max_new_tokens=12, window=2,
+    ),
+    # The whole study on 2 CPU cores within an hour (measured: docs/experiment.md).
+    "cpu-tiny": dict(
+        nodes=4, rounds=30, seeds=[1, 2, 3], questions=4, generations=8, model="tiny", catalogue="easy",
+        max_new_tokens=24, window=5,
+    ),
+    # The paper's per-round settings, for a GPU machine: 8 Qwen2.5-0.5B nodes, one question from
+    # each of 8 of the 9 tasks per round, 8 completions each, 8 training groups, 256 new tokens,
+    # lr 1e-5, no KL, clip 0.2/0.28. Its length (rounds, seeds) is our choice. Not run yet (no GPU here).
+    "gpu-qwen": dict(
+        nodes=8, rounds=100, seeds=[1, 2], questions=8, generations=8, groups=8,
+        model="Qwen/Qwen2.5-0.5B-Instruct", catalogue="sapo", max_new_tokens=256, device="auto", dtype="auto",
+        micro_batch=16, window=10,
+    ),
+}  # fmt: skip
+
+
+def preset(name: str, **overrides: Any) -> StudyConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
+    values = {"preset": name, **PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+    config = StudyConfig(**values)
+    config.validate()
+    return config

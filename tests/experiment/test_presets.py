@@ -1,0 +1,46 @@
+"""Presets, the scaling of configurations, and the question streams that every configuration shares."""
+
+from __future__ import annotations
+
+import pytest
+
+from sapo_node.experiment import main as experiment_main
+from sapo_node.experiment.presets import preset
+from sapo_node.experiment.study import node_seed
+from sapo_node.experiment.swarm import StratifiedTaskStream
+from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE
+
+
+def test_configurations_are_scaled_to_the_training_groups_per_round():
+    assert preset("cpu-tiny").counts() == [("8/0", 4, 0), ("6/2", 3, 1), ("4/4", 2, 2), ("2/6", 1, 3)]
+    assert preset("gpu-qwen").counts() == [("8/0", 8, 0), ("6/2", 6, 2), ("4/4", 4, 4), ("2/6", 2, 6)]
+
+
+def test_gpu_qwen_is_the_papers_setting():
+    cfg = preset("gpu-qwen")
+    assert (cfg.model, cfg.nodes, cfg.questions, cfg.generations, cfg.catalogue) == (
+        "Qwen/Qwen2.5-0.5B-Instruct", 8, 8, 8, "sapo"
+    )  # fmt: skip
+    assert (cfg.device, cfg.dtype) == ("auto", "auto")  # bfloat16 on CUDA (sapo_node.models.resolve_dtype)
+
+
+def test_impossible_studies_are_refused():
+    with pytest.raises(ValueError, match="local groups"):
+        preset("cpu-tiny", groups=8)  # 8/0 needs 8 own groups but B = 4
+    with pytest.raises(ValueError, match="LOCAL/EXTERNAL"):
+        preset("smoke", configs=["8-0"])
+    assert experiment_main(["--preset", "smoke", "--configs", "4/4,4/4"]) == 2
+
+
+def test_a_node_draws_one_question_per_distinct_dataset_deterministically():
+    a = StratifiedTaskStream(SAPO_CATALOGUE, node_seed(1, 3)).draw(8)
+    b = StratifiedTaskStream(SAPO_CATALOGUE, node_seed(1, 3)).draw(8)
+    assert a == b
+    assert len({ref.dataset for ref in a}) == 8  # 8 of the 9 specialties, one question each
+    other = StratifiedTaskStream(SAPO_CATALOGUE, node_seed(1, 4)).draw(8)
+    assert {r.index for r in other}.isdisjoint({r.index for r in a})
+
+    easy = StratifiedTaskStream(EASY_CATALOGUE, 7)
+    first, second = easy.draw(4), easy.draw(4)
+    assert len({r.dataset for r in first}) == 4 and first != second
+    assert len(easy.draw(6)) == 6  # more questions than datasets: cycles through a fresh shuffle
