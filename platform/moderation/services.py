@@ -9,8 +9,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.apps import apps
 from django.db import connection, transaction
 from django.db.models import Count, QuerySet
@@ -29,7 +27,7 @@ from moderation.models import (
 )
 from moderation.rules import RULES, RuleError, clean_params, rules_forget
 from moderation.trust import trust_reset
-from nodes.events import CLOSE_BANNED, node_disconnect_on_commit
+from nodes.events import CLOSE_BANNED, contributor_disconnect_on_commit, node_disconnect_on_commit
 from nodes.models import Node
 from pool.models import ModerationStatus, Rollout
 from pool.services import rollout_set_moderation
@@ -240,19 +238,6 @@ def node_unban(*, actor: User, node: Node, reason: str, restore_groups: bool = T
     return node
 
 
-def _contributor_disconnect_on_commit(user_id: int) -> None:
-    from pool.consumers import contributor_group_name  # the consumer joins this group per socket
-
-    def send() -> None:
-        layer = get_channel_layer()
-        if layer is not None:
-            async_to_sync(layer.group_send)(
-                contributor_group_name(user_id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
-            )
-
-    transaction.on_commit(send)
-
-
 @transaction.atomic
 def contributor_ban(*, actor: User, user: User, reason: str) -> User:
     """Ban a contributor: all their nodes are refused and their open sockets closed with 4403 (one
@@ -279,7 +264,7 @@ def contributor_ban(*, actor: User, user: User, reason: str) -> User:
         reason=reason,
         details={"batch": str(batch), "username": user.username},
     )
-    _contributor_disconnect_on_commit(user.id)
+    contributor_disconnect_on_commit(user_id=user.id, code=CLOSE_BANNED, reason="banned")
     return user
 
 

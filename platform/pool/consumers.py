@@ -2,7 +2,7 @@
 pool.messages, call a service or selector through database_sync_to_async, send the reply.
 
 Channel-layer groups joined per socket: `node.<node id>` (nodes.events.node_group_name) and
-`contributor.<owner id>`. Handlers: "node.ban" closes with 4403; "node.disconnect" closes with the
+`contributor.<owner id>` (both named in nodes.events). Handlers: "node.ban" closes with 4403; "node.disconnect" closes with the
 code it carries (sent by nodes.services when tokens are revoked or a node retires).
 """
 
@@ -17,7 +17,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from common.errors import ApplicationError
-from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, node_group_name
+from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
 from nodes.services import node_authenticate, node_mark_disconnected, node_mark_seen, node_record_hello
 from pool import ratelimit
 from pool.limits import current_catalogue, current_limits
@@ -30,10 +30,6 @@ logger = logging.getLogger(__name__)
 
 CLOSE_TOO_MANY_ERRORS = 4429
 SEEN_EVERY_SECONDS = 10.0
-
-
-def contributor_group_name(user_id: int) -> str:
-    return f"contributor.{user_id}"
 
 
 def _bearer_token(scope: dict[str, Any]) -> str | None:

@@ -14,11 +14,10 @@ from test_pool_support import make_group, share_frame
 
 from config.asgi import application
 from moderation.trust import trust_for_node
-from nodes.events import node_group_name
+from nodes.events import contributor_group_name, node_group_name
 from nodes.models import Node
 from nodes.services import node_token_revoke
 from pool import ratelimit
-from pool.consumers import contributor_group_name
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
 from pool.services import moderation_hooks
 
