@@ -103,6 +103,11 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     saved = Path(given.get("out", config.out)) / "config.json"
     if given.get("resume") and saved.exists():
         config = NodeConfig.from_json(json.loads(saved.read_text()))
+        if "model" in given and given["model"] != config.model:
+            raise ValueError(
+                f"{saved.parent} holds a run of model {config.model!r}: its checkpoints cannot load into "
+                f"{given['model']!r}. Resume with --model {config.model}, or start the new model in another --out."
+            )
     config.server = os.environ.get("SAPO_SERVER") or config.server
     config.token = os.environ.get("SAPO_TOKEN") or None
     return dataclasses.replace(config, **given)
@@ -111,9 +116,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 def run_command(args: argparse.Namespace) -> int:
     from sapo_node.loop import run  # torch and transformers load only when a run starts
 
-    config = config_from_args(args)
     try:
-        config = config.resolved()
+        config = config_from_args(args).resolved()
         if not config.offline and not config.server:
             raise ValueError("give --server URL (or set SAPO_SERVER), or --offline to train alone")
     except ValueError as exc:

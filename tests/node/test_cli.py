@@ -128,3 +128,13 @@ def test_with_the_server_down_the_node_trains_on_and_keeps_its_shares(tmp_path, 
     rows = _metrics(out)
     assert [r["round"] for r in rows] == [1, 2] and rows[-1]["connection"] in ("connecting", "retrying")
     assert Outbox(out / "outbox.sqlite3").counts()["pending"] == 4  # waiting for the next connection
+
+
+def test_resuming_a_run_with_another_model_is_refused_with_a_clear_error(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model": "tiny", "offline": True}))
+
+    code = main(["run", "--resume", "--out", str(tmp_path), "--model", "tiny-mini", "--offline"])
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "holds a run of model 'tiny'" in err and "--model tiny" in err

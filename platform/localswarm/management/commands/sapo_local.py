@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from nodes.services import node_provision
 
@@ -39,18 +39,32 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000, help="Port the site listens on.")
         parser.add_argument("--nodes", type=int, default=2, help="How many local nodes to start (0: the site only).")
         parser.add_argument("--models", default="tiny,tiny-mini", help="Comma-separated models, cycled over the nodes.")
-        parser.add_argument("--rounds", type=int, default=0, help="Rounds per node (0: until stopped).")
+        parser.add_argument(
+            "--rounds",
+            type=int,
+            default=0,
+            help="Rounds per node; the command ends when every node has played them (0: until stopped).",
+        )
+        parser.add_argument(
+            "--out",
+            default=str(REPO / "var" / "local-swarm"),
+            help="Folder of the nodes' run directories (one per node; a node resumes from its own).",
+        )
         parser.add_argument(
             "--catalogue",
             default=os.environ.get("SAPO_CATALOGUE", "easy"),
             help="Task catalogue the pool accepts: 'easy' (the tiny model partly solves it) or 'sapo'.",
         )
 
-    def handle(self, *args, host, port, nodes, models, rounds, catalogue, **options):
+    def handle(self, *args, host, port, nodes, models, rounds, out, catalogue, **options):
+        # Ctrl-C and a service manager's SIGTERM both mean "stop the swarm cleanly" (set explicitly:
+        # a process started in the background by a script inherits SIGINT ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         call_command("migrate", interactive=False, verbosity=0)
         env = {**os.environ, "SAPO_CATALOGUE": catalogue, "PYTHONUNBUFFERED": "1"}
 
-        procs: list[subprocess.Popen] = []
+        nodes_running: list[subprocess.Popen] = []
         server = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"],
             cwd=REPO / "platform",
@@ -58,8 +72,8 @@ class Command(BaseCommand):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # Ctrl-C reaches this command only; it stops the nodes first
         )
-        procs.append(server)
         threading.Thread(target=_pump, args=("[site]  ", server.stdout), daemon=True).start()
         self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {catalogue})"))
 
@@ -68,7 +82,7 @@ class Command(BaseCommand):
         for i in range(nodes):
             model = model_list[i % len(model_list)]
             node, token = node_provision(username="demo", node_name=f"local-{i + 1}", model_id=model, rotate=True)
-            out = REPO / "var" / "local-swarm" / node.name
+            node_out = Path(out) / f"{node.name}-{model}"  # a node that changes model starts afresh
             cmd = [
                 sys.executable,
                 "-m",
@@ -81,17 +95,22 @@ class Command(BaseCommand):
                 "--seed",
                 str(i + 1),
                 "--out",
-                str(out),
+                str(node_out),
                 "--resume",
             ]
             if rounds:
                 cmd += ["--rounds", str(rounds)]
             proc = subprocess.Popen(
-                cmd, env={**env, "SAPO_TOKEN": token}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                cmd,
+                env={**env, "SAPO_TOKEN": token},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
             )
-            procs.append(proc)
+            nodes_running.append(proc)
             threading.Thread(target=_pump, args=(f"[{node.name}]", proc.stdout), daemon=True).start()
-            self.stdout.write(f"Node {node.name} ({model}) -> {out}")
+            self.stdout.write(f"Node {node.name} ({model}) -> {node_out}")
 
         self.stdout.write(
             self.style.SUCCESS(
@@ -100,16 +119,31 @@ class Command(BaseCommand):
             )
         )
         try:
-            while server.poll() is None:
+            # With --rounds the swarm is done when every node is; otherwise it runs until stopped.
+            while server.poll() is None and not (rounds and all(p.poll() is not None for p in nodes_running)):
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
         finally:
-            for proc in reversed(procs):
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
-            for proc in procs:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            # Nodes first, while the site still runs: each finishes its step, flushes its outbox
+            # and saves a checkpoint. Then the site.
+            _stop(nodes_running, timeout=60)
+            _stop([server], timeout=15)
+        failed = [i + 1 for i, p in enumerate(nodes_running) if p.returncode not in (0, 130, -signal.SIGINT)]
+        if failed:
+            raise CommandError(f"node(s) {', '.join(f'local-{i}' for i in failed)} failed; see their output above")
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop(procs: list[subprocess.Popen], *, timeout: float) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()

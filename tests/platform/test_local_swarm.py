@@ -1,0 +1,62 @@
+"""`make run`'s command, `manage.py sapo_local`, as a user starts it: the site and real node
+processes on loopback, against a database of its own on the test run's PostgreSQL server."""
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def scratch_database_url(django_db_setup):
+    db = settings.DATABASES["default"]
+    server = f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}"
+    name = f"sapo_local_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"{server}/{name}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_database_url, tmp_path):
+    env = {
+        **os.environ,
+        "DATABASE_URL": scratch_database_url,
+        "SAPO_CACHE": os.environ.get("SAPO_TEST_CACHE") or str(REPO / "var" / "test-cache"),
+        "SAPO_REDIS_PREFIX": f"sapolocal{uuid.uuid4().hex[:6]}",
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "sapo_local", "--nodes", "2", "--models", "tiny-mini",
+         "--rounds", "2", "--port", str(_free_port()), "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    for node in ("local-1", "local-2"):
+        assert f"[{node}] round 2:" in out, out[-3000:]
+        assert f"[{node}] round 3:" not in out
+
+    with psycopg.connect(scratch_database_url) as conn:
+        rows = conn.execute(
+            "SELECT n.name, r.verdict, count(*) FROM pool_rollout r JOIN nodes_node n ON n.id = r.node_id "
+            "GROUP BY n.name, r.verdict"
+        ).fetchall()
+    counts = {(name, verdict): n for name, verdict, n in rows}
+    # Each node shared its own groups of both rounds (8 questions a round) and the server accepted them.
+    assert counts == {("local-1", "accepted"): 16, ("local-2", "accepted"): 16}
