@@ -4,6 +4,10 @@ embedded server (config/embedded_db.py), started on first use and left running.
 Each pytest process gets its own test database (`test_<name>_p<pid>`), so several helpers' runs
 can share one server at the same time.
 
+The built-in tiny models (`tiny_policy`, `tiny_mini_policy`, session) are built once per cache
+folder (about a minute on 2 cores) and reused by later runs: <repo>/var/test-cache, or
+$SAPO_TEST_CACHE. Nothing reaches the network: the Hugging Face hub is switched offline.
+
 Factories live in tests/factories.py (`from factories import make_user, make_node, ...`).
 
 `live_server` (session) is daphne in a forked process serving HTTP and WebSockets on 127.0.0.1
@@ -14,6 +18,7 @@ the server process only, e.g. another catalogue or limits).
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -21,7 +26,12 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+if "huggingface_hub.constants" in sys.modules:  # imported before this file: switch it off too
+    sys.modules["huggingface_hub.constants"].HF_HUB_OFFLINE = True
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import factories` from any test folder
 
@@ -198,3 +208,41 @@ def asgi_server(django_db_setup, django_db_blocker) -> Callable[..., AbstractCon
     """`with asgi_server(port=0, settings=None) as server:` another live server, e.g. one to kill and
     restart on the same port. Tests using it need `@pytest.mark.django_db(transaction=True)`."""
     return lambda **kwargs: _serve_asgi(django_db_blocker, **kwargs)
+
+
+# ---------------------------------------------------------------------------- the tiny models
+
+
+@pytest.fixture(scope="session")
+def tiny_cache_dir() -> Path:
+    """The cache folder shared by the whole test run (and kept between runs)."""
+    path = Path(os.environ.get("SAPO_TEST_CACHE") or Path(__file__).resolve().parents[1] / "var" / "test-cache")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tiny_cache_dir: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of the built-in "tiny" variant, warm-started, in eval mode.
+
+    Shared by the whole session: a test that trains or otherwise changes it must use
+    `tiny_policy_copy` (or a deep copy of its own) instead.
+    """
+    from sapo_node.tiny import load_tiny
+
+    return load_tiny("tiny", cache_dir=tiny_cache_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_mini_policy(tiny_cache_dir: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of "tiny-mini" (another tokenizer: digits split); shared like tiny_policy."""
+    from sapo_node.tiny import load_tiny
+
+    return load_tiny("tiny-mini", cache_dir=tiny_cache_dir, progress=False)
+
+
+@pytest.fixture
+def tiny_policy_copy(tiny_policy: tuple[Any, Any]) -> tuple[Any, Any]:
+    """A private deep copy of `tiny_policy` that a test may train."""
+    model, tokenizer = tiny_policy
+    return copy.deepcopy(model), copy.deepcopy(tokenizer)
