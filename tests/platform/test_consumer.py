@@ -2,57 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
 from django.utils import timezone
+from node_sockets import ask, close_code, open_socket
 from test_pool_support import make_group, share_frame
 
-from config.asgi import application
 from moderation.trust import trust_for_node
 from nodes.events import contributor_group_name, node_group_name
 from nodes.models import Node
 from nodes.services import node_token_revoke
-from pool import ratelimit
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
 from pool.services import moderation_hooks
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-TIMEOUT = 5
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rate_counts():
-    ratelimit.reset_local()
-    yield
-    ratelimit.reset_local()
-
-
-async def open_socket(token: str | None, *, scheme: str = "Bearer") -> WebsocketCommunicator:
-    headers = [(b"authorization", f"{scheme} {token}".encode())] if token is not None else []
-    socket = WebsocketCommunicator(application, "/ws/node/", headers=headers)
-    connected, _ = await socket.connect(timeout=TIMEOUT)
-    assert connected
-    return socket
-
-
-async def close_code(socket: WebsocketCommunicator) -> int:
-    output = await socket.receive_output(timeout=TIMEOUT)
-    assert output["type"] == "websocket.close", output
-    # Let the consumer finish (it updates presence on disconnect) before the test's loop ends.
-    await socket.send_input({"type": "websocket.disconnect", "code": output["code"]})
-    await socket.wait(0.5)  # the Redis layer's reader may take longer to stop: then it is cancelled
-    return output["code"]
-
-
-async def ask(socket: WebsocketCommunicator, frame: dict | str) -> dict:
-    await socket.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
-    return await socket.receive_json_from(timeout=TIMEOUT)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 
 
 def second_node_with_token(name: str = "desktop"):

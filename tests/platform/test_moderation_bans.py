@@ -7,62 +7,30 @@ import json
 
 import pytest
 from channels.db import database_sync_to_async as db
-from channels.testing import WebsocketCommunicator
 from factories import make_node_with_token, make_user
+from node_sockets import TIMEOUT, close_code, open_socket
 from test_moderation_support import group, share, staff
 
-from config.asgi import application
 from moderation.models import AuditEntry
 from moderation.services import contributor_ban, node_ban
-from pool import ratelimit
 from pool.models import Rollout
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-TIMEOUT = 5
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rate_counts():
-    ratelimit.reset_local()
-    yield
-    ratelimit.reset_local()
-
-
-async def open_socket(token: str) -> WebsocketCommunicator:
-    socket = WebsocketCommunicator(application, "/ws/node/", headers=[(b"authorization", f"Bearer {token}".encode())])
-    connected, _ = await socket.connect(timeout=TIMEOUT)
-    assert connected
-    await socket.send_to(text_data=json.dumps({"type": "hello", "v": 1, "client": "t", "model": "m", "hardware": "h"}))
-    reply = await socket.receive_json_from(timeout=TIMEOUT)
-    assert reply["type"] == "welcome", reply
-    return socket
-
-
-async def close_code(socket: WebsocketCommunicator) -> int:
-    output = await socket.receive_output(timeout=TIMEOUT)
-    assert output["type"] == "websocket.close", output
-    await socket.send_input({"type": "websocket.disconnect", "code": output["code"]})
-    await socket.wait(TIMEOUT)
-    return output["code"]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 
 
 async def refused_code(token: str) -> int:
-    socket = WebsocketCommunicator(application, "/ws/node/", headers=[(b"authorization", f"Bearer {token}".encode())])
-    connected, _ = await socket.connect(timeout=TIMEOUT)
-    assert connected  # accepted first, then closed with a code (see the consumer)
-    return await close_code(socket)
+    return await close_code(await open_socket(token), settle=TIMEOUT)
 
 
 async def test_banning_a_node_closes_its_open_socket_with_4403_and_refuses_reconnects():
     node, token = await db(make_node_with_token)(name="forger")
     rows = await db(share)(node, group(1), group(2))
     moderator = await db(staff)()
-    socket = await open_socket(token)
+    socket = await open_socket(token, hello=True)
 
     await db(node_ban)(actor=moderator, node=node, reason="forged rewards")
 
-    assert await close_code(socket) == 4403
+    assert await close_code(socket, settle=TIMEOUT) == 4403
     assert await refused_code(token) == 4403
     statuses = await db(
         lambda: set(Rollout.objects.filter(id__in=[r.id for r in rows]).values_list("moderation_status", "sampleable"))
@@ -81,12 +49,12 @@ async def test_banning_a_contributor_closes_all_their_nodes_sockets():
     await db(share)(first, group(3))
     await db(share)(second, group(4))
     moderator = await db(staff)()
-    sockets = [await open_socket(first_token), await open_socket(second_token)]
-    innocent = await open_socket(other_token)
+    sockets = [await open_socket(first_token, hello=True), await open_socket(second_token, hello=True)]
+    innocent = await open_socket(other_token, hello=True)
 
     await db(contributor_ban)(actor=moderator, user=owner, reason="spam ring")
 
-    assert [await close_code(s) for s in sockets] == [4403, 4403]
+    assert [await close_code(s, settle=TIMEOUT) for s in sockets] == [4403, 4403]
     assert await refused_code(second_token) == 4403
     # The bystander's socket is still open and served.
     await innocent.send_to(text_data=json.dumps({"type": "sample", "v": 1, "n": 4}))
@@ -100,7 +68,7 @@ async def test_banning_a_contributor_closes_all_their_nodes_sockets():
 async def test_a_low_trust_node_gets_a_smaller_message_quota(settings):
     settings.SAPO_LIMITS = {"max_messages_per_minute": 10}
     node, token = await db(make_node_with_token)(name="newcomer")
-    socket = await open_socket(token)  # quota: int(10 * (0.25 + 0.75 * 0.1)) = 3 messages a minute
+    socket = await open_socket(token, hello=True)  # quota: int(10 * (0.25 + 0.75 * 0.1)) = 3 messages a minute
     hello = json.dumps({"type": "hello", "v": 1, "client": "t", "model": "m", "hardware": "h"})
     replies = []
     for _ in range(3):
