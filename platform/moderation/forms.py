@@ -50,7 +50,18 @@ class QueueFilterForm(forms.Form):
         return values
 
 
-class AuditFilterForm(forms.Form):
+class FilterForm(forms.Form):
+    """A GET form of optional filters; `filters()` gives the valid, non-empty ones as plain values."""
+
+    def filters(self) -> dict[str, Any]:
+        if not self.is_bound:
+            return {}
+        self.is_valid()
+        data = getattr(self, "cleaned_data", {})
+        return {k: v for k, v in data.items() if v not in (None, "")}
+
+
+class AuditFilterForm(FilterForm):
     action = forms.ChoiceField(required=False, choices=[(ANY, "Any action"), *AuditAction.choices])
     actor = forms.CharField(required=False, max_length=150, label="Moderator (username)")
     rule = forms.ChoiceField(required=False, choices=[(ANY, "Any rule"), *((k, s.title) for k, s in RULES.items())])
@@ -59,24 +70,10 @@ class AuditFilterForm(forms.Form):
     since = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
 
-    def filters(self) -> dict[str, Any]:
-        if not self.is_bound:
-            return {}
-        self.is_valid()
-        data = getattr(self, "cleaned_data", {})
-        return {k: v for k, v in data.items() if v not in (None, "")}
 
-
-class NodeFilterForm(forms.Form):
+class NodeFilterForm(FilterForm):
     q = forms.CharField(required=False, max_length=150, label="Node or contributor")
     state = forms.ChoiceField(
         required=False,
         choices=[(ANY, "All nodes"), ("flagged", "Flagged"), ("banned", "Banned"), ("low_trust", "Lowest trust first")],
     )
-
-    def filters(self) -> dict[str, Any]:
-        if not self.is_bound:
-            return {}
-        self.is_valid()
-        data = getattr(self, "cleaned_data", {})
-        return {k: v for k, v in data.items() if v not in (None, "")}
