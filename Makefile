@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint format venv wheel bench clean-db
+.PHONY: run test lint format venv wheel bench clean-db browser
 
 venv: $(STAMP)
 
@@ -24,9 +24,14 @@ $(STAMP): requirements/base.txt requirements/dev.txt requirements/lock.txt node_
 run: $(STAMP)
 	$(PY) manage.py sapo_local
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+# The browser tests need a chromium: $$SAPO_CHROMIUM, one on PATH, or Playwright's; with none, this
+# installs Debian's (apt, as root or with passwordless sudo) or says what to run.
+browser: $(STAMP)
+	bash .ci/browser $(PY)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

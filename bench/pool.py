@@ -118,8 +118,7 @@ REASONING_WORDS = (
 
 def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
     """Per connection, its share frames (JSON text): honest groups, half right and half wrong."""
-    from tqdm import tqdm
-
+    from sapo_node.progress import progress_bar
     from sapo_node.tasks import CATALOGUES, build_entry, score_completion
 
     catalogue = CATALOGUES[args.catalogue]
@@ -136,7 +135,7 @@ def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
 
     frames: list[list[str]] = []
     total = args.connections * args.messages * args.groups
-    with tqdm(total=total, desc="building groups", unit="group", leave=False) as bar:
+    with progress_bar(total=total, desc="building groups", unit="group", leave=False) as bar:
         for c in range(args.connections):
             rng = random.Random(seeds[c])
             mine = []
@@ -175,8 +174,8 @@ import sys
 import django
 django.setup()
 if sys.argv.pop(1) == "without":  # measure the pool alone: no automatic moderation rules
-    import pool.services
-    pool.services.moderation_hooks = lambda: None
+    from pool.seams import NO_MODERATION, moderation_register
+    moderation_register(NO_MODERATION)
 from daphne.cli import CommandLineInterface
 sys.argv[0] = "daphne"
 CommandLineInterface.entrypoint()
@@ -224,7 +223,8 @@ def start_server(args: argparse.Namespace, port: int, moderation: bool) -> subpr
 
 async def run_clients(port: int, tokens: list[str], frames: list[list[str]], completions: int) -> tuple[float, int]:
     import websockets
-    from tqdm import tqdm
+
+    from sapo_node.progress import progress_bar
 
     url = f"ws://127.0.0.1:{port}/ws/node/"
     sockets = [
@@ -235,7 +235,7 @@ async def run_clients(port: int, tokens: list[str], frames: list[list[str]], com
         await ws.send(json.dumps({"type": "hello", "v": 1, "client": "bench"}))
         assert json.loads(await ws.recv())["type"] == "welcome"
     accepted = 0
-    bar = tqdm(total=sum(len(f) for f in frames), desc="sharing", unit="msg", leave=False)
+    bar = progress_bar(total=sum(len(f) for f in frames), desc="sharing", unit="msg", leave=False)
 
     async def client(ws, mine: list[str]) -> None:
         nonlocal accepted
@@ -344,11 +344,12 @@ def fill_pool(size: int, authors: list[int], window: int) -> None:
     """Fill the pool with `size` groups: a fifth zero-variance, one author in twenty is the asker,
     created oldest first over 1.1 windows (so the oldest tenth is stale)."""
     from django.db import connection
-    from tqdm import tqdm
+
+    from sapo_node.progress import progress_bar
 
     spacing = window * 1.1 / size
     step = 100_000
-    with tqdm(total=size, desc=f"filling to {size:,}", unit="group", leave=False) as bar:
+    with progress_bar(total=size, desc=f"filling to {size:,}", unit="group", leave=False) as bar:
         for start in range(0, size, step):
             stop = min(size, start + step) - 1
             with connection.cursor() as cur:
@@ -373,10 +374,10 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
     alternation: call i goes to every size in turn, so each size sees the same machine load."""
     from django.conf import settings
     from django.db import connections
-    from tqdm import tqdm
 
     from pool.consumers import _sample_payload
     from pool.models import Rollout
+    from sapo_node.progress import progress_bar
 
     window = 86_400
     nodes = make_nodes(20, "author")
@@ -406,7 +407,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
                 _sample_payload(node=asker, n=args.n, window_seconds=window)
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         got = dict.fromkeys(sizes, 0)
-        for _ in tqdm(range(args.samples), desc=f"sampling {args.sizes}", unit="round", leave=False):
+        for _ in progress_bar(range(args.samples), desc=f"sampling {args.sizes}", unit="round", leave=False):
             for size, alias in aliases.items():
                 connections["default"] = connections[alias]
                 t0 = time.perf_counter()

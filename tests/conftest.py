@@ -1,5 +1,5 @@
 """Project-wide fixtures. Tests run on real PostgreSQL: DATABASE_URL when set, otherwise the
-embedded server (config/embedded_db.py), started on first use and left running.
+embedded server (common/embedded_db.py), started on first use and left running.
 
 Each pytest process gets its own test database (`test_<name>_p<pid>`), so several helpers' runs
 can share one server at the same time.
@@ -12,8 +12,9 @@ Factories live in tests/factories.py (`from factories import make_user, make_nod
 
 `live_server` (session) is daphne in a forked process serving HTTP and WebSockets on 127.0.0.1
 against this run's test database; tests/browser and tests/integration use it. `asgi_server` (session)
-starts more of them: `with asgi_server(port=..., settings={...}) as server:` (settings are applied in
-the server process only, e.g. another catalogue or limits).
+starts more of them: `with asgi_server(port=..., settings={...}, log_path=...) as server:` (settings
+are applied in the server process only, e.g. another catalogue or limits; "CONN_MAX_AGE" sets the
+database connection's; `log_path` gets the server's warnings and errors).
 """
 
 from __future__ import annotations
@@ -54,6 +55,30 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
         test = db.setdefault("TEST", {})
         base = test.get("NAME") or f"test_{db['NAME']}"
         test["NAME"] = f"{base}_p{os.getpid()}"
+
+
+_limit_redis: dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_abuse_limits() -> None:
+    """Abuse-limit counters (accounts.limits: log-in failures, sign-ups, node creations, API throttles)
+    start at zero in every test, as they would for a new client: the whole run comes from 127.0.0.1 and
+    reuses usernames. The limits themselves stay on. In PostgreSQL the counters roll back with the test;
+    in Redis they live under this run's own prefix (the one `_isolate_channel_layer` gives a live server
+    too), emptied here."""
+    from django.conf import settings
+
+    settings.SAPO_REDIS_PREFIX = f"sapotest{os.getpid()}"
+    if settings.REDIS_URL:
+        import redis
+
+        client = _limit_redis.get(settings.REDIS_URL)
+        if client is None:
+            client = _limit_redis[settings.REDIS_URL] = redis.Redis.from_url(settings.REDIS_URL)
+        keys = list(client.scan_iter(match=f"{settings.SAPO_REDIS_PREFIX}:limit:*", count=1000))
+        if keys:
+            client.delete(*keys)
 
 
 @pytest.fixture
@@ -104,10 +129,12 @@ def api_client(user):
 # ---------------------------------------------------------------------------- a live ASGI server
 
 
-def _asgi_application(settings_overrides: dict[str, Any] | None = None):
+def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path: Path | None = None):
     """What the server process runs: the project's ASGI router, with static files served from the
     finders (as runserver does; the test run has no collectstatic). Called in the server process,
-    so `settings_overrides` change that process's settings only."""
+    so `settings_overrides` change that process's settings only. With `log_path`, the process's log
+    (warnings and errors, tracebacks included) is written there too."""
+    import logging
     from concurrent.futures import ThreadPoolExecutor
 
     from asgiref.sync import SyncToAsync
@@ -115,8 +142,18 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None):
     from django.conf import settings
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
+    if log_path is not None:
+        handler = logging.FileHandler(log_path)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
+    # Each server has a presence name of its own (a test that restarts "the same server" names it).
+    settings.SAPO_SERVER_NAME = f"test-server-{os.getpid()}"
     for name, value in (settings_overrides or {}).items():
-        setattr(settings, name, value)
+        if name == "CONN_MAX_AGE":  # the database's (SAPO_CONN_MAX_AGE); the connection reads this dict
+            settings.DATABASES["default"]["CONN_MAX_AGE"] = value
+        else:
+            setattr(settings, name, value)
     # The server is a fork of the test process, which may already have run consumers in process.
     # A fork copies objects but not threads: asgiref's single-thread executor would queue the
     # server's database calls for a worker thread that does not exist here, and inherited channel
@@ -125,7 +162,10 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None):
     channel_layers.backends.clear()
 
     from config.asgi import application
+    from config.websocket import follow_frame_limit
+    from pool.limits import current_limits
 
+    follow_frame_limit(current_limits())  # config.asgi may have been imported before the overrides
     return ASGIStaticFilesHandler(application)
 
 
@@ -165,9 +205,16 @@ def _isolate_channel_layer() -> None:
             channel_layers.backends.clear()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_redis_keys() -> None:
+    """Redis keys (rate counts, presence, channel layer) apart from other test runs from the start:
+    in-process consumers use them too, and node ids repeat across runs' databases."""
+    _isolate_channel_layer()
+
+
 @contextmanager
 def _serve_asgi(
-    django_db_blocker, *, port: int = 0, settings: dict[str, Any] | None = None
+    django_db_blocker, *, port: int = 0, settings: dict[str, Any] | None = None, log_path: Path | None = None
 ) -> Iterator[AsgiLiveServer]:
     from daphne.testing import DaphneProcess
     from django.db import connections
@@ -175,7 +222,9 @@ def _serve_asgi(
     _isolate_channel_layer()
     with django_db_blocker.unblock():
         connections.close_all()  # the forked server must not share the parent's sockets
-        process = DaphneProcess(host="127.0.0.1", port=port, get_application=lambda: _asgi_application(settings))
+        process = DaphneProcess(
+            host="127.0.0.1", port=port, get_application=lambda: _asgi_application(settings, log_path)
+        )
         process.daemon = True
         process.start()
         if not process.ready.wait(30):
@@ -205,8 +254,9 @@ def live_server(django_db_setup, django_db_blocker) -> Iterator[AsgiLiveServer]:
 
 @pytest.fixture(scope="session")
 def asgi_server(django_db_setup, django_db_blocker) -> Callable[..., AbstractContextManager[AsgiLiveServer]]:
-    """`with asgi_server(port=0, settings=None) as server:` another live server, e.g. one to kill and
-    restart on the same port. Tests using it need `@pytest.mark.django_db(transaction=True)`."""
+    """`with asgi_server(port=0, settings=None, log_path=None) as server:` another live server, e.g. one
+    to kill and restart on the same port, or one whose log a test reads. Tests using it need
+    `@pytest.mark.django_db(transaction=True)`."""
     return lambda **kwargs: _serve_asgi(django_db_blocker, **kwargs)
 
 

@@ -17,8 +17,7 @@ from typing import Any
 from sapo_node.generate import Generated, encode_prompt
 from sapo_node.groups import Group, TrainGroup
 from sapo_node.sample import entry_answer
-from sapo_node.score import score_group
-from sapo_node.tasks import Catalogue, TaskError, build_entry
+from sapo_node.tasks import Catalogue, ScoringTimeout, TaskError, build_entry, score_completions
 
 
 @dataclass
@@ -27,12 +26,15 @@ class AssembleStats:
     local_kept: int = 0
     external_offered: int = 0
     external_kept: int = 0
-    #: External groups that failed re-verification (unknown task, question or answer mismatch).
+    #: External groups that failed re-verification (unknown task, question or answer mismatch, a
+    #: completion that ran out of time).
     external_invalid: int = 0
     #: External completions whose claimed reward differed from this node's score.
     external_rescored: int = 0
     #: Groups dropped because all their rewards agree (own and external).
     zero_advantage: int = 0
+    #: This node's scores of every completion of the external groups that verified (kept or not).
+    external_rewards: list[float] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -54,7 +56,11 @@ def external_train_group(
     format_prompt: Callable[[Any, str], str],
     max_tokens: int,
 ) -> TrainGroup:
-    """Re-verify, re-score and re-tokenise a group from the pool; raises TaskError if it does not verify."""
+    """Re-verify, re-score and re-tokenise a group from the pool; raises TaskError if it does not verify.
+
+    The cheap checks (task known, question and answer the ones the task rebuilds) come first, so a
+    forged group costs no scoring; the scoring is the bounded one of sapo_node.verifiers, and a
+    completion that runs out of time in its sandbox drops the group (`verification_timeout`)."""
     spec = catalogue.get(group.task.dataset)
     if spec is None:
         raise TaskError("unknown_task", f"{group.task.dataset!r} is not in catalogue {catalogue.name!r}")
@@ -63,15 +69,18 @@ def external_train_group(
         raise TaskError("question_mismatch", "the question is not the one its task rebuilds")
     if entry_answer(entry) != group.answer:
         raise TaskError("answer_mismatch", "the answer is not the one its task rebuilds")
-    rewards = score_group(spec, group.task.seed, entry, group.completions)
+    try:
+        rewards = score_completions(spec, group.task.seed, entry, group.completions)
+    except ScoringTimeout as exc:
+        raise TaskError(exc.code, str(exc)) from exc
 
     prompt_ids = encode_prompt(tokenizer, format_prompt(tokenizer, entry["question"]))
-    eos = tokenizer.eos_token_id
-    completion_ids = []
-    for text in group.completions:
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        # The sender's completion ended here, so this node learns to stop here too; an overlong one is cut.
-        completion_ids.append(ids[:max_tokens] if len(ids) >= max_tokens else ids + [eos])
+    # No EOS is appended: the text does not say whether the sender's model stopped or was cut off at
+    # its max-new-tokens, and an EOS after a cut-off completion would teach this node to stop
+    # mid-answer. This node learns when to stop from its own rollouts; an overlong text is cut.
+    completion_ids = [
+        list(tokenizer(text, add_special_tokens=False)["input_ids"])[:max_tokens] for text in group.completions
+    ]
     rescored = sum(abs(a - b) > 1e-6 for a, b in zip(rewards, group.rewards, strict=True))
     return TrainGroup(
         group.id, "external", prompt_ids, completion_ids, rewards, extra={"rescored": rescored, "node": group.node}
@@ -106,6 +115,7 @@ def assemble(
             stats.reasons[exc.code] = stats.reasons.get(exc.code, 0) + 1
             continue
         stats.external_rescored += tg.extra["rescored"]
+        stats.external_rewards.extend(tg.rewards)
         checked.append(tg)
 
     informative_local = [g for g in local if g.informative]

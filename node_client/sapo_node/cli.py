@@ -61,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:  # before a run's own handler is in place (loading the model, connecting)
+        print("stopped", file=sys.stderr)
+        return 130
 
 
 # ---------------------------------------------------------------------------- sapo-node run

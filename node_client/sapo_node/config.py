@@ -14,8 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-#: Built-in tiny models (sapo_node.tiny): they get the easy catalogue and tiny-model defaults.
-TINY_MODELS = ("tiny", "tiny-mini")
+#: Built-in tiny models (sapo_node.tiny): they get the easy catalogue and tiny-model defaults
+#: ("small", the built-in model for a GPU, gets the sapo catalogue and its own defaults).
+TINY_MODELS = ("tiny", "tiny-mini", "tiny-learn", "tiny-learn-a", "tiny-learn-b")
 
 #: Fields never written to disk or printed in clear.
 SECRET_FIELDS = ("token",)
@@ -31,11 +32,14 @@ class NodeConfig:
     offline: bool = False
     """Train in silo: no server, no sharing, no external groups (J is then 0 in effect)."""
     model: str = "tiny"
-    """Policy: "tiny" or "tiny-mini" (built-in, made locally) or a Hugging Face id or local path."""
+    """Policy: built in and made locally (tiny, tiny-mini, tiny-learn, tiny-learn-a, tiny-learn-b; small for a
+    GPU) or a Hugging Face id or local path."""
     device: str = "auto"
     """auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."""
     dtype: str = "auto"
     """Weights dtype: auto (bfloat16 on CUDA, float32 elsewhere), float32, bfloat16 or float16."""
+    threads: int = 0
+    """torch CPU threads; 0 keeps torch's default (all cores). On a shared machine 1 is often faster."""
     out: str = "sapo-run"
     """Run directory: config.json, metrics.jsonl, checkpoints/ and the outbox of unacknowledged shares."""
     resume: bool = False
@@ -54,6 +58,9 @@ class NodeConfig:
     """I: own groups in the training set of a round."""
     external: int = 4
     """J: groups from the swarm's pool in the training set of a round (0 = silo)."""
+    ratio: str = "fixed"
+    """fixed: I own and J external groups every round. adaptive: I + J groups, J in [0, J] picked each round
+    from the node's own measurements (informative own groups, re-scored reward of received groups; sapo_node.ratio)."""
     catalogue: str | None = None
     """Offline catalogue: easy or sapo; None picks easy for tiny models, sapo otherwise. Online the server's is used."""
     max_new_tokens: int | None = None
@@ -119,6 +126,8 @@ class NodeConfig:
             "local and external must be >= 0": self.local >= 0 and self.external >= 0,
             "local + external must be >= 1": self.local + self.external >= 1,
             "rounds must be >= 0": self.rounds >= 0,
+            "threads must be >= 0": self.threads >= 0,
+            "ratio must be fixed or adaptive": self.ratio in ("fixed", "adaptive"),
             "epochs must be >= 1": self.epochs >= 1,
             "micro_batch must be >= 1": self.micro_batch >= 1,
             "temperature must be > 0": self.temperature > 0,

@@ -1,12 +1,22 @@
-"""Step 2 of a round: G completions for each of B prompts, in batched generate calls.
+"""Step 2 of a round: G completions for each of B prompts, sampled together with a KV cache.
 
-All B*G sequences go through `model.generate` together (or in chunks of `batch_size` rows), left
-padded, sampled at `temperature` from the policy itself (no top-k/top-p, so the samples follow the
-distribution the GRPO loss assumes). The incumbent demo called generate once per completion.
+A round's B*G rows share only B distinct prompts, so each distinct prompt goes through the model
+once (left padded, together) and its key/value cache is then copied to its G rows: the prompt
+forward pass, most of a round's generation work when answers are short, costs B rows instead of
+B*G. The decode loop feeds one token per still-running row and drops rows from the batch (and their
+cache) as they reach a stop token, so no compute goes to rows that have finished; it ends when
+every row has stopped or after `max_new_tokens`. All of it runs under `torch.inference_mode`.
 
-Per-token log-probabilities are not collected here: keeping generate's logits costs B*G*T*V floats
-(about 10 GB for Qwen's vocabulary at B=G=8, T=256), while the update's first forward pass yields
-exactly the log-probs of the policy before the update for free (sapo_node.grpo).
+Sampling is plain softmax sampling at `temperature` from the policy's own logits (float32), with
+no top-k/top-p, repetition penalty or other processor a model's generation_config may ask for, so
+the samples follow the distribution the GRPO loss assumes. It is done as Gumbel-max (argmax of
+logits / temperature + Gumbel noise, which draws exactly from the softmax) with one noise row per
+sequence and step, drawn from torch's generator for all rows of the batch even after some stop:
+a row's tokens then do not depend on which other rows are still running, and a test can replay
+them with a plain no-cache sampler.
+
+Per-token log-probabilities are not collected here: the update's forward pass yields exactly the
+log-probs of the policy before the update (sapo_node.grpo).
 """
 
 from __future__ import annotations
@@ -53,7 +63,19 @@ def pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-@torch.no_grad()
+def gumbel_noise(shape: tuple[int, ...], device: Any) -> torch.Tensor:
+    """Standard Gumbel draws, -log(-log(U)) for U uniform in [0, 1) (U = 0 gives -inf: never picked)."""
+    return torch.rand(shape, device=device).log_().neg_().log_().neg_()
+
+
+def sample_tokens(logits: torch.Tensor, gumbel: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(N, V) logits and (N, V) Gumbel noise -> (N,) token ids drawn from softmax(logits / temperature).
+
+    Gumbel-max: argmax(x + G) with G i.i.d. standard Gumbel is distributed as softmax(x)."""
+    return torch.argmax(logits.float() / temperature + gumbel, dim=-1)
+
+
+@torch.inference_mode()
 def generate_completions(
     model: Any,
     tokenizer: Any,
@@ -64,36 +86,23 @@ def generate_completions(
     temperature: float,
     batch_size: int = 0,
 ) -> list[Generated]:
-    """`generations` sampled completions for each prompt; batch_size 0 = all rows in one call."""
-    device = next(model.parameters()).device
+    """`generations` sampled completions for each prompt; batch_size 0 = all rows in one batch."""
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0")
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
-    rows = [ids for ids in prompt_ids for _ in range(generations)]  # B*G rows, prompt-major
-    step = batch_size if batch_size > 0 else len(rows)
-    stops, pad = stop_ids(model, tokenizer), pad_id(tokenizer)
+    owners = [b for b in range(len(prompts)) for _ in range(generations)]  # B*G rows, prompt-major
+    step = batch_size if batch_size > 0 else len(owners)
+    stops = stop_ids(model, tokenizer)
     model.eval()
 
     completions: list[list[int]] = []
     truncated: list[bool] = []
-    for start in range(0, len(rows), step):
-        chunk = rows[start : start + step]
-        width = max(len(ids) for ids in chunk)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)  # (N, P)
-        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk], device=device)
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            do_sample=True,
-            temperature=temperature,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-            eos_token_id=sorted(stops) or None,
-        )  # (N, P + T)
-        for row in output[:, width:].tolist():
-            ids, ended = _cut_at_stop(row, stops)
-            completions.append(ids)
-            truncated.append(not ended)
+    for start in range(0, len(owners), step):
+        rows, ended = _sample_rows(
+            model, prompt_ids, owners[start : start + step], stops, pad_id(tokenizer), max_new_tokens, temperature
+        )
+        completions += rows
+        truncated += [not e for e in ended]
 
     groups = []
     for b, ids in enumerate(prompt_ids):
@@ -104,9 +113,66 @@ def generate_completions(
     return groups
 
 
-def _cut_at_stop(row: list[int], stops: set[int]) -> tuple[list[int], bool]:
-    """The ids up to and including the first stop id (padding after it dropped)."""
-    for i, token in enumerate(row):
-        if token in stops:
-            return row[: i + 1], True
-    return row, False
+def _sample_rows(
+    model: Any,
+    prompt_ids: list[list[int]],
+    owners: list[int],
+    stops: set[int],
+    pad: int,
+    max_new_tokens: int,
+    temperature: float,
+) -> tuple[list[list[int]], list[bool]]:
+    """One completion per entry of `owners` (an index into `prompt_ids`): its ids (up to and
+    including the first stop id) and whether it stopped."""
+    device = next(model.parameters()).device
+    distinct = sorted(set(owners))
+    width = max(len(prompt_ids[b]) for b in distinct)
+    input_ids = torch.tensor([[pad] * (width - len(prompt_ids[b])) + prompt_ids[b] for b in distinct], device=device)
+    prompt_mask = torch.tensor(
+        [[0] * (width - len(prompt_ids[b])) + [1] * len(prompt_ids[b]) for b in distinct], device=device
+    )  # (K, P)
+    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at 0
+    out = model(
+        input_ids=input_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True, logits_to_keep=1
+    )
+    owner = torch.tensor([distinct.index(b) for b in owners], device=device)  # (N,) row -> its prompt
+    cache = out.past_key_values
+    cache.reorder_cache(owner)  # each distinct prompt's keys/values copied to its rows
+    logits = out.logits[:, -1][owner]  # (N, V)
+
+    n = len(owners)
+    # The attention mask of every row over prompt + completion, and each row's next position.
+    mask = torch.ones((n, width + max_new_tokens), dtype=prompt_mask.dtype, device=device)
+    mask[:, :width] = prompt_mask[owner]
+    position = prompt_mask.sum(-1)[owner]  # (N,)
+    stop_tensor = torch.tensor(sorted(stops), device=device) if stops else None
+    tokens = torch.full((n, max_new_tokens), pad, device=device)  # (N, T)
+    lengths = torch.full((n,), max_new_tokens, device=device)  # (N,) tokens kept per row
+    ended = torch.zeros(n, dtype=torch.bool, device=device)
+    active = torch.arange(n, device=device)  # rows still in the batch
+    for t in range(max_new_tokens):
+        noise = gumbel_noise((n, logits.shape[-1]), device)  # for all rows: see the module docstring
+        next_ids = sample_tokens(logits, noise[active], temperature)  # (A,)
+        tokens[active, t] = next_ids
+        stopped = torch.isin(next_ids, stop_tensor) if stop_tensor is not None else torch.zeros_like(active, dtype=bool)
+        if bool(stopped.any()):
+            lengths[active[stopped]] = t + 1
+            ended[active[stopped]] = True
+            keep = (~stopped).nonzero().squeeze(1)  # positions in the current batch
+            if keep.numel() == 0:
+                break
+            cache.reorder_cache(keep)
+            active, next_ids = active[keep], next_ids[keep]
+        if t + 1 == max_new_tokens:
+            break
+        out = model(
+            input_ids=next_ids[:, None],
+            attention_mask=mask[active, : width + t + 1],
+            position_ids=(position[active] + t)[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1]  # (A, V)
+    rows = [row[:length] for row, length in zip(tokens.tolist(), lengths.tolist(), strict=True)]
+    return rows, ended.tolist()

@@ -30,10 +30,11 @@ from sapo_node.assemble import assemble
 from sapo_node.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from sapo_node.config import NodeConfig
 from sapo_node.generate import generate_completions, pad_id
-from sapo_node.grpo import grpo_update
+from sapo_node.grpo import grpo_update, make_optimizer
 from sapo_node.metrics import MetricsLog, PhaseTimer, RoundProgress, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
 from sapo_node.prompts import format_prompt
+from sapo_node.ratio import AdaptiveRatio
 from sapo_node.sample import sample_questions
 from sapo_node.score import score_rollouts
 from sapo_node.share import share_groups
@@ -88,6 +89,8 @@ class Node:
     last_round: int = 0
     last_saved: int = 0
     owns_transport: bool = False
+    #: The adaptive local/external policy (config.ratio == "adaptive"), else None.
+    ratio: AdaptiveRatio | None = None
 
 
 def start_node(
@@ -101,13 +104,15 @@ def start_node(
     print(f"sapo-node {__version__}\n{config.describe()}", flush=True)
 
     # ---- the policy, its optimizer, and (only with a KL penalty) the frozen initial policy
+    if config.threads:
+        torch.set_num_threads(config.threads)
     seed_everything(config.seed)
     model, tokenizer = policy if policy is not None else load_model(config)
     reference = None
     if config.kl_coef:  # the initial policy, frozen (a resumed run reloads it, not the checkpoint)
         reference = copy.deepcopy(model) if policy is not None else load_model(config)[0]
         reference.requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
 
     # ---- the swarm: say hello, take its catalogue if it answers in time
     owns_transport = transport is None
@@ -128,7 +133,8 @@ def start_node(
             flush=True,
         )
     return Node(config, out, model, tokenizer, optimizer, reference, transport, state, MetricsLog(out / "metrics.jsonl"),
-                last_round=last, last_saved=last, owns_transport=owns_transport)  # fmt: skip
+                last_round=last, last_saved=last, owns_transport=owns_transport,
+                ratio=AdaptiveRatio(config.local + config.external, config.external) if config.ratio == "adaptive" else None)  # fmt: skip
 
 
 def play_round(
@@ -161,8 +167,12 @@ def play_round(
     with timer("share"):
         share_groups(transport, [group for group, _ in own])
     with timer("assemble"):
+        n_local, n_external = config.local, config.external
+        if node.ratio is not None:
+            n_local, n_external = node.ratio.choose([group for group, _ in own])
+        received = transport.take_external(config.external)
         train_set, assembled = assemble(
-            own, transport.take_external(config.external), n_local=config.local, n_external=config.external,
+            own, received, n_local=n_local, n_external=n_external,
             rng=node.state.rng, catalogue=stream.catalogue, tokenizer=tokenizer, format_prompt=format_prompt,
             max_tokens=2 * config.max_new_tokens,
         )  # fmt: skip
@@ -174,11 +184,15 @@ def play_round(
             temperature=config.temperature,
         )  # fmt: skip
     node.last_round = n
+    if node.ratio is not None:
+        node.ratio.observe([group for group, _ in own], assembled.external_rewards)
 
     row = round_metrics(
         round=n, own=[group for group, _ in own], new_tokens=sum(g.num_tokens for g in generated),
         assembled=assembled, update=update, counts=transport.counts(), connection=transport.status, timer=timer,
     )  # fmt: skip
+    # Per question (in draw order): which tasks the node can do, e.g. for the skill-transfer study.
+    row["question_rewards"] = [sum(g.rewards) / len(g.rewards) for g, _ in own]
     node.metrics_log.write(row)
     transport.report(round_report(n, row, train_set))
     if config.checkpoint_every and n % config.checkpoint_every == 0:

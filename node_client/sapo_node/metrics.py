@@ -12,11 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from sapo_node.assemble import AssembleStats
 from sapo_node.groups import Group, TrainGroup
 from sapo_node.grpo import UpdateStats
+from sapo_node.progress import is_terminal, progress_bar
 from sapo_node.transport.base import TransportCounts
 
 PHASES = ("sample", "generate", "score", "share", "assemble", "update")
@@ -127,16 +126,14 @@ class MetricsLog:
 
 
 class RoundProgress:
-    """A tqdm bar over rounds whose description names the current phase. When stderr is not a
+    """A live bar over rounds whose description names the current phase. When stderr is not a
     terminal (docker logs, a parent process reading the output) a bar is noise: one plain line per
-    round goes to stdout instead."""
+    round, with its figures, goes to stdout instead (see sapo_node.progress)."""
 
     def __init__(self, first: int, last: int, *, enabled: bool | None = None) -> None:
-        self.live = sys.stderr.isatty() if enabled is None else enabled
+        self.live = is_terminal(sys.stderr) if enabled is None else enabled
         total = last if last > 0 else None
-        self.bar = tqdm(
-            total=total, initial=first - 1, unit="round", dynamic_ncols=True, disable=not self.live, file=sys.stderr
-        )
+        self.bar = progress_bar(total=total, initial=first - 1, unit="round", live=True, disable=not self.live)
 
     def phase(self, round: int, phase: str) -> None:
         self.bar.set_description(f"round {round}: {phase}", refresh=True)

@@ -56,12 +56,12 @@ def load_policy(
     cache_dir: Path | str | None = None,
     dtype: str | torch.dtype | None = None,
 ) -> tuple[Any, Any, str]:
-    """(model, tokenizer, device) for `model`: "tiny"/"tiny-mini" are built in (built on first use
-    and cached in `cache_dir`); anything else is a hub id or local folder for from_pretrained."""
+    """(model, tokenizer, device) for `model`: the built-in ones (sapo_node.tiny.VARIANTS) are built on
+    first use, on `device`, and cached in `cache_dir`; anything else is a hub id or local folder for from_pretrained."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(device, dtype)
     if model in VARIANTS:
-        policy, tokenizer = load_tiny(model, cache_dir=Path(cache_dir) if cache_dir else None)
+        policy, tokenizer = load_tiny(model, cache_dir=Path(cache_dir) if cache_dir else None, device=device)
         policy = policy.to(device=device, dtype=torch_dtype)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer

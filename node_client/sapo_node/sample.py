@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sapo_node.tasks import TaskRef, TaskSpec, TaskStream, build_entry
+from sapo_node.tasks import TaskError, TaskRef, TaskSpec, TaskStream, build_entry
+
+#: Draws tried for one question: a few entries cannot be generated (decimal_arithmetic: about 1
+#: index in 20,000 divides by zero), never many in a row.
+MAX_DRAWS_PER_QUESTION = 16
 
 
 @dataclass
@@ -33,9 +37,16 @@ def entry_answer(entry: dict[str, Any]) -> str | None:
 
 def sample_questions(stream: TaskStream, n: int) -> list[Question]:
     """The next `n` questions of `stream`, each rebuilt with reasoning-gym (deterministic in the ref)."""
-    questions = []
-    for ref in stream.draw(n):
-        spec = stream.catalogue.get(ref.dataset)
-        assert spec is not None  # the stream draws from its own catalogue
-        questions.append(Question(ref, spec, build_entry(spec, ref.seed, ref.index)))
-    return questions
+    return [_build_question(stream, ref) for ref in stream.draw(n)]
+
+
+def _build_question(stream: TaskStream, ref: TaskRef) -> Question:
+    spec = stream.catalogue.get(ref.dataset)
+    assert spec is not None  # the stream draws from its own catalogue
+    for _ in range(MAX_DRAWS_PER_QUESTION):
+        try:
+            return Question(ref, spec, build_entry(spec, ref.seed, ref.index))
+        except TaskError as exc:
+            error = exc
+            ref = stream.redraw(ref)  # the same dataset, another index: deterministic in the seed
+    raise RuntimeError(f"{MAX_DRAWS_PER_QUESTION} draws of {spec.dataset} in a row could not be built: {error}")

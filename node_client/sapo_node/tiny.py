@@ -31,12 +31,20 @@ from typing import Any
 import torch
 from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from sapo_node.progress import progress_bar
 from sapo_node.prompts import format_plain, format_prompt, format_target
-from sapo_node.tasks import EASY_CATALOGUE, MAX_INDEX, SAPO_CATALOGUE, Catalogue, build_entry, score_completion
+from sapo_node.tasks import (
+    CATALOGUES,
+    EASY_CATALOGUE,
+    MAX_INDEX,
+    SAPO_CATALOGUE,
+    Catalogue,
+    build_entry,
+    score_completion,
+)
 
 #: Bump when the build changes in a way the variant fields do not capture: old caches are then ignored.
 RECIPE_VERSION = 1
@@ -73,6 +81,18 @@ class TinyVariant:
     steps: int
     batch_size: int
     lr: float
+    #: Datasets of the easy catalogue the warm start teaches (empty: all of them). Variants that know
+    #: different datasets give nodes different competences (the skill-transfer study).
+    known: tuple[str, ...] = ()
+    #: A second supervised phase after the warm start, on the same datasets: steps, peak learning rate,
+    #: and the share of its targets given as the bare answer (" 7" instead of " <answer>7</answer>").
+    #: The model keeps what it knows but uses the answer format unreliably, which GRPO can fix: a
+    #: warm start that already answers in format leaves GRPO little it can find (docs/experiment.md).
+    format_steps: int = 0
+    format_lr: float = 0.0
+    bare_share: float = 0.0
+    #: The catalogue the tokenizer and the warm start draw from: easy, or sapo (the paper's nine tasks).
+    catalogue: str = "easy"
 
 
 VARIANTS: dict[str, TinyVariant] = {
@@ -108,6 +128,26 @@ VARIANTS: dict[str, TinyVariant] = {
     ),
 }
 
+#: The architecture and tokenizer of tiny-mini with a longer warm start and a format phase: the
+#: built-in model whose reward GRPO raises within tens of rounds (the `cpu-learn` preset).
+_LEARN = dataclasses.replace(VARIANTS["tiny-mini"], steps=1000, format_steps=150, format_lr=1e-3, bare_share=0.8)
+VARIANTS["tiny-learn"] = dataclasses.replace(_LEARN, name="tiny-learn")
+# Two halves of the easy catalogue, one per variant: nodes that know different things (skill
+# transfer). 600 steps over two datasets teach each of them more than tiny-learn's 1000 over four.
+VARIANTS["tiny-learn-a"] = dataclasses.replace(
+    _LEARN, name="tiny-learn-a", steps=600, known=("basic_arithmetic", "calendar_arithmetic")
+)
+VARIANTS["tiny-learn-b"] = dataclasses.replace(
+    _LEARN, name="tiny-learn-b", steps=600, known=("base_conversion", "fraction_simplification")
+)
+#: A larger model for a GPU (about 26M parameters), built locally from the paper's nine tasks: the
+#: `gpu-learn` preset, which needs no hub. Building it on a CPU takes hours; on a GPU minutes (not measured yet).
+VARIANTS["small"] = TinyVariant(
+    name="small", vocab_size=4096, split_digits=True, tokenizer_seed=31, tokenizer_examples=400,
+    hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1408,
+    steps=4000, batch_size=64, lr=1e-3, format_steps=300, format_lr=3e-4, bare_share=0.8, catalogue="sapo",
+)  # fmt: skip
+
 
 def get_variant(name: str) -> TinyVariant:
     try:
@@ -122,10 +162,10 @@ def get_variant(name: str) -> TinyVariant:
 def tokenizer_corpus(variant: TinyVariant) -> list[str]:
     """Prompt+target texts of reasoning-gym entries: mostly the easy catalogue, some full configs."""
     texts = []
-    for catalogue, n in (
-        (EASY_CATALOGUE, variant.tokenizer_examples),
-        (SAPO_CATALOGUE, variant.tokenizer_examples // 10),
-    ):
+    mix = ((EASY_CATALOGUE, variant.tokenizer_examples), (SAPO_CATALOGUE, variant.tokenizer_examples // 10))
+    if variant.catalogue == "sapo":
+        mix = ((SAPO_CATALOGUE, variant.tokenizer_examples), (EASY_CATALOGUE, variant.tokenizer_examples // 10))
+    for catalogue, n in mix:
         for spec in catalogue.tasks:
             for index in range(n):
                 entry = build_entry(spec, variant.tokenizer_seed, index)
@@ -191,12 +231,20 @@ def count_params(model: torch.nn.Module) -> int:
 # --- warm start --------------------------------------------------------------------------------
 
 
-def supervised_batch(tokenizer: Any, entries: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, labels), right-padded; labels cover the answer and eos only."""
+def supervised_batch(
+    tokenizer: Any, entries: list[dict[str, Any]], bare: list[bool] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, labels), right-padded; labels cover the answer and eos only.
+    `bare[i]` gives entry i's target as the bare answer, without the <answer> tags."""
+    bare = bare or [False] * len(entries)
     prompts = tokenizer([format_prompt(tokenizer, e["question"]) for e in entries], add_special_tokens=False)[
         "input_ids"
     ]
-    targets = tokenizer([format_target(str(e["answer"])) for e in entries], add_special_tokens=False)["input_ids"]
+    texts = [
+        format_bare(str(e["answer"])) if b else format_target(str(e["answer"]))
+        for e, b in zip(entries, bare, strict=True)
+    ]
+    targets = tokenizer(texts, add_special_tokens=False)["input_ids"]
     rows = [(p, t + [tokenizer.eos_token_id]) for p, t in zip(prompts, targets, strict=True)]
     width = max(len(p) + len(t) for p, t in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
@@ -210,6 +258,22 @@ def supervised_batch(tokenizer: Any, entries: list[dict[str, Any]]) -> tuple[tor
     return input_ids, attention_mask, labels
 
 
+def format_bare(answer: str) -> str:
+    """A target without the answer tags (the format phase): the verifier scores it 0."""
+    return f" {answer.strip()}"
+
+
+def known_catalogue(variant: TinyVariant) -> Catalogue:
+    """The part of its catalogue `variant`'s warm start teaches."""
+    catalogue = CATALOGUES[variant.catalogue]
+    if not variant.known:
+        return catalogue
+    tasks = tuple(spec for spec in catalogue.tasks if spec.dataset in variant.known)
+    if len(tasks) != len(variant.known):
+        raise ValueError(f"variant {variant.name}: {variant.known} is not a subset of catalogue {catalogue.name}")
+    return Catalogue(name=f"{catalogue.name}:{'+'.join(variant.known)}", tasks=tasks)
+
+
 def warm_start(
     model: Qwen2ForCausalLM,
     tokenizer: Any,
@@ -218,16 +282,22 @@ def warm_start(
     seed: int,
     steps: int,
     catalogue: Catalogue = EASY_CATALOGUE,
+    lr: float | None = None,
+    bare_share: float = 0.0,
+    phase: int = 0,
     progress: bool = True,
 ) -> float:
     """Supervised fine-tuning on (question, answer) pairs of `catalogue`; returns the final loss (EMA).
 
     Each step's batch comes from one dataset, in turn: questions of one dataset have similar
     lengths, so little compute goes to padding (the long base-conversion prompts would otherwise
-    set the width of every batch).
+    set the width of every batch). A share `bare_share` of the targets (drawn per example) is the
+    bare answer without tags. `phase` > 0 draws from its own question stream (the format phase).
     """
-    rng = random.Random(TRAIN_SEED + seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=variant.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    rng = random.Random(TRAIN_SEED + seed + 7919 * phase)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=variant.lr if lr is None else lr, betas=(0.9, 0.95), weight_decay=0.01
+    )
     warmup = max(1, steps // 10)
 
     def lr_factor(step: int) -> float:  # linear warm-up, cosine decay to a tenth
@@ -237,14 +307,18 @@ def warm_start(
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    # Tasks without a single answer (propositional_logic) have no target to imitate.
+    tasks = [spec for spec in catalogue.tasks if build_entry(spec, TRAIN_SEED + seed, 0)["answer"] is not None]
     model.train()
     ema = float("nan")
-    bar = tqdm(range(steps), desc=f"warm start {variant.name}", disable=not progress, leave=False)
+    bar = progress_bar(range(steps), desc=f"warm start {variant.name}", unit="step", disable=not progress, leave=False)
     for step in bar:
-        spec = catalogue.tasks[step % len(catalogue.tasks)]
+        spec = tasks[step % len(tasks)]
         entries = [build_entry(spec, TRAIN_SEED + seed, rng.randrange(MAX_INDEX)) for _ in range(variant.batch_size)]
-        input_ids, attention_mask, labels = supervised_batch(tokenizer, entries)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        bare = [rng.random() < bare_share for _ in entries] if bare_share > 0 else None
+        input_ids, attention_mask, labels = (t.to(model.device) for t in supervised_batch(tokenizer, entries, bare))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=model.device.type == "cuda"):
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -324,15 +398,29 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SAPO_CACHE") or Path.home() / ".cache" / "sapo-node")
 
 
+#: Recipe fields added after the first builds: left out of the hash at their defaults, so the
+#: caches of tiny and tiny-mini built before them stay valid.
+_LATER_FIELDS = {"known": (), "format_steps": 0, "format_lr": 0.0, "bare_share": 0.0, "catalogue": "easy"}
+
+
 def recipe(variant: TinyVariant, seed: int, steps: int) -> dict[str, Any]:
     """Everything the built model depends on; its hash names the cache folder."""
-    return {
+    fields = dataclasses.asdict(dataclasses.replace(variant, steps=steps))
+    for name, default in _LATER_FIELDS.items():
+        if fields[name] == default or fields[name] == list(default or ()):
+            del fields[name]
+    if "known" in fields:
+        fields["known"] = list(fields["known"])
+    out = {
         "version": RECIPE_VERSION,
-        "variant": dataclasses.asdict(dataclasses.replace(variant, steps=steps)),
+        "variant": fields,
         "seed": seed,
-        "catalogue": EASY_CATALOGUE.to_json(),
+        "catalogue": CATALOGUES[variant.catalogue].to_json(),
         "prompt": format_plain("{question}") + format_target("{answer}"),
     }
+    if variant.bare_share:
+        out["bare"] = format_bare("{answer}")
+    return out
 
 
 def tiny_path(variant: str = "tiny", cache_dir: Path | None = None, seed: int = 0, steps: int | None = None) -> Path:
@@ -352,28 +440,38 @@ def build_info(path: Path) -> dict[str, Any] | None:
 
 
 def build_tiny(
-    variant: str = "tiny", seed: int = 0, steps: int | None = None, progress: bool = True
+    variant: str = "tiny", seed: int = 0, steps: int | None = None, progress: bool = True, device: str = "cpu"
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
-    """Train the tokenizer, build the model and warm-start it, without touching the cache."""
+    """Train the tokenizer, build the model and warm-start it (on `device`, in bfloat16 autocast on
+    CUDA), without touching the cache. The model comes back on the CPU in float32."""
     spec = get_variant(variant)
     steps = spec.steps if steps is None else steps
     started = time.perf_counter()
     tokenizer = train_tokenizer(spec)
     tokenizer_seconds = time.perf_counter() - started
-    model = build_model(spec, tokenizer, seed)
+    model = build_model(spec, tokenizer, seed).to(device)
     started = time.perf_counter()
-    loss = warm_start(model, tokenizer, spec, seed=seed, steps=steps, progress=progress)
+    catalogue = known_catalogue(spec)
+    loss = warm_start(model, tokenizer, spec, seed=seed, steps=steps, catalogue=catalogue, progress=progress)
+    warm_seconds = time.perf_counter() - started
+    if spec.format_steps:
+        loss = warm_start(
+            model, tokenizer, spec, seed=seed, steps=spec.format_steps, catalogue=catalogue, lr=spec.format_lr,
+            bare_share=spec.bare_share, phase=1, progress=progress,
+        )  # fmt: skip
     info = {
         "recipe": recipe(spec, seed, steps),
         "params": count_params(model),
         "vocab_size": len(tokenizer),
         "tokenizer_seconds": round(tokenizer_seconds, 3),
-        "warm_start_seconds": round(time.perf_counter() - started, 2),
+        "warm_start_seconds": round(warm_seconds, 2),
+        "format_seconds": round(time.perf_counter() - started - warm_seconds, 2),
         "final_loss": round(loss, 4),
         "torch_threads": torch.get_num_threads(),
+        "device": str(device),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return model, tokenizer, info
+    return model.to("cpu"), tokenizer, info
 
 
 @contextlib.contextmanager
@@ -394,16 +492,19 @@ def load_tiny(
     seed: int = 0,
     steps: int | None = None,
     progress: bool = True,
+    device: str = "cpu",
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
-    """The built-in model `variant` and its tokenizer: read from the cache, built on first use.
+    """The built-in model `variant` and its tokenizer: read from the cache, built on first use (on
+    `device`: the warm start of "small" wants a GPU).
 
-    Deterministic in (variant, seed, steps). The model comes back in eval mode, float32, on the CPU.
+    Deterministic in (variant, seed, steps) on one device. The model comes back in eval mode,
+    float32, on the CPU.
     """
     path = tiny_path(variant, cache_dir, seed, steps)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"), _quiet_transformers():
         if build_info(path) is None:
-            model, tokenizer, info = build_tiny(variant, seed, steps, progress)
+            model, tokenizer, info = build_tiny(variant, seed, steps, progress, device)
             # Write beside the final folder and rename: a crash never leaves a half-written model
             # that a later load would take for a finished one.
             staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))

@@ -1,7 +1,11 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 
+from accounts.forms import AdminLoginForm
 from accounts.models import User
+
+# The admin's log-in page says when the log-in limiter (accounts.backends) refused an attempt.
+admin.site.login_form = AdminLoginForm
 
 
 @admin.register(User)

@@ -1,8 +1,44 @@
-from django import forms
-from django.contrib.auth import password_validation
+import math
 
+from django import forms
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import password_validation
+from django.contrib.auth.forms import AuthenticationForm
+
+from accounts.backends import LOCKED_ATTR
 from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
 from accounts.services import display_name_is_taken
+
+LOCKED_MESSAGE = (
+    "Too many failed log-ins for this account or from your network. Log-in is locked for %(minutes)s more "
+    "minute(s), whatever the password."
+)
+
+
+class _LockoutMessage:
+    """For the log-in forms: when the backend refused an attempt under a lock (accounts.backends), say
+    so instead of "wrong password" (a contributor would otherwise keep trying the right one)."""
+
+    request: object
+
+    @property
+    def locked_for(self) -> int:
+        return getattr(self.request, LOCKED_ATTR, 0) if self.request is not None else 0
+
+    def get_invalid_login_error(self) -> forms.ValidationError:
+        if self.locked_for:
+            return forms.ValidationError(
+                self.error_messages["locked"], code="locked", params={"minutes": math.ceil(self.locked_for / 60)}
+            )
+        return super().get_invalid_login_error()
+
+
+class LoginForm(_LockoutMessage, AuthenticationForm):
+    error_messages = {**AuthenticationForm.error_messages, "locked": LOCKED_MESSAGE}
+
+
+class AdminLoginForm(_LockoutMessage, AdminAuthenticationForm):
+    error_messages = {**AdminAuthenticationForm.error_messages, "locked": LOCKED_MESSAGE}
 
 
 class SignupForm(forms.Form):

@@ -40,3 +40,15 @@ class User(AbstractUser):
     @property
     def is_banned(self) -> bool:
         return self.banned_at is not None
+
+
+class LimitCounter(models.Model):
+    """One abuse-limit counter (accounts.limits) when the deployment has no Redis: `count` hits in
+    the window that closes at `expires_at`. Rows of closed windows are swept as new ones open."""
+
+    key = models.CharField(max_length=100, unique=True)
+    count = models.PositiveIntegerField(default=0)
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.count}"

@@ -43,11 +43,22 @@ class NotFound(ApplicationError):
         super().__init__(code, message, status=404)
 
 
+class RateLimited(ApplicationError):
+    """Over an abuse limit (docs/moderation.md#limits); `retry_after` seconds until it lets through again.
+    API answers carry it in the body and in a Retry-After header."""
+
+    def __init__(self, message: str, *, retry_after: int, code: str = "rate_limited") -> None:
+        super().__init__(code, message, status=429, extra={"retry_after": retry_after})
+        self.retry_after = retry_after
+
+
 def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every API error body is `{"code", "detail"}`.
 
     Validation errors keep their per-field messages under `errors`.
     """
+    if isinstance(exc, RateLimited):
+        return Response(exc.as_dict(), status=exc.status, headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, ApplicationError):
         return Response(exc.as_dict(), status=exc.status)
     if isinstance(exc, Http404):

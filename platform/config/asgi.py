@@ -2,10 +2,19 @@
 
 No AllowedHostsOriginValidator: nodes are not browsers (no Origin header); they authenticate with
 their bearer token inside the consumer.
+
+Every way the site is served imports this module (runserver, the `daphne` command, the test
+servers), so the two things a server process must do before it serves are done here:
+- the WebSocket layer's message limit follows SAPO_MAX_FRAME_BYTES (config.websocket);
+- the server's start-up step (`server_start`: forget the presence records this server's previous run
+  left) runs once per process before its first request or socket is handled (daphne has no lifespan
+  events; under a server that sends them, it runs on "lifespan.startup").
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 
 from django.core.asgi import get_asgi_application
@@ -14,20 +23,69 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Build the Django app first: it sets up the app registry before any consumer module is imported.
 django_asgi_app = get_asgi_application()
 
+from channels.db import database_sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
+
+from config.websocket import follow_frame_limit  # noqa: E402
+from nodes.presence import presence_server_start  # noqa: E402
 
 # Imported at start-up, not on the first connection: it loads reasoning-gym, which on a busy
 # machine can take longer than daphne's WebSocket handshake timeout.
 from pool.consumers import NodeConsumer  # noqa: E402
+from pool.limits import current_limits  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 websocket_urlpatterns = [
     path("ws/node/", NodeConsumer.as_asgi()),
 ]
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )
+
+
+class ServerStart:
+    """Runs `presence_server_start` once per process (a forked process runs it again: the pid is the
+    key) before the first event is handed on to `app`."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.started_pid: int | None = None
+        self.lock: asyncio.Lock | None = None
+        self.lock_pid: int | None = None
+
+    async def start(self) -> None:
+        pid = os.getpid()
+        if self.started_pid == pid:
+            return
+        if self.lock is None or self.lock_pid != pid:
+            self.lock, self.lock_pid = asyncio.Lock(), pid
+        async with self.lock:
+            if self.started_pid != pid:
+                try:
+                    await database_sync_to_async(presence_server_start)()
+                except Exception:  # not fatal: the old records expire on their own within a minute
+                    logger.exception("forgetting the previous run's presence records failed")
+                self.started_pid = pid
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                event = await receive()
+                if event["type"] == "lifespan.startup":
+                    await self.start()
+                    await send({"type": "lifespan.startup.complete"})
+                elif event["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await self.start()
+        await self.app(scope, receive, send)
+
+
+follow_frame_limit(current_limits())
+application = ServerStart(router)

@@ -3,28 +3,43 @@ environment, read here and nowhere else (helpers in common/env.py).
 
 Environment:
   SAPO_ENV              "development" (default) or "production". Production requires
-                        SAPO_SECRET_KEY and DATABASE_URL and turns DEBUG off.
+                        SAPO_SECRET_KEY, DATABASE_URL and SAPO_ALLOWED_HOSTS, turns DEBUG off and
+                        SAPO_HTTPS on. README's configuration table lists every variable.
   SAPO_DEBUG            1/0; defaults to on in development, off in production.
   SAPO_SECRET_KEY       required in production; in development a key is generated once into
                         var/secret_key.
-  SAPO_ALLOWED_HOSTS    comma-separated; development defaults to localhost names.
+  SAPO_ALLOWED_HOSTS    comma-separated; required in production; development defaults to localhost names.
   SAPO_CSRF_TRUSTED_ORIGINS  comma-separated origins (https://sapo.example).
-  SAPO_HTTPS            1 when served over HTTPS: secure cookies, HSTS, proxy SSL header.
+  SAPO_HTTPS            served over HTTPS (default: on in production): Secure cookies, HSTS, a redirect
+                        of plain HTTP to HTTPS. SAPO_SSL_REDIRECT, SAPO_PROXY_SSL_HEADER, SAPO_HSTS_*
+                        refine it (see the security block below).
+  SAPO_CSP              the Content-Security-Policy header (default below; "" sends none).
+  SAPO_STATIC_ROOT      where `collectstatic` puts static files (default <repo>/staticfiles).
+  SAPO_METRICS_TOKEN    when set, /metrics requires `Authorization: Bearer <token>`.
+  PROMETHEUS_MULTIPROC_DIR  a directory shared by the processes of one host: /metrics then sums them.
   DATABASE_URL          postgresql://...; unset (development only): the embedded PostgreSQL in
-                        var/postgres on 127.0.0.1:SAPO_EMBEDDED_PG_PORT (54329), see config/embedded_db.py.
+                        var/postgres on 127.0.0.1:SAPO_EMBEDDED_PG_PORT (54329), see common/embedded_db.py.
   SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0, see DATABASES below).
   REDIS_URL             redis://...; unset: an in-memory channel layer (one process only).
+  SAPO_SERVER_NAME      this server process's name in presence records (default: the host name); a
+                        restarted process forgets its previous run's sockets by it (nodes.presence).
+                        Give each process its own when several serve from one host.
   SAPO_LOG_LEVEL        default INFO.
-  Protocol limits (SAPO_MAX_*) are read by the pool app, see docs/protocol.md.
+  Protocol limits (SAPO_MAX_*, SAPO_SAMPLE_WINDOW_SECONDS) and SAPO_CATALOGUE: SAPO_LIMITS and
+                        SAPO_CATALOGUE below, see docs/protocol.md.
+  Abuse limits (log-in, sign-up, nodes, tokens, API; SAPO_NUM_PROXIES): see docs/moderation.md#limits.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
+import socket
 import warnings
 from pathlib import Path
 
 from common.env import EnvError, env_bool, env_int, env_list, env_str, parse_database_url
+from sapo_node.protocol import LIMIT_NAMES
 
 BASE_DIR = Path(__file__).resolve().parents[2]  # the repository root
 PLATFORM_DIR = BASE_DIR / "platform"
@@ -61,16 +76,43 @@ SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list(
     "SAPO_ALLOWED_HOSTS", [] if PRODUCTION else ["localhost", "127.0.0.1", "[::1]", "0.0.0.0", "testserver"]
 )
+if PRODUCTION and not ALLOWED_HOSTS:
+    # Django would answer every request 400: fail at start-up instead, like a missing secret.
+    raise EnvError("SAPO_ALLOWED_HOSTS must be set when SAPO_ENV=production (e.g. sapo.example.org)")
 CSRF_TRUSTED_ORIGINS = env_list("SAPO_CSRF_TRUSTED_ORIGINS", [])
 
-HTTPS = env_bool("SAPO_HTTPS", default=False)
+# --- Security: production is HTTPS-only by default (`manage.py check --deploy` is clean) ----------
+# SAPO_HTTPS=0 is for a production profile without TLS, e.g. docker-compose.yml on one's own machine.
+HTTPS = env_bool("SAPO_HTTPS", default=PRODUCTION)
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
-if HTTPS:
+# Plain HTTP is redirected to HTTPS; turn off only when the proxy in front redirects already.
+SECURE_SSL_REDIRECT = env_bool("SAPO_SSL_REDIRECT", default=HTTPS)
+# Probes and scrapes come over plain HTTP from inside the network (ops.urls).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# Behind a TLS-terminating proxy the request reaching daphne is HTTP: the proxy's X-Forwarded-Proto
+# says whether the client used HTTPS. Only safe when the proxy sets that header and drops a client's.
+if env_bool("SAPO_PROXY_SSL_HEADER", default=HTTPS):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_HSTS_SECONDS = env_int("SAPO_HSTS_SECONDS", 3600)
+SECURE_HSTS_SECONDS = env_int("SAPO_HSTS_SECONDS", 31_536_000) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SAPO_HSTS_INCLUDE_SUBDOMAINS", default=True)
+# Preloading asks browsers to hard-code HTTPS for the domain (hstspreload.org): the site owner's
+# decision, so off by default, and the check that suggests it is silenced until it is on.
+SECURE_HSTS_PRELOAD = env_bool("SAPO_HSTS_PRELOAD", default=False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Scripts, styles and everything else from the site only; no inline script or style, no eval (the
+# templates and htmx's config in base.html keep to that; tests/browser checks every page). Not sent
+# while DEBUG is on: Django's debug pages are inline HTML (ops.middleware).
+DEFAULT_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+CONTENT_SECURITY_POLICY = env_str("SAPO_CSP", DEFAULT_CSP)
+# /metrics is open unless a token is set (keep it on the internal network either way; docs/deploy.md).
+SAPO_METRICS_TOKEN = env_str("SAPO_METRICS_TOKEN", "")
+PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
 
 INSTALLED_APPS = [
     "daphne",  # first: `manage.py runserver` then serves HTTP and WebSockets (ASGI_APPLICATION)
@@ -83,10 +125,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served by the site (no CDN)
     "django_htmx",
     "channels",
     # Project apps (platform/<name>).
     "common",
+    "ops",  # /healthz, /readyz, /metrics, the CSP header, deployment checks
     "accounts",
     "nodes",
     "pool",
@@ -98,6 +142,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "ops.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -133,7 +178,7 @@ if _database_url:
 elif PRODUCTION:
     raise EnvError("DATABASE_URL must be set when SAPO_ENV=production")
 else:
-    from config.embedded_db import embedded_database_url
+    from common.embedded_db import embedded_database_url
 
     _default_db = parse_database_url(embedded_database_url())
     # Same PostgreSQL backend, but it starts the embedded server before the first connection.
@@ -148,11 +193,20 @@ _default_db["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# --- The node protocol's limits and the pool's catalogue (docs/protocol.md, "Limits") -----------
+# Read once, here: SAPO_<LIMIT NAME> for each limit set in the environment (the rest keep their
+# defaults in pool.limits.Limits). Tests override SAPO_LIMITS / SAPO_CATALOGUE through settings.
+SAPO_LIMITS = {
+    name: env_int(f"SAPO_{name.upper()}", 0) for name in LIMIT_NAMES if (env_str(f"SAPO_{name.upper()}") or "").strip()
+}
+SAPO_CATALOGUE = env_str("SAPO_CATALOGUE", "") or "sapo"
+
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
 # Namespace of every Redis key this deployment writes (channel layer, rate limits), so deployments
 # or test runs sharing one Redis never count or deliver each other's messages.
 SAPO_REDIS_PREFIX = env_str("SAPO_REDIS_PREFIX", "sapo")
+SAPO_SERVER_NAME = env_str("SAPO_SERVER_NAME", "") or socket.gethostname()
 if REDIS_URL:
     # socket_timeout None: redis-py >= 8 reads with a 5 s timeout by default, the same 5 s that
     # channels_redis blocks in BZPOPMIN waiting for messages, so an idle node socket would die with
@@ -174,12 +228,39 @@ AUTH_USER_MODEL = "accounts.User"
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
+AUTHENTICATION_BACKENDS = ["accounts.backends.LimitedModelBackend"]  # ModelBackend behind the log-in limiter
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator",
+        "OPTIONS": {"user_attributes": ("username", "display_name", "first_name", "last_name", "email")},
+    },
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# --- Abuse limits (docs/moderation.md#limits) ------------------------------------------------
+# Counted by accounts/limits.py in Redis when REDIS_URL is set, else in PostgreSQL: either way shared
+# by every server process.
+SAPO_NUM_PROXIES = env_int("SAPO_NUM_PROXIES", 0)  # reverse proxies in front of the site (X-Forwarded-For)
+SAPO_LOGIN_FAILURES_PER_USER = env_int("SAPO_LOGIN_FAILURES_PER_USER", 10)
+SAPO_LOGIN_FAILURES_PER_ADDRESS = env_int("SAPO_LOGIN_FAILURES_PER_ADDRESS", 30)
+SAPO_LOGIN_WINDOW_SECONDS = env_int("SAPO_LOGIN_WINDOW_SECONDS", 900)
+SAPO_SIGNUPS_PER_ADDRESS_PER_HOUR = env_int("SAPO_SIGNUPS_PER_ADDRESS_PER_HOUR", 10)
+SAPO_NODES_PER_ACCOUNT = env_int("SAPO_NODES_PER_ACCOUNT", 20)
+SAPO_NODE_CREATIONS_PER_HOUR = env_int("SAPO_NODE_CREATIONS_PER_HOUR", 20)
+SAPO_TOKEN_ROTATIONS_PER_HOUR = env_int("SAPO_TOKEN_ROTATIONS_PER_HOUR", 10)
+
+
+def _api_rate(name: str, default: str) -> str:
+    rate = env_str(name, default).strip()
+    if not re.fullmatch(r"[1-9][0-9]*/(s|m|h|d|(sec|second|min|minute|hour|day)s?)", rate):
+        raise EnvError(f"{name}={rate!r} is not a rate such as 120/min (periods: sec, min, hour, day)")
+    return rate
+
+
+SAPO_API_RATE_ANON = _api_rate("SAPO_API_RATE_ANON", "120/min")
+SAPO_API_RATE_USER = _api_rate("SAPO_API_RATE_USER", "600/min")
 
 # --- REST API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -189,6 +270,9 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
     "EXCEPTION_HANDLER": "common.errors.drf_exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.UserThrottle", "accounts.throttling.AnonThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": SAPO_API_RATE_USER, "anon": SAPO_API_RATE_ANON},
+    "NUM_PROXIES": SAPO_NUM_PROXIES,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 SPECTACULAR_SETTINGS = {
@@ -196,11 +280,16 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Contributor API of the SAPO Swarm platform. Nodes use the WebSocket protocol (docs/protocol.md).",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Static files, i18n ----------------------------------------------------------------------
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"  # filled by `collectstatic` (the Docker image does it)
+STATIC_ROOT = Path(
+    env_str("SAPO_STATIC_ROOT") or BASE_DIR / "staticfiles"
+)  # filled by `collectstatic` (docs/deploy.md)
 if not PRODUCTION:
     # Development serves from the finders; an absent STATIC_ROOT is expected there.
     warnings.filterwarnings("ignore", message="No directory at: ", category=UserWarning)

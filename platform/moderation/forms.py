@@ -1,4 +1,5 @@
-"""Filter forms of the moderation pages (GET parameters; invalid values are ignored, not errors)."""
+"""Filter forms of the moderation pages and bulk actions. An invalid field is an error, never dropped:
+a filter that silently lost `since=tomorrow` would match everything, and a bulk action hit it all."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from django import forms
 
+from common.errors import ApplicationError
 from moderation.models import AuditAction, TargetType
 from moderation.rules import RULES
 from pool.models import ModerationStatus, RejectReason
@@ -13,7 +15,31 @@ from pool.models import ModerationStatus, RejectReason
 ANY = ""
 
 
-class QueueFilterForm(forms.Form):
+class InvalidFilter(ApplicationError):
+    """A filter form with an invalid field (400, code "invalid_filter"); the message names each field."""
+
+    def __init__(self, form: forms.Form) -> None:
+        problems = []
+        for name, errors in form.errors.items():
+            field = form.fields.get(name)
+            label = (field.label or name.replace("_", " ").capitalize()) if field else "Filter"
+            problems.append(f"{label}: {' '.join(errors)}")
+        super().__init__("invalid_filter", f"The filter is invalid: {'; '.join(problems)}")
+
+
+class FilterForm(forms.Form):
+    """A form of optional filters; `filters()` gives the non-empty ones as plain values."""
+
+    def filters(self) -> dict[str, Any]:
+        """Raises InvalidFilter when a field is invalid."""
+        if not self.is_bound:
+            return {}
+        if not self.is_valid():
+            raise InvalidFilter(self)
+        return {k: v for k, v in self.cleaned_data.items() if v not in (None, "")}
+
+
+class QueueFilterForm(FilterForm):
     status = forms.ChoiceField(
         required=False,
         initial=ModerationStatus.HELD,
@@ -39,26 +65,11 @@ class QueueFilterForm(forms.Form):
     FIELDS = ("status", "reason", "flag", "dataset", "node", "contributor", "since", "until")
 
     def filters(self) -> dict[str, Any]:
-        """The valid filters as plain values (an unbound form: the default view, held groups)."""
-        if not self.is_bound:
-            return {"status": ModerationStatus.HELD}
-        self.is_valid()
-        data = getattr(self, "cleaned_data", {})
-        values = {name: data.get(name) for name in self.FIELDS if data.get(name) not in (None, "")}
+        """As FilterForm's; with no status given (an unbound form too), held groups: the default view."""
+        values = super().filters()
         if "status" not in self.data:
             values["status"] = ModerationStatus.HELD
         return values
-
-
-class FilterForm(forms.Form):
-    """A GET form of optional filters; `filters()` gives the valid, non-empty ones as plain values."""
-
-    def filters(self) -> dict[str, Any]:
-        if not self.is_bound:
-            return {}
-        self.is_valid()
-        data = getattr(self, "cleaned_data", {})
-        return {k: v for k, v in data.items() if v not in (None, "")}
 
 
 class AuditFilterForm(FilterForm):

@@ -1,15 +1,17 @@
-"""What the pool calls: the only moderation functions pool code imports.
-
-- `rollouts_screen` / `rollouts_record`: pool.services.rollout_share, around its INSERT (automatic
-  rules, automatic verdicts in the audit log, trust counting, holds). See moderation.screening.
-- `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample, on its uniform draws (trust-weighted
-  sampling; both return None when weighting is off, and the pool then draws as before).
-- `node_message_quota`: pool.consumers.NodeConsumer, when a socket opens (trust-scaled rate limit).
-"""
+"""Moderation's implementation of the pool's seam (pool.seams.PoolModeration), registered by
+ModerationConfig.ready(). The pool never imports this module; it calls it through pool.seams."""
 
 from __future__ import annotations
 
-from moderation.screening import Screening, rollouts_record, rollouts_screen
-from moderation.trust import node_message_quota, sample_keep, weighted_pick
+from moderation import screening, trust
 
-__all__ = ["Screening", "node_message_quota", "rollouts_record", "rollouts_screen", "sample_keep", "weighted_pick"]
+
+class Moderation:
+    rollouts_screen = staticmethod(screening.rollouts_screen)
+    rollouts_record = staticmethod(screening.rollouts_record)
+    sample_keep = staticmethod(trust.sample_keep)
+    weighted_pick = staticmethod(trust.weighted_pick)
+    node_message_quota = staticmethod(trust.node_message_quota)
+
+
+MODERATION = Moderation()

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.core.cache import cache
 
+from moderation.safe_regex import BlocklistError, validate_patterns
+
 CACHE_KEY = "moderation:rules:v1"
 CACHE_SECONDS = 10
 
@@ -175,8 +177,6 @@ def clean_params(key: str, raw: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise RuleError(f"{name}: expected a list of strings")
             if key == "blocklist":
-                from moderation.filters import BlocklistError, validate_patterns
-
                 try:
                     value = validate_patterns(value)
                 except BlocklistError as exc:

@@ -7,8 +7,9 @@ see a group before its hold is set:
    enabled rules on the accepted groups. Bounded work per group: one candidate query for the whole
    batch (at most `max_candidates` other groups per question), a hash lookup per completion for
    copies, linear scans for length/characters and the blocklist.
-2. `rollouts_record(node_id, screening, inserted)` right after the INSERT, before commit: holds what a
-   hold rule caught, writes fingerprints, flags, decisions and audit entries (every automatic
+   The pool reads `Screening.held` and stores those groups held (never sampleable) in its INSERT.
+2. `rollouts_record(node_id, screening, inserted)` right after the INSERT, before commit: records the
+   holds' decisions, writes fingerprints, flags, decisions and audit entries (every automatic
    verdict, flag and hold), counts the verdicts into trust, and now and then re-scans the touched
    datasets for outlier nodes.
 """
@@ -29,6 +30,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
+from common.compact_json import dumps
 from moderation import filters
 from moderation.models import (
     AuditAction,
@@ -103,9 +105,6 @@ def _copy_index(node_id: int, question_hashes: set[str], rules: dict[str, Rule],
     return index
 
 
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
 def _fingerprints_insert(
     *, node_id: int, fingerprints: dict[uuid.UUID, tuple[str, filters.Fingerprint]], now: datetime
 ) -> None:
@@ -129,8 +128,8 @@ def _fingerprints_insert(
                 "now": now,
                 "id": list(fingerprints),
                 "qh": [qh for qh, _ in fingerprints.values()],
-                "exact": [_dumps(fp.exact) for _, fp in fingerprints.values()],
-                "simhash": [_dumps(fp.simhash) for _, fp in fingerprints.values()],
+                "exact": [dumps(fp.exact) for _, fp in fingerprints.values()],
+                "simhash": [dumps(fp.simhash) for _, fp in fingerprints.values()],
             },
         )
 
@@ -193,8 +192,8 @@ def rollouts_record(
     *, node_id: int, screening: Screening, inserted: set[uuid.UUID], now: datetime | None = None
 ) -> None:
     """After the pool inserted the groups (`inserted`: the ids really inserted now), in its transaction:
-    hold what a hold rule caught (pool.services.rollout_set_moderation, before commit, so no sample sees
-    it), store fingerprints, flags, decisions and audit entries (automatic verdicts included), count the
+    record the decisions for what a hold rule caught (the pool stored those held already, from
+    `screening.held`, so no sample ever sees them), store fingerprints, flags, decisions and audit entries (automatic verdicts included), count the
     verdicts into trust, and now and then re-scan the touched datasets for outlier nodes."""
     now = now or timezone.now()
     rollouts = [r for r in screening.rollouts if r.id in inserted]
@@ -207,9 +206,7 @@ def rollouts_record(
         if f.hold:
             held.setdefault(f.rollout_id, f)
     if held:
-        from pool.services import rollout_set_moderation  # here: pool.services imports this module
-
-        rollout_set_moderation(rollouts=list(held), status=ModerationStatus.HELD)
+        # The pool stored these held already (it read `screening.held` before its INSERT): record why.
         ModerationDecision.objects.bulk_create(
             [
                 ModerationDecision(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.apps import apps
 from django.db import connection, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
@@ -83,8 +82,8 @@ def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: Use
     """Record a decision on every group the queryset matches and set their status, in 3 statements:
     upsert the decisions (INSERT ... SELECT, tagged with a fresh batch id), then the pool's own
     `rollout_set_moderation` on exactly that batch (it keeps `sampleable` and `sample_seq` consistent),
-    then resolve the groups' open flags (plus the leaderboard's credit move when the web app is
-    installed). Caller holds a transaction."""
+    then resolve the groups' open flags (the leaderboard follows the status change through
+    pool.signals). Caller holds a transaction."""
     batch = uuid.uuid4()
     now = timezone.now()
     sub_sql, sub_params = rollouts.order_by().values("id").query.sql_with_params()
@@ -101,12 +100,6 @@ def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: Use
         )
         count = cursor.rowcount
     decided = Rollout.objects.filter(id__in=ModerationDecision.objects.filter(batch=batch).values("rollout_id"))
-    if apps.is_installed("web"):
-        # The leaderboard's folded totals credit groups by moderation status: move their credit
-        # first (it reads the old status), as web.stats asks.
-        from web.stats import node_stats_apply_moderation
-
-        node_stats_apply_moderation(rollouts=decided, status=status)
     rollout_set_moderation(rollouts=decided, status=status)
     ModerationFlag.objects.filter(rollout__in=decided, resolved_at__isnull=True).update(resolved_at=now)
     if status == ModerationStatus.REJECTED:

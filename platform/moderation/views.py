@@ -16,14 +16,17 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
 from common.errors import ApplicationError
 from moderation import selectors, services
-from moderation.forms import AuditFilterForm, NodeFilterForm, QueueFilterForm
+from moderation.forms import AuditFilterForm, FilterForm, InvalidFilter, NodeFilterForm, QueueFilterForm
 from moderation.rules import RULES
 from nodes.models import Node
+from nodes.selectors import node_status, node_statuses
 
 QUEUE_PAGE_SIZE = 20
 AUDIT_PAGE_SIZE = 50
@@ -50,6 +53,26 @@ def _query_without_page(request: HttpRequest) -> str:
     return urlencode([(k, v) for k, v in request.GET.items() if k != "page"])
 
 
+def _filtered(form: FilterForm, select: Callable[[dict[str, Any]], Any]) -> tuple[Any, int]:
+    """(rows, status) of a page's filter form: an invalid field shows its error and no rows (400), never
+    every row as if the field had not been given."""
+    try:
+        return select(form.filters()), 200
+    except InvalidFilter:
+        return [], 400
+
+
+def _back(request: HttpRequest, default: str) -> str:
+    """Where a plain (non-htmx) form goes after an action: the page it was sent from when that is a
+    page of this site (the Referer header is the client's to write), else `default`."""
+    referer = request.META.get("HTTP_REFERER", "")
+    if referer and url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return referer
+    return reverse(default)
+
+
 def _error(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
     response = render(request, "moderation/partials/error.html", {"error": exc}, status=exc.status)
     if request.htmx:  # errors go to the page's alert area, not into the element the form targets
@@ -65,17 +88,15 @@ def _error(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
 @staff_required
 def queue(request: HttpRequest) -> HttpResponse:
     form = QueueFilterForm(request.GET if request.GET else None)
-    filters = form.filters()
-    page = _page(request, selectors.rollout_queue(filters=filters), QUEUE_PAGE_SIZE)
+    rollouts, status = _filtered(form, lambda filters: selectors.rollout_queue(filters=filters))
     context = {
         "form": form,
-        "page": page,
-        "filters_json": json.dumps(filters, default=str),
+        "page": _page(request, rollouts, QUEUE_PAGE_SIZE),
         "query": _query_without_page(request),
         "actions": services.ACTIONS,
         "section": "queue",
     }
-    return render(request, "moderation/queue.html", context)
+    return render(request, "moderation/queue.html", context, status=status)
 
 
 @require_POST
@@ -92,12 +113,13 @@ def rollout_action(request: HttpRequest, rollout_id: str) -> HttpResponse:
         return _error(request, exc)
     rollout = selectors.rollout_moderation_get(rollout_id=rollout_id)
     if not request.htmx:
-        return redirect(request.META.get("HTTP_REFERER") or "moderation:queue")
+        return redirect(_back(request, "moderation:queue"))
     return render(request, "moderation/partials/group.html", {"rollout": rollout, "actions": services.ACTIONS})
 
 
 def _posted_filters(request: HttpRequest) -> dict[str, Any]:
-    """The queue filter a bulk form carries (the same fields as the GET form, posted as `f-<name>`)."""
+    """The queue filter a bulk form carries (the same fields as the GET form, posted as `f-<name>`).
+    Raises InvalidFilter: a bulk action never runs on a filter that lost a field."""
     data = {name: request.POST.get(f"f-{name}", "") for name in QueueFilterForm.FIELDS}
     data["status"] = data["status"] or "any"
     return QueueFilterForm(data).filters()
@@ -107,7 +129,10 @@ def _posted_filters(request: HttpRequest) -> dict[str, Any]:
 @staff_required
 def bulk_preview(request: HttpRequest) -> HttpResponse:
     """Step 1 of a bulk action: how many groups the filter matches, and a confirm form."""
-    filters = _posted_filters(request)
+    try:
+        filters = _posted_filters(request)
+    except InvalidFilter as exc:
+        return _error(request, exc)
     action = request.POST.get("action", "")
     if action not in services.ACTIONS:
         return _error(request, ApplicationError("invalid_action", "Choose an action."))
@@ -125,8 +150,8 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
 @staff_required
 def bulk_apply(request: HttpRequest) -> HttpResponse:
     """Step 2: apply the action to everything the filter matches now (the count is taken again)."""
-    filters = _posted_filters(request)
     try:
+        filters = _posted_filters(request)
         count = services.rollouts_moderate_bulk(
             actor=request.user,
             rollouts=selectors.rollout_queue_base(filters=filters),
@@ -149,19 +174,24 @@ def bulk_apply(request: HttpRequest) -> HttpResponse:
 @staff_required
 def nodes(request: HttpRequest) -> HttpResponse:
     form = NodeFilterForm(request.GET if request.GET else None)
-    page = _page(request, selectors.node_moderation_list(filters=form.filters()), NODES_PAGE_SIZE)
+    nodes, status = _filtered(form, lambda filters: selectors.node_moderation_list(filters=filters))
+    page = _page(request, nodes, NODES_PAGE_SIZE)
+    statuses = node_statuses(page)
     for node in page:
         node.trust_value = selectors.node_trust(node)
+        node.status = statuses[node.id]
     return render(
         request,
         "moderation/nodes.html",
         {"form": form, "page": page, "query": _query_without_page(request), "section": "nodes"},
+        status=status,
     )
 
 
 def _node_row(request: HttpRequest, node_id: int) -> HttpResponse:
     node = selectors.node_moderation_list(filters={}).get(id=node_id)
     node.trust_value = selectors.node_trust(node)
+    node.status = node_status(node)
     return render(request, "moderation/partials/node_row.html", {"node": node})
 
 
@@ -228,9 +258,10 @@ def flag_resolve(request: HttpRequest, flag_id: int) -> HttpResponse:
 @staff_required
 def audit(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET if request.GET else None)
-    page = _page(request, selectors.audit_list(filters=form.filters()), AUDIT_PAGE_SIZE)
+    entries, status = _filtered(form, lambda filters: selectors.audit_list(filters=filters))
+    page = _page(request, entries, AUDIT_PAGE_SIZE)
     context = {"form": form, "page": page, "query": _query_without_page(request), "section": "audit"}
-    return render(request, "moderation/audit.html", context)
+    return render(request, "moderation/audit.html", context, status=status)
 
 
 @require_GET

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from nodes.models import Node, NodeToken
+from nodes.selectors import node_status
 
 
 class NodeTokenInline(admin.TabularInline):
@@ -20,9 +21,13 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = (("banned_at", admin.EmptyFieldListFilter), ("retired_at", admin.EmptyFieldListFilter))
     search_fields = ("name", "owner__username", "owner__display_name", "model_id")
     list_select_related = ("owner",)
-    readonly_fields = ("connections", "last_seen_at", "created_at", "client_version")
+    readonly_fields = ("last_seen_at", "created_at", "client_version")
     raw_id_fields = ("owner",)
     inlines = [NodeTokenInline]
+
+    @admin.display(description="status")
+    def status(self, node: Node) -> str:
+        return node_status(node)
 
 
 @admin.register(NodeToken)

@@ -1,6 +1,7 @@
 """The contributor's JSON API for their own nodes (session-authenticated). Views validate, call a
 service or selector, and render; access goes through `access_node`."""
 
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -8,8 +9,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nodes import serializers
-from nodes.selectors import access_node, node_get, node_list
+from nodes.selectors import access_node, node_get, node_list, node_statuses
 from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
+
+
+def _secret(response: Response) -> Response:
+    """An answer carrying a token: no browser, proxy or cache may keep it (Cache-Control: no-store)."""
+    add_never_cache_headers(response)
+    return response
 
 
 class NodeListCreateApi(APIView):
@@ -17,7 +24,8 @@ class NodeListCreateApi(APIView):
     def get(self, request: Request) -> Response:
         include_retired = request.query_params.get("include_retired") in {"1", "true"}
         nodes = node_list(owner=request.user, include_retired=include_retired)
-        return Response(serializers.NodeOutputSerializer(nodes, many=True).data)
+        context = {"statuses": node_statuses(nodes)}
+        return Response(serializers.NodeOutputSerializer(nodes, many=True, context=context).data)
 
     @extend_schema(
         request=serializers.NodeCreateInputSerializer,
@@ -30,7 +38,7 @@ class NodeListCreateApi(APIView):
         _, plaintext = node_token_issue(node=node)
         node = node_get(node_id=node.id)
         node.token = plaintext
-        return Response(serializers.NodeWithTokenOutputSerializer(node).data, status=status.HTTP_201_CREATED)
+        return _secret(Response(serializers.NodeWithTokenOutputSerializer(node).data, status=status.HTTP_201_CREATED))
 
 
 class NodeDetailApi(APIView):
@@ -58,7 +66,7 @@ class NodeTokenRotateApi(APIView):
     @extend_schema(request=None, responses=serializers.TokenOutputSerializer)
     def post(self, request: Request, node_id: int) -> Response:
         plaintext = node_token_rotate(node=access_node(request.user, node_id))
-        return Response(serializers.TokenOutputSerializer({"token": plaintext}).data)
+        return _secret(Response(serializers.TokenOutputSerializer({"token": plaintext}).data))
 
 
 class NodeTokenRevokeApi(APIView):

@@ -12,8 +12,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_BANNED = 4403
+from sapo_node.protocol import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
+
+__all__ = ["CLOSE_BANNED", "CLOSE_UNAUTHENTICATED", "contributor_group_name", "node_group_name"]
 
 
 def node_group_name(node_id: int) -> str:

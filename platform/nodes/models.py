@@ -11,8 +11,7 @@ NODE_NAME_MAX_LENGTH = 64
 #: A connected node that sent something within this window is "online"; quieter but connected
 #: nodes are "idle".
 ONLINE_WINDOW = timedelta(minutes=2)
-#: Past this silence a node counts as "offline" even if `connections` says otherwise: the counter
-#: may be stale after a server crash (disconnects that never ran).
+#: Past this silence a connected node counts as "offline" (a socket held open without a frame).
 IDLE_WINDOW = timedelta(hours=1)
 
 
@@ -29,8 +28,8 @@ class Node(models.Model):
 
     - banned:  `banned_at` is set on the node or on its owner;
     - retired: `retired_at` is set (tokens revoked, kept for history);
-    - online:  `connections` > 0 (open WebSockets, counted by the consumer through
-               node_mark_connected/node_mark_disconnected) and seen within ONLINE_WINDOW;
+    - online:  connected (an open WebSocket in nodes.presence, which expires when its server stops
+               renewing it) and seen within ONLINE_WINDOW;
     - idle:    connected but quiet for longer, up to IDLE_WINDOW;
     - offline: otherwise.
     """
@@ -40,7 +39,6 @@ class Node(models.Model):
     model_id = models.CharField(max_length=200, blank=True, help_text="Model the node trains (self-reported).")
     hardware = models.CharField(max_length=200, blank=True, help_text="Self-reported hardware description.")
     client_version = models.CharField(max_length=64, blank=True)
-    connections = models.PositiveIntegerField(default=0, help_text="Open WebSocket connections.")
     last_seen_at = models.DateTimeField(null=True, blank=True)
     banned_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -69,12 +67,13 @@ class Node(models.Model):
     def is_retired(self) -> bool:
         return self.retired_at is not None
 
-    def status_at(self, now: datetime) -> str:
+    def status_at(self, now: datetime, *, connected: bool) -> str:
+        """The status at `now`, given whether the node has an open socket (nodes.presence says)."""
         if self.is_banned:
             return NodeStatus.BANNED
         if self.is_retired:
             return NodeStatus.RETIRED
-        if self.connections <= 0 or self.last_seen_at is None:
+        if not connected or self.last_seen_at is None:
             return NodeStatus.OFFLINE
         silence = now - self.last_seen_at
         if silence <= ONLINE_WINDOW:
@@ -83,9 +82,27 @@ class Node(models.Model):
             return NodeStatus.IDLE
         return NodeStatus.OFFLINE
 
-    @property
-    def status(self) -> str:
-        return self.status_at(timezone.now())
+
+class NodeConnection(models.Model):
+    """One open WebSocket of a node: presence kept in the database, when REDIS_URL is unset (with it,
+    the same records live in Redis). `expires_at` is renewed by the socket's heartbeat; a server that
+    dies stops renewing, so its connections stop counting. See nodes.presence."""
+
+    id = models.UUIDField(primary_key=True, help_text="Chosen by the server for the socket.")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    server = models.CharField(max_length=100, help_text="SAPO_SERVER_NAME of the process holding the socket.")
+    opened_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["node", "expires_at"], name="nodes_conn_node_expires"),
+            models.Index(fields=["expires_at"], name="nodes_conn_expires"),
+            models.Index(fields=["server"], name="nodes_conn_server"),
+        ]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} on {self.server} until {self.expires_at:%H:%M:%S}"
 
 
 class NodeToken(models.Model):

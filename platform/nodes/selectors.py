@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
 
 from accounts.models import User
 from common.errors import NotFound
 from nodes.models import Node, NodeToken
+from nodes.presence import connected_node_ids
 
 
 def _with_details(queryset: QuerySet[Node]) -> QuerySet[Node]:
@@ -23,6 +27,19 @@ def node_list(*, owner: User, include_retired: bool = False) -> QuerySet[Node]:
 
 def node_get(*, node_id: int) -> Node | None:
     return _with_details(Node.objects.filter(id=node_id)).first()
+
+
+def node_statuses(nodes: Iterable[Node]) -> dict[int, str]:
+    """Each node's status now (Node.status_at), asking nodes.presence once for the whole listing."""
+    nodes = list(nodes)
+    now = timezone.now()
+    connected = connected_node_ids([node.id for node in nodes]) if nodes else set()
+    return {node.id: node.status_at(now, connected=node.id in connected) for node in nodes}
+
+
+def node_status(node: Node) -> str:
+    """One node's status now (node_statuses for a listing)."""
+    return node_statuses([node])[node.id]
 
 
 def access_node(user: User, node_id: int | str) -> Node:

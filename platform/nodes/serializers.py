@@ -1,6 +1,8 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from nodes.models import NODE_NAME_MAX_LENGTH, Node, NodeStatus
+from nodes.selectors import node_status
 
 
 class NodeCreateInputSerializer(serializers.Serializer):
@@ -14,7 +16,7 @@ class NodeRenameInputSerializer(serializers.Serializer):
 
 
 class NodeOutputSerializer(serializers.ModelSerializer):
-    status = serializers.ChoiceField(choices=NodeStatus.choices, read_only=True)
+    status = serializers.SerializerMethodField(help_text="banned, retired, online, idle or offline.")
     token_prefix = serializers.SerializerMethodField(help_text="Start of the active token, for recognising it.")
 
     class Meta:
@@ -32,6 +34,12 @@ class NodeOutputSerializer(serializers.ModelSerializer):
             "token_prefix",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=NodeStatus.choices))
+    def get_status(self, node: Node) -> str:
+        # A listing passes {"statuses": node_statuses(nodes)} so presence is asked once, not per node.
+        statuses = self.context.get("statuses")
+        return statuses[node.id] if statuses is not None else node_status(node)
 
     def get_token_prefix(self, node: Node) -> str | None:
         tokens = getattr(node, "active_tokens", None)

@@ -8,11 +8,12 @@ import re
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
-from django.db.models.functions import Greatest
+from django.db.models import Q
 from django.utils import timezone
 
+from accounts import limits
 from accounts.models import User
 from common.errors import ApplicationError
 from nodes.events import CLOSE_UNAUTHENTICATED, node_disconnect_on_commit
@@ -57,6 +58,38 @@ def _ensure_not_retired(node: Node) -> None:
 
 
 def node_create(*, owner: User, name: str, model_id: str = "", hardware: str = "") -> Node:
+    """A contributor adds a node. Besides `_node_create`'s checks, the account's limits: at most
+    SAPO_NODES_PER_ACCOUNT active nodes and SAPO_NODE_CREATIONS_PER_HOUR creations (retiring and
+    re-creating would otherwise add rows without end).
+
+    Raises ApplicationError: invalid_name, name_taken (409), banned (403), too_many_nodes (409),
+    rate_limited (429).
+    """
+    if owner.banned_at is not None:
+        raise ApplicationError("banned", "Your account is banned from the swarm.", status=403)
+    name = _clean_name(name)  # a mistyped name costs no creation
+    with transaction.atomic():
+        # The owner's row lock makes count-then-insert safe against the same account's concurrent requests.
+        User.objects.select_for_update().filter(id=owner.id).exists()
+        cap = settings.SAPO_NODES_PER_ACCOUNT
+        if Node.objects.filter(owner=owner, retired_at__isnull=True).count() >= cap:
+            raise ApplicationError(
+                "too_many_nodes",
+                f"An account has at most {cap} active nodes. Retire one you no longer run to add another.",
+                status=409,
+                extra={"limit": cap},
+            )
+        limits.consume(
+            "node-create",
+            str(owner.id),
+            limit=settings.SAPO_NODE_CREATIONS_PER_HOUR,
+            window=3600,
+            what="node creations in the last hour",
+        )
+        return _node_create(owner=owner, name=name, model_id=model_id, hardware=hardware)
+
+
+def _node_create(*, owner: User, name: str, model_id: str = "", hardware: str = "") -> Node:
     """Raises ApplicationError: invalid_name, name_taken (409), banned (403)."""
     if owner.banned_at is not None:
         raise ApplicationError("banned", "Your account is banned from the swarm.", status=403)
@@ -92,8 +125,19 @@ def node_token_revoke(*, node: Node) -> int:
     return revoked
 
 
-@transaction.atomic
 def node_token_rotate(*, node: Node) -> str:
+    """A contributor rotates the node's token: at most SAPO_TOKEN_ROTATIONS_PER_HOUR times per node.
+    Returns the new plaintext (shown once). Raises ApplicationError: node_retired (409), rate_limited (429)."""
+    _ensure_not_retired(node)
+    limits.consume(
+        "token-rotate", str(node.id), limit=settings.SAPO_TOKEN_ROTATIONS_PER_HOUR, window=3600,
+        what="token rotations for this node in the last hour",
+    )  # fmt: skip
+    return _node_token_rotate(node=node)
+
+
+@transaction.atomic
+def _node_token_rotate(*, node: Node) -> str:
     """Revoke the node's tokens and issue a new one; returns its plaintext (shown once)."""
     _ensure_not_retired(node)
     node_token_revoke(node=node)
@@ -107,6 +151,8 @@ def node_provision(*, username: str, node_name: str, model_id: str = "", rotate:
     issue a token, for headless set-ups: `sapo_node_token`, compose and `make run`'s local swarm.
 
     With rotate=True earlier tokens are revoked; otherwise they stay valid. Returns (node, plaintext).
+    An operator's path (manage.py, never reachable from the web or the API): the per-account limits of
+    node_create and node_token_rotate do not apply, so a local swarm restarts as often as it likes.
     """
     from accounts.services import display_name_is_taken, user_create
 
@@ -116,8 +162,8 @@ def node_provision(*, username: str, node_name: str, model_id: str = "", rotate:
         user = user_create(username=username, display_name=display_name, password=None)
     node = Node.objects.filter(owner=user, name=node_name, retired_at__isnull=True).first()
     if node is None:
-        node = node_create(owner=user, name=node_name, model_id=model_id)
-    plaintext = node_token_rotate(node=node) if rotate else node_token_issue(node=node)[1]
+        node = _node_create(owner=user, name=node_name, model_id=model_id)
+    plaintext = _node_token_rotate(node=node) if rotate else node_token_issue(node=node)[1]
     return node, plaintext
 
 
@@ -161,18 +207,6 @@ def node_mark_seen(*, node: Node) -> None:
         Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_WRITE_INTERVAL)
     ).update(last_seen_at=now)
     node.last_seen_at = now
-
-
-def node_mark_connected(*, node: Node) -> None:
-    """A WebSocket of this node was accepted (the consumer calls this once per socket)."""
-    now = timezone.now()
-    Node.objects.filter(id=node.id).update(connections=F("connections") + 1, last_seen_at=now)
-    node.last_seen_at = now
-
-
-def node_mark_disconnected(*, node: Node) -> None:
-    """A WebSocket of this node closed (pairs with node_mark_connected; never goes below 0)."""
-    Node.objects.filter(id=node.id).update(connections=Greatest(F("connections") - 1, 0))
 
 
 def node_authenticate(*, token: str | None) -> Node:

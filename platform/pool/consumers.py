@@ -1,34 +1,55 @@
 """The node WebSocket, `/ws/node/` (docs/protocol.md). Thin: authenticate, validate a frame with
 pool.messages, call a service or selector through database_sync_to_async, send the reply.
 
+Every frame gets exactly one reply, and nothing a node sends can raise out of `receive`: a refusal is
+a typed `error` (with the frame's `ref` when it had a readable one), and an unexpected failure is
+logged and answered `internal_error`. An exception escaping a consumer makes daphne close with 1011
+and skip `disconnect()`; the one 1011 left is a failure while the socket opens (database or Redis
+down), and then the socket's state is cleaned up first.
+
+Presence (nodes.presence): each accepted socket is one record, renewed by a heartbeat task while the
+socket is open and removed in `disconnect()`; a record whose server died expires on its own.
+
 Channel-layer groups joined per socket: `node.<node id>` (nodes.events.node_group_name) and
-`contributor.<owner id>` (both named in nodes.events). Handlers: "node.ban" closes with 4403; "node.disconnect" closes with the
-code it carries (sent by nodes.services when tokens are revoked or a node retires).
+`contributor.<owner id>` (both named in nodes.events). Handler: "node.disconnect" closes with the
+code it carries (sent by nodes.services when tokens are revoked or a node retires, by moderation on bans).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
-from typing import Any
+import uuid
+from typing import Any, assert_never
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from common import metrics
 from common.errors import ApplicationError
+from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
-from nodes.services import node_authenticate, node_mark_disconnected, node_mark_seen, node_record_hello
+from nodes.services import node_authenticate, node_mark_seen, node_record_hello
 from pool import ratelimit
 from pool.limits import current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, parse_frame
 from pool.payloads import rollout_to_protocol
+from pool.seams import moderation
 from pool.selectors import rollout_sample
-from pool.services import moderation_hooks, node_round_report, node_session_open, rollout_share
+from pool.services import (
+    node_round_report,
+    node_session_open,
+    rollout_served_record,
+    rollout_share,
+)
+from sapo_node import protocol
 
 logger = logging.getLogger(__name__)
 
-CLOSE_TOO_MANY_ERRORS = 4429
+CLOSE_TOO_MANY_ERRORS = protocol.CLOSE_TOO_MANY_ERRORS
 SEEN_EVERY_SECONDS = 10.0
 
 
@@ -41,17 +62,40 @@ def _bearer_token(scope: dict[str, Any]) -> str | None:
 
 
 def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str, Any]]:
-    return [rollout_to_protocol(r) for r in rollout_sample(node=node, n=n, window_seconds=window_seconds)]
+    """What a `sample` answers; the groups sent are recorded as served to the node (credit needs it)."""
+    with metrics.SAMPLE_SECONDS.time():
+        rollouts = rollout_sample(node=node, n=n, window_seconds=window_seconds)
+    rollout_served_record(node=node, rollout_ids=[r.id for r in rollouts])
+    return [rollout_to_protocol(r) for r in rollouts]
 
 
 class NodeConsumer(AsyncWebsocketConsumer):
     node = None
     joined: tuple[str, ...] = ()
+    heartbeat: asyncio.Task | None = None
+    frame_ref: str | None = None  # the ref of the frame being answered, once read
+
+    async def __call__(self, scope, receive, send) -> None:
+        # The heartbeat is a task of its own: it must end with the consumer however the consumer
+        # ends (daphne cancels a consumer that outlives its socket without calling disconnect()).
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.cancel()
 
     async def connect(self) -> None:
         # Accept first: a close code only reaches the client on an open WebSocket (a refused
         # handshake is a bare HTTP 403 without one).
         await self.accept()
+        try:
+            await self._open()
+        except Exception:  # the database or Redis failed: say so, and keep no half-open state
+            logger.exception("opening a node socket failed")
+            await self.disconnect(1011)
+            await self.close(code=1011)
+
+    async def _open(self) -> None:
         try:
             node = await database_sync_to_async(node_authenticate)(token=_bearer_token(self.scope))
         except ApplicationError as exc:
@@ -60,36 +104,60 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.limits = current_limits()
         self.catalogue = current_catalogue()
         self.consecutive_errors = 0
+        self.connection_id = uuid.uuid4()
         self.joined = (node_group_name(node.id), contributor_group_name(node.owner_id))
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         # Checked again after joining the groups, so a ban made in between is not missed.
-        if not await database_sync_to_async(node_session_open)(node=node):
+        if not await database_sync_to_async(node_session_open)(node=node, connection_id=self.connection_id):
             await self.close(code=CLOSE_BANNED)
             return
-        hooks = moderation_hooks()
-        self.rate_limit = self.limits.max_messages_per_minute
-        if hooks:  # a node with low trust gets a smaller share of the limit
-            self.rate_limit = await database_sync_to_async(hooks.node_message_quota)(
-                node_id=node.id, base=self.rate_limit
-            )
         self.node = node
+        metrics.socket_opened()  # paired with socket_closed() in disconnect(), which runs once self.node is set
+        self.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(node.id))
+        # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
+        self.rate_limit = await database_sync_to_async(moderation().node_message_quota)(
+            node_id=node.id, base=self.limits.max_messages_per_minute
+        )
         self.last_seen = time.monotonic()
 
     async def disconnect(self, code: int) -> None:
-        for group in self.joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+        # Runs once per socket however it ends (and again, harmlessly, after _shut). Each step is
+        # guarded: a failing channel layer must not keep the presence record alive, nor the reverse.
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+            self.heartbeat = None
+        joined, self.joined = self.joined, ()
+        for group in joined:
+            try:
+                await self.channel_layer.group_discard(group, self.channel_name)
+            except Exception:
+                logger.exception("leaving channel group %s failed", group)
         if self.node is not None:
             node, self.node = self.node, None
-            await database_sync_to_async(node_mark_disconnected)(node=node)
+            metrics.socket_closed()
+            try:
+                await database_sync_to_async(presence.connection_close)(
+                    node_id=node.id, connection_id=self.connection_id
+                )
+            except Exception:  # the record expires by itself (presence.EXPIRES_AFTER_SECONDS)
+                logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
+
+    async def _heartbeat(self, node_id: int) -> None:
+        while True:
+            await asyncio.sleep(presence.HEARTBEAT_SECONDS)
+            try:
+                await database_sync_to_async(presence.connection_open)(
+                    node_id=node_id, connection_id=self.connection_id
+                )
+            except Exception:  # try again next beat; the record lasts three beats
+                logger.exception("node %s: presence heartbeat failed", node_id)
 
     # Channel-layer events -------------------------------------------------------------------
 
-    async def node_ban(self, event: dict[str, Any]) -> None:
-        await self._shut(CLOSE_BANNED)
-
     async def node_disconnect(self, event: dict[str, Any]) -> None:
-        await self._shut(int(event.get("code", CLOSE_UNAUTHENTICATED)))
+        code = event.get("code")
+        await self._shut(code if isinstance(code, int) else CLOSE_UNAUTHENTICATED)
 
     async def _shut(self, code: int) -> None:
         # Leave the groups and record the disconnection first: once the node sees the close, the
@@ -102,12 +170,30 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.node is None:
             return
+        self.frame_ref = None
         try:
-            if await ratelimit.hit(self.node.id, self.rate_limit):
-                raise ProtocolError("rate_limited", f"more than {self.rate_limit} messages per minute")
-            message = parse_frame(text_data if text_data is not None else bytes_data, self.limits)
+            await self._answer(text_data if text_data is not None else bytes_data)
+        except Exception:
+            # A bug, or a dependency down (database, Redis): the node gets an answer, the log the trace.
+            logger.exception("node %s: a frame failed", getattr(self.node, "id", None))
+            with contextlib.suppress(Exception):
+                await self._error("internal_error", "the server failed to handle this frame", self.frame_ref)
+
+    async def _answer(self, frame: str | bytes | None) -> None:
+        node = self.node
+        over_rate = await ratelimit.hit(node.id, self.rate_limit)
+        # Parsed even when over the rate, so the refusal carries the frame's ref (the node then knows
+        # which request to send again); parsing is bounded by the frame limit.
+        try:
+            message = parse_frame(frame, self.limits)
+            self.frame_ref = message.ref
         except ProtocolError as exc:
+            if over_rate:
+                exc = ProtocolError("rate_limited", f"more than {self.rate_limit} messages per minute", exc.ref)
             await self._error(exc.code, exc.detail, exc.ref)
+            return
+        if over_rate:
+            await self._error("rate_limited", f"more than {self.rate_limit} messages per minute", message.ref)
             return
         try:
             reply = await self._dispatch(message)
@@ -115,14 +201,17 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self._error(exc.code, exc.message, message.ref)
             return
         except Exception:
-            logger.exception("node %s: %s failed", self.node.id, type(message).__name__)
+            logger.exception("node %s: %s failed", node.id, type(message).__name__)
             await self._error("internal_error", "the server failed to handle this message", message.ref)
             return
         self.consecutive_errors = 0
         await self._send(reply, message.ref)
         if time.monotonic() - self.last_seen >= SEEN_EVERY_SECONDS and self.node is not None:
             self.last_seen = time.monotonic()
-            await database_sync_to_async(node_mark_seen)(node=self.node)
+            try:
+                await database_sync_to_async(node_mark_seen)(node=self.node)
+            except Exception:  # the frame is answered already; the next one tries again
+                logger.exception("node %s: recording last seen failed", node.id)
 
     async def _dispatch(self, message: Hello | Share | Sample | Report) -> dict[str, Any]:
         node = self.node
@@ -130,8 +219,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
             # Not thread-sensitive: several sockets' shares verify and insert in parallel (each thread
             # has its own DB connection), so one socket's database wait overlaps another's verification.
             result = await database_sync_to_async(rollout_share, thread_sensitive=False)(
-                node=node, rollouts=message.rollouts, catalogue=self.catalogue
+                node=node, rollouts=message.rollouts, catalogue=self.catalogue, limits=self.limits
             )
+            metrics.share_answered(result)
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
             rollouts = await database_sync_to_async(_sample_payload)(
@@ -139,8 +229,10 @@ class NodeConsumer(AsyncWebsocketConsumer):
             )
             return {"type": "samples", "rollouts": rollouts}
         if isinstance(message, Report):
-            await database_sync_to_async(node_round_report)(node=node, report=message)
+            await database_sync_to_async(node_round_report)(node=node, report=message, limits=self.limits)
             return {"type": "ack", "for": "report", "round": message.round}
+        if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
+            assert_never(message)
         await database_sync_to_async(node_record_hello)(
             node=node, client=message.client, model=message.model, hardware=message.hardware
         )
@@ -153,7 +245,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         }
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:
-        payload["v"] = 1
+        payload["v"] = protocol.VERSION
         if ref is not None:
             payload["ref"] = ref
         await self.send(text_data=json.dumps(payload, separators=(",", ":")))

@@ -1,21 +1,24 @@
-"""The protocol's limits and the pool's catalogue, read from the environment.
+"""The protocol's limits and the pool's catalogue, from the settings.
 
-Every limit has an environment variable (docs/protocol.md, "Limits"); `settings.SAPO_LIMITS`, a dict
-of the same names, overrides them (tests use it). Values are read when a connection opens, so a
-change applies to new connections.
+Every limit has an environment variable (docs/protocol.md, "Limits"), read once by config/settings.py
+into `settings.SAPO_LIMITS` (a dict of the names set; the others keep the defaults below), and the
+catalogue's name into `settings.SAPO_CATALOGUE`. This module reads settings only. Values are taken
+when a connection opens, so a settings override (tests) applies to new connections.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from common.env import env_int
+from sapo_node.protocol import LIMIT_NAMES
 from sapo_node.tasks import CATALOGUES, Catalogue
+
+#: See Limits.websocket_max_bytes.
+WEBSOCKET_HEADROOM_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -29,18 +32,32 @@ class Limits:
     max_messages_per_minute: int = 600
     max_consecutive_errors: int = 20
     sample_window_seconds: int = 86_400
+    max_stored_bytes_per_node_hour: int = 64 * 1024 * 1024
+    max_stored_bytes_per_contributor_hour: int = 256 * 1024 * 1024
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
 
+    @property
+    def websocket_max_bytes(self) -> int:
+        """What the WebSocket layer (daphne) accepts in one message: the frame limit plus headroom, so a
+        frame a little over the limit is answered `frame_too_large` (with its ref) on an open socket;
+        anything larger closes the connection with 1009 before it is buffered whole."""
+        return self.max_frame_bytes + WEBSOCKET_HEADROOM_BYTES
+
+
+assert tuple(f.name for f in fields(Limits)) == LIMIT_NAMES, "pool.limits.Limits and sapo_node.protocol disagree"
+
 
 def current_limits() -> Limits:
-    """The limits in force: defaults, then SAPO_<NAME> environment variables, then settings.SAPO_LIMITS."""
+    """The limits in force: the defaults above, overridden by settings.SAPO_LIMITS."""
     overrides: dict[str, Any] = getattr(settings, "SAPO_LIMITS", None) or {}
+    unknown = sorted(set(overrides) - set(LIMIT_NAMES))
+    if unknown:
+        raise ImproperlyConfigured(f"SAPO_LIMITS: unknown limits {unknown}")
     values = {}
     for f in fields(Limits):
-        value = env_int("SAPO_" + f.name.upper(), f.default)
-        value = int(overrides.get(f.name, value))
+        value = int(overrides.get(f.name, f.default))
         if value < 1:
             raise ImproperlyConfigured(f"limit {f.name} must be at least 1, got {value}")
         values[f.name] = value
@@ -48,8 +65,8 @@ def current_limits() -> Limits:
 
 
 def current_catalogue() -> Catalogue:
-    """This deployment's catalogue: settings.SAPO_CATALOGUE or the SAPO_CATALOGUE variable ("sapo" by default)."""
-    name = getattr(settings, "SAPO_CATALOGUE", None) or os.environ.get("SAPO_CATALOGUE") or "sapo"
+    """This deployment's catalogue: settings.SAPO_CATALOGUE ("sapo" by default)."""
+    name = getattr(settings, "SAPO_CATALOGUE", None) or "sapo"
     try:
         return CATALOGUES[name]
     except KeyError as exc:

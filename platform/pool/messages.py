@@ -1,8 +1,14 @@
 """Parsing and validating the node protocol's frames (docs/protocol.md), with no I/O.
 
 `parse_frame(text, limits)` turns one WebSocket text frame into a typed message or raises
-`ProtocolError(code, detail)` with the protocol's error code. Nothing here touches the database:
+`ProtocolError(code, detail, ref)` with the protocol's error code. Nothing here touches the database:
 a frame that fails here is answered with an `error` and nothing in it is stored.
+
+Every frame is untrusted: nothing in it may make the parser raise anything but ProtocolError. The
+JSON decoder is bounded (_decode): nesting deeper than MAX_NESTING, integers longer than
+MAX_INT_DIGITS (Python's int() raises past 4,300 digits and is quadratic below that) and the
+non-JSON constants NaN/Infinity never become values; an oversized number is kept as a marker so the
+frame still parses, its `ref` is still read, and the field holding it is refused by its type check.
 """
 
 from __future__ import annotations
@@ -14,13 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from pool.limits import Limits
+from sapo_node import protocol
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = protocol.VERSION
 MAX_REF_CHARS = 64
 MAX_DATASET_CHARS = 64
 MAX_HELLO_CHARS = 200
 MAX_FIGURES = 32
 MAX_FIGURE_NAME_CHARS = 64
+#: Arrays and objects inside each other; a valid frame needs 4 (share > rollouts > group > task).
+MAX_NESTING = 16
+#: Digits of an integer literal (a sign aside); every integer field fits a PostgreSQL bigint (19).
+MAX_INT_DIGITS = 20
+#: Characters of a number literal with a fraction or exponent (a double needs at most 24).
+MAX_FLOAT_CHARS = 64
 # Seeds and indices outside the task range are a verdict (bad_index), not a malformed frame, but they
 # must still fit a PostgreSQL bigint; rounds fit an int.
 MAX_STORED_INT = 2**62
@@ -83,21 +96,99 @@ class Report:
 Message = Hello | Share | Sample | Report
 
 
+class _Unrepresentable:
+    """What the decoder puts where a number may not go (too long, NaN, Infinity): not an int or a
+    float, so every field check refuses it with the field's own path."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<number out of range>"
+
+
+_UNREPRESENTABLE = _Unrepresentable()
+
+
+def _parse_int(text: str) -> int | _Unrepresentable:
+    return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else _UNREPRESENTABLE
+
+
+def _parse_float(text: str) -> float | _Unrepresentable:
+    return float(text) if len(text) <= MAX_FLOAT_CHARS else _UNREPRESENTABLE
+
+
+def _parse_constant(text: str) -> _Unrepresentable:
+    return _UNREPRESENTABLE  # NaN, Infinity, -Infinity: Python's json accepts them, JSON does not
+
+
+_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether arrays/objects nest deeper than `limit` (iterative: the value may be ~1,000 deep)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _decode(text: str | bytes) -> Any:
+    """JSON text to a value, or ProtocolError("invalid_json"); details never quote Python internals."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        data = _DECODER.decode(text)
+    except UnicodeDecodeError:
+        raise ProtocolError("invalid_json", "not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ProtocolError("invalid_json", f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        # The C decoder counts its depth against the interpreter's recursion limit and raises
+        # cleanly there (about 1,000 levels); shallower excess is caught by _too_deep below.
+        raise ProtocolError("invalid_json", f"arrays and objects nest deeper than {MAX_NESTING}") from None
+    if isinstance(data, dict | list) and _too_deep(data, MAX_NESTING):
+        raise ProtocolError("invalid_json", f"arrays and objects nest deeper than {MAX_NESTING}")
+    return data
+
+
+def _valid_ref(data: Any) -> str | None:
+    ref = data.get("ref") if isinstance(data, dict) else None
+    return ref if isinstance(ref, str) and len(ref) <= MAX_REF_CHARS and _clean(ref) else None
+
+
+def frame_size(text: str | bytes) -> int:
+    """Bytes of the frame as it travelled (UTF-8; a lone surrogate counted as its 3 bytes)."""
+    return len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+
+
 def parse_frame(text: str | bytes | None, limits: Limits) -> Message:
-    """Validate one frame against the protocol and the limits; raise ProtocolError if it is refused."""
+    """Validate one frame against the protocol and the limits; raise ProtocolError if it is refused.
+
+    The error carries the frame's `ref` whenever the frame is a JSON object with a valid one (a frame
+    over `max_frame_bytes` too, when it is within the WebSocket layer's headroom and parses).
+    """
     if text is None:
         raise ProtocolError("invalid_json", "empty frame")
-    size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+    size = frame_size(text)
     if size > limits.max_frame_bytes:
-        raise ProtocolError("frame_too_large", f"frame is {size} bytes, the limit is {limits.max_frame_bytes}")
-    try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError("invalid_json", f"not JSON: {exc}") from None
+        error = ProtocolError("frame_too_large", f"frame is {size} bytes, the limit is {limits.max_frame_bytes}")
+        if size <= limits.websocket_max_bytes:
+            try:
+                error.ref = _valid_ref(_decode(text))
+            except ProtocolError:
+                pass
+        raise error
+    data = _decode(text)
     if not isinstance(data, dict):
         raise ProtocolError("invalid_json", "a frame must be a JSON object")
     ref = data.get("ref")
-    if ref is not None and not (isinstance(ref, str) and len(ref) <= MAX_REF_CHARS and _clean(ref)):
+    if ref is not None and _valid_ref(data) is None:
         raise ProtocolError("invalid_message", f"ref: expected a string of at most {MAX_REF_CHARS} characters")
     try:
         version = data.get("v")
@@ -106,7 +197,8 @@ def parse_frame(text: str | bytes | None, limits: Limits) -> Message:
         kind = data.get("type")
         parser = _PARSERS.get(kind) if isinstance(kind, str) else None
         if parser is None:
-            raise ProtocolError("unknown_type", f"unknown message type {kind!r}"[:200])
+            shown = ascii(kind)[:60] if isinstance(kind, str) else "(not a string)"
+            raise ProtocolError("unknown_type", f"unknown message type {shown}")
         return parser(data, ref, limits)
     except ProtocolError as exc:
         exc.ref = ref
@@ -276,4 +368,10 @@ def _parse_report(data: dict[str, Any], ref: str | None, limits: Limits) -> Repo
     return Report(ref=ref, round=round_, figures=figures, used=used_ids)
 
 
-_PARSERS = {"hello": _parse_hello, "share": _parse_share, "sample": _parse_sample, "report": _parse_report}
+_PARSERS = {
+    protocol.HELLO: _parse_hello,
+    protocol.SHARE: _parse_share,
+    protocol.SAMPLE: _parse_sample,
+    protocol.REPORT: _parse_report,
+}
+assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type has a parser"

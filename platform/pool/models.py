@@ -33,6 +33,7 @@ class RejectReason(models.TextChoices):
     QUESTION_MISMATCH = "question_mismatch", "Question does not match its task"
     ANSWER_MISMATCH = "answer_mismatch", "Ground truth does not match its task"
     REWARD_MISMATCH = "reward_mismatch", "A claimed reward differs from the verified one"
+    VERIFICATION_TIMEOUT = "verification_timeout", "A completion's scorer ran out of time"
 
 
 # The sequence that numbers sampleable groups densely (see services.rollout_share and selectors.rollout_sample).
@@ -52,7 +53,11 @@ class Rollout(models.Model):
     completions = models.JSONField(help_text="List of completion texts, as sent.")
     completion_count = models.PositiveSmallIntegerField()
     claimed_rewards = models.JSONField(help_text="Rewards the node claimed, one per completion.")
-    verified_rewards = models.JSONField(null=True, blank=True, help_text="Server re-scores; null if not rebuildable.")
+    verified_rewards = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Server re-scores; null if not scored (task not rebuilt, question or answer forged).",
+    )
     verdict = models.CharField(max_length=16, choices=Verdict.choices)
     reason = models.CharField(max_length=32, blank=True, choices=RejectReason.choices)
     moderation_status = models.CharField(max_length=16, choices=ModerationStatus.choices, default=ModerationStatus.OK)
@@ -139,3 +144,34 @@ class Consumption(models.Model):
 
     def __str__(self) -> str:
         return f"node {self.consumer_id} used {self.rollout_id}"
+
+
+class ServedGroup(models.Model):
+    """A group the pool sent to a node in a `samples` reply. An id in the node's `report.used` earns
+    its author helpfulness credit only if the group was served to that node (pool.services
+    node_round_report): a node cannot credit groups it never asked for. Rows older than the sampling
+    window and a day are pruned (pool.services.rollout_served_record)."""
+
+    pk = models.CompositePrimaryKey("node", "rollout")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_index=False)
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="+")
+    served_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["served_at"], name="pool_served_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.rollout_id} served to node {self.node_id}"
+
+
+class NodeStorageHour(models.Model):
+    """Bytes the pool stored for a node in one hour (groups as stored, round reports): what the
+    per-node and per-contributor storage budgets read (docs/protocol.md, "Limits")."""
+
+    pk = models.CompositePrimaryKey("node", "hour")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_index=False)
+    hour = models.DateTimeField()
+    bytes = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"node {self.node_id}, {self.hour:%Y-%m-%d %H}:00: {self.bytes} bytes"

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from common.errors import NotFound
 from pool.models import ModerationStatus, Rollout, Verdict
-from pool.services import moderation_hooks
+from pool.seams import moderation
 
 # When the window's range of sample numbers is this small, list the eligible groups and pick from
 # them; above it, probe random numbers (rejection sampling), a few index lookups per group drawn.
@@ -25,17 +25,21 @@ PROBE_ROUNDS = 6
 STATS_CACHE_SECONDS = 10
 
 
-# One round trip for the common case: the window's range of sample numbers, `k` distinct uniform
-# numbers in it, and the eligible groups they name (index lookups on the partial sample_seq index).
+# The window's range of sample numbers (`sample_window`). One round trip for the common case: that
+# range, `k` distinct uniform numbers in it, and the eligible groups they name (index lookups on the partial sample_seq index).
 # Rows come back for every number drawn, with NULL group columns for a miss. The groups of one share
 # have the same created_at: `lo` is the smallest number among the oldest ones (ordering by created_at
 # alone picked any of them, and the window then lost the others).
-_DRAW_SQL = """
-WITH bounds AS (
-    SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %(cutoff)s
-            ORDER BY created_at, sample_seq LIMIT 1) AS lo,
-           (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable) AS hi
-), draws AS (
+_WINDOW_SQL = """
+SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %(cutoff)s
+        ORDER BY created_at, sample_seq LIMIT 1) AS lo,
+       (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable) AS hi
+"""
+_DRAW_SQL = (
+    """
+WITH bounds AS ("""
+    + _WINDOW_SQL
+    + """), draws AS (
     SELECT DISTINCT b.lo + floor(random() * (b.hi - b.lo + 1))::bigint AS k
     FROM bounds b, generate_series(1, {k}) WHERE b.hi >= b.lo
 )
@@ -46,8 +50,22 @@ LEFT JOIN draws d ON true
 LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
        ON r.sample_seq = d.k AND r.sampleable AND r.node_id <> %(node)s AND r.created_at >= %(cutoff)s
 """
+)
 _DRAW_FIELDS = ["id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
                 "verified_rewards", "created_at"]  # fmt: skip
+
+
+def sample_window(cutoff: datetime) -> tuple[int, int] | None:
+    """The window's range (lo, hi) of sample numbers: from its oldest sampleable group created at or
+    after `cutoff` to the newest sampleable group; None when the window is empty. Two index lookups.
+    Every sampleable group of the window has a number in it; numbers of groups moderated out since
+    leave holes."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WINDOW_SQL, {"cutoff": cutoff})
+        lo, hi = cursor.fetchone()
+    if lo is None or hi is None or hi < lo:
+        return None
+    return lo, hi
 
 
 def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int | None, set[int], list[Rollout]]:
@@ -128,8 +146,7 @@ def rollout_sample(
         # out): the eligible groups not drawn yet are all equally likely to come next, so take a
         # uniform pick among them.
         rest = list(eligible.exclude(id__in=[r.id for r in chosen]).values_list("id", "node_id"))
-        hooks = moderation_hooks()
-        picked = hooks.weighted_pick(candidates=rest, n=n - len(chosen), rng=rng) if hooks else None
+        picked = moderation().weighted_pick(candidates=rest, n=n - len(chosen), rng=rng)
         if picked is None:
             picked = [i for i, _ in rng.sample(rest, min(n - len(chosen), len(rest)))]
         chosen.extend(_fetch(picked))
@@ -144,8 +161,7 @@ def _keep(hits: list[Rollout], tried: set[int], rng: random.Random) -> list[Roll
     group may be drawn again later: sequential rejection sampling, picks proportional to weight.
     """
     rng.shuffle(hits)
-    hooks = moderation_hooks()
-    keep = hooks.sample_keep(node_ids=[r.node_id for r in hits], rng=rng) if hooks and hits else None
+    keep = moderation().sample_keep(node_ids=[r.node_id for r in hits], rng=rng) if hits else None
     if keep is None:
         return hits
     for rollout, kept in zip(hits, keep, strict=True):

@@ -1,4 +1,5 @@
-"""Writes to the pool: sharing groups (verify, store, count), moderation status, round reports.
+"""Writes to the pool: sharing groups (verify, store, count), moderation status, round reports,
+what was served, and the storage budgets.
 
 Every function is synchronous and runs its own transaction; consumers call them through
 `database_sync_to_async`. Side effects on the channel layer happen on commit only.
@@ -6,39 +7,51 @@ Every function is synchronous and runs its own transaction; consumers call them 
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.apps import apps
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, BooleanField, Case, F, Q, QuerySet, Value, When
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from common import metrics
+from common.compact_json import dumps
 from common.errors import ApplicationError
+from nodes import presence
+from pool.limits import Limits, current_limits
 from pool.messages import Report, RolloutIn
-from pool.models import SAMPLE_SEQUENCE, Consumption, ModerationStatus, NodeRound, Rollout, Verdict
+from pool.models import (
+    SAMPLE_SEQUENCE,
+    Consumption,
+    ModerationStatus,
+    NodeRound,
+    NodeStorageHour,
+    Rollout,
+    ServedGroup,
+    Verdict,
+)
+from pool.seams import moderation
+from pool.signals import rollouts_moderation_changing
 from pool.verification import Verification, has_variance, verify_rollout
 from sapo_node.tasks import Catalogue
 
-
-def moderation_hooks() -> Any:
-    """moderation.hooks when the moderation app is installed (automatic rules, trust), else None."""
-    if not apps.is_installed("moderation"):
-        return None
-    from moderation import hooks
-
-    return hooks
-
-
-#: Channel-layer group that hears about newly accepted groups (live pages); message type "pool.shared".
-POOL_FEED_GROUP = "pool-feed"
+#: A rejected group is kept for the contributor's inbox and the audit, not for training: its question,
+#: answer and first REJECTED_KEEP_COMPLETIONS completions are stored cut to REJECTED_KEEP_CHARS
+#: characters (so a stream of junk costs little storage), its claimed rewards in full.
+REJECTED_KEEP_CHARS = 256
+REJECTED_KEEP_COMPLETIONS = 4
+#: What a stored row costs beyond its texts (ids, numbers, index entries), in the storage budgets.
+ROW_OVERHEAD_BYTES = 200
+#: Served-group rows live this long past the sampling window: a node reports what it used within
+#: minutes of sampling it.
+SERVED_KEEP = timedelta(days=1)
+PRUNE_EVERY_SECONDS = 600
 
 
 @dataclass
@@ -58,19 +71,25 @@ INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, an
     completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
 SELECT u.id, %(node)s, u.round, u.dataset, u.seed, u.index, u.question, u.answer, u.completions::jsonb,
-       u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason, 'ok',
-       u.has_variance, u.sampleable,
+       u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
+       CASE WHEN u.held THEN 'held' ELSE 'ok' END, u.has_variance, u.sampleable,
        CASE WHEN u.sampleable THEN nextval('pool_rollout_sample_seq') END, %(now)s
 FROM unnest(%(id)b::uuid[], %(round)b::int[], %(dataset)b::text[], %(seed)b::bigint[], %(index)b::bigint[],
             %(question)b::text[], %(answer)b::text[], %(completions)b::text[], %(count)b::int[],
             %(claimed)b::text[], %(verified)b::text[], %(verdict)b::text[], %(reason)b::text[],
-            %(has_variance)b::bool[], %(sampleable)b::bool[])
+            %(has_variance)b::bool[], %(sampleable)b::bool[], %(held)b::bool[])
      AS u(id, round, dataset, seed, index, question, answer, completions, completion_count, claimed,
-          verified, verdict, reason, has_variance, sampleable)
+          verified, verdict, reason, has_variance, sampleable, held)
 ON CONFLICT (id) DO NOTHING
 RETURNING id, verdict
+), conflicts AS (
+    -- ids another node stored already (the statement's snapshot: rows inserted above are not seen),
+    -- counted as rejections each time they are sent
+    SELECT count(*) AS c FROM unnest(%(id)b::uuid[]) AS u(id)
+    JOIN pool_rollout p ON p.id = u.id AND p.node_id <> %(node)s
 ), counts AS (
-    SELECT count(*) FILTER (WHERE verdict = 'accepted') AS a, count(*) FILTER (WHERE verdict <> 'accepted') AS r
+    SELECT count(*) FILTER (WHERE verdict = 'accepted') AS a,
+           count(*) FILTER (WHERE verdict <> 'accepted') + (SELECT c FROM conflicts) AS r
     FROM inserted
 ), verdict_counts AS (
     INSERT INTO pool_nodeverdictcounts AS t (node_id, accepted_groups, rejected_groups, updated_at)
@@ -79,35 +98,82 @@ RETURNING id, verdict
         accepted_groups = t.accepted_groups + EXCLUDED.accepted_groups,
         rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
         updated_at = now()
+), storage AS (
+    INSERT INTO pool_nodestoragehour AS s (node_id, hour, bytes)
+    SELECT %(node)s, %(hour)s, sum(b.bytes)
+    FROM inserted i JOIN unnest(%(id)b::uuid[], %(bytes)b::bigint[]) AS b(id, bytes) ON b.id = i.id
+    HAVING count(*) > 0
+    ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
 )
 SELECT id FROM inserted
 """
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-def _insert_rollouts(node_id: int, rollouts: list[RolloutIn], checks: dict[uuid.UUID, Verification]) -> set[uuid.UUID]:
-    """Insert the groups and count their verdicts (NodeVerdictCounts), in one statement (the caller
-    holds a transaction); return the ids actually inserted (an id already stored is left alone)."""
+def _utf8_len(text: str | None) -> int:
+    if text is None:
+        return 0
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _kept(text: str | None) -> str | None:
+    """A rejected group's text as stored: cut to REJECTED_KEEP_CHARS, with a mark where it was cut."""
+    if text is None or len(text) <= REJECTED_KEEP_CHARS:
+        return text
+    return text[:REJECTED_KEEP_CHARS] + f"… [cut: {len(text)} characters]"
+
+
+def _hour(now: datetime) -> datetime:
+    return now.replace(minute=0, second=0, microsecond=0)
+
+
+def _insert_rollouts(
+    node_id: int, rollouts: list[RolloutIn], checks: dict[uuid.UUID, Verification], held: set[uuid.UUID]
+) -> set[uuid.UUID]:
+    """Insert the groups, count their verdicts (NodeVerdictCounts, an id another node stored counting as a
+    rejection) and the bytes stored this hour (NodeStorageHour), in one statement (the caller holds a transaction); return the ids actually
+    inserted (an id already stored is left alone, and neither counted nor charged again). The `held`
+    ids go in with moderation status "held" and not sampleable: no moment exists where a sample could
+    see them."""
     verdicts = [checks[r.id] for r in rollouts]
     variance = [c.accepted and has_variance(c.verified_rewards) for c in verdicts]
+    holds = [r.id in held for r in rollouts]
+    questions, answers, completions = [], [], []
+    for r, c in zip(rollouts, verdicts, strict=True):
+        if c.accepted:
+            questions.append(r.question)
+            answers.append(r.answer)
+            completions.append(dumps(r.completions))
+        else:
+            questions.append(_kept(r.question))
+            answers.append(_kept(r.answer))
+            completions.append(dumps([_kept(t) for t in r.completions[:REJECTED_KEEP_COMPLETIONS]]))
+    claimed = [dumps(r.rewards) for r in rollouts]
+    verified = [None if c.verified_rewards is None else dumps(c.verified_rewards) for c in verdicts]
+    now = timezone.now()
     params = {
         "node": node_id,
-        "now": timezone.now(),
+        "now": now,
+        "hour": _hour(now),
         "id": [r.id for r in rollouts],
         "round": [r.round for r in rollouts],
         "dataset": [r.dataset for r in rollouts],
         "seed": [r.seed for r in rollouts],
         "index": [r.index for r in rollouts],
-        "question": [r.question for r in rollouts],
-        "answer": [r.answer for r in rollouts],
-        "completions": [_dumps(r.completions) for r in rollouts],
+        "question": questions,
+        "answer": answers,
+        "completions": completions,
         "count": [len(r.completions) for r in rollouts],
-        "claimed": [_dumps(r.rewards) for r in rollouts],
-        "verified": [None if c.verified_rewards is None else _dumps(c.verified_rewards) for c in verdicts],
+        "claimed": claimed,
+        "verified": verified,
+        "bytes": [
+            ROW_OVERHEAD_BYTES + sum(map(_utf8_len, texts))
+            for texts in zip(questions, answers, completions, claimed, verified, strict=True)
+        ],
         "verdict": [c.verdict for c in verdicts],
         "reason": [c.reason for c in verdicts],
         "has_variance": variance,
-        "sampleable": variance,  # a new group's moderation is "ok": sampleable iff accepted with variance
+        "sampleable": [v and not h for v, h in zip(variance, holds, strict=True)],
+        "held": holds,
     }
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cursor:
@@ -115,50 +181,76 @@ def _insert_rollouts(node_id: int, rollouts: list[RolloutIn], checks: dict[uuid.
         return {row[0] for row in cursor.fetchall()}
 
 
-def _count_verdicts(node_id: int, accepted: int, rejected: int) -> None:
-    if not (accepted or rejected):
-        return
+_BUDGET_SQL = """
+SELECT coalesce((SELECT bytes FROM pool_nodestoragehour WHERE node_id = %(node)s AND hour = %(hour)s), 0),
+       coalesce((SELECT sum(s.bytes) FROM pool_nodestoragehour s JOIN nodes_node n ON n.id = s.node_id
+                 WHERE n.owner_id = %(owner)s AND s.hour = %(hour)s), 0)
+"""
+
+
+def storage_check(*, node: Any, limits: Limits, now: datetime | None = None) -> None:
+    """Raise ApplicationError "over_budget" when the node, or its contributor's nodes together, have
+    stored their hourly budget of bytes already. Checked before a share is verified (a node over its
+    budget costs one small query per frame); the write that crosses the budget is still stored, so a
+    budget is exceeded by at most one frame per open socket."""
+    now = now or timezone.now()
+    hour = _hour(now)
+    with connection.cursor() as cursor:
+        cursor.execute(_BUDGET_SQL, {"node": node.id, "owner": node.owner_id, "hour": hour})
+        node_bytes, owner_bytes = (int(v) for v in cursor.fetchone())
+    until = f"until {hour + timedelta(hours=1):%H:%M} UTC"
+    if node_bytes >= limits.max_stored_bytes_per_node_hour:
+        raise ApplicationError(
+            "over_budget",
+            f"this node stored {node_bytes} bytes this hour, its budget is "
+            f"{limits.max_stored_bytes_per_node_hour}: nothing more is stored {until}",
+        )
+    if owner_bytes >= limits.max_stored_bytes_per_contributor_hour:
+        raise ApplicationError(
+            "over_budget",
+            f"this contributor's nodes stored {owner_bytes} bytes this hour, the budget is "
+            f"{limits.max_stored_bytes_per_contributor_hour}: nothing more is stored {until}",
+        )
+
+
+def _storage_charge(node_id: int, size: int, now: datetime) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO pool_nodeverdictcounts AS t (node_id, accepted_groups, rejected_groups, updated_at)
-            VALUES (%(node)s, %(a)s, %(r)s, now())
-            ON CONFLICT (node_id) DO UPDATE SET
-                accepted_groups = t.accepted_groups + EXCLUDED.accepted_groups,
-                rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
-                updated_at = now()
+            INSERT INTO pool_nodestoragehour AS s (node_id, hour, bytes) VALUES (%(node)s, %(hour)s, %(bytes)s)
+            ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
             """,
-            {"node": node_id, "a": accepted, "r": rejected},
+            {"node": node_id, "hour": _hour(now), "bytes": size},
         )
 
 
-def _announce(node_id: int, accepted: int) -> None:
-    layer = get_channel_layer()
-    if layer is not None:
-        async_to_sync(layer.group_send)(
-            POOL_FEED_GROUP, {"type": "pool.shared", "node_id": node_id, "accepted": accepted}
-        )
-
-
-def rollout_share(*, node: Any, rollouts: Sequence[RolloutIn], catalogue: Catalogue) -> ShareResult:
+def rollout_share(
+    *, node: Any, rollouts: Sequence[RolloutIn], catalogue: Catalogue, limits: Limits | None = None
+) -> ShareResult:
     """Verify and store a node's shared groups; answer a verdict per group, in the order sent.
 
     Idempotent per id: a group already stored for this node gets its stored verdict again and is not
     stored or counted twice; an id stored for another node gets `id_conflict` and nothing is stored.
-    Rejected groups are stored with their reason (the contributor's inbox) but never sampleable.
-    Each group newly judged is counted in the node's NodeVerdictCounts, id conflicts as rejections
-    (the node's trust is moderation's, updated by its hook in the same transaction).
+    Rejected groups are stored with their reason (the contributor's inbox), their text cut short
+    (REJECTED_KEEP_CHARS), and are never sampleable. Each group newly judged is counted in the node's
+    NodeVerdictCounts, id conflicts as rejections (the node's trust is moderation's, updated by its
+    hook in the same transaction), and its stored bytes in NodeStorageHour.
+
+    Raises ApplicationError "over_budget" (nothing verified or stored) when the node or its
+    contributor has used this hour's storage budget (`storage_check`).
     """
+    storage_check(node=node, limits=limits or current_limits())
     # Verification is CPU only: done before the transaction opens, so no lock waits on it. A resent
     # group is verified again (resends are rare; a lookup first would cost every share a round trip).
-    checks = {r.id: verify_rollout(r, catalogue) for r in rollouts}
-    hooks = moderation_hooks()
-    screening = hooks.rollouts_screen(node_id=node.id, rollouts=rollouts, checks=checks) if hooks else None
+    with metrics.VERIFICATION_SECONDS.time():
+        checks = {r.id: verify_rollout(r, catalogue) for r in rollouts}
+    seam = moderation()
+    # Screening decides before the INSERT: what a hold rule caught is stored held, never sampleable.
+    screening = seam.rollouts_screen(node_id=node.id, rollouts=rollouts, checks=checks)
+    held = set(screening.held)
     with transaction.atomic():
-        inserted = _insert_rollouts(node.id, list(rollouts), checks)
-        if hooks:
-            # Same transaction: what a hold rule caught is held before any sample can see it.
-            hooks.rollouts_record(node_id=node.id, screening=screening, inserted=inserted)
+        inserted = _insert_rollouts(node.id, list(rollouts), checks, held)
+        seam.rollouts_record(node_id=node.id, screening=screening, inserted=inserted)
         others = [r.id for r in rollouts if r.id not in inserted]
         stored = (
             {
@@ -168,39 +260,39 @@ def rollout_share(*, node: Any, rollouts: Sequence[RolloutIn], catalogue: Catalo
             if others
             else {}
         )
-        held = screening.held if screening else set()
         result = ShareResult()
-        conflicts = sampleable = 0
         for r in rollouts:
             if r.id in inserted:
                 check = checks[r.id]
                 node_id, verdict, reason = node.id, check.verdict, check.reason
-                sampleable += check.accepted and has_variance(check.verified_rewards) and r.id not in held
             else:
                 node_id, verdict, reason = stored[r.id]
             if node_id != node.id:
                 result.rejected.append({"id": str(r.id), "reason": "id_conflict"})
-                conflicts += 1
             elif verdict == Verdict.ACCEPTED:
                 result.accepted.append(str(r.id))
             else:
                 result.rejected.append({"id": str(r.id), "reason": reason})
-        if conflicts:
-            _count_verdicts(node.id, 0, conflicts)
-        if sampleable:
-            transaction.on_commit(lambda: _announce(node.id, sampleable))
     return result
 
 
 def rollout_set_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID], status: str) -> int:
     """Set the moderation status of groups and keep `sampleable` in step; return the number changed.
 
+    Announces the change first (pool.signals.rollouts_moderation_changing, same transaction: the
+    leaderboard's folded figures move the groups' credit while the old status is still readable).
     Moving a group back to "ok" makes it sampleable again if it was accepted and has variance; a group
     sampleable for the first time gets a new sample number (drawn from the same sequence).
     """
     if status not in ModerationStatus.values:
         raise ApplicationError("invalid_status", f"unknown moderation status {status!r}")
     queryset = rollouts if isinstance(rollouts, QuerySet) else Rollout.objects.filter(id__in=list(rollouts))
+    with transaction.atomic():
+        rollouts_moderation_changing.send(sender=Rollout, rollouts=queryset, status=status)
+        return _set_moderation(queryset, status)
+
+
+def _set_moderation(queryset: QuerySet[Rollout], status: str) -> int:
     if status != ModerationStatus.OK:
         return queryset.update(moderation_status=status, sampleable=False)
     eligible = Q(verdict=Verdict.ACCEPTED, has_variance=True)
@@ -218,35 +310,82 @@ def rollout_set_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID],
     )
 
 
-def node_round_report(*, node: Any, report: Report) -> NodeRound:
+def node_round_report(*, node: Any, report: Report, limits: Limits | None = None) -> NodeRound:
     """Store a node's round report (a resent round replaces the figures) and credit what it used.
 
-    Each id in `used` that names another node's accepted group becomes one Consumption row per
-    (consumer, group), however often it is reported; unknown, own and rejected ids are ignored.
+    Credit is earned, not claimed: an id in `used` becomes a Consumption row (one per consumer and
+    group, however often reported) only if the group is accepted, the pool served it to this node in
+    a `samples` reply (ServedGroup), and its author belongs to another contributor. Anything else
+    (unknown, own, rejected, never served, a sibling node's) is ignored: a contributor cannot credit
+    its own groups from its other nodes, nor anyone's groups it never sampled.
+
+    The report's bytes count against the storage budgets; raises "over_budget" past them.
     """
+    storage_check(node=node, limits=limits or current_limits())
+    now = timezone.now()
     with transaction.atomic():
         node_round, _ = NodeRound.objects.update_or_create(
             node=node, round=report.round, defaults={"figures": report.figures, "used_count": len(report.used)}
         )
+        candidates = 0
         if report.used:
+            served = ServedGroup.objects.filter(node_id=node.id, rollout_id__in=report.used).values("rollout_id")
             authors = (
-                Rollout.objects.filter(id__in=report.used, verdict=Verdict.ACCEPTED)
-                .exclude(node_id=node.id)
+                Rollout.objects.filter(id__in=served, verdict=Verdict.ACCEPTED)
+                .exclude(node__owner_id=node.owner_id)
                 .values_list("id", "node_id")
             )
-            Consumption.objects.bulk_create(
-                [Consumption(consumer=node, rollout_id=rid, author_id=aid, round=report.round) for rid, aid in authors],
-                ignore_conflicts=True,
-            )
+            rows = [Consumption(consumer=node, rollout_id=r, author_id=a, round=report.round) for r, a in authors]
+            Consumption.objects.bulk_create(rows, ignore_conflicts=True)
+            candidates = len(rows)
+        _storage_charge(node.id, ROW_OVERHEAD_BYTES * (1 + candidates) + _utf8_len(dumps(report.figures)), now)
     return node_round
 
 
-def node_session_open(*, node: Any) -> bool:
-    """Count an accepted socket for the node (presence); False if the node or owner is banned now."""
-    from nodes.models import Node
-    from nodes.services import node_mark_connected
+def rollout_served_record(*, node: Any, rollout_ids: Sequence[uuid.UUID], now: datetime | None = None) -> None:
+    """Remember that these groups were sent to the node in a `samples` reply (what makes a later
+    `report.used` of them count). One statement. A group served again keeps its first time: a group is
+    sampleable for the sampling window after it was shared, so a record kept for the window and a day
+    after it was first served outlives every report that can name it."""
+    if not rollout_ids:
+        return
+    now = now or timezone.now()
+    with connection.cursor() as cursor:
+        # Bookkeeping, not data: a database crash may lose the last moment's records (a credit or
+        # two), so the commit does not wait for the disk (set_config(..., true) lasts for this
+        # statement's own transaction; one round trip). Waiting made every `sample` several ms
+        # slower (docs/benchmarks.md, "Pool").
+        cursor.execute(
+            """
+            INSERT INTO pool_servedgroup (node_id, rollout_id, served_at)
+            SELECT %(node)s, r, %(now)s
+            FROM unnest(%(ids)s::uuid[]) AS r, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+            ON CONFLICT (node_id, rollout_id) DO NOTHING
+            """,
+            {"node": node.id, "ids": list(rollout_ids), "now": now},
+        )
+    _prune_if_due(now)
 
-    standing = Node.objects.filter(id=node.id, banned_at__isnull=True, owner__banned_at__isnull=True).exists()
-    if standing:
-        node_mark_connected(node=node)
-    return standing
+
+def _prune_if_due(now: datetime) -> None:
+    """Drop served-group rows past their use and storage counts of past hours, at most every
+    PRUNE_EVERY_SECONDS per process (a cache key; an index range each)."""
+    if not cache.add("pool:prune-due", 1, PRUNE_EVERY_SECONDS):
+        return
+    window = timedelta(seconds=current_limits().sample_window_seconds)
+    ServedGroup.objects.filter(served_at__lt=now - window - SERVED_KEEP).delete()
+    NodeStorageHour.objects.filter(hour__lt=_hour(now) - timedelta(hours=1)).delete()
+
+
+def node_session_open(*, node: Any, connection_id: uuid.UUID) -> bool:
+    """Record an accepted socket of the node (presence) and the time it was seen; False, and nothing
+    recorded, if the node or its owner is banned now."""
+    from nodes.models import Node
+
+    now = timezone.now()
+    standing = Node.objects.filter(id=node.id, banned_at__isnull=True, owner__banned_at__isnull=True)
+    if not standing.update(last_seen_at=now):
+        return False
+    node.last_seen_at = now
+    presence.connection_open(node_id=node.id, connection_id=connection_id, now=now)
+    return True

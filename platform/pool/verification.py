@@ -1,7 +1,11 @@
 """Re-verifying a shared group: rebuild its entry from (dataset, catalogue config, seed, index) and
 re-score every completion with the dataset's verifier (sapo_node.tasks, the rule nodes use too).
 
-Pure: no database. The first reason that applies is the verdict (docs/protocol.md).
+Pure: no database. The first reason that applies is the verdict (docs/protocol.md). The cheap checks
+come first: a group whose question or answer is not the one its task rebuilds is rejected without
+scoring any completion (its verified rewards are None, shown as "not scored" in the inbox), so
+forged groups cost no scoring CPU however hostile their completions. Scoring itself is bounded per
+answer (sapo_node.verifiers: length caps, bounded scorers, a sandbox with a clock for the rest).
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pool.messages import RolloutIn
-from sapo_node.tasks import Catalogue, TaskError, build_entry, rewards_match, score_completion
+from sapo_node.tasks import Catalogue, ScoringTimeout, TaskError, build_entry, rewards_match, score_completions
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
@@ -19,7 +23,7 @@ REJECTED = "rejected"
 class Verification:
     verdict: str  # ACCEPTED or REJECTED
     reason: str  # "" when accepted
-    verified_rewards: tuple[float, ...] | None  # None when the entry cannot be rebuilt
+    verified_rewards: tuple[float, ...] | None  # None: not scored (no entry rebuilt, question or answer forged)
 
     @property
     def accepted(self) -> bool:
@@ -34,16 +38,19 @@ def verify_rollout(rollout: RolloutIn, catalogue: Catalogue) -> Verification:
         entry = build_entry(spec, rollout.seed, rollout.index)
     except TaskError as exc:
         return Verification(REJECTED, exc.code if exc.code in ("bad_index", "unknown_task") else "bad_index", None)
-    # Score against the rebuilt entry even when the group is forged, so the rejection inbox can show
-    # what the completions were really worth.
-    verified = tuple(score_completion(spec, rollout.seed, entry, c) for c in rollout.completions)
     expected_answer = entry["answer"]
     if expected_answer is not None and not isinstance(expected_answer, str):
         expected_answer = str(expected_answer)
     if rollout.question != entry["question"]:
-        return Verification(REJECTED, "question_mismatch", verified)
+        return Verification(REJECTED, "question_mismatch", None)
     if rollout.answer != expected_answer:
-        return Verification(REJECTED, "answer_mismatch", verified)
+        return Verification(REJECTED, "answer_mismatch", None)
+    try:
+        verified = tuple(score_completions(spec, rollout.seed, entry, list(rollout.completions)))
+    except ScoringTimeout as exc:
+        # Only a scorer outside the reviewed catalogue runs in the sandbox; what ran out of time is
+        # stored as 0.0, and the group is rejected for it rather than judged on a guess.
+        return Verification(REJECTED, exc.code, tuple(exc.scores))
     if not all(rewards_match(c, v) for c, v in zip(rollout.rewards, verified, strict=True)):
         return Verification(REJECTED, "reward_mismatch", verified)
     return Verification(ACCEPTED, "", verified)

@@ -13,17 +13,18 @@ from typing import Any
 
 from django.core.cache import cache
 from django.core.paginator import Page, Paginator
-from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
 from nodes.models import ONLINE_WINDOW, Node
+from nodes.presence import connected_node_ids
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
+from pool.selectors import sample_window
 from web.models import DatasetHour, NodeHour, NodeStats
 from web.stats import (
     Measures,
-    _active_node_ids,
+    active_node_ids,
     live_rows,
     recent_average_credit,
     snapshot,
@@ -106,6 +107,7 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
         folded = {s.node_id: s for s in NodeStats.objects.all()}
         ids = set(folded) | set(live.groups.by_node) | set(live.helped) | set(live.rounds)
         nodes = list(Node.objects.filter(id__in=ids).select_related("owner"))
+    connected = connected_node_ids([n.id for n in nodes], now=now)
     figures = []
     for node in nodes:
         m = Measures()
@@ -126,7 +128,7 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
                 contributor=node.owner.public_name,
                 model_id=node.model_id,
                 hardware=node.hardware,
-                status=node.status_at(now),
+                status=node.status_at(now, connected=node.id in connected),
                 last_seen_at=node.last_seen_at,
                 public=not node.is_banned,
                 accepted=m.accepted,
@@ -155,16 +157,18 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
     """Figures of the given nodes (a contributor's own), empty figures for those without any."""
     now = timezone.now()
     known = {f.node_id: f for f in node_figures_all()}
+    connected = connected_node_ids([n.id for n in nodes], now=now)
     out = {}
     for node in nodes:
+        status = node.status_at(now, connected=node.id in connected)
         out[node.id] = known.get(node.id) or NodeFigures(
             node_id=node.id, name=node.name, owner_id=node.owner_id, contributor=node.owner.public_name,
-            model_id=node.model_id, hardware=node.hardware, status=node.status_at(now),
+            model_id=node.model_id, hardware=node.hardware, status=status,
             last_seen_at=node.last_seen_at, public=not node.is_banned,
         )  # fmt: skip
         # Name, status and self-description change faster than the cache: take them from the row.
         fig = out[node.id]
-        fig.name, fig.status, fig.last_seen_at = node.name, node.status_at(now), node.last_seen_at
+        fig.name, fig.status, fig.last_seen_at = node.name, status, node.last_seen_at
         fig.model_id, fig.hardware = node.model_id, node.hardware
     return out
 
@@ -186,10 +190,16 @@ CONTRIBUTOR_SORTS = {**NODE_SORTS, "name": lambda f: f.contributor.lower(), "nod
 VIEWS = ("contributors", "nodes")
 
 
+def _listed(f: NodeFigures) -> bool:
+    """On the public leaderboard and in the swarm's node count: not banned, and at least one group the
+    verifier accepted (a node that only reports, or only shares junk, earns no row)."""
+    return f.public and f.accepted > 0
+
+
 def contributor_figures_all() -> list[ContributorFigures]:
     by_owner: dict[int, ContributorFigures] = {}
     for f in node_figures_all():
-        if not f.public:
+        if not _listed(f):
             continue
         c = by_owner.setdefault(f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor))
         c.nodes += 1
@@ -223,7 +233,7 @@ def leaderboard(*, view: str = "contributors", sort: str = "reward", order: str 
     sort = sort if sort in sorts else "reward"
     descending = order != "asc"
     rows: list[Any] = (
-        contributor_figures_all() if view == "contributors" else [f for f in node_figures_all() if f.public]
+        contributor_figures_all() if view == "contributors" else [f for f in node_figures_all() if _listed(f)]
     )
     # Ties broken by name, so the order is stable between polls.
     rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
@@ -249,18 +259,19 @@ def swarm_overview() -> dict[str, Any]:
 
 
 def _compute_swarm(now: datetime) -> dict[str, Any]:
-    figures = [f for f in node_figures_all() if f.public]
-    accepted = sum(f.accepted for f in figures)
-    rejected = sum(f.rejected for f in figures)
+    public = [f for f in node_figures_all() if f.public]
+    figures = [f for f in public if _listed(f)]
+    accepted = sum(f.accepted for f in public)
+    rejected = sum(f.rejected for f in public)
     online = (
         Node.objects.filter(
-            connections__gt=0, last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
+            id__in=connected_node_ids(now=now), last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
             banned_at__isnull=True, owner__banned_at__isnull=True,
         ).count()
     )  # fmt: skip
     recent_window = timedelta(minutes=10)
     recent_groups = Rollout.objects.filter(
-        node_id__in=_active_node_ids(now - recent_window), created_at__gte=now - recent_window
+        node_id__in=active_node_ids(now - recent_window), created_at__gte=now - recent_window
     ).count()
     window = current_limits().sample_window_seconds
     pool_size = _pool_size(now - timedelta(seconds=window))
@@ -290,7 +301,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
         "accepted_groups": accepted,
         "rejected_groups": rejected,
         "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else None,
-        "verified_reward": sum(f.verified_reward for f in figures),
+        "verified_reward": sum(f.verified_reward for f in public),
         "reward_curve": [
             {"hour": hour, "mean_reward": _rate(m.reward, m.completions), "groups": m.accepted + m.rejected}
             for hour, m in sorted(per_hour.items())
@@ -312,18 +323,10 @@ def _pool_size(cutoff: datetime) -> int:
     """Sampleable groups inside the window. Exact (an index count) while the window's range of
     sample numbers is small; above POOL_COUNT_EXACT_BELOW, that range itself: two index lookups, an
     upper bound off by the groups moderated out since (their numbers leave holes)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %s
-                    ORDER BY created_at, sample_seq LIMIT 1),
-                   (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable)
-            """,
-            [cutoff],
-        )
-        lo, hi = cursor.fetchone()
-    if lo is None or hi is None or hi < lo:
+    window = sample_window(cutoff)
+    if window is None:
         return 0
+    lo, hi = window
     if hi - lo + 1 > POOL_COUNT_EXACT_BELOW:
         return hi - lo + 1
     return Rollout.objects.filter(sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo).count()

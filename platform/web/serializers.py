@@ -72,7 +72,7 @@ class AhaGroupSerializer(serializers.Serializer):
 class SwarmSerializer(serializers.Serializer):
     generated_at = serializers.DateTimeField()
     nodes_online = serializers.IntegerField()
-    nodes_total = serializers.IntegerField(help_text="Nodes with any figure on the leaderboard.")
+    nodes_total = serializers.IntegerField(help_text="Nodes on the leaderboard: not banned, a group accepted.")
     groups_per_minute = serializers.FloatField(help_text="Groups shared per minute, last 10 minutes.")
     pool_size = serializers.IntegerField(help_text="Sampleable groups inside the freshness window.")
     pool_window_seconds = serializers.IntegerField()

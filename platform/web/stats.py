@@ -27,6 +27,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from pool.models import Rollout
+from pool.signals import rollouts_moderation_changing
 from web.models import StatsCursor
 
 FOLD_LAG = timedelta(minutes=2)
@@ -142,7 +143,7 @@ def _last_id_before(table: str, *, after_id: int, cutoff: datetime) -> int:
     return after_id if value is None else int(value)
 
 
-def _active_node_ids(since: datetime) -> list[int]:
+def active_node_ids(since: datetime) -> list[int]:
     """Nodes that may have written groups since `since` (seen, or their verdict counts touched at ingest)."""
     with connection.cursor() as cursor:
         cursor.execute(
@@ -238,7 +239,7 @@ def stats_fold(*, now: datetime | None = None) -> bool:
         after_round = cursor_row.round_id if cursor_row else 0
         if start is not None and target <= start:
             target = start
-        node_ids = None if start is None else _active_node_ids(start)
+        node_ids = None if start is None else active_node_ids(start)
         groups = (
             _group_rows(start=start, end=target, node_ids=node_ids) if start is None or target > start else GroupRows()
         )
@@ -269,8 +270,9 @@ def stats_fold_if_due() -> None:
 def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID], status: str) -> int:
     """Move the credit of already-folded groups whose moderation status is about to become `status`.
 
-    Call it in the moderation service's transaction, just BEFORE pool.services.rollout_set_moderation
-    with the same arguments: it reads the groups' current (old) status. Groups newer than the fold
+    Connected to pool.signals.rollouts_moderation_changing (WebConfig.ready), which
+    pool.services.rollout_set_moderation sends in its transaction just before the change: it reads the
+    groups' current (old) status. Groups newer than the fold
     need nothing (readers compute them live). Returns how many folded groups changed credit.
     """
     queryset = rollouts if isinstance(rollouts, QuerySet) else Rollout.objects.filter(id__in=list(rollouts))
@@ -316,6 +318,15 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     _update_add("web_nodehour", ["node_id", "hour"], columns, [(*v, *key) for key, v in sorted(node_hours.items())])
     _update_add("web_datasethour", ["hour", "dataset"], columns, [(*v, *k) for k, v in sorted(dataset_hours.items())])
     return len(changing)
+
+
+def _follow_moderation(sender: object, *, rollouts: QuerySet[Rollout], status: str, **kwargs: object) -> None:
+    node_stats_apply_moderation(rollouts=rollouts, status=status)
+
+
+def follow_moderation() -> None:
+    """Keep the folded figures in step with moderation (WebConfig.ready)."""
+    rollouts_moderation_changing.connect(_follow_moderation, dispatch_uid="web.stats.follow_moderation")
 
 
 @transaction.atomic
@@ -367,7 +378,7 @@ def live_rows(*, node_ids: Sequence[int] | None = None) -> Live:
         groups = _group_rows(start=None, end=None, node_ids=node_ids)
         return Live(None, groups, _counts_by("pool_consumption", "author_id", after_id=0, up_to_id=None),
                     _counts_by("pool_noderound", "node_id", after_id=0, up_to_id=None))  # fmt: skip
-    active = _active_node_ids(cursor_row.folded_until)
+    active = active_node_ids(cursor_row.folded_until)
     if node_ids is not None:
         active = sorted(set(active) & set(node_ids))
     groups = _group_rows(start=cursor_row.folded_until, end=None, node_ids=active)

@@ -18,9 +18,6 @@ from nodes.services import node_create, node_rename, node_retire, node_token_iss
 from web import selectors
 from web.wheel import wheel_find, wheel_get
 
-#: Session key holding a just-created token until the page that shows it once is rendered.
-NEW_TOKEN_SESSION_KEY = "web:new-token"
-
 
 def _site(request: HttpRequest) -> dict[str, str]:
     """Where this site is, for the commands shown to contributors."""
@@ -120,18 +117,27 @@ def _me_context(request: HttpRequest) -> dict:
     }
 
 
-@never_cache  # it may show a token: never stored by the browser or a proxy
-@login_required
-@require_GET
-def me(request: HttpRequest) -> HttpResponse:
+def _me_page(request: HttpRequest, new_token: dict | None = None) -> HttpResponse:
+    """/me/, with a just-issued token when `new_token` is given.
+
+    The token is rendered straight into the answer to the POST that made it, never kept server side
+    (a session would hold the plaintext until the next page, or for good if that page never came);
+    the page then rewrites its address to /me/ (site.js, `data-replace-url`) so a reload shows it no
+    more. Either way the answer must not be cached: see `never_cache` on the views."""
     context = _me_context(request)
-    new_token = request.session.pop(NEW_TOKEN_SESSION_KEY, None)  # shown on this render only
     if new_token:
         context["new_token"] = new_token
         context.update(_install_context(request))
     context["inbox"] = rollout_inbox_list(owner=request.user)
     context["banned"] = request.user.banned_at is not None
     return render(request, "web/me.html", context)
+
+
+@never_cache
+@login_required
+@require_GET
+def me(request: HttpRequest) -> HttpResponse:
+    return _me_page(request)
 
 
 @login_required
@@ -141,6 +147,7 @@ def me_nodes(request: HttpRequest) -> HttpResponse:
     return render(request, "web/partials/node_table.html", _me_context(request))
 
 
+@never_cache  # the answer shows the new node's token
 @login_required
 @require_POST
 def node_add(request: HttpRequest) -> HttpResponse:
@@ -150,8 +157,7 @@ def node_add(request: HttpRequest) -> HttpResponse:
     except ApplicationError as exc:
         messages.error(request, exc.message)
         return redirect("web:me")
-    request.session[NEW_TOKEN_SESSION_KEY] = {"node_id": node.id, "node_name": node.name, "token": plaintext}
-    return redirect(reverse("web:me") + "#new-token")
+    return _me_page(request, {"node_id": node.id, "node_name": node.name, "token": plaintext})
 
 
 def _access(request: HttpRequest, node_id: int):
@@ -186,9 +192,8 @@ def _node_action(request: HttpRequest, node_id: int, action) -> HttpResponse:
         if not request.htmx:
             messages.error(request, exc.message)
     if not request.htmx:
-        if extra.get("token"):
-            request.session[NEW_TOKEN_SESSION_KEY] = {"node_id": node.id, "node_name": node.name, **extra}
-            return redirect(reverse("web:me") + "#new-token")
+        if extra.get("token"):  # shown in this answer only (see _me_page)
+            return _me_page(request, {"node_id": node.id, "node_name": node.name, "token": extra["token"]})
         return redirect(reverse("web:me") + f"#node-{node.id}")
     return _node_card(request, node.id, **extra)
 

@@ -12,7 +12,9 @@ database, Debian's chromium driven by Playwright, and small helpers.
   `.url` is http://127.0.0.1:PORT, `.ws_url` ws://127.0.0.1:PORT. Using it makes the test
   transactional (pytest-django's helper requests `transactional_db`), so rows the test writes are
   visible to the server and the other way round.
-- `browser` (session, one chromium per run) and `page` (a fresh context per test).
+- `browser` (one chromium per module) and `page` (a fresh context per test). The chromium is
+  $SAPO_CHROMIUM, else `chromium`/`chromium-browser` on PATH, else Playwright's own download;
+  `make test` gets one first (.ci/browser).
 - `login(page, user)`: a logged-in session cookie for `user` (no form round-trip).
 - `screenshot(page, name)`: saves test-artifacts/screenshots/NAME.png (full page).
 - `in_thread(fn, *args, **kwargs)`: call sync code on a helper thread and return its result. Needed
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -41,7 +44,6 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT_DIR = REPO / "test-artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -70,10 +72,23 @@ def _playwright():
         yield playwright
 
 
+def chromium_path() -> str | None:
+    """The chromium to drive (see the module docstring); None means Playwright's own download."""
+    explicit = os.environ.get("SAPO_CHROMIUM")
+    if explicit:
+        return explicit
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
 @pytest.fixture(scope="module")
 def browser(_playwright):
     """One chromium per test module (the machine is small)."""
-    browser = _playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    from playwright.sync_api import Error
+
+    try:
+        browser = _playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    except Error as exc:
+        pytest.fail(f"{exc}\nNo usable chromium: run `bash .ci/browser` (what `make test` does) or set SAPO_CHROMIUM.")
     yield browser
     browser.close()
 

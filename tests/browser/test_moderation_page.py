@@ -3,14 +3,10 @@ updates one group in place without reloading the page."""
 
 from __future__ import annotations
 
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))  # test_moderation_support
-
-from factories import make_node  # noqa: E402
-from test_moderation_support import group, share, staff  # noqa: E402
+from factories import make_node
+from support.moderation import group, share, staff
 
 HOSTILE = (
     "<script>window.__pwned = 1; alert(1)</script>"

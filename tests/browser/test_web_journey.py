@@ -100,9 +100,12 @@ def test_new_contributor_journey(live_server, page, screenshot, tmp_path: Path):
     ), command
     screenshot(page, "me-token-once")
     expect(page.locator('#node-table tr[data-node="laptop"] [data-status]')).to_have_text("offline")
+    # The token came in the answer to the form post; the address bar says /me/, so a reload asks for
+    # /me/ (no second post, no "name taken") and the token is gone.
+    expect(page).to_have_url(re.compile(r"/me/#new-token$"))
     page.reload()
     expect(page.locator("#token-value")).to_have_count(0)
-    assert token not in page.content()
+    assert token not in page.content() and "already have a node" not in page.content()
 
     # Download the wheel: checksum as shown, installs into a fresh venv, console script runs.
     page.goto(base + "/download/")
@@ -152,6 +155,9 @@ def test_new_contributor_journey(live_server, page, screenshot, tmp_path: Path):
         _, third_token = make_node_with_token(owner=make_user(username="erin", display_name="Erin"), name="box")
         third = WireNode(sockets, live_server.ws_url, third_token)
         third.hello()
+        # Credit is earned: a report may name only groups the pool served to that node.
+        served = {r["id"] for r in third.call({"type": "sample", "n": 4})["rollouts"]}
+        assert {r["id"] for r in sampled} <= served
         third.call({"type": "report", "round": 1, "reward_mean": 0.4, "used": [r["id"] for r in sampled]})
 
         # The leaderboard shows both, and updates live when the node shares again.

@@ -15,13 +15,17 @@ from playwright.sync_api import expect
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def test_real_node_run_shows_on_me_and_leaderboard(live_server, page, user, login, screenshot, tmp_path: Path):
+def test_real_node_run_shows_on_me_and_leaderboard(
+    live_server, page, user, login, screenshot, tmp_path: Path, tiny_policy, tiny_cache_dir: Path
+):
+    # tiny_policy: the model is built (once per cache) before the node starts, not inside its time limit.
     _, token = make_node_with_token(owner=user, name="tiny-box")
     sapo_node = str(Path(sys.executable).parent / "sapo-node")  # the shared venv's console script
     run = subprocess.run(
         [sapo_node, "run", "--server", live_server.ws_url + "/ws/node/", "--rounds", "2", "--questions", "4",
          "--generations", "4", "--max-new-tokens", "32", "--out", str(tmp_path / "run")],
-        env={**os.environ, "SAPO_TOKEN": token}, capture_output=True, text=True, timeout=400, check=False,
+        env={**os.environ, "SAPO_TOKEN": token, "SAPO_CACHE": str(tiny_cache_dir)}, capture_output=True, text=True,
+        timeout=400, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 

@@ -181,3 +181,19 @@ def test_the_command_redoes_the_analysis_of_a_folder(tmp_path, capsys):
     assert "| 4/4 |" in capsys.readouterr().out
     assert (publish / "rewards.png").read_bytes().startswith(PNG_SIGNATURE)
     assert json.loads((publish / "summary.json").read_text())["moving_average_window"] == 3
+
+
+def test_the_command_analyses_studies_together_and_a_subset_of_seeds_into_another_folder(tmp_path, capsys):
+    first, second, merged = tmp_path / "fixed", tmp_path / "auto", tmp_path / "merged"
+    for folder in (first, second):
+        folder.mkdir()
+    write_rounds(first / "rounds.csv", _separated_study(0.3))
+    auto = [dict(row, config="auto", local=0, external=4) for row in _separated_study(0.3) if row["config"] == "4/4"]
+    write_rounds(second / "rounds.csv", auto)
+    assert experiment_main(["--analyze", f"{first},{second}", "--seeds", "1", "--out", str(merged)]) == 0
+    rows = read_rounds(merged / "rounds.csv")
+    assert {row["config"] for row in rows} == {"8/0", "4/4", "auto"} and {row["seed"] for row in rows} == {1}
+    assert "| auto |" in capsys.readouterr().out
+    before = (first / "rounds.csv").read_text()
+    assert experiment_main(["--analyze", str(first), "--seeds", "1"]) == 2  # never over a study's own rounds.csv
+    assert (first / "rounds.csv").read_text() == before

@@ -44,3 +44,23 @@ def test_a_node_draws_one_question_per_distinct_dataset_deterministically():
     first, second = easy.draw(4), easy.draw(4)
     assert len({r.dataset for r in first}) == 4 and first != second
     assert len(easy.draw(6)) == 6  # more questions than datasets: cycles through a fresh shuffle
+
+
+def test_cpu_learn_is_two_nodes_of_the_learning_model_on_one_thread():
+    cfg = preset("cpu-learn", seeds=[1, 2, 3])
+    assert (cfg.model, cfg.nodes, cfg.rounds, cfg.threads, cfg.max_new_tokens) == ("tiny-learn", 2, 80, 1, 16)
+    assert cfg.counts()[2] == ("4/4", 2, 2)
+
+
+def test_nodes_take_the_given_models_in_turn_and_auto_is_the_adaptive_configuration():
+    cfg = preset("cpu-skills", nodes=3, configs=["8/0", "auto"])
+    assert cfg.node_models() == ["tiny-learn-a", "tiny-learn-b", "tiny-learn-a"]
+    assert cfg.counts() == [("8/0", 4, 0), ("auto", 0, 4)]
+    with pytest.raises(ValueError, match="model"):
+        preset("cpu-learn", model=" , ")
+
+
+def test_gpu_learn_builds_its_own_model_on_the_papers_tasks():
+    cfg = preset("gpu-learn")
+    assert (cfg.model, cfg.catalogue, cfg.nodes, cfg.questions, cfg.generations) == ("small", "sapo", 8, 8, 8)
+    assert 0 < cfg.time_limit < 600  # each invocation ends within 10 minutes; --resume goes on

@@ -40,8 +40,9 @@ def swarm_server(asgi_server):
 
 @pytest.fixture(scope="session")
 def swarm_servers(asgi_server) -> Callable[..., Any]:
-    """`with swarm_servers(port=0) as server:` a server of its own, set up like swarm_server (to kill)."""
-    return lambda **kwargs: asgi_server(settings=SWARM_SETTINGS, **kwargs)
+    """`with swarm_servers(port=0, settings=None) as server:` a server of its own, set up like
+    swarm_server (to kill); `settings` are added to SWARM_SETTINGS."""
+    return lambda settings=None, **kwargs: asgi_server(settings=SWARM_SETTINGS | (settings or {}), **kwargs)
 
 
 @pytest.fixture

@@ -4,13 +4,15 @@ loop and WebSocketTransport, daphne running the pool consumer, PostgreSQL and Re
 - two nodes with different models and tokenizers share groups, get them accepted with the rewards
   the server re-verified, and one trains on the other's groups (the server credits the author);
 - a connection cut mid-stream, on the node's side (a proxy drops an ack, then cuts a frame in half)
-  or the server's (daphne killed and restarted on the same port), loses and duplicates nothing;
+  or the server's (daphne killed and restarted on the same port), loses and duplicates nothing, and
+  the killed server's sockets leave no node "online" after the restart (presence);
 - a revoked token closes the node's socket with 4401: the node stops retrying, says why, and trains on;
 - `sapo-node run` stopped with Ctrl-C and resumed continues the round count, online.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -18,13 +20,17 @@ import signal
 import sqlite3
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from factories import make_node_with_token
 
 from nodes.models import Node, NodeStatus
+from nodes.presence import EXPIRES_AFTER_SECONDS, connected_node_ids, connection_counts
+from nodes.selectors import node_status
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout, Verdict
 from sapo_node import loop
 from sapo_node.cli import main
@@ -80,7 +86,8 @@ def buffered(transport) -> int:
 
 
 def connections(node: Node) -> int:
-    return Node.objects.get(id=node.id).connections
+    """Open sockets of the node, as presence records them."""
+    return connection_counts([node.id]).get(node.id, 0)
 
 
 def right_and_wrong_groups(n: int, seed: int) -> list[Group]:
@@ -135,7 +142,7 @@ def test_two_nodes_share_get_accepted_and_train_on_each_others_groups(
     assert a.state.stream.catalogue == EASY_CATALOGUE  # the server's catalogue, from welcome
     assert wait_for(lambda: connections(node_a) == 1)
     stored_a = Node.objects.get(id=node_a.id)
-    assert stored_a.status == NodeStatus.ONLINE and stored_a.model_id == "tiny"
+    assert node_status(stored_a) == NodeStatus.ONLINE and stored_a.model_id == "tiny"
     sampleable_a: set[str] = set()
     while not sampleable_a and a.last_round < 3:
         assert play_round(a) is not None and ta.flush(20)
@@ -148,7 +155,7 @@ def test_two_nodes_share_get_accepted_and_train_on_each_others_groups(
     tb = transports(url, token_b, tmp_path / "b" / "outbox.sqlite3")
     b = start_node(node_config(tmp_path / "b", "tiny-mini", seed=4), tb, policy=policy_copy(tiny_mini_policy))
     assert wait_for(lambda: connections(node_b) == 1)
-    assert Node.objects.get(id=node_b.id).status == NodeStatus.ONLINE
+    assert node_status(Node.objects.get(id=node_b.id)) == NodeStatus.ONLINE
     assert connections(node_a) == 1  # both online at once
     assert wait_for(lambda: buffered(tb) >= min(len(sampleable_a), 4))
     row_b1 = play_round(b)
@@ -192,11 +199,11 @@ def test_two_nodes_share_get_accepted_and_train_on_each_others_groups(
     finish_node(b)
     ta.close()
     assert wait_for(lambda: connections(node_a) == 0)
-    assert Node.objects.get(id=node_a.id).status == NodeStatus.OFFLINE
+    assert node_status(Node.objects.get(id=node_a.id)) == NodeStatus.OFFLINE
     assert connections(node_b) == 1
     tb.close()
     assert wait_for(lambda: connections(node_b) == 0)
-    assert Node.objects.get(id=node_b.id).status == NodeStatus.OFFLINE
+    assert node_status(Node.objects.get(id=node_b.id)) == NodeStatus.OFFLINE
 
 
 # ---------------------------------------------------------------------------- cuts
@@ -254,28 +261,70 @@ def test_a_connection_cut_mid_stream_loses_and_duplicates_nothing(swarm_server, 
     assert wait_for(lambda: connections(node) == 0)
 
 
+def open_raw_node(stack: contextlib.ExitStack, url: str, token: str, group: Group):
+    """A node that connects once (no reconnection), is welcomed and gets one group accepted."""
+    from websockets.sync.client import connect
+
+    ws = stack.enter_context(connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10))
+    ws.send(json.dumps({"type": "hello", "v": 1, "client": "raw"}))
+    assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+    ws.send(json.dumps({"type": "share", "v": 1, "rollouts": [group.to_wire()]}))
+    assert json.loads(ws.recv(timeout=10))["accepted"] == [group.id]
+    return ws
+
+
+def get_json(url: str) -> Any:
+    from urllib.request import urlopen
+
+    with urlopen(url, timeout=20) as response:  # noqa: S310 - the test's own loopback server
+        return json.loads(response.read())
+
+
 def test_a_server_killed_mid_stream_and_restarted_loses_and_duplicates_nothing(swarm_servers, transports, tmp_path):
     node, token = make_node_with_token(name="survivor")
+    ghosts = [make_node_with_token(name=f"ghost-{i}") for i in range(2)]  # connect once, never come back
     groups = right_and_wrong_groups(40, seed=12)
-    with swarm_servers() as first:
+    same_server = {"SAPO_SERVER_NAME": "killed-and-restarted"}
+    with swarm_servers(settings=same_server) as first, contextlib.ExitStack() as raw:
         port = first.port
-        t = transports(first.ws_url + "/ws/node/", token, tmp_path / "outbox.sqlite3")
+        url = first.ws_url + "/ws/node/"
+        for (_, ghost_token), group in zip(ghosts, right_and_wrong_groups(2, seed=13), strict=True):
+            open_raw_node(raw, url, ghost_token, group)
+        t = transports(url, token, tmp_path / "outbox.sqlite3")
         t.start(HELLO)
         assert t.wait_connected(10)
         t.share(groups)
         assert wait_for(lambda: Rollout.objects.filter(node=node).exists(), timeout=20)
-        first.process.kill()  # SIGKILL: no goodbye, open transactions die with it
+        assert {n.id for n, _ in ghosts} <= connected_node_ids()
+        first.process.kill()  # SIGKILL: no goodbye, no disconnect(), open transactions die with it
         first.process.join(5)
     pending_at_kill = t.counts().pending
     assert pending_at_kill > 0  # the node was waiting for verdicts when the server died
     assert wait_for(lambda: t.status == "retrying")
+    # Nobody ran disconnect(): the dead server's records are still there, until they expire...
+    ghost_ids = {n.id for n, _ in ghosts}
+    assert ghost_ids <= connected_node_ids()
+    later = timezone.now() + timedelta(seconds=EXPIRES_AFTER_SECONDS + 1)
+    assert not ghost_ids & connected_node_ids(now=later)
 
-    with swarm_servers(port=port):
+    # ...or until the server starts again, which forgets them before it serves anything.
+    with swarm_servers(port=port, settings=same_server) as second:
+        rows = get_json(second.url + "/api/v1/leaderboard/?view=nodes")["nodes"]
+        status = {row["name"]: row["status"] for row in rows}
+        assert status["ghost-0"] == status["ghost-1"] == NodeStatus.OFFLINE
+        assert not ghost_ids & connected_node_ids()
+        for ghost, _ in ghosts:
+            assert node_status(Node.objects.get(id=ghost.id)) == NodeStatus.OFFLINE
         assert t.wait_connected(20)
         assert t.flush(30)
         assert_stored_exactly_once(node, groups)
         assert (t.counts().accepted, t.counts().pending) == (40, 0)
+        assert wait_for(lambda: connections(node) == 1)  # the node that came back is online again
+        assert node_status(Node.objects.get(id=node.id)) == NodeStatus.ONLINE
+        swarm = get_json(second.url + "/api/v1/swarm/")
+        assert swarm["nodes_online"] == 1 and swarm["nodes_total"] == 3
         t.close()
+        assert wait_for(lambda: connections(node) == 0)
 
 
 # ---------------------------------------------------------------------------- refusal

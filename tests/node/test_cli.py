@@ -138,3 +138,17 @@ def test_resuming_a_run_with_another_model_is_refused_with_a_clear_error(tmp_pat
     assert code == 2
     err = capsys.readouterr().err
     assert "holds a run of model 'tiny'" in err and "--model tiny" in err
+
+
+def test_threads_flag_sets_torch_threads_for_the_run(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert (
+            main(["run", "--offline", "--rounds", "1", "--out", str(tmp_path / "run"), "--threads", "1", *SMALL]) == 0
+        )
+        assert torch.get_num_threads() == 1
+        assert json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == 1
+    finally:
+        torch.set_num_threads(before)

@@ -1,37 +1,99 @@
-"""Batched generation: B prompts x G completions in as few generate calls as asked."""
+"""Batched generation: each distinct prompt through the model once, rows sampled from the policy's
+softmax with a KV cache, finished rows dropped; the same tokens as a plain no-cache sampler."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from node_toys import make_policy
 
-from sapo_node.generate import generate_completions
+from sapo_node.generate import encode_prompt, generate_completions, gumbel_noise, sample_tokens, stop_ids
+from sapo_node.prompts import format_prompt
+from sapo_node.sample import sample_questions
+from sapo_node.tasks import CATALOGUES, TaskStream
+
+PROMPTS = ["Question: What is 1 + 2?\nAnswer:", "Question: Is 2024 a leap year?\nAnswer:", "Question: hi\nAnswer:"]
 
 
-def test_generation_is_batched_and_completions_end_at_eos(monkeypatch):
-    model, tok = make_policy("a")
-    calls = []
-    real = model.generate
+def _record_forward_shapes(monkeypatch, model):
+    shapes = []
+    real = model.forward
 
-    def counting_generate(*args, **kwargs):
-        calls.append(kwargs["input_ids"].shape[0])
+    def recording_forward(*args, **kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(model, "generate", counting_generate)
+    monkeypatch.setattr(model, "forward", recording_forward)
+    return shapes
+
+
+def test_each_prompt_is_encoded_once_and_completions_end_at_eos(monkeypatch):
+    model, tok = make_policy("a")
+    shapes = _record_forward_shapes(monkeypatch, model)
     torch.manual_seed(0)
-    prompts = ["Question: What is 1 + 2?\nAnswer:", "Question: Is 2024 a leap year?\nAnswer:", "Question: hi\nAnswer:"]
-    groups = generate_completions(model, tok, prompts, generations=4, max_new_tokens=8, temperature=1.0)
-    assert calls == [12]  # one call for all B*G rows
+    groups = generate_completions(model, tok, PROMPTS, generations=4, max_new_tokens=8, temperature=1.0)
+    width = max(len(encode_prompt(tok, p)) for p in PROMPTS)
+    assert shapes[0] == (3, width)  # the 3 distinct prompts, not the 12 rows
+    assert all(rows <= 12 and length == 1 for rows, length in shapes[1:])  # then one token per running row
+    assert len(shapes) <= 8  # the last sampled token needs no forward pass
     assert len(groups) == 3 and all(len(g.completion_ids) == 4 == len(g.texts) for g in groups)
-    for g in groups:
-        assert g.prompt_ids == tok(prompts[groups.index(g)])["input_ids"]
+    for prompt, g in zip(PROMPTS, groups, strict=True):
+        assert g.prompt_ids == tok(prompt)["input_ids"]
         for ids, truncated in zip(g.completion_ids, g.truncated, strict=True):
             if truncated:
                 assert len(ids) == 8 and tok.eos_token_id not in ids
             else:
-                assert ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1]
-            assert tok.pad_token_id not in ids
+                assert ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1]  # nothing kept after it
 
-    calls.clear()
-    generate_completions(model, tok, prompts, generations=4, max_new_tokens=8, temperature=1.0, batch_size=5)
-    assert calls == [5, 5, 2]
+    shapes.clear()
+    generate_completions(model, tok, PROMPTS, generations=4, max_new_tokens=8, temperature=1.0, batch_size=5)
+    # rows 0-4 continue prompts 0 and 1, rows 5-9 prompts 1 and 2, rows 10-11 prompt 2
+    assert [rows for rows, length in shapes if length > 1] == [2, 2, 1]
+
+
+def _plain_sampler(model, tokenizer, prompts, *, generations, max_new_tokens, temperature):
+    """The definition, slowly: at each step every unfinished row's whole sequence goes through the
+    model alone (no cache, no padding, no shared prompt), and its next token is argmax(logits /
+    temperature + Gumbel noise), with the noise drawn as generate_completions draws it."""
+    stops = stop_ids(model, tokenizer)
+    rows = [encode_prompt(tokenizer, p) for p in prompts for _ in range(generations)]
+    out: list[list[int]] = [[] for _ in rows]
+    done = [False] * len(rows)
+    for _ in range(max_new_tokens):
+        noise = gumbel_noise((len(rows), model.config.vocab_size), "cpu")
+        for i, prompt in enumerate(rows):
+            if not done[i]:
+                with torch.no_grad():
+                    logits = model(input_ids=torch.tensor([prompt + out[i]])).logits[:, -1]
+                out[i].append(int(sample_tokens(logits, noise[i : i + 1], temperature)))
+                done[i] = out[i][-1] in stops
+        if all(done):
+            break
+    return out
+
+
+def test_the_cached_batched_sampler_draws_the_tokens_of_a_plain_sampler(tiny_policy):
+    model, tok = tiny_policy  # warm-started: its completions stop at different lengths, so rows drop out
+    stream = TaskStream(CATALOGUES["easy"], seed=7)  # prompts of 58 and 27 tokens, answers of 8 and 10
+    prompts = [format_prompt(tok, q.question) for q in sample_questions(stream, 2)]
+    torch.manual_seed(11)
+    groups = generate_completions(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    torch.manual_seed(11)
+    expected = _plain_sampler(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    got = [ids for g in groups for ids in g.completion_ids]
+    assert got == expected
+    lengths = {len(ids) for ids in got}
+    assert len(lengths) > 1 and not all(t for g in groups for t in g.truncated)  # rows did stop, at different steps
+
+
+def test_sampling_follows_the_softmax_at_the_temperature():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -math.inf]])
+    n, temperature = 40_000, 0.7
+    torch.manual_seed(0)
+    draws = sample_tokens(logits.expand(n, -1), gumbel_noise((n, 5), "cpu"), temperature)
+    freq = torch.bincount(draws, minlength=5).double() / n
+    expected = torch.softmax(logits[0].double() / temperature, dim=0)
+    assert freq[4] == 0  # a -inf logit is never drawn
+    # 5 standard errors of a binomial proportion: a wrong temperature or distribution fails by far more
+    assert torch.all((freq - expected).abs() <= 5 * (expected * (1 - expected) / n).sqrt() + 1e-12)

@@ -10,7 +10,17 @@ from node_toys import make_policy
 
 from sapo_node.generate import encode_prompt
 from sapo_node.groups import TrainGroup
-from sapo_node.grpo import ADVANTAGE_EPS, clipped_loss, collate, group_advantages, grpo_update, token_logprobs
+from sapo_node.grpo import (
+    ADVANTAGE_EPS,
+    clipped_loss,
+    collate,
+    collate_groups,
+    completion_logprobs,
+    group_advantages,
+    grpo_update,
+    plain_lm_head,
+    token_logprobs,
+)
 
 
 def test_advantages_are_normalised_within_each_group():
@@ -146,3 +156,168 @@ def test_the_kl_penalty_starts_at_zero_and_grows_as_the_policy_moves():
     kwargs = dict(pad_id=tok.pad_token_id, kl_coef=0.5, reference=reference)
     assert grpo_update(model, optimizer, [group], **kwargs).kl == 0.0  # policy == reference before the first step
     assert grpo_update(model, optimizer, [group], **kwargs).kl > 0.0
+
+
+# --- the fast path (completion_logprobs) against the reference (token_logprobs) ---------------------
+
+
+def _mixed_groups(tok):
+    """Three groups: prompts of different lengths, completions of 1 to 6 tokens (one group's twice)."""
+    eos = tok.eos_token_id
+    p1 = encode_prompt(tok, "Question: What is 2 + 3?\nAnswer:")
+    p2 = encode_prompt(tok, "Question: Is 2024 a leap year? Answer with Yes or No.\nAnswer:")
+    p3 = encode_prompt(tok, "Q:")
+    return [
+        TrainGroup(
+            "a", "local", p1, [[10, 11, 12, eos], [13, eos], [14, 15, 16, 17, 18, 19], [eos]], [1.0, 0.0, 0.5, 0.0]
+        ),
+        TrainGroup("b", "local", p2, [[20, 21, eos], [22, 23, 24, 25, eos]], [0.0, 1.0]),
+        TrainGroup("c", "local", p3, [[30, 31], [30, 31], [32, eos]], [1.0, 1.0, 0.0]),
+    ]
+
+
+def _rows(groups):
+    rows = []
+    for g in groups:
+        adv = group_advantages(torch.tensor(g.rewards)).tolist()
+        rows += [(g.prompt_ids, c, a) for c, a in zip(g.completion_ids, adv, strict=True)]
+    return rows
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_completion_logprobs_and_their_gradient_equal_a_full_forward_per_sequence(dtype, tol):
+    model, tok = make_policy("a", seed=3)
+    model = model.to(dtype)
+    rows = _rows(_mixed_groups(tok))
+    grouped = collate_groups(rows, tok.pad_token_id, "cpu")
+    assert grouped.prompt_ids.shape[0] == 3 and grouped.completion_ids.shape == (9, 6)  # each prompt once
+    flat = collate(rows, tok.pad_token_id, "cpu")
+    weights = torch.randn(grouped.completion_mask.shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
+
+    def logps_and_grads(fn):
+        model.zero_grad(set_to_none=True)
+        logp = fn() * grouped.completion_mask
+        (logp * weights).sum().backward()  # any linear functional of the log-probs exercises the whole backward pass
+        return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    fast, fast_grads = logps_and_grads(lambda: completion_logprobs(model, grouped, temperature=0.7))
+    ref, ref_grads = logps_and_grads(
+        lambda: token_logprobs(model, flat.input_ids, flat.attention_mask, flat.completion_mask.shape[1], 0.7)
+    )
+    assert plain_lm_head(model) is model.lm_head  # the fast path ran
+    torch.testing.assert_close(fast, ref, atol=tol, rtol=0)
+    # Gradients agree to 1e-6 of their largest entry in both dtypes, not to float64 precision: the
+    # model's RMSNorm computes in float32 whatever the dtype, and the fast path sums a shared prompt's
+    # gradient over its rows before that rounding, the reference after.
+    for a, b in zip(fast_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6 * b.abs().max().item(), rtol=0)
+
+
+def test_target_logprobs_gradient_in_chunks_matches_finite_differences():
+    from sapo_node.grpo import _TargetLogprobs
+
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(7, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    bias = torch.randn(7, dtype=torch.float64, generator=gen, requires_grad=True)
+    targets = torch.tensor([0, 6, 3, 3, 1])
+    fn = lambda h, w, b: _TargetLogprobs.apply(h, w, b, targets, 0.7, 2)  # noqa: E731  chunks of 2, 2 and 1 positions
+    assert torch.autograd.gradcheck(fn, (hidden, weight, bias))
+    by_hand = (torch.nn.functional.linear(hidden, weight, bias) / 0.7).log_softmax(-1)[torch.arange(5), targets]
+    torch.testing.assert_close(fn(hidden, weight, bias), by_hand)
+
+
+def test_a_model_with_soft_capped_logits_falls_back_to_the_full_forward():
+    model, tok = make_policy("a", seed=4)
+    model.config.final_logit_softcapping = 30.0  # as Gemma 2 has: lm_head(hidden) is not its logits
+    rows = _rows(_mixed_groups(tok))
+    grouped = collate_groups(rows, tok.pad_token_id, "cpu")
+    flat = collate(rows, tok.pad_token_id, "cpu")
+    assert plain_lm_head(model) is None
+    with torch.no_grad():
+        fast = completion_logprobs(model, grouped)
+        ref = token_logprobs(model, flat.input_ids, flat.attention_mask, flat.completion_mask.shape[1])
+    torch.testing.assert_close(fast, ref * flat.completion_mask, atol=1e-6, rtol=0)
+
+
+def _previous_grpo_update(model, optimizer, groups, *, pad_id, epochs, micro_batch, kl_coef=0.0, reference=None):
+    """sapo-node's update before the fast path: token_logprobs on prompt + completion per row, in the
+    groups' order, a separate stored copy of the first epoch's log-probs as the old ones."""
+    rows = _rows(groups)
+    tokens = sum(len(c) for _, c, _ in rows)
+    batches = [collate(rows[i : i + micro_batch], pad_id, "cpu") for i in range(0, len(rows), micro_batch)]
+    old, ref, losses = [], [], []
+    for epoch in range(epochs):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for i, b in enumerate(batches):
+            t_len = b.completion_mask.shape[1]
+            logp = token_logprobs(model, b.input_ids, b.attention_mask, t_len)
+            if epoch == 0:
+                old.append(logp.detach())
+                with torch.no_grad():
+                    ref.append(token_logprobs(reference, b.input_ids, b.attention_mask, t_len) if kl_coef else None)
+            loss, _ = clipped_loss(
+                logp, old[i], b.advantages, b.completion_mask, ref_logp=ref[i], kl_coef=kl_coef, num_tokens=tokens
+            )
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        losses.append(total)
+    return losses[-1]
+
+
+@pytest.mark.parametrize(("epochs", "kl_coef", "micro_batch"), [(1, 0.0, 4), (1, 0.0, 16), (3, 0.1, 5)])
+def test_the_update_equals_the_previous_implementation(epochs, kl_coef, micro_batch):
+    import copy
+
+    model, tok = make_policy("a", seed=5)
+    reference = copy.deepcopy(model).requires_grad_(False)
+    groups = _mixed_groups(tok)
+    before = copy.deepcopy(model)
+    # SGD with lr 1 and no clipping: each step moves the parameters by exactly minus the gradient.
+    stats = grpo_update(
+        model, torch.optim.SGD(model.parameters(), lr=1.0), groups, pad_id=tok.pad_token_id, epochs=epochs,
+        micro_batch=micro_batch, kl_coef=kl_coef, reference=reference, max_grad_norm=float("inf"),
+    )  # fmt: skip
+    loss = _previous_grpo_update(
+        before, torch.optim.SGD(before.parameters(), lr=1.0), groups, pad_id=tok.pad_token_id, epochs=epochs,
+        micro_batch=micro_batch, kl_coef=kl_coef, reference=reference,
+    )  # fmt: skip
+    assert stats.loss == pytest.approx(loss, abs=1e-6)
+    for a, b in zip(model.parameters(), before.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    moved = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters(), strict=True))
+    assert moved > 1e-4  # the update did move the policy, so the comparison means something
+
+
+def test_the_fused_optimizer_takes_the_same_steps_as_plain_adamw():
+    import copy
+
+    from sapo_node.grpo import make_optimizer
+
+    model, _ = make_policy("a", seed=6)
+    twin = copy.deepcopy(model)
+    fused = make_optimizer(model, lr=1e-2, weight_decay=0.01)
+    plain = torch.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.01)
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        fused.step()
+        plain.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+
+
+def test_completion_logprobs_of_one_token_completions_come_from_the_prompt_alone():
+    model, tok = make_policy("a", seed=7)
+    rows = [([5, 6, 7], [tok.eos_token_id], 1.0), ([5, 6, 7], [9], -1.0), ([8], [10], 0.0)]
+    grouped, flat = collate_groups(rows, tok.pad_token_id, "cpu"), collate(rows, tok.pad_token_id, "cpu")
+    assert grouped.completion_ids.shape == (3, 1)
+    with torch.no_grad():
+        fast = completion_logprobs(model, grouped)
+        ref = token_logprobs(model, flat.input_ids, flat.attention_mask, 1)
+    torch.testing.assert_close(fast, ref, atol=1e-6, rtol=0)

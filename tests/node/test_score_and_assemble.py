@@ -13,7 +13,7 @@ from sapo_node.groups import Group
 from sapo_node.prompts import format_prompt
 from sapo_node.sample import sample_questions
 from sapo_node.score import score_group
-from sapo_node.tasks import EASY_CATALOGUE, TaskRef, TaskStream, build_entry, extract_answer
+from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, TaskError, TaskRef, TaskStream, build_entry, extract_answer
 
 
 def _question(index: int = 3):
@@ -37,6 +37,23 @@ def test_sample_questions_follow_the_stream():
     b = sample_questions(TaskStream(EASY_CATALOGUE, 3), 4)
     assert [q.ref for q in a] == [q.ref for q in b]
     assert all(q.spec.dataset == q.ref.dataset and q.question for q in a)
+
+
+class _ScriptedStream(TaskStream):
+    """A stream whose first draw is given: decimal_arithmetic index 5651 of seed 1235 divides by zero
+    in reasoning-gym, so no entry can be built for it."""
+
+    def draw(self, n):
+        return [TaskRef("decimal_arithmetic", 1235, 5651)] + super().draw(n - 1)
+
+
+def test_a_question_that_cannot_be_built_is_drawn_again_from_the_same_dataset():
+    with pytest.raises(TaskError):
+        build_entry(SAPO_CATALOGUE.get("decimal_arithmetic"), 1235, 5651)
+    a = sample_questions(_ScriptedStream(SAPO_CATALOGUE, 1235), 3)
+    b = sample_questions(_ScriptedStream(SAPO_CATALOGUE, 1235), 3)
+    assert a[0].ref.dataset == "decimal_arithmetic" and a[0].ref.index != 5651 and a[0].question
+    assert [q.ref for q in a] == [q.ref for q in b]  # still deterministic in the seed
 
 
 def _external(entry, spec, *, claimed, answer=None, question=None, dataset="basic_arithmetic", index=3):
@@ -75,8 +92,28 @@ def test_external_groups_are_rescored_and_retokenised_by_the_receiver():
     assert group.source == "external" and group.rewards == [1.0, 0.0, 0.0, 1.0]
     assert tok.decode(group.prompt_ids) == format_prompt(tok, entry["question"])
     for text, ids in zip(liar.completions, group.completion_ids, strict=True):
-        assert ids[-1] == tok.eos_token_id
-        assert tok.decode(ids[:-1]) == text
+        # No EOS: the receiver cannot tell a completion the sender's model ended from one its
+        # max-new-tokens cut off, and must not learn to stop where a sender was cut off.
+        assert tok.eos_token_id not in ids
+        assert tok.decode(ids) == text
+
+
+def test_a_completion_the_sender_cut_off_is_not_taught_to_stop_where_it_was_cut():
+    _, tok = make_policy("b")
+    spec, entry = _question()
+    group = _external(entry, spec, claimed=[1.0, 0.0, 0.0, 1.0])
+    # A sender whose max-new-tokens ended this completion mid-answer: it shares the text as it was cut.
+    group.completions[2] = " <answer>1"
+    cut_ids = tok(" <answer>1", add_special_tokens=False)["input_ids"]
+    long_text = " " + "9" * 200
+    group.completions[1] = long_text
+    train, _ = assemble(
+        [], [group], n_local=0, n_external=1, rng=random.Random(0), catalogue=EASY_CATALOGUE, tokenizer=tok,
+        format_prompt=format_prompt, max_tokens=16,
+    )  # fmt: skip
+    (tg,) = train
+    assert tg.completion_ids[2] == cut_ids  # no EOS after the cut
+    assert len(tg.completion_ids[1]) == 16 and tok.eos_token_id not in tg.completion_ids[1]  # overlong: cut, no EOS
 
 
 @pytest.mark.parametrize(

@@ -42,3 +42,18 @@ def test_two_nodes_with_different_tokenizers_exchange_groups(tmp_path):
     assert row["updated"]
     (node, report) = pool.reports[-1]
     assert node == "b" and len(report["used"]) == row["local_kept"] + row["external_kept"]
+
+
+def test_an_adaptive_node_gives_its_uninformative_slots_to_the_swarm(tmp_path):
+    pool = MemoryPool(EASY_CATALOGUE, only_informative=False)
+    spec = EASY_CATALOGUE.get("basic_arithmetic")
+    for index in range(3):
+        entry = build_entry(spec, 9, index)
+        right, wrong = f" <answer>{entry['answer']}</answer>", " <answer>-1</answer>"
+        pool.add("c", [Group.new(round=1, task=TaskRef("basic_arithmetic", 9, index), question=entry["question"],
+                                 answer=entry["answer"], completions=[right, wrong], rewards=[1.0, 0.0])])  # fmt: skip
+    # An untrained toy model scores 0 on all its own questions: none of its own groups is informative.
+    config = _config(tmp_path / "b", seed=2, local=0, external=2, ratio="adaptive")
+    row = run(config, MemoryTransport(pool, "b"), policy=make_policy("b")).metrics[0]
+    assert row["reward_mean"] == 0.0
+    assert (row["local_kept"], row["external_kept"]) == (0, 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -142,3 +143,57 @@ def test_command_line_prints_an_accuracy_table(tmp_path, capsys):
         assert spec.dataset in out
     info = json.loads((tiny_path("tiny-mini", tmp_path, steps=2) / BUILD_INFO).read_text())
     assert info["recipe"]["variant"]["steps"] == 2
+
+
+# ---------------------------------------------------------------------------- warm-start recipes
+
+
+def test_recipes_of_the_first_builds_keep_their_cache_folders(tmp_path):
+    # Fields added to the recipe later must not move tiny's and tiny-mini's caches (a rebuild costs minutes).
+    assert tiny_path("tiny", tmp_path).name == "tiny-9736bab04021"
+    assert tiny_path("tiny-mini", tmp_path).name == "tiny-mini-2eaa4abc96d7"
+    learn = {tiny_path(name, tmp_path) for name in ("tiny-learn", "tiny-learn-a", "tiny-learn-b", "small")}
+    assert len(learn) == 4
+
+
+def test_bare_targets_drop_the_answer_tags_and_keep_the_answer(tokenizers):
+    tokenizer = tokenizers["tiny-mini"]
+    entry = build_entry(EASY_CATALOGUE.get("basic_arithmetic"), 5, 1)
+    input_ids, _, labels = tiny.supervised_batch(tokenizer, [entry, entry], bare=[False, True])
+    tagged, bare = (tokenizer.decode([t for t in row if t >= 0]) for row in labels.tolist())
+    assert tagged == f" <answer>{entry['answer']}</answer><|endoftext|>"
+    assert bare == f" {entry['answer']}<|endoftext|>"
+
+
+def test_a_variant_knows_only_its_datasets():
+    a, b = (tiny.known_catalogue(VARIANTS[name]).datasets for name in ("tiny-learn-a", "tiny-learn-b"))
+    assert set(a).isdisjoint(b) and set(a) | set(b) == set(EASY_CATALOGUE.datasets)
+    assert tiny.known_catalogue(VARIANTS["tiny-learn"]).datasets == EASY_CATALOGUE.datasets
+
+
+def test_a_format_phase_build_records_its_recipe(tmp_path, monkeypatch):
+    quick = dataclasses.replace(VARIANTS["tiny-learn-a"], steps=2, format_steps=2, batch_size=4)
+    monkeypatch.setitem(VARIANTS, "tiny-learn-a", quick)
+    load_tiny("tiny-learn-a", cache_dir=tmp_path, progress=False)
+    info = build_info(tiny_path("tiny-learn-a", tmp_path))
+    variant = info["recipe"]["variant"]
+    assert (variant["format_steps"], variant["bare_share"], variant["known"]) == (
+        2, 0.8, ["basic_arithmetic", "calendar_arithmetic"]
+    )  # fmt: skip
+    assert info["format_seconds"] > 0
+
+
+def test_the_gpu_model_builds_from_the_papers_tasks_with_no_hub(tmp_path, monkeypatch):
+    # "small" at a tiny size, on the CPU: the same code path the gpu-learn preset runs on a GPU.
+    shrunk = dataclasses.replace(VARIANTS["small"], vocab_size=600, tokenizer_examples=6, hidden_size=32,
+                                 num_layers=1, intermediate_size=64, steps=2, format_steps=1, batch_size=2)  # fmt: skip
+    monkeypatch.setitem(VARIANTS, "small", shrunk)
+    model, tokenizer = load_tiny("small", cache_dir=tmp_path, progress=False, device="cpu")
+    info = build_info(tiny_path("small", tmp_path))
+    assert info["recipe"]["catalogue"]["name"] == "sapo" and info["device"] == "cpu"
+    entry = build_entry(SAPO_CATALOGUE.get("arc_1d"), 3, 0)
+    (completion,) = generate_completions(
+        model, tokenizer, [format_prompt(tokenizer, entry["question"])], max_new_tokens=4
+    )
+    assert isinstance(completion, str)
+    assert next(model.parameters()).device.type == "cpu"

@@ -85,6 +85,42 @@ class TestSignup:
         assert "username" in errors and "display_name" in errors
 
 
+class TestPasswordLikeTheAccount:
+    """A password equal or close to the display name or the username is refused (the display name is
+    public: anyone could try it)."""
+
+    @pytest.mark.parametrize("password", ["Moonlit Harbour Keeper", "moonlit-harbour-keeper", "MoonlitHarbourKeeper1"])
+    def test_sign_up_refuses_a_password_like_the_display_name(self, client, password):
+        data = signup_data(display_name="Moonlit Harbour Keeper", password1=password, password2=password)
+        response = client.post(SIGNUP, data)
+        assert response.status_code == 400
+        assert "too similar to the display name" in " ".join(response.context["form"].errors["password1"])
+        assert not User.objects.filter(username="dana").exists()
+
+    def test_sign_up_refuses_a_password_like_the_username(self, client):
+        data = signup_data(username="harbourkeeper77", password1="harbourkeeper77!", password2="harbourkeeper77!")
+        response = client.post(SIGNUP, data)
+        assert response.status_code == 400
+        assert "too similar to the username" in " ".join(response.context["form"].errors["password1"])
+
+    def test_user_create_refuses_it_too(self):
+        with pytest.raises(ApplicationError) as info:
+            user_create(username="zed", display_name="Moonlit Harbour Keeper", password="Moonlit Harbour Keeper")
+        assert info.value.code == "invalid_password" and "display name" in info.value.message
+        assert not User.objects.filter(username="zed").exists()
+
+    def test_password_change_refuses_the_display_name(self, client):
+        user = make_user(username="zed", display_name="Moonlit Harbour Keeper")
+        client.force_login(user)
+        new = "moonlit harbour keeper"
+        response = client.post(
+            PASSWORD_CHANGE, {"old_password": DEFAULT_PASSWORD, "new_password1": new, "new_password2": new}
+        )
+        assert response.status_code == 200 and "too similar to the display name" in response.content.decode()
+        user.refresh_from_db()
+        assert user.check_password(DEFAULT_PASSWORD)
+
+
 class TestLoginLogout:
     def test_login_and_logout(self, client, user):
         page = client.get(LOGIN)

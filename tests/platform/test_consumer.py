@@ -9,14 +9,15 @@ from channels.db import database_sync_to_async as sync_to_async
 from channels.layers import get_channel_layer
 from django.utils import timezone
 from node_sockets import ask, close_code, open_socket
-from test_pool_support import make_group, share_frame
+from support.pool import make_group, share_frame
 
 from moderation.trust import trust_for_node
-from nodes.events import contributor_group_name, node_group_name
+from nodes.events import CLOSE_BANNED, contributor_group_name, node_group_name
 from nodes.models import Node
+from nodes.presence import connection_counts
 from nodes.services import node_token_revoke
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
-from pool.services import moderation_hooks
+from pool.seams import moderation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 
@@ -67,12 +68,15 @@ async def test_revoking_the_token_closes_an_open_socket_4401(node, node_token):
 
 
 async def test_presence_counts_open_sockets(node, node_token):
-    socket = await open_socket(node_token)
-    await ask(socket, {"type": "hello", "v": 1})
-    assert (await sync_to_async(Node.objects.get)(id=node.id)).connections == 1
-    await socket.disconnect()
-    refreshed = await sync_to_async(Node.objects.get)(id=node.id)
-    assert refreshed.connections == 0 and refreshed.last_seen_at is not None
+    first, second = await open_socket(node_token), await open_socket(node_token)
+    await ask(first, {"type": "hello", "v": 1})
+    await ask(second, {"type": "hello", "v": 1})
+    assert await sync_to_async(connection_counts)([node.id]) == {node.id: 2}
+    await first.disconnect()
+    assert await sync_to_async(connection_counts)([node.id]) == {node.id: 1}
+    await second.disconnect()
+    assert await sync_to_async(connection_counts)([node.id]) == {}
+    assert (await sync_to_async(Node.objects.get)(id=node.id)).last_seen_at is not None
 
 
 # Messages ---------------------------------------------------------------------------------------
@@ -138,7 +142,7 @@ async def test_forged_groups_are_rejected_stored_and_counted(node, node_token):
     for reason, group in groups.items():
         row = rows[group["id"]]
         assert (row.verdict, row.reason, row.sampleable) == ("rejected", reason, False)
-        expected = None if reason == "unknown_task" else [1.0, 0.0]
+        expected = [1.0, 0.0] if reason == "reward_mismatch" else None  # forged question or answer: not scored
         assert row.verified_rewards == expected
         assert row.claimed_rewards == group["rewards"]
     counts = await sync_to_async(NodeVerdictCounts.objects.get)(node=node)
@@ -199,13 +203,15 @@ async def test_sample_returns_other_nodes_groups_with_their_name_never_the_asker
 async def test_report_stores_the_round_and_credits_each_used_group_once(node, node_token):
     other, other_token = await sync_to_async(second_node_with_token)()
     other_socket = await open_socket(other_token)
-    theirs, rejected = make_group(index=2), make_group(index=3)
+    theirs, unsampled, rejected = make_group(index=2), make_group(index=3), make_group(index=5)
     _forge_reward(rejected)
     await ask(other_socket, share_frame(theirs, rejected))
     socket = await open_socket(node_token)
     mine = make_group(index=4)
     await ask(socket, share_frame(mine))
-    used = [theirs["id"], rejected["id"], mine["id"], str(uuid.uuid4())]
+    assert [r["id"] for r in (await ask(socket, {"type": "sample", "v": 1, "n": 5}))["rollouts"]] == [theirs["id"]]
+    await ask(other_socket, share_frame(unsampled))  # accepted after the sample: never served to the node
+    used = [theirs["id"], unsampled["id"], rejected["id"], mine["id"], str(uuid.uuid4())]
     report = {"type": "report", "v": 1, "round": 3, "reward_mean": 0.4, "groups_local": 4, "used": used}
     assert await ask(socket, report) == {"type": "ack", "for": "report", "round": 3, "v": 1}
     assert await ask(socket, {**report, "round": 4}) == {"type": "ack", "for": "report", "round": 4, "v": 1}
@@ -215,6 +221,33 @@ async def test_report_stores_the_round_and_credits_each_used_group_once(node, no
     assert node_round.figures == {"reward_mean": 0.4, "groups_local": 4}
     await socket.disconnect()
     await other_socket.disconnect()
+
+
+async def test_a_contributors_nodes_cannot_credit_each_other_even_after_sampling(user, node, node_token):
+    """The attack of issue 9: three nodes of one contributor listing each other's groups in `used`."""
+    from factories import make_node_with_token
+
+    sibling, sibling_token = await sync_to_async(make_node_with_token)(owner=user, name="desktop")
+    stranger, stranger_token = await sync_to_async(second_node_with_token)("stranger")
+    author, sibling_socket = await open_socket(node_token), await open_socket(sibling_token)
+    stranger_socket = await open_socket(stranger_token)
+    groups = [make_group(index=i) for i in (2, 3)]
+    await ask(author, share_frame(*groups))
+    used = [g["id"] for g in groups]
+    report = {"type": "report", "v": 1, "round": 1, "used": used}
+    # Without sampling: nothing. After sampling: the sibling still earns its contributor nothing.
+    assert (await ask(sibling_socket, report))["type"] == "ack"
+    assert len((await ask(sibling_socket, {"type": "sample", "v": 1, "n": 5}))["rollouts"]) == 2
+    assert (await ask(sibling_socket, {**report, "round": 2}))["type"] == "ack"
+    assert (await ask(stranger_socket, report))["type"] == "ack"
+    assert await sync_to_async(Consumption.objects.count)() == 0
+    # A stranger who was served the groups credits them.
+    assert len((await ask(stranger_socket, {"type": "sample", "v": 1, "n": 5}))["rollouts"]) == 2
+    assert (await ask(stranger_socket, {**report, "round": 2}))["type"] == "ack"
+    credits = await sync_to_async(list)(Consumption.objects.values_list("consumer_id", "author_id"))
+    assert sorted(credits) == [(stranger.id, node.id), (stranger.id, node.id)]
+    for socket in (author, sibling_socket, stranger_socket):
+        await socket.disconnect()
 
 
 # Limits ---------------------------------------------------------------------------------------
@@ -269,8 +302,8 @@ async def test_consecutive_errors_close_4429_and_a_good_frame_resets_the_count(n
 
 async def test_rate_limit_holds_across_connections_of_a_node(node, node_token, settings):
     settings.SAPO_LIMITS = {"max_messages_per_minute": 20}
-    hooks = moderation_hooks()  # moderation may scale the limit by the node's trust
-    quota = await sync_to_async(hooks.node_message_quota)(node_id=node.id, base=20) if hooks else 20
+    # moderation may scale the limit by the node's trust
+    quota = await sync_to_async(moderation().node_message_quota)(node_id=node.id, base=20)
     first, second = await open_socket(node_token), await open_socket(node_token)
     for i in range(quota):
         socket = (first, second)[i % 2]
@@ -288,7 +321,9 @@ async def test_rate_limit_holds_across_connections_of_a_node(node, node_token, s
 async def test_node_ban_closes_4403_through_the_in_memory_layer(node, node_token):
     socket = await open_socket(node_token)
     await ask(socket, {"type": "hello", "v": 1})  # the socket has joined its groups once it answers
-    await get_channel_layer().group_send(node_group_name(node.id), {"type": "node.ban"})
+    await get_channel_layer().group_send(
+        node_group_name(node.id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
+    )
     assert await close_code(socket) == 4403
 
 
@@ -320,6 +355,8 @@ async def test_node_ban_over_redis_closes_every_socket_of_the_contributor(redis_
         assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
     layer = get_channel_layer()
     assert type(layer).__name__ == "RedisChannelLayer"
-    await layer.group_send(contributor_group_name(user.id), {"type": "node.ban"})
+    await layer.group_send(
+        contributor_group_name(user.id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
+    )
     assert await close_code(first) == 4403
     assert await close_code(second) == 4403

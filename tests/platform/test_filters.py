@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from factories import make_node
-from test_moderation_support import group, long_reasoning, share, staff
+from support.moderation import group, long_reasoning, share, staff
 
-from moderation import filters
+from moderation import filters, safe_regex
 from moderation.models import AuditEntry, ModerationDecision, ModerationFlag
 from moderation.rules import RULES, Rule, default_rule, rules_forget
 from moderation.screening import outlier_scan, outlier_scores
@@ -179,12 +179,12 @@ def test_a_blocklisted_pattern_holds_a_group_and_flag_only_keeps_it_sampleable()
     ],
 )
 def test_dangerous_or_broken_patterns_are_refused(pattern):
-    with pytest.raises(filters.BlocklistError):
-        filters.validate_pattern(pattern)
+    with pytest.raises(safe_regex.BlocklistError):
+        safe_regex.validate_pattern(pattern)
 
 
 def test_safe_patterns_are_accepted():
-    assert filters.validate_patterns([r"buy\s+cheap", r"\bhttps?://\S+", "(foo|bar) baz", "[a-z]{3,8}\\d+"])
+    assert safe_regex.validate_patterns([r"buy\s+cheap", r"\bhttps?://\S+", "(foo|bar) baz", "[a-z]{3,8}\\d+"])
 
 
 def test_a_disabled_rule_does_nothing():

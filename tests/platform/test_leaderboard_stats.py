@@ -135,6 +135,22 @@ def test_contributors_sum_their_nodes_and_banned_ones_are_hidden():
     assert [r.node_id for r in nodes.page.object_list] == [desktop.id, laptop.id]
 
 
+def test_only_nodes_with_accepted_groups_get_a_leaderboard_row(node):
+    """Issue 9: a node that only ever reports (or only shares junk) took a public row."""
+    make_group(node)
+    reporter, junk = make_node(name="reporter"), make_node(name="junk")
+    for r in range(1, 4):
+        make_report(reporter, round=r)
+    make_group(junk, verdict=Verdict.REJECTED)
+    fresh_figures()
+    assert _figures(reporter).rounds == 3  # its owner still sees its figures (/me/)
+    assert [r.node_id for r in selectors.leaderboard(view="nodes").page.object_list] == [node.id]
+    assert [r.owner_id for r in selectors.leaderboard(view="contributors").page.object_list] == [node.owner_id]
+    swarm = selectors.swarm_overview()
+    assert swarm["nodes_total"] == 1
+    assert swarm["acceptance_rate"] == pytest.approx(0.5)  # the junk node's rejection still counts
+
+
 def test_leaderboard_sorts_and_paginates():
     for i in range(selectors.PAGE_SIZE + 3):
         make_group(make_node(name=f"n{i:02d}"), rewards=(1.0,) * (i % 5 + 1))
@@ -194,15 +210,16 @@ def test_moderation_moves_folded_credit_both_ways(node):
     make_group(node, rewards=(1.0, 0.0), created_at=timezone.now() - timedelta(hours=1))
     stats.stats_fold()
     before = _figures(node)
-    assert stats.node_stats_apply_moderation(rollouts=[old.id], status=ModerationStatus.QUARANTINED) == 1
+    # The pool announces the change (pool.signals) and the folded figures follow it.
     rollout_set_moderation(rollouts=[old.id], status=ModerationStatus.QUARANTINED)
     taken_out = _figures(node)
     assert taken_out.verified_reward == pytest.approx(before.verified_reward - 2.0)
     assert (taken_out.moderated, taken_out.completions) == (1, 2)
     assert sum(h.verified_reward for h in DatasetHour.objects.all()) == pytest.approx(1.0)
-    # Same status again: nothing moves. Back to ok: the credit returns.
+    # Moderated out again (another status): nothing moves. Back to ok: the credit returns.
     assert stats.node_stats_apply_moderation(rollouts=[old.id], status=ModerationStatus.REJECTED) == 0
-    assert stats.node_stats_apply_moderation(rollouts=[old.id], status=ModerationStatus.OK) == 1
+    rollout_set_moderation(rollouts=[old.id], status=ModerationStatus.REJECTED)
+    assert _figures(node).verified_reward == pytest.approx(taken_out.verified_reward)
     rollout_set_moderation(rollouts=[old.id], status=ModerationStatus.OK)
     back = _figures(node)
     assert (back.verified_reward, back.moderated) == (pytest.approx(before.verified_reward), 0)

@@ -2,9 +2,13 @@
 processes on loopback, against a database of its own on the test run's PostgreSQL server."""
 
 import os
+import queue
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -60,3 +64,52 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     counts = {(name, verdict): n for name, verdict, n in rows}
     # Each node shared its own groups of both rounds (8 questions a round) and the server accepted them.
     assert counts == {("local-1", "accepted"): 16, ("local-2", "accepted"): 16}
+
+
+def _cache_users(cache: Path) -> list[int]:
+    """Pids of processes whose environment names `cache` as their SAPO_CACHE."""
+    needle = f"SAPO_CACHE={cache}\0".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return pids
+
+
+def test_ctrl_c_while_a_model_builds_stops_everything_quietly(scratch_database_url, tmp_path):
+    cache = tmp_path / "cache"  # empty: the model is built from scratch
+    env = {**os.environ, "DATABASE_URL": scratch_database_url, "SAPO_CACHE": str(cache),
+           "SAPO_REDIS_PREFIX": f"sapolocal{uuid.uuid4().hex[:6]}"}  # fmt: skip
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "sapo_local", "--nodes", "2", "--models", "tiny-mini",
+         "--port", str(_free_port()), "--out", str(tmp_path / "runs")],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen = []
+    deadline = time.monotonic() + 300
+    try:
+        while not any("[build tiny-mini] warm start tiny-mini: 0/150 step" in line for line in seen):
+            assert time.monotonic() < deadline, "".join(seen)[-3000:]
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                assert proc.poll() is None, "".join(seen)[-3000:]
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal does
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    while not lines.empty():
+        seen.append(lines.get())
+    out = "".join(seen)
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    assert "[build tiny-mini]" in out and "Node local-" not in out  # no node starts without its model
+    assert _cache_users(cache) == []  # the builder is gone
+    assert list(cache.glob("*/build.json")) == []  # and it left no model a later run could take for finished

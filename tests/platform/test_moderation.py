@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.utils import ProgrammingError
 from django.urls import reverse
 from factories import make_node, make_user
-from test_moderation_support import group, share, staff
+from support.moderation import group, share, staff
 
 from moderation.models import AuditEntry, ModerationDecision
 from moderation.rules import rules_current, rules_forget
@@ -223,6 +223,76 @@ def test_bulk_reject_requires_a_reason(mod_client):
     )
     assert response.status_code == 400
     assert not Rollout.objects.filter(moderation_status="rejected").exists()
+
+
+@pytest.mark.parametrize(
+    "bad", [{"f-since": "tomorrow"}, {"f-node": "abc"}, {"f-until": "2026-13-45"}, {"f-status": "gone"}]
+)
+def test_a_bulk_action_on_an_invalid_filter_is_refused_and_changes_nothing(mod_client, bad):
+    target, other = make_node(), make_node()
+    share(target, group(100), group(101))
+    share(other, group(102))
+    # The moderator meant one node's groups since some date; one field is invalid.
+    form = {"f-status": "ok", "f-node": str(target.id), "action": "quarantine", **bad}
+    field = next(iter(bad))[2:]
+
+    preview = htmx_post(mod_client, reverse("moderation:bulk_preview"), form)
+    assert preview.status_code == 400
+    html = preview.content.decode()
+    assert 'data-code="invalid_filter"' in html and "The filter is invalid" in html
+    assert preview["HX-Retarget"] == "#moderation-errors"
+    assert "Confirm" not in html
+    label = {"since": "Since", "node": "Node id", "until": "Until", "status": "Status"}[field]
+    assert f"{label}: " in html
+
+    done = htmx_post(mod_client, reverse("moderation:bulk_apply"), {**form, "reason": "copied", "expected": "2"})
+    assert done.status_code == 400 and b"invalid_filter" in done.content
+    assert set(Rollout.objects.values_list("moderation_status", flat=True)) == {ModerationStatus.OK}
+    assert not AuditEntry.objects.filter(actor__isnull=False).exists()
+
+
+def test_the_queue_page_shows_an_invalid_filter_as_an_error_and_lists_nothing(mod_client):
+    share(make_node(), group(103), group(104))
+    response = mod_client.get(reverse("moderation:queue"), {"status": "any", "since": "tomorrow"})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "Enter a valid date/time." in html
+    assert len(response.context["page"]) == 0 and "bulk_preview" not in html and "Apply to everything" not in html
+    # The same filter without the bad field lists both groups and offers the bulk action.
+    valid = mod_client.get(reverse("moderation:queue"), {"status": "any"})
+    assert (
+        valid.status_code == 200 and len(valid.context["page"]) == 2 and "Apply to everything" in valid.content.decode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "params"), [("moderation:audit", {"since": "x"}), ("moderation:nodes", {"state": "x"})]
+)
+def test_other_pages_show_an_invalid_filter_as_an_error_and_list_nothing(mod_client, url, params):
+    make_node()
+    response = mod_client.get(reverse(url), params)
+    assert response.status_code == 400 and len(response.context["page"]) == 0
+    assert response.context["form"].errors
+
+
+@pytest.mark.parametrize(
+    ("referer", "expected"),
+    [
+        (None, "/moderation/"),
+        ("https://evil.example/phish", "/moderation/"),
+        ("//evil.example/phish", "/moderation/"),
+        ("javascript:alert(1)", "/moderation/"),
+        ("http://testserver/moderation/?status=ok&page=2", "http://testserver/moderation/?status=ok&page=2"),
+    ],
+)
+def test_a_plain_form_action_goes_back_only_to_a_page_of_this_site(mod_client, referer, expected):
+    (row,) = share(make_node(), group(105))
+    headers = {"HTTP_REFERER": referer} if referer else {}
+    url = reverse("moderation:rollout_action", args=[row.id])
+    response = mod_client.post(url, {"action": "quarantine", "reason": "spam"}, **headers)
+    assert response.status_code == 302 and response["Location"] == expected
+    row.refresh_from_db()
+    assert row.moderation_status == ModerationStatus.QUARANTINED
 
 
 # --- nodes, rules, audit --------------------------------------------------------------------------

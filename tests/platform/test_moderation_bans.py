@@ -9,7 +9,7 @@ import pytest
 from channels.db import database_sync_to_async as db
 from factories import make_node_with_token, make_user
 from node_sockets import TIMEOUT, close_code, open_socket
-from test_moderation_support import group, share, staff
+from support.moderation import group, share, staff
 
 from moderation.models import AuditEntry
 from moderation.services import contributor_ban, node_ban

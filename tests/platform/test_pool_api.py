@@ -6,7 +6,7 @@ import pytest
 from django.core.cache import cache
 from factories import make_node
 from rest_framework.test import APIClient
-from test_pool_support import SAPO, make_group, to_rollout_in
+from support.pool import SAPO, make_group, to_rollout_in
 
 from pool.services import rollout_set_moderation, rollout_share
 
@@ -59,7 +59,9 @@ def test_a_rollout_is_public_with_verified_rewards_author_and_verdict(shared):
     assert (body["verdict"], body["reason"]) == ("rejected", "answer_mismatch")
     assert body["question"] == forged["question"] and body["answer"] == "nope"
     assert body["completions"] == forged["completions"]
-    assert body["verified_rewards"] == [1.0, 1.0, 0.0, 0.0]
+    assert body["verified_rewards"] is None  # a forged answer is rejected before any scoring
+    good = APIClient().get(f"/api/v1/rollouts/{shared['good']['id']}/").json()
+    assert good["verified_rewards"] == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_unknown_and_moderated_rollouts_are_not_found(shared):

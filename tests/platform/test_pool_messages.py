@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_pool_support import make_group
+from support.pool import make_group
 
 from pool.limits import Limits
-from pool.messages import Hello, ProtocolError, Report, Sample, Share, parse_frame
+from pool.messages import MAX_INT_DIGITS, MAX_NESTING, Hello, ProtocolError, Report, Sample, Share, parse_frame
 
 LIMITS = Limits(
     max_frame_bytes=20_000,
@@ -101,3 +101,64 @@ def test_a_refusal_keeps_the_ref():
     with pytest.raises(ProtocolError) as info:
         parse({"type": "sample", "v": 1, "n": 0, "ref": "abc"})
     assert info.value.ref == "abc"
+
+
+def refusal(text: str | bytes) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse_frame(text, LIMITS)
+    return info.value
+
+
+def nested(depth: int) -> str:
+    """A report whose figure "x" holds arrays nested so that the whole frame is `depth` deep."""
+    inner = "[" * (depth - 1) + "]" * (depth - 1)
+    return '{"type": "report", "v": 1, "ref": "d", "round": 1, "x": ' + inner + "}"
+
+
+def test_nesting_is_bounded_before_python_recursion_can_fail():
+    # At the limit the frame parses (and "x" is refused as a figure, with the ref); one deeper is
+    # invalid JSON whatever the interpreter's recursion limit, and so is an unclosed 19,000.
+    at_limit = refusal(nested(MAX_NESTING))
+    assert (at_limit.code, at_limit.ref, at_limit.detail) == ("invalid_message", "d", "x: expected a finite number")
+    for depth in (MAX_NESTING + 1, 900, 5_000):
+        error = refusal(nested(depth))
+        assert error.code == "invalid_json" and f"deeper than {MAX_NESTING}" in error.detail
+    assert refusal("[" * 19_000).code == "invalid_json"
+    assert refusal("{" * 9_000).code == "invalid_json"
+
+
+@pytest.mark.parametrize(
+    ("field", "literal"),
+    [("round", "9" * 401), ("round", "1" * (MAX_INT_DIGITS + 1)), ("loss", "-" + "4" * 5000),
+     ("loss", "1e400"), ("loss", "0." + "1" * 100), ("loss", "Infinity"), ("loss", "NaN")],
+)  # fmt: skip
+def test_numbers_out_of_range_are_refused_by_their_field_with_the_ref(field, literal):
+    text = '{"type": "report", "v": 1, "ref": "n", "round": 1, "%s": %s}' % (field, literal)  # noqa: UP031
+    if field == "round":
+        text = text.replace('"round": 1, ', "")
+    error = refusal(text)
+    assert (error.code, error.ref) == ("invalid_message", "n")
+    assert error.detail.startswith(field + ":") and "sys." not in error.detail
+
+
+def test_the_largest_integers_a_frame_needs_still_parse():
+    group = make_group()
+    group["task"]["seed"] = -(10**19)  # 20 digits: refused by the range check, not the decoder
+    with pytest.raises(ProtocolError) as info:
+        parse({"type": "share", "v": 1, "rollouts": [group]})
+    assert "expected an integer in" in info.value.detail
+    group["task"]["seed"] = 2**62
+    assert isinstance(parse({"type": "share", "v": 1, "rollouts": [group]}), Share)
+
+
+def test_binary_frames_are_read_as_utf8():
+    assert parse_frame(b'{"type": "sample", "v": 1, "n": 2}', LIMITS) == Sample(ref=None, n=2)
+    error = refusal(b'{"type": "sample", "v": 1, "n": 2, "ref": "\xff"}')
+    assert (error.code, error.detail) == ("invalid_json", "not UTF-8 text")
+
+
+def test_a_frame_over_the_limit_keeps_its_ref_within_the_websocket_headroom():
+    error = refusal(json.dumps({"type": "hello", "v": 1, "ref": "r", "client": "x" * 30_000}))
+    assert (error.code, error.ref) == ("frame_too_large", "r")
+    huge = json.dumps({"type": "hello", "v": 1, "ref": "r", "client": "x" * (LIMITS.websocket_max_bytes + 1)})
+    assert refusal(huge).ref is None  # not parsed at all

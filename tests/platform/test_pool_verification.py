@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_pool_support import EASY, SAPO, make_group, to_rollout_in
+from support.pool import EASY, SAPO, make_group, to_rollout_in
 
 from pool.verification import ACCEPTED, REJECTED, has_variance, verify_rollout
 

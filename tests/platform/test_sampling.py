@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from factories import make_node
-from test_pool_support import EASY, make_group, to_rollout_in
+from support.pool import EASY, make_group, to_rollout_in
 
 from pool import selectors
 from pool.models import Rollout

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -45,35 +46,102 @@ class TestEnv:
             parse_database_url(url)
 
 
-def run_settings(env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Import the settings in a fresh interpreter with exactly these SAPO variables."""
+def _clean_env(env: dict[str, str]) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_") and k != "DATABASE_URL"}
-    code = "import config.settings as s; print(s.DEBUG, len(s.SECRET_KEY), s.DATABASES['default']['ENGINE'])"
+    clean.pop("DJANGO_SETTINGS_MODULE", None)
+    clean.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the browser tests' conftest sets it for this process only
+    return {**clean, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO / "node_client")]), **env}
+
+
+def run_settings(env: dict[str, str], code: str | None = None) -> subprocess.CompletedProcess:
+    """Import the settings in a fresh interpreter with exactly these SAPO variables."""
+    code = code or "import config.settings as s; print(s.DEBUG, len(s.SECRET_KEY), s.DATABASES['default']['ENGINE'])"
+    return subprocess.run([sys.executable, "-c", code], env=_clean_env(env), capture_output=True, text=True, timeout=60)
+
+
+def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", code],
-        env={**clean, "PYTHONPATH": str(REPO / "platform"), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "manage.py", *args], cwd=REPO, env=_clean_env(env), capture_output=True, text=True, timeout=300
     )
 
 
+#: SAPO_ENV=production and only what it requires.
+PRODUCTION = {
+    "SAPO_ENV": "production",
+    "SAPO_SECRET_KEY": "a-production-key-of-fifty-characters-or-more-0123456789",
+    "DATABASE_URL": "postgresql://x@127.0.0.1:9/db",  # never connected to by these tests
+    "SAPO_ALLOWED_HOSTS": "sapo.example.org",
+}
+
+SECURITY = (
+    "import json, config.settings as s; print(json.dumps({k: getattr(s, k, None) for k in ("
+    "'SESSION_COOKIE_SECURE', 'CSRF_COOKIE_SECURE', 'SECURE_SSL_REDIRECT', 'SECURE_HSTS_SECONDS', "
+    "'SECURE_HSTS_INCLUDE_SUBDOMAINS', 'SECURE_PROXY_SSL_HEADER', 'CONTENT_SECURITY_POLICY')}))"
+)
+
+
 class TestSettings:
+    def test_protocol_limits_and_catalogue_are_read_once_into_settings(self, tmp_path):
+        code = "import config.settings as s; print(sorted(s.SAPO_LIMITS.items()), s.SAPO_CATALOGUE)"
+        env = {"SAPO_VAR_DIR": str(tmp_path), "SAPO_MAX_SAMPLE_N": "7", "SAPO_SAMPLE_WINDOW_SECONDS": "60"}
+        result = run_settings({**env, "SAPO_CATALOGUE": "easy"}, code)
+        assert result.stdout.strip() == "[('max_sample_n', 7), ('sample_window_seconds', 60)] easy", result.stderr
+        assert run_settings({"SAPO_VAR_DIR": str(tmp_path)}, code).stdout.strip() == "[] sapo"
+        assert "not an integer" in run_settings({**env, "SAPO_MAX_SAMPLE_N": "many"}, code).stderr
+
+    def test_limits_come_from_settings_only(self, settings, monkeypatch):
+        from pool.limits import Limits, current_limits
+
+        monkeypatch.setenv("SAPO_MAX_SAMPLE_N", "3")  # read once at start-up, not per connection
+        settings.SAPO_LIMITS = {"max_frame_bytes": 5000}
+        limits = current_limits()
+        assert (limits.max_frame_bytes, limits.max_sample_n) == (5000, Limits.max_sample_n)
+
     def test_production_without_secret_key_fails_at_start_up(self):
-        result = run_settings({"SAPO_ENV": "production", "DATABASE_URL": "postgresql://x@h/db"})
+        result = run_settings({**PRODUCTION, "SAPO_SECRET_KEY": ""})
         assert result.returncode != 0
         assert "SAPO_SECRET_KEY" in result.stderr
 
     def test_production_without_database_url_fails_at_start_up(self):
-        result = run_settings({"SAPO_ENV": "production", "SAPO_SECRET_KEY": "k" * 50})
+        result = run_settings({**PRODUCTION, "DATABASE_URL": ""})
         assert result.returncode != 0
         assert "DATABASE_URL" in result.stderr
 
+    def test_production_without_allowed_hosts_fails_at_start_up(self):
+        result = run_settings({**PRODUCTION, "SAPO_ALLOWED_HOSTS": ""})
+        assert result.returncode != 0
+        assert "SAPO_ALLOWED_HOSTS" in result.stderr
+
     def test_production_is_not_debug(self):
-        result = run_settings(
-            {"SAPO_ENV": "production", "SAPO_SECRET_KEY": "k" * 50, "DATABASE_URL": "postgresql://x@h/db"}
-        )
+        result = run_settings({**PRODUCTION, "SAPO_SECRET_KEY": "k" * 50})
         assert result.stdout.split() == ["False", "50", "django.db.backends.postgresql"]
+
+    def test_production_is_https_only_by_default(self):
+        result = run_settings(PRODUCTION, SECURITY)
+        assert result.returncode == 0, result.stderr
+        values = json.loads(result.stdout)
+        assert values["SESSION_COOKIE_SECURE"] and values["CSRF_COOKIE_SECURE"] and values["SECURE_SSL_REDIRECT"]
+        assert values["SECURE_HSTS_SECONDS"] >= 31_536_000 and values["SECURE_HSTS_INCLUDE_SUBDOMAINS"]
+        assert values["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+        assert "script-src 'self'" in values["CONTENT_SECURITY_POLICY"]
+
+    def test_production_without_tls_is_an_explicit_choice(self):
+        # docker-compose.yml on one's own machine: plain HTTP on localhost.
+        values = json.loads(run_settings({**PRODUCTION, "SAPO_HTTPS": "0"}, SECURITY).stdout)
+        assert not (values["SESSION_COOKIE_SECURE"] or values["SECURE_SSL_REDIRECT"] or values["SECURE_HSTS_SECONDS"])
+        assert values["SECURE_PROXY_SSL_HEADER"] is None
+
+    def test_check_deploy_is_clean_once_static_files_are_collected(self, tmp_path):
+        env = {**PRODUCTION, "SAPO_STATIC_ROOT": str(tmp_path / "static")}
+        before = manage(env, "check", "--deploy")
+        assert "ops.W001" in before.stderr  # every page would be a 500: said before it happens
+        collected = manage(env, "collectstatic", "--noinput", "-v0")
+        assert collected.returncode == 0, collected.stderr
+        # Swagger UI is served by the site itself, not a CDN.
+        assert (tmp_path / "static" / "drf_spectacular_sidecar" / "swagger-ui-dist" / "swagger-ui-bundle.js").exists()
+        result = manage(env, "check", "--deploy", "--fail-level", "WARNING")
+        assert result.returncode == 0, result.stderr
+        assert "System check identified no issues" in result.stdout
 
     def test_development_generates_a_key_and_uses_the_embedded_server(self, tmp_path):
         result = run_settings({"SAPO_VAR_DIR": str(tmp_path)})
@@ -115,7 +183,8 @@ def test_asgi_routes_node_socket_to_the_pool_consumer():
 
     from config import asgi
 
-    assert isinstance(asgi.application, ProtocolTypeRouter)
+    assert isinstance(asgi.application, asgi.ServerStart) and asgi.application.app is asgi.router
+    assert isinstance(asgi.router, ProtocolTypeRouter)
     consumer = asgi.websocket_urlpatterns[0]
     assert str(consumer.pattern) == "ws/node/"
     assert consumer.callback.consumer_class.__name__ == "NodeConsumer"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from factories import make_node
-from test_moderation_support import group, share, staff
+from support.moderation import group, share, staff
 
 from moderation.models import TrustRecord
 from moderation.rules import default_rule, rules_forget

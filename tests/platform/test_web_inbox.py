@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from factories import make_node
-from test_moderation_support import group, long_reasoning, share, staff
+from support.moderation import group, long_reasoning, share, staff
 from test_web_data import fresh_figures, make_group
 
 from moderation.rules import rules_forget

@@ -13,7 +13,6 @@ from test_web_data import fresh_figures, make_group
 from nodes.models import Node
 from pool.models import Verdict
 from web import stats
-from web.views import NEW_TOKEN_SESSION_KEY
 
 pytestmark = pytest.mark.django_db
 
@@ -55,18 +54,28 @@ def test_me_without_nodes_says_how_to_add_one(auth_client):
     assert 'for="node-name"' in page
 
 
-def test_adding_a_node_shows_its_token_once(auth_client, user):
+def _stored_sessions() -> str:
+    from django.contrib.sessions.models import Session
+
+    return " ".join(str(session.get_decoded()) for session in Session.objects.all())
+
+
+def test_adding_a_node_shows_its_token_once_and_keeps_it_nowhere(auth_client, user):
     response = auth_client.post(reverse("web:node-add"), {"name": "laptop"})
-    assert response.status_code == 302
-    page = auth_client.get("/me/").content.decode()
+    # The token comes in the answer to the post itself, which no cache may keep.
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
+    page = response.content.decode()
     node = Node.objects.get(owner=user, name="laptop")
-    token_prefix = node.tokens.get().prefix
-    assert token_prefix in page and "shown only once" in page
-    assert "sapo-node run --server ws://testserver/ws/node/" in page
+    token = re.search(r'id="token-value">(sapo_[^<]+)<', page).group(1)
+    assert token.startswith(node.tokens.get().prefix) and "shown only once" in page
+    assert f"SAPO_TOKEN={token} sapo-node run --server ws://testserver/ws/node/" in page
     assert re.search(r"/download/[0-9a-f]{16}/sapo_node-[\w.]+-py3-none-any\.whl", page)
+    assert 'data-replace-url="/me/#new-token"' in page  # a reload asks for /me/, not the post again
+    # Nothing server side holds the plaintext: no session row has it, and /me/ shows it no more.
+    assert token not in _stored_sessions()
     again = auth_client.get("/me/").content.decode()
-    assert "shown only once" not in again
-    assert NEW_TOKEN_SESSION_KEY not in auth_client.session
+    assert "shown only once" not in again and token not in again
 
 
 def test_adding_a_node_with_a_bad_name_says_why(auth_client):
@@ -113,10 +122,24 @@ def test_bad_rename_shows_the_error_in_the_card(auth_client, node):
     assert response.status_code == 200 and "A node name has" in response.content.decode()
 
 
-def test_plain_form_actions_redirect_back(auth_client, node):
+def test_plain_form_rotation_shows_the_new_token_in_its_answer_only(auth_client, node):
     response = auth_client.post(reverse("web:node-rotate", args=[node.id]))
-    assert response.status_code == 302 and response["Location"].endswith("#new-token")
-    assert "shown only once" in auth_client.get("/me/").content.decode()
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
+    token = re.search(r'id="token-value">(sapo_[^<]+)<', response.content.decode()).group(1)
+    assert token.startswith(node.tokens.get(revoked_at__isnull=True).prefix)
+    assert token not in _stored_sessions()
+    assert token not in auth_client.get("/me/").content.decode()
+
+
+def test_plain_form_actions_without_a_token_redirect_back(auth_client, node):
+    response = auth_client.post(reverse("web:node-rename", args=[node.id]), {"name": "desk"})
+    assert response.status_code == 302 and response["Location"].endswith(f"/me/#node-{node.id}")
+
+
+def test_htmx_rotation_answer_is_not_cached(auth_client, node):
+    response = auth_client.post(reverse("web:node-rotate", args=[node.id]), **HTMX)
+    assert "New token, shown only once" in response.content.decode()
+    assert "no-store" in response["Cache-Control"]
 
 
 def test_someone_elses_node_is_not_found(auth_client):

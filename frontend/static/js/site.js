@@ -13,3 +13,21 @@
     });
   });
 })();
+
+// A page answering a form post (a token shown once) names the address it stands for: the address bar
+// takes it, so a reload asks for that page instead of posting the form again, and the element it is
+// on gets the focus (it is what the post produced).
+(function () {
+  "use strict";
+  var element = document.querySelector("[data-replace-url]");
+  if (!element || !window.history || !history.replaceState) return;
+  history.replaceState(null, "", element.getAttribute("data-replace-url"));
+  element.focus();
+})();
+
+// Polling (hx-trigger="every Ns") pauses while the tab is hidden. Done here rather than with a
+// trigger filter, which htmx evaluates as code: the Content-Security-Policy forbids eval.
+document.addEventListener("htmx:beforeRequest", function (event) {
+  var trigger = event.detail.elt.getAttribute("hx-trigger") || "";
+  if (document.visibilityState !== "visible" && /^every /.test(trigger)) event.preventDefault();
+});

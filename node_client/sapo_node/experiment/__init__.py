@@ -58,7 +58,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS, help=docs.get(f.name, ""))
     parser.add_argument("--resume", action="store_true", help="continue the study in --out, skipping complete runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--analyze", metavar="DIR", help="only redo the analysis of DIR/rounds.csv (no runs)")
+    parser.add_argument("--analyze", metavar="DIR[,DIR...]",
+                        help="only redo the analysis of DIR/rounds.csv (no runs); several DIRs are analysed together, "
+                             "written to --out (default: the first DIR)")  # fmt: skip
     parser.add_argument("--publish", metavar="DIR",
                         help="then copy table.md/.csv, the PNGs and summary.json to DIR (e.g. docs/experiment)")  # fmt: skip
 
@@ -113,18 +115,38 @@ def saved_study_config(folder: Path, args: argparse.Namespace) -> StudyConfig:
     return StudyConfig(**values)
 
 
-PUBLISHED = ("table.md", "table.csv", "rewards.png", "significance.png", "significance.csv", "summary.json")
+PUBLISHED = ("table.md", "table.csv", "endpoints.md", "rewards.png", "significance.png", "significance.csv",
+             "summary.json")  # fmt: skip
 
 
 def experiment_command(args: argparse.Namespace) -> int:
     if args.analyze:
-        from sapo_node.experiment.analysis import analyse, read_rounds
+        from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
 
-        folder = Path(args.analyze)
+        folders = [Path(f) for f in args.analyze.split(",") if f]
+        folder = folders[0]
         cfg = saved_study_config(folder, args)
-        summary = analyse(read_rounds(folder / "rounds.csv"), folder, window=cfg.window, method=cfg.test,
-                          sig_window=cfg.sig_window, meta=_saved_meta(folder))  # fmt: skip
+        rows = [row for f in folders for row in read_rounds(f / "rounds.csv")]
+        if hasattr(args, "seeds"):  # only the seeds (and configurations) asked for
+            rows = [row for row in rows if row["seed"] in args.seeds]
+        if hasattr(args, "configs"):
+            rows = [row for row in rows if row["config"] in args.configs]
         out = folder
+        if len(folders) > 1 or hasattr(args, "seeds") or hasattr(args, "configs"):
+            # A merged or filtered analysis writes its own rounds.csv: never over a study's own.
+            if not getattr(args, "out", "") or Path(args.out).resolve() in {f.resolve() for f in folders}:
+                print(
+                    "sapo-node experiment: error: a merged or filtered --analyze needs another --out", file=sys.stderr
+                )
+                return 2
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            write_rounds(out / "rounds.csv", rows)
+        meta = _saved_meta(folder)
+        if out != folder:
+            meta = {"analysed_from": [str(f) for f in folders], **meta}
+        summary = analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window,
+                          meta=meta)  # fmt: skip
     else:
         from sapo_node.experiment.study import out_dir, run_study
 
@@ -139,6 +161,7 @@ def experiment_command(args: argparse.Namespace) -> int:
         summary = run_study(cfg, resume=args.resume, progress=not args.no_progress)
         out = out_dir(cfg)
     print((out / "table.md").read_text())
+    print((out / "endpoints.md").read_text())
     print(f"results in {out}/ ({summary['meta'].get('seconds', '?')} s)")
     if args.publish:
         target = Path(args.publish)

@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from sapo_node.experiment.endpoints import endpoints, endpoints_markdown
+from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run
+
 #: The columns of rounds.csv, in order. `questions` lists the round's question identities as
 #: "dataset/seed/index" joined by ";" (same in every configuration for a given node, seed, round).
 ROUND_FIELDS = (
@@ -51,7 +54,10 @@ ROUND_FIELDS = (
     "pending",
     "seconds",
     "questions",
+    "question_rewards",
 )
+#: Columns a rounds.csv written before they existed may lack (read as empty).
+OPTIONAL_FIELDS = {"question_rewards"}
 INT_FIELDS = {"local", "external", "seed", "node", "round", "completions", "local_kept", "external_kept",
               "external_offered", "external_invalid", "accepted", "rejected", "pending"}  # fmt: skip
 FLOAT_FIELDS = {"reward_mean", "reward_std", "zero_advantage_share", "loss", "clip_fraction", "seconds"}
@@ -81,12 +87,14 @@ def read_rounds(path: Path) -> list[dict[str, Any]]:
     """rounds.csv with numbers typed; raises ValueError if a column is missing."""
     with Path(path).open(newline="") as f:
         reader = csv.DictReader(f)
-        missing = set(ROUND_FIELDS) - set(reader.fieldnames or ())
+        missing = set(ROUND_FIELDS) - OPTIONAL_FIELDS - set(reader.fieldnames or ())
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
         rows = []
         for raw in reader:
             row: dict[str, Any] = dict(raw)
+            for name in OPTIONAL_FIELDS:
+                row[name] = row.get(name) or ""
             for name in INT_FIELDS:
                 row[name] = int(raw[name])
             for name in FLOAT_FIELDS:
@@ -96,27 +104,6 @@ def read_rounds(path: Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------- configurations
-
-
-def config_order(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Configuration labels, the silo first, then by growing share of external groups."""
-    seen: dict[str, tuple[int, int]] = {}
-    for row in rows:
-        seen.setdefault(row["config"], (row["local"], row["external"]))
-    return sorted(seen, key=lambda c: (seen[c][1] / max(1, sum(seen[c])), c))
-
-
-def baseline_config(rows: Sequence[dict[str, Any]]) -> str | None:
-    """The silo configuration (no external groups), or None if the study has none."""
-    silos = [c for c in config_order(rows) if _counts(rows, c)[1] == 0]
-    return silos[0] if silos else None
-
-
-def _counts(rows: Sequence[dict[str, Any]], config: str) -> tuple[int, int]:
-    for row in rows:
-        if row["config"] == config:
-            return row["local"], row["external"]
-    raise KeyError(config)
 
 
 # ---------------------------------------------------------------------------- the table
@@ -141,14 +128,6 @@ class TableRow:
     per_seed_gain_pct: dict[int, float] = field(default_factory=dict)
 
 
-def cumulative_by_run(rows: Sequence[dict[str, Any]]) -> dict[str, dict[int, float]]:
-    """{config: {seed: sum over nodes and rounds of the node's round mean reward}}."""
-    totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for row in rows:
-        totals[row["config"]][row["seed"]] += row["reward_mean"]
-    return {c: dict(sorted(s.items())) for c, s in totals.items()}
-
-
 def _std(values: Sequence[float]) -> float:
     """Sample standard deviation (ddof 1); 0 for a single value."""
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
@@ -161,7 +140,7 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> list[TableRow]:
     paper_base = PAPER_CUMULATIVE.get(base or "")
     table = []
     for config in config_order(rows):
-        local, external = _counts(rows, config)
+        local, external = config_counts(rows, config)
         per_seed = totals[config]
         values = list(per_seed.values())
         row = TableRow(config, local, external, per_seed, float(np.mean(values)), _std(values))
@@ -456,8 +435,8 @@ def analyse(
     sig_window: int = 1,
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write table.csv, table.md, rewards.png, significance.csv, significance.png and summary.json
-    into `out`; returns the summary."""
+    """Write table.csv, table.md, rewards.png, significance.csv, significance.png, endpoints.md and
+    summary.json into `out`; returns the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if not rows:
@@ -470,6 +449,8 @@ def analyse(
     sig = significance(rows, method=method, window=sig_window)
     write_significance_csv(out / "significance.csv", sig)
     plot_significance(sig, out / "significance.png")
+    found = endpoints(rows)
+    (out / "endpoints.md").write_text(endpoints_markdown(found))
 
     first_significant: dict[str, int | None] = {}
     for s in sig:
@@ -485,6 +466,7 @@ def analyse(
         "table": [asdict(row) for row in table],
         "curves": {c: [round(float(v), 6) for v in curve] for c, curve in curves.items()},
         "moving_average_window": window,
+        "endpoints": found,
         "oscillation": {c: round(oscillation(curve, window), 6) for c, curve in curves.items()},
         "significance": {
             "method": method,

@@ -17,6 +17,9 @@ from typing import Any
 #: The paper's configurations: local/external groups out of 8 per round (8/0 is the silo).
 PAPER_CONFIGS = ("8/0", "6/2", "4/4", "2/6")
 
+#: The configuration label of the adaptive local/external policy (NodeConfig.ratio = "adaptive").
+ADAPTIVE = "auto"
+
 
 @dataclass
 class StudyConfig:
@@ -37,7 +40,8 @@ class StudyConfig:
     groups: int = 0
     """Training groups per round that the configurations are scaled to (I + J); 0 = B. With B = 4, 6/2 becomes 3/1."""
     model: str = "tiny"
-    """Policy of every node: tiny, tiny-mini or a Hugging Face id (all nodes start from the same weights)."""
+    """Policy of the nodes: a built-in model (tiny, tiny-mini, tiny-learn, ...) or a Hugging Face id; several,
+    comma-separated, are given to nodes 1, 2, ... in turn (nodes that start with different competences)."""
     catalogue: str = "easy"
     """Catalogue the server accepts (SAPO_CATALOGUE): easy (tiny models) or sapo (the paper's nine tasks)."""
     max_new_tokens: int = 48
@@ -67,17 +71,28 @@ class StudyConfig:
     """Seconds to wait for every node's welcome at the start of a run."""
     window: int = 5
     """Rounds of the moving average in the reward plot."""
+    time_limit: float = 0.0
+    """Seconds after which no new run starts (the study stops after the current run; --resume continues it); 0 = none."""
     test: str = "mannwhitney"
     """Per-round test of swarm vs silo node rewards, two-sided, BH-adjusted over rounds: mannwhitney or welch
     (independent samples), or wilcoxon (signed-rank of the paired differences: same seed, node, round)."""
     sig_window: int = 1
     """Rounds averaged per node before the per-round test (1 = that round only)."""
 
+    def node_models(self) -> list[str]:
+        """The model of node 1, 2, ..., N."""
+        models = [m.strip() for m in self.model.split(",") if m.strip()]
+        return [models[k % len(models)] for k in range(self.nodes)]
+
     def counts(self) -> list[tuple[str, int, int]]:
-        """(label, I, J) per configuration, scaled to `groups` (or B) training groups per round."""
+        """(label, I, J) per configuration, scaled to `groups` (or B) training groups per round. The
+        adaptive configuration (ADAPTIVE) is 0/T: its nodes pick J in [0, T] each round (sapo_node.ratio)."""
         total = self.groups or self.questions
         out = []
         for label in self.configs:
+            if label == ADAPTIVE:
+                out.append((label, 0, total))
+                continue
             local, external = parse_config(label)
             scaled_local = round(local * total / (local + external))
             out.append((label, scaled_local, total - scaled_local))
@@ -99,6 +114,8 @@ class StudyConfig:
                 problems.append(f"{label}: no training groups")
         if self.test not in ("mannwhitney", "welch", "wilcoxon"):
             problems.append("test must be mannwhitney, welch or wilcoxon")
+        if not self.model.strip(" ,"):
+            problems.append("model must name at least one model")
         if self.catalogue not in ("easy", "sapo"):
             problems.append("catalogue must be easy or sapo")
         if problems:
@@ -122,6 +139,9 @@ def parse_config(label: str) -> tuple[int, int]:
     return local, external
 
 
+#: GRPO learning rate of the cpu-learn presets (the node client's tiny default, 1e-4, is tuned for tiny).
+LEARN_LR = 5e-5
+
 PRESETS: dict[str, dict[str, Any]] = {
     # The tests' end-to-end check: every moving part, two nodes, two rounds, under two minutes.
     "smoke": dict(
@@ -132,6 +152,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu-tiny": dict(
         nodes=4, rounds=30, seeds=[1, 2, 3], questions=4, generations=8, model="tiny", catalogue="easy",
         max_new_tokens=24, window=5,
+    ),
+    # A built-in model GRPO improves within tens of rounds (tiny-learn: knows the answers, uses the
+    # <answer> format unreliably): a silo node's last 20 rounds >= 1.5x its first 20 (docs/experiment.md).
+    # One run of 2 nodes x 80 rounds is about a minute of one core.
+    "cpu-learn": dict(
+        nodes=2, rounds=80, seeds=[1, 2], questions=4, generations=8, model="tiny-learn", catalogue="easy",
+        max_new_tokens=16, lr=LEARN_LR, window=10, threads=1,
+    ),
+    # Skill transfer: node 1 knows arithmetic and leap years, node 2 base conversion and fractions.
+    "cpu-skills": dict(
+        nodes=2, rounds=80, seeds=[1, 2], configs=["8/0", "4/4"], questions=4, generations=8,
+        model="tiny-learn-a,tiny-learn-b", catalogue="easy", max_new_tokens=16, lr=LEARN_LR, window=10, threads=1,
+    ),
+    # The paper's per-round settings on a GPU with no hub: "small" (~26M params) is built on the GPU
+    # from reasoning-gym data (tokenizer + supervised warm start on the nine tasks), then 8 nodes.
+    # Every run is short so a study goes in steps: --time-limit 540 --resume. Not run yet (no GPU here).
+    "gpu-learn": dict(
+        nodes=8, rounds=60, seeds=[1, 2, 3, 4], questions=8, generations=8, groups=8, model="small",
+        catalogue="sapo", max_new_tokens=64, lr=LEARN_LR, device="auto", dtype="auto", micro_batch=64, window=10,
+        time_limit=540,
     ),
     # The paper's per-round settings, for a GPU machine: 8 Qwen2.5-0.5B nodes, one question from
     # each of 8 of the 9 tasks per round, 8 completions each, 8 training groups, 256 new tokens,

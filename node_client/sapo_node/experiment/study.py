@@ -18,12 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from sapo_node import __version__
 from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
-from sapo_node.experiment.presets import StudyConfig
+from sapo_node.experiment.presets import ADAPTIVE, StudyConfig
 from sapo_node.experiment.server import DEFAULT_ROOT, Platform
+from sapo_node.progress import progress_bar
 
 #: Node k's seed in the run of study seed s: the same in every configuration.
 NODE_SEED_STRIDE = 1000
@@ -76,8 +75,10 @@ def run_study(cfg: StudyConfig, *, resume: bool = False, progress: bool = True) 
 
     torch.set_num_threads(cfg.threads or cpu_threads())
     started = time.time()
-    policy = load_policy(cfg.model, device=cfg.device, dtype=None if cfg.dtype == "auto" else cfg.dtype)
-    initial = policy[0], policy[1]
+    initial = {}
+    for model in dict.fromkeys(cfg.node_models()):
+        policy = load_policy(model, device=cfg.device, dtype=None if cfg.dtype == "auto" else cfg.dtype)
+        initial[model] = policy[0], policy[1]
     names = [node_name(k) for k in range(1, cfg.nodes + 1)]
     platform = Platform(
         root=Path(cfg.platform_root) if cfg.platform_root else DEFAULT_ROOT, catalogue=cfg.catalogue,
@@ -87,11 +88,14 @@ def run_study(cfg: StudyConfig, *, resume: bool = False, progress: bool = True) 
     plan = [(seed, label, local, external) for seed in cfg.seeds for label, local, external in cfg.counts()]
     todo = [p for p in plan if (p[1], p[0]) not in done]
     timings: list[dict[str, Any]] = []
-    runs_bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="runs", unit="run", position=0,
+    runs_bar = progress_bar(total=len(plan), initial=len(plan) - len(todo), desc="runs", unit="run", position=0,
                     disable=not progress, dynamic_ncols=True, file=sys.stderr)  # fmt: skip
     try:
         with platform.session(names):
             for seed, label, local, external in todo:
+                if cfg.time_limit and time.time() - started > cfg.time_limit:
+                    print(f"time limit ({cfg.time_limit:g} s) reached: continue with --resume", file=sys.stderr)
+                    break
                 runs_bar.set_description(f"runs ({label}, seed {seed})")
                 run_started = time.time()
                 rows = run_swarm(cfg, platform, initial, seed=seed, label=label, local=local, external=external,
@@ -127,7 +131,7 @@ def _previous_meta(out: Path) -> dict[str, Any] | None:
 def run_swarm(
     cfg: StudyConfig,
     platform: Platform,
-    initial: tuple[Any, Any],
+    initial: dict[str, tuple[Any, Any]],
     *,
     seed: int,
     label: str,
@@ -137,13 +141,14 @@ def run_swarm(
     progress: bool = True,
     on_round: Callable[[int, list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One run: a fresh pool, N nodes from the same initial weights, R rounds round-robin.
+    """One run: a fresh pool, N nodes from their initial weights (`initial`: by model), R rounds round-robin.
     Returns one row per node per round (analysis.ROUND_FIELDS)."""
     from sapo_node.config import NodeConfig
     from sapo_node.experiment.swarm import SwarmNode, clone_policy
     from sapo_node.transport import OUTBOX_FILE
     from sapo_node.transport.websocket import WebSocketTransport
 
+    ratio = "adaptive" if label == ADAPTIVE else "fixed"
     run_label = f"{label.replace('/', '-')}-s{seed}"
     run_dir = out / "runs" / run_label
     if run_dir.exists():  # a run cut short: its outboxes hold groups of a pool that no longer exists
@@ -152,24 +157,24 @@ def run_swarm(
     with platform.run(run_label.replace("-", "_")) as url:
         nodes: list[SwarmNode] = []
         try:
-            for k in range(1, cfg.nodes + 1):
+            for k, model in enumerate(cfg.node_models(), start=1):
                 name = node_name(k)
                 config = NodeConfig(
-                    server=url, token=platform.tokens[name], model=cfg.model, device=cfg.device, dtype=cfg.dtype,
+                    server=url, token=platform.tokens[name], model=model, device=cfg.device, dtype=cfg.dtype,
                     out=str(run_dir / name), seed=node_seed(seed, k), rounds=cfg.rounds, questions=cfg.questions,
                     generations=cfg.generations, local=local, external=external, catalogue=cfg.catalogue,
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lr=cfg.lr,
                     micro_batch=cfg.micro_batch, checkpoint_every=0, connect_wait=cfg.connect_wait,
-                    flush_wait=cfg.flush_wait,
+                    flush_wait=cfg.flush_wait, ratio=ratio,
                 )  # fmt: skip
                 (run_dir / name).mkdir(parents=True, exist_ok=True)
                 transport = WebSocketTransport(url, config.token, run_dir / name / OUTBOX_FILE, buffer_size=external,
                                                poll_interval=POLL_INTERVAL)  # fmt: skip
-                nodes.append(SwarmNode.start(k, config, transport, clone_policy(initial)))
+                nodes.append(SwarmNode.start(k, config, transport, clone_policy(initial[model])))
                 if (catalogue := transport.catalogue()) is None or catalogue.name != cfg.catalogue:
                     raise RuntimeError(f"the server does not serve catalogue {cfg.catalogue!r}")
 
-            bar = tqdm(total=cfg.rounds, desc=f"{label} seed {seed}", unit="round", position=1, leave=False,
+            bar = progress_bar(total=cfg.rounds, desc=f"{label} seed {seed}", unit="round", position=1, leave=False,
                        disable=not progress, dynamic_ncols=True, file=sys.stderr)  # fmt: skip
             try:
                 for n in range(1, cfg.rounds + 1):
@@ -221,4 +226,5 @@ def _csv_row(row: dict[str, Any], *, label: str, local: int, external: int, seed
         "pending": row["pending"],
         "seconds": row["seconds"]["total"],
         "questions": row["questions"],
+        "question_rewards": ";".join(f"{r:.4f}" for r in row["question_rewards"]),
     }

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from sapo_node import protocol
 from sapo_node.groups import Group
 from sapo_node.tasks import Catalogue
 
@@ -22,8 +23,8 @@ class Hello:
     external: int
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": "hello", "v": 1, "client": self.client, "model": self.model, "hardware": self.hardware,
-                "local": self.local, "external": self.external}  # fmt: skip
+        return protocol.frame(protocol.HELLO, client=self.client, model=self.model, hardware=self.hardware,
+                              local=self.local, external=self.external)  # fmt: skip
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The PostgreSQL backend, plus: start the embedded server (config.embedded_db) before connecting.
+"""The PostgreSQL backend, plus: start the embedded server (common.embedded_db) before connecting.
 
 Used only when DATABASE_URL is unset. Starting lazily keeps settings import free of side effects.
 """
@@ -6,7 +6,7 @@ Used only when DATABASE_URL is unset. Starting lazily keeps settings import free
 from django.db.backends.postgresql import base
 from psycopg import OperationalError
 
-from config import embedded_db
+from common import embedded_db
 
 
 class DatabaseWrapper(base.DatabaseWrapper):

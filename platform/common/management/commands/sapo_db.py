@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from config import embedded_db
+from common import embedded_db
 
 
 class Command(BaseCommand):

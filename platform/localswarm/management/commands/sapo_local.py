@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
@@ -38,7 +39,11 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="Address the site listens on.")
         parser.add_argument("--port", type=int, default=8000, help="Port the site listens on.")
         parser.add_argument("--nodes", type=int, default=2, help="How many local nodes to start (0: the site only).")
-        parser.add_argument("--models", default="tiny,tiny-mini", help="Comma-separated models, cycled over the nodes.")
+        # tiny-mini by default: on a fresh machine its one build (~30 CPU-seconds) has every node training
+        # within about two minutes; "tiny" costs about two CPU-minutes more (--models tiny,tiny-mini).
+        parser.add_argument(
+            "--models", default="tiny-mini", help="Comma-separated models, cycled over the nodes (e.g. tiny,tiny-mini)."
+        )
         parser.add_argument(
             "--rounds",
             type=int,
@@ -61,77 +66,156 @@ class Command(BaseCommand):
         # a process started in the background by a script inherits SIGINT ignored).
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-        call_command("migrate", interactive=False, verbosity=0)
-        env = {**os.environ, "SAPO_CATALOGUE": catalogue, "PYTHONUNBUFFERED": "1"}
-
-        nodes_running: list[subprocess.Popen] = []
-        server = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"],
-            cwd=REPO / "platform",
-            env={**env, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO / "node_client")])},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # Ctrl-C reaches this command only; it stops the nodes first
-        )
-        threading.Thread(target=_pump, args=("[site]  ", server.stdout), daemon=True).start()
-        self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {catalogue})"))
-
         model_list = [m.strip() for m in models.split(",") if m.strip()]
-        time.sleep(2.0)  # let daphne bind before the nodes dial in; they retry with backoff anyway
-        for i in range(nodes):
-            model = model_list[i % len(model_list)]
+        if nodes > 0 and not model_list:
+            raise CommandError("--models names no model")
+        assigned = [model_list[i % len(model_list)] for i in range(nodes)]
+        # Every process runs this checkout's code, whatever sapo-node the environment has installed.
+        path = os.pathsep.join(
+            filter(None, [str(REPO / "platform"), str(REPO / "node_client"), os.environ.get("PYTHONPATH")])
+        )
+        env = {**os.environ, "SAPO_CATALOGUE": catalogue, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+        swarm = _Swarm()
+        try:
+            self._start(swarm, env, host=host, port=port, models=assigned, rounds=rounds, out=out)
+            while swarm.server.poll() is None and not swarm.done(rounds):
+                swarm.start_ready_nodes(self.stdout)
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            swarm.stop()
+        if failed := swarm.failures():
+            raise CommandError(f"{', '.join(failed)} failed; see the output above")
+
+    def _start(self, swarm: _Swarm, env: dict, *, host: str, port: int, models: list[str], rounds: int, out: str):
+        # The built-in models are built before their nodes start, side by side and beside the
+        # database and site start-up (on a fresh machine "tiny" costs about two CPU-minutes,
+        # "tiny-mini" a quarter of that); a node starts as soon as its model is ready. With the
+        # model cached, its builder only loads it (a few seconds, while the site starts).
+        built_in = sorted(set(models) & set(BUILT_IN_MODELS))
+        for model in built_in:
+            swarm.build(model, {**env, "OMP_NUM_THREADS": _threads(len(built_in))})
+        if built_in:
+            self.stdout.write(
+                f"Preparing {', '.join(built_in)} (built on first use); each node starts when its model is ready."
+            )
+
+        call_command("migrate", interactive=False, verbosity=0)
+        swarm.server = _spawn(
+            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"],
+            prefix="[site]  ",
+            cwd=REPO / "platform",
+            env=env,
+        )
+        self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {env['SAPO_CATALOGUE']})"))
+
+        for i, model in enumerate(models):
             node, token = node_provision(username="demo", node_name=f"local-{i + 1}", model_id=model, rotate=True)
             node_out = Path(out) / f"{node.name}-{model}"  # a node that changes model starts afresh
-            cmd = [
-                sys.executable,
-                "-m",
-                "sapo_node",
-                "run",
-                "--server",
-                f"ws://{host}:{port}",
-                "--model",
-                model,
-                "--seed",
-                str(i + 1),
-                "--out",
-                str(node_out),
-                "--resume",
-            ]
+            cmd = [sys.executable, "-m", "sapo_node", "run", "--server", f"ws://{host}:{port}", "--model", model,
+                   "--seed", str(i + 1), "--out", str(node_out), "--resume"]  # fmt: skip
             if rounds:
                 cmd += ["--rounds", str(rounds)]
-            proc = subprocess.Popen(
-                cmd,
-                env={**env, "SAPO_TOKEN": token},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            nodes_running.append(proc)
-            threading.Thread(target=_pump, args=(f"[{node.name}]", proc.stdout), daemon=True).start()
-            self.stdout.write(f"Node {node.name} ({model}) -> {node_out}")
-
+            # Nodes share the machine's cores instead of each taking all of them (torch's default),
+            # which on a small machine makes every node slower than one would be alone.
+            node_env = {**env, "SAPO_TOKEN": token, "OMP_NUM_THREADS": _threads(len(models))}
+            swarm.pending.append(_PendingNode(node.name, model, node_out, cmd, node_env))
+        time.sleep(2.0)  # let daphne bind before the first nodes dial in; they retry with backoff anyway
+        swarm.start_ready_nodes(self.stdout)
         self.stdout.write(
             self.style.SUCCESS(
                 "Local swarm running. Log in as 'demo'? Set a password with: "
                 "python manage.py changepassword demo. Ctrl-C stops everything."
             )
         )
+
+
+#: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).
+BUILT_IN_MODELS = ("tiny", "tiny-mini")
+
+
+def _threads(processes: int) -> str:
+    """Torch threads for each of `processes` processes sharing this machine's cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return str(max(1, cores // max(1, processes)))
+
+
+def _spawn(cmd: list[str], *, prefix: str, **kwargs) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # Ctrl-C reaches this command only; it stops the others in order
+        **kwargs,
+    )
+    threading.Thread(target=_pump, args=(prefix, proc.stdout), daemon=True).start()
+    return proc
+
+
+@dataclass
+class _PendingNode:
+    name: str
+    model: str
+    out: Path
+    cmd: list[str]
+    env: dict
+
+
+@dataclass
+class _Swarm:
+    """The processes of a local swarm: model builders, the site, the nodes (started when their
+    model is built), and how they stop."""
+
+    builders: dict[str, subprocess.Popen] = field(default_factory=dict)
+    server: subprocess.Popen | None = None
+    pending: list[_PendingNode] = field(default_factory=list)
+    nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def build(self, model: str, env: dict) -> None:
+        cmd = [sys.executable, "-m", "sapo_node.tiny", "--variant", model]
+        self.builders[model] = _spawn(cmd, prefix=f"[build {model}]", env=env)
+
+    def start_ready_nodes(self, stdout) -> None:
+        for pending in list(self.pending):
+            builder = self.builders.get(pending.model)
+            if builder is not None and builder.poll() is None:
+                continue  # still building
+            self.pending.remove(pending)
+            if builder is not None and builder.returncode != 0:
+                continue  # reported by failures()
+            self.nodes[pending.name] = _spawn(pending.cmd, prefix=f"[{pending.name}]", env=pending.env)
+            stdout.write(f"Node {pending.name} ({pending.model}) -> {pending.out}")
+
+    def done(self, rounds: int) -> bool:
+        """A model failed to build (its nodes cannot start), or, with --rounds, every node has
+        played them."""
+        if any(p.poll() not in (None, 0) for p in self.builders.values()):
+            return True
+        return bool(rounds) and not self.pending and all(p.poll() is not None for p in self.nodes.values())
+
+    def stop(self) -> None:
+        """Builders first (a half-built model is not kept), then the nodes, while the site still
+        runs (each finishes its step, flushes its outbox and saves a checkpoint), then the site.
+        SIGTERM, not SIGINT: a process still importing its libraries may swallow a KeyboardInterrupt
+        (numpy's import does) and carry on, or print a traceback; SIGTERM ends it quietly there, and
+        the node's loop and daphne treat it as "stop cleanly" once they run. A second Ctrl-C while
+        stopping kills whatever is left."""
         try:
-            # With --rounds the swarm is done when every node is; otherwise it runs until stopped.
-            while server.poll() is None and not (rounds and all(p.poll() is not None for p in nodes_running)):
-                time.sleep(0.5)
+            _stop(list(self.builders.values()), timeout=15)
+            _stop(list(self.nodes.values()), timeout=60)
+            _stop([self.server] if self.server else [], timeout=15)
         except KeyboardInterrupt:
-            pass
-        finally:
-            # Nodes first, while the site still runs: each finishes its step, flushes its outbox
-            # and saves a checkpoint. Then the site.
-            _stop(nodes_running, timeout=60)
-            _stop([server], timeout=15)
-        failed = [i + 1 for i, p in enumerate(nodes_running) if p.returncode not in (0, 130, -signal.SIGINT)]
-        if failed:
-            raise CommandError(f"node(s) {', '.join(f'local-{i}' for i in failed)} failed; see their output above")
+            for proc in [*self.builders.values(), *self.nodes.values(), self.server]:
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+
+    def failures(self) -> list[str]:
+        stopped = (0, 130, -signal.SIGTERM)
+        failed = [f"building {m}" for m, p in self.builders.items() if p.returncode not in stopped]
+        failed += [name for name, p in self.nodes.items() if p.returncode not in stopped]
+        return failed
 
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
@@ -141,7 +225,7 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
 def _stop(procs: list[subprocess.Popen], *, timeout: float) -> None:
     for proc in procs:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.terminate()
     for proc in procs:
         try:
             proc.wait(timeout=timeout)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from test_pool_support import SAPO, make_group, to_rollout_in
-
 from accounts.models import User
 from nodes.models import Node
 from pool.models import Rollout
 from pool.services import rollout_share
+from support.pool import SAPO, make_group, to_rollout_in
 
 
 def share(node: Node, *groups: dict[str, Any]) -> list[Rollout]:

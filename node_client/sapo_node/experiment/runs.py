@@ -1,0 +1,38 @@
+"""The rows of a study (one per node and round, as in rounds.csv): its configurations and each run's
+cumulative reward. Shared by the analysis and the pre-registered endpoints."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+
+def config_order(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Configuration labels, the silo first, then by growing share of external groups."""
+    seen: dict[str, tuple[int, int]] = {}
+    for row in rows:
+        seen.setdefault(row["config"], (row["local"], row["external"]))
+    return sorted(seen, key=lambda c: (seen[c][1] / max(1, sum(seen[c])), c))
+
+
+def baseline_config(rows: Sequence[dict[str, Any]]) -> str | None:
+    """The silo configuration (no external groups), or None if the study has none."""
+    silos = [c for c in config_order(rows) if config_counts(rows, c)[1] == 0]
+    return silos[0] if silos else None
+
+
+def config_counts(rows: Sequence[dict[str, Any]], config: str) -> tuple[int, int]:
+    """(local, external) groups per round of a configuration."""
+    for row in rows:
+        if row["config"] == config:
+            return row["local"], row["external"]
+    raise KeyError(config)
+
+
+def cumulative_by_run(rows: Sequence[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """{config: {seed: sum over nodes and rounds of the node's round mean reward}}."""
+    totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for row in rows:
+        totals[row["config"]][row["seed"]] += row["reward_mean"]
+    return {c: dict(sorted(s.items())) for c, s in totals.items()}

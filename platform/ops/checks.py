@@ -1,0 +1,28 @@
+"""System checks on how the site is deployed (`manage.py check --deploy`, also run by migrate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.core.checks import Warning, register
+
+
+@register("ops")  # not "staticfiles": collectstatic runs those checks before it collects
+def static_files_collected(app_configs, **kwargs) -> list[Warning]:
+    """In production static files come from STATIC_ROOT through the manifest that `collectstatic`
+    writes; without it every page that links a stylesheet fails with a 500."""
+    backend = settings.STORAGES["staticfiles"]["BACKEND"]
+    if "Manifest" not in backend or settings.DEBUG:
+        return []
+    manifest = Path(settings.STATIC_ROOT) / "staticfiles.json"
+    if manifest.exists():
+        return []
+    return [
+        Warning(
+            f"Static files are not collected: {manifest} is missing, so every page will answer 500.",
+            hint="Run `python manage.py collectstatic --noinput` (the Docker image does it at build time; "
+            "see docs/deploy.md).",
+            id="ops.W001",
+        )
+    ]

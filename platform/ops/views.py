@@ -1,0 +1,106 @@
+"""Probes and metrics for whoever runs the site (docs/deploy.md, "Operations").
+
+/healthz   liveness: the process answers HTTP (no database, no channel layer)
+/readyz    readiness: the database and the channel layer answer; 503 with what failed otherwise
+/metrics   Prometheus text format (common.metrics, ops.collectors)
+/favicon.ico  the site's icon, for pages that name none (the admin's)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.templatetags.static import static
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
+
+from ops.collectors import PoolCollector
+
+#: Seconds each readiness check may take before it counts as failed.
+READY_TIMEOUT = 3.0
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok\n", content_type="text/plain")
+
+
+def _database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+async def _channel_layer() -> None:
+    """A message through the layer and back (Redis when REDIS_URL is set)."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel("readyz.")
+    await layer.send(channel, {"type": "readyz.ping"})
+    message = await layer.receive(channel)
+    if message.get("type") != "readyz.ping":
+        raise RuntimeError("the channel layer returned another message")
+
+
+async def _check(name: str, coroutine) -> tuple[str, str]:
+    try:
+        await asyncio.wait_for(coroutine, READY_TIMEOUT)
+    except TimeoutError:
+        return name, f"no answer within {READY_TIMEOUT:g} s"
+    except Exception as exc:  # any failure means "not ready"; the body says which
+        return name, f"{type(exc).__name__}: {exc}"[:300]
+    return name, "ok"
+
+
+@never_cache
+@require_GET
+async def readyz(request: HttpRequest) -> JsonResponse:
+    results = dict(
+        await asyncio.gather(
+            _check("database", sync_to_async(_database)()),
+            _check("channel_layer", _channel_layer()),
+        )
+    )
+    ready = all(value == "ok" for value in results.values())
+    return JsonResponse({"ready": ready, **results}, status=200 if ready else 503)
+
+
+def _registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    if settings.PROMETHEUS_MULTIPROC_DIR:
+        multiprocess.MultiProcessCollector(registry)  # every process's files, summed
+    else:
+        registry.register(_ProcessRegistry())
+    registry.register(PoolCollector())
+    return registry
+
+
+class _ProcessRegistry:
+    """This process's metrics (the default registry: common.metrics plus process and Python figures)."""
+
+    def collect(self):
+        return REGISTRY.collect()
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    token = settings.SAPO_METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+    return HttpResponse(generate_latest(_registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """Browsers ask for /favicon.ico on pages that name no icon (the admin's): the site's icon."""
+    return HttpResponsePermanentRedirect(static("img/favicon.svg"))

@@ -1,0 +1,54 @@
+"""The pre-registered endpoints on a synthetic rounds.csv: the learning ratio, the paired gain of a
+swarm configuration over the silo with its interval and test, and rewards per node and dataset."""
+
+from __future__ import annotations
+
+import pytest
+from test_analysis import make_row
+
+from sapo_node.experiment.endpoints import dataset_rewards, endpoints, endpoints_markdown, learning, paired_endpoint
+
+
+def _run(config: str, seed: int, rewards: list[float]) -> list[dict]:
+    return [make_row(config, seed, 1, r, x) for r, x in enumerate(rewards, start=1)]
+
+
+def test_learning_compares_the_first_and_last_rounds():
+    rows = _run("8/0", 1, [0.1, 0.1, 0.2, 0.3, 0.3, 0.3])  # span 3 of 6 rounds: 0.133 -> 0.3
+    result = learning(rows, span=20)
+    assert result["8/0"][1]["first"] == pytest.approx(0.4 / 3)
+    assert result["8/0"][1]["ratio"] == pytest.approx(0.3 / (0.4 / 3))
+
+
+def test_paired_gain_by_hand():
+    rows = []
+    for seed, (silo, swarm) in enumerate([(1.0, 1.1), (2.0, 2.3), (1.0, 1.2), (2.0, 1.6)], start=1):
+        rows += _run("8/0", seed, [silo]) + _run("4/4", seed, [swarm])
+    result = paired_endpoint(rows, "4/4")
+    assert result["gain_pct"] == pytest.approx({1: 10.0, 2: 15.0, 3: 20.0, 4: -20.0})
+    assert result["gain_pct_mean"] == pytest.approx(6.25) and result["seeds_gaining"] == 3
+    low, high = result["ci95_pct"]
+    assert (high - low) / 2 == pytest.approx(3.182446 * 17.97105 / 2, rel=1e-4)  # t(0.975, 3) * sd / sqrt(4)
+    # Differences +0.1, +0.3, +0.2, -0.4: ranks 1, 3, 2, 4, W- = 4; 7 of 16 sign patterns give W <= 4.
+    assert result["wilcoxon_p"] == pytest.approx(14 / 16)
+    assert paired_endpoint(_run("8/0", 1, [1.0]), "4/4") is None
+
+
+def test_rewards_per_node_and_dataset_come_from_the_per_question_rewards():
+    rows = []
+    for r in (1, 2):
+        row = make_row("8/0", 1, 2, r, 0.0)
+        row["questions"] = "basic_arithmetic/1/1;base_conversion/1/2"
+        row["question_rewards"] = f"{0.5 * r:.4f};0.0000"
+        rows.append(row)
+    result = dataset_rewards(rows)
+    assert result["8/0"][2]["basic_arithmetic"] == {"first": 0.5, "last": 1.0, "all": 0.75}
+    assert result["8/0"][2]["base_conversion"]["all"] == 0.0
+
+
+def test_the_markdown_names_every_configuration():
+    rows = []
+    for seed in (1, 2):
+        rows += _run("8/0", seed, [0.1, 0.2]) + _run("4/4", seed, [0.2, 0.3])
+    text = endpoints_markdown(endpoints(rows))
+    assert "| 8/0 |" in text and "| 4/4 | 2 |" in text and "2/2" in text

@@ -1,0 +1,57 @@
+"""Progress output: live bars on a terminal, plain lines in pipes and logs (sapo_node.progress)."""
+
+import io
+import os
+
+from sapo_node import progress
+from sapo_node.progress import LineProgress, progress_bar
+
+
+def test_a_pipe_gets_plain_lines_at_start_and_end_not_a_redraw_per_step():
+    out = io.StringIO()
+    total = 0
+    for step in progress_bar(range(200), desc="warm start tiny", unit="step", file=out, leave=False):
+        total += step
+    text = out.getvalue()
+    assert total == sum(range(200))
+    assert "\r" not in text and "\x1b" not in text
+    lines = text.splitlines()
+    assert lines[0] == "warm start tiny: 0/200 step (0 s)"
+    assert lines[-1].startswith("warm start tiny: 200/200 step (")
+    assert len(lines) == 2  # the loop took far less than LINE_EVERY seconds
+
+
+def test_lines_are_spaced_by_every_seconds_and_carry_the_postfix(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with progress_bar(total=30, desc="sharing", unit="msg", file=out, every=10) as bar:
+        for _ in range(30):
+            clock[0] += 1.0
+            bar.set_postfix(accepted=7)
+            bar.update(1)
+    lines = out.getvalue().splitlines()
+    # start, then one line per 10 s of work (after steps 10, 20 and 30); the end adds none
+    assert [line.split(" (")[0] for line in lines] == ["sharing: 0/30 msg", "sharing: 10/30 msg",
+                                                        "sharing: 20/30 msg", "sharing: 30/30 msg"]  # fmt: skip
+    assert lines[-1] == "sharing: 30/30 msg (30 s, 1 msg/s) accepted=7"
+
+
+def test_a_terminal_gets_a_live_bar():
+    leader, follower = os.openpty()
+    with os.fdopen(follower, "w") as tty:
+        bar = progress_bar(total=3, desc="rounds", file=tty, dynamic_ncols=False, ncols=80)  # a new pty is 0 wide
+        assert not isinstance(bar, LineProgress)
+        bar.update(3)
+        bar.close()
+        tty.flush()
+        written = os.read(leader, 4096).decode()
+    os.close(leader)
+    assert "\r" in written and "3/3" in written
+
+
+def test_disabled_writes_nothing():
+    out = io.StringIO()
+    bar = progress_bar(range(5), desc="quiet", file=out, disable=True)
+    assert list(bar) == [0, 1, 2, 3, 4]
+    assert out.getvalue() == ""

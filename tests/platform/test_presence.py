@@ -1,0 +1,83 @@
+"""nodes.presence: one record per open socket, renewed by a heartbeat, expiring, forgotten by its own
+server's restart; in the database without REDIS_URL, in Redis with it (both stores, same tests)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from factories import make_node
+
+from nodes import presence
+from nodes.models import NodeConnection, NodeStatus
+from nodes.selectors import node_status
+
+pytestmark = pytest.mark.django_db
+
+STORES = ["database"] + (["redis"] if os.environ.get("REDIS_URL") else [])
+
+
+@pytest.fixture(params=STORES)
+def store(request, settings):
+    settings.REDIS_URL = os.environ["REDIS_URL"] if request.param == "redis" else ""
+    settings.SAPO_REDIS_PREFIX = f"presence-test-{uuid.uuid4().hex[:8]}"  # nothing left from other tests
+    settings.SAPO_SERVER_NAME = "here"
+    return request.param
+
+
+def test_each_socket_counts_until_it_closes(store, node):
+    other = make_node(name="desktop")
+    first, second = uuid.uuid4(), uuid.uuid4()
+    assert presence.connected_node_ids() == set()
+    presence.connection_open(node_id=node.id, connection_id=first)
+    presence.connection_open(node_id=node.id, connection_id=second)
+    presence.connection_open(node_id=other.id, connection_id=uuid.uuid4())
+    assert presence.connection_counts() == {node.id: 2, other.id: 1}
+    assert presence.connection_counts([node.id]) == {node.id: 2}
+    presence.connection_close(node_id=node.id, connection_id=first)
+    presence.connection_close(node_id=node.id, connection_id=first)  # twice: harmless
+    assert presence.connection_counts([node.id]) == {node.id: 1}
+    presence.connection_close(node_id=node.id, connection_id=second)
+    assert presence.connected_node_ids([node.id, other.id]) == {other.id}
+    if store == "database":
+        assert NodeConnection.objects.filter(node=node).count() == 0
+
+
+def test_a_record_nobody_renews_expires_and_the_heartbeat_keeps_it(store, node):
+    start = timezone.now()
+    lasting, dropped = uuid.uuid4(), uuid.uuid4()
+    for connection_id in (lasting, dropped):
+        presence.connection_open(node_id=node.id, connection_id=connection_id, now=start)
+    beat = start + timedelta(seconds=presence.HEARTBEAT_SECONDS)
+    presence.connection_open(node_id=node.id, connection_id=lasting, now=beat)  # only one socket beats
+    after = start + timedelta(seconds=presence.EXPIRES_AFTER_SECONDS + 1)
+    assert presence.connection_counts([node.id], now=after) == {node.id: 1}
+    later = beat + timedelta(seconds=presence.EXPIRES_AFTER_SECONDS + 1)
+    assert presence.connected_node_ids(now=later) == set()
+
+
+def test_a_restarted_server_forgets_its_own_sockets_not_other_servers(store, node, settings):
+    other = make_node(name="desktop")
+    presence.connection_open(node_id=node.id, connection_id=uuid.uuid4())
+    settings.SAPO_SERVER_NAME = "elsewhere"
+    presence.connection_open(node_id=other.id, connection_id=uuid.uuid4())
+    settings.SAPO_SERVER_NAME = "here"
+    assert presence.presence_server_start() == 1
+    assert presence.connected_node_ids() == {other.id}
+
+
+def test_status_reads_presence_and_last_seen(store, node):
+    node.last_seen_at = timezone.now()
+    node.save(update_fields=["last_seen_at"])
+    assert node_status(node) == NodeStatus.OFFLINE  # seen just now, but no socket open
+    connection_id = uuid.uuid4()
+    presence.connection_open(node_id=node.id, connection_id=connection_id)
+    assert node_status(node) == NodeStatus.ONLINE
+    now = timezone.now()
+    assert node.status_at(now + timedelta(minutes=10), connected=True) == NodeStatus.IDLE
+    assert node.status_at(now + timedelta(hours=2), connected=True) == NodeStatus.OFFLINE
+    presence.connection_close(node_id=node.id, connection_id=connection_id)
+    assert node_status(node) == NodeStatus.OFFLINE
