@@ -24,7 +24,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
-from sapo_node import __version__
+from sapo_node import __version__, protocol
 from sapo_node.groups import Group
 from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
 from sapo_node.tasks import Catalogue
@@ -33,8 +33,10 @@ from sapo_node.transport.base import Hello, Transport, TransportCounts
 log = logging.getLogger("sapo_node.transport")
 
 #: Close codes after which retrying cannot help.
-REFUSALS = {4401: "the server does not accept this token (4401): check --token / SAPO_TOKEN",
-            4403: "this node or its contributor is banned (4403)"}  # fmt: skip
+REFUSALS = {
+    protocol.CLOSE_UNAUTHENTICATED: "the server does not accept this token (4401): check --token / SAPO_TOKEN",
+    protocol.CLOSE_BANNED: "this node or its contributor is banned (4403)",
+}
 
 #: Defaults until the server's `welcome.limits` arrive.
 DEFAULT_LIMITS = {
@@ -53,6 +55,8 @@ FATAL_SHARE_ERRORS = {
     "too_many_completions",
     "completion_too_long",
 }
+#: Errors that mean "not now": the refused frame is sent again after this many seconds.
+BACKOFF_ERRORS = {"rate_limited": 5.0, "over_budget": 60.0}
 
 
 class WebSocketTransport(Transport):
@@ -129,7 +133,9 @@ class WebSocketTransport(Transport):
 
     def flush(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self.outbox.counts()[PENDING]:
+        # Shares until the pool has answered them; reports until they are written, while connected
+        # (a report is best effort: it is not kept for a later connection).
+        while self.outbox.counts()[PENDING] or (self._reports and self._state == "connected"):
             if time.monotonic() >= deadline or self._state.startswith("refused"):
                 return False
             self._poke()
@@ -201,7 +207,7 @@ class WebSocketTransport(Transport):
         except InvalidStatus as exc:  # refused at the HTTP upgrade
             status = exc.response.status_code
             self.last_error = f"HTTP {status}"
-            return {401: 4401, 403: 4403}.get(status)
+            return protocol.HTTP_REFUSALS.get(status)
         except (OSError, TimeoutError, WebSocketException, ValueError) as exc:
             self.last_error = exc.__class__.__name__ + (f": {exc}" if str(exc) else "")
         finally:
@@ -245,13 +251,13 @@ class WebSocketTransport(Transport):
             except (ValueError, AttributeError):
                 log.warning("ignoring a frame that is not a JSON object")
                 continue
-            if kind == "welcome":
+            if kind == protocol.WELCOME:
                 self._on_welcome(frame)
-            elif kind == "ack" and frame.get("for") == "share":
+            elif kind == protocol.ACK and frame.get("for") == protocol.SHARE:
                 self._on_share_ack(frame)
-            elif kind == "samples":
+            elif kind == protocol.SAMPLES:
                 self._on_samples(frame)
-            elif kind == "error":
+            elif kind == protocol.ERROR:
                 self._on_error(frame)
             self._poke()
 
@@ -263,7 +269,7 @@ class WebSocketTransport(Transport):
             await self._send_shares(ws)
             await self._request_samples(ws)
             while self._reports:
-                await ws.send(json.dumps({"type": "report", "v": 1, **self._reports[0]}))
+                await ws.send(json.dumps(protocol.frame(protocol.REPORT, **self._reports[0])))
                 self._reports.popleft()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
@@ -316,12 +322,12 @@ class WebSocketTransport(Transport):
     def _on_error(self, frame: dict[str, Any]) -> None:
         code, ref = str(frame.get("code")), str(frame.get("ref"))
         log.warning("the server answered error %s: %s", code, frame.get("detail"))
-        if code == "rate_limited":  # slow down everything; the refused frame is simply sent again later
-            self._next_share = self._next_sample = time.monotonic() + max(5.0, self.poll_interval * 5)
+        if code in BACKOFF_ERRORS:  # slow down everything; the refused frame is simply sent again later
+            self._next_share = self._next_sample = time.monotonic() + max(BACKOFF_ERRORS[code], self.poll_interval * 5)
         if ref == self._sample_ref:
             self._sample_pending_since = None
         ids = self._inflight.pop(ref, None)
-        if ids is None or code == "rate_limited":
+        if ids is None or code in BACKOFF_ERRORS:
             return
         if len(ids) > 1:
             self._solo.update(ids)  # find the culprit: resend one by one
@@ -358,7 +364,7 @@ class WebSocketTransport(Transport):
     async def _send_share_frame(self, ws: ClientConnection, batch: list[dict[str, Any]]) -> None:
         ref = self._next_ref()
         self._inflight[ref] = [r["id"] for r in batch]
-        await ws.send(json.dumps({"type": "share", "v": 1, "ref": ref, "rollouts": batch}))
+        await ws.send(json.dumps(protocol.frame(protocol.SHARE, ref=ref, rollouts=batch)))
         self.share_frames += 1
 
     def _local_reason(self, rollout: dict[str, Any]) -> str | None:
@@ -383,4 +389,4 @@ class WebSocketTransport(Transport):
         self._sample_n = min(missing, self.limits["max_sample_n"])
         self._sample_pending_since = now
         self._sample_ref = self._next_ref()
-        await ws.send(json.dumps({"type": "sample", "v": 1, "n": self._sample_n, "ref": self._sample_ref}))
+        await ws.send(json.dumps(protocol.frame(protocol.SAMPLE, n=self._sample_n, ref=self._sample_ref)))
