@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sapo_node.baseline import OwnBaseline
 from sapo_node.generate import Generated, encode_prompt
 from sapo_node.groups import Group, TrainGroup
 from sapo_node.sample import entry_answer
@@ -98,9 +99,11 @@ def assemble(
     tokenizer: Any,
     format_prompt: Callable[[Any, str], str],
     max_tokens: int,
+    baseline: OwnBaseline | None = None,
 ) -> tuple[list[TrainGroup], AssembleStats]:
     """Up to `n_local` informative own groups and up to `n_external` informative external ones,
-    each sampled uniformly at random."""
+    each sampled uniformly at random. With `baseline`, an external group's completions are judged
+    against this node's own reward on its task (sapo_node.baseline) instead of the group's mean."""
     stats = AssembleStats(local_offered=len(own), external_offered=len(external))
     local = [local_train_group(g, gen) for g, gen in own]
 
@@ -114,6 +117,8 @@ def assemble(
             stats.external_invalid += 1
             stats.reasons[exc.code] = stats.reasons.get(exc.code, 0) + 1
             continue
+        if baseline is not None:
+            tg.baseline = baseline.get(group.task.dataset)
         stats.external_rescored += tg.extra["rescored"]
         stats.external_rewards.extend(tg.rewards)
         checked.append(tg)

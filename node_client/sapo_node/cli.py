@@ -30,7 +30,13 @@ COMMAND_MODULES = ("sapo_node.experiment",)
 #: Short metavars for the flags SAPO's paper names with a letter.
 METAVARS = {"questions": "B", "generations": "G", "local": "I", "external": "J", "rounds": "R", "seed": "S",
             "out": "DIR", "server": "URL", "token": "T", "model": "ID_OR_PATH"}  # fmt: skip
-CHOICES = {"device": None, "catalogue": ["easy", "sapo"], "dtype": ["auto", "float32", "bfloat16", "float16"]}
+CHOICES = {
+    "device": None,
+    "catalogue": ["easy", "sapo"],
+    "ratio": ["fixed", "adaptive"],
+    "external_baseline": ["group", "own"],
+    "dtype": ["auto", "float32", "bfloat16", "float16"],
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -61,6 +61,10 @@ class NodeConfig:
     ratio: str = "fixed"
     """fixed: I own and J external groups every round. adaptive: I + J groups, J in [0, J] picked each round
     from the node's own measurements (informative own groups, re-scored reward of received groups; sapo_node.ratio)."""
+    external_baseline: str = "group"
+    """group: an external group's advantages are within the group (GRPO's, the paper's). own: its completions are
+    judged against this node's own moving-average reward on that task, so a peer's success at a task this node
+    fails at is learned whole (sapo_node.baseline)."""
     catalogue: str | None = None
     """Offline catalogue: easy or sapo; None picks easy for tiny models, sapo otherwise. Online the server's is used."""
     max_new_tokens: int | None = None
@@ -128,6 +132,7 @@ class NodeConfig:
             "rounds must be >= 0": self.rounds >= 0,
             "threads must be >= 0": self.threads >= 0,
             "ratio must be fixed or adaptive": self.ratio in ("fixed", "adaptive"),
+            "external_baseline must be group or own": self.external_baseline in ("group", "own"),
             "epochs must be >= 1": self.epochs >= 1,
             "micro_batch must be >= 1": self.micro_batch >= 1,
             "temperature must be > 0": self.temperature > 0,

@@ -93,6 +93,9 @@ class TrainGroup:
     completion_ids: list[list[int]]
     rewards: list[float]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: What the completions are judged against: None, the group's mean (GRPO's); a number, this
+    #: node's own reward on the task (sapo_node.baseline, for external groups with `own`).
+    baseline: float | None = None
 
     @property
     def informative(self) -> bool:

@@ -1,7 +1,8 @@
 """Step 6 of a round: the GRPO update.
 
 The maths is in three pure functions tested with hand-computed tensors:
-  group_advantages  (r - mean) / (std + eps) within a group
+  group_advantages  (r - mean) / (std + eps) within a group (or against the node's own baseline,
+                    baseline_advantages, for external groups with external_baseline = own)
   clipped_loss      token-level clipped-ratio loss (DAPO's token mean, clip-higher), optional k3 KL
   token_logprobs    log-probs of the completion tokens under a model, one full forward per sequence
 `grpo_update` strings them together: one optimizer step per epoch over the whole training set,
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from sapo_node.baseline import MAX_ADVANTAGE
 from sapo_node.groups import TrainGroup
 
 ADVANTAGE_EPS = 1e-4
@@ -45,6 +47,23 @@ def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch
     mean = rewards.mean(dim=-1, keepdim=True)  # (..., 1)
     std = rewards.std(dim=-1, keepdim=True)  # (..., 1), unbiased like TRL and verl
     return (rewards - mean) / (std + eps)
+
+
+def baseline_advantages(
+    rewards: torch.Tensor, baseline: float, eps: float = ADVANTAGE_EPS, bound: float = MAX_ADVANTAGE
+) -> torch.Tensor:
+    """(G,) -> (G,): rewards against a baseline from outside the group (sapo_node.baseline), scaled
+    by the group's sample std like group_advantages and clamped to [-bound, bound]."""
+    std = rewards.std(dim=-1, keepdim=True)
+    return ((rewards - baseline) / (std + eps)).clamp(-bound, bound)
+
+
+def train_group_advantages(group: TrainGroup) -> list[float]:
+    """The advantage of each completion of a training group: within the group, or against its baseline."""
+    rewards = torch.tensor(group.rewards, dtype=torch.float32)
+    if group.baseline is None:
+        return group_advantages(rewards).tolist()
+    return baseline_advantages(rewards, group.baseline).tolist()
 
 
 def clipped_loss(
@@ -342,7 +361,7 @@ def grpo_update(
     # Ordered by prompt length so each micro-batch pads its prompts little; the loss is a sum over
     # tokens divided by the whole set's token count, so the order does not change it.
     for group in sorted(groups, key=lambda g: len(g.prompt_ids)):
-        adv = group_advantages(torch.tensor(group.rewards, dtype=torch.float32)).tolist()
+        adv = train_group_advantages(group)
         rows += [(group.prompt_ids, ids, a) for ids, a in zip(group.completion_ids, adv, strict=True)]
     stats = UpdateStats(sequences=len(rows), tokens=sum(len(c) for _, c, _ in rows))
     if not rows or stats.tokens == 0:

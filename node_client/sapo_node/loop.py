@@ -27,6 +27,7 @@ import torch
 
 from sapo_node import __version__
 from sapo_node.assemble import assemble
+from sapo_node.baseline import OwnBaseline
 from sapo_node.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from sapo_node.config import NodeConfig
 from sapo_node.generate import generate_completions, pad_id
@@ -91,6 +92,8 @@ class Node:
     owns_transport: bool = False
     #: The adaptive local/external policy (config.ratio == "adaptive"), else None.
     ratio: AdaptiveRatio | None = None
+    #: This node's reward per dataset, when external groups are judged against it (external_baseline == "own").
+    baseline: OwnBaseline | None = None
 
 
 def start_node(
@@ -134,7 +137,8 @@ def start_node(
         )
     return Node(config, out, model, tokenizer, optimizer, reference, transport, state, MetricsLog(out / "metrics.jsonl"),
                 last_round=last, last_saved=last, owns_transport=owns_transport,
-                ratio=AdaptiveRatio(config.local + config.external, config.external) if config.ratio == "adaptive" else None)  # fmt: skip
+                ratio=AdaptiveRatio(config.local + config.external, config.external) if config.ratio == "adaptive" else None,
+                baseline=OwnBaseline() if config.external_baseline == "own" else None)  # fmt: skip
 
 
 def play_round(
@@ -171,10 +175,12 @@ def play_round(
         if node.ratio is not None:
             n_local, n_external = node.ratio.choose([group for group, _ in own])
         received = transport.take_external(config.external)
+        if node.baseline is not None:  # this round's own rewards count: round 1 has a baseline too
+            node.baseline.observe([group for group, _ in own])
         train_set, assembled = assemble(
             own, received, n_local=n_local, n_external=n_external,
             rng=node.state.rng, catalogue=stream.catalogue, tokenizer=tokenizer, format_prompt=format_prompt,
-            max_tokens=2 * config.max_new_tokens,
+            max_tokens=2 * config.max_new_tokens, baseline=node.baseline,
         )  # fmt: skip
     with timer("update"):
         update = grpo_update(

@@ -20,6 +20,10 @@ PAPER_CONFIGS = ("8/0", "6/2", "4/4", "2/6")
 #: The configuration label of the adaptive local/external policy (NodeConfig.ratio = "adaptive").
 ADAPTIVE = "auto"
 
+#: A configuration label's suffix for external groups judged against the node's own reward
+#: (NodeConfig.external_baseline = "own", sapo_node.baseline): "4/4+own".
+OWN_BASELINE = "+own"
+
 
 @dataclass
 class StudyConfig:
@@ -90,7 +94,7 @@ class StudyConfig:
         total = self.groups or self.questions
         out = []
         for label in self.configs:
-            if label == ADAPTIVE:
+            if label.removesuffix(OWN_BASELINE) == ADAPTIVE:
                 out.append((label, 0, total))
                 continue
             local, external = parse_config(label)
@@ -128,10 +132,19 @@ class StudyConfig:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
+def node_options(label: str) -> dict[str, str]:
+    """The NodeConfig fields a configuration label sets: "auto+own" -> adaptive ratio, own baseline."""
+    base = label.removesuffix(OWN_BASELINE)
+    return {
+        "ratio": "adaptive" if base == ADAPTIVE else "fixed",
+        "external_baseline": "own" if label.endswith(OWN_BASELINE) else "group",
+    }
+
+
 def parse_config(label: str) -> tuple[int, int]:
-    """ "6/2" -> (6, 2)."""
+    """ "6/2" -> (6, 2); "4/4+own" -> (4, 4) (the suffix is node_options')."""
     try:
-        local, external = (int(x) for x in label.split("/"))
+        local, external = (int(x) for x in label.removesuffix(OWN_BASELINE).split("/"))
     except ValueError as exc:
         raise ValueError(f"configuration {label!r}: expected LOCAL/EXTERNAL, e.g. 4/4") from exc
     if local < 0 or external < 0 or local + external == 0:

@@ -20,7 +20,7 @@ from typing import Any
 
 from sapo_node import __version__
 from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
-from sapo_node.experiment.presets import ADAPTIVE, StudyConfig
+from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.experiment.server import DEFAULT_ROOT, Platform
 from sapo_node.progress import progress_bar
 
@@ -148,7 +148,7 @@ def run_swarm(
     from sapo_node.transport import OUTBOX_FILE
     from sapo_node.transport.websocket import WebSocketTransport
 
-    ratio = "adaptive" if label == ADAPTIVE else "fixed"
+    options = node_options(label)
     run_label = f"{label.replace('/', '-')}-s{seed}"
     run_dir = out / "runs" / run_label
     if run_dir.exists():  # a run cut short: its outboxes hold groups of a pool that no longer exists
@@ -165,7 +165,7 @@ def run_swarm(
                     generations=cfg.generations, local=local, external=external, catalogue=cfg.catalogue,
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lr=cfg.lr,
                     micro_batch=cfg.micro_batch, checkpoint_every=0, connect_wait=cfg.connect_wait,
-                    flush_wait=cfg.flush_wait, ratio=ratio,
+                    flush_wait=cfg.flush_wait, **options,
                 )  # fmt: skip
                 (run_dir / name).mkdir(parents=True, exist_ok=True)
                 transport = WebSocketTransport(url, config.token, run_dir / name / OUTBOX_FILE, buffer_size=external,
