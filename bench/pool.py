@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/pool.py                      # full run (10k and 1M groups)
     .venv/bin/python bench/pool.py --sizes 10000,100000 # quicker
+    REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python bench/pool.py --workers 1,2 --skip-sample
 
 (a) Ingest: a daphne server on a loopback port (a subprocess) and `--connections` clients (the
     `websockets` library) share honest groups (each node writes its own text: honest nodes are not
@@ -9,6 +10,11 @@
     stored in PostgreSQL. The same rows are then written again by a plain bulk insert on the same
     server (executemany, one transaction per message-sized batch, and one COPY of everything): the
     ratio of the two rates is the price of the protocol, verification and ORM.
+    `--workers 1,2` runs the WebSocket ingest with one server process, then with two (daphne workers
+    as docs/deploy.md "Scale-out" runs them: own SAPO_SERVER_NAME each, one Redis from REDIS_URL, one
+    database), the clients spread over them in turn as a round-robin proxy would. One worker keeps
+    the single-process set-up (no Redis), so its row stays comparable with earlier figures.
+    Each row gives the load average (1 min) at its start and end.
 (b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
     `rollout_sample` (the selector behind the `sample` message, with its JSON payload) is timed.
 
@@ -55,6 +61,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--moderation", default="both", choices=["on", "off", "both"],
         help="ingest with the moderation app's automatic rules, without them, or both runs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers", default="1",
+        help="server processes for the ingest, comma-separated (1,2 compares; more than 1 needs REDIS_URL)",
     )  # fmt: skip
     parser.add_argument("--skip-ingest", action="store_true")
     parser.add_argument("--skip-sample", action="store_true")
@@ -182,7 +192,7 @@ CommandLineInterface.entrypoint()
 """
 
 
-def start_server(args: argparse.Namespace, port: int, moderation: bool) -> subprocess.Popen:
+def start_server(args: argparse.Namespace, port: int, moderation: bool, *, name: str, redis: bool) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
@@ -192,8 +202,12 @@ def start_server(args: argparse.Namespace, port: int, moderation: bool) -> subpr
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
         SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
         SAPO_LOG_LEVEL="WARNING",
+        SAPO_SERVER_NAME=name,
     )
-    env.pop("REDIS_URL", None)  # one process: in-memory layer and counters
+    if redis:  # several workers share Redis (channel layer, rate counts, presence), as deployed
+        env["SAPO_REDIS_PREFIX"] = f"sapobench{os.getpid()}"
+    else:
+        env.pop("REDIS_URL", None)  # one process: in-memory layer and counters
     # The first socket imports the consumer and reasoning-gym (seconds on a busy machine): allow more
     # than daphne's default 5 s handshake.
     daphne_args = ["-b", "127.0.0.1", "-p", str(port), "-v", "0", "--websocket_connect_timeout", "60"]
@@ -221,15 +235,21 @@ def start_server(args: argparse.Namespace, port: int, moderation: bool) -> subpr
     raise SystemExit("daphne did not start listening in 30 s")
 
 
-async def run_clients(port: int, tokens: list[str], frames: list[list[str]], completions: int) -> tuple[float, int]:
+async def run_clients(
+    ports: list[int], tokens: list[str], frames: list[list[str]], completions: int
+) -> tuple[float, int]:
     import websockets
 
     from sapo_node.progress import progress_bar
 
-    url = f"ws://127.0.0.1:{port}/ws/node/"
+    # Connection i to worker i mod len(ports): what a round-robin proxy in front of them does.
     sockets = [
-        await websockets.connect(url, additional_headers={"Authorization": f"Bearer {t}"}, max_size=None)
-        for t in tokens
+        await websockets.connect(
+            f"ws://127.0.0.1:{ports[i % len(ports)]}/ws/node/",
+            additional_headers={"Authorization": f"Bearer {t}"},
+            max_size=None,
+        )
+        for i, t in enumerate(tokens)
     ]
     for ws in sockets:  # warm-up: authentication done, first DB connection open
         await ws.send(json.dumps({"type": "hello", "v": 1, "client": "bench"}))
@@ -303,18 +323,26 @@ def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
     expected = args.connections * args.messages * args.groups
     rates = {}
     for moderation in (True, False) if args.moderation == "both" else (args.moderation == "on",):
-        Rollout.objects.all().delete()  # the same groups again, as new
-        port = free_port()
-        server = start_server(args, port, moderation)
-        try:
-            elapsed, verified = asyncio.run(run_clients(port, [t for _, t in nodes], frames, args.completions))
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
-        stored = Rollout.objects.count()
-        if stored != expected:
-            raise SystemExit(f"{stored} groups stored, expected {expected}")
-        rates["with" if moderation else "without"] = (verified / elapsed, elapsed)
+        for workers in args.worker_counts:
+            Rollout.objects.all().delete()  # the same groups again, as new
+            load_start = os.getloadavg()[0]
+            ports = [free_port() for _ in range(workers)]
+            servers = [
+                start_server(args, port, moderation, name=f"bench-{i + 1}", redis=workers > 1)
+                for i, port in enumerate(ports)
+            ]
+            try:
+                elapsed, verified = asyncio.run(run_clients(ports, [t for _, t in nodes], frames, args.completions))
+            finally:
+                for server in servers:
+                    server.terminate()
+                for server in servers:
+                    server.wait(timeout=10)
+            stored = Rollout.objects.count()
+            if stored != expected:
+                raise SystemExit(f"{stored} groups stored, expected {expected}")
+            label = f"{'with' if moderation else 'without'} moderation rules, {workers} worker{'s' * (workers > 1)}"
+            rates[label] = (verified / elapsed, elapsed, load_start, os.getloadavg()[0])
     executemany_rate, copy_rate, completions = raw_insert_rates(args, batch=args.groups)
     assert completions == verified
     return {"ws": rates, "executemany_rate": executemany_rate, "copy_rate": copy_rate, "completions": verified}
@@ -438,6 +466,12 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
 
 def main() -> None:
     args = parse_args()
+    args.worker_counts = [int(w) for w in args.workers.split(",")]
+    if any(w < 1 for w in args.worker_counts):
+        raise SystemExit("--workers: counts of at least 1")
+    if max(args.worker_counts) > 1 and not os.environ.get("REDIS_URL") and not args.skip_ingest:
+        raise SystemExit("more than one worker needs REDIS_URL (they share the channel layer, rate counts, presence)")
+    load_start = os.getloadavg()
     args.bench_url = with_db(args.database_url, args.db_name)
     recreate_database(args.database_url, args.db_name)
     try:
@@ -453,6 +487,7 @@ def main() -> None:
                 recreate_database(args.database_url, name, drop_only=True)
 
     print(f"\nPool benchmark ({os.cpu_count()} CPUs; PostgreSQL at {urlsplit(args.database_url).hostname})")
+    print(f"load average at start {load_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} (1 min)")
     if ingest:
         print(
             f"\n(a) ingest: {args.connections} WebSocket connections x {args.messages} messages x {args.groups} groups"
@@ -460,9 +495,9 @@ def main() -> None:
         )
         executemany, copy = ingest["executemany_rate"], ingest["copy_rate"]
         print("| path | verified completions/s | / executemany | / COPY |\n|---|---:|---:|---:|")
-        for label, (rate, elapsed) in ingest["ws"].items():
+        for label, (rate, elapsed, load_a, load_b) in ingest["ws"].items():
             print(
-                f"| WebSocket share, {label} moderation rules ({elapsed:.1f} s) | {rate:,.0f} |"
+                f"| WebSocket share, {label} ({elapsed:.1f} s, load {load_a:.2f} -> {load_b:.2f}) | {rate:,.0f} |"
                 f" {rate / executemany:.2f} | {rate / copy:.2f} |"
             )
         print(f"| executemany, one transaction per {args.groups} rows | {executemany:,.0f} | 1.00 | |")

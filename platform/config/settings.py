@@ -24,6 +24,9 @@ Environment:
   SAPO_SERVER_NAME      this server process's name in presence records (default: the host name); a
                         restarted process forgets its previous run's sockets by it (nodes.presence).
                         Give each process its own when several serve from one host.
+  SAPO_PRESENCE_HEARTBEAT_SECONDS  how often an open node socket renews its presence record (default
+                        20); a record counts for three heartbeats, so a killed process's nodes go
+                        offline within 3x this (nodes.presence).
   SAPO_LOG_LEVEL        default INFO.
   Protocol limits (SAPO_MAX_*, SAPO_SAMPLE_WINDOW_SECONDS) and SAPO_CATALOGUE: SAPO_LIMITS and
                         SAPO_CATALOGUE below, see docs/protocol.md.
@@ -207,6 +210,7 @@ REDIS_URL = env_str("REDIS_URL", "")
 # or test runs sharing one Redis never count or deliver each other's messages.
 SAPO_REDIS_PREFIX = env_str("SAPO_REDIS_PREFIX", "sapo")
 SAPO_SERVER_NAME = env_str("SAPO_SERVER_NAME", "") or socket.gethostname()
+SAPO_PRESENCE_HEARTBEAT_SECONDS = env_int("SAPO_PRESENCE_HEARTBEAT_SECONDS", 20)
 if REDIS_URL:
     # socket_timeout None: redis-py >= 8 reads with a 5 s timeout by default, the same 5 s that
     # channels_redis blocks in BZPOPMIN waiting for messages, so an idle node socket would die with

@@ -3,7 +3,7 @@
 Why not a counter on the node (what this replaced): a counter is right only if every disconnect runs.
 A consumer that crashed, or a server killed with sockets open, left it up for good, and the node
 showed "online" forever. Here each socket is one record whose expiry its heartbeat pushes forward
-(every HEARTBEAT_SECONDS, to now + EXPIRES_AFTER_SECONDS); a record nobody renews stops counting by
+(every heartbeat_seconds(), to now + expires_after_seconds()); a record nobody renews stops counting by
 itself. A server process also forgets, when it starts, the records its previous run left (same
 SAPO_SERVER_NAME), so after a restart the dead sockets' nodes are offline at once, not a minute later.
 
@@ -28,10 +28,15 @@ from django.utils import timezone
 from common.redis_client import redis_client
 from nodes.models import NodeConnection
 
-#: How often an open socket renews its record.
-HEARTBEAT_SECONDS = 20
-#: How long a record counts without being renewed: three missed heartbeats.
-EXPIRES_AFTER_SECONDS = 60
+
+def heartbeat_seconds() -> int:
+    """How often an open socket renews its record (settings.SAPO_PRESENCE_HEARTBEAT_SECONDS, 20 s)."""
+    return max(1, int(settings.SAPO_PRESENCE_HEARTBEAT_SECONDS))
+
+
+def expires_after_seconds() -> int:
+    """How long a record counts without being renewed: three missed heartbeats."""
+    return 3 * heartbeat_seconds()
 
 
 def server_name() -> str:
@@ -60,7 +65,7 @@ def _member(node_id: int, connection_id: uuid.UUID) -> str:
 def connection_open(*, node_id: int, connection_id: uuid.UUID, now: datetime | None = None) -> None:
     """Record an accepted socket (or renew it: the heartbeat calls this too)."""
     now = _now(now)
-    expires = now + timedelta(seconds=EXPIRES_AFTER_SECONDS)
+    expires = now + timedelta(seconds=expires_after_seconds())
     if settings.REDIS_URL:
         with redis_client().pipeline(transaction=False) as pipe:
             pipe.zadd(_redis_key(), {_member(node_id, connection_id): expires.timestamp()})

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
+import re
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -72,9 +75,30 @@ async def readyz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ready": ready, **results}, status=200 if ready else 503)
 
 
+_LIVE_GAUGE_FILE = re.compile(r"gauge_live\w*_(\d+)\.db")
+
+
+def _forget_dead_processes(directory: str) -> None:
+    """Drop the live gauges (sockets open) of processes that are gone. A process killed with SIGKILL
+    never says it died, and its file would count its sockets as open until the directory is wiped.
+    The directory is one host's, so its pids are this host's."""
+    for path in Path(directory).glob("gauge_live*_*.db"):
+        match = _LIVE_GAUGE_FILE.fullmatch(path.name)
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            multiprocess.mark_process_dead(pid, directory)
+        except PermissionError:  # alive, another user's
+            pass
+
+
 def _registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     if settings.PROMETHEUS_MULTIPROC_DIR:
+        _forget_dead_processes(settings.PROMETHEUS_MULTIPROC_DIR)
         multiprocess.MultiProcessCollector(registry)  # every process's files, summed
     else:
         registry.register(_ProcessRegistry())

@@ -140,12 +140,12 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 await database_sync_to_async(presence.connection_close)(
                     node_id=node.id, connection_id=self.connection_id
                 )
-            except Exception:  # the record expires by itself (presence.EXPIRES_AFTER_SECONDS)
+            except Exception:  # the record expires by itself (presence.expires_after_seconds())
                 logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
 
     async def _heartbeat(self, node_id: int) -> None:
         while True:
-            await asyncio.sleep(presence.HEARTBEAT_SECONDS)
+            await asyncio.sleep(presence.heartbeat_seconds())
             try:
                 await database_sync_to_async(presence.connection_open)(
                     node_id=node_id, connection_id=self.connection_id

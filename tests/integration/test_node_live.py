@@ -29,7 +29,7 @@ from django.utils import timezone
 from factories import make_node_with_token
 
 from nodes.models import Node, NodeStatus
-from nodes.presence import EXPIRES_AFTER_SECONDS, connected_node_ids, connection_counts
+from nodes.presence import connected_node_ids, connection_counts, expires_after_seconds
 from nodes.selectors import node_status
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout, Verdict
 from sapo_node import loop
@@ -304,7 +304,7 @@ def test_a_server_killed_mid_stream_and_restarted_loses_and_duplicates_nothing(s
     # Nobody ran disconnect(): the dead server's records are still there, until they expire...
     ghost_ids = {n.id for n, _ in ghosts}
     assert ghost_ids <= connected_node_ids()
-    later = timezone.now() + timedelta(seconds=EXPIRES_AFTER_SECONDS + 1)
+    later = timezone.now() + timedelta(seconds=expires_after_seconds() + 1)
     assert not ghost_ids & connected_node_ids(now=later)
 
     # ...or until the server starts again, which forgets them before it serves anything.

@@ -51,11 +51,11 @@ def test_a_record_nobody_renews_expires_and_the_heartbeat_keeps_it(store, node):
     lasting, dropped = uuid.uuid4(), uuid.uuid4()
     for connection_id in (lasting, dropped):
         presence.connection_open(node_id=node.id, connection_id=connection_id, now=start)
-    beat = start + timedelta(seconds=presence.HEARTBEAT_SECONDS)
+    beat = start + timedelta(seconds=presence.heartbeat_seconds())
     presence.connection_open(node_id=node.id, connection_id=lasting, now=beat)  # only one socket beats
-    after = start + timedelta(seconds=presence.EXPIRES_AFTER_SECONDS + 1)
+    after = start + timedelta(seconds=presence.expires_after_seconds() + 1)
     assert presence.connection_counts([node.id], now=after) == {node.id: 1}
-    later = beat + timedelta(seconds=presence.EXPIRES_AFTER_SECONDS + 1)
+    later = beat + timedelta(seconds=presence.expires_after_seconds() + 1)
     assert presence.connected_node_ids(now=later) == set()
 
 
