@@ -30,6 +30,12 @@ class Limits:
     max_sample_n: int = 64
     max_used_per_report: int = 1024
     max_messages_per_minute: int = 600
+    #: Frame bytes a node may send per minute, counted with its messages, before any frame is parsed.
+    #: An honest node sends one share of B x G completions a round (tens of KB; a 256-token model's
+    #: 64 completions are ~80 KB), so 16 MiB is room for ~200 such rounds a minute, or a backlog flushed
+    #: at 16 MiB a minute; it is what keeps one node's traffic from costing the server a core
+    #: (docs/benchmarks.md, "Attacks on verification").
+    max_bytes_per_minute: int = 16 * 1024 * 1024
     max_consecutive_errors: int = 20
     sample_window_seconds: int = 86_400
     max_stored_bytes_per_node_hour: int = 64 * 1024 * 1024
