@@ -8,7 +8,11 @@
     copies of each other); every completion is re-verified by the server and
     stored in PostgreSQL. The same rows are then written again by a plain bulk insert on the same
     server (executemany, one transaction per message-sized batch, and one COPY of everything): the
-    ratio of the two rates is the price of the protocol, verification and ORM.
+    ratio of the two rates is the price of the protocol, verification and ORM. The paths are measured
+    in alternation, `--rounds` times each (every round runs them all, in turn), so all see the same
+    machine; every measure prints the load average at its start and end, and the ratios are printed
+    only when the load average was at most 1.5 when the ingest part started (exit status 3 otherwise,
+    unless --force).
 (b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
     `rollout_sample` (the selector behind the `sample` message, with its JSON payload) is timed.
 
@@ -56,9 +60,19 @@ def parse_args() -> argparse.Namespace:
         "--moderation", default="both", choices=["on", "off", "both"],
         help="ingest with the moderation app's automatic rules, without them, or both runs",
     )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
+    parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
     parser.add_argument("--skip-ingest", action="store_true")
     parser.add_argument("--skip-sample", action="store_true")
     return parser.parse_args()
+
+
+#: Above this load average (1 min) at the start, the ingest ratios are not published (unless --force).
+MAX_QUIET_LOAD = 1.5
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
 
 
 def with_db(url: str, name: str) -> str:
@@ -256,68 +270,141 @@ async def run_clients(port: int, tokens: list[str], frames: list[list[str]], com
     return elapsed, accepted * completions
 
 
-def raw_insert_rates(args: argparse.Namespace, batch: int) -> tuple[float, float, int]:
-    """Write the same rows again: executemany per batch (one transaction each), then one COPY."""
+ROLLOUT_COLUMNS = [
+    "id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
+    "completion_count", "claimed_rewards", "verified_rewards", "verdict", "reason", "moderation_status",
+    "has_variance", "sampleable", "sample_seq", "created_at",
+]  # fmt: skip
+
+
+def stored_rows(args: argparse.Namespace) -> list[tuple]:
+    """The groups a WebSocket run stored, as rows to write again (JSON columns as text)."""
     import psycopg
 
-    columns = [
-        "id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
-        "completion_count", "claimed_rewards", "verified_rewards", "verdict", "reason", "moderation_status",
-        "has_variance", "sampleable", "sample_seq", "created_at",
-    ]  # fmt: skip
-    quoted = ", ".join(f'"{c}"' for c in columns)
+    json_columns = {"completions", "claimed_rewards", "verified_rewards"}
+    select = ", ".join(f'"{c}"::text' if c in json_columns else f'"{c}"' for c in ROLLOUT_COLUMNS)
     with psycopg.connect(args.bench_url) as conn:
-        json_columns = {"completions", "claimed_rewards", "verified_rewards"}
-        select = ", ".join(f'"{c}"::text' if c in json_columns else f'"{c}"' for c in columns)
-        rows = conn.execute(f"SELECT {select} FROM pool_rollout").fetchall()
-        completions = sum(r[9] for r in rows)
-        placeholders = ", ".join(["%s"] * len(columns))
+        return conn.execute(f"SELECT {select} FROM pool_rollout").fetchall()
 
-        def reset() -> None:
-            conn.execute("TRUNCATE pool_rollout CASCADE")
-            conn.commit()
 
-        reset()
-        start = time.perf_counter()
-        with conn.cursor() as cur:
-            for i in range(0, len(rows), batch):
-                cur.executemany(f"INSERT INTO pool_rollout ({quoted}) VALUES ({placeholders})", rows[i : i + batch])
-                conn.commit()
-        executemany_rate = completions / (time.perf_counter() - start)
+def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str) -> float:
+    """Completions/s writing `rows` again: `executemany` per message-sized batch (one transaction
+    each), or one COPY of everything."""
+    import psycopg
 
-        reset()
-        start = time.perf_counter()
-        with conn.cursor() as cur, cur.copy(f"COPY pool_rollout ({quoted}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+    quoted = ", ".join(f'"{c}"' for c in ROLLOUT_COLUMNS)
+    completions = sum(r[ROLLOUT_COLUMNS.index("completion_count")] for r in rows)
+    with psycopg.connect(args.bench_url) as conn:
+        conn.execute("TRUNCATE pool_rollout CASCADE")
         conn.commit()
-        copy_rate = completions / (time.perf_counter() - start)
-    return executemany_rate, copy_rate, completions
+        start = time.perf_counter()
+        if how == "executemany":
+            placeholders = ", ".join(["%s"] * len(ROLLOUT_COLUMNS))
+            with conn.cursor() as cur:
+                for i in range(0, len(rows), args.groups):
+                    cur.executemany(
+                        f"INSERT INTO pool_rollout ({quoted}) VALUES ({placeholders})", rows[i : i + args.groups]
+                    )
+                    conn.commit()
+        else:
+            with conn.cursor() as cur, cur.copy(f"COPY pool_rollout ({quoted}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            conn.commit()
+        return completions / (time.perf_counter() - start)
 
 
-def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
+INGEST_LABELS = {
+    "with": "WebSocket share, with moderation rules",
+    "without": "WebSocket share, without moderation rules",
+    "executemany": "executemany, one transaction per message",
+    "COPY": "COPY, one transaction",
+}
+
+
+def bench_ingest(args: argparse.Namespace) -> dict:
+    """Every path `args.rounds` times, in alternation (the order reversed every other round), each
+    measure with the load average at its start and end. The raw paths write the rows the first
+    WebSocket measure stored."""
     from pool.models import Rollout
 
     nodes = make_nodes(args.connections, "ingest")
     frames = build_frames(args, seeds=[1000 + i for i in range(args.connections)])
     expected = args.connections * args.messages * args.groups
-    rates = {}
-    for moderation in (True, False) if args.moderation == "both" else (args.moderation == "on",):
-        Rollout.objects.all().delete()  # the same groups again, as new
-        port = free_port()
-        server = start_server(args, port, moderation)
-        try:
-            elapsed, verified = asyncio.run(run_clients(port, [t for _, t in nodes], frames, args.completions))
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
-        stored = Rollout.objects.count()
-        if stored != expected:
-            raise SystemExit(f"{stored} groups stored, expected {expected}")
-        rates["with" if moderation else "without"] = (verified / elapsed, elapsed)
-    executemany_rate, copy_rate, completions = raw_insert_rates(args, batch=args.groups)
-    assert completions == verified
-    return {"ws": rates, "executemany_rate": executemany_rate, "copy_rate": copy_rate, "completions": verified}
+    shares = {"both": ["with", "without"], "on": ["with"], "off": ["without"]}[args.moderation]
+    paths = [*shares, "executemany", "COPY"]
+    measures: dict[str, list[dict]] = {p: [] for p in paths}
+    rows: list[tuple] = []
+    load_at_start = load1()
+    for r in range(args.rounds):
+        order = paths if r % 2 == 0 else paths[::-1]
+        if not rows:  # the raw paths need the rows a WebSocket measure stores
+            order = sorted(order, key=lambda p: p not in shares)
+        for path in order:
+            if path in shares:
+                Rollout.objects.all().delete()  # the same groups again, as new
+                port = free_port()
+                server = start_server(args, port, path == "with")
+                try:
+                    l0 = load1()
+                    elapsed, verified = asyncio.run(run_clients(port, [t for _, t in nodes], frames, args.completions))
+                finally:
+                    server.terminate()
+                    server.wait(timeout=10)
+                stored = Rollout.objects.count()
+                if stored != expected:
+                    raise SystemExit(f"{stored} groups stored, expected {expected}")
+                rate = verified / elapsed
+                rows = rows or stored_rows(args)
+            else:
+                l0 = load1()
+                rate = raw_insert_rate(args, rows, path)
+            measures[path].append({"round": r, "rate": rate, "load": (l0, load1())})
+    completions = sum(row[ROLLOUT_COLUMNS.index("completion_count")] for row in rows)
+    return {"measures": measures, "completions": completions, "load_at_start": load_at_start}
+
+
+def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
+    """Print every measure, then the medians and ratios; False when the ratios are withheld (load)."""
+    measures = ingest["measures"]
+    print(
+        f"\n(a) ingest: {args.connections} WebSocket connections x {args.messages} messages x {args.groups} groups"
+        f" x {args.completions} completions of ~{args.completion_chars} chars ({args.catalogue} catalogue);"
+        f" {args.rounds} rounds, paths in alternation; load average at start {ingest['load_at_start']:.2f}"
+    )
+    print("| path | round | verified completions/s | load start-end |\n|---|---:|---:|---|")
+    for path, ms in measures.items():
+        for m in ms:
+            print(
+                f"| {INGEST_LABELS[path]} | {m['round'] + 1} | {m['rate']:,.0f} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
+            )
+    print(f"({ingest['completions']:,} completions per measure)")
+    quiet = ingest["load_at_start"] <= MAX_QUIET_LOAD
+    if not quiet and not args.force:
+        print(
+            f"WARNING: load average {ingest['load_at_start']:.2f} > {MAX_QUIET_LOAD} when ingest started: ratios"
+            " not published; rerun on a quiet machine, or pass --force to print them anyway",
+            file=sys.stderr,
+        )
+        return False
+
+    def rate(path: str, r: int) -> float:
+        return next(m["rate"] for m in measures[path] if m["round"] == r)
+
+    forced = "" if quiet else f" [taken at load {ingest['load_at_start']:.2f} > {MAX_QUIET_LOAD}: --force]"
+    print(f"\nmedians over the rounds (each ratio taken within its round){forced}")
+    print("| path | verified completions/s | / executemany | / COPY |\n|---|---:|---:|---:|")
+    for path in measures:
+        if path in ("executemany", "COPY"):
+            ratios = ("1.00", "") if path == "executemany" else ("", "1.00")
+        else:
+            ratios = tuple(
+                f"{statistics.median(rate(path, r) / rate(raw, r) for r in range(args.rounds)):.2f}"
+                for raw in ("executemany", "COPY")
+            )
+        median = statistics.median(m["rate"] for m in measures[path])
+        print(f"| {INGEST_LABELS[path]} | {median:,.0f} | {ratios[0]} | {ratios[1]} |")
+    return True
 
 
 # --- (b) sampling -----------------------------------------------------------------------------
@@ -453,21 +540,7 @@ def main() -> None:
                 recreate_database(args.database_url, name, drop_only=True)
 
     print(f"\nPool benchmark ({os.cpu_count()} CPUs; PostgreSQL at {urlsplit(args.database_url).hostname})")
-    if ingest:
-        print(
-            f"\n(a) ingest: {args.connections} WebSocket connections x {args.messages} messages x {args.groups} groups"
-            f" x {args.completions} completions of ~{args.completion_chars} chars ({args.catalogue} catalogue)"
-        )
-        executemany, copy = ingest["executemany_rate"], ingest["copy_rate"]
-        print("| path | verified completions/s | / executemany | / COPY |\n|---|---:|---:|---:|")
-        for label, (rate, elapsed) in ingest["ws"].items():
-            print(
-                f"| WebSocket share, {label} moderation rules ({elapsed:.1f} s) | {rate:,.0f} |"
-                f" {rate / executemany:.2f} | {rate / copy:.2f} |"
-            )
-        print(f"| executemany, one transaction per {args.groups} rows | {executemany:,.0f} | 1.00 | |")
-        print(f"| COPY, one transaction | {copy:,.0f} | | 1.00 |")
-        print(f"({ingest['completions']:,} completions per run)")
+    published = print_ingest(args, ingest) if ingest else True
     if sampling:
         print(
             f"\n(b) sample latency, n={args.n}, {args.samples} calls per size, sizes in alternation"
@@ -482,6 +555,9 @@ def main() -> None:
             )
         if len(sampling) > 1:
             print(f"p99 ratio largest/smallest: {sampling[-1]['p99'] / sampling[0]['p99']:.2f}")
+    print(f"\nload average at end {load1():.2f}")
+    if not published:
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,8 @@ def _clean(value: str) -> bool:
     # PostgreSQL text cannot hold NUL, and lone surrogates (from JSON "\ud800") cannot be encoded.
     if "\x00" in value:
         return False
+    if value.isascii():  # O(1) in CPython (a flag of the string): most texts skip the encoding below
+        return True
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
