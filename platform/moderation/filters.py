@@ -31,10 +31,6 @@ def normalise(text: str) -> str:
     return " ".join(folded.split())
 
 
-def text_hash(normalised: str) -> str:
-    return hashlib.blake2b(normalised.encode("utf-8"), digest_size=16).hexdigest()
-
-
 def question_hash(question: str) -> str:
     return hashlib.sha1(normalise(question).encode("utf-8")).hexdigest()  # noqa: S324 - a key, not a secret
 

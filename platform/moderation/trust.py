@@ -32,7 +32,7 @@ def _half_streak() -> int:
 
 
 #: Counting a node's newly judged groups into its record (one upsert); parameters from `trust_verdict_params`.
-#: moderation.screening runs it as the last part of its one statement per share.
+#: moderation.screening runs it as the last part of its one statement per share (rollouts_record).
 TRUST_VERDICTS_SQL = """
 INSERT INTO moderation_trustrecord AS t
     (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
@@ -67,15 +67,6 @@ def trust_verdict_params(*, node_id: int, verdicts: Sequence[bool], now: datetim
         "trust_reset": reset,
         "trust_tail": tail,
     }
-
-
-def trust_record_verdicts(*, node_id: int, verdicts: Sequence[bool], now: datetime | None = None) -> None:
-    """Count a node's newly judged groups, in the order judged (True = accepted). One upsert."""
-    if not verdicts:
-        return
-    params = trust_verdict_params(node_id=node_id, verdicts=verdicts, now=now or timezone.now())
-    with connection.cursor() as cursor:
-        cursor.execute(TRUST_VERDICTS_SQL, params)
 
 
 def trust_reset(*, node_ids: Iterable[int], rejected_counts: dict[int, int] | None = None) -> None:
