@@ -13,9 +13,11 @@
 (c) Live. A daphne server (bench/pool.py's, moderation rules on) on the SAPO catalogue, one honest
     node sharing 8 groups of 8 completions at a time over a real WebSocket, and 8 attacker nodes
     sending pathological propositional_logic groups (right question, so they pass the cheap checks)
-    at 10 frames/s each, the default rate limit. The honest node's share latency (send to ack) with
-    and without the attackers, and with the same frames carrying a one-letter answer (the control:
-    what the traffic costs when its answers are not pathological).
+    at 10 frames/s each, the default message rate (the server's message limit is lifted so that every
+    node may send it whatever its trust; the byte rate, `max_bytes_per_minute`, keeps its default, and
+    the frames it refuses are counted). The honest node's share latency (send to ack) with and without
+    the attackers, and with the same frames carrying a one-letter answer (the control: what the
+    traffic costs when its answers are not pathological).
 
 Every figure is printed with the load average (1 min) at the start and end of what it measures.
 Runs in its own database (`--db-name`, dropped at the end) on DATABASE_URL's server.
@@ -69,6 +71,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--attack-rate", type=float, default=10.0, help="frames/s per attacker (default rate limit)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
     parser.add_argument("--skip-live", action="store_true")
+    parser.add_argument("--only-live", action="store_true", help="part (c) only")
     args = parser.parse_args()
     if args.smoke:
         args.before_cpu, args.repeat, args.honest_groups, args.shares = 1.0, 5, 9, 6
@@ -353,24 +356,33 @@ async def live_phase(
 
     url = f"ws://127.0.0.1:{port}/ws/node/"
 
-    async def connect(token: str):
+    async def connect(token: str, *, attacker: bool = False):
         ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None)
         await ws.send(json.dumps({"type": "hello", "v": 1, "client": "bench-attack"}))
-        assert json.loads(await ws.recv())["type"] == "welcome"
+        reply = json.loads(await ws.recv())
+        # an attacker back over its rate gets `rate_limited` even for its hello
+        assert reply["type"] == "welcome" or (attacker and reply.get("code") == "rate_limited"), reply
         return ws
 
     stop = asyncio.Event()
-    sent = {"frames": 0, "errors": 0}
+    # frames answered, of them refused (error replies), and the attackers' reconnections
+    sent = {"frames": 0, "errors": 0, "reconnects": 0}
 
     async def attacker(token: str, frames: list[str], rate: float) -> None:
-        ws = await connect(token)
+        ws = await connect(token, attacker=True)
         try:
             next_at = time.perf_counter()
             for frame in frames:
                 if stop.is_set():
                     break
-                await ws.send(frame)
-                reply = json.loads(await ws.recv())
+                try:
+                    await ws.send(frame)
+                    reply = json.loads(await ws.recv())
+                except websockets.ConnectionClosed:
+                    # closed after max_consecutive_errors refusals in a row (4429): an attacker comes back
+                    sent["reconnects"] += 1
+                    ws = await connect(token, attacker=True)
+                    continue
                 sent["frames"] += 1
                 sent["errors"] += reply.get("type") == "error"
                 next_at += 1.0 / rate
@@ -381,7 +393,8 @@ async def live_phase(
     ws = await connect(honest_token)
     tasks = [asyncio.create_task(attacker(t, f, r)) for t, (f, r) in zip(attacker_tokens, attacks or [], strict=False)]
     await asyncio.sleep(1.0 if attacks else 0.0)  # let the attack reach its pace
-    l0, cpu0, t0, frames0 = load(), cpu_seconds(server_pid), time.perf_counter(), sent["frames"]
+    l0, cpu0, t0 = load(), cpu_seconds(server_pid), time.perf_counter()
+    frames0, errors0, reconnects0 = sent["frames"], sent["errors"], sent["reconnects"]
     latencies = []
     for frame in honest:
         start = time.perf_counter()
@@ -394,6 +407,8 @@ async def live_phase(
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds(server_pid) - cpu0
     attack_fps = (sent["frames"] - frames0) / elapsed
+    refused_fps = (sent["errors"] - errors0) / elapsed
+    reconnects = (sent["reconnects"] - reconnects0) / elapsed
     l1 = load()
     stop.set()
     await asyncio.gather(*tasks)
@@ -401,7 +416,8 @@ async def live_phase(
     latencies.sort()
     return {
         "p50": statistics.median(latencies), "p90": latencies[int(len(latencies) * 0.9)],
-        "server_cpu": cpu / elapsed, "attack_fps": attack_fps,
+        "server_cpu": cpu / elapsed, "attack_fps": attack_fps, "refused_fps": refused_fps,
+        "reconnects": reconnects,
         "errors": sent["errors"], "load": f"{l0}-{l1}",
     }  # fmt: skip
 
@@ -414,8 +430,10 @@ def bench_live(args: argparse.Namespace) -> None:
     pool.recreate_database(args.database_url, args.db_name)
     try:
         pool.setup_django(args)
-        nodes = pool.make_nodes(1 + args.attackers, "attack")
-        honest_token, attacker_tokens = nodes[0][1], [t for _, t in nodes[1:]]
+        # Fresh attacker nodes for every phase: the rate limits count per node and minute, so nodes
+        # reused from the phase before would start it already over their rate.
+        nodes = pool.make_nodes(1 + args.attackers * 6, "attack")
+        honest_token, spare = nodes[0][1], [t for _, t in nodes[1:]]
         cap = max_answer_chars("propositional_logic")
         duration = args.shares * 0.25 + 5  # seconds a phase lasts, with margin
         per_attacker = int(duration * args.attack_rate) + 5
@@ -434,9 +452,10 @@ def bench_live(args: argparse.Namespace) -> None:
               f" at {args.attack_rate:g} frames/s each (one propositional_logic group of 8 pathological completions per"
               " frame); daphne with the moderation rules; ack latency of the honest shares")  # fmt: skip
         print(
-            "| phase | honest p50 ms | honest p90 ms | p50 / quiet p50 | attack frames/s | server CPU (cores) | load start-end |"
+            "| phase | honest p50 ms | honest p90 ms | p50 / quiet p50 | attack frames/s | of them refused/s |"
+            " reconnections/s | server CPU (cores) | load start-end |"
         )
-        print("|---|---:|---:|---:|---:|---:|---|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
         port = pool.free_port()
         server = pool.start_server(args, port, True)
         try:
@@ -447,10 +466,11 @@ def bench_live(args: argparse.Namespace) -> None:
                 if payload is not None:
                     attacks = [(attack_frames(per_attacker, 1000 * p + a, payload), args.attack_rate)
                                for a in range(args.attackers)]  # fmt: skip
+                attacker_tokens = spare[p * args.attackers : (p + 1) * args.attackers]
                 r = asyncio.run(live_phase(port, honest_token, attacker_tokens, honest, attacks, server.pid))
                 quiet = quiet or r["p50"]
                 print(f"| {name} | {r['p50']:.1f} | {r['p90']:.1f} | {r['p50'] / quiet:.2f} | {r['attack_fps']:.1f} |"
-                      f" {r['server_cpu']:.2f} | {r['load']} |")  # fmt: skip
+                      f" {r['refused_fps']:.1f} | {r['reconnects']:.2f} | {r['server_cpu']:.2f} | {r['load']} |")  # fmt: skip
         finally:
             server.terminate()
             server.wait(timeout=10)
@@ -464,8 +484,9 @@ def bench_live(args: argparse.Namespace) -> None:
 def main() -> None:
     args = parse_args()
     print(f"Attack benchmark ({os.cpu_count()} CPUs), load average at start {os.getloadavg()}")
-    bench_payloads(args)
-    bench_honest_path(args)
+    if not args.only_live:
+        bench_payloads(args)
+        bench_honest_path(args)
     if not args.skip_live:
         bench_live(args)
     print(f"\nload average at end {os.getloadavg()}")

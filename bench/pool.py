@@ -10,11 +10,15 @@
     stored in PostgreSQL. The same rows are then written again by a plain bulk insert on the same
     server (executemany, one transaction per message-sized batch, and one COPY of everything): the
     ratio of the two rates is the price of the protocol, verification and ORM.
-    `--workers 1,2` runs the WebSocket ingest with one server process, then with two (daphne workers
+    `--workers 1,2` runs the WebSocket ingest with one server process and with two (daphne workers
     as docs/deploy.md "Scale-out" runs them: own SAPO_SERVER_NAME each, one Redis from REDIS_URL, one
-    database), the clients spread over them in turn as a round-robin proxy would. One worker keeps
-    the single-process set-up (no Redis), so its row stays comparable with earlier figures.
-    Each row gives the load average (1 min) at its start and end.
+    database), the clients spread over them in turn as a round-robin proxy would: each is a path of
+    its own. One worker keeps the single-process set-up (no Redis), so its row stays comparable with
+    earlier figures. The paths are measured
+    in alternation, `--rounds` times each (every round runs them all, in turn), so all see the same
+    machine; every measure prints the load average at its start and end, and the ratios are printed
+    only when the load average was at most 1.5 when the ingest part started (exit status 3 otherwise,
+    unless --force).
 (b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
     `rollout_sample` (the selector behind the `sample` message, with its JSON payload) is timed.
 
@@ -66,9 +70,19 @@ def parse_args() -> argparse.Namespace:
         "--workers", default="1",
         help="server processes for the ingest, comma-separated (1,2 compares; more than 1 needs REDIS_URL)",
     )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
+    parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
     parser.add_argument("--skip-ingest", action="store_true")
     parser.add_argument("--skip-sample", action="store_true")
     return parser.parse_args()
+
+
+#: Above this load average (1 min) at the start, the ingest ratios are not published (unless --force).
+MAX_QUIET_LOAD = 1.5
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
 
 
 def with_db(url: str, name: str) -> str:
@@ -276,76 +290,155 @@ async def run_clients(
     return elapsed, accepted * completions
 
 
-def raw_insert_rates(args: argparse.Namespace, batch: int) -> tuple[float, float, int]:
-    """Write the same rows again: executemany per batch (one transaction each), then one COPY."""
+ROLLOUT_COLUMNS = [
+    "id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
+    "completion_count", "claimed_rewards", "verified_rewards", "verdict", "reason", "moderation_status",
+    "has_variance", "sampleable", "sample_seq", "created_at",
+]  # fmt: skip
+
+
+def stored_rows(args: argparse.Namespace) -> list[tuple]:
+    """The groups a WebSocket run stored, as rows to write again (JSON columns as text)."""
     import psycopg
 
-    columns = [
-        "id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
-        "completion_count", "claimed_rewards", "verified_rewards", "verdict", "reason", "moderation_status",
-        "has_variance", "sampleable", "sample_seq", "created_at",
-    ]  # fmt: skip
-    quoted = ", ".join(f'"{c}"' for c in columns)
+    json_columns = {"completions", "claimed_rewards", "verified_rewards"}
+    select = ", ".join(f'"{c}"::text' if c in json_columns else f'"{c}"' for c in ROLLOUT_COLUMNS)
     with psycopg.connect(args.bench_url) as conn:
-        json_columns = {"completions", "claimed_rewards", "verified_rewards"}
-        select = ", ".join(f'"{c}"::text' if c in json_columns else f'"{c}"' for c in columns)
-        rows = conn.execute(f"SELECT {select} FROM pool_rollout").fetchall()
-        completions = sum(r[9] for r in rows)
-        placeholders = ", ".join(["%s"] * len(columns))
+        return conn.execute(f"SELECT {select} FROM pool_rollout").fetchall()
 
-        def reset() -> None:
-            conn.execute("TRUNCATE pool_rollout CASCADE")
-            conn.commit()
 
-        reset()
-        start = time.perf_counter()
-        with conn.cursor() as cur:
-            for i in range(0, len(rows), batch):
-                cur.executemany(f"INSERT INTO pool_rollout ({quoted}) VALUES ({placeholders})", rows[i : i + batch])
-                conn.commit()
-        executemany_rate = completions / (time.perf_counter() - start)
+def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str) -> float:
+    """Completions/s writing `rows` again: `executemany` per message-sized batch (one transaction
+    each), or one COPY of everything."""
+    import psycopg
 
-        reset()
-        start = time.perf_counter()
-        with conn.cursor() as cur, cur.copy(f"COPY pool_rollout ({quoted}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+    quoted = ", ".join(f'"{c}"' for c in ROLLOUT_COLUMNS)
+    completions = sum(r[ROLLOUT_COLUMNS.index("completion_count")] for r in rows)
+    with psycopg.connect(args.bench_url) as conn:
+        conn.execute("TRUNCATE pool_rollout CASCADE")
         conn.commit()
-        copy_rate = completions / (time.perf_counter() - start)
-    return executemany_rate, copy_rate, completions
+        start = time.perf_counter()
+        if how == "executemany":
+            placeholders = ", ".join(["%s"] * len(ROLLOUT_COLUMNS))
+            with conn.cursor() as cur:
+                for i in range(0, len(rows), args.groups):
+                    cur.executemany(
+                        f"INSERT INTO pool_rollout ({quoted}) VALUES ({placeholders})", rows[i : i + args.groups]
+                    )
+                    conn.commit()
+        else:
+            with conn.cursor() as cur, cur.copy(f"COPY pool_rollout ({quoted}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            conn.commit()
+        return completions / (time.perf_counter() - start)
 
 
-def bench_ingest(args: argparse.Namespace) -> dict[str, float]:
+RAW_LABELS = {"executemany": "executemany, one transaction per message", "COPY": "COPY, one transaction"}
+
+
+def share_path(moderation: str, workers: int) -> str:
+    """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes."""
+    return f"{moderation}/{workers}"
+
+
+def path_label(path: str) -> str:
+    if path in RAW_LABELS:
+        return RAW_LABELS[path]
+    moderation, workers = path.split("/")
+    return f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
+
+
+def bench_ingest(args: argparse.Namespace) -> dict:
+    """Every path `args.rounds` times, in alternation (the order reversed every other round), each
+    measure with the load average at its start and end. The raw paths write the rows the first
+    WebSocket measure stored."""
     from pool.models import Rollout
 
     nodes = make_nodes(args.connections, "ingest")
     frames = build_frames(args, seeds=[1000 + i for i in range(args.connections)])
     expected = args.connections * args.messages * args.groups
-    rates = {}
-    for moderation in (True, False) if args.moderation == "both" else (args.moderation == "on",):
-        for workers in args.worker_counts:
-            Rollout.objects.all().delete()  # the same groups again, as new
-            load_start = os.getloadavg()[0]
-            ports = [free_port() for _ in range(workers)]
-            servers = [
-                start_server(args, port, moderation, name=f"bench-{i + 1}", redis=workers > 1)
-                for i, port in enumerate(ports)
-            ]
-            try:
-                elapsed, verified = asyncio.run(run_clients(ports, [t for _, t in nodes], frames, args.completions))
-            finally:
-                for server in servers:
-                    server.terminate()
-                for server in servers:
-                    server.wait(timeout=10)
-            stored = Rollout.objects.count()
-            if stored != expected:
-                raise SystemExit(f"{stored} groups stored, expected {expected}")
-            label = f"{'with' if moderation else 'without'} moderation rules, {workers} worker{'s' * (workers > 1)}"
-            rates[label] = (verified / elapsed, elapsed, load_start, os.getloadavg()[0])
-    executemany_rate, copy_rate, completions = raw_insert_rates(args, batch=args.groups)
-    assert completions == verified
-    return {"ws": rates, "executemany_rate": executemany_rate, "copy_rate": copy_rate, "completions": verified}
+    moderations = {"both": ["with", "without"], "on": ["with"], "off": ["without"]}[args.moderation]
+    shares = [share_path(m, w) for m in moderations for w in args.worker_counts]
+    paths = [*shares, "executemany", "COPY"]
+    measures: dict[str, list[dict]] = {p: [] for p in paths}
+    rows: list[tuple] = []
+    load_at_start = load1()
+    for r in range(args.rounds):
+        order = paths if r % 2 == 0 else paths[::-1]
+        if not rows:  # the raw paths need the rows a WebSocket measure stores
+            order = sorted(order, key=lambda p: p not in shares)
+        for path in order:
+            if path in shares:
+                Rollout.objects.all().delete()  # the same groups again, as new
+                moderation, workers = path.split("/")
+                ports = [free_port() for _ in range(int(workers))]
+                servers = [
+                    start_server(args, port, moderation == "with", name=f"bench-{i + 1}", redis=int(workers) > 1)
+                    for i, port in enumerate(ports)
+                ]
+                try:
+                    l0 = load1()
+                    elapsed, verified = asyncio.run(run_clients(ports, [t for _, t in nodes], frames, args.completions))
+                finally:
+                    for server in servers:
+                        server.terminate()
+                    for server in servers:
+                        server.wait(timeout=10)
+                stored = Rollout.objects.count()
+                if stored != expected:
+                    raise SystemExit(f"{stored} groups stored, expected {expected}")
+                rate = verified / elapsed
+                rows = rows or stored_rows(args)
+            else:
+                l0 = load1()
+                rate = raw_insert_rate(args, rows, path)
+            measures[path].append({"round": r, "rate": rate, "load": (l0, load1())})
+    completions = sum(row[ROLLOUT_COLUMNS.index("completion_count")] for row in rows)
+    return {"measures": measures, "completions": completions, "load_at_start": load_at_start}
+
+
+def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
+    """Print every measure, then the medians and ratios; False when the ratios are withheld (load)."""
+    measures = ingest["measures"]
+    print(
+        f"\n(a) ingest: {args.connections} WebSocket connections x {args.messages} messages x {args.groups} groups"
+        f" x {args.completions} completions of ~{args.completion_chars} chars ({args.catalogue} catalogue);"
+        f" {args.rounds} rounds, paths in alternation; load average at start {ingest['load_at_start']:.2f}"
+    )
+    print("| path | round | verified completions/s | load start-end |\n|---|---:|---:|---|")
+    for path, ms in measures.items():
+        for m in ms:
+            print(
+                f"| {path_label(path)} | {m['round'] + 1} | {m['rate']:,.0f} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
+            )
+    print(f"({ingest['completions']:,} completions per measure)")
+    quiet = ingest["load_at_start"] <= MAX_QUIET_LOAD
+    if not quiet and not args.force:
+        print(
+            f"WARNING: load average {ingest['load_at_start']:.2f} > {MAX_QUIET_LOAD} when ingest started: ratios"
+            " not published; rerun on a quiet machine, or pass --force to print them anyway",
+            file=sys.stderr,
+        )
+        return False
+
+    def rate(path: str, r: int) -> float:
+        return next(m["rate"] for m in measures[path] if m["round"] == r)
+
+    forced = "" if quiet else f" [taken at load {ingest['load_at_start']:.2f} > {MAX_QUIET_LOAD}: --force]"
+    print(f"\nmedians over the rounds (each ratio taken within its round){forced}")
+    print("| path | verified completions/s | / executemany | / COPY |\n|---|---:|---:|---:|")
+    for path in measures:
+        if path in ("executemany", "COPY"):
+            ratios = ("1.00", "") if path == "executemany" else ("", "1.00")
+        else:
+            ratios = tuple(
+                f"{statistics.median(rate(path, r) / rate(raw, r) for r in range(args.rounds)):.2f}"
+                for raw in ("executemany", "COPY")
+            )
+        median = statistics.median(m["rate"] for m in measures[path])
+        print(f"| {path_label(path)} | {median:,.0f} | {ratios[0]} | {ratios[1]} |")
+    return True
 
 
 # --- (b) sampling -----------------------------------------------------------------------------
@@ -471,7 +564,6 @@ def main() -> None:
         raise SystemExit("--workers: counts of at least 1")
     if max(args.worker_counts) > 1 and not os.environ.get("REDIS_URL") and not args.skip_ingest:
         raise SystemExit("more than one worker needs REDIS_URL (they share the channel layer, rate counts, presence)")
-    load_start = os.getloadavg()
     args.bench_url = with_db(args.database_url, args.db_name)
     recreate_database(args.database_url, args.db_name)
     try:
@@ -487,22 +579,7 @@ def main() -> None:
                 recreate_database(args.database_url, name, drop_only=True)
 
     print(f"\nPool benchmark ({os.cpu_count()} CPUs; PostgreSQL at {urlsplit(args.database_url).hostname})")
-    print(f"load average at start {load_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} (1 min)")
-    if ingest:
-        print(
-            f"\n(a) ingest: {args.connections} WebSocket connections x {args.messages} messages x {args.groups} groups"
-            f" x {args.completions} completions of ~{args.completion_chars} chars ({args.catalogue} catalogue)"
-        )
-        executemany, copy = ingest["executemany_rate"], ingest["copy_rate"]
-        print("| path | verified completions/s | / executemany | / COPY |\n|---|---:|---:|---:|")
-        for label, (rate, elapsed, load_a, load_b) in ingest["ws"].items():
-            print(
-                f"| WebSocket share, {label} ({elapsed:.1f} s, load {load_a:.2f} -> {load_b:.2f}) | {rate:,.0f} |"
-                f" {rate / executemany:.2f} | {rate / copy:.2f} |"
-            )
-        print(f"| executemany, one transaction per {args.groups} rows | {executemany:,.0f} | 1.00 | |")
-        print(f"| COPY, one transaction | {copy:,.0f} | | 1.00 |")
-        print(f"({ingest['completions']:,} completions per run)")
+    published = print_ingest(args, ingest) if ingest else True
     if sampling:
         print(
             f"\n(b) sample latency, n={args.n}, {args.samples} calls per size, sizes in alternation"
@@ -517,6 +594,9 @@ def main() -> None:
             )
         if len(sampling) > 1:
             print(f"p99 ratio largest/smallest: {sampling[-1]['p99'] / sampling[0]['p99']:.2f}")
+    print(f"\nload average at end {load1():.2f}")
+    if not published:
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ LIMIT_NAMES = (
     "max_sample_n",
     "max_used_per_report",
     "max_messages_per_minute",
+    "max_bytes_per_minute",
     "max_consecutive_errors",
     "sample_window_seconds",
     "max_stored_bytes_per_node_hour",

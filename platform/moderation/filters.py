@@ -31,10 +31,6 @@ def normalise(text: str) -> str:
     return " ".join(folded.split())
 
 
-def text_hash(normalised: str) -> str:
-    return hashlib.blake2b(normalised.encode("utf-8"), digest_size=16).hexdigest()
-
-
 def question_hash(question: str) -> str:
     return hashlib.sha1(normalise(question).encode("utf-8")).hexdigest()  # noqa: S324 - a key, not a secret
 
@@ -61,9 +57,13 @@ def simhashes(normalised: Sequence[str]) -> list[int]:
     grams have it set. All texts are hashed in one numpy pass over their concatenation (a text shorter
     than 4 bytes is padded with zero bytes); the windows straddling two texts are computed and ignored.
     """
-    if not normalised:
+    return _simhashes([t[:SIMHASH_CHARS].encode("utf-8") for t in normalised])
+
+
+def _simhashes(datas: list[bytes]) -> list[int]:
+    """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded."""
+    if not datas:
         return []
-    datas = [t[:SIMHASH_CHARS].encode("utf-8") for t in normalised]
     datas = [d if len(d) >= SHINGLE else d + bytes(SHINGLE - len(d)) for d in datas]
     lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
     raw = np.frombuffer(b"".join(datas), dtype=np.uint8).astype(np.uint64)
@@ -127,19 +127,20 @@ class Fingerprint:
 def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     """The fingerprints of several groups' completions (one per group, in order), the simhashes of all
     of them computed in one pass: a share's groups cost one numpy call, not one per completion."""
-    normalised = [[normalise(c) for c in completions] for completions in groups]
-    hashes = simhashes([n for group in normalised for n in group])
+    normalised = [normalise(c) for completions in groups for c in completions]
+    encoded = [n.encode("utf-8") for n in normalised]  # once, for the exact hash and the simhash
+    exact = [hashlib.blake2b(e, digest_size=16).hexdigest() for e in encoded]
+    hashes = _simhashes(
+        [e if len(e) <= SIMHASH_CHARS or len(n) <= SIMHASH_CHARS else n[:SIMHASH_CHARS].encode("utf-8")
+         for n, e in zip(normalised, encoded, strict=True)]
+    )  # fmt: skip
+    lengths = list(map(len, normalised))
     out = []
     at = 0
-    for group in normalised:
-        out.append(
-            Fingerprint(
-                exact=[text_hash(n) for n in group],
-                simhash=hashes[at : at + len(group)],
-                lengths=[len(n) for n in group],
-            )
-        )
-        at += len(group)
+    for completions in groups:
+        end = at + len(completions)
+        out.append(Fingerprint(exact=exact[at:end], simhash=hashes[at:end], lengths=lengths[at:end]))
+        at = end
     return out
 
 

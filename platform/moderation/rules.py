@@ -2,20 +2,20 @@
 
 Each rule is a row of `ModerationRule` (key, enabled, action, params). Staff edit them on
 /moderation/rules/ or in the admin; `rules_current()` reads them at most every CACHE_SECONDS per
-process, so a change applies everywhere within that time, without a deploy. A missing row means the
+process, so a change applies everywhere within that time, without a deploy. The copy is kept as the
+Rule objects themselves, in the process (not in Django's cache: the local-memory cache pickles every
+value it returns, and ingest asks for the rules on every share; docs/benchmarks.md, "Pool"). A missing row means the
 defaults below. `verification` is the pool's own verdict: always on, listed for the audit log.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.cache import cache
-
 from moderation.safe_regex import BlocklistError, validate_patterns
 
-CACHE_KEY = "moderation:rules:v1"
 CACHE_SECONDS = 10
 
 
@@ -215,17 +215,24 @@ def _load() -> dict[str, Rule]:
     return rules
 
 
+#: (monotonic time it expires, the rules): this process's copy. Rules are frozen; callers only read them.
+_current: tuple[float, dict[str, Rule]] | None = None
+
+
 def rules_current(*, use_cache: bool = True) -> dict[str, Rule]:
-    """The rules in force, keyed by rule key (cached for CACHE_SECONDS)."""
-    if use_cache:
-        cached = cache.get(CACHE_KEY)
-        if cached is not None:
-            return cached
+    """The rules in force, keyed by rule key (this process's copy, at most CACHE_SECONDS old).
+
+    The dict is shared by every caller until it expires: read it, never change it."""
+    global _current
+    now = time.monotonic()
+    if use_cache and _current is not None and now < _current[0]:
+        return _current[1]
     rules = _load()
-    cache.set(CACHE_KEY, rules, CACHE_SECONDS)
+    _current = (now + CACHE_SECONDS, rules)
     return rules
 
 
 def rules_forget() -> None:
-    """Drop this process's cached copy (after a change; other processes catch up within CACHE_SECONDS)."""
-    cache.delete(CACHE_KEY)
+    """Drop this process's copy (after a change; other processes catch up within CACHE_SECONDS)."""
+    global _current
+    _current = None

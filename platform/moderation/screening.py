@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,12 +36,11 @@ from moderation import filters
 from moderation.models import (
     AuditAction,
     AuditEntry,
-    ModerationDecision,
     ModerationFlag,
     TargetType,
 )
 from moderation.rules import Rule, rules_current
-from moderation.trust import trust_for_node, trust_record_verdicts
+from moderation.trust import TRUST_VERDICTS_SQL, trust_for_node, trust_verdict_params
 from pool.messages import RolloutIn
 from pool.models import ModerationStatus
 from pool.verification import Verification
@@ -72,12 +72,13 @@ class Screening:
 
 # The latest `per` fingerprints of other nodes' groups on each question, inside the window: one index
 # descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is.
-# Parameters bound server-side (as the pool's INSERT).
+# Parameters bound server-side (as the pool's INSERT). The rows come back as one JSON document, decoded
+# in one call: a row per candidate, each with two JSON lists to decode, cost more than the query.
 _CANDIDATES_SQL = """
-SELECT f.rollout_id, f.exact::text, f.simhash::text
-FROM unnest(%(questions)b::text[]) AS q(hash)
+SELECT coalesce(json_agg(json_build_array(f.rollout_id, f.exact, f.simhash) ORDER BY q.n, f.created_at DESC), '[]')::text
+FROM unnest(%(questions)b::text[]) WITH ORDINALITY AS q(hash, n)
 CROSS JOIN LATERAL (
-    SELECT rollout_id, exact, simhash FROM moderation_rolloutfingerprint
+    SELECT rollout_id, exact, simhash, created_at FROM moderation_rolloutfingerprint
     WHERE question_hash = q.hash AND created_at >= %(cutoff)s AND node_id <> %(node)s
     ORDER BY created_at DESC
     LIMIT %(per)s
@@ -100,38 +101,44 @@ def _copy_index(node_id: int, question_hashes: set[str], rules: dict[str, Rule],
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(_CANDIDATES_SQL, params)
-        for rollout_id, exact, hashes in cursor.fetchall():
-            index.add(str(rollout_id), json.loads(exact), json.loads(hashes))
+        candidates = json.loads(cursor.fetchone()[0])
+    for rollout_id, exact, hashes in candidates:
+        index.add(rollout_id, exact, hashes)
     return index
 
 
-def _fingerprints_insert(
-    *, node_id: int, fingerprints: dict[uuid.UUID, tuple[str, filters.Fingerprint]], now: datetime
-) -> None:
-    """Store the groups' fingerprints (RolloutFingerprint) in one statement, parameters bound server-side
-    and the arrays in binary, as the pool's INSERT does: the ORM's bulk_create quoted each JSON list into
-    the SQL text, which cost more than the fingerprints themselves (docs/benchmarks.md, "Pool")."""
-    if not fingerprints:
-        return
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(
-            """
-            INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)
-            SELECT u.id, %(node)s, u.qh, u.exact::jsonb, u.simhash::jsonb, %(now)s
-            FROM unnest(%(id)b::uuid[], %(qh)b::text[], %(exact)b::text[], %(simhash)b::text[])
-                 AS u(id, qh, exact, simhash)
-            ON CONFLICT (rollout_id) DO NOTHING
-            """,
-            {
-                "node": node_id,
-                "now": now,
-                "id": list(fingerprints),
-                "qh": [qh for qh, _ in fingerprints.values()],
-                "exact": [dumps(fp.exact) for _, fp in fingerprints.values()],
-                "simhash": [dumps(fp.simhash) for _, fp in fingerprints.values()],
-            },
-        )
+# Everything `rollouts_record` writes, in one statement (data-modifying CTEs, arrays bound server-side
+# and in binary, as the pool's INSERT): the decisions for holds, the fingerprints, the flags, the audit
+# entries and the trust upsert. Five ORM statements per share before, each a round trip with its SQL
+# quoted client-side (docs/benchmarks.md, "Pool").
+_RECORD_SQL = (
+    """
+WITH decisions AS (
+    INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
+    SELECT u.id, %(held_status)s, u.reason, u.rule, NULL, gen_random_uuid(), %(now)s
+    FROM unnest(%(held_id)b::uuid[], %(held_reason)b::text[], %(held_rule)b::text[]) AS u(id, reason, rule)
+    ON CONFLICT (rollout_id) DO NOTHING
+), fingerprints AS (
+    INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)
+    SELECT u.id, %(node)s, u.qh, u.exact::jsonb, u.simhash::jsonb, %(now)s
+    FROM unnest(%(fp_id)b::uuid[], %(fp_qh)b::text[], %(fp_exact)b::text[], %(fp_simhash)b::text[])
+         AS u(id, qh, exact, simhash)
+    ON CONFLICT (rollout_id) DO NOTHING
+), flags AS (
+    INSERT INTO moderation_moderationflag (rollout_id, node_id, rule, detail, data, created_at, resolved_at)
+    SELECT u.id, %(node)s, u.rule, u.detail, u.data::jsonb, %(now)s, NULL
+    FROM unnest(%(flag_id)b::uuid[], %(flag_rule)b::text[], %(flag_detail)b::text[], %(flag_data)b::text[])
+         AS u(id, rule, detail, data)
+), audit AS (
+    INSERT INTO moderation_auditentry
+        (created_at, actor_id, rule, action, target_type, target_id, count, reason, details)
+    SELECT %(now)s, NULL, u.rule, u.action, %(audit_target)s, u.target, 1, u.reason, u.details::jsonb
+    FROM unnest(%(audit_rule)b::text[], %(audit_action)b::text[], %(audit_id)b::text[], %(audit_reason)b::text[],
+                %(audit_details)b::text[]) AS u(rule, action, target, reason, details)
+)
+"""
+    + TRUST_VERDICTS_SQL
+)
 
 
 def rollouts_screen(
@@ -204,61 +211,64 @@ def rollouts_record(
     held: dict[uuid.UUID, Finding] = {}
     for f in findings:
         if f.hold:
-            held.setdefault(f.rollout_id, f)
-    if held:
-        # The pool stored these held already (it read `screening.held` before its INSERT): record why.
-        ModerationDecision.objects.bulk_create(
-            [
-                ModerationDecision(
-                    rollout_id=rid, status=ModerationStatus.HELD, reason=f.detail, rule=f.rule, decided_at=now
-                )
-                for rid, f in held.items()
-            ],
-            ignore_conflicts=True,
-        )
-    _fingerprints_insert(
-        node_id=node_id,
-        fingerprints={rid: v for rid, v in screening.fingerprints.items() if rid in inserted},
-        now=now,
-    )
-    ModerationFlag.objects.bulk_create(
-        [
-            ModerationFlag(rollout_id=f.rollout_id, node_id=node_id, rule=f.rule, detail=f.detail, data=f.data)
-            for f in findings
-        ]
-    )
-    entries = [
-        AuditEntry(
-            created_at=now,
-            rule="verification",
-            action=AuditAction.AUTO_VERDICT,
-            target_type=TargetType.ROLLOUT,
-            target_id=str(r.id),
-            reason=checks[r.id].reason,
-            details={"node": node_id, "dataset": r.dataset},
-        )
+            held.setdefault(f.rollout_id, f)  # the pool stored these held already: record why
+    fingerprints = [(rid, v) for rid, v in screening.fingerprints.items() if rid in inserted]
+    audit = [
+        # (rule, action, target, reason, details)
+        ("verification", AuditAction.AUTO_VERDICT, str(r.id), checks[r.id].reason, {"node": node_id, "dataset": r.dataset})
         for r in rollouts
         if not checks[r.id].accepted
-    ]
-    entries += [
-        AuditEntry(
-            created_at=now,
-            rule=f.rule,
-            action=AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG,
-            target_type=TargetType.ROLLOUT,
-            target_id=str(f.rollout_id),
-            reason=f.detail,
-            details={"node": node_id, **f.data},
-        )
+    ] + [
+        (f.rule, AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG, str(f.rollout_id), f.detail,
+         {"node": node_id, **f.data})
         for f in findings
-    ]
-    AuditEntry.objects.bulk_create(entries)
-    trust_record_verdicts(node_id=node_id, verdicts=[checks[r.id].accepted for r in rollouts], now=now)
+    ]  # fmt: skip
+    params = {
+        "node": node_id,
+        "now": now,
+        "held_status": ModerationStatus.HELD.value,
+        "held_id": list(held),
+        "held_reason": [f.detail for f in held.values()],
+        "held_rule": [f.rule for f in held.values()],
+        "fp_id": [rid for rid, _ in fingerprints],
+        "fp_qh": [qh for _, (qh, _) in fingerprints],
+        "fp_exact": [dumps(fp.exact) for _, (_, fp) in fingerprints],
+        "fp_simhash": [dumps(fp.simhash) for _, (_, fp) in fingerprints],
+        "flag_id": [f.rollout_id for f in findings],
+        "flag_rule": [f.rule for f in findings],
+        "flag_detail": [f.detail for f in findings],
+        "flag_data": [dumps(f.data) for f in findings],
+        "audit_target": TargetType.ROLLOUT.value,
+        "audit_rule": [a[0] for a in audit],
+        "audit_action": [str(a[1].value) for a in audit],
+        "audit_id": [a[2] for a in audit],
+        "audit_reason": [a[3] for a in audit],
+        "audit_details": [dumps(a[4]) for a in audit],
+        **trust_verdict_params(node_id=node_id, verdicts=[checks[r.id].accepted for r in rollouts], now=now),
+    }
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_RECORD_SQL, params)
     rule = rules_current()["outlier"]
     if rule.enabled:
         for dataset in sorted({r.dataset for r in rollouts if checks[r.id].accepted}):
-            if cache.add(f"moderation:outlier-scan:{dataset}", 1, rule["scan_every_seconds"]):
+            if _outlier_scan_due(dataset, rule["scan_every_seconds"]):
                 outlier_scan(dataset=dataset, rule=rule, now=now)
+
+
+#: dataset -> monotonic time before which this process does not ask the cache again (a scan is due at
+#: most every scan_every_seconds: asking the cache on every share cost a lookup per dataset per share).
+_outlier_not_before: dict[str, float] = {}
+
+
+def _outlier_scan_due(dataset: str, every_seconds: int) -> bool:
+    """Whether this share should re-scan the dataset: at most once per `every_seconds` across the
+    processes sharing Django's cache, and at most one cache lookup per period in each process."""
+    now = time.monotonic()
+    if now < _outlier_not_before.get(dataset, 0.0):
+        return False
+    _outlier_not_before[dataset] = now + every_seconds
+    return cache.add(f"moderation:outlier-scan:{dataset}", 1, every_seconds)
 
 
 # --- outlier nodes --------------------------------------------------------------------------------

@@ -31,11 +31,24 @@ def _half_streak() -> int:
     return rules_current()["trust"]["half_streak"]
 
 
-def trust_record_verdicts(*, node_id: int, verdicts: Sequence[bool], now: datetime | None = None) -> None:
-    """Count a node's newly judged groups, in the order judged (True = accepted). One upsert."""
-    if not verdicts:
-        return
-    now = now or timezone.now()
+#: Counting a node's newly judged groups into its record (one upsert); parameters from `trust_verdict_params`.
+#: moderation.screening runs it as the last part of its one statement per share (rollouts_record).
+TRUST_VERDICTS_SQL = """
+INSERT INTO moderation_trustrecord AS t
+    (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
+VALUES (%(trust_node)s, %(trust_start)s, %(trust_a)s, %(trust_r)s, %(trust_last)s, %(trust_now)s)
+ON CONFLICT (node_id) DO UPDATE SET
+    streak = CASE WHEN %(trust_reset)s THEN %(trust_tail)s ELSE t.streak + %(trust_a)s END,
+    accepted = t.accepted + %(trust_a)s,
+    rejected = t.rejected + %(trust_r)s,
+    last_rejected_at = COALESCE(%(trust_last)s, t.last_rejected_at),
+    updated_at = %(trust_now)s
+"""
+
+
+def trust_verdict_params(*, node_id: int, verdicts: Sequence[bool], now: datetime) -> dict[str, object]:
+    """TRUST_VERDICTS_SQL's parameters for a node's newly judged groups, in the order judged (True =
+    accepted): a rejection resets the streak to the accepted groups after the batch's last rejection."""
     accepted = sum(1 for v in verdicts if v)
     rejected = len(verdicts) - accepted
     reset = rejected > 0
@@ -44,30 +57,16 @@ def trust_record_verdicts(*, node_id: int, verdicts: Sequence[bool], now: dateti
         if not v:
             break
         tail += 1
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO moderation_trustrecord AS t
-                (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
-            VALUES (%(node)s, %(start)s, %(a)s, %(r)s, %(last)s, %(now)s)
-            ON CONFLICT (node_id) DO UPDATE SET
-                streak = CASE WHEN %(reset)s THEN %(tail)s ELSE t.streak + %(a)s END,
-                accepted = t.accepted + %(a)s,
-                rejected = t.rejected + %(r)s,
-                last_rejected_at = COALESCE(%(last)s, t.last_rejected_at),
-                updated_at = %(now)s
-            """,
-            {
-                "node": node_id,
-                "start": tail if reset else accepted,
-                "a": accepted,
-                "r": rejected,
-                "last": now if reset else None,
-                "now": now,
-                "reset": reset,
-                "tail": tail,
-            },
-        )
+    return {
+        "trust_node": node_id,
+        "trust_start": tail if reset else accepted,
+        "trust_a": accepted,
+        "trust_r": rejected,
+        "trust_last": now if reset else None,
+        "trust_now": now,
+        "trust_reset": reset,
+        "trust_tail": tail,
+    }
 
 
 def trust_reset(*, node_ids: Iterable[int], rejected_counts: dict[int, int] | None = None) -> None:

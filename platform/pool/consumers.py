@@ -35,7 +35,7 @@ from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_
 from nodes.services import node_authenticate, node_mark_seen, node_record_hello
 from pool import ratelimit
 from pool.limits import current_catalogue, current_limits
-from pool.messages import Hello, ProtocolError, Report, Sample, Share, parse_frame
+from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.payloads import rollout_to_protocol
 from pool.seams import moderation
 from pool.selectors import rollout_sample
@@ -181,19 +181,18 @@ class NodeConsumer(AsyncWebsocketConsumer):
 
     async def _answer(self, frame: str | bytes | None) -> None:
         node = self.node
-        over_rate = await ratelimit.hit(node.id, self.rate_limit)
-        # Parsed even when over the rate, so the refusal carries the frame's ref (the node then knows
-        # which request to send again); parsing is bounded by the frame limit.
+        byte_limit = self.limits.max_bytes_per_minute
+        if await ratelimit.hit(node.id, self.rate_limit, size=frame_size(frame or ""), byte_limit=byte_limit):
+            # Refused unparsed: a node over its rate costs the server no parsing, whatever it sends. The
+            # ref, read from the frame's first characters, tells the node which request to send again.
+            limits = f"{self.rate_limit} messages or {byte_limit} bytes"
+            await self._error("rate_limited", f"more than {limits} per minute", leading_ref(frame))
+            return
         try:
             message = parse_frame(frame, self.limits)
             self.frame_ref = message.ref
         except ProtocolError as exc:
-            if over_rate:
-                exc = ProtocolError("rate_limited", f"more than {self.rate_limit} messages per minute", exc.ref)
             await self._error(exc.code, exc.detail, exc.ref)
-            return
-        if over_rate:
-            await self._error("rate_limited", f"more than {self.rate_limit} messages per minute", message.ref)
             return
         try:
             reply = await self._dispatch(message)

@@ -30,6 +30,13 @@ class Limits:
     max_sample_n: int = 64
     max_used_per_report: int = 1024
     max_messages_per_minute: int = 600
+    #: Frame bytes a node may send per minute, counted with its messages, before any frame is parsed.
+    #: An honest node sends one share of B x G completions a round (64 completions of at most 256
+    #: tokens, ~80 KB; the tiny model's ~15 KB at ~100 rounds a minute), a sample and a report: about
+    #: 2 MB a minute at the most, so 8 MiB leaves it room (and flushes a backlog at 8 MiB a minute),
+    #: while a node sending 1 MiB frames at the message rate is held to 8 of them a minute
+    #: (docs/benchmarks.md, "Attacks on verification").
+    max_bytes_per_minute: int = 8 * 1024 * 1024
     max_consecutive_errors: int = 20
     sample_window_seconds: int = 86_400
     max_stored_bytes_per_node_hour: int = 64 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Messages per minute per node, counted across every connection of the node.
+"""Messages and frame bytes per minute per node, counted across every connection of the node.
 
 With REDIS_URL set (a multi-process deployment: the channel layer is Redis too) the counter lives in
 Redis, one key per node and minute (INCR + EXPIRE in one round trip), so it holds across connections
@@ -18,6 +18,7 @@ import weakref
 from django.conf import settings
 
 _local_counts: dict[tuple[int, int], int] = {}
+_local_bytes: dict[tuple[int, int], int] = {}
 # Keyed by the loop object itself, not id(loop): an id can be reused by a later loop (or by a
 # forked process's new loop) and hand it a client whose connections belong to a dead loop.
 _redis_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, object] = weakref.WeakKeyDictionary()
@@ -35,25 +36,33 @@ def _redis():
     return client
 
 
-async def hit(node_id: int, limit: int, now: float | None = None) -> bool:
-    """Count one frame for the node; True when it is over `limit` frames this minute."""
+async def hit(node_id: int, limit: int, now: float | None = None, *, size: int = 0, byte_limit: int = 0) -> bool:
+    """Count one frame of `size` bytes for the node; True when it is over `limit` frames, or over
+    `byte_limit` bytes (0: no byte limit), this minute. Refused frames count too."""
     minute = int((now if now is not None else time.time()) // 60)
     if getattr(settings, "REDIS_URL", ""):
         key = f"{settings.SAPO_REDIS_PREFIX}:rate:{node_id}:{minute}"
         async with _redis().pipeline(transaction=False) as pipe:
             pipe.incr(key)
             pipe.expire(key, 120)
-            count, _ = await pipe.execute()
-        return int(count) > limit
+            if byte_limit:
+                pipe.incrby(key + ":bytes", size)
+                pipe.expire(key + ":bytes", 120)
+            replies = await pipe.execute()
+        return int(replies[0]) > limit or (byte_limit > 0 and int(replies[2]) > byte_limit)
     key = (node_id, minute)
     count = _local_counts.get(key, 0) + 1
     _local_counts[key] = count
+    sent = _local_bytes.get(key, 0) + size
+    _local_bytes[key] = sent
     if count == 1 and len(_local_counts) > 10_000:
         for old in [k for k in _local_counts if k[1] < minute]:
             del _local_counts[old]
-    return count > limit
+            _local_bytes.pop(old, None)
+    return count > limit or 0 < byte_limit < sent
 
 
 def reset_local() -> None:
     """Forget in-process counts (tests)."""
     _local_counts.clear()
+    _local_bytes.clear()

@@ -22,6 +22,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 HUGE = "9" * 401
 
 
+def client_share(group: dict, ref: str) -> str:
+    """A share frame as the node client writes it (protocol.frame: type, v, then ref)."""
+    return json.dumps({"type": "share", "v": 1, "ref": ref, "rollouts": [group]})
+
+
 def report(**fields) -> str:
     return json.dumps({"type": "report", "v": 1, "round": 1, **fields})
 
@@ -83,9 +88,45 @@ async def test_rate_limited_carries_the_ref(node, node_token, settings):
     for ref in ("r1", "r2"):
         reply = await ask(socket, {"type": "sample", "v": 1, "n": 1, "ref": ref})
         assert (reply["type"], reply["code"], reply["ref"]) == ("error", "rate_limited", ref)
-    reply = await ask(socket, '{"type": "sample", "ref": "r3", "n": ')  # over the rate and broken
-    assert (reply["code"], reply.get("ref")) == ("rate_limited", None)
+    # Over the rate a frame is refused unparsed: broken or not, it is `rate_limited`, and its ref is
+    # still read from its first characters (where the node client writes it).
+    reply = await ask(socket, '{"type": "sample", "ref": "r3", "n": ')
+    assert (reply["code"], reply.get("ref")) == ("rate_limited", "r3")
+    reply = await ask(socket, '{"type": "sample", "v": 1, "payload": {"ref": "nested"}, "ref": "late"}')
+    assert (reply["code"], reply.get("ref")) == ("rate_limited", None)  # not provably top-level: no ref
     await socket.disconnect()
+
+
+async def test_a_node_over_its_bytes_per_minute_is_refused_before_parsing_and_nothing_is_stored(
+    node, node_token, settings
+):
+    from moderation.models import AuditEntry, ModerationFlag, RolloutFingerprint
+
+    first = client_share(make_group(index=1), ref="first")
+    settings.SAPO_LIMITS = {"max_bytes_per_minute": len(first) + 100}
+    socket = await open_socket(node_token)
+    assert (await ask(socket, first))["type"] == "ack"
+    counts = [await sync_to_async(m.objects.count)() for m in (Rollout, RolloutFingerprint, ModerationFlag, AuditEntry)]
+    over = client_share(make_group(index=2), ref="second")
+    reply = await ask(socket, over)
+    assert (reply["type"], reply["code"], reply["ref"]) == ("error", "rate_limited", "second")
+    assert "bytes" in reply["detail"]
+    # Not parsed: a broken frame over the budget is refused for the budget, not as invalid JSON.
+    assert (await ask(socket, '{"type": "share", "v": 1, "ref": "broken", "rollouts": [['))["code"] == "rate_limited"
+    after = [await sync_to_async(m.objects.count)() for m in (Rollout, RolloutFingerprint, ModerationFlag, AuditEntry)]
+    assert after == counts  # nothing of the refused frames was stored, moderation's records included
+    await socket.disconnect()
+
+
+async def test_the_bytes_per_minute_count_every_connection_of_the_node(node, node_token, settings):
+    frame = client_share(make_group(index=1), ref="a")
+    settings.SAPO_LIMITS = {"max_bytes_per_minute": len(frame) + 10}
+    first, second = await open_socket(node_token), await open_socket(node_token)
+    assert (await ask(first, frame))["type"] == "ack"
+    reply = await ask(second, {"type": "sample", "v": 1, "ref": "b", "n": 1})  # small, but over together
+    assert (reply["code"], reply["ref"]) == ("rate_limited", "b")
+    await first.disconnect()
+    await second.disconnect()
 
 
 async def test_an_unexpected_failure_is_internal_error_with_ref_and_presence_still_ends(node, node_token, monkeypatch):

@@ -8,7 +8,17 @@ import pytest
 from support.pool import make_group
 
 from pool.limits import Limits
-from pool.messages import MAX_INT_DIGITS, MAX_NESTING, Hello, ProtocolError, Report, Sample, Share, parse_frame
+from pool.messages import (
+    MAX_INT_DIGITS,
+    MAX_NESTING,
+    Hello,
+    ProtocolError,
+    Report,
+    Sample,
+    Share,
+    leading_ref,
+    parse_frame,
+)
 
 LIMITS = Limits(
     max_frame_bytes=20_000,
@@ -162,3 +172,26 @@ def test_a_frame_over_the_limit_keeps_its_ref_within_the_websocket_headroom():
     assert (error.code, error.ref) == ("frame_too_large", "r")
     huge = json.dumps({"type": "hello", "v": 1, "ref": "r", "client": "x" * (LIMITS.websocket_max_bytes + 1)})
     assert refusal(huge).ref is None  # not parsed at all
+
+
+@pytest.mark.parametrize(
+    ("frame", "ref"),
+    [
+        ('{"type": "share", "v": 1, "ref": "7", "rollouts": []}', "7"),  # as the node client writes it
+        (b'{"type":"sample","v":1,"n":4,"ref":"s1"}', "s1"),
+        ('{"type": "sample", "ref": "r3", "n": ', "r3"),  # read before any parsing: the tail is not looked at
+        ('{"rollouts": [{"ref": "inner"}], "ref": "outer"}', None),  # after a nested value: not provably top-level
+        ('{"type": "x", "note": {"ref": "inner"}}', None),
+        ('{"ref": "a\\"b"}', None),  # escapes are not decoded: no ref
+        ('{"ref": "' + "x" * 65 + '"}', None),  # longer than a ref may be
+        ("junk", None),
+        (None, None),
+    ],
+)
+def test_the_leading_ref_is_read_without_parsing_and_only_when_top_level(frame, ref):
+    assert leading_ref(frame) == ref
+
+
+def test_the_leading_ref_looks_at_the_first_characters_only():
+    assert leading_ref('{"type": "share", "v": 1, "ref": "r", "rollouts": [' + "x" * 10**6) == "r"
+    assert leading_ref('{"type": "' + "a" * 300 + '", "ref": "r"}') is None

@@ -9,7 +9,13 @@ from support.moderation import group, share, staff
 from moderation.models import TrustRecord
 from moderation.rules import default_rule, rules_forget
 from moderation.services import rollout_moderate, rule_update
-from moderation.trust import node_message_quota, sample_acceptance, trust_for_node, trust_value
+from moderation.trust import (
+    node_message_quota,
+    sample_acceptance,
+    trust_for_node,
+    trust_value,
+    trust_verdict_params,
+)
 from pool.models import ModerationStatus
 
 pytestmark = pytest.mark.django_db
@@ -37,6 +43,15 @@ def test_the_formula():
     assert trust_value(0, 9) == pytest.approx(0.1)
     assert trust_value(8, 9) == pytest.approx(0.5)
     assert trust_value(90, 9) == pytest.approx(91 / 100)
+
+
+def test_a_batch_of_verdicts_counts_and_restarts_the_streak_after_its_last_rejection():
+    now = object()
+    p = trust_verdict_params(node_id=7, verdicts=[True, False, True, True], now=now)
+    assert (p["trust_a"], p["trust_r"], p["trust_reset"], p["trust_tail"], p["trust_start"]) == (3, 1, True, 2, 2)
+    assert p["trust_last"] is now
+    p = trust_verdict_params(node_id=7, verdicts=[True, True], now=now)
+    assert (p["trust_a"], p["trust_r"], p["trust_reset"], p["trust_start"], p["trust_last"]) == (2, 0, False, 2, None)
 
 
 def test_a_run_of_accepted_groups_raises_trust_and_a_rejection_resets_it():

@@ -1,0 +1,29 @@
+"""bench/pool.py's ingest part runs end to end at tiny sizes: every path measured in each round, in
+alternation, each measure with its load average (its figures are docs/benchmarks.md's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_ingest_benchmark_measures_every_path_in_every_round_with_the_load(tmp_path):
+    env = dict(os.environ)
+    env.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    args = ["--skip-sample", "--connections", "2", "--messages", "2", "--groups", "2", "--rounds", "2", "--force"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "pool.py"), *args, "--db-name", f"sapo_bench_pool_{os.getpid()}"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for path in ("with moderation rules", "without moderation rules", "executemany", "COPY"):
+        rows = [line for line in out.splitlines() if line.startswith("|") and path in line and " | 1 |" in line]
+        rows += [line for line in out.splitlines() if line.startswith("|") and path in line and " | 2 |" in line]
+        assert len(rows) == 2, (path, out)
+        assert all(line.rstrip(" |").split("|")[-1].count("-") == 1 for line in rows)  # load start-end
+    assert "/ executemany" in out and "load average at end" in out
