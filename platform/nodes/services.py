@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -191,22 +192,33 @@ def node_retire(*, node: Node) -> Node:
 
 
 def node_record_hello(*, node: Node, client: object, model: object, hardware: object) -> Node:
-    """Store what a node says about itself in `hello` (untrusted: cleaned and cut to length)."""
-    node.client_version = _clean_text(client, Node._meta.get_field("client_version").max_length)
-    node.model_id = _clean_text(model, Node._meta.get_field("model_id").max_length)
-    node.hardware = _clean_text(hardware, Node._meta.get_field("hardware").max_length)
-    node.last_seen_at = timezone.now()
-    node.save(update_fields=["client_version", "model_id", "hardware", "last_seen_at"])
+    """Store what a node says about itself in `hello` (untrusted: cleaned and cut to length). No write
+    when nothing changed and last_seen_at is recent (a node reconnecting says the same hello again)."""
+    fields = {
+        "client_version": _clean_text(client, Node._meta.get_field("client_version").max_length),
+        "model_id": _clean_text(model, Node._meta.get_field("model_id").max_length),
+        "hardware": _clean_text(hardware, Node._meta.get_field("hardware").max_length),
+    }
+    now = timezone.now()
+    recent = node.last_seen_at is not None and node.last_seen_at >= now - SEEN_WRITE_INTERVAL
+    if recent and all(getattr(node, name) == value for name, value in fields.items()):
+        return node
+    for name, value in fields.items():
+        setattr(node, name, value)
+    node.last_seen_at = now
+    node.save(update_fields=[*fields, "last_seen_at"])
     return node
 
 
-def node_mark_seen(*, node: Node) -> None:
-    """The node just sent something. Writes at most once per SEEN_WRITE_INTERVAL."""
-    now = timezone.now()
-    Node.objects.filter(id=node.id).filter(
-        Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_WRITE_INTERVAL)
-    ).update(last_seen_at=now)
-    node.last_seen_at = now
+def nodes_mark_seen(*, node_ids: Iterable[int], now: datetime | None = None) -> int:
+    """These nodes just sent something (one UPDATE for all; each row written at most once per
+    SEEN_WRITE_INTERVAL). Returns how many rows were written."""
+    now = now or timezone.now()
+    return (
+        Node.objects.filter(id__in=list(node_ids))
+        .filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_WRITE_INTERVAL))
+        .update(last_seen_at=now)
+    )
 
 
 def node_authenticate(*, token: str | None) -> Node:
