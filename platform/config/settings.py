@@ -201,10 +201,14 @@ if SAPO_DB_POOL_SIZE < 3:
 #: Threads running node sockets' database calls (common.db.db_call); each holds at most one connection.
 SAPO_DB_THREADS = SAPO_DB_POOL_SIZE - 2
 _default_db["CONN_MAX_AGE"] = env_int("SAPO_CONN_MAX_AGE", 0)
-_default_db["CONN_HEALTH_CHECKS"] = True
-if not _default_db["CONN_MAX_AGE"]:
-    # min_size: connections kept open while idle; timeout: how long a call waits for a free one.
+if _default_db["CONN_MAX_AGE"]:
+    _default_db["CONN_HEALTH_CHECKS"] = True
+else:
+    # min_size: connections kept open while idle; timeout: how long a call waits for a free one. No
+    # health check (with the pool it is a round trip on every borrow): a connection a PostgreSQL
+    # restart broke fails its one call and the pool replaces it.
     _default_db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": SAPO_DB_POOL_SIZE, "timeout": 30}
+    _default_db["CONN_HEALTH_CHECKS"] = False
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -30,11 +30,10 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from common.db import db_call
+from common.db import bookkeeping_transaction, db_call
 from common.redis_client import redis_client
 from nodes.models import NodeConnection
 from nodes.services import nodes_mark_seen
@@ -82,13 +81,13 @@ def connection_open(*, node_id: int, connection_id: uuid.UUID, now: datetime | N
             pipe.zremrangebyscore(_redis_key(), "-inf", now.timestamp())  # records nobody renewed
             pipe.execute()
         return
-    with transaction.atomic(), connection.cursor() as cursor:
-        # A heartbeat lost in a database crash is renewed by the next one: no need to wait for the disk.
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        NodeConnection.objects.update_or_create(
-            id=connection_id, defaults={"node_id": node_id, "server": server_name(), "expires_at": expires}
-        )
-        NodeConnection.objects.filter(expires_at__lt=now).delete()
+    # A record lost in a database crash is renewed by the next heartbeat: no need to wait for the disk.
+    # Expired records are deleted by the heartbeat (connections_renew), not on every open.
+    with bookkeeping_transaction():
+        NodeConnection.objects.bulk_create(
+            [NodeConnection(id=connection_id, node_id=node_id, server=server_name(), expires_at=expires)],
+            update_conflicts=True, unique_fields=["id"], update_fields=["expires_at"],
+        )  # fmt: skip
 
 
 def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
@@ -116,8 +115,7 @@ def connections_renew(*, connections: dict[uuid.UUID, int], now: datetime | None
             pipe.execute()
         return
     server = server_name()
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")  # as in connection_open
+    with bookkeeping_transaction():
         NodeConnection.objects.bulk_create(
             [NodeConnection(id=c, node_id=n, server=server, expires_at=expires) for c, n in connections.items()],
             update_conflicts=True, unique_fields=["id"], update_fields=["expires_at"],

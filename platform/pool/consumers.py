@@ -2,8 +2,8 @@
 pool.messages, call a service or selector through common.db.db_call, send the reply.
 
 Database calls run on db_call's threads, in parallel across sockets, on pooled connections (not on
-Channels' one shared thread): opening a socket is two calls (authenticate; then authenticate again,
-open the session and read the node's message quota), `hello` writes only what changed, and a frame's bookkeeping
+Channels' one shared thread): opening a socket is two calls (look the token up; then, in one
+transaction that does not wait for the disk, authenticate again, open the session, read the quota), `hello` writes only what changed, and a frame's bookkeeping
 (rate limit, presence, last seen) costs no database round trip (pool.ratelimit, nodes.presence).
 
 Every frame gets exactly one reply, and nothing a node sends can raise out of `receive`: a refusal is
@@ -29,14 +29,16 @@ import logging
 import uuid
 from typing import Any, assert_never
 
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from common import metrics
-from common.db import db_call
+from common.db import bookkeeping_transaction, db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
-from nodes.services import node_authenticate, node_record_hello
+from nodes.services import node_authenticate, node_hello_is_news, node_record_hello
 from pool import ratelimit
 from pool.limits import current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, parse_frame
@@ -70,9 +72,10 @@ def _session_open(*, token: str | None, connection_id: uuid.UUID, base_quota: in
     (presence, last seen) and read the node's message quota. One database call for all of it.
 
     Returns (node, quota). Raises ApplicationError "unauthenticated" or "banned"."""
-    node = node_authenticate(token=token)
-    if not node_session_open(node=node, connection_id=connection_id):
-        raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
+    with bookkeeping_transaction():  # last used, last seen, presence: no wait for the disk
+        node = node_authenticate(token=token)
+        if not node_session_open(node=node, connection_id=connection_id):
+            raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
     # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
     return node, moderation().node_message_quota(node_id=node.id, base=base_quota)
 
@@ -99,6 +102,20 @@ class NodeConsumer(AsyncWebsocketConsumer):
             if self.node is not None:
                 presence.socket_book().closed(self.connection_id)
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' own dispatch first runs close_old_connections on its one shared sync thread, for
+        # every frame and event: a queue all sockets wait in. This consumer touches the database only
+        # through db_call, which does that clean-up itself around each call, on its own threads.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        # Channels' version ends with close_old_connections on the shared sync thread too (see dispatch).
+        await self.disconnect(message["code"])
+        raise StopConsumer()
+
     async def connect(self) -> None:
         # Accept first: a close code only reaches the client on an open WebSocket (a refused
         # handshake is a bare HTTP 403 without one).
@@ -113,7 +130,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def _open(self) -> None:
         token = _bearer_token(self.scope)
         try:
-            node = await db_call(node_authenticate)(token=token)
+            node = await db_call(node_authenticate)(token=token, touch=False)  # one SELECT: which groups
             self.limits = current_limits()
             self.catalogue = current_catalogue()
             self.consecutive_errors = 0
@@ -224,9 +241,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return {"type": "ack", "for": "report", "round": message.round}
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
             assert_never(message)
-        await db_call(node_record_hello)(
-            node=node, client=message.client, model=message.model, hardware=message.hardware
-        )
+        said = {"client": message.client, "model": message.model, "hardware": message.hardware}
+        if node_hello_is_news(node=node, **said):  # a node reconnecting says the same again: no call
+            await db_call(node_record_hello)(node=node, **said)
         return {
             "type": "welcome",
             "node_id": node.id,
