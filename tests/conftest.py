@@ -60,7 +60,7 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
     """pytest-django's, plus: before the test database is dropped, give back the connections that
-    common.db's threads hold. In process, Channels' test communicator turns off the clean-up that
+    common.db's threads (and asgiref's sync thread) hold. In process, Channels' test communicator turns off the clean-up that
     returns a connection to the pool after each call (channels.testing.application), so each thread
     that ran a socket's call keeps one checked out."""
     yield
@@ -83,6 +83,10 @@ def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
             future.result(timeout=60)
         executor.shutdown(wait=True)
         db._executor = None
+    # And the one asgiref's sync_to_async thread holds (tests call services through it).
+    from asgiref.sync import SyncToAsync
+
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=60)
     with django_db_blocker.unblock():
         for connection in connections.all(initialized_only=True):
             connection.close_pool()
