@@ -13,7 +13,8 @@ the `websockets` library), one node and token each. Phases, each printed with th
 (1 min) at its start and end:
 
 (a) welcome, idle: sockets opened one at a time (connect, `hello`, `welcome`);
-(b) welcome, all at once: N sockets opened at the same moment, time from connect to welcome;
+(b) welcome, all at once: N sockets opened at the same moment, time from connect to welcome (and the
+    server CPU time the phase took, per socket: on a shared machine it says more than the latency);
 (c) sample, idle: `sample` (n=8, on a pool of 2,000 groups) from one socket at a time;
 (d) sample, all at once: every open socket sends `sample` at the same moment;
 (e) server memory: RSS with the N sockets open minus RSS with none, per socket;
@@ -126,6 +127,12 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process: per socket, it says more than latency on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentiles(values: list[float]) -> tuple[float, float, float]:
     """p50, p99 and max of latencies, in seconds."""
     ordered = sorted(values)
@@ -202,9 +209,16 @@ async def come_back(node: Node, killed_at: float, counts: dict[str, int]) -> flo
             return time.perf_counter() - killed_at
         except ConnectionRefusedError:
             counts["refused"] += 1
-        except Exception:  # opened (or half-opened) and lost before the welcome
+        except Exception as exc:  # opened (or half-opened) and lost before the welcome
             counts["dropped"] += 1
+            why = type(exc).__name__
+            counts["why"][why] = counts["why"].get(why, 0) + 1
         delay = min(delay * 2, BACKOFF_MAX)
+
+
+def per_socket(server: dict, cpu_before: float, n: int) -> str:
+    used = cpu_seconds(server["proc"].pid) - cpu_before
+    return f"server CPU {used:.1f} s, {used / n * 1000:.1f} ms per socket"
 
 
 async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], server: dict) -> None:
@@ -232,10 +246,10 @@ async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], ser
     await asyncio.sleep(1.0)
 
     # (b) welcome, all at once.
-    started = load()
+    started, cpu = load(), cpu_seconds(server["proc"].pid)
     nodes = [Node(url, t, i) for i, t in enumerate(tokens)]
     latencies = await asyncio.gather(*(timed(node.open(open_timeout=120, welcome_timeout=120)) for node in nodes))
-    row("(b) welcome, all at once", list(latencies), started)
+    row("(b) welcome, all at once", list(latencies), started, per_socket(server, cpu, n))
     await asyncio.sleep(1.0)
 
     # (c) sample, idle: one socket at a time.
@@ -245,9 +259,9 @@ async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], ser
     await asyncio.sleep(1.0)
 
     # (d) sample, all at once.
-    started = load()
+    started, cpu = load(), cpu_seconds(server["proc"].pid)
     latencies = await asyncio.gather(*(timed(node.sample()) for node in nodes))
-    row("(d) sample, all at once", list(latencies), started, "n=8")
+    row("(d) sample, all at once", list(latencies), started, "n=8; " + per_socket(server, cpu, n))
 
     # (e) server memory per socket.
     await asyncio.sleep(1.0)
@@ -262,7 +276,7 @@ async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], ser
 
     # (f) restart: kill with the sockets open, start again on the same port, everyone comes back.
     started = load()
-    counts = {"attempts": 0, "refused": 0, "dropped": 0}
+    counts = {"attempts": 0, "refused": 0, "dropped": 0, "why": {}}
     killed_at = time.perf_counter()
     server["proc"].send_signal(signal.SIGKILL)
     server["proc"].wait()
@@ -270,10 +284,11 @@ async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], ser
     server["proc"] = await asyncio.to_thread(start_server, args, port, server["log"])
     listening = time.perf_counter() - killed_at
     back = await asyncio.gather(*returns)
+    why = " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts["why"].items())) + ")" if counts["why"] else ""
     print(f"| (f) all back after a restart (from the kill) | {n} | {statistics.median(back) * 1000:.0f} | "
           f"{percentiles(back)[1] * 1000:.0f} | **{max(back) * 1000:.0f}** | server listening again after "
           f"{listening:.1f} s; {counts['attempts']} attempts, {counts['refused']} refused while down, "
-          f"**{counts['dropped']} dropped sessions** | {started}-{load()} |")  # fmt: skip
+          f"**{counts['dropped']} dropped sessions**{why} | {started}-{load()} |")  # fmt: skip
     for node in nodes:
         await node.ws.close()
 

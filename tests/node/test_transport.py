@@ -157,6 +157,18 @@ def test_pending_groups_survive_a_restart_of_the_node(tmp_path, transports):
         pool.stop()
 
 
+def test_a_busy_server_refusing_the_upgrade_403_is_retried_not_taken_for_a_ban(tmp_path, transports):
+    pool = FakePool().start()
+    pool.busy_upgrades = 3  # daphne's answer when the application did not accept in time
+    try:
+        t = transports(pool.url, path=tmp_path / "o.sqlite3")
+        t.start(HELLO)
+        assert t.wait_connected(10)
+        assert pool.busy_upgrades == 0 and t.status == "connected"
+    finally:
+        pool.stop()
+
+
 @pytest.mark.parametrize("code", [4401, 4403])
 def test_a_refused_node_stops_retrying_and_trains_in_silo(tmp_path, transports, code):
     pool = FakePool(close_code=code).start()
