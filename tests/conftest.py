@@ -57,6 +57,41 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
         test["NAME"] = f"{base}_p{os.getpid()}"
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """pytest-django's, plus: before the test database is dropped, give back the connections that
+    common.db's threads (and asgiref's sync thread) hold. In process, Channels' test communicator turns off the clean-up that
+    returns a connection to the pool after each call (channels.testing.application), so each thread
+    that ran a socket's call keeps one checked out."""
+    yield
+    import threading
+
+    from django.db import connections
+
+    from common import db
+
+    executor = db._executor
+    if executor is not None:
+        threads = executor._max_workers
+        everyone = threading.Barrier(threads)
+
+        def give_back() -> None:  # one task per thread: each waits until all threads have one
+            connections.close_all()
+            everyone.wait(timeout=30)
+
+        for future in [executor.submit(give_back) for _ in range(threads)]:
+            future.result(timeout=60)
+        executor.shutdown(wait=True)
+        db._executor = None
+    # And the one asgiref's sync_to_async thread holds (tests call services through it).
+    from asgiref.sync import SyncToAsync
+
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=60)
+    with django_db_blocker.unblock():
+        for connection in connections.all(initialized_only=True):
+            connection.close_pool()
+
+
 _limit_redis: dict[str, Any] = {}
 
 
@@ -152,6 +187,8 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path
     for name, value in (settings_overrides or {}).items():
         if name == "CONN_MAX_AGE":  # the database's (SAPO_CONN_MAX_AGE); the connection reads this dict
             settings.DATABASES["default"]["CONN_MAX_AGE"] = value
+            if value:  # as in config/settings.py: persistent connections instead of the pool
+                settings.DATABASES["default"]["OPTIONS"].pop("pool", None)
         else:
             setattr(settings, name, value)
     # The server is a fork of the test process, which may already have run consumers in process.
@@ -222,6 +259,8 @@ def _serve_asgi(
     _isolate_channel_layer()
     with django_db_blocker.unblock():
         connections.close_all()  # the forked server must not share the parent's sockets
+        for connection in connections.all(initialized_only=True):
+            connection.close_pool()  # nor the pool's (the parent opens a new pool when it needs one)
         process = DaphneProcess(
             host="127.0.0.1", port=port, get_application=lambda: _asgi_application(settings, log_path)
         )

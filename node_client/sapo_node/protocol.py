@@ -43,7 +43,10 @@ SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR)
 CLOSE_UNAUTHENTICATED = 4401  # no/bad token, tokens revoked, node retired: retrying cannot help
 CLOSE_BANNED = 4403  # the node or its contributor is banned
 CLOSE_TOO_MANY_ERRORS = 4429  # max_consecutive_errors error replies in a row
-HTTP_REFUSALS = {401: CLOSE_UNAUTHENTICATED, 403: CLOSE_BANNED}
+#: HTTP answers to the upgrade after which retrying cannot help. Not 403: daphne answers 403 to a
+#: handshake its application did not accept within --websocket_connect_timeout (a server busy with a
+#: crowd of reconnecting nodes), and the platform refuses a banned node after accepting (close 4403).
+HTTP_REFUSALS = {401: CLOSE_UNAUTHENTICATED}
 
 
 def frame(kind: str, **fields: object) -> dict[str, object]:

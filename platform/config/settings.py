@@ -19,7 +19,12 @@ Environment:
   PROMETHEUS_MULTIPROC_DIR  a directory shared by the processes of one host: /metrics then sums them.
   DATABASE_URL          postgresql://...; unset (development only): the embedded PostgreSQL in
                         var/postgres on 127.0.0.1:SAPO_EMBEDDED_PG_PORT (54329), see common/embedded_db.py.
-  SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0, see DATABASES below).
+  SAPO_DB_POOL_SIZE     PostgreSQL connections per server process (default 12): Django's psycopg
+                        pool holds up to this many, and node sockets' database work runs on
+                        SAPO_DB_POOL_SIZE - 2 threads (SAPO_DB_THREADS, common/db.py), the rest kept
+                        for pages. Workers x size must stay under PostgreSQL's max_connections.
+  SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0). Set above 0, the pool is off and
+                        each thread keeps its own connection that long (e.g. behind PgBouncer).
   REDIS_URL             redis://...; unset: an in-memory channel layer (one process only).
   SAPO_SERVER_NAME      this server process's name in presence records (default: the host name); a
                         restarted process forgets its previous run's sockets by it (nodes.presence).
@@ -187,12 +192,26 @@ else:
     # Same PostgreSQL backend, but it starts the embedded server before the first connection.
     _default_db["ENGINE"] = "config.embedded_backend"
 
-# Under ASGI every sync_to_async call may run on another thread, and Channels' database_sync_to_async
-# closes obsolete connections around each call; Django advises against persistent connections in
-# async deployments, hence 0 (one connection per request/consumer call). Health checks make a
-# raised value safe behind a pooler.
+# Connections come from Django's psycopg pool (OPTIONS "pool"): every node socket's database call
+# borrows one for the call and gives it back, so a process needs no more connections than the threads
+# that run those calls (common/db.py), and opening a socket costs no PostgreSQL connection set-up (with
+# one connection per call, 1,000 sockets opening at once waited ~50 s: docs/benchmarks.md, "Sockets").
+# SAPO_CONN_MAX_AGE > 0 turns the pool off for persistent per-thread connections instead (Django does
+# not allow both). Health checks make a kept connection safe behind a pooler.
+SAPO_DB_POOL_SIZE = env_int("SAPO_DB_POOL_SIZE", 12)
+if SAPO_DB_POOL_SIZE < 3:
+    raise EnvError(f"SAPO_DB_POOL_SIZE must be at least 3 (2 kept for pages), got {SAPO_DB_POOL_SIZE}")
+#: Threads running node sockets' database calls (common.db.db_call); each holds at most one connection.
+SAPO_DB_THREADS = SAPO_DB_POOL_SIZE - 2
 _default_db["CONN_MAX_AGE"] = env_int("SAPO_CONN_MAX_AGE", 0)
-_default_db["CONN_HEALTH_CHECKS"] = True
+if _default_db["CONN_MAX_AGE"]:
+    _default_db["CONN_HEALTH_CHECKS"] = True
+else:
+    # min_size: connections kept open while idle; timeout: how long a call waits for a free one. No
+    # health check (with the pool it is a round trip on every borrow): a connection a PostgreSQL
+    # restart broke fails its one call and the pool replaces it.
+    _default_db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": SAPO_DB_POOL_SIZE, "timeout": 30}
+    _default_db["CONN_HEALTH_CHECKS"] = False
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -7,26 +7,38 @@ showed "online" forever. Here each socket is one record whose expiry its heartbe
 itself. A server process also forgets, when it starts, the records its previous run left (same
 SAPO_SERVER_NAME), so after a restart the dead sockets' nodes are offline at once, not a minute later.
 
+The heartbeat is one per server process, not one per socket (`SocketBook`): every heartbeat_seconds()
+it renews the records of all the process's open sockets in one Redis pipeline or one upsert, and
+every SEEN_EVERY_SECONDS it writes the nodes that sent frames since (Node.last_seen_at) in one UPDATE.
+A frame therefore costs no database or Redis round trip for bookkeeping (docs/benchmarks.md, "Sockets").
+
 Storage: Redis when REDIS_URL is set (one sorted set `<SAPO_REDIS_PREFIX>:presence`, member
 "<node id>|<server>|<connection id>", score = expiry as a Unix time), else the database
 (nodes.NodeConnection rows). The functions are synchronous: the consumer calls them through
-database_sync_to_async, pages and selectors directly.
+common.db.db_call, pages and selectors directly.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from common.db import bookkeeping_transaction, db_call
 from common.redis_client import redis_client
 from nodes.models import NodeConnection
+from nodes.services import nodes_mark_seen
+
+logger = logging.getLogger(__name__)
 
 
 def heartbeat_seconds() -> int:
@@ -37,6 +49,10 @@ def heartbeat_seconds() -> int:
 def expires_after_seconds() -> int:
     """How long a record counts without being renewed: three missed heartbeats."""
     return 3 * heartbeat_seconds()
+
+
+#: How often the nodes that sent frames are written as seen (nodes.services.SEEN_WRITE_INTERVAL).
+SEEN_EVERY_SECONDS = 10
 
 
 def server_name() -> str:
@@ -72,13 +88,13 @@ def connection_open(*, node_id: int, connection_id: uuid.UUID, now: datetime | N
             pipe.zremrangebyscore(_redis_key(), "-inf", now.timestamp())  # records nobody renewed
             pipe.execute()
         return
-    with transaction.atomic(), connection.cursor() as cursor:
-        # A heartbeat lost in a database crash is renewed by the next one: no need to wait for the disk.
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        NodeConnection.objects.update_or_create(
-            id=connection_id, defaults={"node_id": node_id, "server": server_name(), "expires_at": expires}
-        )
-        NodeConnection.objects.filter(expires_at__lt=now).delete()
+    # A record lost in a database crash is renewed by the next heartbeat: no need to wait for the disk.
+    # Expired records are deleted by the heartbeat (connections_renew), not on every open.
+    with bookkeeping_transaction():
+        NodeConnection.objects.bulk_create(
+            [NodeConnection(id=connection_id, node_id=node_id, server=server_name(), expires_at=expires)],
+            update_conflicts=True, unique_fields=["id"], update_fields=["expires_at"],
+        )  # fmt: skip
 
 
 def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
@@ -87,6 +103,31 @@ def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
         redis_client().zrem(_redis_key(), _member(node_id, connection_id))
         return
     NodeConnection.objects.filter(id=connection_id).delete()
+
+
+def connections_renew(*, connections: dict[uuid.UUID, int], now: datetime | None = None) -> None:
+    """Renew the records of these sockets (connection id -> node id) all at once: the heartbeat.
+
+    A socket that closes while its renewal is on the way may get its record back; it then expires
+    after expires_after_seconds() like a crashed server's (renewing only existing records would instead
+    lose a record for good if Redis forgot it)."""
+    if not connections:
+        return
+    now = _now(now)
+    expires = now + timedelta(seconds=expires_after_seconds())
+    if settings.REDIS_URL:
+        with redis_client().pipeline(transaction=False) as pipe:
+            pipe.zadd(_redis_key(), {_member(n, c): expires.timestamp() for c, n in connections.items()})
+            pipe.zremrangebyscore(_redis_key(), "-inf", now.timestamp())
+            pipe.execute()
+        return
+    server = server_name()
+    with bookkeeping_transaction():
+        NodeConnection.objects.bulk_create(
+            [NodeConnection(id=c, node_id=n, server=server, expires_at=expires) for c, n in connections.items()],
+            update_conflicts=True, unique_fields=["id"], update_fields=["expires_at"],
+        )  # fmt: skip
+        NodeConnection.objects.filter(expires_at__lt=now).delete()
 
 
 def presence_server_start() -> int:
@@ -120,3 +161,71 @@ def connection_counts(node_ids: Iterable[int] | None = None, *, now: datetime | 
 def connected_node_ids(node_ids: Iterable[int] | None = None, *, now: datetime | None = None) -> set[int]:
     """The nodes (of node_ids, or all) with at least one open, unexpired socket."""
     return set(connection_counts(node_ids, now=now))
+
+
+# ---------------------------------------------------------------------------- this process's sockets
+
+
+class SocketBook:
+    """The open sockets of one event loop (a server process has one) and the nodes that sent frames
+    since the last write. One task renews and writes them all (see the module's docstring); it runs
+    while the book holds a socket.
+
+    The consumer calls `opened` once the socket's record is written (connection_open), `seen` for
+    each frame, and `closed` before it removes the record (connection_close)."""
+
+    def __init__(self) -> None:
+        self.sockets: dict[uuid.UUID, int] = {}
+        self.seen_nodes: set[int] = set()
+        self.task: asyncio.Task | None = None
+
+    def opened(self, *, node_id: int, connection_id: uuid.UUID) -> None:
+        self.sockets[connection_id] = node_id
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def seen(self, node_id: int) -> None:
+        self.seen_nodes.add(node_id)
+
+    def closed(self, connection_id: uuid.UUID) -> None:
+        self.sockets.pop(connection_id, None)
+        if not self.sockets and self.task is not None:
+            self.task.cancel()  # nothing left to renew (frames of the last 10 s stay unwritten)
+            self.task = None
+
+    async def _run(self) -> None:
+        renewed = time.monotonic()
+        while self.sockets:
+            beat = heartbeat_seconds()
+            await asyncio.sleep(min(SEEN_EVERY_SECONDS, beat))  # a short heartbeat (tests) wakes more often
+            renew = time.monotonic() - renewed >= beat - min(1, beat / 2)
+            if renew:
+                renewed = time.monotonic()
+            await self.beat(renew=renew)
+
+    async def beat(self, *, renew: bool) -> None:
+        """Write the nodes seen since the last beat and, with `renew`, renew every socket's record.
+        A failure is logged and tried again next beat (a record lasts three heartbeats)."""
+        seen, self.seen_nodes = self.seen_nodes, set()
+        if seen:
+            try:
+                await db_call(nodes_mark_seen)(node_ids=seen)
+            except Exception:
+                logger.exception("recording %d nodes as seen failed", len(seen))
+        if renew and self.sockets:
+            try:
+                await db_call(connections_renew)(connections=dict(self.sockets))
+            except Exception:
+                logger.exception("presence heartbeat of %d sockets failed", len(self.sockets))
+
+
+_books: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SocketBook] = weakref.WeakKeyDictionary()
+
+
+def socket_book() -> SocketBook:
+    """The running event loop's book (each loop renews its own sockets: tests run several loops)."""
+    loop = asyncio.get_running_loop()
+    book = _books.get(loop)
+    if book is None:
+        book = _books[loop] = SocketBook()
+    return book

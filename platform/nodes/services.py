@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -190,27 +191,50 @@ def node_retire(*, node: Node) -> Node:
     return node
 
 
+def _hello_fields(*, client: object, model: object, hardware: object) -> dict[str, str]:
+    return {
+        "client_version": _clean_text(client, Node._meta.get_field("client_version").max_length),
+        "model_id": _clean_text(model, Node._meta.get_field("model_id").max_length),
+        "hardware": _clean_text(hardware, Node._meta.get_field("hardware").max_length),
+    }
+
+
+def node_hello_is_news(*, node: Node, client: object, model: object, hardware: object) -> bool:
+    """Whether node_record_hello would write anything (no database: the consumer asks this first, so a
+    node reconnecting with the same hello costs no database call)."""
+    fields = _hello_fields(client=client, model=model, hardware=hardware)
+    recent = node.last_seen_at is not None and node.last_seen_at >= timezone.now() - SEEN_WRITE_INTERVAL
+    return not recent or any(getattr(node, name) != value for name, value in fields.items())
+
+
 def node_record_hello(*, node: Node, client: object, model: object, hardware: object) -> Node:
-    """Store what a node says about itself in `hello` (untrusted: cleaned and cut to length)."""
-    node.client_version = _clean_text(client, Node._meta.get_field("client_version").max_length)
-    node.model_id = _clean_text(model, Node._meta.get_field("model_id").max_length)
-    node.hardware = _clean_text(hardware, Node._meta.get_field("hardware").max_length)
+    """Store what a node says about itself in `hello` (untrusted: cleaned and cut to length). No write
+    when nothing changed and last_seen_at is recent (a node reconnecting says the same hello again)."""
+    if not node_hello_is_news(node=node, client=client, model=model, hardware=hardware):
+        return node
+    fields = _hello_fields(client=client, model=model, hardware=hardware)
+    for name, value in fields.items():
+        setattr(node, name, value)
     node.last_seen_at = timezone.now()
-    node.save(update_fields=["client_version", "model_id", "hardware", "last_seen_at"])
+    node.save(update_fields=[*fields, "last_seen_at"])
     return node
 
 
-def node_mark_seen(*, node: Node) -> None:
-    """The node just sent something. Writes at most once per SEEN_WRITE_INTERVAL."""
-    now = timezone.now()
-    Node.objects.filter(id=node.id).filter(
-        Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_WRITE_INTERVAL)
-    ).update(last_seen_at=now)
-    node.last_seen_at = now
+def nodes_mark_seen(*, node_ids: Iterable[int], now: datetime | None = None) -> int:
+    """These nodes just sent something (one UPDATE for all; each row written at most once per
+    SEEN_WRITE_INTERVAL). Returns how many rows were written."""
+    now = now or timezone.now()
+    return (
+        Node.objects.filter(id__in=list(node_ids))
+        .filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_WRITE_INTERVAL))
+        .update(last_seen_at=now)
+    )
 
 
-def node_authenticate(*, token: str | None) -> Node:
-    """The node a bearer token belongs to, with `owner` loaded.
+def node_authenticate(*, token: str | None, touch: bool = True) -> Node:
+    """The node a bearer token belongs to, with `owner` loaded. With touch=False nothing is written
+    (the token's last_used_at is not recorded): the node socket checks a token that way first, and
+    again, recording it, once it has joined its channel groups.
 
     Raises ApplicationError "unauthenticated" (401: missing, malformed, unknown, revoked, node
     retired) or "banned" (403: node or owner banned). The consumer closes with 4401 / 4403.
@@ -227,6 +251,8 @@ def node_authenticate(*, token: str | None) -> Node:
     node = record.node
     if node.is_banned:
         raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
+    if not touch:
+        return node
     now = timezone.now()
     NodeToken.objects.filter(id=record.id).filter(
         Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - SEEN_WRITE_INTERVAL)

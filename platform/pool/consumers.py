@@ -1,5 +1,10 @@
 """The node WebSocket, `/ws/node/` (docs/protocol.md). Thin: authenticate, validate a frame with
-pool.messages, call a service or selector through database_sync_to_async, send the reply.
+pool.messages, call a service or selector through common.db.db_call, send the reply.
+
+Database calls run on db_call's threads, in parallel across sockets, on pooled connections (not on
+Channels' one shared thread): opening a socket is two calls (look the token up; then, in one
+transaction that does not wait for the disk, authenticate again, open the session, read the quota), `hello` writes only what changed, and a frame's bookkeeping
+(rate limit, presence, last seen) costs no database round trip (pool.ratelimit, nodes.presence).
 
 Every frame gets exactly one reply, and nothing a node sends can raise out of `receive`: a refusal is
 a typed `error` (with the frame's `ref` when it had a readable one), and an unexpected failure is
@@ -7,8 +12,9 @@ logged and answered `internal_error`. An exception escaping a consumer makes dap
 and skip `disconnect()`; the one 1011 left is a failure while the socket opens (database or Redis
 down), and then the socket's state is cleaned up first.
 
-Presence (nodes.presence): each accepted socket is one record, renewed by a heartbeat task while the
-socket is open and removed in `disconnect()`; a record whose server died expires on its own.
+Presence (nodes.presence): each accepted socket is one record, renewed by the process's heartbeat
+(presence.SocketBook) while the socket is open and removed in `disconnect()`; a record whose server
+died expires on its own.
 
 Channel-layer groups joined per socket: `node.<node id>` (nodes.events.node_group_name) and
 `contributor.<owner id>` (both named in nodes.events). Handler: "node.disconnect" closes with the
@@ -17,22 +23,22 @@ code it carries (sent by nodes.services when tokens are revoked or a node retire
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from typing import Any, assert_never
 
-from channels.db import database_sync_to_async
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from common import metrics
+from common.db import bookkeeping_transaction, db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
-from nodes.services import node_authenticate, node_mark_seen, node_record_hello
+from nodes.services import node_authenticate, node_hello_is_news, node_record_hello
 from pool import ratelimit
 from pool.limits import current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
@@ -50,7 +56,6 @@ from sapo_node import protocol
 logger = logging.getLogger(__name__)
 
 CLOSE_TOO_MANY_ERRORS = protocol.CLOSE_TOO_MANY_ERRORS
-SEEN_EVERY_SECONDS = 10.0
 
 
 def _bearer_token(scope: dict[str, Any]) -> str | None:
@@ -59,6 +64,20 @@ def _bearer_token(scope: dict[str, Any]) -> str | None:
             scheme, _, token = value.decode("latin-1").strip().partition(" ")
             return token.strip() if scheme.lower() == "bearer" and token.strip() else None
     return None
+
+
+def _session_open(*, token: str | None, connection_id: uuid.UUID, base_quota: int) -> tuple[Any, int]:
+    """Once the socket has joined its node's groups: authenticate again (a token revoked or a ban made
+    since the first check sent its close to groups the socket was not in yet), open the session
+    (presence, last seen) and read the node's message quota. One database call for all of it.
+
+    Returns (node, quota). Raises ApplicationError "unauthenticated" or "banned"."""
+    with bookkeeping_transaction():  # last used, last seen, presence: no wait for the disk
+        node = node_authenticate(token=token)
+        if not node_session_open(node=node, connection_id=connection_id):
+            raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
+    # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
+    return node, moderation().node_message_quota(node_id=node.id, base=base_quota)
 
 
 def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str, Any]]:
@@ -72,17 +91,30 @@ def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str,
 class NodeConsumer(AsyncWebsocketConsumer):
     node = None
     joined: tuple[str, ...] = ()
-    heartbeat: asyncio.Task | None = None
     frame_ref: str | None = None  # the ref of the frame being answered, once read
 
     async def __call__(self, scope, receive, send) -> None:
-        # The heartbeat is a task of its own: it must end with the consumer however the consumer
-        # ends (daphne cancels a consumer that outlives its socket without calling disconnect()).
+        # The heartbeat must stop renewing the socket however the consumer ends (daphne cancels a
+        # consumer that outlives its socket without calling disconnect()).
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if self.heartbeat is not None:
-                self.heartbeat.cancel()
+            if self.node is not None:
+                presence.socket_book().closed(self.connection_id)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' own dispatch first runs close_old_connections on its one shared sync thread, for
+        # every frame and event: a queue all sockets wait in. This consumer touches the database only
+        # through db_call, which does that clean-up itself around each call, on its own threads.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        # Channels' version ends with close_old_connections on the shared sync thread too (see dispatch).
+        await self.disconnect(message["code"])
+        raise StopConsumer()
 
     async def connect(self) -> None:
         # Accept first: a close code only reaches the client on an open WebSocket (a refused
@@ -96,37 +128,29 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self.close(code=1011)
 
     async def _open(self) -> None:
+        token = _bearer_token(self.scope)
         try:
-            node = await database_sync_to_async(node_authenticate)(token=_bearer_token(self.scope))
-        except ApplicationError as exc:
+            node = await db_call(node_authenticate)(token=token, touch=False)  # one SELECT: which groups
+            self.limits = current_limits()
+            self.catalogue = current_catalogue()
+            self.consecutive_errors = 0
+            self.connection_id = uuid.uuid4()
+            self.joined = (node_group_name(node.id), contributor_group_name(node.owner_id))
+            for group in self.joined:
+                await self.channel_layer.group_add(group, self.channel_name)
+            node, self.rate_limit = await db_call(_session_open)(
+                token=token, connection_id=self.connection_id, base_quota=self.limits.max_messages_per_minute
+            )
+        except ApplicationError as exc:  # disconnect() leaves the groups joined
             await self.close(code=CLOSE_BANNED if exc.code == "banned" else CLOSE_UNAUTHENTICATED)
-            return
-        self.limits = current_limits()
-        self.catalogue = current_catalogue()
-        self.consecutive_errors = 0
-        self.connection_id = uuid.uuid4()
-        self.joined = (node_group_name(node.id), contributor_group_name(node.owner_id))
-        for group in self.joined:
-            await self.channel_layer.group_add(group, self.channel_name)
-        # Checked again after joining the groups, so a ban made in between is not missed.
-        if not await database_sync_to_async(node_session_open)(node=node, connection_id=self.connection_id):
-            await self.close(code=CLOSE_BANNED)
             return
         self.node = node
         metrics.socket_opened()  # paired with socket_closed() in disconnect(), which runs once self.node is set
-        self.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(node.id))
-        # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
-        self.rate_limit = await database_sync_to_async(moderation().node_message_quota)(
-            node_id=node.id, base=self.limits.max_messages_per_minute
-        )
-        self.last_seen = time.monotonic()
+        presence.socket_book().opened(node_id=node.id, connection_id=self.connection_id)
 
     async def disconnect(self, code: int) -> None:
         # Runs once per socket however it ends (and again, harmlessly, after _shut). Each step is
         # guarded: a failing channel layer must not keep the presence record alive, nor the reverse.
-        if self.heartbeat is not None:
-            self.heartbeat.cancel()
-            self.heartbeat = None
         joined, self.joined = self.joined, ()
         for group in joined:
             try:
@@ -136,22 +160,11 @@ class NodeConsumer(AsyncWebsocketConsumer):
         if self.node is not None:
             node, self.node = self.node, None
             metrics.socket_closed()
+            presence.socket_book().closed(self.connection_id)
             try:
-                await database_sync_to_async(presence.connection_close)(
-                    node_id=node.id, connection_id=self.connection_id
-                )
+                await db_call(presence.connection_close)(node_id=node.id, connection_id=self.connection_id)
             except Exception:  # the record expires by itself (presence.expires_after_seconds())
                 logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
-
-    async def _heartbeat(self, node_id: int) -> None:
-        while True:
-            await asyncio.sleep(presence.heartbeat_seconds())
-            try:
-                await database_sync_to_async(presence.connection_open)(
-                    node_id=node_id, connection_id=self.connection_id
-                )
-            except Exception:  # try again next beat; the record lasts three beats
-                logger.exception("node %s: presence heartbeat failed", node_id)
 
     # Channel-layer events -------------------------------------------------------------------
 
@@ -205,36 +218,31 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return
         self.consecutive_errors = 0
         await self._send(reply, message.ref)
-        if time.monotonic() - self.last_seen >= SEEN_EVERY_SECONDS and self.node is not None:
-            self.last_seen = time.monotonic()
-            try:
-                await database_sync_to_async(node_mark_seen)(node=self.node)
-            except Exception:  # the frame is answered already; the next one tries again
-                logger.exception("node %s: recording last seen failed", node.id)
+        presence.socket_book().seen(node.id)  # written with the others' on the next beat
 
     async def _dispatch(self, message: Hello | Share | Sample | Report) -> dict[str, Any]:
         node = self.node
         if isinstance(message, Share):
-            # Not thread-sensitive: several sockets' shares verify and insert in parallel (each thread
-            # has its own DB connection), so one socket's database wait overlaps another's verification.
-            result = await database_sync_to_async(rollout_share, thread_sensitive=False)(
+            # Several sockets' shares verify and insert in parallel (db_call's threads), so one
+            # socket's database wait overlaps another's verification.
+            result = await db_call(rollout_share)(
                 node=node, rollouts=message.rollouts, catalogue=self.catalogue, limits=self.limits
             )
             metrics.share_answered(result)
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
-            rollouts = await database_sync_to_async(_sample_payload)(
+            rollouts = await db_call(_sample_payload)(
                 node=node, n=message.n, window_seconds=self.limits.sample_window_seconds
             )
             return {"type": "samples", "rollouts": rollouts}
         if isinstance(message, Report):
-            await database_sync_to_async(node_round_report)(node=node, report=message, limits=self.limits)
+            await db_call(node_round_report)(node=node, report=message, limits=self.limits)
             return {"type": "ack", "for": "report", "round": message.round}
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
             assert_never(message)
-        await database_sync_to_async(node_record_hello)(
-            node=node, client=message.client, model=message.model, hardware=message.hardware
-        )
+        said = {"client": message.client, "model": message.model, "hardware": message.hardware}
+        if node_hello_is_news(node=node, **said):  # a node reconnecting says the same again: no call
+            await db_call(node_record_hello)(node=node, **said)
         return {
             "type": "welcome",
             "node_id": node.id,

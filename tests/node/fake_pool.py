@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import threading
+from http import HTTPStatus
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -26,6 +27,7 @@ class FakePool:
         self.port = port or free_port()
         self.token = token
         self.close_code = close_code  # close every connection with this code right after accepting
+        self.busy_upgrades = 0  # answer this many upgrades HTTP 403, as daphne does when it is too busy
         self.groups: dict[str, dict[str, Any]] = {}  # id -> rollout, as the pool stores them
         self.share_frames: list[list[str]] = []  # ids of every share frame received, in order
         self.reject: dict[str, str] = {}  # id -> reason
@@ -48,7 +50,7 @@ class FakePool:
 
         async def main() -> None:
             self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
-            async with serve(self._handler, "127.0.0.1", self.port):
+            async with serve(self._handler, "127.0.0.1", self.port, process_request=self._busy):
                 ready.set()
                 await self._stopped.wait()
 
@@ -71,6 +73,12 @@ class FakePool:
                 await ws.close(1012, "restart")
 
         asyncio.run_coroutine_threadsafe(close_all(), self._loop).result(5)
+
+    def _busy(self, connection: ServerConnection, request):
+        if self.busy_upgrades > 0:
+            self.busy_upgrades -= 1
+            return connection.respond(HTTPStatus.FORBIDDEN, "Access denied\n")
+        return None
 
     async def _handler(self, ws: ServerConnection) -> None:
         if ws.request.headers.get("Authorization") != f"Bearer {self.token}":

@@ -3,6 +3,7 @@ lost connections, rejected groups never resent, refusal codes, sampling, and the
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from sapo_node.groups import Group
 from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef
 from sapo_node.transport import Hello, MemoryPool, MemoryTransport
-from sapo_node.transport.websocket import WebSocketTransport
+from sapo_node.transport.websocket import BACKOFF_MIN, WebSocketTransport, retry_pause
 
 HELLO = Hello("sapo-node/test", "tiny", "cpu", 2, 2)
 
@@ -45,6 +46,28 @@ def transports():
     yield make
     for t in made:
         t.close()
+
+
+def test_nodes_dropped_together_retry_spread_out_even_the_first_time():
+    rng = random.Random(5)
+    pauses = [retry_pause(BACKOFF_MIN, rng) for _ in range(1000)]  # a thousand nodes, one restart
+    assert all(0.5 * BACKOFF_MIN <= p <= 1.5 * BACKOFF_MIN for p in pauses)
+    assert len({round(p, 2) for p in pauses}) > 90  # spread over the window, not one instant
+
+
+def test_a_closed_transport_stops_waiting_for_a_server_that_never_answers(tmp_path):
+    import socket
+
+    with socket.socket() as silent:  # accepts TCP connections, never completes a WebSocket handshake
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"ws://127.0.0.1:{silent.getsockname()[1]}/ws/node/"
+        transport = WebSocketTransport(url, "sapo_x", tmp_path / "outbox.sqlite", open_timeout=300)
+        transport.start(Hello(client="t", model="m", hardware="h", local=4, external=4))
+        time.sleep(0.5)  # the transport is now waiting for the handshake (up to 300 s)
+        transport.close()
+        assert not transport._thread.is_alive()  # the attempt was stopped, not waited out
+        assert transport.status == "closed"
 
 
 def test_outbox_keeps_pending_groups_across_reopening(tmp_path):
@@ -130,6 +153,18 @@ def test_pending_groups_survive_a_restart_of_the_node(tmp_path, transports):
         second.start(HELLO)
         assert second.flush(10)
         assert list(pool.groups) == [group(1).id]
+    finally:
+        pool.stop()
+
+
+def test_a_busy_server_refusing_the_upgrade_403_is_retried_not_taken_for_a_ban(tmp_path, transports):
+    pool = FakePool().start()
+    pool.busy_upgrades = 3  # daphne's answer when the application did not accept in time
+    try:
+        t = transports(pool.url, path=tmp_path / "o.sqlite3")
+        t.start(HELLO)
+        assert t.wait_connected(10)
+        assert pool.busy_upgrades == 0 and t.status == "connected"
     finally:
         pool.stop()
 

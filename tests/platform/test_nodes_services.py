@@ -13,13 +13,13 @@ from nodes.selectors import access_node, node_list, node_status
 from nodes.services import (
     node_authenticate,
     node_create,
-    node_mark_seen,
     node_record_hello,
     node_rename,
     node_retire,
     node_token_issue,
     node_token_revoke,
     node_token_rotate,
+    nodes_mark_seen,
 )
 
 pytestmark = pytest.mark.django_db
@@ -128,10 +128,21 @@ class TestNodes:
         user.banned_at = timezone.now()
         assert node_status(node) == NodeStatus.BANNED
 
-    def test_mark_seen_updates_last_seen(self, node):
-        node_mark_seen(node=node)
+    def test_mark_seen_updates_last_seen_at_most_once_per_interval(self, node):
+        other = make_node(owner=node.owner, name="desktop")
+        assert nodes_mark_seen(node_ids=[node.id, other.id]) == 2
         node.refresh_from_db()
         assert node.last_seen_at is not None
+        assert nodes_mark_seen(node_ids=[node.id, other.id]) == 0  # seen a moment ago: no write
+
+    def test_a_repeated_hello_writes_nothing(self, node, django_assert_num_queries):
+        node_record_hello(node=node, client="sapo-node/0.1.0", model="tiny", hardware="cpu")
+        with django_assert_num_queries(0):
+            node_record_hello(node=node, client="sapo-node/0.1.0", model="tiny", hardware="cpu")
+        with django_assert_num_queries(1):
+            node_record_hello(node=node, client="sapo-node/0.2.0", model="tiny", hardware="cpu")
+        node.refresh_from_db()
+        assert node.client_version == "sapo-node/0.2.0"
 
     def test_access_node_is_owner_only(self, user, other_user, node):
         assert access_node(user, node.id) == node

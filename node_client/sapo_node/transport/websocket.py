@@ -6,6 +6,13 @@ connection), keeps a buffer of external groups topped up with `sample` requests,
 and reconnects with exponential backoff and jitter. Nothing it does raises into the training
 loop: the loop only appends to the outbox and takes what is in the buffer. Close code 4401 (bad
 token) or 4403 (banned) stops the retries with a clear message; the node goes on in silo.
+
+Reconnecting as a crowd (a server restart drops every node at the same instant): each retry waits
+`retry_pause(delay)`, the delay doubling from BACKOFF_MIN to BACKOFF_MAX and each pause drawn
+between half and one and a half of it, the first one included, so the nodes arrive spread out
+rather than together. A socket that opened waits WELCOME_TIMEOUT for its welcome: a server busy with
+the crowd answers late, and a node that gave up and came back would only add to its queue.
+bench/sockets.py measures the crowd's return with this same policy (docs/benchmarks.md, "Sockets").
 """
 
 from __future__ import annotations
@@ -31,6 +38,21 @@ from sapo_node.tasks import Catalogue
 from sapo_node.transport.base import Hello, Transport, TransportCounts
 
 log = logging.getLogger("sapo_node.transport")
+
+#: Seconds before the first retry after a lost connection; doubled after each failed one, up to BACKOFF_MAX.
+BACKOFF_MIN = 1.0
+BACKOFF_MAX = 60.0
+#: Seconds for the TCP connection and the WebSocket handshake.
+OPEN_TIMEOUT = 30.0
+#: Seconds an open socket waits for `welcome` before giving up and retrying.
+WELCOME_TIMEOUT = 60.0
+
+
+def retry_pause(delay: float, rng: random.Random | None = None) -> float:
+    """The pause before a retry: `delay` with jitter (uniform between 0.5 and 1.5 times it), so nodes
+    dropped together do not come back together."""
+    return delay * (rng or random).uniform(0.5, 1.5)
+
 
 #: Close codes after which retrying cannot help.
 REFUSALS = {
@@ -67,16 +89,18 @@ class WebSocketTransport(Transport):
         outbox_path: str | Path,
         *,
         buffer_size: int = 8,
-        backoff_min: float = 1.0,
-        backoff_max: float = 60.0,
+        backoff_min: float = BACKOFF_MIN,
+        backoff_max: float = BACKOFF_MAX,
         poll_interval: float = 2.0,
-        open_timeout: float = 10.0,
+        open_timeout: float = OPEN_TIMEOUT,
+        welcome_timeout: float | None = None,
     ) -> None:
         self.url, self._token = url, token
         self.outbox = Outbox(outbox_path)
         self.buffer_size = buffer_size
         self.backoff_min, self.backoff_max = backoff_min, backoff_max
         self.poll_interval, self.open_timeout = poll_interval, open_timeout
+        self.welcome_timeout = WELCOME_TIMEOUT if welcome_timeout is None else welcome_timeout
 
         self.limits: dict[str, int] = dict(DEFAULT_LIMITS)
         self.node_name: str | None = None
@@ -93,6 +117,7 @@ class WebSocketTransport(Transport):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ the training thread's side
@@ -146,7 +171,13 @@ class WebSocketTransport(Transport):
         self._stop.set()
         self._poke()
         if self._thread is not None:
-            self._thread.join(timeout=max(5.0, self.open_timeout))
+            self._thread.join(timeout=5.0)
+            loop, task = self._loop, self._main_task
+            if self._thread.is_alive() and loop is not None and task is not None:
+                # Still opening a socket or waiting for a welcome (up to OPEN_TIMEOUT / WELCOME_TIMEOUT): stop now.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(task.cancel)
+                self._thread.join(timeout=5.0)
         self._state = "closed" if not self._state.startswith("refused") else self._state
         self.outbox.close()
 
@@ -160,12 +191,15 @@ class WebSocketTransport(Transport):
     def _thread_main(self) -> None:
         try:
             asyncio.run(self._main())
+        except asyncio.CancelledError:  # close() stopped a connection attempt
+            pass
         except Exception:  # never let the thread die silently
             log.exception("the transport thread stopped")
             self._state = "stopped (error)"
 
     async def _main(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        self._main_task = asyncio.current_task()
         delay = self.backoff_min
         while not self._stop.is_set():
             self._state = "connecting"
@@ -180,7 +214,7 @@ class WebSocketTransport(Transport):
             if self._was_welcomed:
                 delay = self.backoff_min
             self._state = "retrying"
-            pause = delay * random.uniform(0.5, 1.5)  # jitter: a restarted server is not hit by all nodes at once
+            pause = retry_pause(delay)
             log.warning("connection to %s lost (%s); retrying in %.1f s", self.url, self.last_error, pause)
             await self._sleep(pause)
             delay = min(delay * 2, self.backoff_max)
@@ -262,7 +296,7 @@ class WebSocketTransport(Transport):
             self._poke()
 
     async def _writer(self, ws: ClientConnection) -> None:
-        await asyncio.wait_for(self._welcome.wait(), timeout=self.open_timeout)
+        await asyncio.wait_for(self._welcome.wait(), timeout=self.welcome_timeout)
         assert self._wake is not None
         while not self._stop.is_set():
             self._wake.clear()

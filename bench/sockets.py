@@ -1,0 +1,338 @@
+"""Node sockets at scale: N authenticated node sockets against one daphne server (docs/benchmarks.md,
+"Sockets").
+
+    .venv/bin/python bench/sockets.py             # N = 1,000 (a few minutes)
+    .venv/bin/python bench/sockets.py --quick     # N = 50 (tests/platform/test_bench_sockets.py)
+    .venv/bin/python bench/sockets.py --n 300 --redis-url redis://127.0.0.1:6379/0
+
+The server is daphne started as docs/deploy.md says (`daphne -b ... -p ... config.asgi:application`,
+the settings' defaults: connection pool, moderation rules on), in its own database (`--db-name`,
+dropped at the end) on DATABASE_URL's server; with --redis-url, Redis for the channel layer, rate
+counts and presence, as a multi-process deployment has. The clients are this process (asyncio and
+the `websockets` library), one node and token each. Phases, each printed with the load average
+(1 min) at its start and end:
+
+(a) welcome, idle: sockets opened one at a time (connect, `hello`, `welcome`);
+(b) welcome, all at once: N sockets opened at the same moment, time from connect to welcome (and the
+    server CPU time the phase took, per socket: on a shared machine it says more than the latency);
+(c) sample, idle: `sample` (n=8, on a pool of 2,000 groups) from one socket at a time;
+(d) sample, all at once: every open socket sends `sample` at the same moment;
+(e) server memory: RSS with the N sockets open minus RSS with none, per socket;
+(f) restart: the server is killed (SIGKILL) with the N sockets open and started again on the same
+    port; every node reconnects with the node client's policy (sapo_node.transport.websocket:
+    retry_pause, OPEN_TIMEOUT, WELCOME_TIMEOUT). Reported: the time from the kill until all N are
+    welcomed again, how long the server took to listen again, connection attempts refused while it
+    was down, and dropped sessions: sockets that opened but ended (or timed out) before their welcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import random
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
+
+
+def _pool_bench():
+    """bench/pool.py's helpers (database, nodes, pool filling, the server script), loaded by path: its
+    module name would clash with the platform's `pool` app."""
+    spec = importlib.util.spec_from_file_location("bench_pool", ROOT / "bench" / "pool.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+POOL = _pool_bench()
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--database-url", default=os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
+    parser.add_argument("--db-name", default="sapo_bench_sockets")
+    parser.add_argument("--n", type=int, default=1000, help="sockets (one node each)")
+    parser.add_argument("--idle", type=int, default=50, help="welcomes and samples timed one at a time")
+    parser.add_argument("--redis-url", default="", help="give the server Redis (channel layer, rate counts, presence)")
+    parser.add_argument("--quick", action="store_true", help="N=50, 10 idle: a smoke test")
+    parser.add_argument("--skip-restart", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.n, args.idle = 50, 10
+    args.catalogue = "easy"
+    return args
+
+
+def raise_fd_limit(n: int) -> None:
+    """Each socket is a file descriptor here and one in the server (which inherits the limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard, max(soft, 2 * n + 1024)) if hard != resource.RLIM_INFINITY else max(soft, 2 * n + 1024)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    if wanted < n + 256:
+        raise SystemExit(f"the open-file limit ({hard}) is too low for {n} sockets")
+
+
+def start_server(args: argparse.Namespace, port: int, log) -> subprocess.Popen:
+    """daphne on 127.0.0.1:port (the command docs/deploy.md gives), the settings' defaults."""
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL=args.bench_url,
+        SAPO_CATALOGUE=args.catalogue,
+        SAPO_SERVER_NAME="bench-sockets",  # the restarted process forgets its previous run's sockets
+        SAPO_LOG_LEVEL="WARNING",
+        REDIS_URL=args.redis_url,
+    )
+    for name in ("SAPO_CONN_MAX_AGE", "SAPO_DB_POOL_SIZE"):
+        env.pop(name, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", POOL.SERVER_SCRIPT, "with", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        env=env, cwd=ROOT, stdout=log, stderr=log,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        if proc.poll() is not None:
+            raise SystemExit(f"daphne exited during start-up (log: {log.name})")
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("daphne did not start listening in 120 s")
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process: per socket, it says more than latency on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentiles(values: list[float]) -> tuple[float, float, float]:
+    """p50, p99 and max of latencies, in seconds."""
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], ordered[-1]
+
+
+def row(what: str, values: list[float], started: str, extra: str = "") -> None:
+    p50, p99, top = percentiles(values)
+    print(
+        f"| {what} | {len(values)} | {p50 * 1000:.0f} | {p99 * 1000:.0f} | {top * 1000:.0f} | {extra} | {started}-{load()} |"
+    )
+
+
+# --- the clients ------------------------------------------------------------------------------
+
+
+class Node:
+    """One node's socket, opened and welcomed the way sapo_node's transport does it."""
+
+    def __init__(self, url: str, token: str, index: int) -> None:
+        self.url, self.token, self.index = url, token, index
+        self.ws = None
+        self.ref = 0
+
+    async def open(self, *, open_timeout: float, welcome_timeout: float) -> None:
+        import websockets
+
+        from sapo_node import protocol
+
+        self.ws = await websockets.connect(
+            self.url, additional_headers={"Authorization": f"Bearer {self.token}"}, max_size=None,
+            open_timeout=open_timeout, proxy=None,
+        )  # fmt: skip
+        try:
+            await self.ws.send(
+                json.dumps(protocol.frame(protocol.HELLO, client="bench-sockets", model="m", hardware="h"))
+            )
+            reply = json.loads(await asyncio.wait_for(self.ws.recv(), timeout=welcome_timeout))
+        except BaseException:
+            await self.ws.close()
+            raise
+        if reply.get("type") != protocol.WELCOME:
+            await self.ws.close()
+            raise RuntimeError(f"node {self.index}: expected a welcome, got {str(reply)[:200]}")
+
+    async def sample(self) -> int:
+        from sapo_node import protocol
+
+        self.ref += 1
+        await self.ws.send(json.dumps(protocol.frame(protocol.SAMPLE, n=8, ref=str(self.ref))))
+        reply = json.loads(await self.ws.recv())
+        if reply.get("type") != protocol.SAMPLES:
+            raise RuntimeError(f"node {self.index}: expected samples, got {str(reply)[:200]}")
+        return len(reply["rollouts"])
+
+
+async def timed(coro) -> float:
+    start = time.perf_counter()
+    await coro
+    return time.perf_counter() - start
+
+
+async def come_back(node: Node, killed_at: float, counts: dict[str, int]) -> float:
+    """Reconnect after the server went away, with the node client's backoff; the time from the kill
+    to the welcome."""
+    from sapo_node.transport.websocket import BACKOFF_MAX, BACKOFF_MIN, OPEN_TIMEOUT, WELCOME_TIMEOUT, retry_pause
+
+    delay = BACKOFF_MIN
+    while True:
+        await asyncio.sleep(retry_pause(delay))
+        counts["attempts"] += 1
+        try:
+            await node.open(open_timeout=OPEN_TIMEOUT, welcome_timeout=WELCOME_TIMEOUT)
+            return time.perf_counter() - killed_at
+        except ConnectionRefusedError:
+            counts["refused"] += 1
+        except Exception as exc:  # opened (or half-opened) and lost before the welcome
+            counts["dropped"] += 1
+            why = type(exc).__name__
+            counts["why"][why] = counts["why"].get(why, 0) + 1
+        delay = min(delay * 2, BACKOFF_MAX)
+
+
+def per_socket(server: dict, cpu_before: float, n: int) -> str:
+    used = cpu_seconds(server["proc"].pid) - cpu_before
+    return f"server CPU {used:.1f} s, {used / n * 1000:.1f} ms per socket"
+
+
+async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], server: dict) -> None:
+    url = f"ws://127.0.0.1:{port}/ws/node/"
+    n = args.n
+    print("\n| phase | sockets | p50 ms | p99 ms | max ms | notes | load start-end |")
+    print("|---|---:|---:|---:|---:|---|---|")
+
+    # Warm-up: the first socket imports nothing any more, but the first connection of each pool does.
+    warm = Node(url, tokens[0], 0)
+    await warm.open(open_timeout=30, welcome_timeout=30)
+    await warm.sample()
+    await warm.ws.close()
+    await asyncio.sleep(0.5)
+    rss_before = rss_kib(server["proc"].pid)
+
+    # (a) welcome, idle: one at a time, on nodes (b) opens again later.
+    started = load()
+    idle = []
+    for i in range(args.idle):
+        node = Node(url, tokens[i], i)
+        idle.append(await timed(node.open(open_timeout=30, welcome_timeout=30)))
+        await node.ws.close()
+    row("(a) welcome, one at a time", idle, started)
+    await asyncio.sleep(1.0)
+
+    # (b) welcome, all at once.
+    started, cpu = load(), cpu_seconds(server["proc"].pid)
+    nodes = [Node(url, t, i) for i, t in enumerate(tokens)]
+    latencies = await asyncio.gather(*(timed(node.open(open_timeout=120, welcome_timeout=120)) for node in nodes))
+    row("(b) welcome, all at once", list(latencies), started, per_socket(server, cpu, n))
+    await asyncio.sleep(1.0)
+
+    # (c) sample, idle: one socket at a time.
+    started = load()
+    idle = [await timed(nodes[i % n].sample()) for i in range(args.idle)]
+    row("(c) sample, one at a time", idle, started, "n=8")
+    await asyncio.sleep(1.0)
+
+    # (d) sample, all at once.
+    started, cpu = load(), cpu_seconds(server["proc"].pid)
+    latencies = await asyncio.gather(*(timed(node.sample()) for node in nodes))
+    row("(d) sample, all at once", list(latencies), started, "n=8; " + per_socket(server, cpu, n))
+
+    # (e) server memory per socket.
+    await asyncio.sleep(1.0)
+    rss_open = rss_kib(server["proc"].pid)
+    print(f"| (e) server RSS | {n} | | | | {rss_before / 1024:.0f} MiB with none open, {rss_open / 1024:.0f} MiB "
+          f"with {n}: **{(rss_open - rss_before) / n:.0f} KiB per socket** | {load()} |")  # fmt: skip
+
+    if args.skip_restart:
+        for node in nodes:
+            await node.ws.close()
+        return
+
+    # (f) restart: kill with the sockets open, start again on the same port, everyone comes back.
+    started = load()
+    counts = {"attempts": 0, "refused": 0, "dropped": 0, "why": {}}
+    killed_at = time.perf_counter()
+    server["proc"].send_signal(signal.SIGKILL)
+    server["proc"].wait()
+    returns = [asyncio.create_task(come_back(node, killed_at, counts)) for node in nodes]
+    server["proc"] = await asyncio.to_thread(start_server, args, port, server["log"])
+    listening = time.perf_counter() - killed_at
+    back = await asyncio.gather(*returns)
+    why = " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts["why"].items())) + ")" if counts["why"] else ""
+    print(f"| (f) all back after a restart (from the kill) | {n} | {statistics.median(back) * 1000:.0f} | "
+          f"{percentiles(back)[1] * 1000:.0f} | **{max(back) * 1000:.0f}** | server listening again after "
+          f"{listening:.1f} s; {counts['attempts']} attempts, {counts['refused']} refused while down, "
+          f"**{counts['dropped']} dropped sessions**{why} | {started}-{load()} |")  # fmt: skip
+    for node in nodes:
+        await node.ws.close()
+
+
+def main() -> None:
+    args = parse_args()
+    raise_fd_limit(args.n)
+    print(f"Sockets benchmark: N={args.n} ({os.cpu_count()} CPUs, "
+          f"{'Redis ' + args.redis_url if args.redis_url else 'no Redis: in-memory channel layer'}); "
+          f"load average at start {os.getloadavg()}")  # fmt: skip
+    # Abuse-limit counters (node creations per account) of earlier runs must not count: ids repeat.
+    os.environ["SAPO_REDIS_PREFIX"] = f"benchsockets{os.getpid()}"
+    args.bench_url = POOL.with_db(args.database_url, args.db_name)
+    POOL.recreate_database(args.database_url, args.db_name)
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-sockets-{os.getpid()}.log"
+    try:
+        POOL.setup_django(args)
+        started = time.perf_counter()
+        nodes = POOL.make_nodes(args.n, "sock")
+        POOL.fill_pool(2000, [node.id for node, _ in nodes[: min(50, args.n)]], 86_400)
+        print(f"{args.n} nodes and tokens, 2,000 groups in the pool ({time.perf_counter() - started:.0f} s)")
+        from django.db import connections
+
+        connections.close_all()
+        port = POOL.free_port()
+        with log_path.open("w") as log:
+            server = {"proc": start_server(args, port, log), "log": log}
+            try:
+                asyncio.run(run_phases(args, port, [t for _, t in nodes], server))
+            finally:
+                server["proc"].kill()
+                server["proc"].wait()
+        errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line or "Traceback" in line]
+        print(f"\nserver log {log_path}: {len(errors)} errors" + (f", first: {errors[0][:300]}" if errors else ""))
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        for connection in connections.all(initialized_only=True):
+            connection.close_pool()
+        POOL.recreate_database(args.database_url, args.db_name, drop_only=True)
+    print(f"load average at end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    random.seed()
+    main()
