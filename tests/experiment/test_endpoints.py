@@ -52,3 +52,31 @@ def test_the_markdown_names_every_configuration():
         rows += _run("8/0", seed, [0.1, 0.2]) + _run("4/4", seed, [0.2, 0.3])
     text = endpoints_markdown(endpoints(rows))
     assert "| 8/0 |" in text and "| 4/4 | 2 |" in text and "2/2" in text
+
+
+def test_transfer_is_the_reward_on_the_datasets_a_nodes_warm_start_does_not_know():
+    from sapo_node.experiment.endpoints import node_known, transfer
+
+    known = node_known({"study": {"model": "tiny-learn-a,tiny-learn-b", "nodes": 2}})
+    assert known == {
+        1: frozenset({"basic_arithmetic", "calendar_arithmetic"}),
+        2: frozenset({"base_conversion", "fraction_simplification"}),
+    }
+    assert node_known({"study": {"model": "tiny-learn", "nodes": 2}}) == {}  # knows everything: no transfer
+
+    rows = []
+    for seed, (silo, swarm) in enumerate([(0.0, 0.5), (0.25, 0.75)], start=1):
+        for config, other in (("8/0", silo), ("4/4+own", swarm)):
+            for node, (own_ds, other_ds) in ((1, ("basic_arithmetic", "base_conversion")),
+                                             (2, ("fraction_simplification", "calendar_arithmetic"))):  # fmt: skip
+                row = make_row(config, seed, node, 1, 0.5)
+                row["questions"] = f"{own_ds}/1/1;{other_ds}/1/2"
+                row["question_rewards"] = f"1.0000;{other:.4f}"  # own tasks: always right, not counted
+                rows.append(row)
+    result = transfer(rows, known)
+    assert result["8/0"]["runs"] == {1: {"all": 0.0, "last": 0.0}, 2: {"all": 0.25, "last": 0.25}}
+    assert result["4/4+own"]["runs"][2] == {"all": 0.75, "last": 0.75}
+    paired = result["4/4+own"]["paired"]
+    assert paired["seeds_gaining"] == 2 and paired["gain_pct_of_means"] == pytest.approx(400.0)
+    text = endpoints_markdown(endpoints(rows, known=known))
+    assert "does not know" in text and "| 4/4+own | 0.500 / 0.500 | 0.750 / 0.750 |" in text

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sapo_node.experiment.endpoints import endpoints, endpoints_markdown
+from sapo_node.experiment.endpoints import endpoints, endpoints_markdown, node_known
 from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run
 
 #: The columns of rounds.csv, in order. `questions` lists the round's question identities as
@@ -449,7 +449,7 @@ def analyse(
     sig = significance(rows, method=method, window=sig_window)
     write_significance_csv(out / "significance.csv", sig)
     plot_significance(sig, out / "significance.png")
-    found = endpoints(rows)
+    found = endpoints(rows, known=node_known(meta))
     (out / "endpoints.md").write_text(endpoints_markdown(found))
 
     first_significant: dict[str, int | None] = {}

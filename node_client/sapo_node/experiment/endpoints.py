@@ -8,6 +8,10 @@
   signed-rank test of the per-seed differences, and how many seeds gained.
 - **Per-dataset reward** per node (skill transfer): each node's mean reward on each dataset, from
   the per-question rewards in rounds.csv, over the first and the last `span` rounds.
+- **Transfer** (when nodes start from built-in warm starts that know different datasets, e.g.
+  tiny-learn-a and tiny-learn-b): per run, the nodes' mean reward on the questions of datasets their
+  own warm start does not know (the tasks they could not do alone), over the whole run and the last
+  `span` rounds, and its paired gain over the silo seed by seed (Wilcoxon as above).
 """
 
 from __future__ import annotations
@@ -99,13 +103,81 @@ def dataset_rewards(
     return out
 
 
-def endpoints(rows: Sequence[dict[str, Any]], span: int = 20) -> dict[str, Any]:
+def node_known(meta: dict[str, Any] | None) -> dict[int, frozenset[str]]:
+    """Node k -> the datasets its built-in warm start knows, for the nodes whose model (from the
+    study's settings in `meta`) is a tiny variant that knows a subset of its catalogue."""
+    from sapo_node.tiny import get_variant
+
+    study = (meta or {}).get("study") or {}
+    models = [m.strip() for m in str(study.get("model", "")).split(",") if m.strip()]
+    out: dict[int, frozenset[str]] = {}
+    for k in range(1, int(study.get("nodes") or 0) + 1):
+        try:
+            variant = get_variant(models[(k - 1) % len(models)])
+        except (ValueError, ZeroDivisionError):
+            continue
+        if variant.known:
+            out[k] = frozenset(variant.known)
+    return out
+
+
+def transfer(
+    rows: Sequence[dict[str, Any]], known: dict[int, frozenset[str]], span: int = 20
+) -> dict[str, dict[str, Any]]:
+    """{config: {"runs": {seed: {all, last}}, "paired": ...}}: the nodes' mean reward on questions of
+    datasets their warm start does not know, per run; the paired gain (whole run) over the silo."""
+    from scipy import stats
+
+    span, last = _span(rows, span)
+    acc: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    for row in rows:
+        mine = known.get(row["node"])
+        if mine is None or not row.get("question_rewards"):
+            continue
+        refs = row["questions"].split(";")
+        rewards = [float(x) for x in row["question_rewards"].split(";")]
+        for ref, reward in zip(refs, rewards, strict=True):
+            if ref.split("/")[0] in mine:
+                continue
+            acc[(row["config"], row["seed"], "all")].append(reward)
+            if row["round"] > last - span:
+                acc[(row["config"], row["seed"], "last")].append(reward)
+    runs: dict[str, dict[int, dict[str, float]]] = {}
+    for (config, seed, part), values in acc.items():
+        runs.setdefault(config, {}).setdefault(seed, {})[part] = float(np.mean(values))
+    base = baseline_config(rows)
+    out: dict[str, dict[str, Any]] = {}
+    for config in config_order(rows):
+        if config not in runs:
+            continue
+        entry: dict[str, Any] = {"runs": dict(sorted(runs[config].items())), "paired": None}
+        if base is not None and config != base and base in runs:
+            seeds = sorted(set(runs[config]) & set(runs[base]))
+            a = np.array([runs[config][s]["all"] for s in seeds])
+            b = np.array([runs[base][s]["all"] for s in seeds])
+            paired: dict[str, Any] = {
+                "seeds": seeds, "seeds_gaining": int((a > b).sum()),
+                "gain_pct_of_means": float(100.0 * (a.mean() / b.mean() - 1.0)) if b.mean() > 0 else None,
+                "wilcoxon_p": None,
+            }  # fmt: skip
+            if len(seeds) >= 2 and np.any(a != b):
+                paired["wilcoxon_p"] = float(stats.wilcoxon(a - b, alternative="two-sided").pvalue)
+            entry["paired"] = paired
+        out[config] = entry
+    return out
+
+
+def endpoints(
+    rows: Sequence[dict[str, Any]], span: int = 20, known: dict[int, frozenset[str]] | None = None
+) -> dict[str, Any]:
     base = baseline_config(rows)
     return {
         "learning_span": _span(rows, span)[0],
         "learning": learning(rows, span),
         "paired": {c: paired_endpoint(rows, c, base) for c in config_order(rows) if c != base} if base else {},
         "dataset_rewards": dataset_rewards(rows, span),
+        "known": {k: sorted(v) for k, v in (known or {}).items()},
+        "transfer": transfer(rows, known, span) if known else {},
     }
 
 
@@ -145,4 +217,30 @@ def endpoints_markdown(result: dict[str, Any]) -> str:
                     for d in datasets
                 ]
                 lines.append(f"| {config} | {node} | " + " | ".join(cells) + " |")
+    if result.get("transfer"):
+        knows = "; ".join(f"node {k}: {', '.join(v)}" for k, v in sorted(result["known"].items()))
+        lines += ["", f"Transfer: mean reward on the datasets a node's warm start does not know ({knows});",
+                  f"per seed: whole run / last {span} rounds", ""]  # fmt: skip
+        seeds = sorted({s for t in result["transfer"].values() for s in t["runs"]})
+        lines += [
+            "| config | " + " | ".join(f"seed {s}" for s in seeds)
+            + " | mean, whole run | mean, last rounds | gain over silo (of the means) | seeds gaining | Wilcoxon p |",
+            "|---|" + "---|" * (len(seeds) + 5),
+        ]  # fmt: skip
+        for config, t in result["transfer"].items():
+            runs = t["runs"]
+            cells = [
+                f"{runs[s]['all']:.3f} / {runs[s].get('last', float('nan')):.3f}" if s in runs else "" for s in seeds
+            ]
+            mean_all = np.mean([r["all"] for r in runs.values()])
+            mean_last = np.mean([r.get("last", np.nan) for r in runs.values()])
+            p = t["paired"] or {}
+            gain = f"{p['gain_pct_of_means']:+.0f}%" if p.get("gain_pct_of_means") is not None else ""
+            gaining = f"{p['seeds_gaining']}/{len(p['seeds'])}" if p else ""
+            pval = f"{p['wilcoxon_p']:.3g}" if p.get("wilcoxon_p") is not None else ""
+            lines.append(
+                f"| {config} | "
+                + " | ".join(cells)
+                + f" | {mean_all:.3f} | {mean_last:.3f} | {gain} | {gaining} | {pval} |"
+            )
     return "\n".join(lines) + "\n"
