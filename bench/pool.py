@@ -206,7 +206,9 @@ CommandLineInterface.entrypoint()
 """
 
 
-def start_server(args: argparse.Namespace, port: int, moderation: bool, *, name: str, redis: bool) -> subprocess.Popen:
+def start_server(
+    args: argparse.Namespace, port: int, moderation: bool, *, name: str = "bench", redis: bool = False
+) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
