@@ -457,7 +457,7 @@ def bench_live(args: argparse.Namespace) -> None:
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
         port = pool.free_port()
-        server = pool.start_server(args, port, True)
+        server = pool.start_server(args, port, True, budgets=True)  # the default byte and CPU budgets
         try:
             quiet = None
             for p, (name, payload) in enumerate(phases):

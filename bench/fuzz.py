@@ -418,6 +418,8 @@ def main() -> None:
             SAPO_CATALOGUE="easy",
             SAPO_CONN_MAX_AGE="600",
             SAPO_MAX_MESSAGES_PER_MINUTE="100000000",
+            SAPO_MAX_BYTES_PER_MINUTE=str(2**40),
+            SAPO_MAX_CPU_MS_PER_MINUTE=str(2**40),
             SAPO_MAX_CONSECUTIVE_ERRORS="100000000",
             SAPO_LOG_LEVEL="WARNING",
         )

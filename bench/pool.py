@@ -207,8 +207,16 @@ CommandLineInterface.entrypoint()
 
 
 def start_server(
-    args: argparse.Namespace, port: int, moderation: bool, *, name: str = "bench", redis: bool = False
+    args: argparse.Namespace,
+    port: int,
+    moderation: bool,
+    *,
+    name: str = "bench",
+    redis: bool = False,
+    budgets: bool = False,
 ) -> subprocess.Popen:
+    """daphne on `port`. The per-node message rate is lifted (the benchmark's few nodes send what a
+    swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them)."""
     env = dict(os.environ)
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
@@ -220,6 +228,8 @@ def start_server(
         SAPO_LOG_LEVEL="WARNING",
         SAPO_SERVER_NAME=name,
     )
+    if not budgets:
+        env.update(SAPO_MAX_BYTES_PER_MINUTE=str(2**40), SAPO_MAX_CPU_MS_PER_MINUTE=str(2**40))
     if redis:  # several workers share Redis (channel layer, rate counts, presence), as deployed
         env["SAPO_REDIS_PREFIX"] = f"sapobench{os.getpid()}"
     else:

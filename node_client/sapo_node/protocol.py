@@ -16,6 +16,7 @@ LIMIT_NAMES = (
     "max_used_per_report",
     "max_messages_per_minute",
     "max_bytes_per_minute",
+    "max_cpu_ms_per_minute",
     "max_consecutive_errors",
     "sample_window_seconds",
     "max_stored_bytes_per_node_hour",

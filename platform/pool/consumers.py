@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import time
 import uuid
 from typing import Any, assert_never
 
@@ -78,6 +80,17 @@ def _session_open(*, token: str | None, connection_id: uuid.UUID, base_quota: in
             raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
     # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
     return node, moderation().node_message_quota(node_id=node.id, base=base_quota)
+
+
+def _cpu_timed(fn: Any) -> Any:
+    """fn(**kwargs) -> (its result, the CPU seconds its thread spent in it)."""
+
+    def timed(**kwargs: Any) -> tuple[Any, float]:
+        started = time.thread_time()
+        result = fn(**kwargs)
+        return result, time.thread_time() - started
+
+    return timed
 
 
 def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str, Any]]:
@@ -194,19 +207,34 @@ class NodeConsumer(AsyncWebsocketConsumer):
 
     async def _answer(self, frame: str | bytes | None) -> None:
         node = self.node
-        byte_limit = self.limits.max_bytes_per_minute
-        if await ratelimit.hit(node.id, self.rate_limit, size=frame_size(frame or ""), byte_limit=byte_limit):
+        byte_limit, cpu_limit = self.limits.max_bytes_per_minute, self.limits.max_cpu_ms_per_minute
+        if await ratelimit.hit(
+            node.id, self.rate_limit, size=frame_size(frame or ""), byte_limit=byte_limit, cpu_limit_ms=cpu_limit
+        ):
             # Refused unparsed: a node over its rate costs the server no parsing, whatever it sends. The
             # ref, read from the frame's first characters, tells the node which request to send again.
-            limits = f"{self.rate_limit} messages or {byte_limit} bytes"
+            limits = f"{self.rate_limit} messages, {byte_limit} bytes or {cpu_limit} ms of server CPU"
             await self._error("rate_limited", f"more than {limits} per minute", leading_ref(frame))
             return
+        # What this frame costs the server (parsing here, the share's work in its thread), charged to
+        # the node's CPU budget for the minute whatever the outcome.
+        self.frame_cpu = 0.0
+        try:
+            await self._handle(frame)
+        finally:
+            await ratelimit.charge(node.id, math.ceil(self.frame_cpu * 1000))
+
+    async def _handle(self, frame: str | bytes | None) -> None:
+        node = self.node
+        started = time.thread_time()  # read before any await: other sockets' work runs on this thread then
         try:
             message = parse_frame(frame, self.limits)
-            self.frame_ref = message.ref
         except ProtocolError as exc:
+            self.frame_cpu += time.thread_time() - started
             await self._error(exc.code, exc.detail, exc.ref)
             return
+        self.frame_cpu += time.thread_time() - started
+        self.frame_ref = message.ref
         try:
             reply = await self._dispatch(message)
         except ApplicationError as exc:
@@ -225,9 +253,10 @@ class NodeConsumer(AsyncWebsocketConsumer):
         if isinstance(message, Share):
             # Several sockets' shares verify and insert in parallel (db_call's threads), so one
             # socket's database wait overlaps another's verification.
-            result = await db_call(rollout_share)(
+            result, cpu = await db_call(_cpu_timed(rollout_share))(
                 node=node, rollouts=message.rollouts, catalogue=self.catalogue, limits=self.limits
             )
+            self.frame_cpu += cpu
             metrics.share_answered(result)
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):

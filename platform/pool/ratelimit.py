@@ -1,4 +1,4 @@
-"""Messages and frame bytes per minute per node, counted across every connection of the node.
+"""Messages, frame bytes and server CPU per minute per node, counted across every connection of the node.
 
 With REDIS_URL set (a multi-process deployment: the channel layer is Redis too) the counter lives in
 Redis, one key per node and minute (INCR + EXPIRE in one round trip), so it holds across connections
@@ -19,6 +19,7 @@ from django.conf import settings
 
 _local_counts: dict[tuple[int, int], int] = {}
 _local_bytes: dict[tuple[int, int], int] = {}
+_local_cpu: dict[tuple[int, int], int] = {}
 # Keyed by the loop object itself, not id(loop): an id can be reused by a later loop (or by a
 # forked process's new loop) and hand it a client whose connections belong to a dead loop.
 _redis_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, object] = weakref.WeakKeyDictionary()
@@ -36,33 +37,60 @@ def _redis():
     return client
 
 
-async def hit(node_id: int, limit: int, now: float | None = None, *, size: int = 0, byte_limit: int = 0) -> bool:
-    """Count one frame of `size` bytes for the node; True when it is over `limit` frames, or over
-    `byte_limit` bytes (0: no byte limit), this minute. Refused frames count too."""
+def _key(node_id: int, minute: int) -> str:
+    return f"{settings.SAPO_REDIS_PREFIX}:rate:{node_id}:{minute}"
+
+
+async def hit(
+    node_id: int, limit: int, now: float | None = None, *, size: int = 0, byte_limit: int = 0, cpu_limit_ms: int = 0
+) -> bool:
+    """Count one frame of `size` bytes for the node; True when it is over `limit` frames, over
+    `byte_limit` bytes (0: no byte limit), or has already cost `cpu_limit_ms` of server CPU (0: no
+    CPU limit; see `charge`) this minute. Refused frames count too."""
     minute = int((now if now is not None else time.time()) // 60)
     if getattr(settings, "REDIS_URL", ""):
-        key = f"{settings.SAPO_REDIS_PREFIX}:rate:{node_id}:{minute}"
+        key = _key(node_id, minute)
         async with _redis().pipeline(transaction=False) as pipe:
             pipe.incr(key)
             pipe.expire(key, 120)
-            if byte_limit:
-                pipe.incrby(key + ":bytes", size)
-                pipe.expire(key + ":bytes", 120)
+            pipe.incrby(key + ":bytes", size)
+            pipe.expire(key + ":bytes", 120)
+            pipe.get(key + ":cpu")
             replies = await pipe.execute()
-        return int(replies[0]) > limit or (byte_limit > 0 and int(replies[2]) > byte_limit)
-    key = (node_id, minute)
-    count = _local_counts.get(key, 0) + 1
-    _local_counts[key] = count
-    sent = _local_bytes.get(key, 0) + size
-    _local_bytes[key] = sent
-    if count == 1 and len(_local_counts) > 10_000:
-        for old in [k for k in _local_counts if k[1] < minute]:
-            del _local_counts[old]
-            _local_bytes.pop(old, None)
-    return count > limit or 0 < byte_limit < sent
+        count, sent, spent = int(replies[0]), int(replies[2]), int(replies[4] or 0)
+    else:
+        local = (node_id, minute)
+        count = _local_counts.get(local, 0) + 1
+        _local_counts[local] = count
+        sent = _local_bytes.get(local, 0) + size
+        _local_bytes[local] = sent
+        spent = _local_cpu.get(local, 0)
+        if count == 1 and len(_local_counts) > 10_000:
+            for old in [k for k in _local_counts if k[1] < minute]:
+                del _local_counts[old]
+                _local_bytes.pop(old, None)
+                _local_cpu.pop(old, None)
+    return count > limit or 0 < byte_limit < sent or 0 < cpu_limit_ms <= spent
+
+
+async def charge(node_id: int, cpu_ms: int, now: float | None = None) -> None:
+    """Add what handling one of the node's frames cost the server (CPU milliseconds) to this minute's
+    count, which `hit` compares with the node's CPU limit before its next frame is parsed."""
+    if cpu_ms <= 0:
+        return
+    minute = int((now if now is not None else time.time()) // 60)
+    if getattr(settings, "REDIS_URL", ""):
+        key = _key(node_id, minute) + ":cpu"
+        async with _redis().pipeline(transaction=False) as pipe:
+            pipe.incrby(key, cpu_ms)
+            pipe.expire(key, 120)
+            await pipe.execute()
+        return
+    _local_cpu[(node_id, minute)] = _local_cpu.get((node_id, minute), 0) + cpu_ms
 
 
 def reset_local() -> None:
     """Forget in-process counts (tests)."""
     _local_counts.clear()
     _local_bytes.clear()
+    _local_cpu.clear()

@@ -35,7 +35,12 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 FUZZ_SETTINGS = {
     "SAPO_CATALOGUE": "easy",
     # Every frame is answered, whatever came before: no 4429 after 20 errors, no rate refusal.
-    "SAPO_LIMITS": {"max_messages_per_minute": 10**9, "max_consecutive_errors": 10**9},
+    "SAPO_LIMITS": {
+        "max_messages_per_minute": 10**9,
+        "max_bytes_per_minute": 10**12,
+        "max_cpu_ms_per_minute": 10**12,
+        "max_consecutive_errors": 10**9,
+    },
     "CONN_MAX_AGE": 600,  # persistent database connections, as bench/pool.py and production use
 }
 FRAMES = 2000

@@ -6,6 +6,7 @@ does the same over a real socket, fuzzed."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
@@ -127,6 +128,22 @@ async def test_the_bytes_per_minute_count_every_connection_of_the_node(node, nod
     assert (reply["code"], reply["ref"]) == ("rate_limited", "b")
     await first.disconnect()
     await second.disconnect()
+
+
+async def test_a_node_whose_frames_cost_its_cpu_budget_is_refused_until_the_minute_ends(node, node_token, settings):
+    from pool import ratelimit
+
+    settings.SAPO_LIMITS = {"max_cpu_ms_per_minute": 1}  # any share costs more than a millisecond to handle
+    socket = await open_socket(node_token)
+    assert (await ask(socket, client_share(make_group(index=1), ref="first")))["type"] == "ack"
+    stored = await sync_to_async(Rollout.objects.count)()
+    reply = await ask(socket, client_share(make_group(index=2), ref="second"))
+    assert (reply["type"], reply["code"], reply["ref"]) == ("error", "rate_limited", "second")
+    assert "CPU" in reply["detail"]
+    assert await sync_to_async(Rollout.objects.count)() == stored  # refused before any work
+    # The budget is per minute: the next minute's count starts from nothing.
+    assert not await ratelimit.hit(node.id, 10**6, time.time() + 60, cpu_limit_ms=1)
+    await socket.disconnect()
 
 
 async def test_an_unexpected_failure_is_internal_error_with_ref_and_presence_still_ends(node, node_token, monkeypatch):
