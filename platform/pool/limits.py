@@ -39,9 +39,9 @@ class Limits:
     max_bytes_per_minute: int = 8 * 1024 * 1024
     #: Server CPU a node's frames may cost per minute (milliseconds of the handling thread's CPU time:
     #: parsing, verification, moderation, the insert), counted after each frame; a node over it has
-    #: its frames refused unparsed until the minute ends. An honest node's shares cost a few ms each
-    #: (a 32-group share ~15 ms), a few hundred ms a minute; 3,000 ms (5% of a core) bounds what any
-    #: one node, honest or not, takes from everyone else (docs/benchmarks.md, "Attacks on verification").
+    #: its frames refused unparsed until the minute ends. A 32-group share costs ~15 ms in process;
+    #: 3,000 ms (5% of a core) bounds what any one node, honest or not, takes from everyone else per
+    #: minute (not within a burst: docs/benchmarks.md, "Attacks on verification").
     max_cpu_ms_per_minute: int = 3_000
     max_consecutive_errors: int = 20
     sample_window_seconds: int = 86_400
