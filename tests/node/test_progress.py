@@ -45,9 +45,22 @@ def test_a_terminal_gets_a_live_bar():
         bar.update(3)
         bar.close()
         tty.flush()
-        written = os.read(leader, 4096).decode()
+        written = _read_all(leader)
     os.close(leader)
     assert "\r" in written and "3/3" in written
+
+
+def _read_all(fd: int) -> str:
+    """Everything written to a pty so far: one read() may return only the first chunk."""
+    import select
+
+    chunks = []
+    while select.select([fd], [], [], 0.5)[0]:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
 
 
 def test_disabled_writes_nothing():
