@@ -23,12 +23,13 @@ from sapo_node.experiment.analysis import (
     summary_table,
     write_rounds,
 )
+from sapo_node.experiment.presets import parse_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def make_row(config: str, seed: int, node: int, round: int, reward: float) -> dict:
-    local, external = (int(x) for x in config.removesuffix("+own").split("/"))
+    local, external = parse_config(config)
     row = {name: 0 for name in ROUND_FIELDS}
     row.update(config=config, local=local, external=external, seed=seed, node=node, round=round,
                reward_mean=reward, questions=f"basic_arithmetic/{seed * 1000 + node}/{round}")  # fmt: skip

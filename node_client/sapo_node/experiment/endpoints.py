@@ -16,8 +16,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,17 @@ def paired_endpoint(rows: Sequence[dict[str, Any]], config: str, baseline: str |
     return result
 
 
+def _question_rewards(rows: Sequence[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, float]]:
+    """(row, dataset, reward) for every question of every row that recorded per-question rewards."""
+    for row in rows:
+        if not row.get("question_rewards"):
+            continue
+        refs = row["questions"].split(";")
+        rewards = [float(x) for x in row["question_rewards"].split(";")]
+        for ref, reward in zip(refs, rewards, strict=True):
+            yield row, ref.split("/")[0], reward
+
+
 def dataset_rewards(
     rows: Sequence[dict[str, Any]], span: int = 20
 ) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
@@ -83,18 +95,12 @@ def dataset_rewards(
     dataset (over seeds) in the first `span` rounds, the last `span` and the whole run."""
     span, last = _span(rows, span)
     acc: dict[tuple[str, int, str, str], list[float]] = defaultdict(list)
-    for row in rows:
-        if not row.get("question_rewards"):
-            continue
-        refs = row["questions"].split(";")
-        rewards = [float(x) for x in row["question_rewards"].split(";")]
-        for ref, reward in zip(refs, rewards, strict=True):
-            dataset = ref.split("/")[0]
-            acc[(row["config"], row["node"], dataset, "all")].append(reward)
-            if row["round"] <= span:
-                acc[(row["config"], row["node"], dataset, "first")].append(reward)
-            if row["round"] > last - span:
-                acc[(row["config"], row["node"], dataset, "last")].append(reward)
+    for row, dataset, reward in _question_rewards(rows):
+        acc[(row["config"], row["node"], dataset, "all")].append(reward)
+        if row["round"] <= span:
+            acc[(row["config"], row["node"], dataset, "first")].append(reward)
+        if row["round"] > last - span:
+            acc[(row["config"], row["node"], dataset, "last")].append(reward)
     out: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
     for config in config_order(rows):
         for (c, node, dataset, part), values in sorted(acc.items()):
@@ -106,15 +112,19 @@ def dataset_rewards(
 def node_known(meta: dict[str, Any] | None) -> dict[int, frozenset[str]]:
     """Node k -> the datasets its built-in warm start knows, for the nodes whose model (from the
     study's settings in `meta`) is a tiny variant that knows a subset of its catalogue."""
+    from sapo_node.experiment.presets import StudyConfig
     from sapo_node.tiny import get_variant
 
     study = (meta or {}).get("study") or {}
-    models = [m.strip() for m in str(study.get("model", "")).split(",") if m.strip()]
+    if not str(study.get("model", "")).strip(" ,"):
+        return {}
+    names = {f.name for f in dataclasses.fields(StudyConfig)}
+    cfg = StudyConfig(**{k: v for k, v in study.items() if k in names})  # an older study's extra keys dropped
     out: dict[int, frozenset[str]] = {}
-    for k in range(1, int(study.get("nodes") or 0) + 1):
+    for k, model in enumerate(cfg.node_models(), start=1):
         try:
-            variant = get_variant(models[(k - 1) % len(models)])
-        except (ValueError, ZeroDivisionError):
+            variant = get_variant(model)
+        except ValueError:  # not a built-in tiny variant
             continue
         if variant.known:
             out[k] = frozenset(variant.known)
@@ -130,18 +140,13 @@ def transfer(
 
     span, last = _span(rows, span)
     acc: dict[tuple[str, int, str], list[float]] = defaultdict(list)
-    for row in rows:
+    for row, dataset, reward in _question_rewards(rows):
         mine = known.get(row["node"])
-        if mine is None or not row.get("question_rewards"):
+        if mine is None or dataset in mine:
             continue
-        refs = row["questions"].split(";")
-        rewards = [float(x) for x in row["question_rewards"].split(";")]
-        for ref, reward in zip(refs, rewards, strict=True):
-            if ref.split("/")[0] in mine:
-                continue
-            acc[(row["config"], row["seed"], "all")].append(reward)
-            if row["round"] > last - span:
-                acc[(row["config"], row["seed"], "last")].append(reward)
+        acc[(row["config"], row["seed"], "all")].append(reward)
+        if row["round"] > last - span:
+            acc[(row["config"], row["seed"], "last")].append(reward)
     runs: dict[str, dict[int, dict[str, float]]] = {}
     for (config, seed, part), values in acc.items():
         runs.setdefault(config, {}).setdefault(seed, {})[part] = float(np.mean(values))
