@@ -111,7 +111,11 @@ def _fresh_abuse_limits() -> None:
         client = _limit_redis.get(settings.REDIS_URL)
         if client is None:
             client = _limit_redis[settings.REDIS_URL] = redis.Redis.from_url(settings.REDIS_URL)
-        keys = list(client.scan_iter(match=f"{settings.SAPO_REDIS_PREFIX}:limit:*", count=1000))
+        keys = [
+            key
+            for kind in ("limit", "budget")  # accounts.limits' counters, pool.ratelimit's buckets
+            for key in client.scan_iter(match=f"{settings.SAPO_REDIS_PREFIX}:{kind}:*", count=1000)
+        ]
         if keys:
             client.delete(*keys)
 
