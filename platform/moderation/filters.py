@@ -31,6 +31,30 @@ def normalise(text: str) -> str:
     return " ".join(folded.split())
 
 
+# str.split()'s whitespace among ASCII characters: \t \n \v \f \r, the separators \x1c-\x1f, and space.
+_ASCII_SPACES = b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"
+_ASCII_FOLD = bytes.maketrans(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _ASCII_SPACES, b"abcdefghijklmnopqrstuvwxyz" + b" " * len(_ASCII_SPACES)
+)
+
+
+def normalised_utf8(texts: Sequence[str]) -> list[bytes]:
+    """`normalise(text).encode("utf-8")` of each text. The ASCII texts (nearly every completion) are
+    normalised together, as bytes: one join, one translate (case and whitespace), runs of spaces halved
+    until none is left, one split. `normalise` splits every text into words, a string object per word:
+    most of a share's normalising cost before. Texts holding a NUL (the separator) go one by one."""
+    out: list[bytes | None] = [None] * len(texts)
+    batch = [i for i, t in enumerate(texts) if t.isascii()]
+    joined = "\x00".join([texts[i] for i in batch]).encode("ascii")
+    if batch and joined.count(b"\x00") == len(batch) - 1:
+        folded = joined.translate(_ASCII_FOLD)
+        while b"  " in folded:  # a run of k spaces takes log2(k) passes
+            folded = folded.replace(b"  ", b" ")
+        for i, part in zip(batch, folded.split(b"\x00"), strict=True):
+            out[i] = part.strip(b" ")
+    return [normalise(t).encode("utf-8") if o is None else o for t, o in zip(texts, out, strict=True)]
+
+
 def question_hash(question: str) -> str:
     return hashlib.sha1(normalise(question).encode("utf-8")).hexdigest()  # noqa: S324 - a key, not a secret
 
@@ -40,12 +64,14 @@ _ONE = np.uint64(1)
 _S33 = np.uint64(33)
 _MIX1 = np.uint64(0xFF51AFD7ED558CCD)
 _MIX2 = np.uint64(0xC4CEB9FE1A85EC53)
-# Bit counting 4 bits per uint64 add: word j of a hash keeps its bits j, 16+j, 32+j and 48+j, one in each
-# 16-bit lane. A text has at most 4 * SIMHASH_CHARS windows (< 2**16), so no lane overflows into the next.
-_LANE_SHIFTS = np.arange(16, dtype=np.uint64)[:, None]
-_LANE_MASK = np.uint64(0x0001000100010001)
-_LANES = np.array([0, 16, 32, 48], dtype=np.uint64)
-_LANE_BITS = np.uint64(0xFFFF)
+# Bit counting 8 bits per uint64 add: word j of a hash keeps its bits j, 8+j, ..., 56+j, one in each 8-bit
+# lane. A lane holds at most 255, so a text's windows are summed in chunks of at most _CHUNK, and the
+# chunks' counts added per text once the lanes are apart. (16-bit lanes needed no chunks but twice the
+# passes over the hashes: 16 shifts and masks instead of 8, most of the simhash's time.)
+_LANE_MASK = np.uint64(0x0101010101010101)
+_LANES = np.arange(0, 64, 8, dtype=np.uint64)
+_LANE_BITS = np.uint64(0xFF)
+_CHUNK = 255
 
 
 def simhashes(normalised: Sequence[str]) -> list[int]:
@@ -64,8 +90,9 @@ def _simhashes(datas: list[bytes]) -> list[int]:
     """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded."""
     if not datas:
         return []
+    m = len(datas)
     datas = [d if len(d) >= SHINGLE else d + bytes(SHINGLE - len(d)) for d in datas]
-    lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
+    lengths = np.fromiter(map(len, datas), dtype=np.int64, count=m)
     raw = np.frombuffer(b"".join(datas), dtype=np.uint8).astype(np.uint64)
     n = raw.size - SHINGLE + 1
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as intended
@@ -79,17 +106,29 @@ def _simhashes(datas: list[bytes]) -> list[int]:
         h ^= h >> _S33
         h *= _MIX2
         h ^= h >> _S33
-    windows = lengths - SHINGLE + 1  # (m,)
+    windows = lengths - SHINGLE + 1  # (m,), each >= 1
     starts = np.cumsum(lengths) - lengths
-    bounds = np.empty(2 * len(datas), dtype=np.int64)  # each text's windows: [start, start + windows)
-    bounds[0::2] = starts
-    bounds[1::2] = starts + windows
+    # Text t's windows [starts[t], starts[t] + windows[t]) in chunks of at most _CHUNK; reduceat's
+    # boundaries are each text's chunk starts, then the start of the windows straddling it and the next.
+    chunks = (windows + _CHUNK - 1) // _CHUNK  # (m,)
+    first_chunk = np.cumsum(chunks) - chunks
+    text_of = np.repeat(np.arange(m), chunks)  # (c,): each chunk's text
+    within = np.arange(text_of.size) - first_chunk[text_of]
+    bounds = np.empty(text_of.size + m, dtype=np.int64)
+    at_chunk = np.arange(text_of.size) + text_of  # each text's boundaries come after the earlier texts' gaps
+    bounds[at_chunk] = starts[text_of] + within * _CHUNK
+    bounds[first_chunk + chunks + np.arange(m)] = starts + windows
     if bounds[-1] == n:
         bounds = bounds[:-1]
-    spread = (h[None, :] >> _LANE_SHIFTS) & _LANE_MASK  # (16, n)
-    sums = np.add.reduceat(spread, bounds, axis=1)[:, 0::2]  # (16, m)
-    ones = (sums[:, :, None] >> _LANES) & _LANE_BITS  # (16 j, m, 4 lanes): the count of bit 16 * lane + j
-    ones = ones.transpose(1, 2, 0).reshape(len(datas), 64).astype(np.int64)  # (m, 64): bit b in column b
+    sums = np.empty((8, text_of.size), dtype=np.uint64)  # (8 j, c)
+    spread = np.empty_like(h)
+    for j in range(8):
+        np.right_shift(h, np.uint64(j), out=spread)
+        spread &= _LANE_MASK
+        sums[j] = np.add.reduceat(spread, bounds)[at_chunk]
+    ones = (sums[:, :, None] >> _LANES) & _LANE_BITS  # (8 j, c, 8 lanes): the count of bit 8 * lane + j
+    ones = ones.transpose(1, 2, 0).reshape(text_of.size, 64).astype(np.int64)  # (c, 64): bit b in column b
+    ones = np.add.reduceat(ones, first_chunk, axis=0)  # (m, 64)
     majority = 2 * ones > windows[:, None]
     return np.packbits(majority, axis=1, bitorder="little").view("<i8").ravel().tolist()
 
@@ -127,14 +166,14 @@ class Fingerprint:
 def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     """The fingerprints of several groups' completions (one per group, in order), the simhashes of all
     of them computed in one pass: a share's groups cost one numpy call, not one per completion."""
-    normalised = [normalise(c) for completions in groups for c in completions]
-    encoded = [n.encode("utf-8") for n in normalised]  # once, for the exact hash and the simhash
+    encoded = normalised_utf8([c for completions in groups for c in completions])
     exact = [hashlib.blake2b(e, digest_size=16).hexdigest() for e in encoded]
+    # A text's length in characters: its bytes' length unless it is not ASCII (rare: decoded again).
+    lengths = [len(e) if e.isascii() else len(e.decode("utf-8")) for e in encoded]
     hashes = _simhashes(
-        [e if len(e) <= SIMHASH_CHARS or len(n) <= SIMHASH_CHARS else n[:SIMHASH_CHARS].encode("utf-8")
-         for n, e in zip(normalised, encoded, strict=True)]
+        [e if n <= SIMHASH_CHARS or len(e) <= SIMHASH_CHARS else e.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
+         for e, n in zip(encoded, lengths, strict=True)]
     )  # fmt: skip
-    lengths = list(map(len, normalised))
     out = []
     at = 0
     for completions in groups:
@@ -248,28 +287,44 @@ for _lo, _hi in _NONPRINTABLE:
     _NONPRINTABLE_TABLE[_lo : _hi + 1] = True
 
 
+_NONPRINTABLE_ASCII = bytes(c for c in range(128) if _NONPRINTABLE_TABLE[c])
+
+
+def _segment_sums(mask: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Per i, how many of mask[starts[i]:stops[i]] are set (segments in order, apart, maybe empty). One
+    reduceat (a cumulative sum over the whole mask cost ten times more)."""
+    bounds = np.empty(2 * len(starts), dtype=np.int64)
+    bounds[0::2] = starts
+    bounds[1::2] = stops
+    np.minimum(bounds, len(mask), out=bounds)  # only empty segments start past the mask's end
+    padded = np.concatenate((mask, [False]))  # a bound equal to len(mask) stays in range
+    sums = np.add.reduceat(padded, bounds, dtype=np.int64)[0::2]
+    return np.where(stops > starts, sums, 0)  # reduceat gives an empty segment its first element
+
+
 def _counts(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per text: its length and how many of its characters are non-printable, non-ASCII, and repeated
-    (equal to the previous one). All texts in one numpy pass over their concatenated code points."""
+    (equal to the previous one). All texts in one numpy pass over their concatenated code points (bytes,
+    when all are ASCII, as nearly every share is)."""
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    codes = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
-    nonprintable = _NONPRINTABLE_TABLE[np.minimum(codes, 0x10000)]
-
-    def per_text(mask: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        total = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
-        return total[ends] - total[starts]
-
-    # pair k is (k, k + 1) and counts for the text holding both: its pairs are [start, end - 1); padded
-    # to one entry per character so that every index stays in range
-    repeated = np.concatenate((codes[1:] == codes[:-1], [False]))
-    return (
-        lengths,
-        per_text(nonprintable, ends),
-        per_text(codes > 127, ends),
-        per_text(repeated, np.maximum(starts, ends - 1)),
-    )
+    joined = "".join(texts)
+    if joined.isascii():
+        data = joined.encode("ascii")
+        codes = np.frombuffer(data, dtype=np.uint8)
+        non_ascii = np.zeros(len(texts), dtype=np.int64)
+        if len(data.translate(None, _NONPRINTABLE_ASCII)) == len(data):
+            nonprintable = non_ascii
+        else:
+            nonprintable = _segment_sums(_NONPRINTABLE_TABLE[codes], starts, ends)
+    else:
+        codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
+        nonprintable = _segment_sums(_NONPRINTABLE_TABLE[np.minimum(codes, 0x10000)], starts, ends)
+        non_ascii = _segment_sums(codes > 127, starts, ends)
+    # pair k is (k, k + 1) and counts for the text holding both: its pairs are [start, end - 1)
+    repeated = _segment_sums(codes[1:] == codes[:-1], starts, np.maximum(starts, ends - 1))
+    return lengths, nonprintable, non_ascii, repeated
 
 
 def length_findings(groups: Sequence[Sequence[str]], rule: Rule) -> list[str | None]:
