@@ -119,6 +119,38 @@ def test_simhash_distance_is_small_for_near_texts_and_large_for_different_ones()
     assert filters.hamming(a, c) > 12
 
 
+def _simhash_by_the_book(text: str) -> int:
+    """docs/moderation.md's simhash, one gram at a time: what the vectorised one must equal bit for bit
+    (the stored fingerprints of earlier groups are compared with new ones)."""
+    data = text[: filters.SIMHASH_CHARS].encode("utf-8").ljust(filters.SHINGLE, b"\0")
+    mask = (1 << 64) - 1
+    ones = [0] * 64
+    windows = len(data) - filters.SHINGLE + 1
+    for start in range(windows):
+        h = 0
+        for byte in data[start : start + filters.SHINGLE]:
+            h = (h * 1099511628211 + byte + 1) & mask
+        for mul in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, None):  # murmur3's finaliser
+            h ^= h >> 33
+            h = h if mul is None else (h * mul) & mask
+        for bit in range(64):
+            ones[bit] += h >> bit & 1
+    value = sum(1 << bit for bit in range(64) if 2 * ones[bit] > windows)
+    return value - (1 << 64) if value >> 63 else value
+
+
+def test_fingerprints_of_a_share_equal_each_texts_own_by_the_book():
+    # lengths around the simhash's 255-gram chunks, the 4000-character cut, padding and non-ASCII
+    texts = ["", "a", "abc", "word " * 51 + "xy", "word " * 52, "step " * 120, "é" * 300, "x y" * 1500]
+    texts += ["  Mixed\tCase\x1cand\n\nspaces  ", "ＡＢＣ ﬁ Straße\u2028end", "tabs\x0b\x0cand\r\nlines " * 30]
+    (fp,) = filters.fingerprints([texts])
+    normalised = [filters.normalise(t) for t in texts]
+    assert fp.lengths == [len(n) for n in normalised]
+    assert fp.simhash == [_simhash_by_the_book(n) for n in normalised]
+    assert fp.exact == [filters.fingerprints([[t]])[0].exact[0] for t in texts]
+    assert len(set(fp.exact)) == len(texts)
+
+
 # --- length and character classes -----------------------------------------------------------------
 
 
