@@ -150,10 +150,14 @@ BANDS = 4
 BAND_BUCKET = 64
 
 
-def _band_keys(hashes: np.ndarray) -> np.ndarray:
-    """(BANDS, n) band values of uint64 hashes: row i holds bits 16*i .. 16*i+15."""
+_BAND_TAGS = np.arange(BANDS, dtype=np.uint64)[:, None] << np.uint64(16)
+
+
+def _tagged_band_keys(hashes: np.ndarray) -> np.ndarray:
+    """(BANDS, n) band values of uint64 hashes, each tagged with its band: row i holds bits 16*i .. 16*i+15,
+    plus i * 2**16 (one sorted array then serves all the bands)."""
     shifts = np.arange(BANDS, dtype=np.uint64)[:, None] * np.uint64(16)
-    return (hashes[None, :] >> shifts) & np.uint64(0xFFFF)
+    return ((hashes[None, :] >> shifts) & np.uint64(0xFFFF)) | _BAND_TAGS
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,8 @@ class CopyIndex:
         self._ids: list[str] = []  # rollout ids, in the order added
         self._owner: list[int] = []  # per candidate simhash: its index in _ids
         self._hashes: list[int] = []  # candidate simhashes (signed, as stored)
-        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (BANDS, n) sorted band values, their order
+        # (BANDS, n) sorted band values, their order, the hashes as uint64, the owners
+        self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def add(self, rollout_id: str, exact: Sequence[str], hashes: Sequence[int]) -> None:
         for h in exact:
@@ -211,37 +216,39 @@ class CopyIndex:
     def exact_match(self, h: str) -> str | None:
         return self.exact.get(h)
 
-    def _bands(self) -> tuple[np.ndarray, np.ndarray]:
+    def _bands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         if self._sorted is None:
-            keys = _band_keys(np.array(self._hashes, dtype=np.int64).view(np.uint64))
-            order = np.argsort(keys, axis=1, kind="stable")
-            self._sorted = (np.take_along_axis(keys, order, axis=1), order)
+            hashes = np.array(self._hashes, dtype=np.int64).view(np.uint64)
+            keys = _tagged_band_keys(hashes).ravel()  # band-major: a band's values in the order added
+            order = np.argsort(keys, kind="stable")
+            self._sorted = (keys[order], order % len(hashes), hashes, np.array(self._owner))
         return self._sorted
 
     def near_matches(self, hashes: Sequence[int], max_distance: int) -> list[str | None]:
         """For each simhash, the first candidate group within `max_distance` bits (bands in order, then
-        candidates in the order added), or None."""
+        candidates in the order added), or None.
+
+        Every (hash, band, candidate sharing the band value) pair is checked in one numpy pass, in that
+        order, and each hash keeps its first pair within the distance (a Python loop over the pairs
+        cost more than the rest of the lookup: honest completions on one question share many bands)."""
         found: list[str | None] = [None] * len(hashes)
         if not hashes or not self._hashes:
             return found
-        keys, order = self._bands()
-        probes = _band_keys(np.array(hashes, dtype=np.int64).view(np.uint64))
-        starts = np.stack([np.searchsorted(keys[i], probes[i], side="left") for i in range(BANDS)])
-        ends = np.minimum(
-            np.stack([np.searchsorted(keys[i], probes[i], side="right") for i in range(BANDS)]), starts + BAND_BUCKET
-        )
-        # Only the hashes sharing a band value with some candidate are compared (few, unless copied).
-        sharing = np.flatnonzero((ends > starts).any(axis=0))
-        lows_highs = zip(starts[:, sharing].T.tolist(), ends[:, sharing].T.tolist(), strict=True)
-        for j, (lows, highs) in zip(sharing.tolist(), lows_highs, strict=True):
-            value = hashes[j]
-            for i in range(BANDS):
-                for k in order[i, lows[i] : highs[i]].tolist():
-                    if hamming(value, self._hashes[k]) <= max_distance:
-                        found[j] = self._ids[self._owner[k]]
-                        break
-                if found[j] is not None:
-                    break
+        keys, candidate_of, candidates, owner = self._bands()
+        probes = np.array(hashes, dtype=np.int64).view(np.uint64)
+        wanted = _tagged_band_keys(probes).T.ravel()  # hash-major: each hash's bands in order
+        starts = np.searchsorted(keys, wanted, side="left")
+        counts = np.minimum(np.searchsorted(keys, wanted, side="right") - starts, BAND_BUCKET)
+        total = int(counts.sum())
+        if not total:
+            return found
+        range_of = np.repeat(np.arange(counts.size), counts)  # each pair's range: hash * BANDS + band
+        offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        pairs = candidate_of[starts[range_of] + offsets]  # each pair's candidate
+        near = np.flatnonzero(np.bitwise_count(probes[range_of // BANDS] ^ candidates[pairs]) <= max_distance)
+        hit_probes, first = np.unique(range_of[near] // BANDS, return_index=True)  # pairs in order: the first hit
+        for j, k in zip(hit_probes.tolist(), owner[pairs[near[first]]].tolist(), strict=True):
+            found[j] = self._ids[k]
         return found
 
     def near_match(self, h: int, max_distance: int) -> str | None:

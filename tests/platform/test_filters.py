@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from factories import make_node
 from support.moderation import group, long_reasoning, share, staff
@@ -149,6 +151,39 @@ def test_fingerprints_of_a_share_equal_each_texts_own_by_the_book():
     assert fp.simhash == [_simhash_by_the_book(n) for n in normalised]
     assert fp.exact == [filters.fingerprints([[t]])[0].exact[0] for t in texts]
     assert len(set(fp.exact)) == len(texts)
+
+
+def _near_by_definition(added: list[tuple[str, int]], probe: int, distance: int) -> str | None:
+    for band in range(filters.BANDS):
+        value = (probe >> (16 * band)) & 0xFFFF
+        sharing = [(g, h) for g, h in added if (h >> (16 * band)) & 0xFFFF == value]
+        for g, h in sharing[: filters.BAND_BUCKET]:
+            if filters.hamming(probe, h) <= distance:
+                return g
+    return None
+
+
+def test_near_lookups_find_the_first_candidate_within_the_distance_band_by_band():
+    """The index's answer, against its definition applied pair by pair: for each band in order, the
+    first BAND_BUCKET candidates sharing its value, in the order added; the first within the distance."""
+    rng = random.Random(3)
+
+    def near(base: int, flips: int) -> int:
+        for bit in rng.sample(range(64), flips):
+            base ^= 1 << bit
+        return base - (1 << 64) if base >> 63 else base
+
+    for _ in range(50):
+        bases = [rng.getrandbits(64) for _ in range(rng.randint(1, 3))] if rng.random() < 0.8 else [0]
+        index = filters.CopyIndex()
+        added: list[tuple[str, int]] = []
+        for g in range(rng.randint(1, 40)):
+            hashes = [near(rng.choice(bases), rng.randint(0, 12)) for _ in range(rng.randint(0, 10))]
+            index.add(f"group-{g}", [], hashes)
+            added += [(f"group-{g}", h) for h in hashes]
+        probes = [near(rng.choice(bases), rng.randint(0, 6)) for _ in range(20)]
+        for distance in (0, 3):
+            assert index.near_matches(probes, distance) == [_near_by_definition(added, p, distance) for p in probes]
 
 
 # --- length and character classes -----------------------------------------------------------------
