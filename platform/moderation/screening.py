@@ -31,7 +31,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from common.compact_json import dumps
+from common.compact_json import dumps, dumps_texts
 from moderation import filters
 from moderation.models import (
     AuditAction,
@@ -232,7 +232,7 @@ def rollouts_record(
         "held_rule": [f.rule for f in held.values()],
         "fp_id": [rid for rid, _ in fingerprints],
         "fp_qh": [qh for _, (qh, _) in fingerprints],
-        "fp_exact": [dumps(fp.exact) for _, (_, fp) in fingerprints],
+        "fp_exact": [dumps_texts(fp.exact) for _, (_, fp) in fingerprints],
         "fp_simhash": [dumps(fp.simhash) for _, (_, fp) in fingerprints],
         "flag_id": [f.rollout_id for f in findings],
         "flag_rule": [f.rule for f in findings],
