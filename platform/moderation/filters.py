@@ -55,8 +55,10 @@ def normalised_utf8(texts: Sequence[str]) -> list[bytes]:
     return [normalise(t).encode("utf-8") if o is None else o for t, o in zip(texts, out, strict=True)]
 
 
-def question_hash(question: str) -> str:
-    return hashlib.sha1(normalise(question).encode("utf-8")).hexdigest()  # noqa: S324 - a key, not a secret
+def question_hashes(questions: Sequence[str]) -> list[str]:
+    """The key of each question's fingerprints: the SHA-1 of its normalised text (normalised together,
+    `normalised_utf8`)."""
+    return [hashlib.sha1(q).hexdigest() for q in normalised_utf8(questions)]  # noqa: S324 - a key, not a secret
 
 
 _FNV = np.uint64(1099511628211)
@@ -213,9 +215,6 @@ class CopyIndex:
         self._ids.append(rollout_id)
         self._sorted = None
 
-    def exact_match(self, h: str) -> str | None:
-        return self.exact.get(h)
-
     def _bands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         if self._sorted is None:
             hashes = np.array(self._hashes, dtype=np.int64).view(np.uint64)
@@ -251,9 +250,6 @@ class CopyIndex:
             found[j] = self._ids[k]
         return found
 
-    def near_match(self, h: int, max_distance: int) -> str | None:
-        return self.near_matches([h], max_distance)[0]
-
 
 def copy_findings(
     fps: Sequence[Fingerprint], index: CopyIndex, rule: Rule, *, near: bool
@@ -261,13 +257,18 @@ def copy_findings(
     """Per group: (detail, [source rollout ids]) when at least `min_share` of its completions of at least
     `min_chars` normalised characters copy another node's; None otherwise (or when none are long).
     The near lookups of all the groups are one vectorised call."""
-    long_enough = [[i for i, n in enumerate(fp.lengths) if n >= rule["min_chars"]] for fp in fps]
+    min_chars = rule["min_chars"]
+    long_enough = [[i for i, n in enumerate(fp.lengths) if n >= min_chars] for fp in fps]
     if near:
         flat = index.near_matches(
             [fp.simhash[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen], rule["max_distance"]
         )
     else:
-        flat = [index.exact_match(fp.exact[i]) for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen]
+        flat = list(
+            map(index.exact.get, [fp.exact[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen])
+        )
+    if not any(flat):  # no completion copies anything (nearly every share)
+        return [None] * len(fps)
     findings: list[tuple[str, list[str]] | None] = []
     at = 0
     for chosen in long_enough:

@@ -162,8 +162,10 @@ def rollouts_screen(
     accepted = [r for r in rollouts if checks[r.id].accepted]
     if not accepted:
         return screening
-    for r, fp in zip(accepted, filters.fingerprints([r.completions for r in accepted]), strict=True):
-        screening.fingerprints[r.id] = (filters.question_hash(r.question), fp)
+    fingerprints = filters.fingerprints([r.completions for r in accepted])
+    questions = filters.question_hashes([r.question for r in accepted])
+    for r, qh, fp in zip(accepted, questions, fingerprints, strict=True):
+        screening.fingerprints[r.id] = (qh, fp)
     index = _copy_index(node_id, {qh for qh, _ in screening.fingerprints.values()}, rules, now)
     low_trust = rules["low_trust"]
     trust = trust_for_node(node_id) if low_trust.enabled else 1.0
