@@ -31,8 +31,34 @@ def normalise(text: str) -> str:
     return " ".join(folded.split())
 
 
-def question_hash(question: str) -> str:
-    return hashlib.sha1(normalise(question).encode("utf-8")).hexdigest()  # noqa: S324 - a key, not a secret
+# str.split()'s whitespace among ASCII characters: \t \n \v \f \r, the separators \x1c-\x1f, and space.
+_ASCII_SPACES = b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"
+_ASCII_FOLD = bytes.maketrans(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _ASCII_SPACES, b"abcdefghijklmnopqrstuvwxyz" + b" " * len(_ASCII_SPACES)
+)
+
+
+def normalised_utf8(texts: Sequence[str]) -> list[bytes]:
+    """`normalise(text).encode("utf-8")` of each text. The ASCII texts (nearly every completion) are
+    normalised together, as bytes: one join, one translate (case and whitespace), runs of spaces halved
+    until none is left, one split. `normalise` splits every text into words, a string object per word:
+    most of a share's normalising cost before. Texts holding a NUL (the separator) go one by one."""
+    out: list[bytes | None] = [None] * len(texts)
+    batch = [i for i, t in enumerate(texts) if t.isascii()]
+    joined = "\x00".join([texts[i] for i in batch]).encode("ascii")
+    if batch and joined.count(b"\x00") == len(batch) - 1:
+        folded = joined.translate(_ASCII_FOLD)
+        while b"  " in folded:  # a run of k spaces takes log2(k) passes
+            folded = folded.replace(b"  ", b" ")
+        for i, part in zip(batch, folded.split(b"\x00"), strict=True):
+            out[i] = part.strip(b" ")
+    return [normalise(t).encode("utf-8") if o is None else o for t, o in zip(texts, out, strict=True)]
+
+
+def question_hashes(questions: Sequence[str]) -> list[str]:
+    """The key of each question's fingerprints: the SHA-1 of its normalised text (normalised together,
+    `normalised_utf8`)."""
+    return [hashlib.sha1(q).hexdigest() for q in normalised_utf8(questions)]  # noqa: S324 - a key, not a secret
 
 
 _FNV = np.uint64(1099511628211)
@@ -40,12 +66,14 @@ _ONE = np.uint64(1)
 _S33 = np.uint64(33)
 _MIX1 = np.uint64(0xFF51AFD7ED558CCD)
 _MIX2 = np.uint64(0xC4CEB9FE1A85EC53)
-# Bit counting 4 bits per uint64 add: word j of a hash keeps its bits j, 16+j, 32+j and 48+j, one in each
-# 16-bit lane. A text has at most 4 * SIMHASH_CHARS windows (< 2**16), so no lane overflows into the next.
-_LANE_SHIFTS = np.arange(16, dtype=np.uint64)[:, None]
-_LANE_MASK = np.uint64(0x0001000100010001)
-_LANES = np.array([0, 16, 32, 48], dtype=np.uint64)
-_LANE_BITS = np.uint64(0xFFFF)
+# Bit counting 8 bits per uint64 add: word j of a hash keeps its bits j, 8+j, ..., 56+j, one in each 8-bit
+# lane. A lane holds at most 255, so a text's windows are summed in chunks of at most _CHUNK, and the
+# chunks' counts added per text once the lanes are apart. (16-bit lanes needed no chunks but twice the
+# passes over the hashes: 16 shifts and masks instead of 8, most of the simhash's time.)
+_LANE_MASK = np.uint64(0x0101010101010101)
+_LANES = np.arange(0, 64, 8, dtype=np.uint64)
+_LANE_BITS = np.uint64(0xFF)
+_CHUNK = 255
 
 
 def simhashes(normalised: Sequence[str]) -> list[int]:
@@ -64,8 +92,9 @@ def _simhashes(datas: list[bytes]) -> list[int]:
     """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded."""
     if not datas:
         return []
+    m = len(datas)
     datas = [d if len(d) >= SHINGLE else d + bytes(SHINGLE - len(d)) for d in datas]
-    lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
+    lengths = np.fromiter(map(len, datas), dtype=np.int64, count=m)
     raw = np.frombuffer(b"".join(datas), dtype=np.uint8).astype(np.uint64)
     n = raw.size - SHINGLE + 1
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as intended
@@ -79,17 +108,29 @@ def _simhashes(datas: list[bytes]) -> list[int]:
         h ^= h >> _S33
         h *= _MIX2
         h ^= h >> _S33
-    windows = lengths - SHINGLE + 1  # (m,)
+    windows = lengths - SHINGLE + 1  # (m,), each >= 1
     starts = np.cumsum(lengths) - lengths
-    bounds = np.empty(2 * len(datas), dtype=np.int64)  # each text's windows: [start, start + windows)
-    bounds[0::2] = starts
-    bounds[1::2] = starts + windows
+    # Text t's windows [starts[t], starts[t] + windows[t]) in chunks of at most _CHUNK; reduceat's
+    # boundaries are each text's chunk starts, then the start of the windows straddling it and the next.
+    chunks = (windows + _CHUNK - 1) // _CHUNK  # (m,)
+    first_chunk = np.cumsum(chunks) - chunks
+    text_of = np.repeat(np.arange(m), chunks)  # (c,): each chunk's text
+    within = np.arange(text_of.size) - first_chunk[text_of]
+    bounds = np.empty(text_of.size + m, dtype=np.int64)
+    at_chunk = np.arange(text_of.size) + text_of  # each text's boundaries come after the earlier texts' gaps
+    bounds[at_chunk] = starts[text_of] + within * _CHUNK
+    bounds[first_chunk + chunks + np.arange(m)] = starts + windows
     if bounds[-1] == n:
         bounds = bounds[:-1]
-    spread = (h[None, :] >> _LANE_SHIFTS) & _LANE_MASK  # (16, n)
-    sums = np.add.reduceat(spread, bounds, axis=1)[:, 0::2]  # (16, m)
-    ones = (sums[:, :, None] >> _LANES) & _LANE_BITS  # (16 j, m, 4 lanes): the count of bit 16 * lane + j
-    ones = ones.transpose(1, 2, 0).reshape(len(datas), 64).astype(np.int64)  # (m, 64): bit b in column b
+    sums = np.empty((8, text_of.size), dtype=np.uint64)  # (8 j, c)
+    spread = np.empty_like(h)
+    for j in range(8):
+        np.right_shift(h, np.uint64(j), out=spread)
+        spread &= _LANE_MASK
+        sums[j] = np.add.reduceat(spread, bounds)[at_chunk]
+    ones = (sums[:, :, None] >> _LANES) & _LANE_BITS  # (8 j, c, 8 lanes): the count of bit 8 * lane + j
+    ones = ones.transpose(1, 2, 0).reshape(text_of.size, 64).astype(np.int64)  # (c, 64): bit b in column b
+    ones = np.add.reduceat(ones, first_chunk, axis=0)  # (m, 64)
     majority = 2 * ones > windows[:, None]
     return np.packbits(majority, axis=1, bitorder="little").view("<i8").ravel().tolist()
 
@@ -111,10 +152,14 @@ BANDS = 4
 BAND_BUCKET = 64
 
 
-def _band_keys(hashes: np.ndarray) -> np.ndarray:
-    """(BANDS, n) band values of uint64 hashes: row i holds bits 16*i .. 16*i+15."""
+_BAND_TAGS = np.arange(BANDS, dtype=np.uint64)[:, None] << np.uint64(16)
+
+
+def _tagged_band_keys(hashes: np.ndarray) -> np.ndarray:
+    """(BANDS, n) band values of uint64 hashes, each tagged with its band: row i holds bits 16*i .. 16*i+15,
+    plus i * 2**16 (one sorted array then serves all the bands)."""
     shifts = np.arange(BANDS, dtype=np.uint64)[:, None] * np.uint64(16)
-    return (hashes[None, :] >> shifts) & np.uint64(0xFFFF)
+    return ((hashes[None, :] >> shifts) & np.uint64(0xFFFF)) | _BAND_TAGS
 
 
 @dataclass(frozen=True)
@@ -127,14 +172,14 @@ class Fingerprint:
 def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     """The fingerprints of several groups' completions (one per group, in order), the simhashes of all
     of them computed in one pass: a share's groups cost one numpy call, not one per completion."""
-    normalised = [normalise(c) for completions in groups for c in completions]
-    encoded = [n.encode("utf-8") for n in normalised]  # once, for the exact hash and the simhash
+    encoded = normalised_utf8([c for completions in groups for c in completions])
     exact = [hashlib.blake2b(e, digest_size=16).hexdigest() for e in encoded]
+    # A text's length in characters: its bytes' length unless it is not ASCII (rare: decoded again).
+    lengths = [len(e) if e.isascii() else len(e.decode("utf-8")) for e in encoded]
     hashes = _simhashes(
-        [e if len(e) <= SIMHASH_CHARS or len(n) <= SIMHASH_CHARS else n[:SIMHASH_CHARS].encode("utf-8")
-         for n, e in zip(normalised, encoded, strict=True)]
+        [e if n <= SIMHASH_CHARS or len(e) <= SIMHASH_CHARS else e.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
+         for e, n in zip(encoded, lengths, strict=True)]
     )  # fmt: skip
-    lengths = list(map(len, normalised))
     out = []
     at = 0
     for completions in groups:
@@ -158,7 +203,8 @@ class CopyIndex:
         self._ids: list[str] = []  # rollout ids, in the order added
         self._owner: list[int] = []  # per candidate simhash: its index in _ids
         self._hashes: list[int] = []  # candidate simhashes (signed, as stored)
-        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (BANDS, n) sorted band values, their order
+        # (BANDS, n) sorted band values, their order, the hashes as uint64, the owners
+        self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def add(self, rollout_id: str, exact: Sequence[str], hashes: Sequence[int]) -> None:
         for h in exact:
@@ -169,44 +215,40 @@ class CopyIndex:
         self._ids.append(rollout_id)
         self._sorted = None
 
-    def exact_match(self, h: str) -> str | None:
-        return self.exact.get(h)
-
-    def _bands(self) -> tuple[np.ndarray, np.ndarray]:
+    def _bands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         if self._sorted is None:
-            keys = _band_keys(np.array(self._hashes, dtype=np.int64).view(np.uint64))
-            order = np.argsort(keys, axis=1, kind="stable")
-            self._sorted = (np.take_along_axis(keys, order, axis=1), order)
+            hashes = np.array(self._hashes, dtype=np.int64).view(np.uint64)
+            keys = _tagged_band_keys(hashes).ravel()  # band-major: a band's values in the order added
+            order = np.argsort(keys, kind="stable")
+            self._sorted = (keys[order], order % len(hashes), hashes, np.array(self._owner))
         return self._sorted
 
     def near_matches(self, hashes: Sequence[int], max_distance: int) -> list[str | None]:
         """For each simhash, the first candidate group within `max_distance` bits (bands in order, then
-        candidates in the order added), or None."""
+        candidates in the order added), or None.
+
+        Every (hash, band, candidate sharing the band value) pair is checked in one numpy pass, in that
+        order, and each hash keeps its first pair within the distance (a Python loop over the pairs
+        cost more than the rest of the lookup: honest completions on one question share many bands)."""
         found: list[str | None] = [None] * len(hashes)
         if not hashes or not self._hashes:
             return found
-        keys, order = self._bands()
-        probes = _band_keys(np.array(hashes, dtype=np.int64).view(np.uint64))
-        starts = np.stack([np.searchsorted(keys[i], probes[i], side="left") for i in range(BANDS)])
-        ends = np.minimum(
-            np.stack([np.searchsorted(keys[i], probes[i], side="right") for i in range(BANDS)]), starts + BAND_BUCKET
-        )
-        # Only the hashes sharing a band value with some candidate are compared (few, unless copied).
-        sharing = np.flatnonzero((ends > starts).any(axis=0))
-        lows_highs = zip(starts[:, sharing].T.tolist(), ends[:, sharing].T.tolist(), strict=True)
-        for j, (lows, highs) in zip(sharing.tolist(), lows_highs, strict=True):
-            value = hashes[j]
-            for i in range(BANDS):
-                for k in order[i, lows[i] : highs[i]].tolist():
-                    if hamming(value, self._hashes[k]) <= max_distance:
-                        found[j] = self._ids[self._owner[k]]
-                        break
-                if found[j] is not None:
-                    break
+        keys, candidate_of, candidates, owner = self._bands()
+        probes = np.array(hashes, dtype=np.int64).view(np.uint64)
+        wanted = _tagged_band_keys(probes).T.ravel()  # hash-major: each hash's bands in order
+        starts = np.searchsorted(keys, wanted, side="left")
+        counts = np.minimum(np.searchsorted(keys, wanted, side="right") - starts, BAND_BUCKET)
+        total = int(counts.sum())
+        if not total:
+            return found
+        range_of = np.repeat(np.arange(counts.size), counts)  # each pair's range: hash * BANDS + band
+        offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        pairs = candidate_of[starts[range_of] + offsets]  # each pair's candidate
+        near = np.flatnonzero(np.bitwise_count(probes[range_of // BANDS] ^ candidates[pairs]) <= max_distance)
+        hit_probes, first = np.unique(range_of[near] // BANDS, return_index=True)  # pairs in order: the first hit
+        for j, k in zip(hit_probes.tolist(), owner[pairs[near[first]]].tolist(), strict=True):
+            found[j] = self._ids[k]
         return found
-
-    def near_match(self, h: int, max_distance: int) -> str | None:
-        return self.near_matches([h], max_distance)[0]
 
 
 def copy_findings(
@@ -215,13 +257,18 @@ def copy_findings(
     """Per group: (detail, [source rollout ids]) when at least `min_share` of its completions of at least
     `min_chars` normalised characters copy another node's; None otherwise (or when none are long).
     The near lookups of all the groups are one vectorised call."""
-    long_enough = [[i for i, n in enumerate(fp.lengths) if n >= rule["min_chars"]] for fp in fps]
+    min_chars = rule["min_chars"]
+    long_enough = [[i for i, n in enumerate(fp.lengths) if n >= min_chars] for fp in fps]
     if near:
         flat = index.near_matches(
             [fp.simhash[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen], rule["max_distance"]
         )
     else:
-        flat = [index.exact_match(fp.exact[i]) for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen]
+        flat = list(
+            map(index.exact.get, [fp.exact[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen])
+        )
+    if not any(flat):  # no completion copies anything (nearly every share)
+        return [None] * len(fps)
     findings: list[tuple[str, list[str]] | None] = []
     at = 0
     for chosen in long_enough:
@@ -248,28 +295,44 @@ for _lo, _hi in _NONPRINTABLE:
     _NONPRINTABLE_TABLE[_lo : _hi + 1] = True
 
 
+_NONPRINTABLE_ASCII = bytes(c for c in range(128) if _NONPRINTABLE_TABLE[c])
+
+
+def _segment_sums(mask: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Per i, how many of mask[starts[i]:stops[i]] are set (segments in order, apart, maybe empty). One
+    reduceat (a cumulative sum over the whole mask cost ten times more)."""
+    bounds = np.empty(2 * len(starts), dtype=np.int64)
+    bounds[0::2] = starts
+    bounds[1::2] = stops
+    np.minimum(bounds, len(mask), out=bounds)  # only empty segments start past the mask's end
+    padded = np.concatenate((mask, [False]))  # a bound equal to len(mask) stays in range
+    sums = np.add.reduceat(padded, bounds, dtype=np.int64)[0::2]
+    return np.where(stops > starts, sums, 0)  # reduceat gives an empty segment its first element
+
+
 def _counts(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per text: its length and how many of its characters are non-printable, non-ASCII, and repeated
-    (equal to the previous one). All texts in one numpy pass over their concatenated code points."""
+    (equal to the previous one). All texts in one numpy pass over their concatenated code points (bytes,
+    when all are ASCII, as nearly every share is)."""
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    codes = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
-    nonprintable = _NONPRINTABLE_TABLE[np.minimum(codes, 0x10000)]
-
-    def per_text(mask: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        total = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
-        return total[ends] - total[starts]
-
-    # pair k is (k, k + 1) and counts for the text holding both: its pairs are [start, end - 1); padded
-    # to one entry per character so that every index stays in range
-    repeated = np.concatenate((codes[1:] == codes[:-1], [False]))
-    return (
-        lengths,
-        per_text(nonprintable, ends),
-        per_text(codes > 127, ends),
-        per_text(repeated, np.maximum(starts, ends - 1)),
-    )
+    joined = "".join(texts)
+    if joined.isascii():
+        data = joined.encode("ascii")
+        codes = np.frombuffer(data, dtype=np.uint8)
+        non_ascii = np.zeros(len(texts), dtype=np.int64)
+        if len(data.translate(None, _NONPRINTABLE_ASCII)) == len(data):
+            nonprintable = non_ascii
+        else:
+            nonprintable = _segment_sums(_NONPRINTABLE_TABLE[codes], starts, ends)
+    else:
+        codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
+        nonprintable = _segment_sums(_NONPRINTABLE_TABLE[np.minimum(codes, 0x10000)], starts, ends)
+        non_ascii = _segment_sums(codes > 127, starts, ends)
+    # pair k is (k, k + 1) and counts for the text holding both: its pairs are [start, end - 1)
+    repeated = _segment_sums(codes[1:] == codes[:-1], starts, np.maximum(starts, ends - 1))
+    return lengths, nonprintable, non_ascii, repeated
 
 
 def length_findings(groups: Sequence[Sequence[str]], rule: Rule) -> list[str | None]:

@@ -31,7 +31,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from common.compact_json import dumps
+from common.compact_json import dumps, dumps_texts
 from moderation import filters
 from moderation.models import (
     AuditAction,
@@ -162,8 +162,10 @@ def rollouts_screen(
     accepted = [r for r in rollouts if checks[r.id].accepted]
     if not accepted:
         return screening
-    for r, fp in zip(accepted, filters.fingerprints([r.completions for r in accepted]), strict=True):
-        screening.fingerprints[r.id] = (filters.question_hash(r.question), fp)
+    fingerprints = filters.fingerprints([r.completions for r in accepted])
+    questions = filters.question_hashes([r.question for r in accepted])
+    for r, qh, fp in zip(accepted, questions, fingerprints, strict=True):
+        screening.fingerprints[r.id] = (qh, fp)
     index = _copy_index(node_id, {qh for qh, _ in screening.fingerprints.values()}, rules, now)
     low_trust = rules["low_trust"]
     trust = trust_for_node(node_id) if low_trust.enabled else 1.0
@@ -232,7 +234,7 @@ def rollouts_record(
         "held_rule": [f.rule for f in held.values()],
         "fp_id": [rid for rid, _ in fingerprints],
         "fp_qh": [qh for _, (qh, _) in fingerprints],
-        "fp_exact": [dumps(fp.exact) for _, (_, fp) in fingerprints],
+        "fp_exact": [dumps_texts(fp.exact) for _, (_, fp) in fingerprints],
         "fp_simhash": [dumps(fp.simhash) for _, (_, fp) in fingerprints],
         "flag_id": [f.rollout_id for f in findings],
         "flag_rule": [f.rule for f in findings],

@@ -132,7 +132,7 @@ def _too_deep(value: Any, limit: int) -> bool:
         item, depth = stack.pop()
         children = item.values() if isinstance(item, dict) else item
         for child in children:
-            if isinstance(child, dict | list):
+            if isinstance(child, (dict, list)):  # noqa: UP038 - a tuple is faster than a union here
                 if depth >= limit:
                     return True
                 stack.append((child, depth + 1))
@@ -276,6 +276,10 @@ def _text(value: Any, path: str, max_chars: int, code: str = "invalid_message") 
     return value
 
 
+_NUMBER_TYPES = {int, float}
+_STR_TYPE = {str}
+
+
 def _number(value: Any, path: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise _invalid(path, "expected a finite number")
@@ -330,15 +334,28 @@ def _parse_rollout(item: Any, path: str, limits: Limits) -> RolloutIn:
             "too_many_completions",
             f"{path}.completions: {len(completions)} completions, the limit is {limits.max_completions_per_group}",
         )
-    completions = tuple(
-        _text(c, f"{path}.completions[{i}]", max_chars, "completion_too_long") for i, c in enumerate(completions)
-    )
+    # The whole list checked at once when it is valid (nearly always); otherwise one by one, so the error
+    # names the first completion at fault.
+    if (
+        set(map(type, completions)) == _STR_TYPE
+        and max(map(len, completions)) <= max_chars
+        and _clean("".join(completions))
+    ):
+        completions = tuple(completions)
+    else:
+        completions = tuple(
+            _text(c, f"{path}.completions[{i}]", max_chars, "completion_too_long") for i, c in enumerate(completions)
+        )
     rewards = item.get("rewards")
     if not isinstance(rewards, list):
         raise _invalid(path + ".rewards", "expected a list of numbers")
     if len(rewards) != len(completions):
         raise _invalid(path + ".rewards", "expected one reward per completion")
-    rewards = tuple(_number(r, f"{path}.rewards[{i}]") for i, r in enumerate(rewards))
+    numbers = tuple(map(float, rewards)) if set(map(type, rewards)) <= _NUMBER_TYPES else ()
+    if numbers and all(map(math.isfinite, numbers)):
+        rewards = numbers
+    else:
+        rewards = tuple(_number(r, f"{path}.rewards[{i}]") for i, r in enumerate(rewards))
     return RolloutIn(
         id=_uuid(item.get("id"), path + ".id"),
         round=_int(item, "round", path + ".", 0, MAX_ROUND),

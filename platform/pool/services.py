@@ -21,7 +21,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from common import metrics
-from common.compact_json import dumps
+from common.compact_json import dumps, dumps_texts
 from common.errors import ApplicationError
 from nodes import presence
 from pool.limits import Limits, current_limits
@@ -142,7 +142,7 @@ def _insert_rollouts(
         if c.accepted:
             questions.append(r.question)
             answers.append(r.answer)
-            completions.append(dumps(r.completions))
+            completions.append(dumps_texts(r.completions))
         else:
             questions.append(_kept(r.question))
             answers.append(_kept(r.answer))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from factories import make_node
 from support.moderation import group, long_reasoning, share, staff
@@ -117,6 +119,71 @@ def test_simhash_distance_is_small_for_near_texts_and_large_for_different_ones()
     c = filters.simhash(filters.normalise("completely unrelated text about arithmetic and carrying digits"))
     assert filters.hamming(a, b) <= 8
     assert filters.hamming(a, c) > 12
+
+
+def _simhash_by_the_book(text: str) -> int:
+    """docs/moderation.md's simhash, one gram at a time: what the vectorised one must equal bit for bit
+    (the stored fingerprints of earlier groups are compared with new ones)."""
+    data = text[: filters.SIMHASH_CHARS].encode("utf-8").ljust(filters.SHINGLE, b"\0")
+    mask = (1 << 64) - 1
+    ones = [0] * 64
+    windows = len(data) - filters.SHINGLE + 1
+    for start in range(windows):
+        h = 0
+        for byte in data[start : start + filters.SHINGLE]:
+            h = (h * 1099511628211 + byte + 1) & mask
+        for mul in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, None):  # murmur3's finaliser
+            h ^= h >> 33
+            h = h if mul is None else (h * mul) & mask
+        for bit in range(64):
+            ones[bit] += h >> bit & 1
+    value = sum(1 << bit for bit in range(64) if 2 * ones[bit] > windows)
+    return value - (1 << 64) if value >> 63 else value
+
+
+def test_fingerprints_of_a_share_equal_each_texts_own_by_the_book():
+    # lengths around the simhash's 255-gram chunks, the 4000-character cut, padding and non-ASCII
+    texts = ["", "a", "abc", "word " * 51 + "xy", "word " * 52, "step " * 120, "é" * 300, "x y" * 1500]
+    texts += ["  Mixed\tCase\x1cand\n\nspaces  ", "ＡＢＣ ﬁ Straße\u2028end", "tabs\x0b\x0cand\r\nlines " * 30]
+    (fp,) = filters.fingerprints([texts])
+    normalised = [filters.normalise(t) for t in texts]
+    assert fp.lengths == [len(n) for n in normalised]
+    assert fp.simhash == [_simhash_by_the_book(n) for n in normalised]
+    assert fp.exact == [filters.fingerprints([[t]])[0].exact[0] for t in texts]
+    assert len(set(fp.exact)) == len(texts)
+
+
+def _near_by_definition(added: list[tuple[str, int]], probe: int, distance: int) -> str | None:
+    for band in range(filters.BANDS):
+        value = (probe >> (16 * band)) & 0xFFFF
+        sharing = [(g, h) for g, h in added if (h >> (16 * band)) & 0xFFFF == value]
+        for g, h in sharing[: filters.BAND_BUCKET]:
+            if filters.hamming(probe, h) <= distance:
+                return g
+    return None
+
+
+def test_near_lookups_find_the_first_candidate_within_the_distance_band_by_band():
+    """The index's answer, against its definition applied pair by pair: for each band in order, the
+    first BAND_BUCKET candidates sharing its value, in the order added; the first within the distance."""
+    rng = random.Random(3)
+
+    def near(base: int, flips: int) -> int:
+        for bit in rng.sample(range(64), flips):
+            base ^= 1 << bit
+        return base - (1 << 64) if base >> 63 else base
+
+    for _ in range(50):
+        bases = [rng.getrandbits(64) for _ in range(rng.randint(1, 3))] if rng.random() < 0.8 else [0]
+        index = filters.CopyIndex()
+        added: list[tuple[str, int]] = []
+        for g in range(rng.randint(1, 40)):
+            hashes = [near(rng.choice(bases), rng.randint(0, 12)) for _ in range(rng.randint(0, 10))]
+            index.add(f"group-{g}", [], hashes)
+            added += [(f"group-{g}", h) for h in hashes]
+        probes = [near(rng.choice(bases), rng.randint(0, 6)) for _ in range(20)]
+        for distance in (0, 3):
+            assert index.near_matches(probes, distance) == [_near_by_definition(added, p, distance) for p in probes]
 
 
 # --- length and character classes -----------------------------------------------------------------

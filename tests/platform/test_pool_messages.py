@@ -100,6 +100,23 @@ def test_nan_rewards_are_refused():
     assert info.value.code == "invalid_message"
 
 
+@pytest.mark.parametrize(
+    ("changes", "code", "detail"),
+    [
+        ({"completions": ["ok", "b" * 501, 7]}, "completion_too_long", "completions[1]: 501 characters"),
+        ({"completions": ["ok", "fine", 7]}, "invalid_message", "completions[2]: expected a string"),
+        ({"completions": ["ok", "a\u0000", "c"]}, "invalid_message", "completions[1]: NUL"),
+        ({"rewards": [0.0, True]}, "invalid_message", "rewards[1]: expected a finite number"),
+        ({"rewards": [1.0, 12345.5]}, "invalid_message", "rewards[1]: expected a finite number"),  # 1e999 below
+    ],
+)
+def test_a_refused_completion_or_reward_is_named(changes, code, detail):
+    if "rewards" not in changes:
+        changes["rewards"] = [0.0] * len(changes["completions"])
+    error = refusal(json.dumps(share(**changes)).replace("12345.5", "1e999"))  # a float literal, infinite
+    assert error.code == code and detail in error.detail
+
+
 def test_the_same_id_twice_in_one_share_is_refused():
     group = make_group()
     with pytest.raises(ProtocolError) as info:
