@@ -36,23 +36,19 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from common import metrics
-from common.db import bookkeeping_transaction, db_call
+from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
 from nodes.services import node_authenticate, node_hello_is_news, node_record_hello
+from nodes.sessions import node_session_open
 from pool import ratelimit
 from pool.limits import current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.payloads import rollout_to_protocol
 from pool.seams import moderation
 from pool.selectors import rollout_sample
-from pool.services import (
-    node_round_report,
-    node_session_open,
-    rollout_served_record,
-    rollout_share,
-)
+from pool.services import node_round_report, rollout_served_record, rollout_share
 from sapo_node import protocol
 
 logger = logging.getLogger(__name__)
@@ -71,13 +67,11 @@ def _bearer_token(scope: dict[str, Any]) -> str | None:
 def _session_open(*, token: str | None, connection_id: uuid.UUID, base_quota: int) -> tuple[Any, int]:
     """Once the socket has joined its node's groups: authenticate again (a token revoked or a ban made
     since the first check sent its close to groups the socket was not in yet), open the session
-    (presence, last seen) and read the node's message quota. One database call for all of it.
+    (presence, last seen: one statement, nodes.sessions) and read the node's message quota. One
+    database call for all of it.
 
     Returns (node, quota). Raises ApplicationError "unauthenticated" or "banned"."""
-    with bookkeeping_transaction():  # last used, last seen, presence: no wait for the disk
-        node = node_authenticate(token=token)
-        if not node_session_open(node=node, connection_id=connection_id):
-            raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
+    node = node_session_open(token=token, connection_id=connection_id)
     # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
     return node, moderation().node_message_quota(node_id=node.id, base=base_quota)
 
