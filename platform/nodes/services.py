@@ -216,7 +216,13 @@ def node_record_hello(*, node: Node, client: object, model: object, hardware: ob
     for name, value in fields.items():
         setattr(node, name, value)
     node.last_seen_at = timezone.now()
-    node.save(update_fields=[*fields, "last_seen_at"])
+    # Raw SQL: a node's first hello comes with its first connect, thousands at once after a restart
+    # of a new swarm; Model.save cost ~0.3 ms of CPU against ~0.05 ms (docs/benchmarks.md, "Sockets").
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE nodes_node SET client_version = %s, model_id = %s, hardware = %s, last_seen_at = %s WHERE id = %s",
+            [fields["client_version"], fields["model_id"], fields["hardware"], node.last_seen_at, node.id],
+        )
     return node
 
 
