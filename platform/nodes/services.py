@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -244,7 +244,7 @@ def node_select_columns(alias: str) -> str:
 
 def node_from_row(values: Sequence[object]) -> Node:
     """A Node from the values `node_select_columns` selected (every field loaded: it can be saved)."""
-    return Node.from_db(connection.alias, _NODE_ATTNAMES, list(values))
+    return Node.from_db(DEFAULT_DB_ALIAS, _NODE_ATTNAMES, list(values))
 
 
 _NODE_ATTNAMES = [field.attname for field in Node._meta.concrete_fields]

@@ -24,6 +24,7 @@ code it carries (sent by nodes.services when tokens are revoked or a node retire
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -43,7 +44,7 @@ from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_
 from nodes.services import node_authenticate, node_hello_is_news, node_record_hello
 from nodes.sessions import node_session_open
 from pool import ratelimit
-from pool.limits import current_catalogue, current_limits
+from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.payloads import rollout_to_protocol
 from pool.seams import moderation
@@ -93,6 +94,13 @@ def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str,
         rollouts = rollout_sample(node=node, n=n, window_seconds=window_seconds)
     rollout_served_record(node=node, rollout_ids=[r.id for r in rollouts])
     return [rollout_to_protocol(r) for r in rollouts]
+
+
+@functools.lru_cache(maxsize=8)
+def _limits_json(limits: Limits) -> dict[str, int]:
+    """The limits as `welcome` sends them, made once per process and set of limits (dataclasses'
+    asdict is most of a welcome's serialising). Shared: read, never change it."""
+    return limits.to_json()
 
 
 class NodeConsumer(AsyncWebsocketConsumer):
@@ -271,7 +279,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             "node_id": node.id,
             "node_name": node.name,
             "catalogue": self.catalogue.to_json(),
-            "limits": self.limits.to_json(),
+            "limits": _limits_json(self.limits),
         }
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:

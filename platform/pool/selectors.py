@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.core.cache import cache
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
@@ -99,9 +99,9 @@ def _built(hit: _Hit | Rollout) -> Rollout:
     for position in (8, 9):  # completions, verified_rewards: jsonb arrives as text
         if isinstance(values[position], str):
             values[position] = json.loads(values[position])
-    rollout = Rollout.from_db(connection.alias, _DRAW_FIELDS, values)
+    rollout = Rollout.from_db(DEFAULT_DB_ALIAS, _DRAW_FIELDS, values)
     rollout.sample_seq = hit.sample_seq
-    rollout.node = Node.from_db(connection.alias, ["id", "name"], [hit.node_id, row[3]])
+    rollout.node = Node.from_db(DEFAULT_DB_ALIAS, ["id", "name"], [hit.node_id, row[3]])
     return rollout
 
 
