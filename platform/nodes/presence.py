@@ -103,10 +103,15 @@ def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
     if settings.REDIS_URL:
         redis_client().zrem(_redis_key(), _member(node_id, connection_id))
         return
-    # Raw SQL: the ORM's delete() collects related rows first (~0.5 ms of CPU per socket closed;
-    # docs/benchmarks.md, "Sockets"); nothing refers to a NodeConnection.
+    # Raw SQL: the ORM's delete() collects related rows first, several times this statement's CPU
+    # (docs/benchmarks.md, "Sockets"); nothing refers to a NodeConnection. Like the record's writes,
+    # the commit does not wait for the disk (set_config(..., true): this statement's transaction).
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM nodes_nodeconnection WHERE id = %s", [connection_id])
+        cursor.execute(
+            "DELETE FROM nodes_nodeconnection USING (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed"
+            " WHERE id = %s",
+            [connection_id],
+        )
 
 
 def connections_renew(*, connections: dict[uuid.UUID, int], now: datetime | None = None) -> None:

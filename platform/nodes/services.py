@@ -216,11 +216,16 @@ def node_record_hello(*, node: Node, client: object, model: object, hardware: ob
     for name, value in fields.items():
         setattr(node, name, value)
     node.last_seen_at = timezone.now()
-    # Raw SQL: a node's first hello comes with its first connect, thousands at once after a restart
-    # of a new swarm; Model.save cost ~0.3 ms of CPU against ~0.05 ms (docs/benchmarks.md, "Sockets").
+    # Raw SQL: a node's first hello comes with its first connect, a thousand at once when a new swarm
+    # starts, and Model.save cost several times this statement's CPU (docs/benchmarks.md, "Sockets").
+    # The commit does not wait for the disk (set_config(..., true): this statement's transaction): a
+    # hello a database crash loses is said again at the node's next connect.
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE nodes_node SET client_version = %s, model_id = %s, hardware = %s, last_seen_at = %s WHERE id = %s",
+            """
+            UPDATE nodes_node SET client_version = %s, model_id = %s, hardware = %s, last_seen_at = %s
+            FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed WHERE id = %s
+            """,
             [fields["client_version"], fields["model_id"], fields["hardware"], node.last_seen_at, node.id],
         )
     return node
@@ -250,7 +255,7 @@ def node_from_row(values: Sequence[object]) -> Node:
 _NODE_ATTNAMES = [field.attname for field in Node._meta.concrete_fields]
 
 # Raw SQL, not the ORM: the node socket looks the token up on every connect, and the ORM's query with
-# two joins and three model instances cost ~0.9 ms of CPU against ~0.05 ms for this (docs/benchmarks.md,
+# two joins and three model instances cost ~0.9 ms of CPU against ~0.13 ms for this (docs/benchmarks.md,
 # "Sockets"). Two flags and the node's columns; the owner is not loaded (the flag says if it is banned).
 _AUTHENTICATE_SQL = f"""
 SELECT t.id, n.retired_at IS NOT NULL, n.banned_at IS NOT NULL OR u.banned_at IS NOT NULL, {node_select_columns("n")}
