@@ -2,9 +2,11 @@
 pool.messages, call a service or selector through common.db.db_call, send the reply.
 
 Database calls run on db_call's threads, in parallel across sockets, on pooled connections (not on
-Channels' one shared thread): opening a socket is two calls (look the token up; then, in one
-transaction that does not wait for the disk, authenticate again, open the session, read the quota), `hello` writes only what changed, and a frame's bookkeeping
+Channels' one shared thread): opening a socket is two calls (look the token up, one statement; then
+authenticate again and open the session in one statement that does not wait for the disk,
+nodes.sessions, and read the quota), `hello` writes only what changed, and a frame's bookkeeping
 (rate limit, presence, last seen) costs no database round trip (pool.ratelimit, nodes.presence).
+What a socket costs the server is measured in docs/benchmarks.md, "Sockets".
 
 Every frame gets exactly one reply, and nothing a node sends can raise out of `receive`: a refusal is
 a typed `error` (with the frame's `ref` when it had a readable one), and an unexpected failure is
