@@ -69,12 +69,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--shares", type=int, default=60, help="honest shares timed per live phase")
     parser.add_argument("--attackers", type=int, default=8)
     parser.add_argument("--attack-rate", type=float, default=10.0, help="frames/s per attacker (default rate limit)")
+    parser.add_argument("--pairs", type=int, default=2, help="(quiet, attacked) pairs per attack in part (c)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--only-live", action="store_true", help="part (c) only")
     args = parser.parse_args()
     if args.smoke:
-        args.before_cpu, args.repeat, args.honest_groups, args.shares = 1.0, 5, 9, 6
+        args.before_cpu, args.repeat, args.honest_groups, args.shares, args.pairs = 1.0, 5, 9, 6, 1
     args.catalogue = "sapo"
     args.conn_max_age = 600
     return args
@@ -430,47 +431,54 @@ def bench_live(args: argparse.Namespace) -> None:
     pool.recreate_database(args.database_url, args.db_name)
     try:
         pool.setup_django(args)
-        # Fresh attacker nodes for every phase: the rate limits count per node and minute, so nodes
-        # reused from the phase before would start it already over their rate.
-        nodes = pool.make_nodes(1 + args.attackers * 6, "attack")
-        honest_token, spare = nodes[0][1], [t for _, t in nodes[1:]]
         cap = max_answer_chars("propositional_logic")
         duration = args.shares * 0.25 + 5  # seconds a phase lasts, with margin
         per_attacker = int(duration * args.attack_rate) + 5
         # Each attack has its control: frames of the same size whose answer is one letter (the `¬`
         # outside the tags), so what the attack costs beyond its bytes is the difference.
         long, short = "¬" * 8000, "¬" * (cap - 3)
-        phases = [
-            ("quiet", None),
+        attacks = [
             ("8,000 `¬` then a formula (the reported attack)", f"<answer>{long}ANSWER</answer>"),
             ("control: the same text outside the tags", f"{long} <answer>ANSWER</answer>"),
             (f"{cap - 3} `¬` then a formula (worst under the cap)", f"<answer>{short}ANSWER</answer>"),
             ("control: the same text outside the tags", f"{short} <answer>ANSWER</answer>"),
-            ("quiet again", None),
         ]
+        # Fresh attacker nodes for every attacked phase: the budgets count per node, so nodes reused
+        # from the phase before would start it already in debt.
+        nodes = pool.make_nodes(1 + args.attackers * len(attacks) * args.pairs, "attack")
+        honest_token, spare = nodes[0][1], [t for _, t in nodes[1:]]
         print(f"\n(c) live: 1 honest node (shares of 8 groups x 8 completions, 0.2 s apart), {args.attackers} attackers"
               f" at {args.attack_rate:g} frames/s each (one propositional_logic group of 8 pathological completions per"
-              " frame); daphne with the moderation rules; ack latency of the honest shares")  # fmt: skip
+              " frame); daphne with the moderation rules; ack latency of the honest shares. Every attacked phase"
+              f" follows its own quiet phase (ratio within the pair), {args.pairs} pairs per attack, in rotation.")  # fmt: skip
         print(
-            "| phase | honest p50 ms | honest p90 ms | p50 / quiet p50 | attack frames/s | of them refused/s |"
-            " reconnections/s | server CPU (cores) | load start-end |"
+            "| attack | pair | quiet p50 ms | attacked p50 ms | p50 / quiet | attacked p90 ms | attack frames/s |"
+            " of them refused/s | reconnections/s | server CPU (cores) | load start-end |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         port = pool.free_port()
         server = pool.start_server(args, port, True, budgets=True)  # the default byte and CPU budgets
+        ratios: dict[int, list[float]] = {a: [] for a in range(len(attacks))}
         try:
-            quiet = None
-            for p, (name, payload) in enumerate(phases):
-                honest = honest_frames(args.shares, seed=100 + p)
-                attacks = None
-                if payload is not None:
-                    attacks = [(attack_frames(per_attacker, 1000 * p + a, payload), args.attack_rate)
-                               for a in range(args.attackers)]  # fmt: skip
-                attacker_tokens = spare[p * args.attackers : (p + 1) * args.attackers]
-                r = asyncio.run(live_phase(port, honest_token, attacker_tokens, honest, attacks, server.pid))
-                quiet = quiet or r["p50"]
-                print(f"| {name} | {r['p50']:.1f} | {r['p90']:.1f} | {r['p50'] / quiet:.2f} | {r['attack_fps']:.1f} |"
-                      f" {r['refused_fps']:.1f} | {r['reconnects']:.2f} | {r['server_cpu']:.2f} | {r['load']} |")  # fmt: skip
+            phase = 0
+            for pair in range(args.pairs):
+                for a, (name, payload) in enumerate(attacks):
+                    honest = honest_frames(args.shares, seed=100 + 2 * phase)
+                    quiet = asyncio.run(live_phase(port, honest_token, [], honest, None, server.pid))
+                    frames = [(attack_frames(per_attacker, 1000 * phase + i, payload), args.attack_rate)
+                              for i in range(args.attackers)]  # fmt: skip
+                    tokens = spare[phase * args.attackers : (phase + 1) * args.attackers]
+                    honest = honest_frames(args.shares, seed=101 + 2 * phase)
+                    r = asyncio.run(live_phase(port, honest_token, tokens, honest, frames, server.pid))
+                    ratios[a].append(r["p50"] / quiet["p50"])
+                    print(f"| {name} | {pair + 1} | {quiet['p50']:.1f} | {r['p50']:.1f} | {ratios[a][-1]:.2f} |"
+                          f" {r['p90']:.1f} | {r['attack_fps']:.1f} | {r['refused_fps']:.1f} | {r['reconnects']:.2f} |"
+                          f" {r['server_cpu']:.2f} | {quiet['load'].split('-')[0]}-{r['load'].split('-')[1]} |")  # fmt: skip
+                    phase += 1
+            print("\n| attack | median p50 / quiet over the pairs | worst pair |")
+            print("|---|---:|---:|")
+            for a, (name, _) in enumerate(attacks):
+                print(f"| {name} | {statistics.median(ratios[a]):.2f} | {max(ratios[a]):.2f} |")
         finally:
             server.terminate()
             server.wait(timeout=10)

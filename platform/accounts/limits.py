@@ -56,25 +56,32 @@ def hit(name: str, ident: str, *, window: int) -> Count:
             _, count, ttl = pipe.execute()
         return Count(int(count), max(int(ttl), 1))
     now = timezone.now()
+    table = LimitCounter._meta.db_table
     # Raw SQL: one atomic INSERT ... ON CONFLICT increments the row or reopens an expired window;
     # the ORM has no upsert that adds to the stored value, and read-then-write would lose hits
-    # between server processes.
+    # between server processes. When the hit opens a window, the same statement sweeps the closed
+    # ones (so the table stays small) without a second round trip: every API request counts a hit,
+    # so this is the one query the throttle costs without Redis. The sweep skips the hit's own row:
+    # both parts of one statement see the table as it was before it.
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            INSERT INTO {LimitCounter._meta.db_table} (key, count, expires_at) VALUES (%s, 1, %s)
-            ON CONFLICT (key) DO UPDATE SET
-                count = CASE WHEN {LimitCounter._meta.db_table}.expires_at <= %s THEN 1
-                             ELSE {LimitCounter._meta.db_table}.count + 1 END,
-                expires_at = CASE WHEN {LimitCounter._meta.db_table}.expires_at <= %s THEN EXCLUDED.expires_at
-                                  ELSE {LimitCounter._meta.db_table}.expires_at END
-            RETURNING count, expires_at
+            WITH hit AS (
+                INSERT INTO {table} (key, count, expires_at) VALUES (%s, 1, %s)
+                ON CONFLICT (key) DO UPDATE SET
+                    count = CASE WHEN {table}.expires_at <= %s THEN 1 ELSE {table}.count + 1 END,
+                    expires_at = CASE WHEN {table}.expires_at <= %s THEN EXCLUDED.expires_at
+                                      ELSE {table}.expires_at END
+                RETURNING count, expires_at
+            ), swept AS (
+                DELETE FROM {table}
+                WHERE expires_at < %s AND key <> %s AND EXISTS (SELECT 1 FROM hit WHERE count = 1)
+            )
+            SELECT count, expires_at FROM hit
             """,
-            [key, now + timedelta(seconds=window), now, now],
+            [key, now + timedelta(seconds=window), now, now, now, key],
         )
         count, expires_at = cursor.fetchone()
-    if count == 1:  # a window opened: the moment to sweep closed ones, so the table stays small
-        LimitCounter.objects.filter(expires_at__lt=now).delete()
     return Count(count, max(math.ceil((expires_at - now).total_seconds()), 1))
 
 

@@ -23,6 +23,8 @@ Environment:
                         pool holds up to this many, and node sockets' database work runs on
                         SAPO_DB_POOL_SIZE - 2 threads (SAPO_DB_THREADS, common/db.py), the rest kept
                         for pages. Workers x size must stay under PostgreSQL's max_connections.
+  SAPO_SHARE_SLOTS      shares of one process verified and inserted at once (default 2); the others
+                        wait, the nodes that cost the server least CPU lately first (pool.turns).
   SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0). Set above 0, the pool is off and
                         each thread keeps its own connection that long (e.g. behind PgBouncer).
   REDIS_URL             redis://...; unset: an in-memory channel layer (one process only).
@@ -203,6 +205,10 @@ if SAPO_DB_POOL_SIZE < 3:
     raise EnvError(f"SAPO_DB_POOL_SIZE must be at least 3 (2 kept for pages), got {SAPO_DB_POOL_SIZE}")
 #: Threads running node sockets' database calls (common.db.db_call); each holds at most one connection.
 SAPO_DB_THREADS = SAPO_DB_POOL_SIZE - 2
+#: Shares verified and inserted at once per process; waiting ones are ordered by their nodes' recent CPU.
+SAPO_SHARE_SLOTS = env_int("SAPO_SHARE_SLOTS", 2)
+if not 1 <= SAPO_SHARE_SLOTS <= SAPO_DB_THREADS:
+    raise EnvError(f"SAPO_SHARE_SLOTS must be 1..SAPO_DB_THREADS ({SAPO_DB_THREADS}), got {SAPO_SHARE_SLOTS}")
 _default_db["CONN_MAX_AGE"] = env_int("SAPO_CONN_MAX_AGE", 0)
 if _default_db["CONN_MAX_AGE"]:
     _default_db["CONN_HEALTH_CHECKS"] = True

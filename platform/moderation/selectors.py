@@ -14,6 +14,7 @@ from moderation.models import AuditEntry, ModerationFlag, ModerationRule, TrustR
 from moderation.rules import RULES, rules_current
 from moderation.trust import trust_value
 from nodes.models import Node
+from nodes.presence import with_connected
 from pool.models import ModerationStatus, RejectReason, Rollout, Verdict
 
 
@@ -110,9 +111,10 @@ def _count(queryset: QuerySet) -> Coalesce:
 
 
 def node_moderation_list(*, filters: dict[str, Any]) -> QuerySet[Node]:
-    """Nodes with owner, trust record, open outlier/node flags and group counts (fixed queries a page)."""
+    """Nodes with owner, trust record, presence (for status), open outlier/node flags and group counts
+    (fixed queries a page)."""
     queryset = (
-        Node.objects.select_related("owner", "trust_record")
+        with_connected(Node.objects.select_related("owner", "trust_record"))
         .annotate(
             # Correlated subqueries: evaluated for the page's rows only, not by aggregating the whole pool.
             groups=_count(Rollout.objects.filter(node_id=OuterRef("id"))),

@@ -1,6 +1,9 @@
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from nodes.models import Node, NodeToken
+from nodes.presence import with_connected
 from nodes.selectors import node_status
 
 
@@ -24,6 +27,9 @@ class NodeAdmin(admin.ModelAdmin):
     readonly_fields = ("last_seen_at", "created_at", "client_version")
     raw_id_fields = ("owner",)
     inlines = [NodeTokenInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
+        return with_connected(super().get_queryset(request))  # a row's status then costs no query of its own
 
     @admin.display(description="status")
     def status(self, node: Node) -> str:

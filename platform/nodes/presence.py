@@ -16,6 +16,11 @@ Storage: Redis when REDIS_URL is set (one sorted set `<SAPO_REDIS_PREFIX>:presen
 "<node id>|<server>|<connection id>", score = expiry as a Unix time), else the database
 (nodes.NodeConnection rows). The functions are synchronous: the consumer calls them through
 common.db.db_call, pages and selectors directly.
+
+Listings ask once for all their nodes, whatever their length: `with_connected` on the node queryset,
+then `connected_among` on the rows. In the database the answer rides in the nodes' own query (an
+EXISTS on their records), so a page costs the same queries with or without Redis; with Redis it is
+one call for the whole listing. `connected_filter` does the same for a count or a filter on nodes.
 """
 
 from __future__ import annotations
@@ -31,12 +36,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from common.db import bookkeeping_transaction, db_call
 from common.redis_client import redis_client
-from nodes.models import NodeConnection
+from nodes.models import Node, NodeConnection
 from nodes.services import nodes_mark_seen
 
 logger = logging.getLogger(__name__)
@@ -170,6 +175,42 @@ def connection_counts(node_ids: Iterable[int] | None = None, *, now: datetime | 
 def connected_node_ids(node_ids: Iterable[int] | None = None, *, now: datetime | None = None) -> set[int]:
     """The nodes (of node_ids, or all) with at least one open, unexpired socket."""
     return set(connection_counts(node_ids, now=now))
+
+
+# The attribute with_connected annotates (database presence only).
+_CONNECTED = "presence_connected"
+
+
+def _connected_exists(now: datetime) -> Exists:
+    return Exists(NodeConnection.objects.filter(node_id=OuterRef("pk"), expires_at__gt=now))
+
+
+def with_connected(nodes: QuerySet[Node], *, now: datetime | None = None) -> QuerySet[Node]:
+    """`nodes`, each read with whether it has an open socket, for `connected_among`: in the database, an
+    EXISTS in the nodes' own query (no query of its own); with Redis, unchanged (the records are not
+    in the database: connected_among asks Redis once for the listing)."""
+    if settings.REDIS_URL:
+        return nodes
+    return nodes.annotate(**{_CONNECTED: _connected_exists(_now(now))})
+
+
+def connected_among(nodes: Iterable[Node], *, now: datetime | None = None) -> set[int]:
+    """The ids of `nodes` with an open, unexpired socket, asked once for all of them. Nodes read through
+    `with_connected` answer from their rows, as of when they were read (no query); otherwise one Redis
+    call or one query."""
+    nodes = list(nodes)
+    if not settings.REDIS_URL and all(hasattr(node, _CONNECTED) for node in nodes):
+        return {node.id for node in nodes if getattr(node, _CONNECTED)}
+    return connected_node_ids([node.id for node in nodes], now=now)
+
+
+def connected_filter(*, now: datetime | None = None) -> Q:
+    """A filter on nodes: those with an open, unexpired socket. In the database an EXISTS inside the
+    filtering query; with Redis the ids it holds (one call)."""
+    now = _now(now)
+    if settings.REDIS_URL:
+        return Q(id__in=connected_node_ids(now=now))
+    return Q(_connected_exists(now))
 
 
 # ---------------------------------------------------------------------------- this process's sockets

@@ -8,12 +8,12 @@ from django.utils import timezone
 from accounts.models import User
 from common.errors import NotFound
 from nodes.models import Node, NodeToken
-from nodes.presence import connected_node_ids
+from nodes.presence import connected_among, with_connected
 
 
 def _with_details(queryset: QuerySet[Node]) -> QuerySet[Node]:
-    """Owner (for status) and active tokens (as `active_tokens`) in a fixed number of queries."""
-    return queryset.select_related("owner").prefetch_related(
+    """Owner and presence (for status) and active tokens (as `active_tokens`) in a fixed number of queries."""
+    return with_connected(queryset.select_related("owner")).prefetch_related(
         Prefetch("tokens", queryset=NodeToken.objects.filter(revoked_at__isnull=True), to_attr="active_tokens")
     )
 
@@ -30,10 +30,11 @@ def node_get(*, node_id: int) -> Node | None:
 
 
 def node_statuses(nodes: Iterable[Node]) -> dict[int, str]:
-    """Each node's status now (Node.status_at), asking nodes.presence once for the whole listing."""
+    """Each node's status now (Node.status_at), asking nodes.presence once for the whole listing (not at
+    all when the nodes were read with presence.with_connected and presence is in the database)."""
     nodes = list(nodes)
     now = timezone.now()
-    connected = connected_node_ids([node.id for node in nodes]) if nodes else set()
+    connected = connected_among(nodes, now=now) if nodes else set()
     return {node.id: node.status_at(now, connected=node.id in connected) for node in nodes}
 
 

@@ -45,7 +45,7 @@ from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
 from nodes.services import node_authenticate, node_hello_is_news, node_record_hello
 from nodes.sessions import node_session_open
-from pool import ratelimit
+from pool import ratelimit, turns
 from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.payloads import rollout_to_protocol
@@ -158,6 +158,12 @@ class NodeConsumer(AsyncWebsocketConsumer):
             node, self.rate_limit = await db_call(_session_open)(
                 token=token, connection_id=self.connection_id, base_quota=self.limits.max_messages_per_minute
             )
+            self.budget = ratelimit.Budget(
+                messages=self.rate_limit,
+                bytes=self.limits.max_bytes_per_minute,
+                cpu_ms=self.limits.max_cpu_ms_per_minute,
+            )
+            self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (pool.ratelimit)
         except ApplicationError as exc:  # disconnect() leaves the groups joined
             await self.close(code=CLOSE_BANNED if exc.code == "banned" else CLOSE_UNAUTHENTICATED)
             return
@@ -178,6 +184,11 @@ class NodeConsumer(AsyncWebsocketConsumer):
             node, self.node = self.node, None
             metrics.socket_closed()
             presence.socket_book().closed(self.connection_id)
+            owed, self.owed_cpu_ms = self.owed_cpu_ms, 0
+            try:
+                await ratelimit.charge(node.id, self.budget, owed)
+            except Exception:
+                logger.exception("node %s: charging its last frame failed", node.id)
             try:
                 await db_call(presence.connection_close)(node_id=node.id, connection_id=self.connection_id)
             except Exception:  # the record expires by itself (presence.expires_after_seconds())
@@ -210,23 +221,21 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 await self._error("internal_error", "the server failed to handle this frame", self.frame_ref)
 
     async def _answer(self, frame: str | bytes | None) -> None:
-        node = self.node
-        byte_limit, cpu_limit = self.limits.max_bytes_per_minute, self.limits.max_cpu_ms_per_minute
-        if await ratelimit.hit(
-            node.id, self.rate_limit, size=frame_size(frame or ""), byte_limit=byte_limit, cpu_limit_ms=cpu_limit
-        ):
+        node, budget = self.node, self.budget
+        owed, self.owed_cpu_ms = self.owed_cpu_ms, 0
+        if not await ratelimit.admit(node.id, budget, size=frame_size(frame or ""), cpu_ms=owed):
             # Refused unparsed: a node over its rate costs the server no parsing, whatever it sends. The
             # ref, read from the frame's first characters, tells the node which request to send again.
-            limits = f"{self.rate_limit} messages, {byte_limit} bytes or {cpu_limit} ms of server CPU"
+            limits = f"{budget.messages} messages, {budget.bytes} bytes or {budget.cpu_ms} ms of server CPU"
             await self._error("rate_limited", f"more than {limits} per minute", leading_ref(frame))
             return
         # What this frame costs the server (parsing here, the share's work in its thread), charged to
-        # the node's CPU budget for the minute whatever the outcome.
+        # the node's CPU budget with its next frame whatever the outcome.
         self.frame_cpu = 0.0
         try:
             await self._handle(frame)
         finally:
-            await ratelimit.charge(node.id, math.ceil(self.frame_cpu * 1000))
+            self.owed_cpu_ms = math.ceil(self.frame_cpu * 1000)
 
     async def _handle(self, frame: str | bytes | None) -> None:
         node = self.node
@@ -255,11 +264,14 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def _dispatch(self, message: Hello | Share | Sample | Report) -> dict[str, Any]:
         node = self.node
         if isinstance(message, Share):
-            # Several sockets' shares verify and insert in parallel (db_call's threads), so one
-            # socket's database wait overlaps another's verification.
-            result, cpu = await db_call(_cpu_timed(rollout_share))(
-                node=node, rollouts=message.rollouts, catalogue=self.catalogue, limits=self.limits
-            )
+            # A few sockets' shares verify and insert at once (one's database wait overlaps another's
+            # verification); the others wait their turn, the nodes that cost the least lately first.
+            share_turns = turns.share_turns()
+            async with share_turns.turn(node.id):
+                result, cpu = await db_call(_cpu_timed(rollout_share))(
+                    node=node, rollouts=message.rollouts, catalogue=self.catalogue, limits=self.limits
+                )
+            share_turns.spent(node.id, self.frame_cpu + cpu)
             self.frame_cpu += cpu
             metrics.share_answered(result)
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}

@@ -38,10 +38,11 @@ class Limits:
     #: (docs/benchmarks.md, "Attacks on verification").
     max_bytes_per_minute: int = 8 * 1024 * 1024
     #: Server CPU a node's frames may cost per minute (milliseconds of the handling thread's CPU time:
-    #: parsing, verification, moderation, the insert), counted after each frame; a node over it has
-    #: its frames refused unparsed until the minute ends. A 32-group share costs ~15 ms in process;
-    #: 3,000 ms (5% of a core) bounds what any one node, honest or not, takes from everyone else per
-    #: minute (not within a burst: docs/benchmarks.md, "Attacks on verification").
+    #: parsing, verification, moderation, the insert), charged after each frame to a bucket refilled
+    #: at 50 ms a second (pool.ratelimit); a node in debt has its frames refused unparsed until the
+    #: refill pays it back. A 32-group share costs ~15 ms in process; 3,000 ms (5% of a core) bounds
+    #: what any one node, honest or not, takes from everyone else per minute. Within a burst the
+    #: share turns (pool.turns) keep a heavy node from delaying a light one.
     max_cpu_ms_per_minute: int = 3_000
     max_consecutive_errors: int = 20
     sample_window_seconds: int = 86_400

@@ -17,7 +17,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from nodes.models import ONLINE_WINDOW, Node
-from nodes.presence import connected_node_ids
+from nodes.presence import connected_among, connected_filter, with_connected
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
@@ -106,8 +106,8 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
         live = live_rows()
         folded = {s.node_id: s for s in NodeStats.objects.all()}
         ids = set(folded) | set(live.groups.by_node) | set(live.helped) | set(live.rounds)
-        nodes = list(Node.objects.filter(id__in=ids).select_related("owner"))
-    connected = connected_node_ids([n.id for n in nodes], now=now)
+        nodes = list(with_connected(Node.objects.filter(id__in=ids).select_related("owner"), now=now))
+    connected = connected_among(nodes, now=now)
     figures = []
     for node in nodes:
         m = Measures()
@@ -154,10 +154,11 @@ def node_figures_all() -> list[NodeFigures]:
 
 
 def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
-    """Figures of the given nodes (a contributor's own), empty figures for those without any."""
+    """Figures of the given nodes (a contributor's own), empty figures for those without any. Read them
+    with nodes.presence.with_connected (nodes.selectors does) and their status costs no query."""
     now = timezone.now()
     known = {f.node_id: f for f in node_figures_all()}
-    connected = connected_node_ids([n.id for n in nodes], now=now)
+    connected = connected_among(nodes, now=now)
     out = {}
     for node in nodes:
         status = node.status_at(now, connected=node.id in connected)
@@ -265,7 +266,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
     rejected = sum(f.rejected for f in public)
     online = (
         Node.objects.filter(
-            id__in=connected_node_ids(now=now), last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
+            connected_filter(now=now), last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
             banned_at__isnull=True, owner__banned_at__isnull=True,
         ).count()
     )  # fmt: skip

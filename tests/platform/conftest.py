@@ -9,3 +9,20 @@ def fresh_rate_counts():
     ratelimit.reset_local()
     yield
     ratelimit.reset_local()
+
+
+@pytest.fixture(params=["redis", "no-redis"])
+def backend(request, settings) -> str:
+    """Run the test once with the counters in Redis and once without (PostgreSQL, or in-process)."""
+    if request.param == "redis":
+        import redis
+
+        url = settings.REDIS_URL or "redis://127.0.0.1:6379/0"
+        try:
+            redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        except redis.exceptions.ConnectionError:
+            pytest.skip(f"no Redis at {url}")
+        settings.REDIS_URL = url
+    else:
+        settings.REDIS_URL = ""
+    return request.param

@@ -26,4 +26,7 @@ def test_the_attack_benchmark_runs_and_reports_every_part(tmp_path):
     for heading in ("(b) the honest path", "worst answer at each dataset's length cap", "(c) live"):
         assert heading in out
     live = out.split("(c) live")[1]
-    assert live.count("| quiet") == 2 and "| control" in live and "(the reported attack)" in live
+    # every attack and its control once (one pair each at smoke size), then the medians
+    rows = [line for line in live.splitlines() if line.startswith("| ") and "| 1 |" in line]
+    assert len(rows) == 4 and sum("| control" in r for r in rows) == 2 and "(the reported attack)" in rows[0]
+    assert "median p50 / quiet over the pairs" in live

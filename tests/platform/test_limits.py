@@ -29,23 +29,6 @@ WRONG = "not-the-password-1"
 LOCKED = "Too many failed log-ins"
 
 
-@pytest.fixture(params=["redis", "postgresql"])
-def backend(request, settings) -> str:
-    """Run the test once with the counters in Redis and once in PostgreSQL."""
-    if request.param == "redis":
-        import redis
-
-        url = settings.REDIS_URL or "redis://127.0.0.1:6379/0"
-        try:
-            redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-        except redis.exceptions.ConnectionError:
-            pytest.skip(f"no Redis at {url}")
-        settings.REDIS_URL = url
-    else:
-        settings.REDIS_URL = ""
-    return request.param
-
-
 def login(client: Client, username: str, password: str, url: str = LOGIN, **extra):
     return client.post(url, {"username": username, "password": password, "next": "/admin/"}, **extra)
 

@@ -31,15 +31,23 @@ class TestListCreate:
         assert "token" not in api_client.get(detail(body["id"])).json()
         assert token not in api_client.get(LIST).content.decode()
 
-    def test_list_shows_only_own_active_nodes(self, api_client, user, other_user, node, django_assert_num_queries):
+    def test_list_shows_only_own_active_nodes(
+        self, api_client, user, other_user, node, django_assert_num_queries, throttle_queries
+    ):
         make_node(owner=user, name="desktop")
         make_node(owner=other_user, name="theirs")
 
-        with django_assert_num_queries(4):  # session, user, nodes (with owner), active tokens
+        # session, user, nodes (with owner and presence), active tokens; whatever the number of nodes
+        with django_assert_num_queries(4 + throttle_queries):
             response = api_client.get(LIST)
 
         assert response.status_code == 200
         assert [n["name"] for n in response.json()] == ["laptop", "desktop"]
+
+        for i in range(4):
+            make_node(owner=user, name=f"gpu{i}")
+        with django_assert_num_queries(4 + throttle_queries):
+            assert len(api_client.get(LIST).json()) == 6
 
     def test_duplicate_name_is_a_409_with_a_code(self, api_client, node):
         response = api_client.post(LIST, {"name": "laptop"}, format="json")

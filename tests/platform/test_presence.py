@@ -8,12 +8,16 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from factories import make_node
 
 from nodes import presence
-from nodes.models import NodeConnection, NodeStatus
+from nodes.models import Node, NodeConnection, NodeStatus
 from nodes.selectors import node_status
+from web.selectors import swarm_overview
 
 pytestmark = pytest.mark.django_db
 
@@ -81,3 +85,41 @@ def test_status_reads_presence_and_last_seen(store, node):
     assert node.status_at(now + timedelta(hours=2), connected=True) == NodeStatus.OFFLINE
     presence.connection_close(node_id=node.id, connection_id=connection_id)
     assert node_status(node) == NodeStatus.OFFLINE
+
+
+def test_listings_show_who_is_connected_at_a_cost_that_does_not_grow_with_nodes(store, user, node, api_client):
+    """A listing asks presence once for all its nodes (in the database: inside the nodes' own query),
+    so the node list costs the same queries for 2 nodes as for 6, and each shows its own status; the
+    swarm's online count agrees."""
+
+    def connect(*nodes: Node) -> None:
+        Node.objects.filter(id__in=[n.id for n in nodes]).update(last_seen_at=timezone.now())
+        for n in nodes:
+            presence.connection_open(node_id=n.id, connection_id=uuid.uuid4())
+
+    def listed() -> tuple[dict[str, str], int]:
+        with CaptureQueriesContext(connection) as queries:
+            response = api_client.get("/api/v1/nodes/")
+        assert response.status_code == 200
+        return {n["name"]: n["status"] for n in response.json()}, len(queries)
+
+    def online() -> int:
+        cache.clear()  # the swarm's figures are cached a few seconds
+        return swarm_overview()["nodes_online"]
+
+    connect(node)
+    make_node(owner=user, name="desktop")
+    statuses, few = listed()
+    assert statuses == {"laptop": NodeStatus.ONLINE, "desktop": NodeStatus.OFFLINE}
+    assert online() == 1
+
+    connect(*(make_node(owner=user, name=f"gpu{i}") for i in range(2)))
+    make_node(owner=user, name="idle box")
+    connect(make_node(name="elsewhere"))  # another contributor's: not listed, but online
+    statuses, many = listed()
+    assert statuses == {
+        "laptop": NodeStatus.ONLINE, "desktop": NodeStatus.OFFLINE, "gpu0": NodeStatus.ONLINE,
+        "gpu1": NodeStatus.ONLINE, "idle box": NodeStatus.OFFLINE,
+    }  # fmt: skip
+    assert many == few
+    assert online() == 4

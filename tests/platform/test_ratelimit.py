@@ -1,0 +1,129 @@
+"""A node's frame budgets (pool.ratelimit): token buckets of one minute's allowance, refilled
+continuously, in Redis and in-process; and whose share goes first (pool.turns)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pool import ratelimit
+from pool.ratelimit import Budget
+from pool.turns import Turns
+
+pytestmark = pytest.mark.usefixtures("fresh_rate_counts")
+
+T0 = 1_800_000_000.0  # an explicit clock: the buckets take `now`
+
+
+async def admitted(node: int, budget: Budget, at: float, count: int = 1, size: int = 0, cpu_ms: int = 0) -> int:
+    return sum([await ratelimit.admit(node, budget, size=size, cpu_ms=cpu_ms, now=at) for _ in range(count)])
+
+
+async def test_a_full_minute_is_admitted_at_once_then_the_refill_rate(backend):
+    budget = Budget(messages=60, bytes=10**9, cpu_ms=10**9)
+    assert await admitted(1, budget, T0, count=70) == 60  # a burst gets the minute's allowance, no more
+    # Refused frames count too: the 10 refused took the bucket to -10. At 1 a second it holds a whole
+    # message again after 11 s, then admits one frame a second: not the next minute's 60 at once.
+    assert await admitted(1, budget, T0 + 10.5) == 0  # 0.5: not a whole message -> -0.5
+    assert await admitted(1, budget, T0 + 12.0) == 1  # 1.0 -> 0.0
+    assert await admitted(1, budget, T0 + 12.5) == 0
+    # After two silent minutes any node has its whole minute again.
+    assert await admitted(1, budget, T0 + 200, count=70) == 60
+
+
+async def test_no_double_minute_across_a_minute_boundary(backend):
+    """The fixed window this replaced admitted 2 x the allowance around a minute's end."""
+    budget = Budget(messages=60, bytes=10**9, cpu_ms=10**9)
+    boundary = (T0 // 60 + 1) * 60
+    first = await admitted(2, budget, boundary - 1, count=60)
+    second = await admitted(2, budget, boundary + 1, count=60)
+    assert (first, second) == (60, 2)  # 2 s of refill, not a new minute
+
+
+async def test_bytes_are_a_bucket_too_and_a_large_frame_goes_into_debt(backend):
+    budget = Budget(messages=10**6, bytes=6000, cpu_ms=10**9)
+    assert await admitted(3, budget, T0, size=5000) == 1  # within the minute: admitted
+    assert await admitted(3, budget, T0, size=5000) == 0  # 1,000 left; refused, it counts: -4,000
+    assert await admitted(3, budget, T0 + 30, size=10) == 0  # 30 s refill 3,000: still -1,000
+    assert await admitted(3, budget, T0 + 60, size=10) == 1  # refilled to 1,990
+    # A frame larger than a whole minute's bytes needs a full bucket, and leaves the deepest debt.
+    small = Budget(messages=10**6, bytes=1000, cpu_ms=10**9)
+    assert await admitted(9, small, T0, size=5000) == 1
+    assert await admitted(9, small, T0 + 59, size=1) == 0  # -1,000 + 59 s of 1,000 a minute
+    assert await admitted(9, small, T0 + 61, size=1) == 1
+
+
+async def test_cpu_is_charged_after_the_frame_and_delays_the_next_by_the_overspend(backend):
+    budget = Budget(messages=10**6, bytes=10**9, cpu_ms=600)  # 10 ms a second
+    assert await admitted(4, budget, T0) == 1  # nothing spent yet
+    # The previous frame cost 900 ms: charged first, the bucket is at -300, so this frame is refused...
+    assert await admitted(4, budget, T0, cpu_ms=900) == 0
+    assert await admitted(4, budget, T0 + 29) == 0  # ... until 30 s of refill paid it back
+    assert await admitted(4, budget, T0 + 31) == 1
+    # A closing socket's last frame is charged without a frame.
+    await ratelimit.charge(4, budget, 5000, now=T0 + 31)  # the debt stops at minus the allowance
+    assert await admitted(4, budget, T0 + 31 + 59) == 0
+    assert await admitted(4, budget, T0 + 31 + 61) == 1
+
+
+async def test_nodes_have_buckets_of_their_own(backend):
+    budget = Budget(messages=3, bytes=10**9, cpu_ms=10**9)
+    assert await admitted(5, budget, T0, count=5) == 3
+    assert await admitted(6, budget, T0, count=5) == 3
+
+
+async def test_the_lowest_recent_cpu_goes_first_and_nothing_waits_while_a_slot_is_free():
+    turns = Turns(slots=1)
+    turns.spent(7, 5.0)  # a node that has cost 5 s of CPU lately
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def share(node: int, name: str) -> None:
+        async with turns.turn(node):
+            order.append(name)
+            if name == "first":
+                await release.wait()
+
+    first = asyncio.create_task(share(7, "first"))
+    await asyncio.sleep(0)
+    assert order == ["first"] and turns.running == 1  # a free slot: no waiting
+    heavy = [asyncio.create_task(share(7, f"heavy{i}")) for i in range(3)]
+    await asyncio.sleep(0)
+    light = asyncio.create_task(share(8, "light"))  # arrives last, has cost nothing
+    await asyncio.sleep(0)
+    assert turns.waiting == 4
+    release.set()
+    await asyncio.gather(first, *heavy, light)
+    assert order == ["first", "light", "heavy0", "heavy1", "heavy2"]  # then in order of arrival
+    assert turns.running == 0 and turns.waiting == 0
+
+
+async def test_a_cancelled_waiter_gives_up_its_place_and_no_slot_is_lost():
+    turns = Turns(slots=1)
+    hold = asyncio.Event()
+
+    async def share() -> None:
+        async with turns.turn(1):
+            await hold.wait()
+
+    running = asyncio.create_task(share())
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(share())
+    await asyncio.sleep(0)
+    waiting.cancel()  # its socket closed while it waited
+    await asyncio.sleep(0)
+    hold.set()
+    await running
+    assert turns.running == 0
+    async with turns.turn(2):  # the slot came back
+        assert turns.running == 1
+
+
+def test_recent_cpu_halves_every_half_life():
+    turns = Turns(slots=1, half_life=10.0)
+    turns.spent(1, 8.0)
+    _, at = turns._spent[1]
+    assert turns.recent(1, at + 10) == pytest.approx(4.0)
+    assert turns.recent(1, at + 30) == pytest.approx(1.0)
+    assert turns.recent(2, at) == 0.0
