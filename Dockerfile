@@ -46,4 +46,6 @@ USER sapo
 EXPOSE 8000
 # No HEALTHCHECK here: the node runs from this image too. The site's probes are /healthz (liveness)
 # and /readyz (database and Redis); docker-compose.yml uses /readyz.
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "config.asgi:application"]
+# The endpoint rather than -b/-p: twisted's default listen backlog of 50 drops connections when many
+# nodes connect at once; -v 0: no access log of daphne's own (docs/deploy.md, "Processes").
+CMD ["daphne", "-v", "0", "-e", "tcp:port=8000:interface=0.0.0.0:backlog=2048", "config.asgi:application"]

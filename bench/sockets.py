@@ -91,7 +91,8 @@ def raise_fd_limit(n: int) -> None:
 
 
 def start_server(args: argparse.Namespace, port: int, log) -> subprocess.Popen:
-    """daphne on 127.0.0.1:port (the command docs/deploy.md gives), the settings' defaults."""
+    """daphne on 127.0.0.1:port (the command docs/deploy.md gives: no access log, an endpoint with a listen
+    backlog of 2048), the settings' defaults."""
     env = dict(os.environ)
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
@@ -105,7 +106,8 @@ def start_server(args: argparse.Namespace, port: int, log) -> subprocess.Popen:
     for name in ("SAPO_CONN_MAX_AGE", "SAPO_DB_POOL_SIZE"):
         env.pop(name, None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", POOL.SERVER_SCRIPT, "with", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        [sys.executable, "-c", POOL.SERVER_SCRIPT, "with", "-v", "0",
+         "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=2048", "config.asgi:application"],
         env=env, cwd=ROOT, stdout=log, stderr=log,
     )  # fmt: skip
     deadline = time.time() + 120

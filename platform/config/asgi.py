@@ -5,7 +5,8 @@ their bearer token inside the consumer.
 
 Every way the site is served imports this module (runserver, the `daphne` command, the test
 servers), so the two things a server process must do before it serves are done here:
-- the WebSocket layer's message limit follows SAPO_MAX_FRAME_BYTES (config.websocket);
+- the WebSocket layer's message limit follows SAPO_MAX_FRAME_BYTES, and autobahn's per-connection debug
+  text is made only when logged (config.websocket);
 - the server's start-up step (`server_start`: forget the presence records this server's previous run
   left) runs once per process before its first request or socket is handled (daphne has no lifespan
   events; under a server that sends them, it runs on "lifespan.startup").
@@ -27,7 +28,7 @@ from channels.db import database_sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from config.websocket import follow_frame_limit  # noqa: E402
+from config.websocket import follow_frame_limit, format_debug_lazily  # noqa: E402
 from nodes.presence import presence_server_start  # noqa: E402
 
 # Imported at start-up, not on the first connection: it loads reasoning-gym, which on a busy
@@ -88,4 +89,5 @@ class ServerStart:
 
 
 follow_frame_limit(current_limits())
+format_debug_lazily()
 application = ServerStart(router)

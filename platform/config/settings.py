@@ -250,7 +250,8 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' in-memory layer, its clean-up of expired messages throttled (common/channel_layers.py).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "common.channel_layers.ThrottledInMemoryChannelLayer"}}
 
 # --- Accounts --------------------------------------------------------------------------------
 AUTH_USER_MODEL = "accounts.User"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -216,7 +216,18 @@ def node_record_hello(*, node: Node, client: object, model: object, hardware: ob
     for name, value in fields.items():
         setattr(node, name, value)
     node.last_seen_at = timezone.now()
-    node.save(update_fields=[*fields, "last_seen_at"])
+    # Raw SQL: a node's first hello comes with its first connect, a thousand at once when a new swarm
+    # starts, and Model.save cost several times this statement's CPU (docs/benchmarks.md, "Sockets").
+    # The commit does not wait for the disk (set_config(..., true): this statement's transaction): a
+    # hello a database crash loses is said again at the node's next connect.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE nodes_node SET client_version = %s, model_id = %s, hardware = %s, last_seen_at = %s
+            FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed WHERE id = %s
+            """,
+            [fields["client_version"], fields["model_id"], fields["hardware"], node.last_seen_at, node.id],
+        )
     return node
 
 
@@ -231,30 +242,55 @@ def nodes_mark_seen(*, node_ids: Iterable[int], now: datetime | None = None) -> 
     )
 
 
+def node_select_columns(alias: str) -> str:
+    """The SQL select list of every Node column, in the model's field order, for `node_from_row`."""
+    return ", ".join(f"{alias}.{field.column}" for field in Node._meta.concrete_fields)
+
+
+def node_from_row(values: Sequence[object]) -> Node:
+    """A Node from the values `node_select_columns` selected (every field loaded: it can be saved)."""
+    return Node.from_db(DEFAULT_DB_ALIAS, _NODE_ATTNAMES, list(values))
+
+
+_NODE_ATTNAMES = [field.attname for field in Node._meta.concrete_fields]
+
+# Raw SQL, not the ORM: the node socket looks the token up on every connect, and the ORM's query with
+# two joins and three model instances cost ~0.9 ms of CPU against ~0.13 ms for this (docs/benchmarks.md,
+# "Sockets"). Two flags and the node's columns; the owner is not loaded (the flag says if it is banned).
+_AUTHENTICATE_SQL = f"""
+SELECT t.id, n.retired_at IS NOT NULL, n.banned_at IS NOT NULL OR u.banned_at IS NOT NULL, {node_select_columns("n")}
+FROM nodes_nodetoken t JOIN nodes_node n ON n.id = t.node_id JOIN accounts_user u ON u.id = n.owner_id
+WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL
+"""
+
+
+def token_is_well_formed(token: object) -> bool:
+    """Whether `token` could be a node token at all (checked before any hashing or database work)."""
+    return isinstance(token, str) and token.startswith(TOKEN_PREFIX) and len(token) <= _TOKEN_MAX_LENGTH
+
+
 def node_authenticate(*, token: str | None, touch: bool = True) -> Node:
-    """The node a bearer token belongs to, with `owner` loaded. With touch=False nothing is written
+    """The node a bearer token belongs to (its owner not loaded). With touch=False nothing is written
     (the token's last_used_at is not recorded): the node socket checks a token that way first, and
-    again, recording it, once it has joined its channel groups.
+    again, recording it, once it has joined its channel groups (nodes.sessions.node_session_open).
 
     Raises ApplicationError "unauthenticated" (401: missing, malformed, unknown, revoked, node
     retired) or "banned" (403: node or owner banned). The consumer closes with 4401 / 4403.
     """
-    if not token or not isinstance(token, str) or not token.startswith(TOKEN_PREFIX) or len(token) > _TOKEN_MAX_LENGTH:
+    if not token_is_well_formed(token):
         raise ApplicationError("unauthenticated", "A valid node token is required.", status=401)
-    record = (
-        NodeToken.objects.select_related("node", "node__owner")
-        .filter(token_hash=token_hash(token), revoked_at__isnull=True)
-        .first()
-    )
-    if record is None or record.node.retired_at is not None:
+    with connection.cursor() as cursor:
+        cursor.execute(_AUTHENTICATE_SQL, {"hash": token_hash(token)})
+        row = cursor.fetchone()
+    if row is None or row[1]:
         raise ApplicationError("unauthenticated", "A valid node token is required.", status=401)
-    node = record.node
-    if node.is_banned:
+    if row[2]:
         raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
+    node = node_from_row(row[3:])
     if not touch:
         return node
     now = timezone.now()
-    NodeToken.objects.filter(id=record.id).filter(
+    NodeToken.objects.filter(id=row[0]).filter(
         Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - SEEN_WRITE_INTERVAL)
     ).update(last_used_at=now)
     return node

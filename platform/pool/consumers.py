@@ -2,9 +2,11 @@
 pool.messages, call a service or selector through common.db.db_call, send the reply.
 
 Database calls run on db_call's threads, in parallel across sockets, on pooled connections (not on
-Channels' one shared thread): opening a socket is two calls (look the token up; then, in one
-transaction that does not wait for the disk, authenticate again, open the session, read the quota), `hello` writes only what changed, and a frame's bookkeeping
+Channels' one shared thread): opening a socket is two calls (look the token up, one statement; then
+authenticate again and open the session in one statement that does not wait for the disk,
+nodes.sessions, and read the quota), `hello` writes only what changed, and a frame's bookkeeping
 (rate limit, presence, last seen) costs no database round trip (pool.ratelimit, nodes.presence).
+What a socket costs the server is measured in docs/benchmarks.md, "Sockets".
 
 Every frame gets exactly one reply, and nothing a node sends can raise out of `receive`: a refusal is
 a typed `error` (with the frame's `ref` when it had a readable one), and an unexpected failure is
@@ -24,6 +26,7 @@ code it carries (sent by nodes.services when tokens are revoked or a node retire
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -36,23 +39,19 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from common import metrics
-from common.db import bookkeeping_transaction, db_call
+from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
 from nodes.services import node_authenticate, node_hello_is_news, node_record_hello
+from nodes.sessions import node_session_open
 from pool import ratelimit, turns
-from pool.limits import current_catalogue, current_limits
+from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.payloads import rollout_to_protocol
 from pool.seams import moderation
 from pool.selectors import rollout_sample
-from pool.services import (
-    node_round_report,
-    node_session_open,
-    rollout_served_record,
-    rollout_share,
-)
+from pool.services import node_round_report, rollout_served_record, rollout_share
 from sapo_node import protocol
 
 logger = logging.getLogger(__name__)
@@ -71,13 +70,11 @@ def _bearer_token(scope: dict[str, Any]) -> str | None:
 def _session_open(*, token: str | None, connection_id: uuid.UUID, base_quota: int) -> tuple[Any, int]:
     """Once the socket has joined its node's groups: authenticate again (a token revoked or a ban made
     since the first check sent its close to groups the socket was not in yet), open the session
-    (presence, last seen) and read the node's message quota. One database call for all of it.
+    (presence, last seen: one statement, nodes.sessions) and read the node's message quota. One
+    database call for all of it.
 
     Returns (node, quota). Raises ApplicationError "unauthenticated" or "banned"."""
-    with bookkeeping_transaction():  # last used, last seen, presence: no wait for the disk
-        node = node_authenticate(token=token)
-        if not node_session_open(node=node, connection_id=connection_id):
-            raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
+    node = node_session_open(token=token, connection_id=connection_id)
     # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
     return node, moderation().node_message_quota(node_id=node.id, base=base_quota)
 
@@ -99,6 +96,13 @@ def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str,
         rollouts = rollout_sample(node=node, n=n, window_seconds=window_seconds)
     rollout_served_record(node=node, rollout_ids=[r.id for r in rollouts])
     return [rollout_to_protocol(r) for r in rollouts]
+
+
+@functools.lru_cache(maxsize=8)
+def _limits_json(limits: Limits) -> dict[str, int]:
+    """The limits as `welcome` sends them, made once per process and set of limits (dataclasses'
+    asdict is most of a welcome's serialising). Shared: read, never change it."""
+    return limits.to_json()
 
 
 class NodeConsumer(AsyncWebsocketConsumer):
@@ -289,7 +293,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             "node_id": node.id,
             "node_name": node.name,
             "catalogue": self.catalogue.to_json(),
-            "limits": self.limits.to_json(),
+            "limits": _limits_json(self.limits),
         }
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:

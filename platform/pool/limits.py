@@ -63,9 +63,17 @@ class Limits:
 assert tuple(f.name for f in fields(Limits)) == LIMIT_NAMES, "pool.limits.Limits and sapo_node.protocol disagree"
 
 
+#: (a copy of the overrides, the Limits made from them): every socket asks for the limits when it opens.
+_made: tuple[dict[str, Any], Limits] | None = None
+
+
 def current_limits() -> Limits:
     """The limits in force: the defaults above, overridden by settings.SAPO_LIMITS."""
+    global _made
     overrides: dict[str, Any] = getattr(settings, "SAPO_LIMITS", None) or {}
+    made = _made
+    if made is not None and made[0] == overrides:
+        return made[1]
     unknown = sorted(set(overrides) - set(LIMIT_NAMES))
     if unknown:
         raise ImproperlyConfigured(f"SAPO_LIMITS: unknown limits {unknown}")
@@ -75,7 +83,9 @@ def current_limits() -> Limits:
         if value < 1:
             raise ImproperlyConfigured(f"limit {f.name} must be at least 1, got {value}")
         values[f.name] = value
-    return Limits(**values)
+    limits = Limits(**values)
+    _made = (dict(overrides), limits)
+    return limits
 
 
 def current_catalogue() -> Catalogue:

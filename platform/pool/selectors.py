@@ -7,10 +7,10 @@ import math
 import random
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.cache import cache
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
@@ -68,28 +68,41 @@ def sample_window(cutoff: datetime) -> tuple[int, int] | None:
     return lo, hi
 
 
-def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int | None, set[int], list[Rollout]]:
-    """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit). Model instances via from_db (other fields deferred)."""
-    from nodes.models import Node
+class _Hit(NamedTuple):
+    """A group the first draw hit, as its row: a Rollout is built only for the groups kept (`_built`),
+    not for every hit (a draw asks for ~1.3 n + 4 numbers; building and parsing the others was a third
+    of a `sample`'s CPU, docs/benchmarks.md, "Sockets")."""
 
+    sample_seq: int
+    node_id: int
+    row: tuple[Any, ...]
+
+
+def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int | None, set[int], list[_Hit]]:
+    """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit)."""
     with connection.cursor() as cursor:
         cursor.execute(_DRAW_SQL.format(k=int(k)), {"cutoff": cutoff, "node": node_id})
         rows = cursor.fetchall()
     lo, hi = rows[0][0], rows[0][1]
     drawn = {row[2] for row in rows if row[2] is not None}
-    hits = []
-    for row in rows:
-        if row[4] is None:
-            continue
-        values = list(row[4:])
-        for position in (8, 9):  # completions, verified_rewards: jsonb arrives as text
-            if isinstance(values[position], str):
-                values[position] = json.loads(values[position])
-        rollout = Rollout.from_db(connection.alias, _DRAW_FIELDS, values)
-        rollout.sample_seq = row[2]
-        rollout.node = Node.from_db(connection.alias, ["id", "name"], [row[5], row[3]])
-        hits.append(rollout)
-    return lo, hi, drawn, hits
+    return lo, hi, drawn, [_Hit(row[2], row[5], row) for row in rows if row[4] is not None]
+
+
+def _built(hit: _Hit | Rollout) -> Rollout:
+    """A first-draw hit as a Rollout with `node` loaded (id and name; fields not drawn deferred)."""
+    if isinstance(hit, Rollout):
+        return hit
+    from nodes.models import Node
+
+    row = hit.row
+    values = list(row[4:])
+    for position in (8, 9):  # completions, verified_rewards: jsonb arrives as text
+        if isinstance(values[position], str):
+            values[position] = json.loads(values[position])
+    rollout = Rollout.from_db(DEFAULT_DB_ALIAS, _DRAW_FIELDS, values)
+    rollout.sample_seq = hit.sample_seq
+    rollout.node = Node.from_db(DEFAULT_DB_ALIAS, ["id", "name"], [hit.node_id, row[3]])
+    return rollout
 
 
 def rollout_sample(
@@ -114,11 +127,8 @@ def rollout_sample(
     lo, hi, tried, hits = _first_draw(node.id, cutoff, math.ceil(n * 1.3) + 4)
     if lo is None or hi is None or hi < lo:
         return []
-    chosen = _keep(hits, tried, rng)
+    chosen: list[_Hit | Rollout] = _keep(hits, tried, rng)
     span = hi - lo + 1
-    eligible = Rollout.objects.filter(
-        sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo, sample_seq__lte=hi
-    ).exclude(node_id=node.id)
     hit_rate = max(len(chosen) / max(len(tried), 1), 0.02)
     rounds = PROBE_ROUNDS if span > ENUMERATE_BELOW else 0
     for _ in range(rounds):
@@ -145,15 +155,19 @@ def rollout_sample(
         # Few eligible groups in the range (a small window, or most are the asker's own or moderated
         # out): the eligible groups not drawn yet are all equally likely to come next, so take a
         # uniform pick among them.
-        rest = list(eligible.exclude(id__in=[r.id for r in chosen]).values_list("id", "node_id"))
+        eligible = Rollout.objects.filter(
+            sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo, sample_seq__lte=hi
+        ).exclude(node_id=node.id)
+        chosen_ids = [r.row[4] if isinstance(r, _Hit) else r.id for r in chosen]
+        rest = list(eligible.exclude(id__in=chosen_ids).values_list("id", "node_id"))
         picked = moderation().weighted_pick(candidates=rest, n=n - len(chosen), rng=rng)
         if picked is None:
             picked = [i for i, _ in rng.sample(rest, min(n - len(chosen), len(rest)))]
         chosen.extend(_fetch(picked))
-    return chosen[:n]
+    return [_built(r) for r in chosen[:n]]
 
 
-def _keep(hits: list[Rollout], tried: set[int], rng: random.Random) -> list[Rollout]:
+def _keep(hits: list[_Hit] | list[Rollout], tried: set[int], rng: random.Random) -> list[Any]:
     """The hits of one round in a uniform random order, less those trust weighting turns away.
 
     Without weighting, the first n hits over the rounds are a uniform random n-subset. With it

@@ -23,7 +23,6 @@ from django.utils import timezone
 from common import metrics
 from common.compact_json import dumps, dumps_texts
 from common.errors import ApplicationError
-from nodes import presence
 from pool.limits import Limits, current_limits
 from pool.messages import Report, RolloutIn
 from pool.models import (
@@ -375,17 +374,3 @@ def _prune_if_due(now: datetime) -> None:
     window = timedelta(seconds=current_limits().sample_window_seconds)
     ServedGroup.objects.filter(served_at__lt=now - window - SERVED_KEEP).delete()
     NodeStorageHour.objects.filter(hour__lt=_hour(now) - timedelta(hours=1)).delete()
-
-
-def node_session_open(*, node: Any, connection_id: uuid.UUID) -> bool:
-    """Record an accepted socket of the node (presence) and the time it was seen; False, and nothing
-    recorded, if the node or its owner is banned now."""
-    from nodes.models import Node
-
-    now = timezone.now()
-    standing = Node.objects.filter(id=node.id, banned_at__isnull=True, owner__banned_at__isnull=True)
-    if not standing.update(last_seen_at=now):
-        return False
-    node.last_seen_at = now
-    presence.connection_open(node_id=node.id, connection_id=connection_id, now=now)
-    return True

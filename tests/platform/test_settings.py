@@ -188,3 +188,19 @@ def test_asgi_routes_node_socket_to_the_pool_consumer():
     consumer = asgi.websocket_urlpatterns[0]
     assert str(consumer.pattern) == "ws/node/"
     assert consumer.callback.consumer_class.__name__ == "NodeConsumer"
+
+
+def test_autobahns_debug_text_is_made_only_when_logged_and_reads_the_same():
+    from pprint import pformat
+
+    from autobahn.websocket import protocol
+
+    from config import asgi  # noqa: F401 - serving the site installs it
+
+    options = [("openHandshakeTimeout", 5, "WebSocketFactory"), ("failByDrop", False, "WebSocketProtocol")]
+    made = protocol.pformat(options)
+    assert not isinstance(made, str)  # nothing formatted yet
+    assert f"{made}" == str(made) == pformat(options)
+    timings = protocol.Timings()
+    timings.track("handshake")
+    assert str(timings) == pformat(timings._timings)  # a __str__ still gets a string

@@ -1,0 +1,27 @@
+"""The channel layer of a single-process site (no REDIS_URL): Channels' in-memory layer, with its
+clean-up of expired messages and group memberships run at most once a second.
+
+Channels runs that clean-up on every `receive` and `group_send`, and it walks every channel and every
+group: each socket waits on `receive`, so opening N sockets at once cost O(N^2), about 5% of the
+server's CPU at N = 1,000 (docs/benchmarks.md, "Sockets"). Messages expire after 60 s and memberships
+after a day; cleaning them up to a second late changes nothing a node sees.
+"""
+
+from __future__ import annotations
+
+import time
+
+from channels.layers import InMemoryChannelLayer
+
+CLEAN_EVERY_SECONDS = 1.0
+
+
+class ThrottledInMemoryChannelLayer(InMemoryChannelLayer):
+    _cleaned_at = float("-inf")
+
+    def _clean_expired(self) -> None:
+        now = time.monotonic()
+        if now - self._cleaned_at < CLEAN_EVERY_SECONDS:
+            return
+        self._cleaned_at = now
+        super()._clean_expired()

@@ -1,0 +1,81 @@
+"""nodes.sessions.node_session_open: a node socket's session opened in one statement (token, standing,
+last used, last seen, presence), with presence in the database or in Redis."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from accounts.models import User
+from common.errors import ApplicationError
+from nodes import presence
+from nodes.models import Node, NodeToken
+from nodes.services import node_retire, node_token_revoke
+from nodes.sessions import node_session_open
+
+pytestmark = pytest.mark.django_db
+
+STORES = ["database"] + (["redis"] if os.environ.get("REDIS_URL") else [])
+
+
+@pytest.fixture(params=STORES)
+def store(request, settings):
+    settings.REDIS_URL = os.environ["REDIS_URL"] if request.param == "redis" else ""
+    settings.SAPO_REDIS_PREFIX = f"sessions-test-{uuid.uuid4().hex[:8]}"
+    settings.SAPO_SERVER_NAME = "here"
+    return request.param
+
+
+def refused(token: str | None) -> str:
+    with pytest.raises(ApplicationError) as info:
+        node_session_open(token=token, connection_id=uuid.uuid4())
+    return info.value.code
+
+
+def test_a_session_records_last_used_last_seen_and_presence(store, node, node_token):
+    opened = node_session_open(token=node_token, connection_id=uuid.uuid4())
+
+    assert opened == node and opened.name == "laptop" and opened.owner_id == node.owner_id
+    node.refresh_from_db()
+    assert node.last_seen_at is not None and opened.last_seen_at == node.last_seen_at
+    assert NodeToken.objects.get(node=node).last_used_at == node.last_seen_at
+    assert presence.connection_counts([node.id]) == {node.id: 1}
+    node_session_open(token=node_token, connection_id=uuid.uuid4())
+    assert presence.connection_counts([node.id]) == {node.id: 2}
+
+
+def test_a_node_returned_can_be_saved(store, node, node_token):
+    opened = node_session_open(token=node_token, connection_id=uuid.uuid4())
+    opened.hardware = "a GPU"
+    opened.save(update_fields=["hardware"])
+    node.refresh_from_db()
+    assert node.hardware == "a GPU" and node.name == "laptop"
+
+
+@pytest.mark.parametrize("token", [None, "", "sapo_", "not-a-sapo-token", "sapo_unknown", "sapo_" + "x" * 500])
+def test_a_missing_malformed_or_unknown_token_is_unauthenticated(store, token):
+    assert refused(token) == "unauthenticated"
+
+
+def test_refusals_write_nothing(store, user, node, node_token):
+    Node.objects.filter(id=node.id).update(banned_at=timezone.now())
+    assert refused(node_token) == "banned"
+    Node.objects.filter(id=node.id).update(banned_at=None)
+    User.objects.filter(id=user.id).update(banned_at=timezone.now())
+    assert refused(node_token) == "banned"
+    User.objects.filter(id=user.id).update(banned_at=None)
+    node_token_revoke(node=node)
+    assert refused(node_token) == "unauthenticated"
+
+    node.refresh_from_db()
+    assert node.last_seen_at is None
+    assert NodeToken.objects.get(node=node).last_used_at is None
+    assert presence.connection_counts([node.id]) == {}
+
+
+def test_a_retired_node_is_unauthenticated(store, node, node_token):
+    node_retire(node=node)
+    assert refused(node_token) == "unauthenticated"
