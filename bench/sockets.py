@@ -73,7 +73,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--redis-url", default="", help="give the server Redis (channel layer, rate counts, presence)")
     parser.add_argument("--quick", action="store_true", help="N=50, 10 idle: a smoke test")
     parser.add_argument("--skip-restart", action="store_true")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="site processes (docs/deploy.md, Scale-out); above 1 needs --redis-url"
+    )
     args = parser.parse_args()
+    if args.workers > 1 and not args.redis_url:
+        parser.error("--workers above 1 needs --redis-url: processes share presence and rate counts through Redis")
     if args.quick:
         args.n, args.idle = 50, 10
     args.catalogue = "easy"
@@ -90,16 +95,16 @@ def raise_fd_limit(n: int) -> None:
         raise SystemExit(f"the open-file limit ({hard}) is too low for {n} sockets")
 
 
-def start_server(args: argparse.Namespace, port: int, log) -> subprocess.Popen:
+def start_server(args: argparse.Namespace, port: int, log, worker: int = 0) -> subprocess.Popen:
     """daphne on 127.0.0.1:port (the command docs/deploy.md gives: no access log, an endpoint with a listen
-    backlog of 2048), the settings' defaults."""
+    backlog of 2048), the settings' defaults; `worker` names the process in presence records."""
     env = dict(os.environ)
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
         DJANGO_SETTINGS_MODULE="config.settings",
         DATABASE_URL=args.bench_url,
         SAPO_CATALOGUE=args.catalogue,
-        SAPO_SERVER_NAME="bench-sockets",  # the restarted process forgets its previous run's sockets
+        SAPO_SERVER_NAME=f"bench-sockets-{worker}",  # the restarted process forgets its previous run's sockets
         SAPO_LOG_LEVEL="WARNING",
         REDIS_URL=args.redis_url,
     )
@@ -218,40 +223,54 @@ async def come_back(node: Node, killed_at: float, counts: dict[str, int]) -> flo
         delay = min(delay * 2, BACKOFF_MAX)
 
 
-def per_socket(server: dict, cpu_before: float, n: int) -> str:
-    used = cpu_seconds(server["proc"].pid) - cpu_before
+def servers_cpu(servers: dict) -> float:
+    return sum(cpu_seconds(proc.pid) for proc in servers["procs"])
+
+
+def servers_rss(servers: dict) -> int:
+    return sum(rss_kib(proc.pid) for proc in servers["procs"])
+
+
+def per_socket(servers: dict, cpu_before: float, n: int) -> str:
+    used = servers_cpu(servers) - cpu_before
     return f"server CPU {used:.1f} s, {used / n * 1000:.1f} ms per socket"
 
 
-async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], server: dict) -> None:
-    url = f"ws://127.0.0.1:{port}/ws/node/"
+def start_servers(args: argparse.Namespace, ports: list[int], log) -> list[subprocess.Popen]:
+    return [start_server(args, port, log, worker) for worker, port in enumerate(ports)]
+
+
+async def run_phases(args: argparse.Namespace, ports: list[int], tokens: list[str], servers: dict) -> None:
+    # Node i on worker i mod K: what a round-robin proxy in front of the workers does.
+    urls = [f"ws://127.0.0.1:{port}/ws/node/" for port in ports]
     n = args.n
     print("\n| phase | sockets | p50 ms | p99 ms | max ms | notes | load start-end |")
     print("|---|---:|---:|---:|---:|---|---|")
 
     # Warm-up: the first socket imports nothing any more, but the first connection of each pool does.
-    warm = Node(url, tokens[0], 0)
-    await warm.open(open_timeout=30, welcome_timeout=30)
-    await warm.sample()
-    await warm.ws.close()
+    for worker_url in urls:
+        warm = Node(worker_url, tokens[0], 0)
+        await warm.open(open_timeout=30, welcome_timeout=30)
+        await warm.sample()
+        await warm.ws.close()
     await asyncio.sleep(0.5)
-    rss_before = rss_kib(server["proc"].pid)
+    rss_before = servers_rss(servers)
 
     # (a) welcome, idle: one at a time, on nodes (b) opens again later.
     started = load()
     idle = []
     for i in range(args.idle):
-        node = Node(url, tokens[i], i)
+        node = Node(urls[i % len(urls)], tokens[i], i)
         idle.append(await timed(node.open(open_timeout=30, welcome_timeout=30)))
         await node.ws.close()
     row("(a) welcome, one at a time", idle, started)
     await asyncio.sleep(1.0)
 
     # (b) welcome, all at once.
-    started, cpu = load(), cpu_seconds(server["proc"].pid)
-    nodes = [Node(url, t, i) for i, t in enumerate(tokens)]
+    started, cpu = load(), servers_cpu(servers)
+    nodes = [Node(urls[i % len(urls)], t, i) for i, t in enumerate(tokens)]
     latencies = await asyncio.gather(*(timed(node.open(open_timeout=120, welcome_timeout=120)) for node in nodes))
-    row("(b) welcome, all at once", list(latencies), started, per_socket(server, cpu, n))
+    row("(b) welcome, all at once", list(latencies), started, per_socket(servers, cpu, n))
     await asyncio.sleep(1.0)
 
     # (c) sample, idle: one socket at a time.
@@ -261,13 +280,13 @@ async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], ser
     await asyncio.sleep(1.0)
 
     # (d) sample, all at once.
-    started, cpu = load(), cpu_seconds(server["proc"].pid)
+    started, cpu = load(), servers_cpu(servers)
     latencies = await asyncio.gather(*(timed(node.sample()) for node in nodes))
-    row("(d) sample, all at once", list(latencies), started, "n=8; " + per_socket(server, cpu, n))
+    row("(d) sample, all at once", list(latencies), started, "n=8; " + per_socket(servers, cpu, n))
 
     # (e) server memory per socket.
     await asyncio.sleep(1.0)
-    rss_open = rss_kib(server["proc"].pid)
+    rss_open = servers_rss(servers)
     print(f"| (e) server RSS | {n} | | | | {rss_before / 1024:.0f} MiB with none open, {rss_open / 1024:.0f} MiB "
           f"with {n}: **{(rss_open - rss_before) / n:.0f} KiB per socket** | {load()} |")  # fmt: skip
 
@@ -280,10 +299,11 @@ async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], ser
     started = load()
     counts = {"attempts": 0, "refused": 0, "dropped": 0, "why": {}}
     killed_at = time.perf_counter()
-    server["proc"].send_signal(signal.SIGKILL)
-    server["proc"].wait()
+    for proc in servers["procs"]:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     returns = [asyncio.create_task(come_back(node, killed_at, counts)) for node in nodes]
-    server["proc"] = await asyncio.to_thread(start_server, args, port, server["log"])
+    servers["procs"] = await asyncio.to_thread(start_servers, args, ports, servers["log"])
     listening = time.perf_counter() - killed_at
     back = await asyncio.gather(*returns)
     why = " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts["why"].items())) + ")" if counts["why"] else ""
@@ -298,7 +318,7 @@ async def run_phases(args: argparse.Namespace, port: int, tokens: list[str], ser
 def main() -> None:
     args = parse_args()
     raise_fd_limit(args.n)
-    print(f"Sockets benchmark: N={args.n} ({os.cpu_count()} CPUs, "
+    print(f"Sockets benchmark: N={args.n}, {args.workers} site process(es) ({os.cpu_count()} CPUs, "
           f"{'Redis ' + args.redis_url if args.redis_url else 'no Redis: in-memory channel layer'}); "
           f"load average at start {os.getloadavg()}")  # fmt: skip
     # Abuse-limit counters (node creations per account) of earlier runs must not count: ids repeat.
@@ -315,14 +335,15 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        port = POOL.free_port()
+        ports = [POOL.free_port() for _ in range(args.workers)]
         with log_path.open("w") as log:
-            server = {"proc": start_server(args, port, log), "log": log}
+            servers = {"procs": start_servers(args, ports, log), "log": log}
             try:
-                asyncio.run(run_phases(args, port, [t for _, t in nodes], server))
+                asyncio.run(run_phases(args, ports, [t for _, t in nodes], servers))
             finally:
-                server["proc"].kill()
-                server["proc"].wait()
+                for proc in servers["procs"]:
+                    proc.kill()
+                    proc.wait()
         errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line or "Traceback" in line]
         print(f"\nserver log {log_path}: {len(errors)} errors" + (f", first: {errors[0][:300]}" if errors else ""))
     finally:

@@ -1,4 +1,11 @@
-"""The synchronous Redis client the apps share (presence, the limits on the doors), when REDIS_URL is set."""
+"""The Redis clients the apps share when REDIS_URL is set: a synchronous one (presence, the limits on
+the doors) and, for asyncio code (the rate limits, the channel layer), bounded connection pools.
+
+redis-py's asyncio pool opens a connection per command in flight and raises "Too many connections"
+past 100 of them: 500 sockets opening at once in one process (each joining its channel groups) got
+that error and a 1011 close (docs/benchmarks.md, "Sockets"). A blocking pool makes a command wait
+for a free connection instead, up to REDIS_WAIT_SECONDS.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,21 @@ from django.conf import settings
 
 # Keyed by process too: a forked server must not share its parent's sockets.
 _clients: dict[tuple[int, str], Any] = {}
+
+
+#: Connections one asyncio pool keeps to Redis at most (per process and event loop).
+REDIS_MAX_CONNECTIONS = 64
+#: How long a command waits for a free connection before failing.
+REDIS_WAIT_SECONDS = 30
+
+
+def async_pool(url: str, **options: Any) -> Any:
+    """A bounded asyncio connection pool for `url` (a command waits for a free connection)."""
+    import redis.asyncio as aioredis
+
+    return aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_WAIT_SECONDS, **options
+    )
 
 
 def redis_client() -> Any:

@@ -242,7 +242,7 @@ if REDIS_URL:
     # a redis TimeoutError (close 1011) after 5 s of quiet.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",  # on a bounded pool
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
                 "prefix": f"{SAPO_REDIS_PREFIX}:asgi",

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from common.redis_client import async_pool
+
 #: Seconds a node's buckets are kept after its last frame: long enough to refill from the deepest debt.
 KEEP_SECONDS = 180
 
@@ -81,7 +83,7 @@ def _script():
     loop = asyncio.get_running_loop()
     script = _redis_scripts.get(loop)
     if script is None:
-        script = aioredis.Redis.from_url(settings.REDIS_URL).register_script(_ADMIT_LUA)
+        script = aioredis.Redis(connection_pool=async_pool(settings.REDIS_URL)).register_script(_ADMIT_LUA)
         _redis_scripts[loop] = script
     return script
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import uuid
 
 import pytest
@@ -338,7 +340,7 @@ def redis_layer(settings):
     settings.REDIS_URL = url
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",  # as config/settings.py
             "CONFIG": {"hosts": [url], "prefix": f"sapo-test-{uuid.uuid4().hex[:8]}"},
         }
     }
@@ -354,9 +356,19 @@ async def test_node_ban_over_redis_closes_every_socket_of_the_contributor(redis_
     for socket in (first, second):
         assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
     layer = get_channel_layer()
-    assert type(layer).__name__ == "RedisChannelLayer"
+    assert type(layer).__name__ == "BoundedRedisChannelLayer"
     await layer.group_send(
         contributor_group_name(user.id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
     )
     assert await close_code(first) == 4403
     assert await close_code(second) == 4403
+
+
+async def test_hundreds_of_sockets_joining_groups_at_once_wait_for_redis_connections_not_fail(redis_layer):
+    """redis-py's default pool raised "Too many connections" past 100 commands in flight: 500 sockets
+    opening at once in one process closed with 1011. The layer's pool makes them wait instead."""
+    layer = get_channel_layer()
+    channels = [await layer.new_channel() for _ in range(400)]
+    await asyncio.gather(*(layer.group_add(f"g{i % 7}", c) for i, c in enumerate(channels)))
+    await asyncio.gather(*(layer.group_discard(f"g{i % 7}", c) for i, c in enumerate(channels)))
+    await layer.flush()

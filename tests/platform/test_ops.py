@@ -58,7 +58,7 @@ def test_readyz_is_503_when_the_channel_layer_is_unreachable(client, settings):
     # A Redis that is not there (nothing listens on port 1): what a lost Redis looks like to the site.
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",
             "CONFIG": {"hosts": [{"address": "redis://127.0.0.1:1/0", "socket_timeout": 1}]},
         }
     }

@@ -67,6 +67,14 @@ async def test_cpu_is_charged_after_the_frame_and_delays_the_next_by_the_overspe
     assert await admitted(4, budget, T0 + 31 + 61) == 1
 
 
+async def test_hundreds_of_frames_at_once_are_all_counted(backend):
+    """With Redis, every frame is a command; 1,000 sockets sending at once must wait for connections of
+    the bounded pool, not fail with "Too many connections" (redis-py's default pool, past 100)."""
+    budget = Budget(messages=10**6, bytes=10**9, cpu_ms=10**9)
+    results = await asyncio.gather(*(ratelimit.admit(1000 + i % 50, budget, size=10, now=T0) for i in range(400)))
+    assert all(results)
+
+
 async def test_nodes_have_buckets_of_their_own(backend):
     budget = Budget(messages=3, bytes=10**9, cpu_ms=10**9)
     assert await admitted(5, budget, T0, count=5) == 3
