@@ -4,6 +4,7 @@
     .venv/bin/python bench/sockets.py             # N = 1,000 (a few minutes)
     .venv/bin/python bench/sockets.py --quick     # N = 50 (tests/platform/test_bench_sockets.py)
     .venv/bin/python bench/sockets.py --n 300 --redis-url redis://127.0.0.1:6379/0
+    .venv/bin/python bench/sockets.py --workers 2 --redis-url redis://127.0.0.1:6379/0   # two site processes
 
 The server is daphne started as docs/deploy.md says (`daphne -b ... -p ... config.asgi:application`,
 the settings' defaults: connection pool, moderation rules on), in its own database (`--db-name`,
