@@ -19,12 +19,14 @@ Presence (nodes.presence): each accepted socket is one record, renewed by the pr
 died expires on its own.
 
 Channel-layer groups joined per socket: `node.<node id>` (nodes.events.node_group_name) and
-`contributor.<owner id>` (both named in nodes.events). Handler: "node.disconnect" closes with the
+`contributor.<owner id>` (both named in nodes.events), joined again every half of the layer's
+group expiry for as long as the socket is open (a layer forgets a membership a day after it was added). Handler: "node.disconnect" closes with the
 code it carries (sent by nodes.services when tokens are revoked or a node retires, by moderation on bans).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -109,6 +111,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
     node = None
     joined: tuple[str, ...] = ()
     frame_ref: str | None = None  # the ref of the frame being answered, once read
+    groups_kept: asyncio.Task | None = None  # joins the groups again (_keep_groups)
 
     async def __call__(self, scope, receive, send) -> None:
         # The heartbeat must stop renewing the socket however the consumer ends (daphne cancels a
@@ -116,6 +119,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if self.groups_kept is not None:
+                self.groups_kept.cancel()
             if self.node is not None:
                 presence.socket_book().closed(self.connection_id)
 
@@ -170,11 +175,29 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.node = node
         metrics.socket_opened()  # paired with socket_closed() in disconnect(), which runs once self.node is set
         presence.socket_book().opened(node_id=node.id, connection_id=self.connection_id)
+        self.groups_kept = asyncio.create_task(self._keep_groups())
+
+    async def _keep_groups(self) -> None:
+        """Join the socket's groups again every half of the layer's group expiry. Channel layers drop a
+        membership that long after it was added (a day by default, in Redis and in memory): a socket
+        open longer would no longer receive the close a ban, a token revocation or a retirement sends."""
+        every = max(1.0, getattr(self.channel_layer, "group_expiry", 86_400) / 2)
+        while True:
+            await asyncio.sleep(every)
+            for group in self.joined:
+                try:
+                    await self.channel_layer.group_add(group, self.channel_name)
+                except Exception:  # the layer is down: again at the next turn
+                    logger.exception(
+                        "node %s: joining channel group %s again failed", getattr(self.node, "id", None), group
+                    )
 
     async def disconnect(self, code: int) -> None:
         # Runs once per socket however it ends (and again, harmlessly, after _shut). Each step is
         # guarded: a failing channel layer must not keep the presence record alive, nor the reverse.
         joined, self.joined = self.joined, ()
+        if self.groups_kept is not None:
+            self.groups_kept.cancel()
         for group in joined:
             try:
                 await self.channel_layer.group_discard(group, self.channel_name)

@@ -371,3 +371,24 @@ async def test_hundreds_of_sockets_joining_groups_at_once_wait_for_redis_connect
     await asyncio.gather(*(layer.group_add(f"g{i % 7}", c) for i, c in enumerate(channels)))
     await asyncio.gather(*(layer.group_discard(f"g{i % 7}", c) for i, c in enumerate(channels)))
     await layer.flush()
+
+
+async def test_a_socket_open_longer_than_the_group_expiry_still_receives_its_ban(settings, node, node_token):
+    """Channel layers drop a group membership `group_expiry` after it was added (a day by default): the
+    socket joins its groups again every half of it, so a ban still closes a socket open for days."""
+    from channels.layers import channel_layers
+
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "common.channel_layers.ThrottledInMemoryChannelLayer", "CONFIG": {"group_expiry": 2}}
+    }
+    channel_layers.backends.clear()
+    try:
+        socket = await open_socket(node_token)
+        assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
+        await asyncio.sleep(4.5)  # more than twice the expiry: the first membership has expired
+        await get_channel_layer().group_send(
+            node_group_name(node.id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
+        )
+        assert await close_code(socket) == 4403
+    finally:
+        channel_layers.backends.clear()
