@@ -38,4 +38,6 @@ class ThrottledInMemoryChannelLayer(InMemoryChannelLayer):
 class BoundedRedisChannelLayer(RedisChannelLayer):
     def create_pool(self, index: int):
         host = dict(self.hosts[index])
+        if "address" not in host:  # Sentinel or keyword hosts: channels_redis's own pools
+            return super().create_pool(index)
         return async_pool(host.pop("address"), **host)

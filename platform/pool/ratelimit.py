@@ -73,6 +73,8 @@ class _Buckets:
 
 
 _local: dict[int, _Buckets] = {}
+#: Table size that triggers the next sweep of nodes silent for KEEP_SECONDS (doubles while they are active).
+_sweep_above = 10_000
 
 
 def _script():
@@ -94,11 +96,13 @@ def _key(node_id: int) -> str:
 
 def _admit_local(node_id: int, now: float, allowances: tuple[int, int, int], costs: tuple[int, int, int]) -> bool:
     """The script's arithmetic, for one process."""
+    global _sweep_above
     buckets = _local.get(node_id)
     if buckets is None:
-        if len(_local) > 10_000:  # forget nodes silent for long enough to be full again
+        if len(_local) > _sweep_above:  # forget nodes silent for long enough to be full again
             for old in [n for n, b in _local.items() if now - b.at > KEEP_SECONDS]:
                 del _local[old]
+            _sweep_above = max(10_000, 2 * len(_local))  # not a whole-table sweep per new node
         buckets = _local[node_id] = _Buckets(at=now, levels=[float(a) for a in allowances])
     elapsed = max(0.0, now - buckets.at)
     levels = [min(a, level + elapsed * a / 60) for a, level in zip(allowances, buckets.levels, strict=True)]
@@ -146,4 +150,6 @@ async def charge(node_id: int, budget: Budget, cpu_ms: int, now: float | None = 
 
 def reset_local() -> None:
     """Forget in-process buckets (tests)."""
+    global _sweep_above
     _local.clear()
+    _sweep_above = 10_000

@@ -29,6 +29,8 @@ from contextlib import asynccontextmanager
 from django.conf import settings
 
 HALF_LIFE_SECONDS = 10.0
+#: Nodes remembered before the table is swept of those whose recent CPU has decayed to nothing.
+SWEEP_ABOVE = 10_000
 
 
 class Turns:
@@ -41,6 +43,7 @@ class Turns:
         self._waiting: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
         self._spent: dict[int, tuple[float, float]] = {}  # node id -> (decayed CPU seconds, when)
+        self._sweep_above = SWEEP_ABOVE  # table size that triggers the next sweep of decayed nodes
 
     def recent(self, node_id: int, now: float | None = None) -> float:
         """The node's CPU seconds here, each weighted by 2^-(its age / half-life)."""
@@ -52,9 +55,12 @@ class Turns:
         """Add what one of the node's frames cost."""
         now = time.monotonic()
         self._spent[node_id] = (self.recent(node_id, now) + cpu_seconds, now)
-        if len(self._spent) > 10_000:  # forget nodes whose weight has decayed to nothing
+        if len(self._spent) > self._sweep_above:  # forget nodes whose weight has decayed to nothing
             for node in [n for n in self._spent if self.recent(n, now) < 1e-6]:
                 del self._spent[node]
+            # With that many nodes still active, sweep again only once the table has doubled: a sweep
+            # on every frame would cost the whole table each time.
+            self._sweep_above = max(SWEEP_ABOVE, 2 * len(self._spent))
 
     def _rank(self, node_id: int) -> float:
         """Orders nodes as `recent` does at any one moment, but does not change with time: recent(t) =

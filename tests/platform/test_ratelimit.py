@@ -135,3 +135,18 @@ def test_recent_cpu_halves_every_half_life():
     assert turns.recent(1, at + 10) == pytest.approx(4.0)
     assert turns.recent(1, at + 30) == pytest.approx(1.0)
     assert turns.recent(2, at) == 0.0
+
+
+def test_nodes_whose_recent_cpu_has_decayed_are_forgotten_once_the_table_is_large(monkeypatch):
+    from pool import turns as turns_module
+
+    monkeypatch.setattr(turns_module, "SWEEP_ABOVE", 3)
+    turns = Turns(slots=1, half_life=1.0)
+    for node in (1, 2, 3):
+        turns.spent(node, 1.0)
+    for node in (1, 2):  # long ago: decayed to nothing
+        value, at = turns._spent[node]
+        turns._spent[node] = (value, at - 1000)
+    turns.spent(4, 1.0)  # the table passes 3: swept
+    assert sorted(turns._spent) == [3, 4]
+    assert turns.recent(1) == 0.0
