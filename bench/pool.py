@@ -226,6 +226,7 @@ def start_server(
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
         SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
         SAPO_LOG_LEVEL="WARNING",
+        SAPO_DEBUG="0",  # as deployed (SAPO_ENV=production): no debug cursor logging every statement
         SAPO_SERVER_NAME=name,
     )
     if not budgets:

@@ -107,6 +107,7 @@ def start_server(args: argparse.Namespace, port: int, log, worker: int = 0) -> s
         SAPO_CATALOGUE=args.catalogue,
         SAPO_SERVER_NAME=f"bench-sockets-{worker}",  # the restarted process forgets its previous run's sockets
         SAPO_LOG_LEVEL="WARNING",
+        SAPO_DEBUG="0",
         REDIS_URL=args.redis_url,
     )
     for name in ("SAPO_CONN_MAX_AGE", "SAPO_DB_POOL_SIZE"):
