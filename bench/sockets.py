@@ -233,9 +233,18 @@ def servers_rss(servers: dict) -> int:
     return sum(rss_kib(proc.pid) for proc in servers["procs"])
 
 
-def per_socket(servers: dict, cpu_before: float, n: int) -> str:
-    used = servers_cpu(servers) - cpu_before
-    return f"server CPU {used:.1f} s, {used / n * 1000:.1f} ms per socket"
+def per_socket(servers: dict, cpu_before: tuple[float, float], n: int) -> str:
+    """The servers' CPU time since `cpu_before` (from cpu_now), and the clients' (this process: on this
+    machine they share the cores with the server)."""
+    server, clients = servers_cpu(servers) - cpu_before[0], time.process_time() - cpu_before[1]
+    return (
+        f"server CPU {server:.1f} s, {server / n * 1000:.1f} ms per socket; "
+        f"clients' CPU {clients / n * 1000:.1f} ms per socket"
+    )
+
+
+def cpu_now(servers: dict) -> tuple[float, float]:
+    return servers_cpu(servers), time.process_time()
 
 
 def start_servers(args: argparse.Namespace, ports: list[int], log) -> list[subprocess.Popen]:
@@ -269,7 +278,7 @@ async def run_phases(args: argparse.Namespace, ports: list[int], tokens: list[st
     await asyncio.sleep(1.0)
 
     # (b) welcome, all at once.
-    started, cpu = load(), servers_cpu(servers)
+    started, cpu = load(), cpu_now(servers)
     nodes = [Node(urls[i % len(urls)], t, i) for i, t in enumerate(tokens)]
     latencies = await asyncio.gather(*(timed(node.open(open_timeout=120, welcome_timeout=120)) for node in nodes))
     row("(b) welcome, all at once", list(latencies), started, per_socket(servers, cpu, n))
@@ -282,7 +291,7 @@ async def run_phases(args: argparse.Namespace, ports: list[int], tokens: list[st
     await asyncio.sleep(1.0)
 
     # (d) sample, all at once.
-    started, cpu = load(), servers_cpu(servers)
+    started, cpu = load(), cpu_now(servers)
     latencies = await asyncio.gather(*(timed(node.sample()) for node in nodes))
     row("(d) sample, all at once", list(latencies), started, "n=8; " + per_socket(servers, cpu, n))
 

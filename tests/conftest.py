@@ -60,29 +60,15 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
     """pytest-django's, plus: before the test database is dropped, give back the connections that
-    common.db's threads (and asgiref's sync thread) hold. In process, Channels' test communicator turns off the clean-up that
-    returns a connection to the pool after each call (channels.testing.application), so each thread
-    that ran a socket's call keeps one checked out."""
+    common.db's threads (and asgiref's sync thread) hold: each database thread keeps its connection
+    between calls (common.db.KEEP_CONNECTION_SECONDS)."""
     yield
-    import threading
-
     from django.db import connections
 
     from common import db
 
-    executor = db._executor
-    if executor is not None:
-        threads = executor._max_workers
-        everyone = threading.Barrier(threads)
-
-        def give_back() -> None:  # one task per thread: each waits until all threads have one
-            connections.close_all()
-            everyone.wait(timeout=30)
-
-        for future in [executor.submit(give_back) for _ in range(threads)]:
-            future.result(timeout=60)
-        executor.shutdown(wait=True)
-        db._executor = None
+    if db._threads is not None:
+        db._threads.close_connections()
     # And the one asgiref's sync_to_async thread holds (tests call services through it).
     from asgiref.sync import SyncToAsync
 

@@ -2,9 +2,10 @@
 
 Channels' `database_sync_to_async` runs, by default, every call of the process on one shared thread
 (thread_sensitive=True): a thousand sockets then wait in one queue, one query at a time. `db_call`
-runs them on a pool of settings.SAPO_DB_THREADS threads instead, each borrowing a connection from
-Django's connection pool for the length of the call (config/settings.py, SAPO_DB_POOL_SIZE: the
-threads are two fewer than the connections, so pages served on Django's own thread still find one).
+runs them on settings.SAPO_DB_THREADS threads of its own instead (`DbThreads`), each borrowing a connection from
+Django's connection pool and keeping it for its next calls, a few minutes (config/settings.py,
+SAPO_DB_POOL_SIZE: the threads are two fewer than the connections, so pages served on Django's own
+thread still find one).
 
 What may go through it: a function that does all its database work inside the call (a service or
 selector, its own transaction included) and keeps no state on the thread between calls. Every
@@ -14,39 +15,143 @@ of an earlier call.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import os
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 _lock = threading.Lock()
-_executor: ThreadPoolExecutor | None = None
-_executor_pid: int | None = None
+_threads: DbThreads | None = None
+
+#: How long a database thread keeps the connection it borrowed from the pool before giving it back
+#: (with the pool on, SAPO_CONN_MAX_AGE 0). Borrowing and returning one around every call cost ~140 us
+#: of CPU per call (Django's connect() and close() with the pool), more than a small query itself.
+KEEP_CONNECTION_SECONDS = 300.0
 
 
-def db_executor() -> ThreadPoolExecutor:
-    """This process's thread pool for database calls (a forked process makes its own: a fork copies
-    the pool but not its threads)."""
-    global _executor, _executor_pid
+class DbThreads:
+    """`size` threads taking calls from one queue. A call's result (or exception) goes straight back to
+    the event loop that made it: no concurrent.futures Future, no asgiref layer. asgiref's
+    `sync_to_async` and ThreadPoolExecutor cost ~90 us of CPU per call on top of the call itself
+    (a SyncToAsync object per call, two Futures chained across threads, the executor's idle
+    semaphore on every submit; measured in docs/benchmarks.md, "Sockets"), and a socket makes
+    several calls."""
+
+    def __init__(self, size: int, name: str = "sapo-db") -> None:
+        self.pid = os.getpid()
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(size)]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        # The caller's context variables, as sync_to_async passes them (a log filter may read one).
+        self.calls.put((loop, future, contextvars.copy_context(), fn, args, kwargs))
+        return future
+
+    def _work(self) -> None:
+        kept: dict[str, tuple[Any, float]] = {}  # this thread's connections: alias -> (connection, give back at)
+        while True:
+            call = self.calls.get()
+            if call is None:  # stop()
+                connections.close_all()
+                return
+            if isinstance(call, threading.Barrier):  # close_connections(): give them back, then go on
+                connections.close_all()
+                kept.clear()
+                call.wait()
+                continue
+            loop, future, context, fn, args, kwargs = call
+            try:
+                try:
+                    outcome: tuple[Any, ...] = (_succeed, future, context.run(fn, *args, **kwargs))
+                finally:
+                    _tidy(kept)
+            except BaseException as exc:  # handed to the awaiting coroutine, raised there
+                outcome = (_fail, future, exc)
+            try:
+                loop.call_soon_threadsafe(*outcome)
+            except RuntimeError:  # the loop has closed: nobody is waiting for this result
+                pass
+
+    def close_connections(self, timeout: float = 60) -> None:
+        """Every thread gives its connections back (to the pool, or closes them), once each: before a
+        database is dropped (tests) or the process stops. Waits until all have."""
+        everyone = threading.Barrier(len(self.threads) + 1, timeout=timeout)  # a thread takes one, then waits
+        for _ in self.threads:
+            self.calls.put(everyone)
+        everyone.wait()
+
+    def stop(self, timeout: float = 60) -> None:
+        """The threads give their connections back and end, after the calls already queued."""
+        for _ in self.threads:
+            self.calls.put(None)
+        for thread in self.threads:
+            thread.join(timeout)
+
+
+def _tidy(kept: dict[str, tuple[Any, float]]) -> None:
+    """After a call, Django's own clean-up of the thread's connections (close_if_unusable_or_obsolete:
+    one that failed and is no longer usable, or left outside autocommit, is closed), except that a
+    connection from the pool is kept for the thread's next call until KEEP_CONNECTION_SECONDS after it
+    was borrowed. With SAPO_CONN_MAX_AGE > 0 (no pool) Django's own age applies."""
+    now = time.monotonic()
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is None:
+            kept.pop(conn.alias, None)
+            continue
+        if not conn.settings_dict["CONN_MAX_AGE"]:
+            entry = kept.get(conn.alias)
+            if entry is None or entry[0] is not raw:  # borrowed during this call
+                entry = kept[conn.alias] = (raw, now + KEEP_CONNECTION_SECONDS)
+            conn.close_at = entry[1]
+        conn.close_if_unusable_or_obsolete()
+        if conn.connection is None:
+            kept.pop(conn.alias, None)
+
+
+def _succeed(future: asyncio.Future, result: Any) -> None:
+    if not future.done():  # the awaiting task may have been cancelled meanwhile
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def db_threads() -> DbThreads:
+    """This process's database threads (a forked process starts its own: a fork copies the object but
+    not its threads)."""
+    global _threads
     pid = os.getpid()
-    if _executor is None or _executor_pid != pid:
+    if _threads is None or _threads.pid != pid:
         with _lock:
-            if _executor is None or _executor_pid != pid:
-                _executor = ThreadPoolExecutor(max_workers=settings.SAPO_DB_THREADS, thread_name_prefix="sapo-db")
-                _executor_pid = pid
-    return _executor
+            if _threads is None or _threads.pid != pid:
+                _threads = DbThreads(settings.SAPO_DB_THREADS)
+    return _threads
 
 
 def db_call(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` as a coroutine function run on the database threads, with Channels' connection clean-up
-    around it (the connection goes back to the pool after the call)."""
-    return database_sync_to_async(fn, thread_sensitive=False, executor=db_executor())
+    """`fn` as a coroutine function run on the database threads, with Django's connection clean-up
+    after it (a thread keeps its connection for its next calls, see `_tidy`). Cancelling the awaiting task
+    does not stop a call that has started (as with any thread); its result is dropped."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await db_threads().submit(fn, args, kwargs)
+
+    return call
 
 
 @contextmanager

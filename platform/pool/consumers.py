@@ -127,7 +127,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first runs close_old_connections on its one shared sync thread, for
         # every frame and event: a queue all sockets wait in. This consumer touches the database only
-        # through db_call, which does that clean-up itself around each call, on its own threads.
+        # through db_call, which does that clean-up itself after each call, on its own threads.
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")

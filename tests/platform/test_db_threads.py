@@ -1,0 +1,123 @@
+"""common.db's database threads (docs/benchmarks.md, "Sockets"): a call's result or exception comes back
+to the awaiting coroutine; a thread keeps its connection between calls for a while, and drops one that
+broke, so a PostgreSQL restart costs the calls that were using the old connections and no more; every
+thread gives its connection back on request (before a test database is dropped)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import psycopg
+import pytest
+from django.db import connection
+
+from common import db
+from common.errors import ApplicationError
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def holds_connection() -> bool:
+    return connection.connection is not None
+
+
+@pytest.fixture
+def one_thread():
+    """A DbThreads of one thread: every call lands on the same thread."""
+    threads = db.DbThreads(1, name="sapo-db-test")
+    yield threads
+    threads.stop()
+
+
+async def call(threads: db.DbThreads, fn, *args, **kwargs):
+    return await threads.submit(fn, args, kwargs)
+
+
+async def test_results_and_exceptions_come_back_to_the_caller(one_thread) -> None:
+    assert await call(one_thread, lambda a, b=0: a + b, 2, b=3) == 5
+
+    def refuse() -> None:
+        raise ApplicationError("banned", "no")
+
+    with pytest.raises(ApplicationError) as raised:
+        await call(one_thread, refuse)
+    assert raised.value.code == "banned"
+    assert await call(one_thread, lambda: "still serving") == "still serving"
+
+
+async def test_a_thread_keeps_its_connection_between_calls(one_thread) -> None:
+    first = await call(one_thread, backend_pid)
+    assert await call(one_thread, holds_connection)  # kept after the call
+    assert await call(one_thread, backend_pid) == first
+
+
+async def test_a_connection_is_given_back_after_its_time(one_thread, monkeypatch) -> None:
+    monkeypatch.setattr(db, "KEEP_CONNECTION_SECONDS", 0.0)
+    await call(one_thread, backend_pid)
+    assert not await call(one_thread, holds_connection)
+
+
+async def test_a_broken_connection_costs_one_call(one_thread) -> None:
+    """The server ends the thread's connection (as a PostgreSQL restart does): the next call on it fails,
+    the one after gets a new connection."""
+    pid = await call(one_thread, backend_pid)
+    await asyncio.to_thread(terminate, pid)
+    with pytest.raises(Exception) as raised:
+        await call(one_thread, backend_pid)
+    assert "terminat" in str(raised.value).lower() or "closed" in str(raised.value).lower()
+    again = await call(one_thread, backend_pid)
+    assert again != pid
+
+
+def terminate(pid: int) -> None:
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+async def test_a_cancelled_caller_leaves_the_thread_serving(one_thread) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        release.wait(timeout=30)
+        return "late"
+
+    task = asyncio.ensure_future(call(one_thread, slow))
+    await asyncio.to_thread(started.wait, 30)
+    task.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await call(one_thread, lambda: "next") == "next"
+
+
+async def test_close_connections_gives_every_connection_back() -> None:
+    threads = db.DbThreads(3, name="sapo-db-test")
+    together = threading.Barrier(3)
+
+    def meet() -> bool:  # three calls at once: one per thread, each borrowing a connection
+        backend_pid()
+        together.wait(timeout=30)
+        return holds_connection()
+
+    assert await asyncio.gather(*(call(threads, meet) for _ in range(3))) == [True, True, True]
+    await asyncio.to_thread(threads.close_connections)
+    together = threading.Barrier(3)
+
+    def check() -> bool:
+        together.wait(timeout=30)
+        return holds_connection()
+
+    assert await asyncio.gather(*(call(threads, check) for _ in range(3))) == [False, False, False]
+    await asyncio.to_thread(threads.stop)
