@@ -18,10 +18,10 @@ Presence (nodes.presence): each accepted socket is one record, renewed by the pr
 (presence.SocketBook) while the socket is open and removed in `disconnect()`; a record whose server
 died expires on its own.
 
-Channel-layer groups joined per socket: `node.<node id>` (nodes.events.node_group_name) and
-`contributor.<owner id>` (both named in nodes.events), joined again every half of the layer's
-group expiry for as long as the socket is open (a layer forgets a membership a day after it was added). Handler: "node.disconnect" closes with the
-code it carries (sent by nodes.services when tokens are revoked or a node retires, by moderation on bans).
+Closes (a token revoked, a node retired, a ban): the socket registers with its process's
+pool.closes.SocketCloses once authenticated, which closes it when nodes.events says so (4401 or
+4403); it joins no channel-layer group of its own, and has no channel: the consumer reads only its
+own socket (`__call__`), with no task per frame.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ from common import metrics
 from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
-from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED, contributor_group_name, node_group_name
-from nodes.services import node_authenticate, node_hello_is_news, node_record_hello
+from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
+from nodes.services import node_hello_is_news, node_record_hello
 from nodes.sessions import node_session_open
 from pool import ratelimit, turns
+from pool.closes import socket_closes
 from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.payloads import rollout_to_protocol
@@ -70,10 +71,8 @@ def _bearer_token(scope: dict[str, Any]) -> str | None:
 
 
 def _session_open(*, token: str | None, connection_id: uuid.UUID, base_quota: int) -> tuple[Any, int]:
-    """Once the socket has joined its node's groups: authenticate again (a token revoked or a ban made
-    since the first check sent its close to groups the socket was not in yet), open the session
-    (presence, last seen: one statement, nodes.sessions) and read the node's message quota. One
-    database call for all of it.
+    """Authenticate the token and open the session (presence, last seen: one statement,
+    nodes.sessions), and read the node's message quota. One database call for all of it.
 
     Returns (node, quota). Raises ApplicationError "unauthenticated" or "banned"."""
     node = node_session_open(token=token, connection_id=connection_id)
@@ -100,6 +99,9 @@ def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str,
     return [rollout_to_protocol(r) for r in rollouts]
 
 
+_closing_tasks: set[asyncio.Task] = set()  # closes under way (a task nobody holds may be collected)
+
+
 @functools.lru_cache(maxsize=8)
 def _limits_json(limits: Limits) -> dict[str, int]:
     """The limits as `welcome` sends them, made once per process and set of limits (dataclasses'
@@ -109,18 +111,25 @@ def _limits_json(limits: Limits) -> dict[str, int]:
 
 class NodeConsumer(AsyncWebsocketConsumer):
     node = None
-    joined: tuple[str, ...] = ()
+    closing = False  # set once the server has decided to close: nothing more is sent
     frame_ref: str | None = None  # the ref of the frame being answered, once read
-    groups_kept: asyncio.Task | None = None  # joins the groups again (_keep_groups)
 
     async def __call__(self, scope, receive, send) -> None:
-        # The heartbeat must stop renewing the socket however the consumer ends (daphne cancels a
-        # consumer that outlives its socket without calling disconnect()).
+        # Channels' AsyncConsumer.__call__ makes each consumer a channel on the layer and waits on it
+        # and on the socket with two tasks, a new one per frame (await_many_dispatch). Closes reach
+        # this consumer through pool.closes instead, so it reads its socket only.
+        self.scope = scope
+        self.channel_layer = None
+        self.base_send = send
         try:
-            await super().__call__(scope, receive, send)
+            while True:
+                await self.dispatch(await receive())
+        except StopConsumer:
+            pass
         finally:
-            if self.groups_kept is not None:
-                self.groups_kept.cancel()
+            # However the consumer ends (daphne cancels one that outlives its socket without calling
+            # disconnect()), the heartbeat stops renewing it and closes no longer look for it.
+            socket_closes().unregister(self)
             if self.node is not None:
                 presence.socket_book().closed(self.connection_id)
 
@@ -151,15 +160,14 @@ class NodeConsumer(AsyncWebsocketConsumer):
 
     async def _open(self) -> None:
         token = _bearer_token(self.scope)
+        closes = socket_closes()
         try:
-            node = await db_call(node_authenticate)(token=token, touch=False)  # one SELECT: which groups
+            await closes.listen()  # this process's one membership for closes (the first socket waits for it)
+            since = closes.clock()
             self.limits = current_limits()
             self.catalogue = current_catalogue()
             self.consecutive_errors = 0
             self.connection_id = uuid.uuid4()
-            self.joined = (node_group_name(node.id), contributor_group_name(node.owner_id))
-            for group in self.joined:
-                await self.channel_layer.group_add(group, self.channel_name)
             node, self.rate_limit = await db_call(_session_open)(
                 token=token, connection_id=self.connection_id, base_quota=self.limits.max_messages_per_minute
             )
@@ -169,40 +177,21 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 cpu_ms=self.limits.max_cpu_ms_per_minute,
             )
             self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (pool.ratelimit)
-        except ApplicationError as exc:  # disconnect() leaves the groups joined
+        except ApplicationError as exc:
             await self.close(code=CLOSE_BANNED if exc.code == "banned" else CLOSE_UNAUTHENTICATED)
             return
         self.node = node
         metrics.socket_opened()  # paired with socket_closed() in disconnect(), which runs once self.node is set
         presence.socket_book().opened(node_id=node.id, connection_id=self.connection_id)
-        self.groups_kept = asyncio.create_task(self._keep_groups())
-
-    async def _keep_groups(self) -> None:
-        """Join the socket's groups again every half of the layer's group expiry. Channel layers drop a
-        membership that long after it was added (a day by default, in Redis and in memory): a socket
-        open longer would no longer receive the close a ban, a token revocation or a retirement sends."""
-        every = max(1.0, getattr(self.channel_layer, "group_expiry", 86_400) / 2)
-        while True:
-            await asyncio.sleep(every)
-            for group in self.joined:
-                try:
-                    await self.channel_layer.group_add(group, self.channel_name)
-                except Exception:  # the layer is down: again at the next turn
-                    logger.exception(
-                        "node %s: joining channel group %s again failed", getattr(self.node, "id", None), group
-                    )
+        # No await between the call's answer and this: a close that arrived meanwhile is in `recent`.
+        code = closes.register(self, node_id=node.id, contributor_id=node.owner_id, since=since)
+        if code is not None:
+            await self._shut(code)
 
     async def disconnect(self, code: int) -> None:
         # Runs once per socket however it ends (and again, harmlessly, after _shut). Each step is
-        # guarded: a failing channel layer must not keep the presence record alive, nor the reverse.
-        joined, self.joined = self.joined, ()
-        if self.groups_kept is not None:
-            self.groups_kept.cancel()
-        for group in joined:
-            try:
-                await self.channel_layer.group_discard(group, self.channel_name)
-            except Exception:
-                logger.exception("leaving channel group %s failed", group)
+        # guarded: a failing rate-limit store must not keep the presence record alive.
+        socket_closes().unregister(self)
         if self.node is not None:
             node, self.node = self.node, None
             metrics.socket_closed()
@@ -217,15 +206,21 @@ class NodeConsumer(AsyncWebsocketConsumer):
             except Exception:  # the record expires by itself (presence.expires_after_seconds())
                 logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
 
-    # Channel-layer events -------------------------------------------------------------------
+    # Closes (pool.closes) ---------------------------------------------------------------------
 
-    async def node_disconnect(self, event: dict[str, Any]) -> None:
-        code = event.get("code")
-        await self._shut(code if isinstance(code, int) else CLOSE_UNAUTHENTICATED)
+    def close_for(self, code: int) -> None:
+        """Close with `code` (a revocation, a retirement, a ban), now: a frame being answered gets no
+        answer (its work, already under way, finishes)."""
+        if not self.closing:
+            self.closing = True
+            task = asyncio.get_running_loop().create_task(self._shut(code))
+            _closing_tasks.add(task)
+            task.add_done_callback(_closing_tasks.discard)
 
     async def _shut(self, code: int) -> None:
-        # Leave the groups and record the disconnection first: once the node sees the close, the
+        # Leave the registry and record the disconnection first: once the node sees the close, the
         # server is done with it.
+        self.closing = True
         await self.disconnect(code)
         await self.close(code=code)
 
@@ -320,6 +315,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         }
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:
+        if self.closing:
+            return
         payload["v"] = protocol.VERSION
         if ref is not None:
             payload["ref"] = ref

@@ -13,7 +13,7 @@ from node_sockets import ask, close_code, open_socket
 from support.pool import make_group, share_frame
 
 from moderation.trust import trust_for_node
-from nodes.events import CLOSE_BANNED, contributor_group_name, node_group_name
+from nodes.events import CLOSE_BANNED, CLOSES_GROUP, close_event
 from nodes.models import Node
 from nodes.presence import connection_counts
 from nodes.services import node_token_revoke
@@ -322,9 +322,29 @@ async def test_rate_limit_holds_across_connections_of_a_node(node, node_token, s
 async def test_node_ban_closes_4403_through_the_in_memory_layer(node, node_token):
     socket = await open_socket(node_token)
     await ask(socket, {"type": "hello", "v": 1})  # the socket has joined its groups once it answers
-    await get_channel_layer().group_send(
-        node_group_name(node.id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
-    )
+    await get_channel_layer().group_send(CLOSES_GROUP, close_event(node_id=node.id, code=CLOSE_BANNED, reason="banned"))
+    assert await close_code(socket) == 4403
+
+
+async def test_a_ban_sent_while_the_socket_authenticates_still_closes_it(node, node_token):
+    """The ban commits after the socket's one authenticating call read the tables (its session statement
+    waits for the node's row, locked here) and its close arrives before the socket registers: the
+    socket is closed all the same (pool.closes remembers recent closes)."""
+    import psycopg
+    from django.db import connection
+
+    db = connection.settings_dict
+    params = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"], "host": db["HOST"]}
+    with psycopg.connect(**params, port=db["PORT"] or None) as lock:
+        lock.execute("SELECT id FROM nodes_node WHERE id = %s FOR UPDATE", [node.id])
+        opening = asyncio.ensure_future(open_socket(node_token))
+        await asyncio.sleep(0.5)  # accepted; its session statement waits for the row
+        await get_channel_layer().group_send(
+            CLOSES_GROUP, close_event(node_id=node.id, code=CLOSE_BANNED, reason="banned")
+        )
+        await asyncio.sleep(0.2)  # the close has arrived: no socket was registered for it yet
+        lock.rollback()
+    socket = await opening
     assert await close_code(socket) == 4403
 
 
@@ -356,9 +376,7 @@ async def test_node_ban_over_redis_closes_every_socket_of_the_contributor(redis_
         assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
     layer = get_channel_layer()
     assert type(layer).__name__ == "BoundedRedisChannelLayer"
-    await layer.group_send(
-        contributor_group_name(user.id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
-    )
+    await layer.group_send(CLOSES_GROUP, close_event(contributor_id=user.id, code=CLOSE_BANNED, reason="banned"))
     assert await close_code(first) == 4403
     assert await close_code(second) == 4403
 
@@ -375,7 +393,8 @@ async def test_hundreds_of_sockets_joining_groups_at_once_wait_for_redis_connect
 
 async def test_a_socket_open_longer_than_the_group_expiry_still_receives_its_ban(settings, node, node_token):
     """Channel layers drop a group membership `group_expiry` after it was added (a day by default): the
-    socket joins its groups again every half of it, so a ban still closes a socket open for days."""
+    process joins the closes group again every half of it (pool.closes), so a ban still closes a socket
+    open for days."""
     from channels.layers import channel_layers
 
     settings.CHANNEL_LAYERS = {
@@ -387,7 +406,7 @@ async def test_a_socket_open_longer_than_the_group_expiry_still_receives_its_ban
         assert (await ask(socket, {"type": "hello", "v": 1}))["type"] == "welcome"
         await asyncio.sleep(4.5)  # more than twice the expiry: the first membership has expired
         await get_channel_layer().group_send(
-            node_group_name(node.id), {"type": "node.disconnect", "code": CLOSE_BANNED, "reason": "banned"}
+            CLOSES_GROUP, close_event(node_id=node.id, code=CLOSE_BANNED, reason="banned")
         )
         assert await close_code(socket) == 4403
     finally:

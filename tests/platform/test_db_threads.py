@@ -15,7 +15,15 @@ from django.db import connection
 from common import db
 from common.errors import ApplicationError
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("pool_room")]
+
+
+@pytest.fixture
+def pool_room() -> None:
+    """The process's own database threads give their connections back to the pool (they keep them
+    between calls), so the threads made here can borrow theirs."""
+    if db._threads is not None:
+        db._threads.close_connections()
 
 
 def backend_pid() -> int:

@@ -1,0 +1,171 @@
+"""Closing node sockets from anywhere: one channel-layer membership per server process, not per socket.
+
+nodes.events sends a close (a token revoked, a node retired, a ban) as one message to CLOSES_GROUP.
+Each process (each event loop) has one `SocketCloses`: it joins that group once, before its first
+node socket counts as open, joins it again every half of the layer's group expiry (a layer forgets a
+membership a day after it was added), and keeps its open sockets by node and by contributor; a close
+that arrives closes the matching sockets of this process.
+
+A socket opening is authenticated by one database call (nodes.sessions.node_session_open) and then
+registered here, on the event loop, with no await in between. A close that committed after that call
+read the tables reaches this process either before the socket registers or after:
+- after: the socket is registered, and the close closes it;
+- before: the close is remembered (`recent`, for RECENT_SECONDS), and `register` answers its code for
+  a socket whose call started before the close arrived.
+A close that arrived before the call started was committed before the call read the tables, which then
+refused the token or saw the ban. So no close is missed however the two interleave. (A socket whose
+call started before a close of its *other*, revoked token arrived is closed too, with 4401: it
+reconnects, and is authenticated again.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import weakref
+from typing import Any, Protocol
+
+from channels.layers import get_channel_layer
+
+from nodes.events import CLOSES_GROUP
+
+logger = logging.getLogger(__name__)
+
+#: How long a close is remembered for sockets whose authentication was in flight when it arrived:
+#: longer than any database call takes.
+RECENT_SECONDS = 600.0
+#: At most this many closes are remembered (a burst of bans cannot grow it without bound).
+RECENT_MAX = 100_000
+
+
+class Closable(Protocol):
+    def close_for(self, code: int) -> None: ...
+
+
+class SocketCloses:
+    """One event loop's open node sockets, and its membership of CLOSES_GROUP."""
+
+    def __init__(self) -> None:
+        self.by_node: dict[int, set[Closable]] = {}
+        self.by_contributor: dict[int, set[Closable]] = {}
+        self.where: dict[Closable, tuple[int, int]] = {}
+        # (arrived at, node id, contributor id, code), oldest first
+        self.recent: collections.deque[tuple[float, int | None, int | None, int]] = collections.deque()
+        self.joined: asyncio.Future | None = None
+        self.tasks: set[asyncio.Task] = set()
+
+    @staticmethod
+    def clock() -> float:
+        return time.monotonic()
+
+    async def listen(self) -> None:
+        """Join CLOSES_GROUP if this process has not yet (the first socket waits for it; a failure, the
+        channel layer down, is raised, and the next socket tries again)."""
+        if self.joined is not None and self.joined.done() and self.joined.exception() is None:
+            return
+        if self.joined is None or (self.joined.done() and self.joined.exception() is not None):
+            layer = get_channel_layer()
+            if layer is None:  # no channel layer: nothing can send a close either
+                self.joined = asyncio.get_running_loop().create_future()
+                self.joined.set_result(None)
+                return
+            self.joined = asyncio.get_running_loop().create_future()
+            self._spawn(self._listen(layer, self.joined))
+        await asyncio.shield(self.joined)
+
+    async def _listen(self, layer: Any, joined: asyncio.Future) -> None:
+        try:
+            channel = await layer.new_channel()
+            await layer.group_add(CLOSES_GROUP, channel)
+        except Exception as exc:
+            joined.set_exception(exc)
+            joined.exception()  # retrieved: the sockets waiting on it raise it themselves
+            return
+        joined.set_result(None)
+        self._spawn(self._keep_joined(layer, channel))
+        while True:
+            try:
+                event = await layer.receive(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the layer is down: try again in a moment
+                logger.exception("receiving socket closes failed")
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                self.deliver(event)
+            except Exception:
+                logger.exception("a socket close could not be delivered: %r", event)
+
+    async def _keep_joined(self, layer: Any, channel: str) -> None:
+        every = max(1.0, getattr(layer, "group_expiry", 86_400) / 2)
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await layer.group_add(CLOSES_GROUP, channel)
+            except Exception:  # the layer is down: again at the next turn
+                logger.exception("joining %s again failed", CLOSES_GROUP)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def deliver(self, event: dict[str, Any]) -> None:
+        """A close from nodes.events: close this process's matching sockets, and remember it."""
+        code = event.get("code")
+        code = code if isinstance(code, int) else 4401
+        node_id, contributor_id = event.get("node_id"), event.get("contributor_id")
+        now = self.clock()
+        self.recent.append((now, node_id, contributor_id, code))
+        while self.recent and (len(self.recent) > RECENT_MAX or self.recent[0][0] < now - RECENT_SECONDS):
+            self.recent.popleft()
+        sockets: set[Closable] = set()
+        if isinstance(node_id, int):
+            sockets |= self.by_node.get(node_id, set())
+        if isinstance(contributor_id, int):
+            sockets |= self.by_contributor.get(contributor_id, set())
+        for socket in sockets:
+            socket.close_for(code)
+
+    def register(self, socket: Closable, *, node_id: int, contributor_id: int, since: float) -> int | None:
+        """Count `socket` as open for closes of its node and contributor. Returns the code of a close
+        of either that arrived at or after `since` (the clock() read before the socket's authenticating
+        call started): the call may have read the tables before that close committed."""
+        for arrived, closed_node, closed_contributor, code in reversed(self.recent):
+            if arrived < since:
+                break
+            if closed_node == node_id or closed_contributor == contributor_id:
+                return code
+        self.where[socket] = (node_id, contributor_id)
+        self.by_node.setdefault(node_id, set()).add(socket)
+        self.by_contributor.setdefault(contributor_id, set()).add(socket)
+        return None
+
+    def unregister(self, socket: Closable) -> None:
+        place = self.where.pop(socket, None)
+        if place is None:
+            return
+        for index, key in ((self.by_node, place[0]), (self.by_contributor, place[1])):
+            members = index.get(key)
+            if members is not None:
+                members.discard(socket)
+                if not members:
+                    del index[key]
+
+    def open_count(self) -> int:
+        return len(self.where)
+
+
+_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SocketCloses] = weakref.WeakKeyDictionary()
+
+
+def socket_closes() -> SocketCloses:
+    """The running event loop's SocketCloses (a server process has one loop; tests make one per test)."""
+    loop = asyncio.get_running_loop()
+    closes = _by_loop.get(loop)
+    if closes is None:
+        closes = _by_loop[loop] = SocketCloses()
+    return closes
