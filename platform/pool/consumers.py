@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -102,11 +101,27 @@ def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str,
 _closing_tasks: set[asyncio.Task] = set()  # closes under way (a task nobody holds may be collected)
 
 
-@functools.lru_cache(maxsize=8)
-def _limits_json(limits: Limits) -> dict[str, int]:
-    """The limits as `welcome` sends them, made once per process and set of limits (dataclasses'
-    asdict is most of a welcome's serialising). Shared: read, never change it."""
-    return limits.to_json()
+class _Welcome(dict):
+    """A `welcome` reply: its catalogue and limits go out as `members`, JSON made once per process and
+    catalogue and limits (`_welcome_members`): serialising them was ~10% of the CPU a socket costs to
+    open (docs/benchmarks.md, "Sockets")."""
+
+    members: str = ""
+
+
+_welcome_cache: dict[tuple[int, Limits], tuple[Any, str]] = {}
+
+
+def _welcome_members(catalogue: Any, limits: Limits) -> str:
+    """`"catalogue":{...},"limits":{...}`, as `welcome` sends them."""
+    key = (id(catalogue), limits)
+    cached = _welcome_cache.get(key)
+    if cached is None or cached[0] is not catalogue:
+        if len(_welcome_cache) >= 8:
+            _welcome_cache.clear()
+        members = json.dumps({"catalogue": catalogue.to_json(), "limits": limits.to_json()}, separators=(",", ":"))
+        cached = _welcome_cache[key] = (catalogue, members[1:-1])
+    return cached[1]
 
 
 class NodeConsumer(AsyncWebsocketConsumer):
@@ -306,13 +321,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
         said = {"client": message.client, "model": message.model, "hardware": message.hardware}
         if node_hello_is_news(node=node, **said):  # a node reconnecting says the same again: no call
             await db_call(node_record_hello)(node=node, **said)
-        return {
-            "type": "welcome",
-            "node_id": node.id,
-            "node_name": node.name,
-            "catalogue": self.catalogue.to_json(),
-            "limits": _limits_json(self.limits),
-        }
+        welcome = _Welcome(type="welcome", node_id=node.id, node_name=node.name)
+        welcome.members = _welcome_members(self.catalogue, self.limits)
+        return welcome
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:
         if self.closing:
@@ -320,7 +331,10 @@ class NodeConsumer(AsyncWebsocketConsumer):
         payload["v"] = protocol.VERSION
         if ref is not None:
             payload["ref"] = ref
-        await self.send(text_data=json.dumps(payload, separators=(",", ":")))
+        text = json.dumps(payload, separators=(",", ":"))
+        if isinstance(payload, _Welcome):
+            text = f"{text[:-1]},{payload.members}}}"
+        await self.send(text_data=text)
 
     async def _error(self, code: str, detail: str, ref: str | None) -> None:
         self.consecutive_errors += 1

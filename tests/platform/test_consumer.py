@@ -95,6 +95,24 @@ async def test_hello_gets_welcome_with_catalogue_and_limits(node, node_token, se
     await socket.disconnect()
 
 
+async def test_welcome_follows_the_catalogue_and_limits_in_force(node, node_token, settings):
+    """The welcome's catalogue and limits are serialised once per process: a change of either shows in
+    the next socket's welcome."""
+    replies = []
+    for catalogue, groups in (("easy", 64), ("sapo", 64), ("sapo", 5), ("easy", 5)):
+        settings.SAPO_CATALOGUE = catalogue
+        settings.SAPO_LIMITS = {"max_groups_per_message": groups}
+        socket = await open_socket(node_token)
+        replies.append(await ask(socket, {"type": "hello", "v": 1}))
+        await socket.disconnect()
+    assert [(r["catalogue"]["name"], r["limits"]["max_groups_per_message"]) for r in replies] == [
+        ("easy", 64),
+        ("sapo", 64),
+        ("sapo", 5),
+        ("easy", 5),
+    ]
+
+
 async def test_share_accepts_an_honest_group_and_stores_verified_rewards(node, node_token):
     socket = await open_socket(node_token)
     group = make_group(right=2, wrong=2)
