@@ -328,7 +328,7 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str) -> fl
     quoted = ", ".join(f'"{c}"' for c in ROLLOUT_COLUMNS)
     completions = sum(r[ROLLOUT_COLUMNS.index("completion_count")] for r in rows)
     with psycopg.connect(args.bench_url) as conn:
-        conn.execute("TRUNCATE pool_rollout CASCADE")
+        conn.execute("TRUNCATE pool_rollout, moderation_rolloutfingerprint CASCADE")
         conn.commit()
         start = time.perf_counter()
         if how == "executemany":
@@ -533,7 +533,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             connections["default"] = connections[alias]
             start = time.perf_counter()
             with connections[alias].cursor() as cur:
-                cur.execute("TRUNCATE pool_rollout CASCADE")
+                cur.execute("TRUNCATE pool_rollout, moderation_rolloutfingerprint CASCADE")
             fill_pool(size, authors, window)
             fill_s[size] = time.perf_counter() - start
             assert Rollout.objects.count() == size

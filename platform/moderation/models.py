@@ -178,8 +178,10 @@ class RolloutFingerprint(models.Model):
     """What the duplicate rules compare: per completion, the hash of its normalised text (exact copies)
     and its 64-bit simhash (near copies, signed to fit a bigint), for accepted groups only."""
 
-    rollout = models.OneToOneField("pool.Rollout", on_delete=models.CASCADE, primary_key=True, related_name="+")
-    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+")
+    rollout = models.OneToOneField(
+        "pool.Rollout", on_delete=models.CASCADE, primary_key=True, related_name="+", db_constraint=False
+    )
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_constraint=False)
     question_hash = models.CharField(max_length=40)
     exact = models.JSONField(default=list)
     simhash = models.JSONField(default=list)

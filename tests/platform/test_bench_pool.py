@@ -27,3 +27,18 @@ def test_the_ingest_benchmark_measures_every_path_in_every_round_with_the_load(t
         assert len(rows) == 2, (path, out)
         assert all(line.rstrip(" |").split("|")[-1].count("-") == 1 for line in rows)  # load start-end
     assert "/ executemany" in out and "load average at end" in out
+
+
+def test_the_share_cpu_benchmark_prints_server_and_database_cpu_per_share_and_its_stages(tmp_path):
+    env = dict(os.environ)
+    env.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    args = ["--connections", "2", "--messages", "3", "--groups", "2", "--warmup", "1", "--runs", "1", "--stages"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "share_cpu.py"), *args, "--db-name", f"sapo_share_cpu_{os.getpid()}"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "(10 shares; load" in out, out  # 2 passes x (2 x 3 shares - 1 of warm-up)
+    for label in ("server (parse_frame + rollout_share)", "PostgreSQL backend", "fingerprints", "verification"):
+        assert f"| {label} |" in out, out

@@ -9,11 +9,11 @@ from factories import make_node
 from support.moderation import group, long_reasoning, share, staff
 
 from moderation import filters, safe_regex
-from moderation.models import AuditEntry, ModerationDecision, ModerationFlag
+from moderation.models import AuditEntry, ModerationDecision, ModerationFlag, RolloutFingerprint
 from moderation.rules import RULES, Rule, default_rule, rules_forget
 from moderation.screening import outlier_scan, outlier_scores
 from moderation.services import rule_update
-from pool.models import ModerationStatus
+from pool.models import ModerationStatus, Rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -95,6 +95,48 @@ def test_the_same_node_resharing_its_own_text_is_not_a_copy():
     share(node, group(12, completions=long_reasoning(g)))
     (again,) = share(node, group(12, completions=long_reasoning(g)))
     assert_clean(again)
+
+
+# --- fingerprints without database constraints -----------------------------------------------------
+# A fingerprint's two foreign keys are not constraints in PostgreSQL (two trigger checks per row, 32
+# rows a share; docs/moderation.md, "Cost"): Django's delete cascades them. These hold that every way
+# a group or a node is deleted here (the ORM: admin pages, a user's deletion) still takes them along.
+
+
+def _fingerprinted(node, index):
+    g = group(index)
+    (row,) = share(node, group(index, completions=long_reasoning(g, variant=f" {node.id}")))
+    assert RolloutFingerprint.objects.filter(rollout_id=row.id, node_id=node.id).exists()
+    return row
+
+
+def test_deleting_a_group_deletes_its_fingerprint():
+    node = make_node()
+    kept, gone = _fingerprinted(node, 21), _fingerprinted(node, 22)
+    Rollout.objects.filter(id=gone.id).delete()
+    assert set(RolloutFingerprint.objects.values_list("rollout_id", flat=True)) == {kept.id}
+    gone_alone = _fingerprinted(node, 23)
+    gone_alone.delete()
+    assert set(RolloutFingerprint.objects.values_list("rollout_id", flat=True)) == {kept.id}
+
+
+def test_deleting_a_node_or_its_contributor_deletes_its_fingerprints():
+    kept_node, node, other = make_node(), make_node(), make_node()
+    kept = _fingerprinted(kept_node, 24)
+    _fingerprinted(node, 25)
+    _fingerprinted(other, 26)
+    node.delete()
+    other.owner.delete()
+    assert list(RolloutFingerprint.objects.values_list("rollout_id", flat=True)) == [kept.id]
+
+
+def test_a_deleted_groups_fingerprint_is_no_copy_source():
+    author, copier = make_node(), make_node()
+    g = group(27)
+    (original,) = share(author, group(27, completions=long_reasoning(g)))
+    Rollout.objects.filter(id=original.id).delete()
+    (later,) = share(copier, group(27, completions=long_reasoning(g)))
+    assert_clean(later)
 
 
 def test_short_identical_answers_are_not_copies():

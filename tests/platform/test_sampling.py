@@ -129,3 +129,30 @@ def test_a_whole_share_stays_in_the_window_when_its_rows_move(path):
     rollout_set_moderation(rollouts=moved, status="ok")
     for _ in range(5):
         assert sampled_ids(asker) == {g["id"] for g in groups}
+
+
+def _has_lz4() -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'")
+        return bool(cursor.fetchone()[0])
+
+
+def test_completions_are_compressed_with_lz4_and_read_back_as_sent():
+    """The pool's INSERT spends about half its database CPU compressing a group's completions with
+    pglz; migration pool 0005 makes it lz4 (docs/benchmarks.md, "CPU per share")."""
+    if not _has_lz4():
+        pytest.skip("this PostgreSQL is built without lz4")
+    from django.db import connection
+    from support.moderation import group, share
+
+    g = group(31)
+    words = " ".join(f"step {i} carries the digit and checks the partial sum again" for i in range(8))
+    completions = [f"{words} ({k}) <answer>{g['answer'] if k % 2 else 'no'}</answer>" for k in range(8)]
+    (row,) = share(make_node(), group(31, completions=completions))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_column_compression(completions) FROM pool_rollout WHERE id = %s", [row.id])
+        assert cursor.fetchone()[0] == "lz4"
+    row.refresh_from_db()
+    assert row.completions == completions

@@ -1,0 +1,218 @@
+"""CPU of one `share` in process: `parse_frame` + `rollout_share` over bench/pool.py's frames, the
+server thread's CPU time per share and the PostgreSQL backend's, without daphne or sockets.
+
+    .venv/bin/python bench/share_cpu.py                         # this tree, with the moderation rules
+    .venv/bin/python bench/share_cpu.py --trees /tmp/main,.     # two trees in alternation (3 runs each)
+    .venv/bin/python bench/share_cpu.py --stages                # and the CPU of each stage of a share
+
+Each run is a subprocess with the tree's own `platform` and `node_client` on its path, in a database
+of its own (created, migrated with the tree's migrations, dropped) on DATABASE_URL's server. The
+frames are bench/pool.py's (4 nodes x 30 shares of 32 groups x 8 completions of ~300 characters,
+easy catalogue), the nodes' shares interleaved; the first `--warmup` shares are not counted. The
+backend's CPU is read from /proc/<backend pid>/stat (utime + stime, clock ticks: 10 ms resolution,
+so it is summed over every share of a pass). Prints the load average with each run: on a shared
+machine compare runs taken in alternation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: Stages timed with --stages: module, attribute (the functions rollout_share reaches by module globals).
+STAGES = [
+    ("pool.services", "storage_check", "storage check"),
+    ("pool.services", "verify_rollout", "verification"),
+    ("pool.services", "_insert_rollouts", "the pool's INSERT"),
+    ("moderation.filters", "fingerprints", "fingerprints"),
+    ("moderation.filters", "length_findings", "length rule"),
+    ("moderation.filters", "copy_findings", "copy lookups"),
+    ("moderation.screening", "_copy_index", "candidates query"),
+    ("moderation.screening", "rollouts_record", "the rules' record statement"),
+]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--database-url", default=os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
+    parser.add_argument("--trees", default=str(HERE.parent), help="comma-separated source trees, run in alternation")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each tree")
+    parser.add_argument("--passes", type=int, default=2, help="passes over the frames per run (groups deleted between)")
+    parser.add_argument("--warmup", type=int, default=8, help="shares not counted at the start of each pass")
+    parser.add_argument("--moderation", default="on", choices=["on", "off"])
+    parser.add_argument("--stages", action="store_true", help="also time each stage (wrappers cost a little)")
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--messages", type=int, default=30)
+    parser.add_argument("--groups", type=int, default=32)
+    parser.add_argument("--completions", type=int, default=8)
+    parser.add_argument("--completion-chars", type=int, default=300)
+    parser.add_argument("--catalogue", default="easy", choices=["easy", "sapo"])
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # tree of a subprocess run
+    parser.add_argument("--db-name", default="sapo_share_cpu", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def backend_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+
+
+def child(args: argparse.Namespace) -> None:
+    tree = Path(args.child).resolve()
+    # bench/pool.py's frame builder, loaded with the tree's packages first on the path (it puts this
+    # script's tree there when imported: undone).
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("bench_pool", HERE / "pool.py")
+    bench_pool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_pool)
+    sys.path[:] = [str(tree / "platform"), str(tree / "node_client"), *path]
+
+    url = bench_pool.with_db(args.database_url, args.db_name)
+    bench_pool.recreate_database(args.database_url, args.db_name)
+    try:
+        args.bench_url = url
+        os.environ.update(SAPO_DEBUG="0", SAPO_LOG_LEVEL="WARNING", SAPO_CONN_MAX_AGE="600")
+        os.environ.pop("REDIS_URL", None)
+        bench_pool.setup_django(args)
+        run(args, bench_pool)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        bench_pool.recreate_database(args.database_url, args.db_name, drop_only=True)
+
+
+def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
+    import importlib
+
+    from django.db import connection
+
+    from pool.limits import current_catalogue, current_limits
+    from pool.messages import parse_frame
+    from pool.models import Rollout
+    from pool.seams import NO_MODERATION, moderation_register
+    from pool.services import rollout_share
+
+    if args.moderation == "off":
+        moderation_register(NO_MODERATION)
+    stage_cpu: dict[str, float] = {}
+    backend_pid: list[int] = []  # set once connected: --stages reads the backend's ticks around each stage
+    tick = os.sysconf("SC_CLK_TCK")
+    if args.stages:
+        for module_name, attr, label in STAGES:
+            module = importlib.import_module(module_name)
+            if not hasattr(module, attr):
+                continue
+            inner = getattr(module, attr)
+
+            def timed(*a, _inner=inner, _label=label, **kw):  # noqa: ANN002, ANN003, ANN202
+                b0 = backend_ticks(backend_pid[0]) if backend_pid else 0
+                t0 = time.thread_time()
+                try:
+                    return _inner(*a, **kw)
+                finally:
+                    stage_cpu[_label] = stage_cpu.get(_label, 0.0) + time.thread_time() - t0
+                    if backend_pid:
+                        ticks = backend_ticks(backend_pid[0]) - b0
+                        stage_cpu["PostgreSQL: " + _label] = stage_cpu.get("PostgreSQL: " + _label, 0.0) + ticks / tick
+
+            setattr(module, attr, timed)
+        if "moderation.screening" in sys.modules:  # the seam holds the functions themselves
+            from moderation import hooks, screening
+
+            hooks.Moderation.rollouts_record = staticmethod(screening.rollouts_record)
+
+    nodes = [node for node, _ in bench_pool.make_nodes(args.connections, "cpu")]
+    frames = bench_pool.build_frames(args, seeds=[1000 + i for i in range(args.connections)])
+    order = [(c, m) for m in range(args.messages) for c in range(args.connections)]
+    limits, catalogue = current_limits(), current_catalogue()
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    backend_pid.append(pid)
+    counted = 0
+    server = backend = parse = 0.0
+    stages: dict[str, float] = {}
+    for _ in range(args.passes):
+        Rollout.objects.all().delete()
+        for i, (c, m) in enumerate(order):
+            if i == args.warmup:
+                t_backend = backend_ticks(pid)
+                t_stages = dict(stage_cpu)
+            t0 = time.thread_time()
+            message = parse_frame(frames[c][m], limits)
+            t1 = time.thread_time()
+            rollout_share(node=nodes[c], rollouts=message.rollouts, catalogue=catalogue, limits=limits)
+            t2 = time.thread_time()
+            if i >= args.warmup:
+                server += t2 - t0
+                parse += t1 - t0
+                counted += 1
+        backend += (backend_ticks(pid) - t_backend) / tick
+        for label, cpu in stage_cpu.items():  # the warm-up's share of the stages is not counted
+            stages[label] = stages.get(label, 0.0) + cpu - t_stages.get(label, 0.0)
+    stages = {"parse_frame": parse, **stages}
+    print(
+        json.dumps(
+            {
+                "shares": counted,
+                "server_ms": 1000 * server / counted,
+                "backend_ms": 1000 * backend / counted,
+                "stages_ms": {k: 1000 * v / counted for k, v in stages.items()},
+            }
+        )
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        child(args)
+        return
+    trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
+    results: dict[str, list[dict]] = {t: [] for t in trees}
+    for r in range(args.runs):
+        for tree in trees if r % 2 == 0 else trees[::-1]:
+            load = os.getloadavg()[0]
+            cmd = [sys.executable, __file__, "--child", tree, *sys.argv[1:]]
+            env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", SAPO_CATALOGUE=args.catalogue)
+            env["PYTHONPATH"] = os.pathsep.join([str(Path(tree) / "platform"), str(Path(tree) / "node_client")])
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            result["load"] = (load, os.getloadavg()[0])
+            results[tree].append(result)
+            print(
+                f"{tree}: server {result['server_ms']:.2f} ms, PostgreSQL backend {result['backend_ms']:.2f} ms"
+                f" per share ({result['shares']} shares; load {load:.2f} -> {result['load'][1]:.2f})",
+                flush=True,
+            )
+    print(f"\nmedians, ms of CPU per share (moderation rules {args.moderation}):")
+    labels = list(dict.fromkeys(k for rs in results.values() for r in rs for k in r["stages_ms"]))
+    rows = [("server (parse_frame + rollout_share)", "server_ms"), ("PostgreSQL backend", "backend_ms")]
+    print("| stage | " + " | ".join(trees) + " |")
+    for label, key in rows:
+        print(
+            f"| {label} | " + " | ".join(f"{statistics.median(r[key] for r in results[t]):.2f}" for t in trees) + " |"
+        )
+    if args.stages:
+        for label in labels:
+            cells = []
+            for t in trees:
+                values = [r["stages_ms"][label] for r in results[t] if label in r["stages_ms"]]
+                cells.append(f"{statistics.median(values):.2f}" if values else "-")
+            print(f"| {label} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
