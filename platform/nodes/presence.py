@@ -42,7 +42,7 @@ from django.utils import timezone
 from common.db import bookkeeping_transaction, db_call
 from common.redis_client import redis_client
 from nodes.models import Node, NodeConnection
-from nodes.services import nodes_mark_seen
+from nodes.services import nodes_mark_seen, nodes_record_hellos
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +227,7 @@ class SocketBook:
     def __init__(self) -> None:
         self.sockets: dict[uuid.UUID, int] = {}
         self.seen_nodes: set[int] = set()
+        self.hellos: dict[int, dict[str, str]] = {}  # node id -> what it said (nodes.services.node_hello_fields)
         self.task: asyncio.Task | None = None
 
     def opened(self, *, node_id: int, connection_id: uuid.UUID) -> None:
@@ -237,11 +238,18 @@ class SocketBook:
     def seen(self, node_id: int) -> None:
         self.seen_nodes.add(node_id)
 
+    def said(self, node_id: int, fields: dict[str, str]) -> None:
+        """The node said this in `hello` (and it differs from what is stored): written with the next
+        beat, within SEEN_EVERY_SECONDS."""
+        self.hellos[node_id] = fields
+
     def closed(self, connection_id: uuid.UUID) -> None:
         self.sockets.pop(connection_id, None)
         if not self.sockets and self.task is not None:
             self.task.cancel()  # nothing left to renew (frames of the last 10 s stay unwritten)
             self.task = None
+            if self.hellos:  # but what the nodes said is kept: one last write
+                asyncio.get_running_loop().create_task(self.beat(renew=False))
 
     async def _run(self) -> None:
         renewed = time.monotonic()
@@ -254,9 +262,16 @@ class SocketBook:
             await self.beat(renew=renew)
 
     async def beat(self, *, renew: bool) -> None:
-        """Write the nodes seen since the last beat and, with `renew`, renew every socket's record.
+        """Write the nodes seen and the hellos said since the last beat and, with `renew`, renew every
+        socket's record.
         A failure is logged and tried again next beat (a record lasts three heartbeats)."""
         seen, self.seen_nodes = self.seen_nodes, set()
+        hellos, self.hellos = self.hellos, {}
+        if hellos:
+            try:
+                await db_call(nodes_record_hellos)(hellos=hellos)
+            except Exception:
+                logger.exception("recording %d nodes' hellos failed", len(hellos))
         if seen:
             try:
                 await db_call(nodes_mark_seen)(node_ids=seen)

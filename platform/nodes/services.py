@@ -231,6 +231,38 @@ def node_record_hello(*, node: Node, client: object, model: object, hardware: ob
     return node
 
 
+def node_hello_fields(*, client: object, model: object, hardware: object) -> dict[str, str]:
+    """What a node says about itself in `hello`, cleaned and cut to length (untrusted), as Node fields."""
+    return _hello_fields(client=client, model=model, hardware=hardware)
+
+
+def nodes_record_hellos(*, hellos: dict[int, dict[str, str]]) -> int:
+    """Store what several nodes said in `hello` (node id -> node_hello_fields), in one statement whose
+    commit does not wait for the disk: nodes.presence.SocketBook writes a beat's hellos this way (a
+    node's first hello comes with its first connect, a thousand at once when a new swarm starts).
+    A hello a crash loses is said again at the node's next connect. Returns the rows written."""
+    if not hellos:
+        return 0
+    ids = list(hellos)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE nodes_node n
+            SET client_version = v.client_version, model_id = v.model_id, hardware = v.hardware
+            FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS v(id, client_version, model_id, hardware),
+                 (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+            WHERE n.id = v.id
+            """,
+            [
+                ids,
+                [hellos[i]["client_version"] for i in ids],
+                [hellos[i]["model_id"] for i in ids],
+                [hellos[i]["hardware"] for i in ids],
+            ],
+        )
+        return cursor.rowcount
+
+
 def nodes_mark_seen(*, node_ids: Iterable[int], now: datetime | None = None) -> int:
     """These nodes just sent something (one UPDATE for all; each row written at most once per
     SEEN_WRITE_INTERVAL). Returns how many rows were written."""

@@ -44,7 +44,7 @@ from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
-from nodes.services import node_hello_is_news, node_record_hello
+from nodes.services import node_hello_fields
 from nodes.sessions import node_session_open
 from pool import ratelimit, turns
 from pool.closes import socket_closes
@@ -318,9 +318,15 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return {"type": "ack", "for": "report", "round": message.round}
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
             assert_never(message)
-        said = {"client": message.client, "model": message.model, "hardware": message.hardware}
-        if node_hello_is_news(node=node, **said):  # a node reconnecting says the same again: no call
-            await db_call(node_record_hello)(node=node, **said)
+        # What the node says about itself is written with the process's next beat (presence.SocketBook,
+        # one statement for every node that said something new), not by a call per hello; a node
+        # reconnecting says the same again, and nothing is written. (Its last seen was written when
+        # the socket opened.)
+        said = node_hello_fields(client=message.client, model=message.model, hardware=message.hardware)
+        if any(getattr(node, name) != value for name, value in said.items()):
+            for name, value in said.items():
+                setattr(node, name, value)
+            presence.socket_book().said(node.id, said)
         welcome = _Welcome(type="welcome", node_id=node.id, node_name=node.name)
         welcome.members = _welcome_members(self.catalogue, self.limits)
         return welcome

@@ -142,7 +142,9 @@ def test_two_nodes_share_get_accepted_and_train_on_each_others_groups(
     assert a.state.stream.catalogue == EASY_CATALOGUE  # the server's catalogue, from welcome
     assert wait_for(lambda: connections(node_a) == 1)
     stored_a = Node.objects.get(id=node_a.id)
-    assert node_status(stored_a) == NodeStatus.ONLINE and stored_a.model_id == "tiny"
+    assert node_status(stored_a) == NodeStatus.ONLINE
+    # What the node said in hello is written with the server's next presence beat (within 10 s).
+    assert wait_for(lambda: Node.objects.get(id=node_a.id).model_id == "tiny")
     sampleable_a: set[str] = set()
     while not sampleable_a and a.last_round < 3:
         assert play_round(a) is not None and ta.flush(20)

@@ -1,4 +1,5 @@
 import pytest
+from django.db.backends import utils as db_utils
 
 from pool import ratelimit
 
@@ -26,3 +27,22 @@ def backend(request, settings) -> str:
     else:
         settings.REDIS_URL = ""
     return request.param
+
+
+@pytest.fixture
+def statements(monkeypatch) -> list[str]:
+    """Every SQL statement the process sends, from any thread (the sockets' calls run on common.db's)."""
+    sent: list[str] = []
+    execute, executemany = db_utils.CursorWrapper.execute, db_utils.CursorWrapper.executemany
+
+    def counted_execute(self, sql, params=None):
+        sent.append(str(sql))
+        return execute(self, sql, params)
+
+    def counted_executemany(self, sql, param_list):
+        sent.append(str(sql))
+        return executemany(self, sql, param_list)
+
+    monkeypatch.setattr(db_utils.CursorWrapper, "execute", counted_execute)
+    monkeypatch.setattr(db_utils.CursorWrapper, "executemany", counted_executemany)
+    return sent

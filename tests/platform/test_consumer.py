@@ -15,7 +15,7 @@ from support.pool import make_group, share_frame
 from moderation.trust import trust_for_node
 from nodes.events import CLOSE_BANNED, CLOSES_GROUP, close_event
 from nodes.models import Node
-from nodes.presence import connection_counts
+from nodes.presence import connection_counts, socket_book
 from nodes.services import node_token_revoke
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
 from pool.seams import moderation
@@ -91,8 +91,34 @@ async def test_hello_gets_welcome_with_catalogue_and_limits(node, node_token, se
     assert (reply["node_id"], reply["node_name"]) == (node.id, "laptop")
     assert reply["catalogue"]["name"] == "easy"
     assert reply["limits"]["max_groups_per_message"] == 64
+    await socket_book().beat(renew=False)  # what the node said is written with the process's next beat
     assert (await sync_to_async(Node.objects.get)(id=node.id)).client_version == "sapo-node/0.1"
     await socket.disconnect()
+
+
+async def test_what_nodes_say_in_hello_is_written_in_one_statement_per_beat(user, statements):
+    """A crowd of nodes saying hello for the first time costs one statement at the next beat, not a
+    database call each; a node saying the same again writes nothing."""
+    from factories import make_node_with_token
+
+    nodes = [await sync_to_async(make_node_with_token)(owner=user, name=f"n{i}") for i in range(5)]
+    sockets = [await open_socket(token) for _, token in nodes]
+    for i, socket in enumerate(sockets):
+        hello = {"type": "hello", "v": 1, "client": f"sapo-node/{i}", "model": "tiny", "hardware": "cpu"}
+        assert (await ask(socket, hello))["type"] == "welcome"
+    statements.clear()
+    await socket_book().beat(renew=False)
+    assert len([s for s in statements if "client_version" in s]) == 1  # (and one for last seen)
+    stored = await sync_to_async(lambda: dict(Node.objects.filter(owner=user).values_list("name", "client_version")))()
+    assert stored == {f"n{i}": f"sapo-node/{i}" for i in range(5)}
+    # The same hello again, on the same socket and on a new one: nothing to write.
+    hello = {"type": "hello", "v": 1, "client": "sapo-node/0", "model": "tiny", "hardware": "cpu"}
+    assert (await ask(sockets[0], hello))["type"] == "welcome"
+    again = await open_socket(nodes[0][1])
+    assert (await ask(again, hello))["type"] == "welcome"
+    assert socket_book().hellos == {}
+    for socket in [*sockets, again]:
+        await socket.disconnect()
 
 
 async def test_welcome_follows_the_catalogue_and_limits_in_force(node, node_token, settings):

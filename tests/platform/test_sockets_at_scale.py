@@ -16,7 +16,6 @@ import pytest
 import websockets
 from asgiref.sync import sync_to_async
 from django.db import connection
-from django.db.backends import utils as db_utils
 from factories import make_node_with_token, make_user
 from node_sockets import ask, open_socket
 
@@ -83,25 +82,6 @@ def test_a_socket_stuck_in_the_database_does_not_hold_up_the_others(live_server)
             return waiting
 
         assert asyncio.run(race())
-
-
-@pytest.fixture
-def statements(monkeypatch) -> list[str]:
-    """Every SQL statement the process sends, from any thread (the sockets' calls run on common.db's)."""
-    sent: list[str] = []
-    execute, executemany = db_utils.CursorWrapper.execute, db_utils.CursorWrapper.executemany
-
-    def counted_execute(self, sql, params=None):
-        sent.append(str(sql))
-        return execute(self, sql, params)
-
-    def counted_executemany(self, sql, param_list):
-        sent.append(str(sql))
-        return executemany(self, sql, param_list)
-
-    monkeypatch.setattr(db_utils.CursorWrapper, "execute", counted_execute)
-    monkeypatch.setattr(db_utils.CursorWrapper, "executemany", counted_executemany)
-    return sent
 
 
 async def test_frames_cost_no_database_statement_for_bookkeeping(node, node_token, statements):
