@@ -5,10 +5,16 @@ redis-py's asyncio pool opens a connection per command in flight and raises "Too
 past 100 of them: 500 sockets opening at once in one process (each joining its channel groups) got
 that error and a 1011 close (docs/benchmarks.md, "Sockets"). A blocking pool makes a command wait
 for a free connection instead, up to REDIS_WAIT_SECONDS.
+
+Both are given the client's name and version once (`_connection_options`): redis-py otherwise reads its
+own package metadata (importlib.metadata, parsing the METADATA file) for every connection it opens, ~1.5
+ms each: a crowd of sockets opening at once grows a worker's pool to 64 connections, and that was 30%
+of the rate limit's Redis time in that burst (docs/benchmarks.md, "Sockets").
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -24,12 +30,24 @@ REDIS_MAX_CONNECTIONS = 64
 REDIS_WAIT_SECONDS = 30
 
 
+@functools.cache
+def _connection_options() -> dict[str, Any]:
+    """What each new connection would otherwise work out again: the client's name and version (for
+    Redis' CLIENT SETINFO), resolved once per process. Empty with a redis-py that does not take it."""
+    try:
+        from redis.driver_info import DriverInfo
+        from redis.utils import get_lib_version
+    except ImportError:
+        return {}
+    return {"driver_info": DriverInfo(name="redis-py", lib_version=get_lib_version())}
+
+
 def async_pool(url: str, **options: Any) -> Any:
     """A bounded asyncio connection pool for `url` (a command waits for a free connection)."""
     import redis.asyncio as aioredis
 
     return aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_WAIT_SECONDS, **options
+        url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_WAIT_SECONDS, **{**_connection_options(), **options}
     )
 
 
@@ -40,5 +58,5 @@ def redis_client() -> Any:
     key = (os.getpid(), settings.REDIS_URL)
     client = _clients.get(key)
     if client is None:
-        client = _clients[key] = redis.Redis.from_url(settings.REDIS_URL)
+        client = _clients[key] = redis.Redis.from_url(settings.REDIS_URL, **_connection_options())
     return client

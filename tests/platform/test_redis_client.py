@@ -1,0 +1,43 @@
+"""common.redis_client: a pool's new connections do not look the client's version up again each."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from common import redis_client
+
+
+@pytest.fixture
+def redis_url() -> str:
+    redis = pytest.importorskip("redis")
+    url = "redis://127.0.0.1:6379/0"
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    return url
+
+
+async def test_new_connections_reuse_the_version_resolved_once(redis_url, monkeypatch) -> None:
+    import redis.asyncio as aioredis
+    from redis import utils
+
+    redis_client._connection_options()  # resolved once per process
+    looked_up = []
+    real = utils.get_lib_version
+    monkeypatch.setattr(utils, "get_lib_version", lambda: looked_up.append(1) or real())
+    pool = redis_client.async_pool(redis_url)
+    client = aioredis.Redis(connection_pool=pool)
+    try:
+        assert await asyncio.gather(*(client.ping() for _ in range(8))) == [True] * 8  # 8 connections at once
+        assert looked_up == []
+        # The stock pool, for comparison, looks it up for every connection it opens.
+        stock = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=8)
+        other = aioredis.Redis(connection_pool=stock)
+        await asyncio.gather(*(other.ping() for _ in range(8)))
+        assert len(looked_up) >= 2
+        await stock.disconnect()
+    finally:
+        await pool.disconnect()
