@@ -50,9 +50,8 @@ from pool import ratelimit, turns
 from pool.closes import socket_closes
 from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
-from pool.payloads import rollout_to_protocol
 from pool.seams import moderation
-from pool.selectors import rollout_sample
+from pool.selectors import rollout_sample_json
 from pool.services import node_round_report, rollout_served_record, rollout_share
 from sapo_node import protocol
 
@@ -90,21 +89,23 @@ def _cpu_timed(fn: Any) -> Any:
     return timed
 
 
-def _sample_payload(*, node: Any, n: int, window_seconds: int) -> list[dict[str, Any]]:
-    """What a `sample` answers; the groups sent are recorded as served to the node (credit needs it)."""
+def _sample_payload(*, node: Any, n: int, window_seconds: int) -> str:
+    """What a `sample` answers, as the reply's JSON member `"rollouts":[...]`; the groups sent are
+    recorded as served to the node (credit needs it)."""
     with metrics.SAMPLE_SECONDS.time():
-        rollouts = rollout_sample(node=node, n=n, window_seconds=window_seconds)
-    rollout_served_record(node=node, rollout_ids=[r.id for r in rollouts])
-    return [rollout_to_protocol(r) for r in rollouts]
+        drawn = rollout_sample_json(node=node, n=n, window_seconds=window_seconds)
+    rollout_served_record(node=node, rollout_ids=[rollout_id for rollout_id, _ in drawn])
+    return '"rollouts":[' + ",".join(text for _, text in drawn) + "]"
 
 
 _closing_tasks: set[asyncio.Task] = set()  # closes under way (a task nobody holds may be collected)
 
 
-class _Welcome(dict):
-    """A `welcome` reply: its catalogue and limits go out as `members`, JSON made once per process and
-    catalogue and limits (`_welcome_members`): serialising them was ~10% of the CPU a socket costs to
-    open (docs/benchmarks.md, "Sockets")."""
+class _Reply(dict):
+    """A reply with members already in JSON (`members`, appended as they are): a `welcome`'s catalogue
+    and limits, made once per process and catalogue and limits (`_welcome_members`: serialising them
+    was ~10% of the CPU a socket costs to open), and a `samples` reply's groups, made from the rows
+    (pool.payloads.hit_protocol_json; docs/benchmarks.md, "Sockets")."""
 
     members: str = ""
 
@@ -309,10 +310,11 @@ class NodeConsumer(AsyncWebsocketConsumer):
             metrics.share_answered(result)
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
-            rollouts = await db_call(_sample_payload)(
+            samples = _Reply(type="samples")
+            samples.members = await db_call(_sample_payload)(
                 node=node, n=message.n, window_seconds=self.limits.sample_window_seconds
             )
-            return {"type": "samples", "rollouts": rollouts}
+            return samples
         if isinstance(message, Report):
             await db_call(node_round_report)(node=node, report=message, limits=self.limits)
             return {"type": "ack", "for": "report", "round": message.round}
@@ -327,7 +329,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             for name, value in said.items():
                 setattr(node, name, value)
             presence.socket_book().said(node.id, said)
-        welcome = _Welcome(type="welcome", node_id=node.id, node_name=node.name)
+        welcome = _Reply(type="welcome", node_id=node.id, node_name=node.name)
         welcome.members = _welcome_members(self.catalogue, self.limits)
         return welcome
 
@@ -338,7 +340,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         if ref is not None:
             payload["ref"] = ref
         text = json.dumps(payload, separators=(",", ":"))
-        if isinstance(payload, _Welcome):
+        if isinstance(payload, _Reply):
             text = f"{text[:-1]},{payload.members}}}"
         await self.send(text_data=text)
 

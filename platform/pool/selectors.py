@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from common.errors import NotFound
 from pool.models import ModerationStatus, Rollout, Verdict
+from pool.payloads import hit_protocol_json, rollout_protocol_json
 from pool.seams import moderation
 
 # When the window's range of sample numbers is this small, list the eligible groups and pick from
@@ -108,6 +109,25 @@ def _built(hit: _Hit | Rollout) -> Rollout:
 def rollout_sample(
     *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
 ) -> list[Rollout]:
+    """`_sample_drawn`'s groups as Rollouts with `node` loaded (id and name)."""
+    return [_built(r) for r in _sample_drawn(node=node, n=n, window_seconds=window_seconds, now=now, rng=rng)]
+
+
+def rollout_sample_json(
+    *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
+) -> list[tuple[uuid.UUID, str]]:
+    """The same draw as `rollout_sample`, as (group id, the group's protocol JSON) pairs, for the
+    node socket's `samples` reply: no model object is built and the completions' JSON is not parsed
+    and written again (pool.payloads.hit_protocol_json; both were most of a `sample`'s CPU)."""
+    return [
+        (r.id, rollout_protocol_json(r)) if isinstance(r, Rollout) else (r.row[4], hit_protocol_json(r.row))
+        for r in _sample_drawn(node=node, n=n, window_seconds=window_seconds, now=now, rng=rng)
+    ]
+
+
+def _sample_drawn(
+    *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
+) -> list[Any]:
     """Up to `n` distinct groups drawn uniformly at random among the sampleable groups of the window
     that `node` did not write. Cost does not grow with the pool (no ORDER BY random()).
 
@@ -117,7 +137,7 @@ def rollout_sample(
     group (rejection sampling), in rounds until it has `n`, then keeps a uniform `n` of the hits. The
     procedure treats every eligible group alike whatever the gaps, so the result is an exactly
     uniform random subset (docs/benchmarks.md, "Pool"). Usually one query; each further round is one.
-    Returned groups have `node` loaded (id and name).
+    Returns first-draw rows (_Hit) and Rollouts (later rounds, with `node` loaded).
     """
     if n <= 0:
         return []
@@ -164,7 +184,7 @@ def rollout_sample(
         if picked is None:
             picked = [i for i, _ in rng.sample(rest, min(n - len(chosen), len(rest)))]
         chosen.extend(_fetch(picked))
-    return [_built(r) for r in chosen[:n]]
+    return chosen[:n]
 
 
 def _keep(hits: list[_Hit] | list[Rollout], tried: set[int], rng: random.Random) -> list[Any]:

@@ -7,6 +7,8 @@ Every function is synchronous and runs its own transaction; consumers call them 
 
 from __future__ import annotations
 
+import math
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -361,14 +363,25 @@ def rollout_served_record(*, node: Any, rollout_ids: Sequence[uuid.UUID], now: d
             FROM unnest(%(ids)s::uuid[]) AS r, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
             ON CONFLICT (node_id, rollout_id) DO NOTHING
             """,
-            {"node": node.id, "ids": list(rollout_ids), "now": now},
+            # The ids as one array literal (UUIDs need no quoting): psycopg's client-side binding quoted
+            # each element of a list, ~10% of a `sample`'s CPU.
+            {"node": node.id, "ids": "{" + ",".join(str(uuid.UUID(str(i))) for i in rollout_ids) + "}", "now": now},
         )
     _prune_if_due(now)
 
 
+_prune_checked_at = -math.inf  # this process's last look at the shared cache key (time.monotonic)
+
+
 def _prune_if_due(now: datetime) -> None:
     """Drop served-group rows past their use and storage counts of past hours, at most every
-    PRUNE_EVERY_SECONDS per process (a cache key; an index range each)."""
+    PRUNE_EVERY_SECONDS across the processes (a cache key; an index range each). A process looks at
+    the key at most once a second (the look cost more than the rest of a `sample`'s bookkeeping)."""
+    global _prune_checked_at
+    checked = time.monotonic()
+    if checked - _prune_checked_at < 1.0:
+        return
+    _prune_checked_at = checked
     if not cache.add("pool:prune-due", 1, PRUNE_EVERY_SECONDS):
         return
     window = timedelta(seconds=current_limits().sample_window_seconds)

@@ -156,3 +156,24 @@ def test_completions_are_compressed_with_lz4_and_read_back_as_sent():
         assert cursor.fetchone()[0] == "lz4"
     row.refresh_from_db()
     assert row.completions == completions
+
+
+def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> None:
+    """rollout_sample_json (the node socket's `samples`) writes each group from its row: the same object
+    as pool.payloads.rollout_to_protocol, texts with quotes, backslashes, line breaks and non-ASCII
+    characters included, through both draws."""
+    import json
+
+    from pool.payloads import rollout_to_protocol
+
+    author, asker = make_node(), make_node()
+    odd = ['He said "no"\\n', "tab\there\nand a line", "accent é, emoji 🙂 \u2028"]
+    groups = [easy_group(i) for i in range(12)]
+    for group in groups[::2]:  # two wrong completions (reward 0) with texts JSON must escape
+        group["completions"][2:] = odd[:2] if group is groups[0] else odd[1:]
+    share(author, *groups)
+    drawn = selectors.rollout_sample_json(node=asker, n=8, window_seconds=DAY, rng=random.Random(3))
+    assert len(drawn) == 8
+    stored = {r.id: r for r in Rollout.objects.select_related("node").filter(id__in=[i for i, _ in drawn])}
+    for rollout_id, text in drawn:
+        assert json.loads(text) == rollout_to_protocol(stored[rollout_id])
