@@ -7,6 +7,8 @@ Every way the site is served imports this module (runserver, the `daphne` comman
 servers), so the two things a server process must do before it serves are done here:
 - the WebSocket layer's message limit follows SAPO_MAX_FRAME_BYTES, and autobahn's per-connection debug
   text is made only when logged (config.websocket);
+- the objects made while starting (Django, the apps, reasoning-gym and sympy: ~210,000 the garbage
+  collector tracks) are moved out of its reach (`gc.freeze`), once the module has loaded;
 - the server's start-up step (`server_start`: forget the presence records this server's previous run
   left) runs once per process before its first request or socket is handled (daphne has no lifespan
   events; under a server that sends them, it runs on "lifespan.startup").
@@ -15,6 +17,7 @@ servers), so the two things a server process must do before it serves are done h
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 
@@ -91,3 +94,10 @@ class ServerStart:
 follow_frame_limit(current_limits())
 format_debug_lazily()
 application = ServerStart(router)
+
+# Python's cyclic collector walks every object it tracks on each full collection: ~210,000 after
+# start-up, over 100 ms a time on this project's 2-core machine, and a thousand sockets opening at once
+# set off two of them (docs/benchmarks.md, "Sockets"). What start-up made lives as long as the process:
+# collect its garbage once, then keep the rest out of later collections.
+gc.collect()
+gc.freeze()
