@@ -1,11 +1,12 @@
 """The node WebSocket, `/ws/node/` (docs/protocol.md). Thin: authenticate, validate a frame with
 pool.messages, call a service or selector through common.db.db_call, send the reply.
 
-Database calls run on db_call's threads, in parallel across sockets, on pooled connections (not on
-Channels' one shared thread): opening a socket is two calls (look the token up, one statement; then
-authenticate again and open the session in one statement that does not wait for the disk,
-nodes.sessions, and read the quota), `hello` writes only what changed, and a frame's bookkeeping
-(rate limit, presence, last seen) costs no database round trip (pool.ratelimit, nodes.presence).
+Database calls run on db_call's threads, in parallel across sockets, each thread keeping its
+connection (not on Channels' one shared thread): opening a socket is one call (authenticate and open
+the session in one statement that does not wait for the disk, nodes.sessions, and read the quota);
+what a node says in `hello` is written with the process's presence beat when it changed, and a
+frame's bookkeeping (rate limit, presence, last seen) costs no database round trip (pool.ratelimit,
+nodes.presence).
 What a socket costs the server is measured in docs/benchmarks.md, "Sockets".
 
 Every frame gets exactly one reply, and nothing a node sends can raise out of `receive`: a refusal is
