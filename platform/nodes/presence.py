@@ -29,7 +29,6 @@ import asyncio
 import logging
 import time
 import uuid
-import weakref
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -40,6 +39,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from common.db import bookkeeping_transaction, db_call
+from common.loops import per_loop
 from common.redis_client import redis_client
 from nodes.models import Node, NodeConnection
 from nodes.services import nodes_mark_seen, nodes_record_hellos
@@ -284,13 +284,9 @@ class SocketBook:
                 logger.exception("presence heartbeat of %d sockets failed", len(self.sockets))
 
 
-_books: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SocketBook] = weakref.WeakKeyDictionary()
+_books = per_loop(SocketBook)
 
 
 def socket_book() -> SocketBook:
     """The running event loop's book (each loop renews its own sockets: tests run several loops)."""
-    loop = asyncio.get_running_loop()
-    book = _books.get(loop)
-    if book is None:
-        book = _books[loop] = SocketBook()
-    return book
+    return _books()

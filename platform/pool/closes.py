@@ -24,11 +24,11 @@ import asyncio
 import collections
 import logging
 import time
-import weakref
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 
+from common.loops import per_loop
 from nodes.events import CLOSES_GROUP
 
 logger = logging.getLogger(__name__)
@@ -159,13 +159,9 @@ class SocketCloses:
         return len(self.where)
 
 
-_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SocketCloses] = weakref.WeakKeyDictionary()
+_by_loop = per_loop(SocketCloses)
 
 
 def socket_closes() -> SocketCloses:
     """The running event loop's SocketCloses (a server process has one loop; tests make one per test)."""
-    loop = asyncio.get_running_loop()
-    closes = _by_loop.get(loop)
-    if closes is None:
-        closes = _by_loop[loop] = SocketCloses()
-    return closes
+    return _by_loop()

@@ -23,13 +23,12 @@ channel layer cannot span processes), and an in-process table with the same arit
 
 from __future__ import annotations
 
-import asyncio
 import time
-import weakref
 from dataclasses import dataclass
 
 from django.conf import settings
 
+from common.loops import per_loop
 from common.redis_client import async_pool
 
 #: Seconds a node's buckets are kept after its last frame: long enough to refill from the deepest debt.
@@ -61,10 +60,6 @@ if open then return 0 end
 return 1
 """
 
-# Keyed by the loop object itself, not id(loop): an id can be reused by a later loop (or by a
-# forked process's new loop) and hand it a client whose connections belong to a dead loop.
-_redis_scripts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, object] = weakref.WeakKeyDictionary()
-
 
 @dataclass
 class _Buckets:
@@ -77,17 +72,15 @@ _local: dict[int, _Buckets] = {}
 _sweep_above = 10_000
 
 
-def _script():
-    """The admission script, on one asyncio Redis client per event loop (clients are bound to the
-    loop that made them)."""
+def _new_script():
     import redis.asyncio as aioredis
 
-    loop = asyncio.get_running_loop()
-    script = _redis_scripts.get(loop)
-    if script is None:
-        script = aioredis.Redis(connection_pool=async_pool(settings.REDIS_URL)).register_script(_ADMIT_LUA)
-        _redis_scripts[loop] = script
-    return script
+    return aioredis.Redis(connection_pool=async_pool(settings.REDIS_URL)).register_script(_ADMIT_LUA)
+
+
+#: The admission script, on one asyncio Redis client per event loop (clients are bound to the loop
+#: that made them).
+_script = per_loop(_new_script)
 
 
 def _key(node_id: int) -> str:

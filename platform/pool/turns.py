@@ -22,11 +22,12 @@ import heapq
 import itertools
 import math
 import time
-import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from django.conf import settings
+
+from common.loops import per_loop
 
 HALF_LIFE_SECONDS = 10.0
 #: Nodes remembered before the table is swept of those whose recent CPU has decayed to nothing.
@@ -101,13 +102,9 @@ class Turns:
         self.running -= 1
 
 
-_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns] = weakref.WeakKeyDictionary()
+_turns = per_loop(lambda: Turns(settings.SAPO_SHARE_SLOTS))
 
 
 def share_turns() -> Turns:
     """This event loop's table (one per server process; tests run several loops)."""
-    loop = asyncio.get_running_loop()
-    turns = _turns.get(loop)
-    if turns is None:
-        turns = _turns[loop] = Turns(settings.SAPO_SHARE_SLOTS)
-    return turns
+    return _turns()
