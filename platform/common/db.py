@@ -154,6 +154,17 @@ def db_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def server_binding_cursor() -> Any:
+    """A psycopg cursor on this thread's Django connection (opened if needed) whose parameters the
+    server binds: Django's own cursor quotes every parameter into the SQL text on the client, which
+    for a share's arrays or a socket's session statement cost more CPU than the statement itself
+    (docs/benchmarks.md). Inside Django's transaction.atomic it runs in that transaction."""
+    import psycopg
+
+    connection.ensure_connection()
+    return psycopg.Cursor(connection.connection)
+
+
 @contextmanager
 def bookkeeping_transaction() -> Iterator[None]:
     """A transaction whose commit does not wait for the disk (synchronous_commit off), for writes a

@@ -25,13 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import psycopg
 from django.core.cache import cache
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
 from common.compact_json import dumps, dumps_texts
+from common.db import server_binding_cursor
 from moderation import filters
 from moderation.models import (
     AuditAction,
@@ -98,8 +98,7 @@ def _copy_index(node_id: int, question_hashes: set[str], rules: dict[str, Rule],
         "node": node_id,
         "per": max(r["max_candidates"] for r in active),
     }
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
+    with server_binding_cursor() as cursor:
         cursor.execute(_CANDIDATES_SQL, params)
         candidates = json.loads(cursor.fetchone()[0])
     for rollout_id, exact, hashes in candidates:
@@ -248,8 +247,7 @@ def rollouts_record(
         "audit_details": [dumps(a[4]) for a in audit],
         **trust_verdict_params(node_id=node_id, verdicts=[checks[r.id].accepted for r in rollouts], now=now),
     }
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
+    with server_binding_cursor() as cursor:
         cursor.execute(_RECORD_SQL, params)
     rule = rules_current()["outlier"]
     if rule.enabled:

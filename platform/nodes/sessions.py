@@ -15,11 +15,11 @@ import uuid
 from contextlib import nullcontext
 from datetime import timedelta
 
-import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from common.db import server_binding_cursor
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.models import Node
@@ -81,10 +81,9 @@ def node_session_open(*, token: str | None, connection_id: uuid.UUID) -> Node:
     }
     # With Redis the presence record is written there, after the statement: a transaction around
     # both takes the statement's writes back if Redis fails (as the socket then fails to open).
-    # A psycopg cursor of its own: parameters bound by the server, not quoted into the SQL text by
-    # Django's client-side cursor (the quoting was most of this call's CPU after the statement itself).
-    connection.ensure_connection()
-    with transaction.atomic() if settings.REDIS_URL else nullcontext(), psycopg.Cursor(connection.connection) as cursor:
+    # Parameters bound by the server, not quoted into the SQL text by Django's cursor (the quoting was
+    # most of this call's CPU after the statement itself).
+    with transaction.atomic() if settings.REDIS_URL else nullcontext(), server_binding_cursor() as cursor:
         cursor.execute(_SESSION_OPEN_SQL, params)
         row = cursor.fetchone()
         if row is None or row[0]:

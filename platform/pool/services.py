@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, BooleanField, Case, F, Q, QuerySet, Value, When
@@ -24,6 +23,7 @@ from django.utils import timezone
 
 from common import metrics
 from common.compact_json import dumps, dumps_texts
+from common.db import server_binding_cursor
 from common.errors import ApplicationError
 from pool.limits import Limits, current_limits
 from pool.messages import Report, RolloutIn
@@ -176,8 +176,7 @@ def _insert_rollouts(
         "sampleable": [v and not h for v, h in zip(variance, holds, strict=True)],
         "held": holds,
     }
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
+    with server_binding_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params)
         return {row[0] for row in cursor.fetchall()}
 
