@@ -191,7 +191,8 @@ def node_retire(*, node: Node) -> Node:
     return node
 
 
-def _hello_fields(*, client: object, model: object, hardware: object) -> dict[str, str]:
+def node_hello_fields(*, client: object, model: object, hardware: object) -> dict[str, str]:
+    """What a node says about itself in `hello`, cleaned and cut to length (untrusted), as Node fields."""
     return {
         "client_version": _clean_text(client, Node._meta.get_field("client_version").max_length),
         "model_id": _clean_text(model, Node._meta.get_field("model_id").max_length),
@@ -199,41 +200,10 @@ def _hello_fields(*, client: object, model: object, hardware: object) -> dict[st
     }
 
 
-def node_hello_is_news(*, node: Node, client: object, model: object, hardware: object) -> bool:
-    """Whether node_record_hello would write anything (no database: the consumer asks this first, so a
-    node reconnecting with the same hello costs no database call)."""
-    fields = _hello_fields(client=client, model=model, hardware=hardware)
-    recent = node.last_seen_at is not None and node.last_seen_at >= timezone.now() - SEEN_WRITE_INTERVAL
-    return not recent or any(getattr(node, name) != value for name, value in fields.items())
-
-
-def node_record_hello(*, node: Node, client: object, model: object, hardware: object) -> Node:
-    """Store what a node says about itself in `hello` (untrusted: cleaned and cut to length). No write
-    when nothing changed and last_seen_at is recent (a node reconnecting says the same hello again)."""
-    if not node_hello_is_news(node=node, client=client, model=model, hardware=hardware):
-        return node
-    fields = _hello_fields(client=client, model=model, hardware=hardware)
-    for name, value in fields.items():
-        setattr(node, name, value)
-    node.last_seen_at = timezone.now()
-    # Raw SQL: a node's first hello comes with its first connect, a thousand at once when a new swarm
-    # starts, and Model.save cost several times this statement's CPU (docs/benchmarks.md, "Sockets").
-    # The commit does not wait for the disk (set_config(..., true): this statement's transaction): a
-    # hello a database crash loses is said again at the node's next connect.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE nodes_node SET client_version = %s, model_id = %s, hardware = %s, last_seen_at = %s
-            FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed WHERE id = %s
-            """,
-            [fields["client_version"], fields["model_id"], fields["hardware"], node.last_seen_at, node.id],
-        )
-    return node
-
-
-def node_hello_fields(*, client: object, model: object, hardware: object) -> dict[str, str]:
-    """What a node says about itself in `hello`, cleaned and cut to length (untrusted), as Node fields."""
-    return _hello_fields(client=client, model=model, hardware=hardware)
+def node_hello_changed(*, node: Node, fields: dict[str, str]) -> bool:
+    """Whether `fields` (node_hello_fields) differ from what `node` holds. No database: a node
+    reconnecting says the same hello again, and then nothing is to be written."""
+    return any(getattr(node, name) != value for name, value in fields.items())
 
 
 def nodes_record_hellos(*, hellos: dict[int, dict[str, str]]) -> int:

@@ -45,7 +45,7 @@ from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
-from nodes.services import node_hello_fields
+from nodes.services import node_hello_changed, node_hello_fields
 from nodes.sessions import node_session_open
 from pool import ratelimit, turns
 from pool.closes import socket_closes
@@ -326,7 +326,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         # reconnecting says the same again, and nothing is written. (Its last seen was written when
         # the socket opened.)
         said = node_hello_fields(client=message.client, model=message.model, hardware=message.hardware)
-        if any(getattr(node, name) != value for name, value in said.items()):
+        if node_hello_changed(node=node, fields=said):
             for name, value in said.items():
                 setattr(node, name, value)
             presence.socket_book().said(node.id, said)

@@ -13,13 +13,15 @@ from nodes.selectors import access_node, node_list, node_status
 from nodes.services import (
     node_authenticate,
     node_create,
-    node_record_hello,
+    node_hello_changed,
+    node_hello_fields,
     node_rename,
     node_retire,
     node_token_issue,
     node_token_revoke,
     node_token_rotate,
     nodes_mark_seen,
+    nodes_record_hellos,
 )
 
 pytestmark = pytest.mark.django_db
@@ -115,12 +117,12 @@ class TestNodes:
         assert error_code(node_token_rotate, node=node) == "node_retired"
 
     def test_hello_is_recorded_cleaned_and_bounded(self, node):
-        node_record_hello(node=node, client="sapo-node/0.1.0\x00", model="m" * 1000, hardware=["not", "text"])
+        said = node_hello_fields(client="sapo-node/0.1.0\x00", model="m" * 1000, hardware=["not", "text"])
+        assert nodes_record_hellos(hellos={node.id: said}) == 1
         node.refresh_from_db()
         assert node.client_version == "sapo-node/0.1.0"
         assert node.model_id == "m" * 200
         assert node.hardware == ""
-        assert node.last_seen_at is not None
 
     def test_status_banned_and_retired(self, user, node):
         node_retire(node=node)
@@ -135,12 +137,16 @@ class TestNodes:
         assert node.last_seen_at is not None
         assert nodes_mark_seen(node_ids=[node.id, other.id]) == 0  # seen a moment ago: no write
 
-    def test_a_repeated_hello_writes_nothing(self, node, django_assert_num_queries):
-        node_record_hello(node=node, client="sapo-node/0.1.0", model="tiny", hardware="cpu")
+    def test_a_repeated_hello_is_no_change(self, node, django_assert_num_queries):
+        said = node_hello_fields(client="sapo-node/0.1.0", model="tiny", hardware="cpu")
+        assert node_hello_changed(node=node, fields=said)
+        nodes_record_hellos(hellos={node.id: said})
+        node.refresh_from_db()
         with django_assert_num_queries(0):
-            node_record_hello(node=node, client="sapo-node/0.1.0", model="tiny", hardware="cpu")
-        with django_assert_num_queries(1):
-            node_record_hello(node=node, client="sapo-node/0.2.0", model="tiny", hardware="cpu")
+            assert not node_hello_changed(node=node, fields=said)
+            newer = node_hello_fields(client="sapo-node/0.2.0", model="tiny", hardware="cpu")
+            assert node_hello_changed(node=node, fields=newer)
+        nodes_record_hellos(hellos={node.id: newer})
         node.refresh_from_db()
         assert node.client_version == "sapo-node/0.2.0"
 
