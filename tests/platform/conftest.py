@@ -12,18 +12,24 @@ def fresh_rate_counts():
     ratelimit.reset_local()
 
 
+@pytest.fixture
+def redis_url(settings) -> str:
+    """A Redis to test against: REDIS_URL, or the local one; the test is skipped when none answers."""
+    import redis
+
+    url = settings.REDIS_URL or "redis://127.0.0.1:6379/0"
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip(f"no Redis at {url}")
+    return url
+
+
 @pytest.fixture(params=["redis", "no-redis"])
 def backend(request, settings) -> str:
     """Run the test once with the counters in Redis and once without (PostgreSQL, or in-process)."""
     if request.param == "redis":
-        import redis
-
-        url = settings.REDIS_URL or "redis://127.0.0.1:6379/0"
-        try:
-            redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-        except redis.exceptions.ConnectionError:
-            pytest.skip(f"no Redis at {url}")
-        settings.REDIS_URL = url
+        settings.REDIS_URL = request.getfixturevalue("redis_url")
     else:
         settings.REDIS_URL = ""
     return request.param

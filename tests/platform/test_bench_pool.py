@@ -11,16 +11,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_ingest_benchmark_measures_every_path_in_every_round_with_the_load(tmp_path):
+def run_bench(script: str, args: list[str], db_name: str, cwd: Path) -> str:
+    """Run bench/<script> on DATABASE_URL's server in a database of its own; its output."""
     env = dict(os.environ)
     env.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    args = ["--skip-sample", "--connections", "2", "--messages", "2", "--groups", "2", "--rounds", "2", "--force"]
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "pool.py"), *args, "--db-name", f"sapo_bench_pool_{os.getpid()}"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+        [sys.executable, str(ROOT / "bench" / script), *args, "--db-name", f"{db_name}_{os.getpid()}"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=cwd,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    return done.stdout
+
+
+def test_the_ingest_benchmark_measures_every_path_in_every_round_with_the_load(tmp_path):
+    args = ["--skip-sample", "--connections", "2", "--messages", "2", "--groups", "2", "--rounds", "2", "--force"]
+    out = run_bench("pool.py", args, "sapo_bench_pool", tmp_path)
     for path in ("with moderation rules", "without moderation rules", "executemany", "COPY"):
         rows = [line for line in out.splitlines() if line.startswith("|") and path in line and " | 1 |" in line]
         rows += [line for line in out.splitlines() if line.startswith("|") and path in line and " | 2 |" in line]
@@ -30,15 +35,8 @@ def test_the_ingest_benchmark_measures_every_path_in_every_round_with_the_load(t
 
 
 def test_the_share_cpu_benchmark_prints_server_and_database_cpu_per_share_and_its_stages(tmp_path):
-    env = dict(os.environ)
-    env.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     args = ["--connections", "2", "--messages", "3", "--groups", "2", "--warmup", "1", "--runs", "1", "--stages"]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "share_cpu.py"), *args, "--db-name", f"sapo_share_cpu_{os.getpid()}"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    out = run_bench("share_cpu.py", args, "sapo_share_cpu", tmp_path)
     assert "(10 shares; load" in out, out  # 2 passes x (2 x 3 shares - 1 of warm-up)
     for label in ("server (parse_frame + rollout_share)", "PostgreSQL backend", "fingerprints", "verification"):
         assert f"| {label} |" in out, out

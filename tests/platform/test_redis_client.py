@@ -4,20 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from common import redis_client
-
-
-@pytest.fixture
-def redis_url() -> str:
-    redis = pytest.importorskip("redis")
-    url = "redis://127.0.0.1:6379/0"
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    return url
 
 
 async def test_new_connections_reuse_the_version_resolved_once(redis_url, monkeypatch) -> None:
