@@ -8,17 +8,30 @@ of the Dockerfile, compose and `sapo_local`, the test servers) imports config.as
 `follow_frame_limit`. autobahn copies an option from its factory onto a new connection only when the
 protocol class does not define it, so the class attributes set here win over whatever daphne was told.
 
-`format_debug_lazily` (also called by config.asgi): autobahn pretty-prints every new connection's
-options for a debug log line, whether or not debug logging is on: ~0.1 ms, 7% of the server's CPU per
-socket opened (docs/benchmarks.md, "Sockets"). The text is now made only if a log line formats it.
+`format_debug_lazily` (also called by config.asgi): autobahn makes the text of its debug log lines
+whether or not debug logging is on: it pretty-prints every new connection's options (~0.1 ms, 7% of
+the server's CPU per socket opened), and colours a method's name, the peer and a length with click
+for every chunk received and every frame sent (`hltype`, `hlval`: four `click.style` calls each time,
+and a lost connection's whole traceback as text; ~8% of the server's CPU in the 1,000-socket burst).
+That text is now made only if a log line formats it (docs/benchmarks.md, "Sockets").
+
+`unmask_with_websockets` (also called by config.asgi): every frame a client sends is masked; autobahn
+makes a new CFFI masker for each frame (an import, two allocations and a finaliser: ~10 us, 4% of the
+server's CPU per socket). The `websockets` library's C `apply_mask` does the same XOR without them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pprint import pformat
 from typing import Any
 
 from pool.limits import Limits
+
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # a pure-Python websockets: autobahn's maskers stay
+    apply_mask = None
 
 
 def follow_frame_limit(limits: Limits) -> None:
@@ -32,18 +45,18 @@ def follow_frame_limit(limits: Limits) -> None:
 
 
 class _FormattedWhenLogged:
-    """pformat(value), made when a log line formats it (never, with debug logging off)."""
+    """`make(*args)`, called when a log line formats it (never, with debug logging off)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("args", "make")
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    def __init__(self, make: Callable[..., str], *args: Any) -> None:
+        self.make, self.args = make, args
 
     def __format__(self, spec: str) -> str:
-        return format(pformat(self.value), spec)
+        return format(self.make(*self.args), spec)
 
     def __str__(self) -> str:
-        return pformat(self.value)
+        return self.make(*self.args)
 
     __repr__ = __str__
 
@@ -52,12 +65,62 @@ def _pformat_for_debug_logs(value: Any, *args: Any, **kwargs: Any) -> Any:
     # The one list autobahn.websocket.protocol pretty-prints is the options of a new connection, for
     # `log.debug`; its other uses (dicts) are __str__ methods, which must return a real string.
     if isinstance(value, list) and not args and not kwargs:
-        return _FormattedWhenLogged(value)
+        return _FormattedWhenLogged(pformat, value)
     return pformat(value, *args, **kwargs)
 
 
+def _when_logged(make: Callable[..., str]) -> Callable[..., _FormattedWhenLogged]:
+    def lazily(*args: Any) -> _FormattedWhenLogged:
+        return _FormattedWhenLogged(make, *args)
+
+    return lazily
+
+
 def format_debug_lazily() -> None:
-    """Make autobahn's per-connection debug text only when a log line uses it."""
+    """Make autobahn's debug text only when a log line uses it. The two modules that serve sockets
+    use `hltype` and `hlval` only for the keyword arguments of `log.debug` (autobahn 26.10)."""
+    from autobahn import util
+    from autobahn.twisted import websocket as twisted_websocket
     from autobahn.websocket import protocol
 
     protocol.pformat = _pformat_for_debug_logs
+    for module in (protocol, twisted_websocket):
+        module.hltype = _when_logged(util.hltype)
+        module.hlval = _when_logged(util.hlval)
+
+
+class _Unmasker:
+    """autobahn's masker interface (`process` chunk after chunk of one frame, `pointer`, `reset`) on
+    `websockets.speedups.apply_mask`."""
+
+    __slots__ = ("_masks", "_offset")
+
+    def __init__(self, mask: bytes) -> None:
+        mask = bytes(mask)
+        self._masks = [mask[k:] + mask[:k] for k in range(4)]  # the key rotated to each offset
+        self._offset = 0
+
+    def pointer(self) -> int:
+        return self._offset
+
+    def reset(self) -> None:
+        self._offset = 0
+
+    def process(self, data: bytes) -> bytes:
+        mask = self._masks[self._offset & 3]
+        self._offset += len(data)
+        return apply_mask(data, mask)
+
+
+def _unmasker(mask: bytes, length: int | None = None) -> _Unmasker:
+    return _Unmasker(mask)
+
+
+def unmask_with_websockets() -> None:
+    """Mask and unmask WebSocket frames with `websockets`' C `apply_mask` (when its speedups are
+    built: a wheel without them keeps autobahn's maskers)."""
+    if apply_mask is None:
+        return
+    from autobahn.websocket import protocol
+
+    protocol.create_xor_masker = _unmasker

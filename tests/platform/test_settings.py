@@ -204,3 +204,38 @@ def test_autobahns_debug_text_is_made_only_when_logged_and_reads_the_same():
     timings = protocol.Timings()
     timings.track("handshake")
     assert str(timings) == pformat(timings._timings)  # a __str__ still gets a string
+
+
+def test_autobahns_coloured_names_in_debug_lines_are_made_only_when_logged_and_read_the_same():
+    from autobahn import util
+    from autobahn.twisted import websocket as twisted_websocket
+    from autobahn.websocket import protocol
+
+    from config import asgi  # noqa: F401 - serving the site installs it
+
+    for module in (protocol, twisted_websocket):
+        name, value = module.hltype(test_asgi_routes_node_socket_to_the_pool_consumer), module.hlval(1234)
+        assert not isinstance(name, str) and not isinstance(value, str)  # nothing formatted yet
+        assert f"{name}" == str(name) == util.hltype(test_asgi_routes_node_socket_to_the_pool_consumer)
+        assert f"{value:>10}" == format(util.hlval(1234), ">10")
+
+
+def test_frames_are_unmasked_by_websockets_the_same_as_by_autobahn_chunk_after_chunk():
+    import random
+
+    from autobahn.websocket import protocol
+    from autobahn.websocket.xormasker import create_xor_masker
+
+    from config import asgi  # noqa: F401 - serving the site installs it
+
+    rng = random.Random(7)
+    for size in (0, 1, 5, 127, 128, 1000, 70_001):
+        mask, data = rng.randbytes(4), rng.randbytes(size)
+        ours, theirs = protocol.create_xor_masker(mask, size), create_xor_masker(mask, size)
+        assert type(ours).__name__ == "_Unmasker"
+        cuts = sorted({0, size, *(rng.randrange(size + 1) for _ in range(4))})
+        for a, b in zip(cuts, cuts[1:], strict=False):  # as TCP delivers it: a frame in pieces
+            assert ours.process(data[a:b]) == theirs.process(data[a:b])
+            assert ours.pointer() == b
+        ours.reset()
+        assert ours.pointer() == 0 and ours.process(data) == create_xor_masker(mask, size).process(data)
