@@ -11,7 +11,7 @@ class Moderation:
     rollouts_record = staticmethod(screening.rollouts_record)
     sample_keep = staticmethod(trust.sample_keep)
     weighted_pick = staticmethod(trust.weighted_pick)
-    node_message_quota = staticmethod(trust.node_message_quota)
+    node_message_quotas = staticmethod(trust.node_message_quotas)
 
 
 MODERATION = Moderation()

@@ -105,14 +105,16 @@ def trust_for_node(node_id: int) -> float:
     return trust_for_nodes([node_id])[node_id]
 
 
-def node_message_quota(*, node_id: int, base: int) -> int:
-    """Messages per minute allowed to the node: base * (floor + (1 - floor) * trust) when the "trust"
-    rule is enabled, else base. Never below 1."""
+def node_message_quotas(*, node_ids: Sequence[int], base: int) -> dict[int, int]:
+    """Messages per minute allowed to each node: base * (floor + (1 - floor) * trust) when the "trust"
+    rule is enabled, else base. Never below 1. One query for all of them (sockets opening together
+    ask together: pool.opening)."""
     rule = rules_current()["trust"]
     if not rule.enabled:
-        return base
+        return dict.fromkeys(node_ids, base)
     floor = rule["quota_floor"]
-    return max(1, int(base * (floor + (1 - floor) * trust_for_node(node_id))))
+    trust = trust_for_nodes(node_ids)
+    return {n: max(1, int(base * (floor + (1 - floor) * trust[n]))) for n in trust}
 
 
 def sample_acceptance(trust: float, *, floor: float) -> float:

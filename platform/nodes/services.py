@@ -206,6 +206,13 @@ def node_hello_changed(*, node: Node, fields: dict[str, str]) -> bool:
     return any(getattr(node, name) != value for name, value in fields.items())
 
 
+# A statement that updates several node rows locks them in id order first (`WITH ... UPDATE ...
+# WHERE id IN (SELECT id FROM locked)`, the ids as the first parameter): two such statements (these,
+# nodes.sessions's) then never wait on each other in a cycle (a deadlock PostgreSQL breaks after a
+# second by failing one).
+_LOCKED_IN_ID_ORDER = "locked AS (SELECT id FROM nodes_node WHERE id = ANY(%s::bigint[]) ORDER BY id FOR NO KEY UPDATE)"
+
+
 def nodes_record_hellos(*, hellos: dict[int, dict[str, str]]) -> int:
     """Store what several nodes said in `hello` (node id -> node_hello_fields), in one statement whose
     commit does not wait for the disk: nodes.presence.SocketBook writes a beat's hellos this way (a
@@ -216,14 +223,16 @@ def nodes_record_hellos(*, hellos: dict[int, dict[str, str]]) -> int:
     ids = list(hellos)
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
+            WITH {_LOCKED_IN_ID_ORDER}
             UPDATE nodes_node n
             SET client_version = v.client_version, model_id = v.model_id, hardware = v.hardware
             FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS v(id, client_version, model_id, hardware),
                  (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-            WHERE n.id = v.id
+            WHERE n.id = v.id AND n.id IN (SELECT id FROM locked)
             """,
             [
+                ids,
                 ids,
                 [hellos[i]["client_version"] for i in ids],
                 [hellos[i]["model_id"] for i in ids],
@@ -237,11 +246,16 @@ def nodes_mark_seen(*, node_ids: Iterable[int], now: datetime | None = None) -> 
     """These nodes just sent something (one UPDATE for all; each row written at most once per
     SEEN_WRITE_INTERVAL). Returns how many rows were written."""
     now = now or timezone.now()
-    return (
-        Node.objects.filter(id__in=list(node_ids))
-        .filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_WRITE_INTERVAL))
-        .update(last_seen_at=now)
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH {_LOCKED_IN_ID_ORDER}
+            UPDATE nodes_node SET last_seen_at = %s
+            WHERE id IN (SELECT id FROM locked) AND (last_seen_at IS NULL OR last_seen_at < %s)
+            """,
+            [sorted(set(node_ids)), now, now - SEEN_WRITE_INTERVAL],
+        )
+        return cursor.rowcount
 
 
 def node_select_columns(alias: str) -> str:

@@ -3,7 +3,8 @@ pool.messages, call a service or selector through common.db.db_call, send the re
 
 Database calls run on db_call's threads, in parallel across sockets, each thread keeping its
 connection (not on Channels' one shared thread): opening a socket is one call (authenticate and open
-the session in one statement that does not wait for the disk, nodes.sessions, and read the quota);
+the session in one statement that does not wait for the disk, nodes.sessions, and read the quota),
+shared by the sockets opening at the same moment (pool.opening);
 what a node says in `hello` is written with the process's presence beat when it changed, and a
 frame's bookkeeping (rate limit, presence, last seen) costs no database round trip (pool.ratelimit,
 nodes.presence).
@@ -46,12 +47,11 @@ from common.errors import ApplicationError
 from nodes import presence
 from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
 from nodes.services import node_hello_changed, node_hello_fields
-from nodes.sessions import node_session_open
 from pool import ratelimit, turns
 from pool.closes import socket_closes
 from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
-from pool.seams import moderation
+from pool.opening import session_opens
 from pool.selectors import rollout_sample_json
 from pool.services import node_round_report, rollout_served_record, rollout_share
 from sapo_node import protocol
@@ -67,16 +67,6 @@ def _bearer_token(scope: dict[str, Any]) -> str | None:
             scheme, _, token = value.decode("latin-1").strip().partition(" ")
             return token.strip() if scheme.lower() == "bearer" and token.strip() else None
     return None
-
-
-def _session_open(*, token: str | None, connection_id: uuid.UUID, base_quota: int) -> tuple[Any, int]:
-    """Authenticate the token and open the session (presence, last seen: one statement,
-    nodes.sessions), and read the node's message quota. One database call for all of it.
-
-    Returns (node, quota). Raises ApplicationError "unauthenticated" or "banned"."""
-    node = node_session_open(token=token, connection_id=connection_id)
-    # A node with low trust may get a smaller share of the limit (moderation, through pool.seams).
-    return node, moderation().node_message_quota(node_id=node.id, base=base_quota)
 
 
 def _cpu_timed(fn: Any) -> Any:
@@ -185,7 +175,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             self.catalogue = current_catalogue()
             self.consecutive_errors = 0
             self.connection_id = uuid.uuid4()
-            node, self.rate_limit = await db_call(_session_open)(
+            node, self.rate_limit = await session_opens().open(
                 token=token, connection_id=self.connection_id, base_quota=self.limits.max_messages_per_minute
             )
             self.budget = ratelimit.Budget(

@@ -12,7 +12,7 @@ plain message rate).
   after the INSERT, in its transaction (audit, flags, trust).
 - `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.
-- `node_message_quota`: pool.consumers.NodeConsumer, when a socket opens.
+- `node_message_quotas`: pool.opening, when sockets open (those opening together in one call).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class PoolModeration(Protocol):
         self, *, candidates: Sequence[tuple[uuid.UUID, int]], n: int, rng: random.Random
     ) -> list[uuid.UUID] | None: ...
 
-    def node_message_quota(self, *, node_id: int, base: int) -> int: ...
+    def node_message_quotas(self, *, node_ids: Sequence[int], base: int) -> dict[int, int]: ...
 
 
 class _NothingHeld:
@@ -74,8 +74,8 @@ class NoModeration:
     ) -> list[uuid.UUID] | None:
         return None
 
-    def node_message_quota(self, *, node_id: int, base: int) -> int:
-        return base
+    def node_message_quotas(self, *, node_ids: Sequence[int], base: int) -> dict[int, int]:
+        return dict.fromkeys(node_ids, base)
 
 
 NO_MODERATION: PoolModeration = NoModeration()

@@ -1,3 +1,4 @@
+import psycopg
 import pytest
 from django.db.backends import utils as db_utils
 
@@ -51,4 +52,14 @@ def statements(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(db_utils.CursorWrapper, "execute", counted_execute)
     monkeypatch.setattr(db_utils.CursorWrapper, "executemany", counted_executemany)
+    # and the statements sent on common.db.server_binding_cursor's psycopg cursors (Django's own
+    # cursor is a psycopg.ClientCursor: counted above, not again)
+    psycopg_execute = psycopg.Cursor.execute
+
+    def counted_psycopg_execute(self, query, params=None, **kwargs):
+        if type(self) is psycopg.Cursor:
+            sent.append(str(query))
+        return psycopg_execute(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted_psycopg_execute)
     return sent

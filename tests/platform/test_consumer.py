@@ -348,7 +348,7 @@ async def test_consecutive_errors_close_4429_and_a_good_frame_resets_the_count(n
 async def test_rate_limit_holds_across_connections_of_a_node(node, node_token, settings):
     settings.SAPO_LIMITS = {"max_messages_per_minute": 20}
     # moderation may scale the limit by the node's trust
-    quota = await sync_to_async(moderation().node_message_quota)(node_id=node.id, base=20)
+    quota = (await sync_to_async(moderation().node_message_quotas)(node_ids=[node.id], base=20))[node.id]
     first, second = await open_socket(node_token), await open_socket(node_token)
     for i in range(quota):
         socket = (first, second)[i % 2]

@@ -82,7 +82,7 @@ async def test_a_frame_a_little_too_large_is_answered_with_its_ref(node_token, s
 async def test_rate_limited_carries_the_ref(node, node_token, settings):
     settings.SAPO_LIMITS = {"max_messages_per_minute": 10}
     # moderation may scale the limit by the node's trust
-    quota = await sync_to_async(moderation().node_message_quota)(node_id=node.id, base=10)
+    quota = (await sync_to_async(moderation().node_message_quotas)(node_ids=[node.id], base=10))[node.id]
     socket = await open_socket(node_token)
     for _ in range(quota):
         assert (await ask(socket, {"type": "sample", "v": 1, "n": 1}))["type"] == "samples"

@@ -8,15 +8,23 @@ import uuid
 
 import pytest
 from django.utils import timezone
+from factories import make_node_with_token
 
 from accounts.models import User
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.models import Node, NodeToken
 from nodes.services import node_retire, node_token_revoke
-from nodes.sessions import node_session_open
+from nodes.sessions import node_session_open, nodes_sessions_open
 
 pytestmark = pytest.mark.django_db
+
+
+def banned_node_with_token():
+    node, token = make_node_with_token()
+    User.objects.filter(id=node.owner_id).update(banned_at=timezone.now())
+    return node, token
+
 
 STORES = ["database"] + (["redis"] if os.environ.get("REDIS_URL") else [])
 
@@ -79,3 +87,37 @@ def test_refusals_write_nothing(store, user, node, node_token):
 def test_a_retired_node_is_unauthenticated(store, node, node_token):
     node_retire(node=node)
     assert refused(node_token) == "unauthenticated"
+
+
+def test_sessions_opened_together_each_get_their_own_answer_and_only_the_good_ones_write(store, user, node, node_token):
+    banned_node, banned_token = banned_node_with_token()
+    revoked_node, revoked_token = make_node_with_token()
+    node_token_revoke(node=revoked_node)
+    retired_node, retired_token = make_node_with_token()
+    node_retire(node=retired_node)
+    other, other_token = make_node_with_token()
+    tokens = [
+        node_token,
+        banned_token,
+        "not-a-token",
+        revoked_token,
+        node_token,
+        "sapo_unknown",
+        retired_token,
+        other_token,
+    ]
+    connections = [uuid.uuid4() for _ in tokens]
+
+    answers = nodes_sessions_open(requests=list(zip(tokens, connections, strict=True)))
+
+    codes = [a.code if isinstance(a, ApplicationError) else a.id for a in answers]
+    assert codes == [node.id, "banned", "unauthenticated", "unauthenticated", node.id, "unauthenticated",
+                     "unauthenticated", other.id]  # fmt: skip
+    assert presence.connection_counts() == {node.id: 2, other.id: 1}  # the same token twice: two sockets
+    for quiet in (banned_node, revoked_node, retired_node):
+        quiet.refresh_from_db()
+        assert quiet.last_seen_at is None and NodeToken.objects.get(node=quiet).last_used_at is None
+    for seen in (node, other):
+        seen.refresh_from_db()
+        assert seen.last_seen_at == answers[tokens.index(other_token if seen == other else node_token)].last_seen_at
+    assert nodes_sessions_open(requests=[]) == []

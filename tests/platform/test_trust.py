@@ -10,7 +10,7 @@ from moderation.models import TrustRecord
 from moderation.rules import default_rule, rules_forget
 from moderation.services import rollout_moderate, rule_update
 from moderation.trust import (
-    node_message_quota,
+    node_message_quotas,
     sample_acceptance,
     trust_for_node,
     trust_value,
@@ -78,10 +78,12 @@ def test_a_moderator_rejection_resets_the_streak():
 def test_low_trust_lowers_the_message_quota():
     fresh, steady = make_node(), make_node()
     share(steady, *[group(i) for i in range(40, 48)])  # trust 0.5
-    assert node_message_quota(node_id=fresh.id, base=600) == int(600 * (0.25 + 0.75 * 0.1))
-    assert node_message_quota(node_id=steady.id, base=600) == int(600 * (0.25 + 0.75 * 0.5))
+    assert node_message_quotas(node_ids=[fresh.id, steady.id], base=600) == {
+        fresh.id: int(600 * (0.25 + 0.75 * 0.1)),
+        steady.id: int(600 * (0.25 + 0.75 * 0.5)),
+    }
     set_rule("trust", enabled=False)
-    assert node_message_quota(node_id=fresh.id, base=600) == 600
+    assert node_message_quotas(node_ids=[fresh.id, steady.id], base=600) == {fresh.id: 600, steady.id: 600}
 
 
 def test_low_trust_can_hold_a_nodes_groups_for_review():
