@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -89,25 +90,34 @@ def simhashes(normalised: Sequence[str]) -> list[int]:
 
 
 def _simhashes(datas: list[bytes]) -> list[int]:
-    """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded."""
+    """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded.
+
+    A share's ~77 KB of completions make 616 KB arrays of uint64: the work arrays are kept per
+    thread (`_work`) and every step writes into them, since a fresh array that size costs its page
+    faults each time (a third of the time before). The gram hash (b0+1)F^3 + (b1+1)F^2 + (b2+1)F +
+    (b3+1) is taken as b0F^3 + b1F^2 + b2F + b3 plus that constant (the same value, mod 2^64)."""
     if not datas:
         return []
     m = len(datas)
     datas = [d if len(d) >= SHINGLE else d + bytes(SHINGLE - len(d)) for d in datas]
     lengths = np.fromiter(map(len, datas), dtype=np.int64, count=m)
-    raw = np.frombuffer(b"".join(datas), dtype=np.uint8).astype(np.uint64)
-    n = raw.size - SHINGLE + 1
+    size = int(lengths.sum())
+    n = size - SHINGLE + 1
+    raw, h, spare = _work(size)
+    h, spare = h[:n], spare[:n]
+    np.copyto(raw, np.frombuffer(b"".join(datas), dtype=np.uint8), casting="unsafe")
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as intended
-        h = raw[:n] + _ONE
+        np.multiply(raw[:n], _FNV, out=h)
         for k in range(1, SHINGLE):
-            h *= _FNV
-            h += raw[k : k + n]
-            h += _ONE
-        h ^= h >> _S33
-        h *= _MIX1
-        h ^= h >> _S33
-        h *= _MIX2
-        h ^= h >> _S33
+            np.add(h, raw[k : k + n], out=h)
+            if k < SHINGLE - 1:
+                np.multiply(h, _FNV, out=h)
+        np.add(h, _GRAM_CONSTANT, out=h)
+        for mix in (_MIX1, _MIX2, None):
+            np.right_shift(h, _S33, out=spare)
+            np.bitwise_xor(h, spare, out=h)
+            if mix is not None:
+                np.multiply(h, mix, out=h)
     windows = lengths - SHINGLE + 1  # (m,), each >= 1
     starts = np.cumsum(lengths) - lengths
     # Text t's windows [starts[t], starts[t] + windows[t]) in chunks of at most _CHUNK; reduceat's
@@ -122,17 +132,32 @@ def _simhashes(datas: list[bytes]) -> list[int]:
     bounds[first_chunk + chunks + np.arange(m)] = starts + windows
     if bounds[-1] == n:
         bounds = bounds[:-1]
-    sums = np.empty((8, text_of.size), dtype=np.uint64)  # (8 j, c)
-    spread = np.empty_like(h)
+    sums = np.empty((8, text_of.size), dtype="<u8")  # (8 j, c)
+    spread = spare
     for j in range(8):
         np.right_shift(h, np.uint64(j), out=spread)
-        spread &= _LANE_MASK
+        np.bitwise_and(spread, _LANE_MASK, out=spread)
         sums[j] = np.add.reduceat(spread, bounds)[at_chunk]
-    ones = (sums[:, :, None] >> _LANES) & _LANE_BITS  # (8 j, c, 8 lanes): the count of bit 8 * lane + j
-    ones = ones.transpose(1, 2, 0).reshape(text_of.size, 64).astype(np.int64)  # (c, 64): bit b in column b
+    # Byte `lane` of sums[j] (little-endian) is the count of bit 8 * lane + j: read as bytes, no shifts.
+    ones = sums.view(np.uint8).reshape(8, text_of.size, 8)  # (8 j, c, 8 lanes)
+    ones = ones.transpose(1, 2, 0).reshape(text_of.size, 64).astype(np.int32)  # (c, 64): bit b in column b
     ones = np.add.reduceat(ones, first_chunk, axis=0)  # (m, 64)
     majority = 2 * ones > windows[:, None]
     return np.packbits(majority, axis=1, bitorder="little").view("<i8").ravel().tolist()
+
+
+_GRAM_CONSTANT = np.uint64((((1 * 1099511628211 + 1) * 1099511628211 + 1) * 1099511628211 + 1) % 2**64)
+_local = threading.local()
+
+
+def _work(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's three uint64 work arrays, at least `size` long (the raw bytes, the hashes, and
+    one for intermediate results), as views of exactly `size`."""
+    arrays = getattr(_local, "arrays", None)
+    if arrays is None or arrays[0].size < size:
+        capacity = max(size, 2 * (arrays[0].size if arrays is not None else 0), 1 << 16)
+        arrays = _local.arrays = tuple(np.empty(capacity, dtype=np.uint64) for _ in range(3))
+    return tuple(a[:size] for a in arrays)
 
 
 def simhash(normalised: str) -> int:
