@@ -6,7 +6,8 @@ their bearer token inside the consumer.
 Every way the site is served imports this module (runserver, the `daphne` command, the test
 servers), so the two things a server process must do before it serves are done here:
 - the WebSocket layer's message limit follows SAPO_MAX_FRAME_BYTES, autobahn's debug text is made only
-  when logged, and frames are unmasked with `websockets`' C function (config.websocket);
+  when logged, frames are unmasked with `websockets`' C function and a text message's UTF-8 is checked
+  once (config.websocket);
 - the objects made while starting (Django, the apps, reasoning-gym and sympy: ~210,000 the garbage
   collector tracks) are moved out of its reach (`gc.freeze`), once the module has loaded;
 - the server's start-up step (`server_start`: forget the presence records this server's previous run
@@ -31,7 +32,12 @@ from channels.db import database_sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from config.websocket import follow_frame_limit, format_debug_lazily, unmask_with_websockets  # noqa: E402
+from config.websocket import (  # noqa: E402
+    follow_frame_limit,
+    format_debug_lazily,
+    unmask_with_websockets,
+    validate_utf8_once,
+)
 from nodes.presence import presence_server_start  # noqa: E402
 
 # Imported at start-up, not on the first connection: it loads reasoning-gym, which on a busy
@@ -94,6 +100,7 @@ class ServerStart:
 follow_frame_limit(current_limits())
 format_debug_lazily()
 unmask_with_websockets()
+validate_utf8_once()
 application = ServerStart(router)
 
 # Python's cyclic collector walks every object it tracks on each full collection: ~210,000 after

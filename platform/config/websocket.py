@@ -15,6 +15,10 @@ for every chunk received and every frame sent (`hltype`, `hlval`: four `click.st
 and a lost connection's whole traceback as text; ~8% of the server's CPU in the 1,000-socket burst).
 That text is now made only if a log line formats it (docs/benchmarks.md, "Sockets").
 
+`validate_utf8_once` (also called by config.asgi): autobahn checks a text message's UTF-8 (~175 us
+for a share's 77 KB), then daphne decodes it, which checks it again (~4 us): the first check is off,
+and a decode that fails closes with autobahn's code for it (1007).
+
 `unmask_with_websockets` (also called by config.asgi): every frame a client sends is masked; autobahn
 makes a new CFFI masker for each frame (an import, two allocations and a finaliser: ~10 us, 4% of the
 server's CPU per socket). The `websockets` library's C `apply_mask` does the same XOR without them.
@@ -42,6 +46,28 @@ def follow_frame_limit(limits: Limits) -> None:
     WebSocketProtocol.maxMessagePayloadSize = size
     WebSocketProtocol.maxFramePayloadSize = size
     WebSocketProtocol.failByDrop = False  # a close frame with 1009 (message too big), not a bare TCP drop
+
+
+def validate_utf8_once() -> None:
+    """A text message's UTF-8 is checked once, by daphne's `payload.decode("utf8")`, not first by
+    autobahn's validator too (~175 us for a share's 77 KB, against ~4 us for the decode). A message
+    that is not UTF-8 fails the connection with 1007 (invalid payload), as autobahn's check did; the
+    consumer never sees it."""
+    from daphne.ws_protocol import WebSocketProtocol
+
+    if getattr(WebSocketProtocol.onMessage, "decodes_once", False):
+        return
+    on_message = WebSocketProtocol.onMessage
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803 - autobahn's names
+        try:
+            on_message(self, payload, isBinary)
+        except UnicodeDecodeError as exc:  # raised before daphne queues anything
+            self._invalid_payload(f"invalid UTF-8 in a text message at octet {exc.start}")
+
+    onMessage.decodes_once = True
+    WebSocketProtocol.onMessage = onMessage
+    WebSocketProtocol.utf8validateIncoming = False
 
 
 class _FormattedWhenLogged:

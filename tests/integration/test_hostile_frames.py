@@ -127,3 +127,20 @@ def test_frames_around_the_size_limits(asgi_server):
             with pytest.raises(ConnectionClosed):
                 ws.recv(timeout=30)
             assert ws.close_code == 1009
+
+
+def test_a_text_message_that_is_not_utf8_closes_with_1007_and_the_server_goes_on(asgi_server):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    _, token = make_node_with_token(name="bad-bytes")
+    with asgi_server() as server:
+        url, headers = server.ws_url + "/ws/node/", {"Authorization": f"Bearer {token}"}
+        with connect(url, additional_headers=headers, open_timeout=30) as ws:
+            ws.send(b'{"type": "hello", "v": 1, "client": "\xff\xfe"}', text=True)  # a text frame, not UTF-8
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=30)
+            assert ws.close_code == 1007
+        with connect(url, additional_headers=headers, open_timeout=30) as ws:  # the next socket is served
+            ws.send(json.dumps({"type": "hello", "v": 1, "client": "ok", "model": "m", "hardware": "h"}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "welcome"
