@@ -7,7 +7,9 @@ run share one server and later commands start instantly. `python manage.py sapo_
 
 Several processes may start at once: whoever finds the server down takes an exclusive file lock
 (`var/embedded-postgres.lock`), checks again, and only then runs initdb/pg_ctl. A server already
-running on the data dir is reused on whatever port it listens on.
+running on the data dir is reused on whatever port it listens on; one that has to start finds
+the default port taken (another checkout's server) and takes the next free one, or names the port
+when SAPO_EMBEDDED_PG_PORT set it.
 
 Settings never start the server by themselves: the `config.embedded_backend` database engine calls
 `ensure_running()` before its first connection, so commands that never touch the database (and
@@ -19,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
 import subprocess
 import warnings
 from contextlib import contextmanager
@@ -177,9 +180,44 @@ def _init_if_needed() -> None:
     _pg("initdb", ["--auth=trust", "--encoding=UTF8", "--locale=C", "-U", "postgres"])
 
 
+def _port_taken(port: int) -> bool:
+    """Whether something already holds HOST:port (what PostgreSQL would fail to bind)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return True
+    return False
+
+
+def _free_port() -> int:
+    """The configured port, or when SAPO_EMBEDDED_PG_PORT is unset and the default is taken (another
+    checkout's embedded server, most likely) the next free one: the server's port is read back from
+    its postmaster.pid, so every later command finds it there. A port set explicitly and taken is an
+    error that says so (PostgreSQL's own message is a line deep in its log)."""
+    port = configured_port()
+    if not _port_taken(port):
+        return port
+    if os.environ.get("SAPO_EMBEDDED_PG_PORT"):
+        raise RuntimeError(
+            f"embedded PostgreSQL cannot listen on {HOST}:{port} (SAPO_EMBEDDED_PG_PORT): another program "
+            "holds that port. Another checkout's embedded server? Stop it there with `python manage.py "
+            "sapo_db stop`, or set SAPO_EMBEDDED_PG_PORT to a free port."
+        )
+    for candidate in range(port + 1, port + 100):
+        if not _port_taken(candidate):
+            logger.warning(
+                "port %s is taken (another checkout's embedded PostgreSQL?): this checkout's listens on %s",
+                port,
+                candidate,
+            )
+            return candidate
+    raise RuntimeError(f"embedded PostgreSQL: ports {port} to {port + 99} on {HOST} are all taken")
+
+
 def _start() -> None:
     pgdata = pgdata_dir()
-    port = configured_port()
+    port = _free_port()
     logger.info("starting embedded PostgreSQL on %s:%s (%s)", HOST, port, pgdata)
     options = f"-h {HOST} -p {port} -k {pgdata} -c max_connections=200 -c synchronous_commit=off"
     _pg("pg_ctl", ["-w", "-t", "60", "-l", str(pgdata / "log"), "-o", options, "start"])

@@ -18,7 +18,8 @@ Environment:
   SAPO_METRICS_TOKEN    when set, /metrics requires `Authorization: Bearer <token>`.
   PROMETHEUS_MULTIPROC_DIR  a directory shared by the processes of one host: /metrics then sums them.
   DATABASE_URL          postgresql://...; unset (development only): the embedded PostgreSQL in
-                        var/postgres on 127.0.0.1:SAPO_EMBEDDED_PG_PORT (54329), see common/embedded_db.py.
+                        var/postgres on 127.0.0.1:SAPO_EMBEDDED_PG_PORT (54329, or the next free port
+                        when another checkout holds it), see common/embedded_db.py.
   SAPO_DB_POOL_SIZE     PostgreSQL connections per server process (default 12): Django's psycopg
                         pool holds up to this many, and node sockets' database work runs on
                         SAPO_DB_POOL_SIZE - 2 threads (SAPO_DB_THREADS, common/db.py), the rest kept

@@ -3,6 +3,8 @@
 Used only when DATABASE_URL is unset. Starting lazily keeps settings import free of side effects.
 """
 
+from urllib.parse import urlsplit
+
 from django.db.backends.postgresql import base
 from psycopg import OperationalError
 
@@ -14,11 +16,21 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def get_new_connection(self, conn_params):
         if not DatabaseWrapper._server_checked:
-            embedded_db.ensure_running()
+            self._follow(embedded_db.ensure_running(), conn_params)
             DatabaseWrapper._server_checked = True
         try:
             return super().get_new_connection(conn_params)
         except OperationalError:
             # Stopped under us (`sapo_db stop`, a reboot): start it again once, then connect.
-            embedded_db.ensure_running()
+            self._follow(embedded_db.ensure_running(), conn_params)
             return super().get_new_connection(conn_params)
+
+    def _follow(self, url: str, conn_params: dict) -> None:
+        """Connect where the server listens: the settings read the port before it started, and a
+        server that found the default port taken (another checkout's) listens on another one."""
+        port = urlsplit(url).port
+        if str(self.settings_dict.get("PORT")) != str(port):
+            self.settings_dict["PORT"] = port  # shared by every thread's wrapper, and read by the pool
+            if self.alias in self._connection_pools:  # a pool made already connects to the old port
+                self.close_pool()
+        conn_params["port"] = port
