@@ -42,7 +42,9 @@ SAMPLE_SEQUENCE = "pool_rollout_sample_seq"
 
 class Rollout(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, help_text="Chosen by the node; idempotency key.")
-    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="rollouts")
+    # No index of its own: pool_rollout_node_idx (node, -created_at) serves every lookup by node, and
+    # a second index on the same column cost every inserted group one more index entry.
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="rollouts", db_index=False)
     round = models.PositiveIntegerField()
     dataset = models.CharField(max_length=64)
     seed = models.BigIntegerField()
