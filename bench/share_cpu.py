@@ -36,7 +36,7 @@ STAGES = [
     ("moderation.filters", "fingerprints", "fingerprints"),
     ("moderation.filters", "length_findings", "length rule"),
     ("moderation.filters", "copy_findings", "copy lookups"),
-    ("moderation.screening", "_copy_index", "candidates query"),
+    ("moderation.screening", "_screening_reads", "candidates and trust query"),
     ("moderation.screening", "rollouts_record", "the rules' record statement"),
 ]
 

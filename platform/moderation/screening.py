@@ -40,7 +40,7 @@ from moderation.models import (
     TargetType,
 )
 from moderation.rules import Rule, rules_current
-from moderation.trust import TRUST_VERDICTS_SQL, trust_for_node, trust_verdict_params
+from moderation.trust import TRUST_VERDICTS_SQL, trust_value, trust_verdict_params
 from pool.messages import RolloutIn
 from pool.models import ModerationStatus
 from pool.verification import Verification
@@ -71,39 +71,46 @@ class Screening:
 
 
 # The latest `per` fingerprints of other nodes' groups on each question, inside the window: one index
-# descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is.
-# Parameters bound server-side (as the pool's INSERT). The rows come back as one JSON document, decoded
-# in one call: a row per candidate, each with two JSON lists to decode, cost more than the query.
-_CANDIDATES_SQL = """
-SELECT coalesce(json_agg(json_build_array(f.rollout_id, f.exact, f.simhash) ORDER BY q.n, f.created_at DESC), '[]')::text
-FROM unnest(%(questions)b::text[]) WITH ORDINALITY AS q(hash, n)
-CROSS JOIN LATERAL (
-    SELECT rollout_id, exact, simhash, created_at FROM moderation_rolloutfingerprint
-    WHERE question_hash = q.hash AND created_at >= %(cutoff)s AND node_id <> %(node)s
-    ORDER BY created_at DESC
-    LIMIT %(per)s
-) AS f
+# descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is;
+# and the node's trust streak (the low-trust rule), in the same round trip. Parameters bound
+# server-side (as the pool's INSERT). The rows come back as one JSON document, decoded in one call: a
+# row per candidate, each with two JSON lists to decode, cost more than the query.
+_SCREENING_READS_SQL = """
+SELECT (
+    SELECT coalesce(json_agg(json_build_array(f.rollout_id, f.exact, f.simhash) ORDER BY q.n, f.created_at DESC), '[]')::text
+    FROM unnest(%(questions)b::text[]) WITH ORDINALITY AS q(hash, n)
+    CROSS JOIN LATERAL (
+        SELECT rollout_id, exact, simhash, created_at FROM moderation_rolloutfingerprint
+        WHERE question_hash = q.hash AND created_at >= %(cutoff)s AND node_id <> %(node)s
+        ORDER BY created_at DESC
+        LIMIT %(per)s
+    ) AS f
+), (SELECT streak FROM moderation_trustrecord WHERE node_id = %(node)s)
 """
 
 
-def _copy_index(node_id: int, question_hashes: set[str], rules: dict[str, Rule], now: datetime) -> filters.CopyIndex:
-    """Other nodes' recent fingerprints for these questions, indexed: one query for the whole share."""
+def _screening_reads(
+    node_id: int, question_hashes: set[str], rules: dict[str, Rule], now: datetime
+) -> tuple[filters.CopyIndex, float]:
+    """Other nodes' recent fingerprints for these questions, indexed, and the node's trust (1.0 when
+    the low-trust rule is off): one query for the whole share, none when neither is wanted."""
     index = filters.CopyIndex()
     active = [r for r in (rules["duplicate_exact"], rules["duplicate_near"]) if r.enabled]
-    if not active or not question_hashes:
-        return index
+    want_trust = rules["low_trust"].enabled
+    if not want_trust and (not active or not question_hashes):
+        return index, 1.0
     params = {
-        "questions": sorted(question_hashes),
-        "cutoff": now - timedelta(hours=max(r["window_hours"] for r in active)),
+        "questions": sorted(question_hashes) if active else [],
+        "cutoff": now - timedelta(hours=max((r["window_hours"] for r in active), default=0)),
         "node": node_id,
-        "per": max(r["max_candidates"] for r in active),
+        "per": max((r["max_candidates"] for r in active), default=0),
     }
     with server_binding_cursor() as cursor:
-        cursor.execute(_CANDIDATES_SQL, params)
-        candidates = json.loads(cursor.fetchone()[0])
-    for rollout_id, exact, hashes in candidates:
+        cursor.execute(_SCREENING_READS_SQL, params)
+        candidates, streak = cursor.fetchone()
+    for rollout_id, exact, hashes in json.loads(candidates):
         index.add(rollout_id, exact, hashes)
-    return index
+    return index, trust_value(streak or 0, rules["trust"]["half_streak"]) if want_trust else 1.0
 
 
 # Everything `rollouts_record` writes, in one statement (data-modifying CTEs, arrays bound server-side
@@ -150,7 +157,7 @@ def rollouts_screen(
     """Run the enabled automatic rules on a node's freshly verified groups (before they are stored).
 
     Only accepted groups are screened (rejected ones are never sampleable). At most one query: the
-    other nodes' recent fingerprints for the same questions. Each completion is normalised and
+    other nodes' recent fingerprints for the same questions, and the node's trust. Each completion is normalised and
     fingerprinted once, and the character counts of the length rule taken, for the whole share in one
     numpy pass each; every rule reuses the result. The pool stores the groups, then calls
     `rollouts_record` with this result in the same transaction.
@@ -165,9 +172,8 @@ def rollouts_screen(
     questions = filters.question_hashes([r.question for r in accepted])
     for r, qh, fp in zip(accepted, questions, fingerprints, strict=True):
         screening.fingerprints[r.id] = (qh, fp)
-    index = _copy_index(node_id, {qh for qh, _ in screening.fingerprints.values()}, rules, now)
+    index, trust = _screening_reads(node_id, {qh for qh, _ in screening.fingerprints.values()}, rules, now)
     low_trust = rules["low_trust"]
-    trust = trust_for_node(node_id) if low_trust.enabled else 1.0
 
     length = rules["length"]
     length_hits = filters.length_findings([r.completions for r in accepted], length) if length.enabled else []
