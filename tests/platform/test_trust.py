@@ -86,8 +86,12 @@ def test_low_trust_lowers_the_message_quota():
     assert node_message_quotas(node_ids=[fresh.id, steady.id], base=600) == {fresh.id: 600, steady.id: 600}
 
 
-def test_low_trust_can_hold_a_nodes_groups_for_review():
+@pytest.mark.parametrize("duplicate_rules", [True, False])  # trust is read with the candidates, or alone
+def test_low_trust_can_hold_a_nodes_groups_for_review(duplicate_rules):
     set_rule("low_trust", threshold=0.3)
+    if not duplicate_rules:
+        set_rule("duplicate_exact", enabled=False)
+        set_rule("duplicate_near", enabled=False)
     node = make_node()
     (first,) = share(node, group(50))
     first.refresh_from_db()
