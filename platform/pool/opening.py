@@ -68,22 +68,21 @@ class SessionOpens:
         self.batches = [*self.batches[-99:], len(batch)]
         try:
             answers = await db_call(_open_sessions)(requests=[(t, c) for t, c, _, _ in batch], base_quota=base)
-        except Exception as exc:
+            for (*_, future), answer in zip(batch, answers, strict=True):
+                if future.done():
+                    continue  # the socket went away while its call ran
+                if isinstance(answer, ApplicationError):
+                    future.set_exception(answer)
+                else:
+                    future.set_result(answer)
+        except Exception as exc:  # every socket still waiting fails as its own call would have
             for *_, future in batch:
                 if not future.done():
                     future.set_exception(exc)
-            return
         except BaseException:  # this call was cancelled (the loop is stopping): so are its sockets' opens
             for *_, future in batch:
                 future.cancel()
             raise
-        for (*_, future), answer in zip(batch, answers, strict=True):
-            if future.done():
-                continue
-            if isinstance(answer, ApplicationError):
-                future.set_exception(answer)
-            else:
-                future.set_result(answer)
 
 
 session_opens = per_loop(SessionOpens)

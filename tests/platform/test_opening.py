@@ -80,3 +80,18 @@ def test_a_failing_call_fails_every_socket_it_carried_and_the_next_call_works(mo
     monkeypatch.undo()
     answers, _ = asyncio.run(opened([t for _, t in nodes]))
     assert [a[0].id for a in answers] == [n.id for n, _ in nodes]
+
+
+def test_a_socket_that_goes_away_while_waiting_leaves_the_others_their_answers():
+    nodes = nodes_with_tokens(6)
+
+    async def crowd():
+        opens = opening.session_opens()
+        tasks = [asyncio.create_task(opens.open(token=t, connection_id=uuid.uuid4(), base_quota=60)) for _, t in nodes]
+        await asyncio.sleep(0)  # all six waiting for the call
+        tasks[2].cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    answers = asyncio.run(crowd())
+    assert isinstance(answers[2], asyncio.CancelledError)
+    assert [a[0].id for i, a in enumerate(answers) if i != 2] == [n.id for i, (n, _) in enumerate(nodes) if i != 2]
