@@ -83,12 +83,17 @@ FROM unnest(%(id)b::uuid[], %(round)b::int[], %(dataset)b::text[], %(seed)b::big
           verified, verdict, reason, has_variance, sampleable, held)
 ON CONFLICT (id) DO NOTHING
 RETURNING id, verdict
+), stored AS MATERIALIZED (
+    SELECT count(*) = cardinality(%(id)b::uuid[]) AS every_one FROM inserted
 ), conflicts AS (
     -- ids another node stored already (the statement's snapshot: rows inserted above are not seen),
-    -- counted as rejections each time they are sent
-    SELECT count(*) AS c FROM unnest(%(id)b::uuid[]) AS u(id)
-    JOIN pool_rollout p ON p.id = u.id AND p.node_id <> %(node)s
-), counts AS (
+    -- counted as rejections each time they are sent; looked up only when some id was not inserted
+    -- (nearly every share inserts every group: the lookup then costs nothing)
+    SELECT CASE WHEN (SELECT every_one FROM stored) THEN 0 ELSE (
+        SELECT count(*) FROM unnest(%(id)b::uuid[]) AS u(id)
+        JOIN pool_rollout p ON p.id = u.id AND p.node_id <> %(node)s
+    ) END AS c
+), counts AS MATERIALIZED (
     SELECT count(*) FILTER (WHERE verdict = 'accepted') AS a,
            count(*) FILTER (WHERE verdict <> 'accepted') + (SELECT c FROM conflicts) AS r
     FROM inserted
@@ -100,10 +105,13 @@ RETURNING id, verdict
         rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
         updated_at = now()
 ), storage AS (
+    -- every group inserted (nearly always): the bytes of all of them, summed by the caller; else the
+    -- bytes of those inserted
     INSERT INTO pool_nodestoragehour AS s (node_id, hour, bytes)
-    SELECT %(node)s, %(hour)s, sum(b.bytes)
-    FROM inserted i JOIN unnest(%(id)b::uuid[], %(bytes)b::bigint[]) AS b(id, bytes) ON b.id = i.id
-    HAVING count(*) > 0
+    SELECT %(node)s, %(hour)s, CASE WHEN (SELECT every_one FROM stored) THEN %(total_bytes)s ELSE (
+        SELECT sum(b.bytes) FROM inserted i JOIN unnest(%(id)b::uuid[], %(bytes)b::bigint[]) AS b(id, bytes) ON b.id = i.id
+    ) END
+    WHERE EXISTS (SELECT 1 FROM inserted)
     ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
 )
 SELECT id FROM inserted
@@ -150,6 +158,10 @@ def _insert_rollouts(
             completions.append(dumps([_kept(t) for t in r.completions[:REJECTED_KEEP_COMPLETIONS]]))
     claimed = [dumps(r.rewards) for r in rollouts]
     verified = [None if c.verified_rewards is None else dumps(c.verified_rewards) for c in verdicts]
+    sizes = [
+        ROW_OVERHEAD_BYTES + sum(map(_utf8_len, texts))
+        for texts in zip(questions, answers, completions, claimed, verified, strict=True)
+    ]
     now = timezone.now()
     params = {
         "node": node_id,
@@ -166,10 +178,8 @@ def _insert_rollouts(
         "count": [len(r.completions) for r in rollouts],
         "claimed": claimed,
         "verified": verified,
-        "bytes": [
-            ROW_OVERHEAD_BYTES + sum(map(_utf8_len, texts))
-            for texts in zip(questions, answers, completions, claimed, verified, strict=True)
-        ],
+        "bytes": sizes,
+        "total_bytes": sum(sizes),
         "verdict": [c.verdict for c in verdicts],
         "reason": [c.reason for c in verdicts],
         "has_variance": variance,

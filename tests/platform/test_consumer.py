@@ -17,7 +17,7 @@ from nodes.events import CLOSE_BANNED, CLOSES_GROUP, close_event
 from nodes.models import Node
 from nodes.presence import connection_counts, socket_book
 from nodes.services import node_token_revoke
-from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
+from pool.models import Consumption, NodeRound, NodeStorageHour, NodeVerdictCounts, Rollout
 from pool.seams import moderation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
@@ -216,12 +216,24 @@ async def test_another_nodes_id_is_an_id_conflict_and_stores_nothing(node, node_
     await ask(socket, share_frame(group))
     other, other_token = await sync_to_async(second_node_with_token)()
     intruder = await open_socket(other_token)
-    copy = make_group(index=9, rollout_id=group["id"])
-    reply = await ask(intruder, share_frame(copy))
-    assert reply["rejected"] == [{"id": group["id"], "reason": "id_conflict"}]
+    copy, fresh = make_group(index=9, rollout_id=group["id"]), make_group(index=10)
+    reply = await ask(intruder, share_frame(copy, fresh))
+    assert reply["rejected"] == [{"id": group["id"], "reason": "id_conflict"}] and reply["accepted"] == [fresh["id"]]
     row = await sync_to_async(Rollout.objects.get)(id=group["id"])
     assert row.node_id == node.id and row.index == 7
-    assert await sync_to_async(Rollout.objects.count)() == 1
+    assert await sync_to_async(Rollout.objects.count)() == 2
+    # the conflict counts as the intruder's rejection; only its new group is charged to its storage
+    counts = await sync_to_async(NodeVerdictCounts.objects.get)(node=other)
+    assert (counts.accepted_groups, counts.rejected_groups) == (1, 1)
+    third, third_token = await sync_to_async(second_node_with_token)("third")
+    witness = await open_socket(third_token)
+    await ask(witness, share_frame(make_group(index=10)))  # the same group alone, under a new id
+
+    def stored_bytes(n):
+        return NodeStorageHour.objects.get(node=n).bytes
+
+    assert await sync_to_async(stored_bytes)(other) == await sync_to_async(stored_bytes)(third) > 0
+    await witness.disconnect()
     await socket.disconnect()
     await intruder.disconnect()
 
