@@ -154,6 +154,15 @@ def db_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def prepare_hot() -> bool:
+    """`prepare=` for the statements every share runs (the pool's INSERT, the screening's read, the
+    rules' record): True prepares each once per connection, so PostgreSQL plans it once instead of
+    at every share (planning the INSERT, with its 16 arrays and 4 CTEs, was a quarter of its
+    PostgreSQL CPU: docs/benchmarks.md, "Pool"). SAPO_DB_PREPARE=0 turns it off (and the settings
+    then leave psycopg's prepare_threshold at None, Django's default for connection poolers)."""
+    return bool(settings.SAPO_DB_PREPARE)
+
+
 def server_binding_cursor() -> Any:
     """A psycopg cursor on this thread's Django connection (opened if needed) whose parameters the
     server binds: Django's own cursor quotes every parameter into the SQL text on the client, which

@@ -28,6 +28,9 @@ Environment:
                         wait, the nodes that cost the server least CPU lately first (pool.turns).
   SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0). Set above 0, the pool is off and
                         each thread keeps its own connection that long (e.g. behind PgBouncer).
+  SAPO_DB_PREPARE       1 (default): a share's three statements are prepared once per connection
+                        (common.db.PREPARE). 0 behind a pooler that cannot keep prepared statements
+                        (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
   REDIS_URL             redis://...; unset: an in-memory channel layer (one process only).
   SAPO_SERVER_NAME      this server process's name in presence records (default: the host name); a
                         restarted process forgets its previous run's sockets by it (nodes.presence).
@@ -206,6 +209,8 @@ if SAPO_DB_POOL_SIZE < 3:
     raise EnvError(f"SAPO_DB_POOL_SIZE must be at least 3 (2 kept for pages), got {SAPO_DB_POOL_SIZE}")
 #: Threads running node sockets' database calls (common.db.db_call); each holds at most one connection.
 SAPO_DB_THREADS = SAPO_DB_POOL_SIZE - 2
+#: Prepare the statements every share runs (common.db.PREPARE); off behind a pooler that drops them.
+SAPO_DB_PREPARE = env_bool("SAPO_DB_PREPARE", True)
 #: Shares verified and inserted at once per process; waiting ones are ordered by their nodes' recent CPU.
 SAPO_SHARE_SLOTS = env_int("SAPO_SHARE_SLOTS", 2)
 if not 1 <= SAPO_SHARE_SLOTS <= SAPO_DB_THREADS:
@@ -219,6 +224,11 @@ else:
     # restart broke fails its one call and the pool replaces it.
     _default_db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": SAPO_DB_POOL_SIZE, "timeout": 30}
     _default_db["CONN_HEALTH_CHECKS"] = False
+if SAPO_DB_PREPARE:
+    # psycopg ignores `prepare=True` while the threshold is None (Django's default, for poolers); a
+    # threshold never reached lets common.db.prepare_hot's statements be prepared and nothing else
+    # (Django's own cursors bind on the client and are never prepared).
+    _default_db["OPTIONS"]["prepare_threshold"] = 2**31 - 1
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

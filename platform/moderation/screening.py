@@ -31,7 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.compact_json import dumps, dumps_texts
-from common.db import server_binding_cursor
+from common.db import prepare_hot, server_binding_cursor
 from moderation import filters
 from moderation.models import (
     AuditAction,
@@ -106,7 +106,7 @@ def _screening_reads(
         "per": max((r["max_candidates"] for r in active), default=0),
     }
     with server_binding_cursor() as cursor:
-        cursor.execute(_SCREENING_READS_SQL, params)
+        cursor.execute(_SCREENING_READS_SQL, params, prepare=prepare_hot())
         candidates, streak = cursor.fetchone()
     for rollout_id, exact, hashes in json.loads(candidates):
         index.add(rollout_id, exact, hashes)
@@ -254,7 +254,7 @@ def rollouts_record(
         **trust_verdict_params(node_id=node_id, verdicts=[checks[r.id].accepted for r in rollouts], now=now),
     }
     with server_binding_cursor() as cursor:
-        cursor.execute(_RECORD_SQL, params)
+        cursor.execute(_RECORD_SQL, params, prepare=prepare_hot())
     rule = rules_current()["outlier"]
     if rule.enabled:
         for dataset in sorted({r.dataset for r in rollouts if checks[r.id].accepted}):

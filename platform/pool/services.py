@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from common import metrics
 from common.compact_json import dumps, dumps_texts
-from common.db import server_binding_cursor
+from common.db import prepare_hot, server_binding_cursor
 from common.errors import ApplicationError
 from pool.limits import Limits, current_limits
 from pool.messages import Report, RolloutIn
@@ -187,7 +187,7 @@ def _insert_rollouts(
         "held": holds,
     }
     with server_binding_cursor() as cursor:
-        cursor.execute(_INSERT_SQL, params)
+        cursor.execute(_INSERT_SQL, params, prepare=prepare_hot())
         return {row[0] for row in cursor.fetchall()}
 
 

@@ -14,3 +14,29 @@ def test_one_index_leads_with_the_node_of_a_group():
         indexes = dict(cursor.fetchall())
     led_by_node = sorted(name for name, definition in indexes.items() if "(node_id" in definition)
     assert led_by_node == ["pool_rollout_node_idx"], indexes  # (node_id, created_at DESC) serves lookups by node
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+def test_a_shares_statements_are_prepared_once_per_connection_unless_turned_off(settings, prepare):
+    from factories import make_node
+    from support.moderation import group, share
+
+    settings.SAPO_DB_PREPARE = prepare
+    node = make_node()
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%unnest%%'")
+            return [row[0] for row in cursor.fetchall()]
+
+    before = len(prepared())
+    share(node, group(1), group(2))
+    after_one = prepared()
+    share(node, group(3))  # the same statements again: prepared already, not again
+    assert len(prepared()) == len(after_one)
+    if prepare:
+        texts = " ".join(after_one)
+        assert len(after_one) - before == 3  # the pool's INSERT, the screening's read, the rules' record
+        assert "INSERT INTO pool_rollout" in texts and "moderation_rolloutfingerprint" in texts
+    else:
+        assert len(after_one) == before == 0
