@@ -29,7 +29,7 @@ Environment:
   SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0). Set above 0, the pool is off and
                         each thread keeps its own connection that long (e.g. behind PgBouncer).
   SAPO_DB_PREPARE       1 (default): a share's three statements are prepared once per connection
-                        (common.db.PREPARE). 0 behind a pooler that cannot keep prepared statements
+                        (common.db.prepare_hot). 0 behind a pooler that cannot keep prepared statements
                         (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
   REDIS_URL             redis://...; unset: an in-memory channel layer (one process only).
   SAPO_SERVER_NAME      this server process's name in presence records (default: the host name); a
@@ -209,7 +209,7 @@ if SAPO_DB_POOL_SIZE < 3:
     raise EnvError(f"SAPO_DB_POOL_SIZE must be at least 3 (2 kept for pages), got {SAPO_DB_POOL_SIZE}")
 #: Threads running node sockets' database calls (common.db.db_call); each holds at most one connection.
 SAPO_DB_THREADS = SAPO_DB_POOL_SIZE - 2
-#: Prepare the statements every share runs (common.db.PREPARE); off behind a pooler that drops them.
+#: Prepare the statements every share runs (common.db.prepare_hot); off behind a pooler that drops them.
 SAPO_DB_PREPARE = env_bool("SAPO_DB_PREPARE", True)
 #: Shares verified and inserted at once per process; waiting ones are ordered by their nodes' recent CPU.
 SAPO_SHARE_SLOTS = env_int("SAPO_SHARE_SLOTS", 2)

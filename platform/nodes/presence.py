@@ -85,22 +85,9 @@ def _member(node_id: int, connection_id: uuid.UUID) -> str:
 
 
 def connection_open(*, node_id: int, connection_id: uuid.UUID, now: datetime | None = None) -> None:
-    """Record an accepted socket (or renew it: the heartbeat calls this too)."""
-    now = _now(now)
-    expires = now + timedelta(seconds=expires_after_seconds())
-    if settings.REDIS_URL:
-        with redis_client().pipeline(transaction=False) as pipe:
-            pipe.zadd(_redis_key(), {_member(node_id, connection_id): expires.timestamp()})
-            pipe.zremrangebyscore(_redis_key(), "-inf", now.timestamp())  # records nobody renewed
-            pipe.execute()
-        return
-    # A record lost in a database crash is renewed by the next heartbeat: no need to wait for the disk.
-    # Expired records are deleted by the heartbeat (connections_renew), not on every open.
-    with bookkeeping_transaction():
-        NodeConnection.objects.bulk_create(
-            [NodeConnection(id=connection_id, node_id=node_id, server=server_name(), expires_at=expires)],
-            update_conflicts=True, unique_fields=["id"], update_fields=["expires_at"],
-        )  # fmt: skip
+    """Record one accepted socket (or renew it): `connections_renew` of that one. A node socket's
+    record is written by the statement that opens its session (nodes.sessions) instead."""
+    connections_renew(connections={connection_id: node_id}, now=now)
 
 
 def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
@@ -221,7 +208,7 @@ class SocketBook:
     since the last write. One task renews and writes them all (see the module's docstring); it runs
     while the book holds a socket.
 
-    The consumer calls `opened` once the socket's record is written (connection_open), `seen` for
+    The consumer calls `opened` once the socket's record is written (nodes.sessions), `seen` for
     each frame, and `closed` before it removes the record (connection_close)."""
 
     def __init__(self) -> None:

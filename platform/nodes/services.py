@@ -288,8 +288,8 @@ def token_is_well_formed(token: object) -> bool:
 def node_authenticate(*, token: str | None, touch: bool = True) -> Node:
     """The node a bearer token belongs to (its owner not loaded). With touch=False nothing is written
     (the token's last_used_at is not recorded). The node socket authenticates with
-    nodes.sessions.node_session_open instead, which has the same semantics and opens the session in
-    the same statement.
+    nodes.sessions.nodes_sessions_open instead (through pool.opening), which has the same semantics
+    and opens the session in the same statement.
 
     Raises ApplicationError "unauthenticated" (401: missing, malformed, unknown, revoked, node
     retired) or "banned" (403: node or owner banned). The consumer closes with 4401 / 4403.

@@ -7,8 +7,9 @@ membership a day after it was added), and keeps its open sockets by node and by 
 that arrives closes the matching sockets of this process.
 
 A socket opening is authenticated by one database call (pool.opening: shared with the sockets opening
-with it, nodes.sessions.nodes_sessions_open) and then registered here, on the event loop, with no await in between. A close that committed after that call
-read the tables reaches this process either before the socket registers or after:
+with it, nodes.sessions.nodes_sessions_open) and then registered here, on the event loop, with no
+await in between. A close that committed after that call read the tables reaches this process either
+before the socket registers or after:
 - after: the socket is registered, and the close closes it;
 - before: the close is remembered (`recent`, for RECENT_SECONDS), and `register` answers its code for
   a socket whose call started before the close arrived.
