@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import threading
 import unicodedata
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -189,16 +191,29 @@ def _tagged_band_keys(hashes: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    exact: list[str]
+    exact: list[bytes]  # 16-byte BLAKE2b digest of each normalised completion
     simhash: list[int]
     lengths: list[int]  # normalised length of each completion
+
+    def exact_bytes(self) -> bytes:
+        """The digests concatenated, as RolloutFingerprint.exact stores them."""
+        return b"".join(self.exact)
+
+    def simhash_bytes(self) -> bytes:
+        """The simhashes as 8-byte big-endian signed integers, concatenated (RolloutFingerprint.simhash;
+        PostgreSQL's int8send writes the same bytes)."""
+        return simhash_bytes(self.simhash)
+
+
+def simhash_bytes(hashes: Sequence[int]) -> bytes:
+    return struct.pack(f">{len(hashes)}q", *hashes)
 
 
 def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     """The fingerprints of several groups' completions (one per group, in order), the simhashes of all
     of them computed in one pass: a share's groups cost one numpy call, not one per completion."""
     encoded = normalised_utf8([c for completions in groups for c in completions])
-    exact = [hashlib.blake2b(e, digest_size=16).hexdigest() for e in encoded]
+    exact = [hashlib.blake2b(e, digest_size=EXACT_BYTES).digest() for e in encoded]
     # A text's length in characters: its bytes' length unless it is not ASCII (rare: decoded again).
     lengths = [len(e) if e.isascii() else len(e.decode("utf-8")) for e in encoded]
     hashes = _simhashes(
@@ -214,53 +229,104 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     return out
 
 
-class CopyIndex:
-    """The completions of other nodes' recent groups, indexed for exact and near lookups.
+#: Bytes of an exact fingerprint (a 128-bit BLAKE2b digest).
+EXACT_BYTES = 16
 
-    Exact: a dict from text hash to the first group holding it. Near: per band, the candidates' band
-    values sorted (stably, so equal values keep the order they were added in); a lookup is a binary
-    search per band for a whole group's hashes at once, then a distance check of the at most
-    BAND_BUCKET candidates sharing that band value, bands in order, candidates in the order added.
+
+class CopyIndex:
+    """The completions of other nodes' recent groups, for exact and near lookups, held as the bytes the
+    database returns (RolloutFingerprint's columns concatenated, `from_buffers`): no Python object per
+    candidate completion. A share's candidates reach 50 groups per question, ~13,000 completions for a
+    share of 32 questions: decoding them as JSON and indexing them one by one cost more than the rest
+    of the share (docs/benchmarks.md, "CPU per share").
+
+    Exact: each probe digest is looked up among the candidates' (the first group holding it, in the
+    order added). Near: the candidates sharing a band value with some probe are found by binary search
+    in the probes' few band values (not by sorting every candidate's); among those, per band value the
+    first BAND_BUCKET candidates in the order added, bands in order, and the first within the distance.
     """
 
     def __init__(self) -> None:
-        self.exact: dict[str, str] = {}  # text hash -> rollout id
-        self._ids: list[str] = []  # rollout ids, in the order added
-        self._owner: list[int] = []  # per candidate simhash: its index in _ids
-        self._hashes: list[int] = []  # candidate simhashes (signed, as stored)
-        # (BANDS, n) sorted band values, their order, the hashes as uint64, the owners
-        self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._ids: list[str] = []  # candidate groups, in the order added
+        self._exact: list[bytes] = []  # per group, its digests concatenated
+        self._exact_counts: list[int] = []
+        self._hashes: list[bytes] = []  # per group, its simhashes as simhash_bytes
+        self._hash_counts: list[int] = []
+        self._raw_ids: bytes | None = None  # from_buffers: the ids as 16-byte UUIDs, converted when matched
 
-    def add(self, rollout_id: str, exact: Sequence[str], hashes: Sequence[int]) -> None:
-        for h in exact:
-            if h not in self.exact:
-                self.exact[h] = rollout_id
-        self._owner += [len(self._ids)] * len(hashes)
-        self._hashes += hashes
+    @classmethod
+    def from_buffers(cls, ids: bytes, counts: Sequence[int], exact: bytes, hashes: bytes) -> CopyIndex:
+        """The index of groups given as the screening query returns them: `ids` their UUIDs (16 bytes
+        each), `counts` their completions, `exact` and `hashes` their fingerprints concatenated."""
+        if len(ids) != 16 * len(counts) or len(exact) != EXACT_BYTES * sum(counts) or len(hashes) != 8 * sum(counts):
+            raise ValueError("fingerprint buffers of inconsistent sizes")
+        index = cls()
+        index._raw_ids = ids
+        index._exact, index._hashes = [exact], [hashes]
+        index._exact_counts = index._hash_counts = list(counts)
+        return index
+
+    def add(self, rollout_id: str, exact: Sequence[bytes], hashes: Sequence[int]) -> None:
+        if self._raw_ids is not None:
+            raise ValueError("an index made from buffers takes no more groups")
         self._ids.append(rollout_id)
-        self._sorted = None
+        self._exact.append(b"".join(exact))
+        self._exact_counts.append(len(exact))
+        self._hashes.append(simhash_bytes(hashes))
+        self._hash_counts.append(len(hashes))
 
-    def _bands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        if self._sorted is None:
-            hashes = np.array(self._hashes, dtype=np.int64).view(np.uint64)
-            keys = _tagged_band_keys(hashes).ravel()  # band-major: a band's values in the order added
-            order = np.argsort(keys, kind="stable")
-            self._sorted = (keys[order], order % len(hashes), hashes, np.array(self._owner))
-        return self._sorted
+    def _id(self, k: int) -> str:
+        if self._raw_ids is None:
+            return self._ids[k]
+        return str(uuid.UUID(bytes=self._raw_ids[16 * k : 16 * (k + 1)]))
+
+    def exact_matches(self, digests: Sequence[bytes]) -> list[str | None]:
+        """For each digest, the first group (in the order added) holding a completion with it, or None."""
+        found: list[str | None] = [None] * len(digests)
+        exact = b"".join(self._exact)
+        if not digests or not exact:
+            return found
+        # A first pass on 16 bits of each digest (a table lookup per candidate: a binary search among the
+        # probes cost ~40 ns each, 0.5 ms for 13,000), then whole digests for the few that pass.
+        table = np.zeros(1 << 16, dtype=bool)
+        table[np.frombuffer(b"".join(digests), dtype=np.uint16)[:: EXACT_BYTES // 2]] = True
+        owner = np.repeat(np.arange(len(self._exact_counts)), self._exact_counts)
+        first: dict[bytes, int] = {}
+        # The candidates that may be copies (the copies, and the few others whose 16 bits a probe has), in order.
+        for c in np.flatnonzero(table[np.frombuffer(exact, dtype=np.uint16)[:: EXACT_BYTES // 2]]).tolist():
+            first.setdefault(exact[EXACT_BYTES * c : EXACT_BYTES * (c + 1)], c)
+        for i, digest in enumerate(digests):
+            c = first.get(digest)
+            if c is not None:
+                found[i] = self._id(int(owner[c]))
+        return found
 
     def near_matches(self, hashes: Sequence[int], max_distance: int) -> list[str | None]:
         """For each simhash, the first candidate group within `max_distance` bits (bands in order, then
-        candidates in the order added), or None.
+        candidates in the order added, at most BAND_BUCKET per band value), or None.
 
         Every (hash, band, candidate sharing the band value) pair is checked in one numpy pass, in that
         order, and each hash keeps its first pair within the distance (a Python loop over the pairs
         cost more than the rest of the lookup: honest completions on one question share many bands)."""
         found: list[str | None] = [None] * len(hashes)
-        if not hashes or not self._hashes:
+        raw = b"".join(self._hashes)
+        if not hashes or not raw:
             return found
-        keys, candidate_of, candidates, owner = self._bands()
+        candidates = np.frombuffer(raw, dtype=">u8").astype(np.uint64)
+        n = candidates.size
+        owner = np.repeat(np.arange(len(self._hash_counts)), self._hash_counts)
         probes = np.array(hashes, dtype=np.int64).view(np.uint64)
         wanted = _tagged_band_keys(probes).T.ravel()  # hash-major: each hash's bands in order
+        all_keys = _tagged_band_keys(candidates).ravel()  # band-major: a band's values in the order added
+        # What shares a band value with some hash, in order: a table of the hashes' tagged band values
+        # (a binary search among them cost ~40 ns per candidate band, 2 ms for 13,000 candidates).
+        table = np.zeros(BANDS << 16, dtype=bool)
+        table[wanted] = True
+        shared = np.flatnonzero(table[all_keys])
+        if not shared.size:
+            return found
+        order = np.argsort(all_keys[shared], kind="stable")  # equal values keep the order added
+        keys, candidate_of = all_keys[shared][order], shared[order] % n
         starts = np.searchsorted(keys, wanted, side="left")
         counts = np.minimum(np.searchsorted(keys, wanted, side="right") - starts, BAND_BUCKET)
         total = int(counts.sum())
@@ -272,7 +338,7 @@ class CopyIndex:
         near = np.flatnonzero(np.bitwise_count(probes[range_of // BANDS] ^ candidates[pairs]) <= max_distance)
         hit_probes, first = np.unique(range_of[near] // BANDS, return_index=True)  # pairs in order: the first hit
         for j, k in zip(hit_probes.tolist(), owner[pairs[near[first]]].tolist(), strict=True):
-            found[j] = self._ids[k]
+            found[j] = self._id(k)
         return found
 
 
@@ -289,9 +355,7 @@ def copy_findings(
             [fp.simhash[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen], rule["max_distance"]
         )
     else:
-        flat = list(
-            map(index.exact.get, [fp.exact[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen])
-        )
+        flat = index.exact_matches([fp.exact[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen])
     if not any(flat):  # no completion copies anything (nearly every share)
         return [None] * len(fps)
     findings: list[tuple[str, list[str]] | None] = []

@@ -176,15 +176,18 @@ class ModerationFlag(models.Model):
 
 class RolloutFingerprint(models.Model):
     """What the duplicate rules compare: per completion, the hash of its normalised text (exact copies)
-    and its 64-bit simhash (near copies, signed to fit a bigint), for accepted groups only."""
+    and its 64-bit simhash (near copies), for accepted groups only. Both are bytes, the completions'
+    fingerprints concatenated in order (moderation.filters.Fingerprint): `exact` 16 bytes each (BLAKE2b),
+    `simhash` 8 each (big-endian, signed: PostgreSQL's int8send). The screening query hands them to the
+    rules as they are (migration 0003; they were JSON lists before)."""
 
     rollout = models.OneToOneField(
         "pool.Rollout", on_delete=models.CASCADE, primary_key=True, related_name="+", db_constraint=False
     )
     node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_constraint=False)
     question_hash = models.CharField(max_length=40)
-    exact = models.JSONField(default=list)
-    simhash = models.JSONField(default=list)
+    exact = models.BinaryField(default=bytes)
+    simhash = models.BinaryField(default=bytes)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -16,9 +16,9 @@ see a group before its hold is set:
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
+import struct
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -30,7 +30,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from common.compact_json import dumps, dumps_texts
+from common.compact_json import dumps
 from common.db import prepare_hot, server_binding_cursor
 from moderation import filters
 from moderation.models import (
@@ -73,11 +73,19 @@ class Screening:
 # The latest `per` fingerprints of other nodes' groups on each question, inside the window: one index
 # descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is;
 # and the node's trust streak (the low-trust rule), in the same round trip. Parameters bound
-# server-side (as the pool's INSERT). The rows come back as one JSON document, decoded in one call: a
-# row per candidate, each with two JSON lists to decode, cost more than the query.
-_SCREENING_READS_SQL = """
-SELECT (
-    SELECT coalesce(json_agg(json_build_array(f.rollout_id, f.exact, f.simhash) ORDER BY q.n, f.created_at DESC), '[]')::text
+# server-side (as the pool's INSERT), the result in binary. The candidates come back as four byte
+# strings (their ids as 16-byte UUIDs, their completion counts as 4-byte integers, their digests, their
+# simhashes; filters.CopyIndex.from_buffers), in the order the rules read them (question, then latest
+# first): at 50 groups per question, ~13,000 completions, the JSON document this query answered
+# before cost ~3 ms of the server's CPU to decode and index and more of PostgreSQL's to build.
+_CANDIDATE_ORDER = "ORDER BY q.n, f.created_at DESC"
+_SCREENING_READS_SQL = f"""
+SELECT c.ids, c.counts, c.exact, c.simhash, (SELECT streak FROM moderation_trustrecord WHERE node_id = %(node)s)
+FROM (
+    SELECT string_agg(uuid_send(f.rollout_id), ''::bytea {_CANDIDATE_ORDER}) AS ids,
+           string_agg(int4send(octet_length(f.simhash) / 8), ''::bytea {_CANDIDATE_ORDER}) AS counts,
+           string_agg(f.exact, ''::bytea {_CANDIDATE_ORDER}) AS exact,
+           string_agg(f.simhash, ''::bytea {_CANDIDATE_ORDER}) AS simhash
     FROM unnest(%(questions)b::text[]) WITH ORDINALITY AS q(hash, n)
     CROSS JOIN LATERAL (
         SELECT rollout_id, exact, simhash, created_at FROM moderation_rolloutfingerprint
@@ -85,7 +93,7 @@ SELECT (
         ORDER BY created_at DESC
         LIMIT %(per)s
     ) AS f
-), (SELECT streak FROM moderation_trustrecord WHERE node_id = %(node)s)
+) AS c
 """
 
 
@@ -94,11 +102,10 @@ def _screening_reads(
 ) -> tuple[filters.CopyIndex, float]:
     """Other nodes' recent fingerprints for these questions, indexed, and the node's trust (1.0 when
     the low-trust rule is off): one query for the whole share, none when neither is wanted."""
-    index = filters.CopyIndex()
     active = [r for r in (rules["duplicate_exact"], rules["duplicate_near"]) if r.enabled]
     want_trust = rules["low_trust"].enabled
     if not want_trust and (not active or not question_hashes):
-        return index, 1.0
+        return filters.CopyIndex(), 1.0
     params = {
         "questions": sorted(question_hashes) if active else [],
         "cutoff": now - timedelta(hours=max((r["window_hours"] for r in active), default=0)),
@@ -106,10 +113,13 @@ def _screening_reads(
         "per": max((r["max_candidates"] for r in active), default=0),
     }
     with server_binding_cursor() as cursor:
-        cursor.execute(_SCREENING_READS_SQL, params, prepare=prepare_hot())
-        candidates, streak = cursor.fetchone()
-    for rollout_id, exact, hashes in json.loads(candidates):
-        index.add(rollout_id, exact, hashes)
+        cursor.execute(_SCREENING_READS_SQL, params, prepare=prepare_hot(), binary=True)
+        ids, counts, exact, hashes, streak = cursor.fetchone()
+    index = (
+        filters.CopyIndex.from_buffers(ids, struct.unpack(f">{len(counts) // 4}i", counts), exact, hashes)
+        if ids
+        else filters.CopyIndex()
+    )
     return index, trust_value(streak or 0, rules["trust"]["half_streak"]) if want_trust else 1.0
 
 
@@ -126,8 +136,8 @@ WITH decisions AS (
     ON CONFLICT (rollout_id) DO NOTHING
 ), fingerprints AS (
     INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)
-    SELECT u.id, %(node)s, u.qh, u.exact::jsonb, u.simhash::jsonb, %(now)s
-    FROM unnest(%(fp_id)b::uuid[], %(fp_qh)b::text[], %(fp_exact)b::text[], %(fp_simhash)b::text[])
+    SELECT u.id, %(node)s, u.qh, u.exact, u.simhash, %(now)s
+    FROM unnest(%(fp_id)b::uuid[], %(fp_qh)b::text[], %(fp_exact)b::bytea[], %(fp_simhash)b::bytea[])
          AS u(id, qh, exact, simhash)
     ON CONFLICT (rollout_id) DO NOTHING
 ), flags AS (
@@ -239,8 +249,8 @@ def rollouts_record(
         "held_rule": [f.rule for f in held.values()],
         "fp_id": [rid for rid, _ in fingerprints],
         "fp_qh": [qh for _, (qh, _) in fingerprints],
-        "fp_exact": [dumps_texts(fp.exact) for _, (_, fp) in fingerprints],
-        "fp_simhash": [dumps(fp.simhash) for _, (_, fp) in fingerprints],
+        "fp_exact": [fp.exact_bytes() for _, (_, fp) in fingerprints],
+        "fp_simhash": [fp.simhash_bytes() for _, (_, fp) in fingerprints],
         "flag_id": [f.rollout_id for f in findings],
         "flag_rule": [f.rule for f in findings],
         "flag_detail": [f.detail for f in findings],

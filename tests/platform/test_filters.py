@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 
 import pytest
 from factories import make_node
@@ -224,8 +225,40 @@ def test_near_lookups_find_the_first_candidate_within_the_distance_band_by_band(
             index.add(f"group-{g}", [], hashes)
             added += [(f"group-{g}", h) for h in hashes]
         probes = [near(rng.choice(bases), rng.randint(0, 6)) for _ in range(20)]
+        # The same groups as the screening query hands them over: bytes, ids as UUIDs.
+        ids = {f"group-{g}": uuid.uuid4() for g in range(len(index._ids))}
+        from_db = filters.CopyIndex.from_buffers(
+            b"".join(u.bytes for u in ids.values()),
+            index._hash_counts,
+            bytes(16 * len(added)),
+            b"".join(index._hashes),
+        )
         for distance in (0, 3):
-            assert index.near_matches(probes, distance) == [_near_by_definition(added, p, distance) for p in probes]
+            expected = [_near_by_definition(added, p, distance) for p in probes]
+            assert index.near_matches(probes, distance) == expected
+            assert from_db.near_matches(probes, distance) == [g and str(ids[g]) for g in expected]
+
+
+def test_exact_lookups_find_the_first_group_holding_the_digest():
+    """Against the definition, with digests that share their first 8 bytes (what the index compares
+    first) and differ after: only the whole digest matches."""
+    rng = random.Random(5)
+    digests = [rng.randbytes(16) for _ in range(30)]
+    twins = [d[:8] + rng.randbytes(8) for d in digests[:5]]  # never stored: must not match
+    groups = [rng.sample(digests, rng.randint(0, 8)) for _ in range(25)]
+    ids = [uuid.uuid4() for _ in groups]
+    index = filters.CopyIndex.from_buffers(
+        b"".join(u.bytes for u in ids),
+        [len(g) for g in groups],
+        b"".join(b"".join(g) for g in groups),
+        bytes(8 * sum(map(len, groups))),
+    )
+    probes = [*digests, *twins, rng.randbytes(16)]
+    expected = [next((str(u) for u, g in zip(ids, groups, strict=True) if p in g), None) for p in probes]
+    assert index.exact_matches(probes) == expected
+    assert any(expected) and not any(expected[len(digests) :])
+    with pytest.raises(ValueError):
+        filters.CopyIndex.from_buffers(ids[0].bytes, [2], bytes(16), bytes(16))
 
 
 # --- length and character classes -----------------------------------------------------------------
