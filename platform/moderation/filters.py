@@ -88,10 +88,10 @@ def simhashes(normalised: Sequence[str]) -> list[int]:
     grams have it set. All texts are hashed in one numpy pass over their concatenation (a text shorter
     than 4 bytes is padded with zero bytes); the windows straddling two texts are computed and ignored.
     """
-    return _simhashes([t[:SIMHASH_CHARS].encode("utf-8") for t in normalised])
+    return _simhashes([t[:SIMHASH_CHARS].encode("utf-8") for t in normalised]).tolist()
 
 
-def _simhashes(datas: list[bytes]) -> list[int]:
+def _simhashes(datas: list[bytes]) -> np.ndarray:
     """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded.
 
     A share's ~77 KB of completions make 616 KB arrays of uint64: the work arrays are kept per
@@ -99,7 +99,7 @@ def _simhashes(datas: list[bytes]) -> list[int]:
     faults each time (a third of the time before). The gram hash (b0+1)F^3 + (b1+1)F^2 + (b2+1)F +
     (b3+1) is taken as b0F^3 + b1F^2 + b2F + b3 plus that constant (the same value, mod 2^64)."""
     if not datas:
-        return []
+        return np.empty(0, dtype=np.int64)
     m = len(datas)
     datas = [d if len(d) >= SHINGLE else d + bytes(SHINGLE - len(d)) for d in datas]
     lengths = np.fromiter(map(len, datas), dtype=np.int64, count=m)
@@ -145,7 +145,7 @@ def _simhashes(datas: list[bytes]) -> list[int]:
     ones = ones.transpose(1, 2, 0).reshape(text_of.size, 64).astype(np.int32)  # (c, 64): bit b in column b
     ones = np.add.reduceat(ones, first_chunk, axis=0)  # (m, 64)
     majority = 2 * ones > windows[:, None]
-    return np.packbits(majority, axis=1, bitorder="little").view("<i8").ravel().tolist()
+    return np.packbits(majority, axis=1, bitorder="little").view("<i8").ravel()
 
 
 _GRAM_CONSTANT = np.uint64((((1 * 1099511628211 + 1) * 1099511628211 + 1) * 1099511628211 + 1) % 2**64)
@@ -194,15 +194,13 @@ class Fingerprint:
     exact: list[bytes]  # 16-byte BLAKE2b digest of each normalised completion
     simhash: list[int]
     lengths: list[int]  # normalised length of each completion
+    #: The simhashes as 8-byte big-endian signed integers, concatenated (`simhash_bytes`), as
+    #: RolloutFingerprint.simhash stores them (PostgreSQL's int8send writes the same bytes).
+    simhash_packed: bytes
 
     def exact_bytes(self) -> bytes:
         """The digests concatenated, as RolloutFingerprint.exact stores them."""
         return b"".join(self.exact)
-
-    def simhash_bytes(self) -> bytes:
-        """The simhashes as 8-byte big-endian signed integers, concatenated (RolloutFingerprint.simhash;
-        PostgreSQL's int8send writes the same bytes)."""
-        return simhash_bytes(self.simhash)
 
 
 def simhash_bytes(hashes: Sequence[int]) -> bytes:
@@ -216,15 +214,23 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     exact = [hashlib.blake2b(e, digest_size=EXACT_BYTES).digest() for e in encoded]
     # A text's length in characters: its bytes' length unless it is not ASCII (rare: decoded again).
     lengths = [len(e) if e.isascii() else len(e.decode("utf-8")) for e in encoded]
-    hashes = _simhashes(
+    array = _simhashes(
         [e if n <= SIMHASH_CHARS or len(e) <= SIMHASH_CHARS else e.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
          for e, n in zip(encoded, lengths, strict=True)]
     )  # fmt: skip
+    hashes, packed = array.tolist(), array.astype(">i8").tobytes()  # packed once for the share, not per group
     out = []
     at = 0
     for completions in groups:
         end = at + len(completions)
-        out.append(Fingerprint(exact=exact[at:end], simhash=hashes[at:end], lengths=lengths[at:end]))
+        out.append(
+            Fingerprint(
+                exact=exact[at:end],
+                simhash=hashes[at:end],
+                lengths=lengths[at:end],
+                simhash_packed=packed[8 * at : 8 * end],
+            )
+        )
         at = end
     return out
 

@@ -220,16 +220,19 @@ def rollouts_record(
     `screening.held`, so no sample ever sees them), store fingerprints, flags, decisions and audit entries (automatic verdicts included), count the
     verdicts into trust, and now and then re-scan the touched datasets for outlier nodes."""
     now = now or timezone.now()
-    rollouts = [r for r in screening.rollouts if r.id in inserted]
+    every = len(inserted) == len(screening.rollouts)  # nearly every share: nothing to leave out
+    rollouts = screening.rollouts if every else [r for r in screening.rollouts if r.id in inserted]
     if not rollouts:
         return
     checks = screening.checks
-    findings = [f for f in screening.findings if f.rollout_id in inserted]
+    findings = screening.findings if every else [f for f in screening.findings if f.rollout_id in inserted]
     held: dict[uuid.UUID, Finding] = {}
     for f in findings:
         if f.hold:
             held.setdefault(f.rollout_id, f)  # the pool stored these held already: record why
-    fingerprints = [(rid, v) for rid, v in screening.fingerprints.items() if rid in inserted]
+    fingerprints = list(screening.fingerprints.items())
+    if not every:
+        fingerprints = [(rid, v) for rid, v in fingerprints if rid in inserted]
     audit = [
         # (rule, action, target, reason, details)
         ("verification", AuditAction.AUTO_VERDICT, str(r.id), checks[r.id].reason, {"node": node_id, "dataset": r.dataset})
@@ -250,7 +253,7 @@ def rollouts_record(
         "fp_id": [rid for rid, _ in fingerprints],
         "fp_qh": [qh for _, (qh, _) in fingerprints],
         "fp_exact": [fp.exact_bytes() for _, (_, fp) in fingerprints],
-        "fp_simhash": [fp.simhash_bytes() for _, (_, fp) in fingerprints],
+        "fp_simhash": [fp.simhash_packed for _, (_, fp) in fingerprints],
         "flag_id": [f.rollout_id for f in findings],
         "flag_rule": [f.rule for f in findings],
         "flag_detail": [f.detail for f in findings],

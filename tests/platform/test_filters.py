@@ -192,6 +192,7 @@ def test_fingerprints_of_a_share_equal_each_texts_own_by_the_book():
     normalised = [filters.normalise(t) for t in texts]
     assert fp.lengths == [len(n) for n in normalised]
     assert fp.simhash == [_simhash_by_the_book(n) for n in normalised]
+    assert fp.simhash_packed == filters.simhash_bytes(fp.simhash)  # what is stored, the same hashes
     assert fp.exact == [filters.fingerprints([[t]])[0].exact[0] for t in texts]
     assert len(set(fp.exact)) == len(texts)
 
