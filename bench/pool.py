@@ -105,6 +105,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of a process from /proc (clock ticks: 10 ms resolution), None when it
+    cannot be read (another machine's database, no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU spent between `start()` and `stop()` by the given server processes and by every PostgreSQL
+    backend of the benchmark database (those born meanwhile counted whole). PostgreSQL's share reads
+    /proc, so it is known only when the database runs on this machine (None otherwise)."""
+
+    def __init__(self, args: argparse.Namespace, pids: list[int]) -> None:
+        self.args, self.pids = args, pids
+
+    def _backends(self) -> dict[int, float | None]:
+        import psycopg
+
+        with psycopg.connect(self.args.bench_url, autocommit=True) as conn:
+            pids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ]
+        return {pid: process_cpu(pid) for pid in pids}
+
+    def _read(self) -> tuple[float, dict[int, float | None]]:
+        own = time.process_time() if not self.pids else sum(process_cpu(p) or 0.0 for p in self.pids)
+        return own, self._backends()
+
+    def start(self) -> None:
+        self.before = self._read()
+
+    def stop(self) -> dict[str, float | None]:
+        own, backends = self._read()
+        if any(v is None for v in backends.values()):
+            database = None
+        else:
+            database = sum(v - (self.before[1].get(pid) or 0.0) for pid, v in backends.items())
+        return {"client_or_server": own - self.before[0], "database": database}
+
+
 # --- setup ------------------------------------------------------------------------------------
 
 
@@ -263,7 +313,7 @@ def start_server(
 
 
 async def run_clients(
-    ports: list[int], tokens: list[str], frames: list[list[str]], completions: int
+    ports: list[int], tokens: list[str], frames: list[list[str]], completions: int, meter: CpuMeter | None = None
 ) -> tuple[float, int]:
     import websockets
 
@@ -294,9 +344,13 @@ async def run_clients(
             accepted += len(reply["accepted"])
             bar.update()
 
+    if meter is not None:
+        meter.start()
     start = time.perf_counter()
     await asyncio.gather(*(client(ws, mine) for ws, mine in zip(sockets, frames, strict=True)))
     elapsed = time.perf_counter() - start
+    if meter is not None:
+        meter.cpu = meter.stop()
     bar.close()
     for ws in sockets:
         await ws.close()
@@ -320,9 +374,9 @@ def stored_rows(args: argparse.Namespace) -> list[tuple]:
         return conn.execute(f"SELECT {select} FROM pool_rollout").fetchall()
 
 
-def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str) -> float:
+def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str, meter: CpuMeter) -> float:
     """Completions/s writing `rows` again: `executemany` per message-sized batch (one transaction
-    each), or one COPY of everything."""
+    each), or one COPY of everything. `meter` measures this process's CPU and the database's."""
     import psycopg
 
     quoted = ", ".join(f'"{c}"' for c in ROLLOUT_COLUMNS)
@@ -330,6 +384,7 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str) -> fl
     with psycopg.connect(args.bench_url) as conn:
         conn.execute("TRUNCATE pool_rollout, moderation_rolloutfingerprint CASCADE")
         conn.commit()
+        meter.start()
         start = time.perf_counter()
         if how == "executemany":
             placeholders = ", ".join(["%s"] * len(ROLLOUT_COLUMNS))
@@ -344,7 +399,9 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str) -> fl
                 for row in rows:
                     copy.write_row(row)
             conn.commit()
-        return completions / (time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        meter.cpu = meter.stop()
+        return completions / elapsed
 
 
 RAW_LABELS = {"executemany": "executemany, one transaction per message", "COPY": "COPY, one transaction"}
@@ -390,9 +447,12 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                     start_server(args, port, moderation == "with", name=f"bench-{i + 1}", redis=int(workers) > 1)
                     for i, port in enumerate(ports)
                 ]
+                meter = CpuMeter(args, [server.pid for server in servers])
                 try:
                     l0 = load1()
-                    elapsed, verified = asyncio.run(run_clients(ports, [t for _, t in nodes], frames, args.completions))
+                    elapsed, verified = asyncio.run(
+                        run_clients(ports, [t for _, t in nodes], frames, args.completions, meter)
+                    )
                 finally:
                     for server in servers:
                         server.terminate()
@@ -405,8 +465,9 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                 rows = rows or stored_rows(args)
             else:
                 l0 = load1()
-                rate = raw_insert_rate(args, rows, path)
-            measures[path].append({"round": r, "rate": rate, "load": (l0, load1())})
+                meter = CpuMeter(args, [])
+                rate = raw_insert_rate(args, rows, path, meter)
+            measures[path].append({"round": r, "rate": rate, "load": (l0, load1()), "cpu": meter.cpu})
     completions = sum(row[ROLLOUT_COLUMNS.index("completion_count")] for row in rows)
     return {"measures": measures, "completions": completions, "load_at_start": load_at_start}
 
@@ -419,13 +480,25 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
         f" x {args.completions} completions of ~{args.completion_chars} chars ({args.catalogue} catalogue);"
         f" {args.rounds} rounds, paths in alternation; load average at start {ingest['load_at_start']:.2f}"
     )
-    print("| path | round | verified completions/s | load start-end |\n|---|---:|---:|---|")
+    per = 1e6 / ingest["completions"]  # seconds of a measure -> microseconds per completion
+
+    def cpu(m: dict, key: str) -> str:
+        return "n/a" if m["cpu"][key] is None else f"{m['cpu'][key] * per:.1f}"
+
+    print(
+        "| path | round | verified completions/s | CPU us/completion: server (WebSocket) or client (raw)"
+        " | PostgreSQL | load start-end |\n|---|---:|---:|---:|---:|---|"
+    )
     for path, ms in measures.items():
         for m in ms:
             print(
-                f"| {path_label(path)} | {m['round'] + 1} | {m['rate']:,.0f} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
+                f"| {path_label(path)} | {m['round'] + 1} | {m['rate']:,.0f} | {cpu(m, 'client_or_server')}"
+                f" | {cpu(m, 'database')} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
             )
-    print(f"({ingest['completions']:,} completions per measure)")
+    print(
+        f"({ingest['completions']:,} completions per measure; CPU from /proc, 10 ms ticks: the WebSocket"
+        " paths' clients are not counted, the raw paths' are, as they are the work)"
+    )
     quiet = ingest["load_at_start"] <= MAX_QUIET_LOAD
     if not quiet and not args.force:
         print(
@@ -440,7 +513,10 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
 
     forced = "" if quiet else f" [taken at load {ingest['load_at_start']:.2f} > {MAX_QUIET_LOAD}: --force]"
     print(f"\nmedians over the rounds (each ratio taken within its round){forced}")
-    print("| path | verified completions/s | / executemany | / COPY |\n|---|---:|---:|---:|")
+    print(
+        "| path | verified completions/s | / executemany | / COPY | CPU us/completion (process + PostgreSQL) |"
+        "\n|---|---:|---:|---:|---:|"
+    )
     for path in measures:
         if path in ("executemany", "COPY"):
             ratios = ("1.00", "") if path == "executemany" else ("", "1.00")
@@ -450,7 +526,13 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
                 for raw in ("executemany", "COPY")
             )
         median = statistics.median(m["rate"] for m in measures[path])
-        print(f"| {path_label(path)} | {median:,.0f} | {ratios[0]} | {ratios[1]} |")
+        totals = [m["cpu"]["client_or_server"] + (m["cpu"]["database"] or 0.0) for m in measures[path]]
+        total = (
+            "n/a"
+            if any(m["cpu"]["database"] is None for m in measures[path])
+            else f"{statistics.median(totals) * per:.1f}"
+        )
+        print(f"| {path_label(path)} | {median:,.0f} | {ratios[0]} | {ratios[1]} | {total} |")
     return True
 
 
