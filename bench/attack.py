@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import json
 import os
@@ -44,9 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
 
 
+@functools.cache
 def _pool_bench():
-    """bench/pool.py's helpers (server start, database, nodes), loaded by path: its module name would
-    clash with the platform's `pool` app."""
+    """bench/pool.py's helpers (server start, database, nodes, CPU of a process), loaded by path (once):
+    its module name would clash with the platform's `pool` app."""
     spec = importlib.util.spec_from_file_location("bench_pool", ROOT / "bench" / "pool.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -345,11 +347,6 @@ def attack_frames(count: int, seed: int, payload: str) -> list[str]:
     return frames
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def live_phase(
     port: int, honest_token: str, attacker_tokens: list[str], honest: list[str], attacks, server_pid: int
 ) -> dict:
@@ -394,7 +391,7 @@ async def live_phase(
     ws = await connect(honest_token)
     tasks = [asyncio.create_task(attacker(t, f, r)) for t, (f, r) in zip(attacker_tokens, attacks or [], strict=False)]
     await asyncio.sleep(1.0 if attacks else 0.0)  # let the attack reach its pace
-    l0, cpu0, t0 = load(), cpu_seconds(server_pid), time.perf_counter()
+    l0, cpu0, t0 = load(), _pool_bench().process_cpu(server_pid), time.perf_counter()
     frames0, errors0, reconnects0 = sent["frames"], sent["errors"], sent["reconnects"]
     latencies = []
     for frame in honest:
@@ -406,7 +403,7 @@ async def live_phase(
             raise SystemExit(f"honest share not accepted: {str(reply)[:300]}")
         await asyncio.sleep(0.2)
     elapsed = time.perf_counter() - t0
-    cpu = cpu_seconds(server_pid) - cpu0
+    cpu = _pool_bench().process_cpu(server_pid) - cpu0
     attack_fps = (sent["frames"] - frames0) / elapsed
     refused_fps = (sent["errors"] - errors0) / elapsed
     reconnects = (sent["reconnects"] - reconnects0) / elapsed

@@ -256,6 +256,27 @@ CommandLineInterface.entrypoint()
 """
 
 
+def server_env(args: argparse.Namespace, name: str, *, redis_url: str | None = None) -> dict[str, str]:
+    """The environment of a benchmark's daphne server: this tree's packages, the benchmark's database
+    and catalogue, as deployed (SAPO_DEBUG=0: no debug cursor logging every statement), warnings-only
+    logs, `name` in presence records; Redis at `redis_url`, or none (in-memory layer and counters)."""
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL=args.bench_url,
+        SAPO_CATALOGUE=args.catalogue,
+        SAPO_LOG_LEVEL="WARNING",
+        SAPO_DEBUG="0",
+        SAPO_SERVER_NAME=name,
+    )
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    else:
+        env.pop("REDIS_URL", None)
+    return env
+
+
 def start_server(
     args: argparse.Namespace,
     port: int,
@@ -267,24 +288,15 @@ def start_server(
 ) -> subprocess.Popen:
     """daphne on `port`. The per-node message rate is lifted (the benchmark's few nodes send what a
     swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them)."""
-    env = dict(os.environ)
+    env = server_env(args, name, redis_url=os.environ.get("REDIS_URL") if redis else None)
     env.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
-        DJANGO_SETTINGS_MODULE="config.settings",
-        DATABASE_URL=args.bench_url,
-        SAPO_CATALOGUE=args.catalogue,
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
         SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
-        SAPO_LOG_LEVEL="WARNING",
-        SAPO_DEBUG="0",  # as deployed (SAPO_ENV=production): no debug cursor logging every statement
-        SAPO_SERVER_NAME=name,
     )
     if not budgets:
         env.update(SAPO_MAX_BYTES_PER_MINUTE=str(2**40), SAPO_MAX_CPU_MS_PER_MINUTE=str(2**40))
     if redis:  # several workers share Redis (channel layer, rate counts, presence), as deployed
         env["SAPO_REDIS_PREFIX"] = f"sapobench{os.getpid()}"
-    else:
-        env.pop("REDIS_URL", None)  # one process: in-memory layer and counters
     # The first socket imports the consumer and reasoning-gym (seconds on a busy machine): allow more
     # than daphne's default 5 s handshake.
     daphne_args = ["-b", "127.0.0.1", "-p", str(port), "-v", "0", "--websocket_connect_timeout", "60"]

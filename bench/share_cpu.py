@@ -63,12 +63,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def backend_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
-
-
 def child(args: argparse.Namespace) -> None:
     tree = Path(args.child).resolve()
     # bench/pool.py's frame builder, loaded with the tree's packages first on the path (it puts this
@@ -109,7 +103,6 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
         moderation_register(NO_MODERATION)
     stage_cpu: dict[str, float] = {}
     backend_pid: list[int] = []  # set once connected: --stages reads the backend's ticks around each stage
-    tick = os.sysconf("SC_CLK_TCK")
     if args.stages:
         for module_name, attr, label in STAGES:
             module = importlib.import_module(module_name)
@@ -118,15 +111,15 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
             inner = getattr(module, attr)
 
             def timed(*a, _inner=inner, _label=label, **kw):  # noqa: ANN002, ANN003, ANN202
-                b0 = backend_ticks(backend_pid[0]) if backend_pid else 0
+                b0 = bench_pool.process_cpu(backend_pid[0]) if backend_pid else 0.0
                 t0 = time.thread_time()
                 try:
                     return _inner(*a, **kw)
                 finally:
                     stage_cpu[_label] = stage_cpu.get(_label, 0.0) + time.thread_time() - t0
                     if backend_pid:
-                        ticks = backend_ticks(backend_pid[0]) - b0
-                        stage_cpu["PostgreSQL: " + _label] = stage_cpu.get("PostgreSQL: " + _label, 0.0) + ticks / tick
+                        spent = bench_pool.process_cpu(backend_pid[0]) - b0
+                        stage_cpu["PostgreSQL: " + _label] = stage_cpu.get("PostgreSQL: " + _label, 0.0) + spent
 
             setattr(module, attr, timed)
         if "moderation.screening" in sys.modules:  # the seam holds the functions themselves
@@ -148,7 +141,7 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
         Rollout.objects.all().delete()
         for i, (c, m) in enumerate(order):
             if i == args.warmup:
-                t_backend = backend_ticks(pid)
+                t_backend = bench_pool.process_cpu(pid)
                 t_stages = dict(stage_cpu)
             t0 = time.thread_time()
             message = parse_frame(frames[c][m], limits)
@@ -159,7 +152,7 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
                 server += t2 - t0
                 parse += t1 - t0
                 counted += 1
-        backend += (backend_ticks(pid) - t_backend) / tick
+        backend += bench_pool.process_cpu(pid) - t_backend
         for label, cpu in stage_cpu.items():  # the warm-up's share of the stages is not counted
             stages[label] = stages.get(label, 0.0) + cpu - t_stages.get(label, 0.0)
     stages = {"parse_frame": parse, **stages}

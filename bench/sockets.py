@@ -99,17 +99,8 @@ def raise_fd_limit(n: int) -> None:
 def start_server(args: argparse.Namespace, port: int, log, worker: int = 0) -> subprocess.Popen:
     """daphne on 127.0.0.1:port (the command docs/deploy.md gives: no access log, an endpoint with a listen
     backlog of 2048), the settings' defaults; `worker` names the process in presence records."""
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
-        DJANGO_SETTINGS_MODULE="config.settings",
-        DATABASE_URL=args.bench_url,
-        SAPO_CATALOGUE=args.catalogue,
-        SAPO_SERVER_NAME=f"bench-sockets-{worker}",  # the restarted process forgets its previous run's sockets
-        SAPO_LOG_LEVEL="WARNING",
-        SAPO_DEBUG="0",
-        REDIS_URL=args.redis_url,
-    )
+    # The restarted process gets a new name: it forgets its previous run's sockets.
+    env = POOL.server_env(args, f"bench-sockets-{worker}", redis_url=args.redis_url or None)
     for name in ("SAPO_CONN_MAX_AGE", "SAPO_DB_POOL_SIZE"):
         env.pop(name, None)
     proc = subprocess.Popen(
@@ -134,12 +125,6 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of a process: per socket, it says more than latency on a shared machine."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentiles(values: list[float]) -> tuple[float, float, float]:
@@ -226,7 +211,7 @@ async def come_back(node: Node, killed_at: float, counts: dict[str, int]) -> flo
 
 
 def servers_cpu(servers: dict) -> float:
-    return sum(cpu_seconds(proc.pid) for proc in servers["procs"])
+    return sum(POOL.process_cpu(proc.pid) or 0.0 for proc in servers["procs"])
 
 
 def servers_rss(servers: dict) -> int:

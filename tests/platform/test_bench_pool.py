@@ -31,7 +31,11 @@ def test_the_ingest_benchmark_measures_every_path_in_every_round_with_the_load(t
         rows += [line for line in out.splitlines() if line.startswith("|") and path in line and " | 2 |" in line]
         assert len(rows) == 2, (path, out)
         assert all(line.rstrip(" |").split("|")[-1].count("-") == 1 for line in rows)  # load start-end
+        for line in rows:  # the CPU per completion of the process(es) and of PostgreSQL (local here)
+            cells = [c.strip() for c in line.strip(" |").split("|")]
+            assert float(cells[3]) >= 0 and float(cells[4]) >= 0, line
     assert "/ executemany" in out and "load average at end" in out
+    assert "CPU us/completion (process + PostgreSQL)" in out
 
 
 def test_the_share_cpu_benchmark_prints_server_and_database_cpu_per_share_and_its_stages(tmp_path):
