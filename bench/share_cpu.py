@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import statistics
@@ -134,6 +135,10 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     connection.ensure_connection()
     pid = connection.connection.info.backend_pid
     backend_pid.append(pid)
+    # As the consumer does: each node's share checks its storage budgets against what its previous share
+    # left (rollout_share's `stored`, where the tree has it).
+    remembers = "stored" in inspect.signature(rollout_share).parameters
+    stored: dict[int, object] = {}
     counted = 0
     server = backend = parse = 0.0
     stages: dict[str, float] = {}
@@ -146,7 +151,11 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
             t0 = time.thread_time()
             message = parse_frame(frames[c][m], limits)
             t1 = time.thread_time()
-            rollout_share(node=nodes[c], rollouts=message.rollouts, catalogue=catalogue, limits=limits)
+            kwargs = {"stored": stored.get(c)} if remembers else {}
+            result = rollout_share(
+                node=nodes[c], rollouts=message.rollouts, catalogue=catalogue, limits=limits, **kwargs
+            )
+            stored[c] = getattr(result, "stored", None)
             t2 = time.thread_time()
             if i >= args.warmup:
                 server += t2 - t0

@@ -184,6 +184,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 cpu_ms=self.limits.max_cpu_ms_per_minute,
             )
             self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (pool.ratelimit)
+            self.stored = None  # the bytes the last share left stored this hour (its budgets' next check)
         except ApplicationError as exc:
             await self.close(code=CLOSE_BANNED if exc.code == "banned" else CLOSE_UNAUTHENTICATED)
             return
@@ -294,8 +295,13 @@ class NodeConsumer(AsyncWebsocketConsumer):
             share_turns = turns.share_turns()
             async with share_turns.turn(node.id):
                 result, cpu = await db_call(_cpu_timed(rollout_share))(
-                    node=node, rollouts=message.rollouts, catalogue=self.catalogue, limits=self.limits
+                    node=node,
+                    rollouts=message.rollouts,
+                    catalogue=self.catalogue,
+                    limits=self.limits,
+                    stored=self.stored,
                 )
+            self.stored = result.stored
             share_turns.spent(node.id, self.frame_cpu + cpu)
             self.frame_cpu += cpu
             metrics.share_answered(result)

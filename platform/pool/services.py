@@ -55,10 +55,22 @@ SERVED_KEEP = timedelta(days=1)
 PRUNE_EVERY_SECONDS = 600
 
 
+@dataclass(frozen=True)
+class StoredBytes:
+    """A node's bytes stored in `hour`, and its contributor's (all their nodes), as a share's INSERT
+    left them: what the node's next share on the same socket checks its budgets against
+    (`storage_check`), without a query of its own."""
+
+    hour: datetime
+    node: int
+    owner: int
+
+
 @dataclass
 class ShareResult:
     accepted: list[str] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)  # [{"id", "reason"}]
+    stored: StoredBytes | None = None  # after this share (the one given to rollout_share if it stored nothing)
 
 
 # One statement per share: arrays in, one row per group, ON CONFLICT for concurrent replays, and a
@@ -113,8 +125,16 @@ RETURNING id, verdict
     ) END
     WHERE EXISTS (SELECT 1 FROM inserted)
     ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
+    RETURNING bytes
 )
-SELECT id FROM inserted
+-- each inserted id, with the node's bytes this hour and its contributor's (the statement's snapshot
+-- holds the other nodes' rows as they were, and this node's before the upsert above: its new total
+-- comes from the upsert)
+SELECT i.id, st.bytes, st.bytes + (
+    SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
+    WHERE n.owner_id = %(owner)s AND o.hour = %(hour)s AND o.node_id <> %(node)s
+)
+FROM inserted i, storage st
 """
 
 
@@ -136,11 +156,12 @@ def _hour(now: datetime) -> datetime:
 
 
 def _insert_rollouts(
-    node_id: int, rollouts: list[RolloutIn], checks: dict[uuid.UUID, Verification], held: set[uuid.UUID]
-) -> set[uuid.UUID]:
+    node: Any, rollouts: list[RolloutIn], checks: dict[uuid.UUID, Verification], held: set[uuid.UUID]
+) -> tuple[set[uuid.UUID], StoredBytes | None]:
     """Insert the groups, count their verdicts (NodeVerdictCounts, an id another node stored counting as a
-    rejection) and the bytes stored this hour (NodeStorageHour), in one statement (the caller holds a transaction); return the ids actually
-    inserted (an id already stored is left alone, and neither counted nor charged again). The `held`
+    rejection) and the bytes stored this hour (NodeStorageHour), in one statement (the caller holds a
+    transaction); return the ids actually inserted (an id already stored is left alone, and neither
+    counted nor charged again) and the bytes stored this hour after it (None when nothing was). The `held`
     ids go in with moderation status "held" and not sampleable: no moment exists where a sample could
     see them."""
     verdicts = [checks[r.id] for r in rollouts]
@@ -163,10 +184,12 @@ def _insert_rollouts(
         for texts in zip(questions, answers, completions, claimed, verified, strict=True)
     ]
     now = timezone.now()
+    hour = _hour(now)
     params = {
-        "node": node_id,
+        "node": node.id,
+        "owner": node.owner_id,
         "now": now,
-        "hour": _hour(now),
+        "hour": hour,
         "id": [r.id for r in rollouts],
         "round": [r.round for r in rollouts],
         "dataset": [r.dataset for r in rollouts],
@@ -188,7 +211,9 @@ def _insert_rollouts(
     }
     with server_binding_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params, prepare=prepare_hot())
-        return {row[0] for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+    stored = StoredBytes(hour=hour, node=int(rows[0][1]), owner=int(rows[0][2])) if rows else None
+    return {row[0] for row in rows}, stored
 
 
 _BUDGET_SQL = """
@@ -198,16 +223,23 @@ SELECT coalesce((SELECT bytes FROM pool_nodestoragehour WHERE node_id = %(node)s
 """
 
 
-def storage_check(*, node: Any, limits: Limits, now: datetime | None = None) -> None:
+def storage_check(*, node: Any, limits: Limits, now: datetime | None = None, known: StoredBytes | None = None) -> None:
     """Raise ApplicationError "over_budget" when the node, or its contributor's nodes together, have
     stored their hourly budget of bytes already. Checked before a share is verified (a node over its
     budget costs one small query per frame); the write that crosses the budget is still stored, so a
-    budget is exceeded by at most one frame per open socket."""
+    budget is exceeded by at most one frame per open socket.
+
+    `known`: the figures the socket's previous share left (ShareResult.stored), used instead of the
+    query when they are of this hour. They can only be low (bytes are only added within an hour), and
+    the share they let through brings fresh ones back with its own INSERT: the bound above holds."""
     now = now or timezone.now()
     hour = _hour(now)
-    with connection.cursor() as cursor:
-        cursor.execute(_BUDGET_SQL, {"node": node.id, "owner": node.owner_id, "hour": hour})
-        node_bytes, owner_bytes = (int(v) for v in cursor.fetchone())
+    if known is not None and known.hour == hour:
+        node_bytes, owner_bytes = known.node, known.owner
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(_BUDGET_SQL, {"node": node.id, "owner": node.owner_id, "hour": hour})
+            node_bytes, owner_bytes = (int(v) for v in cursor.fetchone())
     until = f"until {hour + timedelta(hours=1):%H:%M} UTC"
     if node_bytes >= limits.max_stored_bytes_per_node_hour:
         raise ApplicationError(
@@ -235,7 +267,12 @@ def _storage_charge(node_id: int, size: int, now: datetime) -> None:
 
 
 def rollout_share(
-    *, node: Any, rollouts: Sequence[RolloutIn], catalogue: Catalogue, limits: Limits | None = None
+    *,
+    node: Any,
+    rollouts: Sequence[RolloutIn],
+    catalogue: Catalogue,
+    limits: Limits | None = None,
+    stored: StoredBytes | None = None,
 ) -> ShareResult:
     """Verify and store a node's shared groups; answer a verdict per group, in the order sent.
 
@@ -247,9 +284,10 @@ def rollout_share(
     hook in the same transaction), and its stored bytes in NodeStorageHour.
 
     Raises ApplicationError "over_budget" (nothing verified or stored) when the node or its
-    contributor has used this hour's storage budget (`storage_check`).
+    contributor has used this hour's storage budget (`storage_check`; against `stored`, the previous
+    share's ShareResult.stored on the same socket, when it is of this hour: one query less per share).
     """
-    storage_check(node=node, limits=limits or current_limits())
+    storage_check(node=node, limits=limits or current_limits(), known=stored)
     # Verification is CPU only: done before the transaction opens, so no lock waits on it. A resent
     # group is verified again (resends are rare; a lookup first would cost every share a round trip).
     with metrics.VERIFICATION_SECONDS.time():
@@ -259,10 +297,10 @@ def rollout_share(
     screening = seam.rollouts_screen(node_id=node.id, rollouts=rollouts, checks=checks)
     held = set(screening.held)
     with transaction.atomic():
-        inserted = _insert_rollouts(node.id, list(rollouts), checks, held)
+        inserted, stored_now = _insert_rollouts(node, list(rollouts), checks, held)
         seam.rollouts_record(node_id=node.id, screening=screening, inserted=inserted)
         others = [r.id for r in rollouts if r.id not in inserted]
-        stored = (
+        existing = (
             {
                 row[0]: row[1:]
                 for row in Rollout.objects.filter(id__in=others).values_list("id", "node_id", "verdict", "reason")
@@ -270,13 +308,13 @@ def rollout_share(
             if others
             else {}
         )
-        result = ShareResult()
+        result = ShareResult(stored=stored_now or stored)
         for r in rollouts:
             if r.id in inserted:
                 check = checks[r.id]
                 node_id, verdict, reason = node.id, check.verdict, check.reason
             else:
-                node_id, verdict, reason = stored[r.id]
+                node_id, verdict, reason = existing[r.id]
             if node_id != node.id:
                 result.rejected.append({"id": str(r.id), "reason": "id_conflict"})
             elif verdict == Verdict.ACCEPTED:
