@@ -673,6 +673,9 @@ def main() -> None:
         raise SystemExit("more than one worker needs REDIS_URL (they share the channel layer, rate counts, presence)")
     args.bench_url = with_db(args.database_url, args.db_name)
     recreate_database(args.database_url, args.db_name)
+    # With REDIS_URL, the abuse-limit counters (node creations per account) live in Redis: an earlier
+    # run's must not count (account ids repeat in each run's new database).
+    os.environ["SAPO_REDIS_PREFIX"] = f"sapobench{os.getpid()}"
     try:
         setup_django(args)
         ingest = None if args.skip_ingest else bench_ingest(args)
