@@ -11,6 +11,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Length, Mod
+from django.db.models.lookups import Exact
 from django.utils import timezone
 
 REASON_MAX_LENGTH = 500
@@ -192,6 +194,14 @@ class RolloutFingerprint(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["question_hash", "-created_at"], name="moderation_fp_question_idx")]
+        constraints = [
+            # One 16-byte digest per 8-byte simhash: the screening reads the candidates' completions by
+            # these sizes (moderation.filters.CopyIndex.from_buffers).
+            models.CheckConstraint(
+                condition=models.Q(Exact(Length("exact"), Length("simhash") * 2), Exact(Mod(Length("simhash"), 8), 0)),
+                name="moderation_fp_sizes",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"fingerprint of {self.rollout_id}"

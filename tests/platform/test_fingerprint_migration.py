@@ -7,7 +7,7 @@ import json
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from moderation import filters
@@ -21,6 +21,11 @@ AFTER = ("moderation", "0003_fingerprint_bytes")
 def _migrate(target: tuple[str, str]) -> None:
     executor = MigrationExecutor(connection)
     executor.migrate([target])
+
+
+def _migrate_to_latest() -> None:
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes("moderation"))
 
 
 def _insert(rollout_id: uuid.UUID, exact: object, simhash: object) -> None:
@@ -64,4 +69,17 @@ def test_fingerprints_convert_to_bytes_in_order_and_back():
         _migrate(BEFORE)
         assert [json.loads(v) for v in _stored()[good]] == [[d.hex() for d in digests], hashes]
     finally:
-        _migrate(AFTER)
+        _migrate_to_latest()
+
+
+def test_the_database_refuses_fingerprints_of_mismatched_sizes():
+    """One 16-byte digest per 8-byte simhash, or the screening could not read the candidates apart."""
+    insert = (
+        "INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)"
+        " VALUES (%s, 1, 'q', %s, %s, now())"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(insert, [uuid.uuid4(), bytes(32), bytes(16)])  # two completions: fine
+        for exact, simhash in ((bytes(16), bytes(16)), (bytes(12), bytes(6))):
+            with pytest.raises(IntegrityError), transaction.atomic():
+                cursor.execute(insert, [uuid.uuid4(), exact, simhash])
