@@ -189,6 +189,10 @@ def _tagged_band_keys(hashes: np.ndarray) -> np.ndarray:
     return ((hashes[None, :] >> shifts) & np.uint64(0xFFFF)) | _BAND_TAGS
 
 
+#: Bytes of an exact fingerprint (a 128-bit BLAKE2b digest).
+EXACT_BYTES = 16
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     exact: list[bytes]  # 16-byte BLAKE2b digest of each normalised completion
@@ -235,10 +239,6 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     return out
 
 
-#: Bytes of an exact fingerprint (a 128-bit BLAKE2b digest).
-EXACT_BYTES = 16
-
-
 class CopyIndex:
     """The completions of other nodes' recent groups, for exact and near lookups, held as the bytes the
     database returns (RolloutFingerprint's columns concatenated, `from_buffers`): no Python object per
@@ -247,9 +247,10 @@ class CopyIndex:
     of the share (docs/benchmarks.md, "CPU per share").
 
     Exact: each probe digest is looked up among the candidates' (the first group holding it, in the
-    order added). Near: the candidates sharing a band value with some probe are found by binary search
-    in the probes' few band values (not by sorting every candidate's); among those, per band value the
-    first BAND_BUCKET candidates in the order added, bands in order, and the first within the distance.
+    order added), the candidates first filtered through a table of 16 bits of the probes' digests.
+    Near: the candidates sharing a band value with some probe are found through a table of the probes'
+    tagged band values (not by sorting every candidate's); among those, per band value the first
+    BAND_BUCKET candidates in the order added, bands in order, and the first within the distance.
     """
 
     def __init__(self) -> None:
