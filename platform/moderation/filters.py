@@ -208,6 +208,7 @@ class Fingerprint:
 
 
 def simhash_bytes(hashes: Sequence[int]) -> bytes:
+    """Signed 64-bit simhashes as RolloutFingerprint.simhash stores them: 8 bytes each, big-endian."""
     return struct.pack(f">{len(hashes)}q", *hashes)
 
 
@@ -222,7 +223,8 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
         [e if n <= SIMHASH_CHARS or len(e) <= SIMHASH_CHARS else e.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
          for e, n in zip(encoded, lengths, strict=True)]
     )  # fmt: skip
-    hashes, packed = array.tolist(), array.astype(">i8").tobytes()  # packed once for the share, not per group
+    hashes = array.tolist()
+    packed = simhash_bytes(hashes)  # once for the share, not per group
     out = []
     at = 0
     for completions in groups:
@@ -241,7 +243,7 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
 
 class CopyIndex:
     """The completions of other nodes' recent groups, for exact and near lookups, held as the bytes the
-    database returns (RolloutFingerprint's columns concatenated, `from_buffers`): no Python object per
+    database returns (RolloutFingerprint's columns concatenated): no Python object per
     candidate completion. A share's candidates reach 50 groups per question, ~13,000 completions for a
     share of 32 questions: decoding them as JSON and indexing them one by one cost more than the rest
     of the share (docs/benchmarks.md, "CPU per share").
@@ -253,51 +255,29 @@ class CopyIndex:
     BAND_BUCKET candidates in the order added, bands in order, and the first within the distance.
     """
 
-    def __init__(self) -> None:
-        self._ids: list[str] = []  # candidate groups, in the order added
-        self._exact: list[bytes] = []  # per group, its digests concatenated
-        self._exact_counts: list[int] = []
-        self._hashes: list[bytes] = []  # per group, its simhashes as simhash_bytes
-        self._hash_counts: list[int] = []
-        self._raw_ids: bytes | None = None  # from_buffers: the ids as 16-byte UUIDs, converted when matched
-
-    @classmethod
-    def from_buffers(cls, ids: bytes, counts: Sequence[int], exact: bytes, hashes: bytes) -> CopyIndex:
-        """The index of groups given as the screening query returns them: `ids` their UUIDs (16 bytes
-        each), `counts` their completions, `exact` and `hashes` their fingerprints concatenated."""
-        if len(ids) != 16 * len(counts) or len(exact) != EXACT_BYTES * sum(counts) or len(hashes) != 8 * sum(counts):
+    def __init__(self, ids: bytes = b"", counts: Sequence[int] = (), exact: bytes = b"", hashes: bytes = b"") -> None:
+        """The groups as the screening query returns them, in order (none by default): `ids` their UUIDs
+        (16 bytes each), `counts` their completions, `exact` and `hashes` their fingerprints
+        concatenated (RolloutFingerprint's columns). Raises ValueError when the sizes disagree."""
+        total = sum(counts)
+        if len(ids) != 16 * len(counts) or len(exact) != EXACT_BYTES * total or len(hashes) != 8 * total:
             raise ValueError("fingerprint buffers of inconsistent sizes")
-        index = cls()
-        index._raw_ids = ids
-        index._exact, index._hashes = [exact], [hashes]
-        index._exact_counts = index._hash_counts = list(counts)
-        return index
-
-    def add(self, rollout_id: str, exact: Sequence[bytes], hashes: Sequence[int]) -> None:
-        if self._raw_ids is not None:
-            raise ValueError("an index made from buffers takes no more groups")
-        self._ids.append(rollout_id)
-        self._exact.append(b"".join(exact))
-        self._exact_counts.append(len(exact))
-        self._hashes.append(simhash_bytes(hashes))
-        self._hash_counts.append(len(hashes))
+        self._ids, self._exact, self._hashes = ids, exact, hashes
+        self._owner = np.repeat(np.arange(len(counts)), counts)  # each candidate completion's group
 
     def _id(self, k: int) -> str:
-        if self._raw_ids is None:
-            return self._ids[k]
-        return str(uuid.UUID(bytes=self._raw_ids[16 * k : 16 * (k + 1)]))
+        return str(uuid.UUID(bytes=self._ids[16 * k : 16 * (k + 1)]))
 
     def exact_matches(self, digests: Sequence[bytes]) -> list[str | None]:
         """For each digest, the first group (in the order added) holding a completion with it, or None."""
         found: list[str | None] = [None] * len(digests)
-        exact = b"".join(self._exact)
+        exact = self._exact
         if not digests or not exact:
             return found
         # A first pass on 16 bits of each digest (a table lookup per candidate: a binary search among the
         # probes cost ~40 ns each, 0.5 ms for 13,000), then whole digests for the few that pass.
         table = np.zeros(1 << 16, dtype=bool)
         table[np.frombuffer(b"".join(digests), dtype=np.uint16)[:: EXACT_BYTES // 2]] = True
-        owner = np.repeat(np.arange(len(self._exact_counts)), self._exact_counts)
         first: dict[bytes, int] = {}
         # The candidates that may be copies (the copies, and the few others whose 16 bits a probe has), in order.
         for c in np.flatnonzero(table[np.frombuffer(exact, dtype=np.uint16)[:: EXACT_BYTES // 2]]).tolist():
@@ -305,7 +285,7 @@ class CopyIndex:
         for i, digest in enumerate(digests):
             c = first.get(digest)
             if c is not None:
-                found[i] = self._id(int(owner[c]))
+                found[i] = self._id(int(self._owner[c]))
         return found
 
     def near_matches(self, hashes: Sequence[int], max_distance: int) -> list[str | None]:
@@ -316,12 +296,10 @@ class CopyIndex:
         order, and each hash keeps its first pair within the distance (a Python loop over the pairs
         cost more than the rest of the lookup: honest completions on one question share many bands)."""
         found: list[str | None] = [None] * len(hashes)
-        raw = b"".join(self._hashes)
-        if not hashes or not raw:
+        if not hashes or not self._hashes:
             return found
-        candidates = np.frombuffer(raw, dtype=">u8").astype(np.uint64)
+        candidates = np.frombuffer(self._hashes, dtype=">u8").astype(np.uint64)
         n = candidates.size
-        owner = np.repeat(np.arange(len(self._hash_counts)), self._hash_counts)
         probes = np.array(hashes, dtype=np.int64).view(np.uint64)
         wanted = _tagged_band_keys(probes).T.ravel()  # hash-major: each hash's bands in order
         all_keys = _tagged_band_keys(candidates).ravel()  # band-major: a band's values in the order added
@@ -344,7 +322,7 @@ class CopyIndex:
         pairs = candidate_of[starts[range_of] + offsets]  # each pair's candidate
         near = np.flatnonzero(np.bitwise_count(probes[range_of // BANDS] ^ candidates[pairs]) <= max_distance)
         hit_probes, first = np.unique(range_of[near] // BANDS, return_index=True)  # pairs in order: the first hit
-        for j, k in zip(hit_probes.tolist(), owner[pairs[near[first]]].tolist(), strict=True):
+        for j, k in zip(hit_probes.tolist(), self._owner[pairs[near[first]]].tolist(), strict=True):
             found[j] = self._id(k)
         return found
 

@@ -196,7 +196,7 @@ class RolloutFingerprint(models.Model):
         indexes = [models.Index(fields=["question_hash", "-created_at"], name="moderation_fp_question_idx")]
         constraints = [
             # One 16-byte digest per 8-byte simhash: the screening reads the candidates' completions by
-            # these sizes (moderation.filters.CopyIndex.from_buffers).
+            # these sizes (moderation.filters.CopyIndex).
             models.CheckConstraint(
                 condition=models.Q(Exact(Length("exact"), Length("simhash") * 2), Exact(Mod(Length("simhash"), 8), 0)),
                 name="moderation_fp_sizes",

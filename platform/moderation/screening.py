@@ -75,7 +75,7 @@ class Screening:
 # and the node's trust streak (the low-trust rule), in the same round trip. Parameters bound
 # server-side (as the pool's INSERT), the result in binary. The candidates come back as four byte
 # strings (their ids as 16-byte UUIDs, their completion counts as 4-byte integers, their digests, their
-# simhashes; filters.CopyIndex.from_buffers), in the order the rules read them (question, then latest
+# simhashes; filters.CopyIndex), in the order the rules read them (question, then latest
 # first): at 50 groups per question, ~13,000 completions, the JSON document this query answered
 # before cost ~3 ms of the server's CPU to decode and index and more of PostgreSQL's to build.
 _CANDIDATE_ORDER = "ORDER BY q.n, f.created_at DESC"
@@ -116,7 +116,7 @@ def _screening_reads(
         cursor.execute(_SCREENING_READS_SQL, params, prepare=prepare_hot(), binary=True)
         ids, counts, exact, hashes, streak = cursor.fetchone()
     index = (
-        filters.CopyIndex.from_buffers(ids, struct.unpack(f">{len(counts) // 4}i", counts), exact, hashes)
+        filters.CopyIndex(ids, struct.unpack(f">{len(counts) // 4}i", counts), exact, hashes)
         if ids
         else filters.CopyIndex()
     )

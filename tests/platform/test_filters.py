@@ -219,25 +219,24 @@ def test_near_lookups_find_the_first_candidate_within_the_distance_band_by_band(
 
     for _ in range(50):
         bases = [rng.getrandbits(64) for _ in range(rng.randint(1, 3))] if rng.random() < 0.8 else [0]
-        index = filters.CopyIndex()
+        ids: list[uuid.UUID] = []
+        counts: list[int] = []
         added: list[tuple[str, int]] = []
-        for g in range(rng.randint(1, 40)):
+        for _ in range(rng.randint(1, 40)):
             hashes = [near(rng.choice(bases), rng.randint(0, 12)) for _ in range(rng.randint(0, 10))]
-            index.add(f"group-{g}", [], hashes)
-            added += [(f"group-{g}", h) for h in hashes]
-        probes = [near(rng.choice(bases), rng.randint(0, 6)) for _ in range(20)]
-        # The same groups as the screening query hands them over: bytes, ids as UUIDs.
-        ids = {f"group-{g}": uuid.uuid4() for g in range(len(index._ids))}
-        from_db = filters.CopyIndex.from_buffers(
-            b"".join(u.bytes for u in ids.values()),
-            index._hash_counts,
-            bytes(16 * len(added)),
-            b"".join(index._hashes),
+            ids.append(uuid.uuid4())
+            counts.append(len(hashes))
+            added += [(str(ids[-1]), h) for h in hashes]
+        # The groups as the screening query hands them over: bytes, ids as UUIDs.
+        index = filters.CopyIndex(
+            b"".join(u.bytes for u in ids),
+            counts,
+            bytes(filters.EXACT_BYTES * len(added)),
+            filters.simhash_bytes([h for _, h in added]),
         )
+        probes = [near(rng.choice(bases), rng.randint(0, 6)) for _ in range(20)]
         for distance in (0, 3):
-            expected = [_near_by_definition(added, p, distance) for p in probes]
-            assert index.near_matches(probes, distance) == expected
-            assert from_db.near_matches(probes, distance) == [g and str(ids[g]) for g in expected]
+            assert index.near_matches(probes, distance) == [_near_by_definition(added, p, distance) for p in probes]
 
 
 def test_exact_lookups_find_the_first_group_holding_the_digest():
@@ -248,7 +247,7 @@ def test_exact_lookups_find_the_first_group_holding_the_digest():
     twins = [d[:8] + rng.randbytes(8) for d in digests[:5]]  # never stored: must not match
     groups = [rng.sample(digests, rng.randint(0, 8)) for _ in range(25)]
     ids = [uuid.uuid4() for _ in groups]
-    index = filters.CopyIndex.from_buffers(
+    index = filters.CopyIndex(
         b"".join(u.bytes for u in ids),
         [len(g) for g in groups],
         b"".join(b"".join(g) for g in groups),
@@ -259,7 +258,7 @@ def test_exact_lookups_find_the_first_group_holding_the_digest():
     assert index.exact_matches(probes) == expected
     assert any(expected) and not any(expected[len(digests) :])
     with pytest.raises(ValueError):
-        filters.CopyIndex.from_buffers(ids[0].bytes, [2], bytes(16), bytes(16))
+        filters.CopyIndex(ids[0].bytes, [2], bytes(16), bytes(16))
 
 
 # --- length and character classes -----------------------------------------------------------------

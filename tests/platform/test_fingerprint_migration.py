@@ -62,7 +62,7 @@ def test_fingerprints_convert_to_bytes_in_order_and_back():
         exact, simhash = (bytes(v) for v in stored[good])
         assert exact == b"".join(digests)
         assert simhash == filters.simhash_bytes(hashes)
-        index = filters.CopyIndex.from_buffers(good.bytes, [len(hashes)], exact, simhash)
+        index = filters.CopyIndex(good.bytes, [len(hashes)], exact, simhash)
         assert index.exact_matches([digests[1], bytes(16)]) == [str(good), None]
         assert index.near_matches([hashes[2] ^ 0b101, hashes[3]], 3) == [str(good), str(good)]
         assert [bytes(v) for v in stored[empty]] == [b"", b""]
