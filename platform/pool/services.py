@@ -73,12 +73,19 @@ class ShareResult:
     stored: StoredBytes | None = None  # after this share (the one given to rollout_share if it stored nothing)
 
 
+# The bytes a contributor's nodes stored in an hour (the contributor's storage budget), summed over its
+# nodes' rows; the pool's INSERT leaves this node's row out (it adds that row's new total itself).
+_OWNER_HOUR_BYTES_SQL = """
+SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
+WHERE n.owner_id = %(owner)s AND o.hour = %(hour)s"""
+
+
 # One statement per share: arrays in, one row per group, ON CONFLICT for concurrent replays, and a
 # sample number drawn only for rows that become sampleable. Parameters are bound server-side
 # (psycopg's default) rather than quoted into the SQL text as Django's cursor does: quoting the
 # completions was most of the ORM bulk_create's cost (docs/benchmarks.md, "Pool"). The arrays go in
 # binary (%(...)b): text format escapes every element with a regular expression.
-_INSERT_SQL = """
+_INSERT_SQL = f"""
 WITH inserted AS (
 INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
     completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
@@ -130,10 +137,7 @@ RETURNING id, verdict
 -- each inserted id, with the node's bytes this hour and its contributor's (the statement's snapshot
 -- holds the other nodes' rows as they were, and this node's before the upsert above: its new total
 -- comes from the upsert)
-SELECT i.id, st.bytes, st.bytes + (
-    SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
-    WHERE n.owner_id = %(owner)s AND o.hour = %(hour)s AND o.node_id <> %(node)s
-)
+SELECT i.id, st.bytes, st.bytes + ({_OWNER_HOUR_BYTES_SQL} AND o.node_id <> %(node)s)
 FROM inserted i, storage st
 """
 
@@ -216,10 +220,9 @@ def _insert_rollouts(
     return {row[0] for row in rows}, stored
 
 
-_BUDGET_SQL = """
+_BUDGET_SQL = f"""
 SELECT coalesce((SELECT bytes FROM pool_nodestoragehour WHERE node_id = %(node)s AND hour = %(hour)s), 0),
-       coalesce((SELECT sum(s.bytes) FROM pool_nodestoragehour s JOIN nodes_node n ON n.id = s.node_id
-                 WHERE n.owner_id = %(owner)s AND s.hour = %(hour)s), 0)
+       ({_OWNER_HOUR_BYTES_SQL})
 """
 
 
