@@ -146,13 +146,14 @@ class CpuMeter:
     def start(self) -> None:
         self.before = self._read()
 
-    def stop(self) -> dict[str, float | None]:
+    def stop(self) -> None:
+        """Sets `cpu`: {"client_or_server": seconds, "database": seconds or None}."""
         own, backends = self._read()
         if any(v is None for v in backends.values()):
             database = None
         else:
             database = sum(v - (self.before[1].get(pid) or 0.0) for pid, v in backends.items())
-        return {"client_or_server": own - self.before[0], "database": database}
+        self.cpu = {"client_or_server": own - self.before[0], "database": database}
 
 
 # --- setup ------------------------------------------------------------------------------------
@@ -295,8 +296,8 @@ def start_server(
     )
     if not budgets:
         env.update(SAPO_MAX_BYTES_PER_MINUTE=str(2**40), SAPO_MAX_CPU_MS_PER_MINUTE=str(2**40))
-    if redis:  # several workers share Redis (channel layer, rate counts, presence), as deployed
-        env["SAPO_REDIS_PREFIX"] = f"sapobench{os.getpid()}"
+    # With Redis, several workers share it (channel layer, rate counts, presence), as deployed, under
+    # the run's own SAPO_REDIS_PREFIX (set by main, inherited).
     # The first socket imports the consumer and reasoning-gym (seconds on a busy machine): allow more
     # than daphne's default 5 s handshake.
     daphne_args = ["-b", "127.0.0.1", "-p", str(port), "-v", "0", "--websocket_connect_timeout", "60"]
@@ -362,7 +363,7 @@ async def run_clients(
     await asyncio.gather(*(client(ws, mine) for ws, mine in zip(sockets, frames, strict=True)))
     elapsed = time.perf_counter() - start
     if meter is not None:
-        meter.cpu = meter.stop()
+        meter.stop()
     bar.close()
     for ws in sockets:
         await ws.close()
@@ -412,7 +413,7 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str, meter
                     copy.write_row(row)
             conn.commit()
         elapsed = time.perf_counter() - start
-        meter.cpu = meter.stop()
+        meter.stop()
         return completions / elapsed
 
 
