@@ -14,7 +14,9 @@
     as docs/deploy.md "Scale-out" runs them: own SAPO_SERVER_NAME each, one Redis from REDIS_URL, one
     database), the clients spread over them in turn as a round-robin proxy would: each is a path of
     its own. One worker keeps the single-process set-up (no Redis), so its row stays comparable with
-    earlier figures. The paths are measured
+    earlier figures. `--pin on` runs each worker on a core of its own and the clients on the cores
+    left (docs/deploy.md, "How many workers"); `--pin both` measures every WebSocket path pinned and
+    not. The paths are measured
     in alternation, `--rounds` times each (every round runs them all, in turn), so all see the same
     machine; every measure prints the load average at its start and end, and the ratios are printed
     only when the load average was at most 1.5 when the ingest part started (exit status 3 otherwise,
@@ -69,6 +71,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--workers", default="1",
         help="server processes for the ingest, comma-separated (1,2 compares; more than 1 needs REDIS_URL)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pin", default="off", choices=["off", "on", "both"],
+        help="server workers pinned to cores of their own (docs/deploy.md), the clients to the cores left;"
+        " both: each WebSocket path measured pinned and not, in alternation",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
     parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
@@ -286,9 +293,11 @@ def start_server(
     name: str = "bench",
     redis: bool = False,
     budgets: bool = False,
+    cpu: int | None = None,
 ) -> subprocess.Popen:
     """daphne on `port`. The per-node message rate is lifted (the benchmark's few nodes send what a
-    swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them)."""
+    swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them).
+    `cpu`: the one core it runs on (as `taskset -c`)."""
     env = server_env(args, name, redis_url=os.environ.get("REDIS_URL") if redis else None)
     env.update(
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
@@ -312,6 +321,7 @@ def start_server(
         ],  # fmt: skip
         env=env,
         cwd=ROOT,
+        preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
     )
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -420,16 +430,27 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str, meter
 RAW_LABELS = {"executemany": "executemany, one transaction per message", "COPY": "COPY, one transaction"}
 
 
-def share_path(moderation: str, workers: int) -> str:
-    """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes."""
-    return f"{moderation}/{workers}"
+def share_path(moderation: str, workers: int, pinned: bool = False) -> str:
+    """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes,
+    pinned to cores of their own or not."""
+    return f"{moderation}/{workers}" + ("/pinned" if pinned else "")
 
 
 def path_label(path: str) -> str:
     if path in RAW_LABELS:
         return RAW_LABELS[path]
-    moderation, workers = path.split("/")
-    return f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
+    moderation, workers, *pinned = path.split("/")
+    label = f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
+    return label + (", pinned" if pinned else "")
+
+
+def pinned_cores(workers: int) -> tuple[list[int], set[int]]:
+    """Where a pinned measure runs: worker i alone on the i-th core from the end of this process's
+    cores, the clients (this process) on the cores left, or on all of them when the workers take every
+    core. PostgreSQL is left to the scheduler (a deployment pins it as a service of its own)."""
+    cores = sorted(os.sched_getaffinity(0))
+    mine = [cores[-1 - i % len(cores)] for i in range(workers)]
+    return mine, set(cores) - set(mine) or set(cores)
 
 
 def bench_ingest(args: argparse.Namespace) -> dict:
@@ -442,7 +463,8 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     frames = build_frames(args, seeds=[1000 + i for i in range(args.connections)])
     expected = args.connections * args.messages * args.groups
     moderations = {"both": ["with", "without"], "on": ["with"], "off": ["without"]}[args.moderation]
-    shares = [share_path(m, w) for m in moderations for w in args.worker_counts]
+    pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
+    shares = [share_path(m, w, p) for m in moderations for w in args.worker_counts for p in pins]
     paths = [*shares, "executemany", "COPY"]
     measures: dict[str, list[dict]] = {p: [] for p in paths}
     rows: list[tuple] = []
@@ -454,19 +476,25 @@ def bench_ingest(args: argparse.Namespace) -> dict:
         for path in order:
             if path in shares:
                 Rollout.objects.all().delete()  # the same groups again, as new
-                moderation, workers = path.split("/")
+                moderation, workers, *pinned = path.split("/")
                 ports = [free_port() for _ in range(int(workers))]
+                everywhere = os.sched_getaffinity(0)
+                cpus, clients = pinned_cores(int(workers)) if pinned else ([None] * int(workers), everywhere)
                 servers = [
-                    start_server(args, port, moderation == "with", name=f"bench-{i + 1}", redis=int(workers) > 1)
+                    start_server(
+                        args, port, moderation == "with", name=f"bench-{i + 1}", redis=int(workers) > 1, cpu=cpus[i]
+                    )
                     for i, port in enumerate(ports)
                 ]
                 meter = CpuMeter(args, [server.pid for server in servers])
+                os.sched_setaffinity(0, clients)
                 try:
                     l0 = load1()
                     elapsed, verified = asyncio.run(
                         run_clients(ports, [t for _, t in nodes], frames, args.completions, meter)
                     )
                 finally:
+                    os.sched_setaffinity(0, everywhere)
                     for server in servers:
                         server.terminate()
                     for server in servers:

@@ -4,6 +4,7 @@ server thread's CPU time per share and the PostgreSQL backend's, without daphne 
     .venv/bin/python bench/share_cpu.py                         # this tree, with the moderation rules
     .venv/bin/python bench/share_cpu.py --trees /tmp/main,.     # two trees in alternation (3 runs each)
     .venv/bin/python bench/share_cpu.py --stages                # and the CPU of each stage of a share
+    .venv/bin/python bench/share_cpu.py --runs 1 --profile /tmp/share   # cProfile of the counted shares
 
 Each run is a subprocess with the tree's own `platform` and `node_client` on its path, in a database
 of its own (created, migrated with the tree's migrations, dropped) on DATABASE_URL's server. The
@@ -59,6 +60,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--completions", type=int, default=8)
     parser.add_argument("--completion-chars", type=int, default=300)
     parser.add_argument("--catalogue", default="easy", choices=["easy", "sapo"])
+    parser.add_argument("--profile", metavar="FILE", help="cProfile each run's shares into FILE.<run> (pstats)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # tree of a subprocess run
     parser.add_argument("--db-name", default="sapo_share_cpu", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -142,12 +144,19 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     counted = 0
     server = backend = parse = 0.0
     stages: dict[str, float] = {}
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
     for _ in range(args.passes):
         Rollout.objects.all().delete()
         for i, (c, m) in enumerate(order):
             if i == args.warmup:
                 t_backend = bench_pool.process_cpu(pid)
                 t_stages = dict(stage_cpu)
+                if profiler is not None:
+                    profiler.enable()
             t0 = time.thread_time()
             message = parse_frame(frames[c][m], limits)
             t1 = time.thread_time()
@@ -162,9 +171,13 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
                 parse += t1 - t0
                 counted += 1
         backend += bench_pool.process_cpu(pid) - t_backend
+        if profiler is not None:
+            profiler.disable()
         for label, cpu in stage_cpu.items():  # the warm-up's share of the stages is not counted
             stages[label] = stages.get(label, 0.0) + cpu - t_stages.get(label, 0.0)
     stages = {"parse_frame": parse, **stages}
+    if profiler is not None:
+        profiler.dump_stats(f"{args.profile}.{os.getpid()}")
     print(
         json.dumps(
             {
