@@ -488,6 +488,11 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                 ]
                 meter = CpuMeter(args, [server.pid for server in servers])
                 os.sched_setaffinity(0, clients)
+                # The cores as the kernel holds them (read back, not as asked), printed with the figures.
+                placement = {
+                    "workers": [sorted(os.sched_getaffinity(server.pid)) for server in servers],
+                    "clients": sorted(os.sched_getaffinity(0)),
+                }
                 try:
                     l0 = load1()
                     elapsed, verified = asyncio.run(
@@ -506,9 +511,10 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                 rows = rows or stored_rows(args)
             else:
                 l0 = load1()
+                placement = None
                 meter = CpuMeter(args, [])
                 rate = raw_insert_rate(args, rows, path, meter)
-            measures[path].append({"round": r, "rate": rate, "load": (l0, load1()), "cpu": meter.cpu})
+            measures[path].append({"round": r, "rate": rate, "load": (l0, load1()), "cpu": meter.cpu, "placement": placement})
     completions = sum(row[ROLLOUT_COLUMNS.index("completion_count")] for row in rows)
     return {"measures": measures, "completions": completions, "load_at_start": load_at_start}
 
@@ -536,6 +542,10 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
                 f"| {path_label(path)} | {m['round'] + 1} | {m['rate']:,.0f} | {cpu(m, 'client_or_server')}"
                 f" | {cpu(m, 'database')} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
             )
+    for path, ms in measures.items():
+        if path.endswith("/pinned") and ms:
+            where = ms[0]["placement"]
+            print(f"{path_label(path)}: workers on cores {where['workers']}, clients on cores {where['clients']}")
     print(
         f"({ingest['completions']:,} completions per measure; CPU from /proc, 10 ms ticks: the WebSocket"
         " paths' clients are not counted, the raw paths' are, as they are the work)"

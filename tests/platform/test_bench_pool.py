@@ -44,3 +44,16 @@ def test_the_share_cpu_benchmark_prints_server_and_database_cpu_per_share_and_it
     assert "(10 shares; load" in out, out  # 2 passes x (2 x 3 shares - 1 of warm-up)
     for label in ("server (parse_frame + rollout_share)", "PostgreSQL backend", "fingerprints", "verification"):
         assert f"| {label} |" in out, out
+
+
+def test_the_ingest_benchmark_measures_pinned_workers_on_cores_of_their_own(tmp_path):
+    args = ["--skip-sample", "--connections", "2", "--messages", "2", "--groups", "2", "--rounds", "2", "--force"]
+    out = run_bench("pool.py", [*args, "--moderation", "on", "--pin", "both"], "sapo_bench_pin", tmp_path)
+    lines = out.splitlines()
+    for label in ("with moderation rules, 1 worker |", "with moderation rules, 1 worker, pinned |"):
+        assert sum(1 for line in lines if line.startswith("| WebSocket share") and label in line) == 3, out
+    cores = sorted(os.sched_getaffinity(0))
+    where = next(line for line in lines if line.endswith("]") and ", pinned: workers on cores" in line)
+    # the worker alone on the last core, read back from the kernel; the clients on the others
+    expected_clients = cores[:-1] or cores
+    assert where.endswith(f"workers on cores [[{cores[-1]}]], clients on cores {expected_clients}"), where
