@@ -514,7 +514,9 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                 placement = None
                 meter = CpuMeter(args, [])
                 rate = raw_insert_rate(args, rows, path, meter)
-            measures[path].append({"round": r, "rate": rate, "load": (l0, load1()), "cpu": meter.cpu, "placement": placement})
+            measures[path].append(
+                {"round": r, "rate": rate, "load": (l0, load1()), "cpu": meter.cpu, "placement": placement}
+            )
     completions = sum(row[ROLLOUT_COLUMNS.index("completion_count")] for row in rows)
     return {"measures": measures, "completions": completions, "load_at_start": load_at_start}
 
