@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import importlib.util
 import json
 import os
 import random
@@ -41,22 +39,10 @@ import time
 import uuid
 from pathlib import Path
 
+from benchkit import load, pool_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
-
-
-@functools.cache
-def _pool_bench():
-    """bench/pool.py's helpers (server start, database, nodes, CPU of a process), loaded by path (once):
-    its module name would clash with the platform's `pool` app."""
-    spec = importlib.util.spec_from_file_location("bench_pool", ROOT / "bench" / "pool.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-def load() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -194,7 +180,7 @@ def honest_groups(n: int, seed: int = 11) -> list[tuple[object, int, dict, list[
     characters each, half with the right answer."""
     from sapo_node.tasks import CATALOGUES, build_entry
 
-    pool = _pool_bench()
+    pool = pool_bench()
     rng = random.Random(seed)
     catalogue = CATALOGUES["sapo"]
     groups = []
@@ -391,7 +377,7 @@ async def live_phase(
     ws = await connect(honest_token)
     tasks = [asyncio.create_task(attacker(t, f, r)) for t, (f, r) in zip(attacker_tokens, attacks or [], strict=False)]
     await asyncio.sleep(1.0 if attacks else 0.0)  # let the attack reach its pace
-    l0, cpu0, t0 = load(), _pool_bench().process_cpu(server_pid), time.perf_counter()
+    l0, cpu0, t0 = load(), pool_bench().process_cpu(server_pid), time.perf_counter()
     frames0, errors0, reconnects0 = sent["frames"], sent["errors"], sent["reconnects"]
     latencies = []
     for frame in honest:
@@ -403,7 +389,7 @@ async def live_phase(
             raise SystemExit(f"honest share not accepted: {str(reply)[:300]}")
         await asyncio.sleep(0.2)
     elapsed = time.perf_counter() - t0
-    cpu = _pool_bench().process_cpu(server_pid) - cpu0
+    cpu = pool_bench().process_cpu(server_pid) - cpu0
     attack_fps = (sent["frames"] - frames0) / elapsed
     refused_fps = (sent["errors"] - errors0) / elapsed
     reconnects = (sent["reconnects"] - reconnects0) / elapsed
@@ -423,7 +409,7 @@ async def live_phase(
 def bench_live(args: argparse.Namespace) -> None:
     from sapo_node.verifiers.vetted import max_answer_chars
 
-    pool = _pool_bench()
+    pool = pool_bench()
     args.bench_url = pool.with_db(args.database_url, args.db_name)
     pool.recreate_database(args.database_url, args.db_name)
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import random
@@ -33,7 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchkit import pool_bench
+
 ROOT = Path(__file__).resolve().parents[1]
+
 for folder in (ROOT / "node_client", ROOT / "platform"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
@@ -369,14 +371,6 @@ def forged_rows(catalogue_name: str) -> list[str]:
 # --- the benchmark --------------------------------------------------------------------------
 
 
-def _bench_pool():
-    """bench/pool.py's set-up helpers (its module name would shadow the platform's `pool` app)."""
-    spec = importlib.util.spec_from_file_location("bench_pool", ROOT / "bench" / "pool.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 SERVER_SCRIPT = """
 import sys
 import django
@@ -397,7 +391,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=9)
     parser.add_argument("--log", default=str(ROOT / "var" / "fuzz-server.log"), help="the server's log")
     args = parser.parse_args()
-    bench = _bench_pool()
+    bench = pool_bench()
     args.bench_url = bench.with_db(args.database_url, args.db_name)
     args.catalogue = "easy"
     bench.recreate_database(args.database_url, args.db_name)

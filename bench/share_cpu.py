@@ -18,7 +18,6 @@ machine compare runs taken in alternation only.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import json
 import os
@@ -27,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchkit import pool_bench
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,9 +72,7 @@ def child(args: argparse.Namespace) -> None:
     # bench/pool.py's frame builder, loaded with the tree's packages first on the path (it puts this
     # script's tree there when imported: undone).
     path = list(sys.path)
-    spec = importlib.util.spec_from_file_location("bench_pool", HERE / "pool.py")
-    bench_pool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_pool)
+    bench_pool = pool_bench()
     sys.path[:] = [str(tree / "platform"), str(tree / "node_client"), *path]
 
     url = bench_pool.with_db(args.database_url, args.db_name)

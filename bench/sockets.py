@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import random
@@ -43,24 +42,12 @@ import sys
 import time
 from pathlib import Path
 
+from benchkit import load, pool_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
 
-
-def _pool_bench():
-    """bench/pool.py's helpers (database, nodes, pool filling, the server script), loaded by path: its
-    module name would clash with the platform's `pool` app."""
-    spec = importlib.util.spec_from_file_location("bench_pool", ROOT / "bench" / "pool.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-POOL = _pool_bench()
-
-
-def load() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
+POOL = pool_bench()
 
 
 def parse_args() -> argparse.Namespace:

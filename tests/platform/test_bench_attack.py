@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.bench import run_bench
 
 
 def test_the_attack_benchmark_runs_and_reports_every_part(tmp_path):
-    env = dict(os.environ)
-    env.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "attack.py"), "--smoke", "--db-name", f"sapo_bench_attack_{os.getpid()}"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    out = run_bench("attack.py", ["--smoke"], "sapo_bench_attack", tmp_path)
     # (a) the eval payload ran under reasoning-gym and not under ours; the power tower was stopped.
     assert "| binary_matrix | eval that writes a file |" in out and "| yes |" in out
     assert "killed at 1 s (CPU limit)" in out

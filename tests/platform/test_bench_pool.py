@@ -4,23 +4,8 @@ alternation, each measure with its load average (its figures are docs/benchmarks
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_bench(script: str, args: list[str], db_name: str, cwd: Path) -> str:
-    """Run bench/<script> on DATABASE_URL's server in a database of its own; its output."""
-    env = dict(os.environ)
-    env.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args, "--db-name", f"{db_name}_{os.getpid()}"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=cwd,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+from support.bench import run_bench
 
 
 def test_the_ingest_benchmark_measures_every_path_in_every_round_with_the_load(tmp_path):
