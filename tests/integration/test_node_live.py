@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -209,6 +210,33 @@ def test_two_nodes_share_get_accepted_and_train_on_each_others_groups(
 
 
 # ---------------------------------------------------------------------------- cuts
+
+
+def test_a_node_faster_than_its_frame_budget_is_paced_not_refused(swarm_servers, transports, tmp_path, caplog):
+    """A node making rounds faster than its frame budget allows (a small model on a fast machine): it
+    sends fewer, larger share frames and one report for the rounds made meanwhile, and the server
+    never refuses it. Unpaced, the same 60 rounds (a share and a report each, within ~2 s) are 120
+    frames against a bucket of 60: refused with rate_limited, then closed with 4429."""
+    node, token = make_node_with_token(name="sprinter")
+    limits = {"max_groups_per_message": 8, "max_messages_per_minute": 60}
+    groups = right_and_wrong_groups(60, seed=21)
+    with (
+        swarm_servers(settings={"SAPO_LIMITS": limits}) as server,
+        caplog.at_level(logging.WARNING, logger="sapo_node.transport"),
+    ):
+        t = transports(server.ws_url + "/ws/node/", token, tmp_path / "outbox.sqlite3")
+        t.start(HELLO)
+        assert t.wait_connected(10)
+        for r, g in enumerate(groups):
+            t.share([g])
+            t.report({"round": r, "reward_mean": 0.5, "used": []})
+            time.sleep(0.03)
+        assert wait_for(lambda: t.counts().accepted == 60, timeout=90), t.counts()
+        assert wait_for(lambda: NodeRound.objects.filter(node=node, round=59).exists(), timeout=30)
+        assert t.share_frames <= 20  # 8 groups a frame when it could, not one frame a round
+    refusals = [r.getMessage() for r in caplog.records if "rate_limited" in r.getMessage() or "4429" in r.getMessage()]
+    assert refusals == []
+    assert NodeRound.objects.filter(node=node).count() < 60  # rounds made meanwhile: reported once
 
 
 def test_a_connection_cut_mid_stream_loses_and_duplicates_nothing(swarm_server, transports, proxies, tmp_path):

@@ -13,7 +13,14 @@ from sapo_node.groups import Group
 from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef
 from sapo_node.transport import Hello, MemoryPool, MemoryTransport
-from sapo_node.transport.websocket import BACKOFF_MIN, WebSocketTransport, retry_pause
+from sapo_node.transport.websocket import (
+    BACKOFF_MIN,
+    BUDGET_SHARE,
+    BURST_SECONDS,
+    FramePacer,
+    WebSocketTransport,
+    retry_pause,
+)
 
 HELLO = Hello("sapo-node/test", "tiny", "cpu", 2, 2)
 
@@ -258,3 +265,67 @@ def test_a_server_address_that_is_not_a_web_address_is_refused(typed):
 
     with pytest.raises(ValueError, match="--server"):
         node_endpoint(typed)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_frames_are_paced_below_the_announced_budget_after_a_burst():
+    clock = Clock()
+    pacer = FramePacer(clock)
+    assert pacer.delay(10**9) == 0  # no limits yet (before the welcome): nothing to pace
+    pacer.configure({"max_messages_per_minute": 60, "max_bytes_per_minute": 6_000_000})
+    rate = BUDGET_SHARE * 60 / 60  # frames a second
+    burst = int(rate * BURST_SECONDS)
+    for _ in range(burst):
+        assert pacer.delay(100) == 0
+        pacer.spend(100)
+    assert pacer.delay(100) == pytest.approx(1 / rate)
+    clock.now += 1 / rate
+    assert pacer.delay(100) == pytest.approx(0, abs=1e-9)
+    pacer.spend(100)
+    # Over a minute, at most the budget's share goes out (plus the first burst).
+    sent, start = 0, clock.now
+    while clock.now < start + 60:
+        wait = pacer.delay(100)
+        if wait > 0:
+            clock.now += wait
+            continue
+        pacer.spend(100)
+        sent += 1
+    assert sent <= BUDGET_SHARE * 60 + 1
+
+
+def test_bytes_are_paced_too_and_a_frame_larger_than_the_burst_waits_for_a_full_bucket():
+    clock = Clock()
+    pacer = FramePacer(clock)
+    pacer.configure({"max_messages_per_minute": 10_000, "max_bytes_per_minute": 60_000})
+    byte_rate = BUDGET_SHARE * 60_000 / 60
+    pacer.spend(int(byte_rate * BURST_SECONDS))  # the burst of bytes, spent
+    assert pacer.delay(800) == pytest.approx(1.0)
+    huge = 10**6  # more than the bucket holds: it goes when the bucket is full again
+    assert pacer.delay(huge) == pytest.approx(BURST_SECONDS)
+    clock.now += BURST_SECONDS
+    assert pacer.delay(huge) == pytest.approx(0, abs=1e-9)
+
+
+def test_reports_queued_meanwhile_go_as_one_with_the_newest_figures_and_every_used_id(tmp_path):
+    t = WebSocketTransport("ws://127.0.0.1:9/ws/node/", "token", tmp_path / "outbox.sqlite3")
+    try:
+        t.limits["max_used_per_report"] = 4
+        t.report({"round": 1, "reward_mean": 0.1, "used": ["a", "b"]})
+        t.report({"round": 2, "reward_mean": 0.2, "used": ["b", "c"]})
+        t.report({"round": 3, "reward_mean": 0.3, "used": ["d", "e", "f"]})
+        first = t._merged_report()
+        assert first == {"round": 3, "reward_mean": 0.3, "used": ["a", "b", "c", "d"]}
+        assert t._merged_report() == {"round": 3, "reward_mean": 0.3, "used": ["e", "f"]}  # the ids past the cap
+        assert not t._reports
+        t.report({"round": 4, "reward_mean": 0.4})
+        assert t._merged_report() == {"round": 4, "reward_mean": 0.4}  # no ids: none added
+    finally:
+        t.close()

@@ -13,6 +13,12 @@ between half and one and a half of it, the first one included, so the nodes arri
 rather than together. A socket that opened waits WELCOME_TIMEOUT for its welcome: a server busy with
 the crowd answers late, and a node that gave up and came back would only add to its queue.
 bench/sockets.py measures the crowd's return with this same policy (docs/benchmarks.md, "Sockets").
+
+Within the server's budgets: every frame goes out through a `FramePacer` set from `welcome.limits`,
+so a node that trains fast (a small model on a fast machine makes a round in a fraction of a second)
+sends fewer, larger share frames and one report for the rounds it made meanwhile, instead of being
+refused with `rate_limited` (refusals count against the budget too, and `max_consecutive_errors` of
+them close the socket with 4429).
 """
 
 from __future__ import annotations
@@ -52,6 +58,65 @@ def retry_pause(delay: float, rng: random.Random | None = None) -> float:
     """The pause before a retry: `delay` with jitter (uniform between 0.5 and 1.5 times it), so nodes
     dropped together do not come back together."""
     return delay * (rng or random).uniform(0.5, 1.5)
+
+
+#: Share of the server's per-minute frame and byte allowances (welcome.limits) a node spends: the
+#: server's buckets are shared by all of the node's connections, and a reconnect starts paced.
+BUDGET_SHARE = 0.8
+#: Seconds of that allowance a node may spend at once (a burst), then it goes at the refill rate.
+BURST_SECONDS = 10.0
+
+
+class FramePacer:
+    """The node's side of the server's budgets (docs/protocol.md, "Budgets"): two token buckets, frames
+    and their bytes, refilled at BUDGET_SHARE of `max_messages_per_minute` and `max_bytes_per_minute`
+    and holding BURST_SECONDS of that. Unlimited until `configure` is given limits. A frame larger
+    than the byte bucket waits until it is full (the server admits such a frame on a full bucket)."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._rates: tuple[float, float] | None = None  # frames/s, bytes/s
+        self._caps = (0.0, 0.0)
+        self._tokens = [0.0, 0.0]
+        self._at = clock()
+
+    def configure(self, limits: dict[str, int]) -> None:
+        frames, size = limits.get("max_messages_per_minute"), limits.get("max_bytes_per_minute")
+        if not frames or not size:
+            self._rates = None
+            return
+        rates = (BUDGET_SHARE * frames / 60.0, BUDGET_SHARE * size / 60.0)
+        caps = (max(1.0, rates[0] * BURST_SECONDS), rates[1] * BURST_SECONDS)
+        if self._rates is None:  # the first limits: start with a full burst
+            self._tokens = list(caps)
+        else:  # new limits (a welcome again): what is left carries over, within the new burst
+            self._refill()
+            self._tokens = [min(t, c) for t, c in zip(self._tokens, caps, strict=True)]
+        self._rates, self._caps, self._at = rates, caps, self._clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        if self._rates is not None:
+            elapsed = now - self._at
+            self._tokens = [
+                min(c, t + r * elapsed) for t, r, c in zip(self._tokens, self._rates, self._caps, strict=True)
+            ]
+        self._at = now
+
+    def delay(self, size: int) -> float:
+        """Seconds until a frame of `size` bytes may go (0: now)."""
+        if self._rates is None:
+            return 0.0
+        self._refill()
+        need = (1.0, min(float(size), self._caps[1]))
+        return max(max(0.0, n - t) / r for n, t, r in zip(need, self._tokens, self._rates, strict=True))
+
+    def spend(self, size: int) -> None:
+        """A frame of `size` bytes went out (the buckets may go below zero: the next frames wait)."""
+        if self._rates is None:
+            return
+        self._refill()
+        self._tokens = [self._tokens[0] - 1.0, self._tokens[1] - min(float(size), self._caps[1])]
 
 
 #: Close codes after which retrying cannot help.
@@ -106,6 +171,7 @@ class WebSocketTransport(Transport):
         self.node_name: str | None = None
         self.last_error: str | None = None
         self.share_frames = 0  # frames sent, for diagnostics and tests
+        self.pacer = FramePacer()  # kept across connections: the server's budgets are per node
         self._state = "idle"
         self._catalogue: Catalogue | None = None
         self._hello: Hello | None = None
@@ -264,7 +330,7 @@ class WebSocketTransport(Transport):
         self._next_share = 0.0
         self._ref = 0
         self._welcome = asyncio.Event()
-        await ws.send(json.dumps(self._hello.to_wire()))
+        await self._send(ws, self._hello.to_wire())
         tasks = [asyncio.create_task(self._reader(ws)), asyncio.create_task(self._writer(ws))]
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
@@ -302,19 +368,45 @@ class WebSocketTransport(Transport):
             self._wake.clear()
             await self._send_shares(ws)
             await self._request_samples(ws)
-            while self._reports:
-                await ws.send(json.dumps(protocol.frame(protocol.REPORT, **self._reports[0])))
-                self._reports.popleft()
+            if self._reports and time.monotonic() >= self._next_share:  # not while backing off
+                await self._send(ws, protocol.frame(protocol.REPORT, **self._merged_report()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
 
     # ------------------------------------------------------------------ frames
+    async def _send(self, ws: ClientConnection, frame: dict[str, Any]) -> None:
+        """Send a frame when the pacer allows it (waiting meanwhile, unless the node is stopping)."""
+        text = json.dumps(frame)
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        delay = self.pacer.delay(size)
+        if delay > 0:
+            await self._sleep(delay)  # returns early only when the node stops
+        self.pacer.spend(size)
+        await ws.send(text)
+
+    def _merged_report(self) -> dict[str, Any]:
+        """The queued reports as one (taken off the queue): the newest round's figures and the `used`
+        ids of them all, in order, once each, at most `max_used_per_report`; ids past that stay queued
+        in a copy of the same report (sending a round again replaces its figures, docs/protocol.md).
+        A node paced by its budgets reports once for the rounds it made meanwhile."""
+        reports = list(self._reports)
+        self._reports.clear()
+        merged = dict(reports[-1])
+        used = list(dict.fromkeys(i for r in reports for i in r.get("used") or ()))
+        cap = max(1, self.limits.get("max_used_per_report", 1024))
+        if "used" in merged or used:
+            merged["used"] = used[:cap]
+        if len(used) > cap:
+            self._reports.append(dict(merged, used=used[cap:]))
+        return merged
+
     def _on_welcome(self, frame: dict[str, Any]) -> None:
         try:
             self._catalogue = Catalogue.from_json(frame["catalogue"])
         except (KeyError, TypeError, ValueError):
             log.warning("the server's welcome has no usable catalogue; keeping the current one")
         self.limits.update({k: int(v) for k, v in (frame.get("limits") or {}).items() if isinstance(v, (int, float))})
+        self.pacer.configure(self.limits)
         self.node_name = frame.get("node_name")
         self._was_welcomed = True
         self._state = "connected"
@@ -398,7 +490,7 @@ class WebSocketTransport(Transport):
     async def _send_share_frame(self, ws: ClientConnection, batch: list[dict[str, Any]]) -> None:
         ref = self._next_ref()
         self._inflight[ref] = [r["id"] for r in batch]
-        await ws.send(json.dumps(protocol.frame(protocol.SHARE, ref=ref, rollouts=batch)))
+        await self._send(ws, protocol.frame(protocol.SHARE, ref=ref, rollouts=batch))
         self.share_frames += 1
 
     def _local_reason(self, rollout: dict[str, Any]) -> str | None:
@@ -423,4 +515,4 @@ class WebSocketTransport(Transport):
         self._sample_n = min(missing, self.limits["max_sample_n"])
         self._sample_pending_since = now
         self._sample_ref = self._next_ref()
-        await ws.send(json.dumps(protocol.frame(protocol.SAMPLE, n=self._sample_n, ref=self._sample_ref)))
+        await self._send(ws, protocol.frame(protocol.SAMPLE, n=self._sample_n, ref=self._sample_ref))
