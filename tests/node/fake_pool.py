@@ -35,6 +35,7 @@ class FakePool:
         self.sampleable: list[dict[str, Any]] = []
         self.reports: list[dict[str, Any]] = []
         self.sample_requests = 0
+        self.serve_once = False  # True: each sampleable group is served once (a pool with fresh groups)
         self.connections = 0
         self._open: set[ServerConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -124,7 +125,10 @@ class FakePool:
             return {"type": "ack", "v": 1, "for": "share", "accepted": accepted, "rejected": rejected}
         if kind == "sample":
             self.sample_requests += 1
-            return {"type": "samples", "v": 1, "rollouts": self.sampleable[: frame["n"]]}
+            served = self.sampleable[: frame["n"]]
+            if self.serve_once:
+                self.sampleable = self.sampleable[len(served) :]
+            return {"type": "samples", "v": 1, "rollouts": served}
         if kind == "report":
             self.reports.append(frame)
             return {"type": "ack", "v": 1, "for": "report", "round": frame["round"]}

@@ -44,9 +44,8 @@ def transports():
     made = []
 
     def make(url, token="good-token", path=None, **kwargs):
-        t = WebSocketTransport(
-            url, token, path, backoff_min=0.05, backoff_max=0.2, poll_interval=0.05, open_timeout=2, **kwargs
-        )
+        fast = {"backoff_min": 0.05, "backoff_max": 0.2, "poll_interval": 0.05, "open_timeout": 2}
+        t = WebSocketTransport(url, token, path, **(fast | kwargs))
         made.append(t)
         return t
 
@@ -329,3 +328,35 @@ def test_reports_queued_meanwhile_go_as_one_with_the_newest_figures_and_every_us
         assert t._merged_report() == {"round": 4, "reward_mean": 0.4}  # no ids: none added
     finally:
         t.close()
+
+
+def test_a_round_that_drains_the_buffer_gets_it_refilled_before_the_next_poll(tmp_path, transports):
+    pool = FakePool().start()
+    try:
+        pool.sampleable = [{**group(100 + i).to_wire(), "node": "peer"} for i in range(200)]
+        pool.serve_once = True
+        # A poll interval far longer than the test: only a drained buffer can bring the next request.
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
+        t.start(HELLO)
+        assert wait_for(lambda: len(t._buffer) == 8)
+        taken = []
+        for _ in range(6):  # six rounds, each taking 4, faster than one poll interval
+            assert wait_for(lambda: len(t._buffer) >= 4, timeout=5)
+            taken += t.take_external(4)
+        assert len({g.id for g in taken}) == 24  # three buffers' worth, all within one poll interval
+    finally:
+        pool.stop()
+
+
+def test_a_thin_pool_is_not_asked_again_when_the_buffer_drains(tmp_path, transports):
+    pool = FakePool().start()
+    try:
+        pool.sampleable = [{**group(7).to_wire(), "node": "peer"}]  # the node wants 8, the pool has 1
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
+        t.start(HELLO)
+        assert wait_for(lambda: len(t._buffer) == 1)
+        assert [g.id for g in t.take_external(4)] == [group(7).id]
+        time.sleep(0.5)
+        assert pool.sample_requests == 1  # the reply was short: the next request waits for its poll
+    finally:
+        pool.stop()

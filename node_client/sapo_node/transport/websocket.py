@@ -173,6 +173,8 @@ class WebSocketTransport(Transport):
         self.share_frames = 0  # frames sent, for diagnostics and tests
         self.pacer = FramePacer()  # kept across connections: the server's budgets are per node
         self._state = "idle"
+        self._thin = False  # the last samples reply could not fill the request
+        self._refill_now = False  # take_external drained the buffer: ask before the next poll
         self._catalogue: Catalogue | None = None
         self._hello: Hello | None = None
         self._buffer: collections.deque[Group] = collections.deque()
@@ -202,7 +204,14 @@ class WebSocketTransport(Transport):
 
     def take_external(self, max_n: int) -> list[Group]:
         with self._lock:
-            return [self._buffer.popleft() for _ in range(min(max_n, len(self._buffer)))]
+            taken = [self._buffer.popleft() for _ in range(min(max_n, len(self._buffer)))]
+            drained = len(self._buffer) < max(self.buffer_size, 1) // 2
+        if drained and taken and not self._thin:
+            # A round took what the buffer held: ask again now rather than at the next poll (a fast
+            # node plays several rounds per poll interval; the pacer still bounds the requests).
+            self._refill_now = True
+            self._poke()
+        return taken
 
     def report(self, report: dict[str, Any]) -> None:
         self._reports.append(dict(report))
@@ -442,7 +451,7 @@ class WebSocketTransport(Transport):
             while len(self._buffer) > max(self.buffer_size, 1) * 2:
                 self._buffer.popleft()  # keep the freshest
         # A pool that could not fill the request has nothing new for a while: ask less often.
-        thin = added < self._sample_n
+        thin = self._thin = added < self._sample_n
         self._next_sample = time.monotonic() + self.poll_interval * (5 if thin else 1)
 
     def _on_error(self, frame: dict[str, Any]) -> None:
@@ -510,8 +519,9 @@ class WebSocketTransport(Transport):
             return
         with self._lock:
             missing = self.buffer_size - len(self._buffer)
-        if missing <= 0 or now < self._next_sample:
+        if missing <= 0 or (now < self._next_sample and not self._refill_now):
             return
+        self._refill_now = False
         self._sample_n = min(missing, self.limits["max_sample_n"])
         self._sample_pending_since = now
         self._sample_ref = self._next_ref()
