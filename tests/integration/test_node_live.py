@@ -234,6 +234,7 @@ def test_a_node_faster_than_its_frame_budget_is_paced_not_refused(swarm_servers,
         assert wait_for(lambda: t.counts().accepted == 60, timeout=90), t.counts()
         assert wait_for(lambda: NodeRound.objects.filter(node=node, round=59).exists(), timeout=30)
         assert t.share_frames <= 20  # 8 groups a frame when it could, not one frame a round
+        t.close()  # before its server goes
     refusals = [r.getMessage() for r in caplog.records if "rate_limited" in r.getMessage() or "4429" in r.getMessage()]
     assert refusals == []
     assert NodeRound.objects.filter(node=node).count() < 60  # rounds made meanwhile: reported once

@@ -345,8 +345,13 @@ class WebSocketTransport(Transport):
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        for task in done:
-            task.result()  # re-raise what ended the session
+        # Both may have ended together (the connection dropped under the reader and a send at once):
+        # take every outcome, so no exception is left "never retrieved" for the garbage collector to
+        # log at some later moment, and re-raise the first.
+        errors = [task.exception() for task in done if not task.cancelled()]
+        for error in errors:
+            if error is not None:
+                raise error
 
     def _next_ref(self) -> str:
         self._ref += 1
