@@ -33,6 +33,7 @@ from nodes.models import Node, NodeStatus
 from nodes.presence import connected_node_ids, connection_counts, expires_after_seconds
 from nodes.selectors import node_status
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout, Verdict
+from pool.seams import moderation
 from sapo_node import loop
 from sapo_node.cli import main
 from sapo_node.config import NodeConfig
@@ -215,10 +216,13 @@ def test_two_nodes_share_get_accepted_and_train_on_each_others_groups(
 def test_a_node_faster_than_its_frame_budget_is_paced_not_refused(swarm_servers, transports, tmp_path, caplog):
     """A node making rounds faster than its frame budget allows (a small model on a fast machine): it
     sends fewer, larger share frames and one report for the rounds made meanwhile, and the server
-    never refuses it. Unpaced, the same 60 rounds (a share and a report each, within ~2 s) are 120
-    frames against a bucket of 60: refused with rate_limited, then closed with 4429."""
+    never refuses it. Its budget is its trust's share of the configured 180 frames a minute (58 for a
+    new node), and `welcome` says so: paced to the configured 180, or unpaced (60 rounds, a share and a
+    report each, within ~2 s: 120 frames), it is refused with rate_limited, then closed with 4429."""
     node, token = make_node_with_token(name="sprinter")
-    limits = {"max_groups_per_message": 8, "max_messages_per_minute": 60}
+    limits = {"max_groups_per_message": 8, "max_messages_per_minute": 180}
+    quota = moderation().node_message_quotas(node_ids=[node.id], base=180)[node.id]
+    assert quota < 180 / 2  # a new node's
     groups = right_and_wrong_groups(60, seed=21)
     with (
         swarm_servers(settings={"SAPO_LIMITS": limits}) as server,
@@ -227,6 +231,7 @@ def test_a_node_faster_than_its_frame_budget_is_paced_not_refused(swarm_servers,
         t = transports(server.ws_url + "/ws/node/", token, tmp_path / "outbox.sqlite3")
         t.start(HELLO)
         assert t.wait_connected(10)
+        assert t.limits["max_messages_per_minute"] == quota
         for r, g in enumerate(groups):
             t.share([g])
             t.report({"round": r, "reward_mean": 0.5, "used": []})

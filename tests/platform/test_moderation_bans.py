@@ -13,6 +13,7 @@ from support.moderation import group, share, staff
 
 from moderation.models import AuditEntry
 from moderation.services import contributor_ban, node_ban
+from pool.limits import current_limits
 from pool.models import Rollout
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
@@ -68,11 +69,15 @@ async def test_banning_a_contributor_closes_all_their_nodes_sockets():
 async def test_a_low_trust_node_gets_a_smaller_message_quota(settings):
     settings.SAPO_LIMITS = {"max_messages_per_minute": 10}
     node, token = await db(make_node_with_token)(name="newcomer")
-    socket = await open_socket(token, hello=True)  # quota: int(10 * (0.25 + 0.75 * 0.1)) = 3 messages a minute
+    socket = await open_socket(token)
     hello = json.dumps({"type": "hello", "v": 1, "client": "t", "model": "m", "hardware": "h"})
     replies = []
-    for _ in range(3):
+    for _ in range(4):
         await socket.send_to(text_data=hello)
-        replies.append((await socket.receive_json_from(timeout=TIMEOUT))["type"])
-    assert replies == ["welcome", "welcome", "error"]  # the hello in open_socket counted as the first
+        replies.append(await socket.receive_json_from(timeout=TIMEOUT))
+    # quota: int(10 * (0.25 + 0.75 * 0.1)) = 3 messages a minute, and welcome announces it (the client
+    # paces itself to what it is told)
+    assert [r["type"] for r in replies] == ["welcome", "welcome", "welcome", "error"]
+    assert {r["limits"]["max_messages_per_minute"] for r in replies[:3]} == {3}
+    assert replies[0]["limits"]["max_bytes_per_minute"] == current_limits().max_bytes_per_minute
     await socket.disconnect()
