@@ -35,8 +35,10 @@ class FakePool:
         self.sampleable: list[dict[str, Any]] = []
         self.reports: list[dict[str, Any]] = []
         self.sample_requests = 0
+        self.sample_sizes: list[int] = []  # n of each sample request, in order
         self.serve_once = False  # True: each sampleable group is served once (a pool with fresh groups)
         self.connections = 0
+        self.limits: dict[str, int] = {"max_groups_per_message": 2}  # welcome.limits
         self._open: set[ServerConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
@@ -108,7 +110,7 @@ class FakePool:
         kind = frame["type"]
         if kind == "hello":
             return {"type": "welcome", "v": 1, "node_id": 1, "node_name": "laptop",
-                    "catalogue": EASY_CATALOGUE.to_json(), "limits": {"max_groups_per_message": 2}}  # fmt: skip
+                    "catalogue": EASY_CATALOGUE.to_json(), "limits": dict(self.limits)}  # fmt: skip
         if kind == "share":
             ids = [r["id"] for r in frame["rollouts"]]
             self.share_frames.append(ids)
@@ -125,6 +127,7 @@ class FakePool:
             return {"type": "ack", "v": 1, "for": "share", "accepted": accepted, "rejected": rejected}
         if kind == "sample":
             self.sample_requests += 1
+            self.sample_sizes.append(frame["n"])
             served = self.sampleable[: frame["n"]]
             if self.serve_once:
                 self.sampleable = self.sampleable[len(served) :]

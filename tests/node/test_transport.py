@@ -348,6 +348,47 @@ def test_a_round_that_drains_the_buffer_gets_it_refilled_before_the_next_poll(tm
         pool.stop()
 
 
+def test_a_node_whose_rounds_outrun_its_sample_frames_asks_for_more_groups_per_frame(tmp_path, transports):
+    """A small model on a fast machine: rounds of 4 external groups every 50 ms, 60 frames a minute
+    (paced to 48, a burst of 8). A buffer of 8 refilled 8 at a time brings at most ~110 groups in 6 s
+    (8 groups a frame: the burst, then one frame every 1.25 s); once the burst is spent, asking for more
+    per frame as rounds find the buffer short brings most of what they take."""
+    pool = FakePool().start()
+    pool.limits = {"max_messages_per_minute": 60, "max_bytes_per_minute": 10**8, "max_sample_n": 64}
+    try:
+        pool.sampleable = [{**group(1000 + i).to_wire(), "node": "peer"} for i in range(1000)]
+        pool.serve_once = True
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
+        t.start(HELLO)
+        assert wait_for(lambda: len(t._buffer) == 8)
+        taken = []
+        for _ in range(120):
+            taken += t.take_external(4)
+            time.sleep(0.05)
+        assert len({g.id for g in taken}) == len(taken) >= 200, pool.sample_sizes
+        assert pool.sample_requests <= 8 + 6  # the frame budget holds: the burst and what refilled
+        assert 8 < max(pool.sample_sizes) <= 64  # grown as rounds drained the buffer, up to max_sample_n
+    finally:
+        pool.stop()
+
+
+def test_a_buffer_bounded_by_max_buffer_size_does_not_grow(tmp_path, transports):
+    """The experiment runner's nodes train on the pool as it was after their previous turn: their
+    buffer stays J groups however fast their rounds drain it."""
+    pool = FakePool().start()
+    try:
+        pool.sampleable = [{**group(1000 + i).to_wire(), "node": "peer"} for i in range(1000)]
+        pool.serve_once = True
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=4, max_buffer_size=4, poll_interval=30.0)
+        t.start(HELLO)
+        for _ in range(10):
+            assert wait_for(lambda: len(t._buffer) == 4)
+            assert len(t.take_external(4)) == 4
+        assert pool.sample_sizes and set(pool.sample_sizes) == {4}
+    finally:
+        pool.stop()
+
+
 def test_a_thin_pool_is_not_asked_again_when_the_buffer_drains(tmp_path, transports):
     pool = FakePool().start()
     try:
@@ -358,5 +399,6 @@ def test_a_thin_pool_is_not_asked_again_when_the_buffer_drains(tmp_path, transpo
         assert [g.id for g in t.take_external(4)] == [group(7).id]
         time.sleep(0.5)
         assert pool.sample_requests == 1  # the reply was short: the next request waits for its poll
+        assert t.target == 8  # and a round that came up short does not ask for more per request
     finally:
         pool.stop()

@@ -169,7 +169,7 @@ def run_swarm(
                 )  # fmt: skip
                 (run_dir / name).mkdir(parents=True, exist_ok=True)
                 transport = WebSocketTransport(url, config.token, run_dir / name / OUTBOX_FILE, buffer_size=external,
-                                               poll_interval=POLL_INTERVAL)  # fmt: skip
+                                               max_buffer_size=external, poll_interval=POLL_INTERVAL)  # fmt: skip
                 nodes.append(SwarmNode.start(k, config, transport, clone_policy(initial[model])))
                 if (catalogue := transport.catalogue()) is None or catalogue.name != cfg.catalogue:
                     raise RuntimeError(f"the server does not serve catalogue {cfg.catalogue!r}")
