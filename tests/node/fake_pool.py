@@ -37,6 +37,8 @@ class FakePool:
         self.sample_requests = 0
         self.sample_sizes: list[int] = []  # n of each sample request, in order
         self.serve_once = False  # True: each sampleable group is served once (a pool with fresh groups)
+        self.serve_step: int | None = None  # each reply starts this many groups after the last one's start
+        self._served_from = 0
         self.connections = 0
         self.limits: dict[str, int] = {"max_groups_per_message": 2}  # welcome.limits
         self._open: set[ServerConnection] = set()
@@ -128,7 +130,9 @@ class FakePool:
         if kind == "sample":
             self.sample_requests += 1
             self.sample_sizes.append(frame["n"])
-            served = self.sampleable[: frame["n"]]
+            served = self.sampleable[self._served_from : self._served_from + frame["n"]]
+            if self.serve_step is not None:  # the next reply repeats some of these (uniform draws do)
+                self._served_from += self.serve_step
             if self.serve_once:
                 self.sampleable = self.sampleable[len(served) :]
             return {"type": "samples", "v": 1, "rollouts": served}

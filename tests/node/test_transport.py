@@ -389,6 +389,26 @@ def test_a_buffer_bounded_by_max_buffer_size_does_not_grow(tmp_path, transports)
         pool.stop()
 
 
+def test_replies_repeating_a_few_groups_already_seen_do_not_slow_sampling(tmp_path, transports):
+    """Uniform draws from a pool a node has partly seen repeat some groups: a reply with most of its
+    groups new is not a thin pool (which would wait five poll intervals), and the rounds keep getting
+    groups."""
+    pool = FakePool().start()
+    try:
+        pool.sampleable = [{**group(1000 + i).to_wire(), "node": "peer"} for i in range(1000)]
+        pool.serve_step = 5  # each reply of 8: 3 groups of the previous reply, 5 new
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, max_buffer_size=8, poll_interval=30.0)
+        t.start(HELLO)
+        assert wait_for(lambda: len(t._buffer) == 8)
+        taken = []
+        for _ in range(20):
+            assert wait_for(lambda: len(t._buffer) >= 4, timeout=5)
+            taken += t.take_external(4)
+        assert len({g.id for g in taken}) == len(taken) == 80
+    finally:
+        pool.stop()
+
+
 def test_a_thin_pool_is_not_asked_again_when_the_buffer_drains(tmp_path, transports):
     pool = FakePool().start()
     try:
