@@ -54,6 +54,26 @@ def transports():
         t.close()
 
 
+@pytest.fixture
+def peer_pool():
+    """A started FakePool offering `count` groups of another node (ids from `first`), its other
+    attributes set from the keywords; stopped after the test (after the transports of a test that
+    names it before `transports`: a transport closes before its server goes)."""
+    started = []
+
+    def make(count, *, first=1000, **attributes):
+        pool = FakePool()
+        for name, value in attributes.items():
+            setattr(pool, name, value)
+        pool.sampleable = [{**group(first + i).to_wire(), "node": "peer"} for i in range(count)]
+        started.append(pool.start())
+        return pool
+
+    yield make
+    for pool in started:
+        pool.stop()
+
+
 def test_nodes_dropped_together_retry_spread_out_even_the_first_time():
     rng = random.Random(5)
     pauses = [retry_pause(BACKOFF_MIN, rng) for _ in range(1000)]  # a thousand nodes, one restart
@@ -330,83 +350,63 @@ def test_reports_queued_meanwhile_go_as_one_with_the_newest_figures_and_every_us
         t.close()
 
 
-def test_a_round_that_drains_the_buffer_gets_it_refilled_before_the_next_poll(tmp_path, transports):
-    pool = FakePool().start()
-    try:
-        pool.sampleable = [{**group(100 + i).to_wire(), "node": "peer"} for i in range(200)]
-        pool.serve_once = True
-        # A poll interval far longer than the test: only a drained buffer can bring the next request.
-        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
-        t.start(HELLO)
-        assert wait_for(lambda: len(t._buffer) == 8)
-        taken = []
-        for _ in range(6):  # six rounds, each taking 4, faster than one poll interval
-            assert wait_for(lambda: len(t._buffer) >= 4, timeout=5)
-            taken += t.take_external(4)
-        assert len({g.id for g in taken}) == 24  # three buffers' worth, all within one poll interval
-    finally:
-        pool.stop()
+def test_a_round_that_drains_the_buffer_gets_it_refilled_before_the_next_poll(tmp_path, peer_pool, transports):
+    pool = peer_pool(200, first=100, serve_once=True)
+    # A poll interval far longer than the test: only a drained buffer can bring the next request.
+    t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
+    t.start(HELLO)
+    assert wait_for(lambda: len(t._buffer) == 8)
+    taken = []
+    for _ in range(6):  # six rounds, each taking 4, faster than one poll interval
+        assert wait_for(lambda: len(t._buffer) >= 4, timeout=5)
+        taken += t.take_external(4)
+    assert len({g.id for g in taken}) == 24  # three buffers' worth, all within one poll interval
 
 
-def test_a_node_whose_rounds_outrun_its_sample_frames_asks_for_more_groups_per_frame(tmp_path, transports):
+def test_a_node_whose_rounds_outrun_its_sample_frames_asks_for_more_groups_per_frame(tmp_path, peer_pool, transports):
     """A small model on a fast machine: rounds of 4 external groups every 50 ms, 60 frames a minute
     (paced to 48, a burst of 8). A buffer of 8 refilled 8 at a time brings at most ~110 groups in 6 s
     (8 groups a frame: the burst, then one frame every 1.25 s); once the burst is spent, asking for more
     per frame as rounds find the buffer short brings most of what they take."""
-    pool = FakePool().start()
-    pool.limits = {"max_messages_per_minute": 60, "max_bytes_per_minute": 10**8, "max_sample_n": 64}
-    try:
-        pool.sampleable = [{**group(1000 + i).to_wire(), "node": "peer"} for i in range(1000)]
-        pool.serve_once = True
-        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
-        t.start(HELLO)
-        assert wait_for(lambda: len(t._buffer) == 8)
-        taken = []
-        for _ in range(120):
-            taken += t.take_external(4)
-            time.sleep(0.05)
-        assert len({g.id for g in taken}) == len(taken) >= 200, pool.sample_sizes
-        assert pool.sample_requests <= 8 + 6  # the frame budget holds: the burst and what refilled
-        assert 8 < max(pool.sample_sizes) <= 64  # grown as rounds drained the buffer, up to max_sample_n
-    finally:
-        pool.stop()
+    limits = {"max_messages_per_minute": 60, "max_bytes_per_minute": 10**8, "max_sample_n": 64}
+    pool = peer_pool(1000, serve_once=True, limits=limits)
+    t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
+    t.start(HELLO)
+    assert wait_for(lambda: len(t._buffer) == 8)
+    taken = []
+    for _ in range(120):
+        taken += t.take_external(4)
+        time.sleep(0.05)
+    assert len({g.id for g in taken}) == len(taken) >= 200, pool.sample_sizes
+    assert pool.sample_requests <= 8 + 6  # the frame budget holds: the burst and what refilled
+    assert 8 < max(pool.sample_sizes) <= 64  # grown as rounds drained the buffer, up to max_sample_n
 
 
-def test_a_buffer_bounded_by_max_buffer_size_does_not_grow(tmp_path, transports):
+def test_a_buffer_bounded_by_max_buffer_size_does_not_grow(tmp_path, peer_pool, transports):
     """The experiment runner's nodes train on the pool as it was after their previous turn: their
     buffer stays J groups however fast their rounds drain it."""
-    pool = FakePool().start()
-    try:
-        pool.sampleable = [{**group(1000 + i).to_wire(), "node": "peer"} for i in range(1000)]
-        pool.serve_once = True
-        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=4, max_buffer_size=4, poll_interval=30.0)
-        t.start(HELLO)
-        for _ in range(10):
-            assert wait_for(lambda: len(t._buffer) == 4)
-            assert len(t.take_external(4)) == 4
-        assert pool.sample_sizes and set(pool.sample_sizes) == {4}
-    finally:
-        pool.stop()
+    pool = peer_pool(1000, serve_once=True)
+    t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=4, max_buffer_size=4, poll_interval=30.0)
+    t.start(HELLO)
+    for _ in range(10):
+        assert wait_for(lambda: len(t._buffer) == 4)
+        assert len(t.take_external(4)) == 4
+    assert pool.sample_sizes and set(pool.sample_sizes) == {4}
 
 
-def test_replies_repeating_a_few_groups_already_seen_do_not_slow_sampling(tmp_path, transports):
+def test_replies_repeating_a_few_groups_already_seen_do_not_slow_sampling(tmp_path, peer_pool, transports):
     """Uniform draws from a pool a node has partly seen repeat some groups: a reply with most of its
     groups new is not a thin pool (which would wait five poll intervals), and the rounds keep getting
     groups."""
-    pool = FakePool().start()
-    try:
-        pool.sampleable = [{**group(1000 + i).to_wire(), "node": "peer"} for i in range(1000)]
-        pool.serve_step = 5  # each reply of 8: 3 groups of the previous reply, 5 new
-        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, max_buffer_size=8, poll_interval=30.0)
-        t.start(HELLO)
-        assert wait_for(lambda: len(t._buffer) == 8)
-        taken = []
-        for _ in range(20):
-            assert wait_for(lambda: len(t._buffer) >= 4, timeout=5)
-            taken += t.take_external(4)
-        assert len({g.id for g in taken}) == len(taken) == 80
-    finally:
-        pool.stop()
+    pool = peer_pool(1000, serve_step=5)  # each reply of 8: 3 groups of the previous reply, 5 new
+    t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, max_buffer_size=8, poll_interval=30.0)
+    t.start(HELLO)
+    assert wait_for(lambda: len(t._buffer) == 8)
+    taken = []
+    for _ in range(20):
+        assert wait_for(lambda: len(t._buffer) >= 4, timeout=5)
+        taken += t.take_external(4)
+    assert len({g.id for g in taken}) == len(taken) == 80
 
 
 def test_a_thin_pool_is_not_asked_again_when_the_buffer_drains(tmp_path, transports):
