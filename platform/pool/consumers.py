@@ -42,6 +42,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from common import metrics
+from common.compact_json import dumps
 from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
@@ -101,25 +102,23 @@ class _Reply(dict):
     members: str = ""
 
 
-_welcome_cache: dict[tuple[int, Limits], tuple[Any, str, str]] = {}
+_welcome_cache: dict[tuple[int, Limits], tuple[Any, str, dict[str, int]]] = {}
 
 
 def _welcome_members(catalogue: Any, limits: Limits, messages_per_minute: int) -> str:
     """`"catalogue":{...},"limits":{...}`, as `welcome` sends them, with `max_messages_per_minute` the
     node's own quota (its trust's share of the configured one, moderation.trust): what the server will
     hold it to, so the client paces itself to it (a node told the configured 600 while held to 195 was
-    refused by the hundred). The JSON is made once per catalogue and limits; the quota goes in between."""
+    refused by the hundred). The catalogue's JSON is made once per catalogue and limits."""
     key = (id(catalogue), limits)
     cached = _welcome_cache.get(key)
     if cached is None or cached[0] is not catalogue:
         if len(_welcome_cache) >= 8:
             _welcome_cache.clear()
-        mark = -1  # no limit's value: replaced by the quota
-        announced = {**limits.to_json(), "max_messages_per_minute": mark}
-        members = json.dumps({"catalogue": catalogue.to_json(), "limits": announced}, separators=(",", ":"))[1:-1]
-        head, tail = members.split(f'"max_messages_per_minute":{mark}')
-        cached = _welcome_cache[key] = (catalogue, head + '"max_messages_per_minute":', tail)
-    return f"{cached[1]}{int(messages_per_minute)}{cached[2]}"
+        catalogue_json = json.dumps(catalogue.to_json(), separators=(",", ":"))
+        cached = _welcome_cache[key] = (catalogue, f'"catalogue":{catalogue_json}', limits.to_json())
+    announced = {**cached[2], "max_messages_per_minute": int(messages_per_minute)}
+    return f'{cached[1]},"limits":{dumps(announced)}'
 
 
 class NodeConsumer(AsyncWebsocketConsumer):
