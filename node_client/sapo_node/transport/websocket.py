@@ -164,14 +164,13 @@ class WebSocketTransport(Transport):
         self.url, self._token = url, token
         self.outbox = Outbox(outbox_path)
         self.buffer_size = buffer_size
-        # The buffer kept now: buffer_size, doubled (up to max_sample_n) each time a round leaves it
-        # less than half full or finds it short while the pool can fill requests, halved back while it
-        # cannot (`take_external`, `_on_samples`). A node whose round outlasts the poll interval never
-        # drains it (each poll tops it up) and keeps buffer_size. A node playing several rounds per
-        # sample frame it may send (a small model on a fast machine, paced to its frame budget) asks for
-        # more groups per frame instead of going without (make run's nodes trained on external groups
-        # in 7-10% of their rounds with a buffer of 8, in 40-51% with this). `max_buffer_size` bounds it (None: max_sample_n); the experiment runner keeps buffer_size, so
-        # a node's J groups are the pool's as it was after its previous turn (docs/experiment.md).
+        # The buffer kept now (docs/node.md, step 5): buffer_size, doubled each time a round leaves it
+        # less than half full or finds it short, up to max_sample_n or `max_buffer_size`, and halved
+        # back while the pool cannot fill requests (`take_external`, `_on_samples`). A node playing
+        # several rounds per sample frame its budget allows asks for more groups per frame instead of
+        # going without; one whose rounds outlast the poll interval never drains it and keeps
+        # buffer_size. The experiment runner bounds it to buffer_size: its nodes' J groups are the
+        # pool's as it was after their previous turn (docs/experiment.md).
         self.target = buffer_size
         self.max_buffer_size = max_buffer_size
         self.backoff_min, self.backoff_max = backoff_min, backoff_max
@@ -469,12 +468,11 @@ class WebSocketTransport(Transport):
                 added += 1
             while len(self._buffer) > max(self.target, 1) * 2:
                 self._buffer.popleft()  # keep the freshest
-        # A pool that could not fill the request with groups this node has not seen (fewer than half of
-        # them new: draws are uniform over the window, so some are seen before once a node has taken a
-        # fair share of a small pool) has little new for a while: ask less often, and for less.
-        thin = self._thin = 2 * added < self._sample_n
-        if thin:
-            with self._lock:
+            # A pool that could not fill the request with groups this node has not seen (fewer than half
+            # of them new: draws are uniform over the window, so some were seen before once a node has
+            # taken a fair share of a small pool) has little new for a while: ask less often, and for less.
+            thin = self._thin = 2 * added < self._sample_n
+            if thin:
                 self.target = max(self.buffer_size, self.target // 2)
         self._next_sample = time.monotonic() + self.poll_interval * (5 if thin else 1)
 
