@@ -217,8 +217,9 @@ def test_a_node_faster_than_its_frame_budget_is_paced_not_refused(swarm_servers,
     """A node making rounds faster than its frame budget allows (a small model on a fast machine): it
     sends fewer, larger share frames and one report for the rounds made meanwhile, and the server
     never refuses it. Its budget is its trust's share of the configured 180 frames a minute (58 for a
-    new node), and `welcome` says so: paced to the configured 180, or unpaced (60 rounds, a share and a
-    report each, within ~2 s: 120 frames), it is refused with rate_limited, then closed with 4429."""
+    new node), and `welcome` announces that share, which it paces to. Unpaced, the same 60 rounds (a
+    share and a report each, within ~2 s: 120 frames against a bucket of 58) are refused with
+    rate_limited, then closed with 4429."""
     node, token = make_node_with_token(name="sprinter")
     limits = {"max_groups_per_message": 8, "max_messages_per_minute": 180}
     quota = moderation().node_message_quotas(node_ids=[node.id], base=180)[node.id]

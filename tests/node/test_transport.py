@@ -249,18 +249,14 @@ def test_memory_pool_is_idempotent_and_never_returns_a_nodes_own_groups():
     assert [g.id for g in taken] == [group(1).id] and taken[0].node == "a"  # the all-equal group is not served
 
 
-def test_a_thin_pool_is_not_flooded_with_sample_requests(tmp_path, transports):
-    pool = FakePool().start()
-    try:
-        pool.sampleable = [{**group(7).to_wire(), "node": "peer"}]  # the node wants 8, the pool has 1
-        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8)
-        t.start(HELLO)
-        assert t.wait_connected(10)
-        time.sleep(1.0)
-        assert 1 <= pool.sample_requests <= 6  # poll_interval 0.05 s, 5x slower when the pool cannot fill
-        assert [g.id for g in t.take_external(8)] == [group(7).id]  # and the same group is not taken twice
-    finally:
-        pool.stop()
+def test_a_thin_pool_is_not_flooded_with_sample_requests(tmp_path, peer_pool, transports):
+    pool = peer_pool(1, first=7)  # the node wants 8, the pool has 1
+    t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8)
+    t.start(HELLO)
+    assert t.wait_connected(10)
+    time.sleep(1.0)
+    assert 1 <= pool.sample_requests <= 6  # poll_interval 0.05 s, 5x slower when the pool cannot fill
+    assert [g.id for g in t.take_external(8)] == [group(7).id]  # and the same group is not taken twice
 
 
 @pytest.mark.parametrize(
@@ -409,16 +405,12 @@ def test_replies_repeating_a_few_groups_already_seen_do_not_slow_sampling(tmp_pa
     assert len({g.id for g in taken}) == len(taken) == 80
 
 
-def test_a_thin_pool_is_not_asked_again_when_the_buffer_drains(tmp_path, transports):
-    pool = FakePool().start()
-    try:
-        pool.sampleable = [{**group(7).to_wire(), "node": "peer"}]  # the node wants 8, the pool has 1
-        t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
-        t.start(HELLO)
-        assert wait_for(lambda: len(t._buffer) == 1)
-        assert [g.id for g in t.take_external(4)] == [group(7).id]
-        time.sleep(0.5)
-        assert pool.sample_requests == 1  # the reply was short: the next request waits for its poll
-        assert t.target == 8  # and a round that came up short does not ask for more per request
-    finally:
-        pool.stop()
+def test_a_thin_pool_is_not_asked_again_when_the_buffer_drains(tmp_path, peer_pool, transports):
+    pool = peer_pool(1, first=7)  # the node wants 8, the pool has 1
+    t = transports(pool.url, path=tmp_path / "o.sqlite3", buffer_size=8, poll_interval=30.0)
+    t.start(HELLO)
+    assert wait_for(lambda: len(t._buffer) == 1)
+    assert [g.id for g in t.take_external(4)] == [group(7).id]
+    time.sleep(0.5)
+    assert pool.sample_requests == 1  # the reply was short: the next request waits for its poll
+    assert t.target == 8  # and a round that came up short does not ask for more per request
