@@ -17,11 +17,14 @@ WORKDIR /app
 # CPU-only torch first, from PyTorch's own index: the default one would pull CUDA wheels (gigabytes).
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==2.13.0"
 
-# A C compiler for this step only: reasoning-gym needs pycosat, which has no wheel for Python 3.11.
+# A C compiler for this step only: reasoning-gym needs pycosat, which has no wheel for Python 3.11, and
+# native/ is the moderation rules' text work in C (moderation.filters).
 COPY requirements/ requirements/
+COPY native/ native/
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install -r requirements/base.txt -c requirements/lock.txt \
+    && pip install ./native && rm -rf native \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 
 COPY node_client/ node_client/

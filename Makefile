@@ -13,12 +13,16 @@ venv: $(STAMP)
 
 # torch goes first and pinned: a loose requirement would pull gigabytes of CUDA packages on a
 # CPU machine. requirements/lock.txt pins everything else to the versions the tests ran with.
-$(STAMP): requirements/base.txt requirements/dev.txt requirements/lock.txt node_client/pyproject.toml
+# native/: the moderation rules' text work in C, built with the C compiler pip already needs for
+# reasoning-gym's pycosat (the site runs without it, on numpy twins: ops.W002 says so).
+$(STAMP): requirements/base.txt requirements/dev.txt requirements/lock.txt node_client/pyproject.toml \
+          native/pyproject.toml native/setup.py native/sapo_native/_text.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
 	$(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -r requirements/dev.txt -c requirements/lock.txt
 	$(PIP) install -q -e ./node_client -c requirements/lock.txt
+	$(PIP) install -q ./native
 	touch $(STAMP)
 
 run: $(STAMP)

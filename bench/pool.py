@@ -77,6 +77,11 @@ def parse_args() -> argparse.Namespace:
         help="server workers pinned to cores of their own (docs/deploy.md), the clients to the cores left;"
         " both: each WebSocket path measured pinned and not, in alternation",
     )  # fmt: skip
+    parser.add_argument(
+        "--native", default="on", choices=["on", "off", "both"],
+        help="the moderation rules' text work in C (sapo_native, native/) or in its numpy twins"
+        " (SAPO_NATIVE_TEXT=0); both: each path with the rules measured both ways, in alternation",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
     parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
     parser.add_argument("--skip-ingest", action="store_true")
@@ -294,14 +299,17 @@ def start_server(
     redis: bool = False,
     budgets: bool = False,
     cpu: int | None = None,
+    native: bool = True,
 ) -> subprocess.Popen:
     """daphne on `port`. The per-node message rate is lifted (the benchmark's few nodes send what a
     swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them).
-    `cpu`: the one core it runs on (as `taskset -c`)."""
+    `cpu`: the one core it runs on (as `taskset -c`). `native`: False runs the moderation rules' numpy
+    twins instead of the C extension (SAPO_NATIVE_TEXT=0)."""
     env = server_env(args, name, redis_url=os.environ.get("REDIS_URL") if redis else None)
     env.update(
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
         SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
+        SAPO_NATIVE_TEXT="1" if native else "0",
     )
     if not budgets:
         env.update(SAPO_MAX_BYTES_PER_MINUTE=str(2**40), SAPO_MAX_CPU_MS_PER_MINUTE=str(2**40))
@@ -430,18 +438,18 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str, meter
 RAW_LABELS = {"executemany": "executemany, one transaction per message", "COPY": "COPY, one transaction"}
 
 
-def share_path(moderation: str, workers: int, pinned: bool = False) -> str:
+def share_path(moderation: str, workers: int, pinned: bool = False, native: bool = True) -> str:
     """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes,
-    pinned to cores of their own or not."""
-    return f"{moderation}/{workers}" + ("/pinned" if pinned else "")
+    pinned to cores of their own or not, the rules' text work in C or in numpy."""
+    return f"{moderation}/{workers}" + ("/pinned" if pinned else "") + ("" if native else "/numpy")
 
 
 def path_label(path: str) -> str:
     if path in RAW_LABELS:
         return RAW_LABELS[path]
-    moderation, workers, *pinned = path.split("/")
+    moderation, workers, *rest = path.split("/")
     label = f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
-    return label + (", pinned" if pinned else "")
+    return label + (", pinned" if "pinned" in rest else "") + (", rules in numpy" if "numpy" in rest else "")
 
 
 def pinned_cores(workers: int) -> tuple[list[int], set[int]]:
@@ -464,7 +472,14 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     expected = args.connections * args.messages * args.groups
     moderations = {"both": ["with", "without"], "on": ["with"], "off": ["without"]}[args.moderation]
     pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
-    shares = [share_path(m, w, p) for m in moderations for w in args.worker_counts for p in pins]
+    natives = {"on": [True], "off": [False], "both": [True, False]}[args.native]
+    shares = [
+        share_path(m, w, p, n)
+        for m in moderations
+        for w in args.worker_counts
+        for p in pins
+        for n in (natives if m == "with" else [True])  # without the rules there is no text work
+    ]
     paths = [*shares, "executemany", "COPY"]
     measures: dict[str, list[dict]] = {p: [] for p in paths}
     rows: list[tuple] = []
@@ -476,13 +491,20 @@ def bench_ingest(args: argparse.Namespace) -> dict:
         for path in order:
             if path in shares:
                 Rollout.objects.all().delete()  # the same groups again, as new
-                moderation, workers, *pinned = path.split("/")
+                moderation, workers, *rest = path.split("/")
+                pinned = "pinned" in rest
                 ports = [free_port() for _ in range(int(workers))]
                 everywhere = os.sched_getaffinity(0)
                 cpus, clients = pinned_cores(int(workers)) if pinned else ([None] * int(workers), everywhere)
                 servers = [
                     start_server(
-                        args, port, moderation == "with", name=f"bench-{i + 1}", redis=int(workers) > 1, cpu=cpus[i]
+                        args,
+                        port,
+                        moderation == "with",
+                        name=f"bench-{i + 1}",
+                        redis=int(workers) > 1,
+                        cpu=cpus[i],
+                        native="numpy" not in rest,
                     )
                     for i, port in enumerate(ports)
                 ]
@@ -545,7 +567,7 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
                 f" | {cpu(m, 'database')} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
             )
     for path, ms in measures.items():
-        if path.endswith("/pinned") and ms:
+        if "/pinned" in path and ms:
             where = ms[0]["placement"]
             print(f"{path_label(path)}: workers on cores {where['workers']}, clients on cores {where['clients']}")
     print(

@@ -1,6 +1,11 @@
 """The automatic content filters, as pure functions on text (no database): normalising and
 fingerprinting completions for the duplicate rules, the length/character-class checks and the regex
 blocklist with its safe-subset validation. moderation.screening runs them on incoming groups.
+
+The per-completion work (normalising ASCII texts, simhashes, character counts) runs in C when the
+`sapo_native` extension is installed (native/, built by `make venv` and the Docker image) and
+SAPO_NATIVE_TEXT is not off, in the numpy twins below otherwise: the same results bit for bit
+(tests/platform/test_native.py), ~3-4 times the CPU (docs/benchmarks.md, "Pool").
 """
 
 from __future__ import annotations
@@ -15,8 +20,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from django.conf import settings
 
 from moderation.rules import Rule
+
+try:
+    import sapo_native
+except ImportError:  # not built: the numpy twins (ops.W002 says so at start-up)
+    sapo_native = None
+
+
+def native():
+    """The C extension when it is installed and SAPO_NATIVE_TEXT is on (the default), else None."""
+    return sapo_native if getattr(settings, "SAPO_NATIVE_TEXT", True) else None
+
 
 # --- normalising and fingerprints -----------------------------------------------------------------
 
@@ -46,6 +63,14 @@ def normalised_utf8(texts: Sequence[str]) -> list[bytes]:
     normalised together, as bytes: one join, one translate (case and whitespace), runs of spaces halved
     until none is left, one split. `normalise` splits every text into words, a string object per word:
     most of a share's normalising cost before. Texts holding a NUL (the separator) go one by one."""
+    fast = native()
+    out: list[bytes | None] = fast.normalise_ascii(list(texts)) if fast is not None else _normalised_ascii(texts)
+    return [normalise(t).encode("utf-8") if o is None else o for t, o in zip(texts, out, strict=True)]
+
+
+def _normalised_ascii(texts: Sequence[str]) -> list[bytes | None]:
+    """`sapo_native.normalise_ascii`'s numpy twin: the normalised bytes of each ASCII text, None for the
+    others (and for texts holding a NUL, the batch's separator)."""
     out: list[bytes | None] = [None] * len(texts)
     batch = [i for i, t in enumerate(texts) if t.isascii()]
     joined = "\x00".join([texts[i] for i in batch]).encode("ascii")
@@ -55,7 +80,7 @@ def normalised_utf8(texts: Sequence[str]) -> list[bytes]:
             folded = folded.replace(b"  ", b" ")
         for i, part in zip(batch, folded.split(b"\x00"), strict=True):
             out[i] = part.strip(b" ")
-    return [normalise(t).encode("utf-8") if o is None else o for t, o in zip(texts, out, strict=True)]
+    return out
 
 
 def question_hashes(questions: Sequence[str]) -> list[str]:
@@ -92,7 +117,15 @@ def simhashes(normalised: Sequence[str]) -> list[int]:
 
 
 def _simhashes(datas: list[bytes]) -> np.ndarray:
-    """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded.
+    """`simhashes` of texts already cut to SIMHASH_CHARS characters and encoded, as int64."""
+    fast = native()
+    if fast is not None:
+        return np.frombuffer(fast.simhashes(datas), dtype="<i8")
+    return _simhashes_numpy(datas)
+
+
+def _simhashes_numpy(datas: list[bytes]) -> np.ndarray:
+    """`sapo_native.simhashes`' numpy twin.
 
     A share's ~77 KB of completions make 616 KB arrays of uint64: the work arrays are kept per
     thread (`_work`) and every step writes into them, since a fresh array that size costs its page
@@ -386,8 +419,17 @@ def _segment_sums(mask: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np
 
 def _counts(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per text: its length and how many of its characters are non-printable, non-ASCII, and repeated
-    (equal to the previous one). All texts in one numpy pass over their concatenated code points (bytes,
-    when all are ASCII, as nearly every share is)."""
+    (equal to the previous one)."""
+    fast = native()
+    if fast is not None:
+        counts = np.frombuffer(fast.char_counts(list(texts)), dtype="<i8").reshape(len(texts), 4).T
+        return counts[0], counts[1], counts[2], counts[3]
+    return _counts_numpy(texts)
+
+
+def _counts_numpy(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`sapo_native.char_counts`' numpy twin: all texts in one pass over their concatenated code points
+    (bytes, when all are ASCII, as nearly every share is)."""
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     ends = np.cumsum(lengths)
     starts = ends - lengths

@@ -26,3 +26,22 @@ def static_files_collected(app_configs, **kwargs) -> list[Warning]:
             id="ops.W001",
         )
     ]
+
+
+@register("ops")
+def native_text_extension(app_configs, **kwargs) -> list[Warning]:
+    """The moderation rules run their numpy twins when the C extension is missing: correct, but every
+    share's fingerprints and character counts then cost ~3-4 times the CPU (docs/benchmarks.md)."""
+    from moderation import filters
+
+    if filters.sapo_native is not None or not settings.SAPO_NATIVE_TEXT:
+        return []
+    return [
+        Warning(
+            "The sapo_native C extension is not installed: the moderation rules' text work runs in numpy, "
+            "at several times the CPU per share.",
+            hint="pip install ./native (a C compiler and Python's headers; `make venv` and the Docker image "
+            "do it), or set SAPO_NATIVE_TEXT=0 to silence this on purpose.",
+            id="ops.W002",
+        )
+    ]

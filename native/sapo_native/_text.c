@@ -1,0 +1,262 @@
+/* The per-completion text work of the moderation rules at ingest, in C (moderation.filters).
+ *
+ * Three functions, each the exact twin of a numpy/Python function in platform/moderation/filters.py
+ * (tests/platform/test_native.py checks them against each other and against the definitions):
+ *
+ *   normalise_ascii(texts)  -> list of bytes or None   (normalised_utf8's ASCII texts)
+ *   simhashes(datas)        -> bytes, 8 per text        (_simhashes: little-endian int64)
+ *   char_counts(texts)      -> bytes, 4 x 8 per text    (_counts: length, non-printable, non-ASCII,
+ *                                                        repeated; little-endian int64, text-major)
+ *
+ * Every loop is linear in its input; nothing here keeps state between calls or holds the GIL's
+ * objects past a call. Inputs are validated (lists of str / bytes): anything else is a TypeError.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* --- normalise_ascii --------------------------------------------------------------------------- */
+
+/* str.split()'s whitespace among ASCII characters: \t \n \v \f \r, \x1c-\x1f and space. */
+static unsigned char is_space[256];
+static unsigned char fold[256];
+
+static void
+tables_init(void)
+{
+    for (int c = 0; c < 256; c++) {
+        fold[c] = (unsigned char)((c >= 'A' && c <= 'Z') ? c + 32 : c);
+        is_space[c] = (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x1f) || c == ' ';
+    }
+}
+
+/* `" ".join(text.lower().split()).encode()` of each ASCII str; None for any other str. */
+static PyObject *
+normalise_ascii(PyObject *self, PyObject *arg)
+{
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "normalise_ascii takes a list of str");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *text = PyList_GET_ITEM(arg, i);
+        if (!PyUnicode_Check(text)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "normalise_ascii takes a list of str");
+            return NULL;
+        }
+        if (!PyUnicode_IS_ASCII(text)) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(out, i, Py_None);
+            continue;
+        }
+        Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+        const unsigned char *src = (const unsigned char *)PyUnicode_DATA(text);
+        /* The result is never longer than the text: written in place into a bytes object, then cut. */
+        PyObject *result = PyBytes_FromStringAndSize(NULL, len);
+        if (result == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(result);
+        Py_ssize_t at = 0;
+        int pending_space = 0;
+        for (Py_ssize_t k = 0; k < len; k++) {
+            unsigned char c = src[k];
+            if (is_space[c]) {
+                pending_space = at > 0; /* a space only between words: none leading */
+                continue;
+            }
+            if (pending_space) {
+                dst[at++] = ' ';
+                pending_space = 0;
+            }
+            dst[at++] = fold[c];
+        }
+        if (at != len && _PyBytes_Resize(&result, at) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, result);
+    }
+    return out;
+}
+
+/* --- simhashes --------------------------------------------------------------------------------- */
+
+#define SHINGLE 4
+#define FNV UINT64_C(1099511628211)
+#define MIX1 UINT64_C(0xFF51AFD7ED558CCD)
+#define MIX2 UINT64_C(0xC4CEB9FE1A85EC53)
+#define LANE_MASK UINT64_C(0x0101010101010101)
+/* (((1 * F + 1) * F + 1) * F + 1) mod 2^64: the gram hash (b0+1)F^3 + (b1+1)F^2 + (b2+1)F + (b3+1) is
+ * b0F^3 + b1F^2 + b2F + b3 plus this. */
+#define GRAM_CONSTANT ((((UINT64_C(1) * FNV + 1) * FNV + 1) * FNV + 1))
+
+static inline uint64_t
+gram_hash(const unsigned char *p)
+{
+    uint64_t h = (((uint64_t)p[0] * FNV + p[1]) * FNV + p[2]) * FNV + p[3] + GRAM_CONSTANT;
+    h ^= h >> 33;
+    h *= MIX1;
+    h ^= h >> 33;
+    h *= MIX2;
+    h ^= h >> 33;
+    return h;
+}
+
+/* The 64-bit simhash of one text's byte 4-grams: bit b set when more than half the grams have it.
+ * Bits are counted 8 at a time: word j of a gram's hash keeps its bits j, 8+j, ..., 56+j, one in each
+ * 8-bit lane, so a lane is emptied into the counts at least every 255 grams. */
+static uint64_t
+simhash_of(const unsigned char *data, Py_ssize_t len)
+{
+    unsigned char padded[SHINGLE] = {0, 0, 0, 0};
+    if (len < SHINGLE) {
+        memcpy(padded, data, (size_t)len);
+        data = padded;
+        len = SHINGLE;
+    }
+    Py_ssize_t windows = len - SHINGLE + 1;
+    int64_t ones[64] = {0};
+    Py_ssize_t start = 0;
+    while (start < windows) {
+        Py_ssize_t stop = start + 255 < windows ? start + 255 : windows;
+        uint64_t lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (Py_ssize_t w = start; w < stop; w++) {
+            uint64_t h = gram_hash(data + w);
+            for (int j = 0; j < 8; j++)
+                lanes[j] += (h >> j) & LANE_MASK;
+        }
+        for (int j = 0; j < 8; j++)
+            for (int lane = 0; lane < 8; lane++)
+                ones[8 * lane + j] += (int64_t)((lanes[j] >> (8 * lane)) & 0xFF);
+        start = stop;
+    }
+    uint64_t value = 0;
+    for (int b = 0; b < 64; b++)
+        if (2 * ones[b] > windows)
+            value |= UINT64_C(1) << b;
+    return value;
+}
+
+static void
+put_le64(unsigned char *at, uint64_t v)
+{
+    for (int k = 0; k < 8; k++)
+        at[k] = (unsigned char)(v >> (8 * k));
+}
+
+/* The simhash of each bytes object (cut and encoded by the caller), 8 bytes each, little-endian. */
+static PyObject *
+simhashes(PyObject *self, PyObject *arg)
+{
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "simhashes takes a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 8 * n);
+    if (out == NULL)
+        return NULL;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *data = PyList_GET_ITEM(arg, i);
+        if (!PyBytes_Check(data)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "simhashes takes a list of bytes");
+            return NULL;
+        }
+        put_le64(dst + 8 * i,
+                 simhash_of((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)));
+    }
+    return out;
+}
+
+/* --- char_counts ------------------------------------------------------------------------------- */
+
+/* Non-printable: controls other than tab/newline/carriage return, zero-width and bidi marks, BOM
+ * (filters._NONPRINTABLE: the same ranges). */
+static inline int
+nonprintable(Py_UCS4 c)
+{
+    return c <= 0x08 || c == 0x0B || c == 0x0C || (c >= 0x0E && c <= 0x1F) || (c >= 0x7F && c <= 0x9F) ||
+           (c >= 0x200B && c <= 0x200F) || (c >= 0x202A && c <= 0x202E) || (c >= 0x2060 && c <= 0x2064) ||
+           c == 0xFEFF;
+}
+
+/* Per str: its length in code points, and how many of them are non-printable, non-ASCII, and equal
+ * to the one before. */
+static PyObject *
+char_counts(PyObject *self, PyObject *arg)
+{
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "char_counts takes a list of str");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 32 * n);
+    if (out == NULL)
+        return NULL;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *text = PyList_GET_ITEM(arg, i);
+        if (!PyUnicode_Check(text)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "char_counts takes a list of str");
+            return NULL;
+        }
+        Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+        int kind = PyUnicode_KIND(text);
+        const void *data = PyUnicode_DATA(text);
+        uint64_t bad = 0, wide = 0, repeated = 0;
+        if (kind == PyUnicode_1BYTE_KIND) {
+            const Py_UCS1 *s = (const Py_UCS1 *)data;
+            for (Py_ssize_t k = 0; k < len; k++) {
+                bad += nonprintable(s[k]);
+                wide += s[k] > 127;
+                repeated += k > 0 && s[k] == s[k - 1];
+            }
+        }
+        else {
+            for (Py_ssize_t k = 0; k < len; k++) {
+                Py_UCS4 c = PyUnicode_READ(kind, data, k);
+                bad += nonprintable(c);
+                wide += c > 127;
+                repeated += k > 0 && c == PyUnicode_READ(kind, data, k - 1);
+            }
+        }
+        put_le64(dst + 32 * i, (uint64_t)len);
+        put_le64(dst + 32 * i + 8, bad);
+        put_le64(dst + 32 * i + 16, wide);
+        put_le64(dst + 32 * i + 24, repeated);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"normalise_ascii", normalise_ascii, METH_O,
+     "normalise_ascii(texts: list[str]) -> list[bytes | None]\n\n"
+     "' '.join(t.lower().split()).encode() of each ASCII text; None for the others."},
+    {"simhashes", simhashes, METH_O,
+     "simhashes(datas: list[bytes]) -> bytes\n\n"
+     "The 64-bit simhash of each text's byte 4-grams (zero-padded to 4 bytes), little-endian, 8 bytes each."},
+    {"char_counts", char_counts, METH_O,
+     "char_counts(texts: list[str]) -> bytes\n\n"
+     "Per text, 4 little-endian int64: length, non-printable, non-ASCII and repeated characters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_text", NULL, -1, methods};
+
+PyMODINIT_FUNC
+PyInit__text(void)
+{
+    tables_init();
+    return PyModule_Create(&module);
+}

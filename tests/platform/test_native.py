@@ -1,0 +1,123 @@
+"""The moderation rules' text work in C (native/, `sapo_native`) against its numpy twins in
+moderation.filters and against the definitions: the same normalised bytes, simhashes and character
+counts, bit for bit (fingerprints stored by one are compared with fingerprints made by the other when
+a deployment gains or loses the extension)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import sapo_native
+
+from moderation import filters
+from moderation.rules import default_rule
+
+#: Characters the texts are drawn from: letters of both cases, every ASCII whitespace str.split() knows,
+#: NUL (the numpy twin's batch separator), controls, and non-ASCII ones (wide, zero-width, BOM,
+#: astral, a full-width letter NFKC folds, a ligature).
+ALPHABET = (
+    list("abcxyzABCXYZ0189<>/.,")
+    + [" ", "\t", "\n", "\x0b", "\x0c", "\r", "\x1c", "\x1d", "\x1e", "\x1f", "\x00", "\x07", "\x7f"]
+    + ["é", "数", "\u200b", "\ufeff", "\u202e", "\U0001f600", "Ａ", "ﬁ", "\x85", "\u2028"]
+)
+
+
+def random_texts(rng: random.Random, n: int, *, ascii_only: bool) -> list[str]:
+    alphabet = [c for c in ALPHABET if c.isascii()] if ascii_only else ALPHABET
+    texts = []
+    for _ in range(n):
+        # lengths around the 4-byte gram, the 255-gram counting chunks and the 4000-character cut
+        length = rng.choice([0, 1, 3, 4, 5, 254, 258, 259, 600, 3999, 4003, 4100])
+        if rng.random() < 0.3:  # runs: repeated characters and long whitespace runs
+            texts.append("".join(rng.choice(alphabet) * rng.randint(1, 40) for _ in range(length // 20 + 1)))
+        else:
+            texts.append("".join(rng.choices(alphabet, k=length)))
+    return texts
+
+
+def test_the_extension_is_built_and_used_by_default():
+    # make venv, .ci/run and the Docker image build it; without it the site still runs (ops.W002 warns)
+    assert filters.native() is sapo_native
+
+
+@pytest.mark.parametrize("ascii_only", [True, False], ids=["ascii", "mixed"])
+def test_normalising_matches_the_definition_and_the_numpy_twin(ascii_only):
+    rng = random.Random(11)
+    for _ in range(20):
+        texts = random_texts(rng, 40, ascii_only=ascii_only)
+        native = sapo_native.normalise_ascii(texts)
+        assert native == [filters.normalise(t).encode("ascii") if t.isascii() else None for t in texts]
+        twin = filters._normalised_ascii(texts)  # None for every text when a NUL is in the batch
+        assert all(t is None or t == n for t, n in zip(twin, native, strict=True))
+
+
+@pytest.mark.parametrize("ascii_only", [True, False], ids=["ascii", "mixed"])
+def test_simhashes_match_the_numpy_twin(ascii_only):
+    rng = random.Random(12)
+    for _ in range(20):
+        datas = [t[: filters.SIMHASH_CHARS].encode("utf-8") for t in random_texts(rng, 40, ascii_only=ascii_only)]
+        native = np.frombuffer(sapo_native.simhashes(datas), dtype="<i8")
+        assert native.tolist() == filters._simhashes_numpy(datas).tolist()
+
+
+@pytest.mark.parametrize("ascii_only", [True, False], ids=["ascii", "mixed"])
+def test_character_counts_match_the_definition_and_the_numpy_twin(ascii_only):
+    rng = random.Random(13)
+    nonprintable = {c for lo, hi in filters._NONPRINTABLE for c in range(lo, hi + 1)}
+    for _ in range(20):
+        texts = random_texts(rng, 40, ascii_only=ascii_only)
+        native = np.frombuffer(sapo_native.char_counts(texts), dtype="<i8").reshape(len(texts), 4)
+        by_definition = [
+            [
+                len(t),
+                sum(ord(c) in nonprintable for c in t),
+                sum(ord(c) > 127 for c in t),
+                sum(a == b for a, b in zip(t, t[1:], strict=False)),
+            ]
+            for t in texts
+        ]
+        assert native.tolist() == by_definition
+        assert np.stack(filters._counts_numpy(texts), axis=1).tolist() == by_definition
+
+
+def test_a_share_fingerprints_and_length_findings_are_the_same_with_and_without_the_extension(settings):
+    rng = random.Random(14)
+    groups = [random_texts(rng, 8, ascii_only=g % 3 != 0) for g in range(12)]
+    groups += [
+        [f"Step {i}: {rng.randint(0, 99)} plus {i} is {i * 7}. Naïve café? <answer>{i}</answer>"] * 8 for i in range(6)
+    ]
+    rule = default_rule("length")
+    rule.params.update(max_chars=4050, max_non_ascii_share=0.3, max_repeat_share=0.4)
+    results = []
+    for on in (True, False):
+        settings.SAPO_NATIVE_TEXT = on
+        assert (filters.native() is not None) is on
+        results.append((filters.fingerprints(groups), filters.length_findings(groups, rule)))
+    assert results[0] == results[1]
+    assert any(results[0][1]) and not all(results[0][1])  # some groups broke a limit, some did not
+
+
+@pytest.mark.parametrize(
+    ("function", "element"), [("normalise_ascii", "text"), ("simhashes", b"bytes"), ("char_counts", "text")]
+)
+def test_anything_but_a_list_of_the_right_type_is_a_type_error(function, element):
+    call = getattr(sapo_native, function)
+    wrong = b"bytes" if isinstance(element, str) else "text"
+    for bad in ([element, wrong], [element, None], [element, 1], (element,), element):
+        with pytest.raises(TypeError):
+            call(bad)
+    call([element])  # the right type passes
+
+
+def test_a_site_without_the_extension_says_so_at_start_up(monkeypatch, settings):
+    from ops.checks import native_text_extension
+
+    assert native_text_extension(None) == []
+    monkeypatch.setattr(filters, "sapo_native", None)  # as on a machine where native/ was not built
+    assert filters.native() is None
+    (warning,) = native_text_extension(None)
+    assert warning.id == "ops.W002" and "pip install ./native" in warning.hint
+    settings.SAPO_NATIVE_TEXT = False  # off on purpose: nothing to say
+    assert native_text_extension(None) == []
