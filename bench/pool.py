@@ -79,8 +79,9 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--native", default="on", choices=["on", "off", "both"],
-        help="the moderation rules' text work in C (sapo_native, native/) or in its numpy twins"
-        " (SAPO_NATIVE_TEXT=0); both: each path with the rules measured both ways, in alternation",
+        help="a share's per-item loops in C (sapo_native, native/: the rules' text work, the statements'"
+        " arrays) or in their Python and numpy twins (SAPO_NATIVE=0); both: each WebSocket path measured"
+        " both ways, in alternation",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
     parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
@@ -303,13 +304,13 @@ def start_server(
 ) -> subprocess.Popen:
     """daphne on `port`. The per-node message rate is lifted (the benchmark's few nodes send what a
     swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them).
-    `cpu`: the one core it runs on (as `taskset -c`). `native`: False runs the moderation rules' numpy
-    twins instead of the C extension (SAPO_NATIVE_TEXT=0)."""
+    `cpu`: the one core it runs on (as `taskset -c`). `native`: False runs the Python and numpy twins
+    of the C extension's loops (SAPO_NATIVE=0)."""
     env = server_env(args, name, redis_url=os.environ.get("REDIS_URL") if redis else None)
     env.update(
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
         SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
-        SAPO_NATIVE_TEXT="1" if native else "0",
+        SAPO_NATIVE="1" if native else "0",
     )
     if not budgets:
         env.update(SAPO_MAX_BYTES_PER_MINUTE=str(2**40), SAPO_MAX_CPU_MS_PER_MINUTE=str(2**40))
@@ -440,7 +441,7 @@ RAW_LABELS = {"executemany": "executemany, one transaction per message", "COPY":
 
 def share_path(moderation: str, workers: int, pinned: bool = False, native: bool = True) -> str:
     """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes,
-    pinned to cores of their own or not, the rules' text work in C or in numpy."""
+    pinned to cores of their own or not, with the C extension's loops or their twins."""
     return f"{moderation}/{workers}" + ("/pinned" if pinned else "") + ("" if native else "/numpy")
 
 
@@ -449,7 +450,7 @@ def path_label(path: str) -> str:
         return RAW_LABELS[path]
     moderation, workers, *rest = path.split("/")
     label = f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
-    return label + (", pinned" if "pinned" in rest else "") + (", rules in numpy" if "numpy" in rest else "")
+    return label + (", pinned" if "pinned" in rest else "") + (", without C (SAPO_NATIVE=0)" if "numpy" in rest else "")
 
 
 def pinned_cores(workers: int) -> tuple[list[int], set[int]]:
@@ -473,13 +474,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     moderations = {"both": ["with", "without"], "on": ["with"], "off": ["without"]}[args.moderation]
     pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
     natives = {"on": [True], "off": [False], "both": [True, False]}[args.native]
-    shares = [
-        share_path(m, w, p, n)
-        for m in moderations
-        for w in args.worker_counts
-        for p in pins
-        for n in (natives if m == "with" else [True])  # without the rules there is no text work
-    ]
+    shares = [share_path(m, w, p, n) for m in moderations for w in args.worker_counts for p in pins for n in natives]
     paths = [*shares, "executemany", "COPY"]
     measures: dict[str, list[dict]] = {p: [] for p in paths}
     rows: list[tuple] = []

@@ -239,6 +239,201 @@ char_counts(PyObject *self, PyObject *arg)
     return out;
 }
 
+/* --- pg_array ---------------------------------------------------------------------------------- */
+
+/* Element kinds (sapo_native.ARRAY_KINDS names them). */
+enum { K_TEXT = 0, K_BYTEA = 1, K_INT4 = 2, K_INT8 = 3, K_BOOL = 4, K_UUID = 5, K_KINDS = 6 };
+
+static void
+put_be32(unsigned char *at, uint32_t v)
+{
+    at[0] = (unsigned char)(v >> 24);
+    at[1] = (unsigned char)(v >> 16);
+    at[2] = (unsigned char)(v >> 8);
+    at[3] = (unsigned char)v;
+}
+
+static void
+put_be64(unsigned char *at, uint64_t v)
+{
+    put_be32(at, (uint32_t)(v >> 32));
+    put_be32(at + 4, (uint32_t)v);
+}
+
+static int
+element_error(Py_ssize_t i, const char *expected)
+{
+    PyErr_Format(PyExc_TypeError, "pg_array: element %zd is not %s", i, expected);
+    return -2;
+}
+
+/* The bytes of element i (a text's UTF-8, a bytea's bytes) or its fixed width, -1 for None; -2 on
+ * error. `*data` is set for text and bytea. */
+static Py_ssize_t
+element_size(int kind, PyObject *v, Py_ssize_t i, const char **data)
+{
+    if (v == Py_None)
+        return -1;
+    switch (kind) {
+    case K_TEXT: {
+        if (!PyUnicode_Check(v))
+            return element_error(i, "a str");
+        Py_ssize_t len;
+        *data = PyUnicode_AsUTF8AndSize(v, &len); /* the str's own bytes when ASCII; a lone surrogate raises */
+        return *data == NULL ? -2 : len;
+    }
+    case K_BYTEA:
+        if (!PyBytes_Check(v))
+            return element_error(i, "bytes");
+        *data = PyBytes_AS_STRING(v);
+        return PyBytes_GET_SIZE(v);
+    case K_INT4:
+    case K_INT8:
+        if (!PyLong_Check(v) || PyBool_Check(v))
+            return element_error(i, "an int");
+        return kind == K_INT4 ? 4 : 8;
+    case K_BOOL:
+        if (!PyBool_Check(v))
+            return element_error(i, "a bool");
+        return 1;
+    default: /* K_UUID */
+        return 16;
+    }
+}
+
+static int
+write_element(int kind, PyObject *v, Py_ssize_t i, const char *data, Py_ssize_t size, unsigned char *at)
+{
+    switch (kind) {
+    case K_TEXT:
+    case K_BYTEA:
+        memcpy(at, data, (size_t)size);
+        return 0;
+    case K_INT4: {
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        if (x < INT32_MIN || x > INT32_MAX) {
+            PyErr_Format(PyExc_OverflowError, "pg_array: element %zd does not fit int4", i);
+            return -1;
+        }
+        put_be32(at, (uint32_t)(int32_t)x);
+        return 0;
+    }
+    case K_INT8: {
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        put_be64(at, (uint64_t)x);
+        return 0;
+    }
+    case K_BOOL:
+        *at = v == Py_True;
+        return 0;
+    default: { /* K_UUID: a uuid.UUID, read through its `int` (128 bits, unsigned) */
+        PyObject *number = PyObject_GetAttrString(v, "int");
+        if (number == NULL || !PyLong_Check(number)) {
+            Py_XDECREF(number);
+            PyErr_Clear();
+            return element_error(i, "a uuid.UUID");
+        }
+        PyObject *shift = PyLong_FromLong(64);
+        PyObject *high = shift ? PyNumber_Rshift(number, shift) : NULL;
+        Py_XDECREF(shift);
+        if (high == NULL) {
+            Py_DECREF(number);
+            return -1;
+        }
+        unsigned long long lo = PyLong_AsUnsignedLongLongMask(number);
+        unsigned long long hi = PyLong_AsUnsignedLongLong(high); /* raises past 128 bits */
+        Py_DECREF(number);
+        Py_DECREF(high);
+        if (PyErr_Occurred())
+            return -1;
+        put_be64(at, hi);
+        put_be64(at + 8, lo);
+        return 0;
+    }
+    }
+}
+
+/* A one-dimensional PostgreSQL array in its binary wire format (what array_send writes): the
+ * header (dimensions, a has-nulls flag, the element type's oid, the length and lower bound 1), then
+ * each element as its length (-1 for NULL) and its binary value. */
+static PyObject *
+pg_array(PyObject *self, PyObject *args)
+{
+    int kind;
+    unsigned int element_oid;
+    PyObject *values;
+    if (!PyArg_ParseTuple(args, "iIO!:pg_array", &kind, &element_oid, &PyList_Type, &values))
+        return NULL;
+    if (kind < 0 || kind >= K_KINDS) {
+        PyErr_Format(PyExc_ValueError, "pg_array: unknown element kind %d", kind);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    Py_ssize_t total = n ? 20 : 12;
+    int nulls = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *data = NULL;
+        Py_ssize_t size = element_size(kind, PyList_GET_ITEM(values, i), i, &data);
+        if (size == -2)
+            return NULL;
+        if (size > INT32_MAX) {
+            PyErr_Format(PyExc_OverflowError, "pg_array: element %zd is over 2 GB", i);
+            return NULL;
+        }
+        nulls |= size == -1;
+        total += 4 + (size > 0 ? size : 0);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *at = (unsigned char *)PyBytes_AS_STRING(out);
+    unsigned char *end = at + total;
+    put_be32(at, n ? 1 : 0);
+    put_be32(at + 4, (uint32_t)nulls);
+    put_be32(at + 8, element_oid);
+    at += 12;
+    if (n) {
+        put_be32(at, (uint32_t)n);
+        put_be32(at + 4, 1);
+        at += 8;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        const char *data = NULL;
+        /* Sizes are taken again rather than kept, and checked against the buffer: a UUID subclass's
+         * `int` could run Python code that changes the list between the passes. */
+        Py_ssize_t size = element_size(kind, v, i, &data);
+        if (size == -2) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (end - at < 4 + (size > 0 ? size : 0)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_RuntimeError, "pg_array: the list changed while it was encoded");
+            return NULL;
+        }
+        put_be32(at, (uint32_t)(int32_t)size);
+        at += 4;
+        if (size < 0)
+            continue;
+        if (write_element(kind, v, i, data, size, at) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        at += size;
+    }
+    if (at != end) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_RuntimeError, "pg_array: the list changed while it was encoded");
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"normalise_ascii", normalise_ascii, METH_O,
      "normalise_ascii(texts: list[str]) -> list[bytes | None]\n\n"
@@ -249,10 +444,16 @@ static PyMethodDef methods[] = {
     {"char_counts", char_counts, METH_O,
      "char_counts(texts: list[str]) -> bytes\n\n"
      "Per text, 4 little-endian int64: length, non-printable, non-ASCII and repeated characters."},
+    {"pg_array", pg_array, METH_VARARGS,
+     "pg_array(kind: int, element_oid: int, values: list) -> bytes\n\n"
+     "values as a one-dimensional PostgreSQL array in binary wire format; kind: 0 text, 1 bytea, 2 int4,\n"
+     "3 int8, 4 bool, 5 uuid (uuid.UUID). None is NULL."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_text", NULL, -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_text", .m_doc = NULL, .m_size = -1, .m_methods = methods,
+};
 
 PyMODINIT_FUNC
 PyInit__text(void)

@@ -211,9 +211,10 @@ if SAPO_DB_POOL_SIZE < 3:
 SAPO_DB_THREADS = SAPO_DB_POOL_SIZE - 2
 #: Prepare the statements every share runs (common.db.prepare_hot); off behind a pooler that drops them.
 SAPO_DB_PREPARE = env_bool("SAPO_DB_PREPARE", True)
-#: The moderation rules' per-completion text work in C (the sapo_native extension, native/) when it is
-#: installed; off (or not installed): their numpy twins, the same results at ~3-4x the CPU.
-SAPO_NATIVE_TEXT = env_bool("SAPO_NATIVE_TEXT", True)
+#: The per-item loops of a share in C (the sapo_native extension, native/; common.native) when it is
+#: installed: the moderation rules' text work, the statements' arrays. Off (or not installed): their
+#: Python and numpy twins, the same results at more CPU per share.
+SAPO_NATIVE = env_bool("SAPO_NATIVE", True)
 #: Shares verified and inserted at once per process; waiting ones are ordered by their nodes' recent CPU.
 SAPO_SHARE_SLOTS = env_int("SAPO_SHARE_SLOTS", 2)
 if not 1 <= SAPO_SHARE_SLOTS <= SAPO_DB_THREADS:

@@ -4,7 +4,7 @@ blocklist with its safe-subset validation. moderation.screening runs them on inc
 
 The per-completion work (normalising ASCII texts, simhashes, character counts) runs in C when the
 `sapo_native` extension is installed (native/, built by `make venv` and the Docker image) and
-SAPO_NATIVE_TEXT is not off, in the numpy twins below otherwise: the same results bit for bit
+SAPO_NATIVE is not off (common.native), in the numpy twins below otherwise: the same results bit for bit
 (tests/platform/test_native.py), ~3-4 times the CPU (docs/benchmarks.md, "Pool").
 """
 
@@ -20,20 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from django.conf import settings
 
+from common.native import native
 from moderation.rules import Rule
-
-try:
-    import sapo_native
-except ImportError:  # not built: the numpy twins (ops.W002 says so at start-up)
-    sapo_native = None
-
-
-def native():
-    """The C extension when it is installed and SAPO_NATIVE_TEXT is on (the default), else None."""
-    return sapo_native if getattr(settings, "SAPO_NATIVE_TEXT", True) else None
-
 
 # --- normalising and fingerprints -----------------------------------------------------------------
 

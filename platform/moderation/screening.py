@@ -31,7 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.compact_json import dumps
-from common.db import prepare_hot, server_binding_cursor
+from common.db import binary_array, prepare_hot, server_binding_cursor
 from moderation import filters
 from moderation.models import (
     AuditAction,
@@ -107,7 +107,7 @@ def _screening_reads(
     if not want_trust and (not active or not question_hashes):
         return filters.CopyIndex(), 1.0
     params = {
-        "questions": sorted(question_hashes) if active else [],
+        "questions": binary_array("text", sorted(question_hashes) if active else []),
         "cutoff": now - timedelta(hours=max((r["window_hours"] for r in active), default=0)),
         "node": node_id,
         "per": max((r["max_candidates"] for r in active), default=0),
@@ -247,23 +247,23 @@ def rollouts_record(
         "node": node_id,
         "now": now,
         "held_status": ModerationStatus.HELD.value,
-        "held_id": list(held),
-        "held_reason": [f.detail for f in held.values()],
-        "held_rule": [f.rule for f in held.values()],
-        "fp_id": [rid for rid, _ in fingerprints],
-        "fp_qh": [qh for _, (qh, _) in fingerprints],
-        "fp_exact": [fp.exact_bytes() for _, (_, fp) in fingerprints],
-        "fp_simhash": [fp.simhash_packed for _, (_, fp) in fingerprints],
-        "flag_id": [f.rollout_id for f in findings],
-        "flag_rule": [f.rule for f in findings],
-        "flag_detail": [f.detail for f in findings],
-        "flag_data": [dumps(f.data) for f in findings],
+        "held_id": binary_array("uuid", list(held)),
+        "held_reason": binary_array("text", [f.detail for f in held.values()]),
+        "held_rule": binary_array("text", [f.rule for f in held.values()]),
+        "fp_id": binary_array("uuid", [rid for rid, _ in fingerprints]),
+        "fp_qh": binary_array("text", [qh for _, (qh, _) in fingerprints]),
+        "fp_exact": binary_array("bytea", [fp.exact_bytes() for _, (_, fp) in fingerprints]),
+        "fp_simhash": binary_array("bytea", [fp.simhash_packed for _, (_, fp) in fingerprints]),
+        "flag_id": binary_array("uuid", [f.rollout_id for f in findings]),
+        "flag_rule": binary_array("text", [f.rule for f in findings]),
+        "flag_detail": binary_array("text", [f.detail for f in findings]),
+        "flag_data": binary_array("text", [dumps(f.data) for f in findings]),
         "audit_target": TargetType.ROLLOUT.value,
-        "audit_rule": [a[0] for a in audit],
-        "audit_action": [str(a[1].value) for a in audit],
-        "audit_id": [a[2] for a in audit],
-        "audit_reason": [a[3] for a in audit],
-        "audit_details": [dumps(a[4]) for a in audit],
+        "audit_rule": binary_array("text", [a[0] for a in audit]),
+        "audit_action": binary_array("text", [str(a[1].value) for a in audit]),
+        "audit_id": binary_array("text", [a[2] for a in audit]),
+        "audit_reason": binary_array("text", [a[3] for a in audit]),
+        "audit_details": binary_array("text", [dumps(a[4]) for a in audit]),
         **trust_verdict_params(node_id=node_id, verdicts=[checks[r.id].accepted for r in rollouts], now=now),
     }
     with server_binding_cursor() as cursor:

@@ -29,19 +29,19 @@ def static_files_collected(app_configs, **kwargs) -> list[Warning]:
 
 
 @register("ops")
-def native_text_extension(app_configs, **kwargs) -> list[Warning]:
-    """The moderation rules run their numpy twins when the C extension is missing: correct, but every
-    share's fingerprints and character counts then cost ~3-4 times the CPU (docs/benchmarks.md)."""
-    from moderation import filters
+def native_extension(app_configs, **kwargs) -> list[Warning]:
+    """Without the C extension a share's per-item loops run their Python and numpy twins: correct, but
+    at more CPU per share (docs/benchmarks.md)."""
+    from common import native
 
-    if filters.sapo_native is not None or not settings.SAPO_NATIVE_TEXT:
+    if native.sapo_native is not None or not settings.SAPO_NATIVE:
         return []
     return [
         Warning(
-            "The sapo_native C extension is not installed: the moderation rules' text work runs in numpy, "
-            "at several times the CPU per share.",
+            "The sapo_native C extension is not installed: a share's per-item loops (the moderation rules' "
+            "text work, the statements' arrays) run in Python and numpy, at more CPU per share.",
             hint="pip install ./native (a C compiler and Python's headers; `make venv` and the Docker image "
-            "do it), or set SAPO_NATIVE_TEXT=0 to silence this on purpose.",
+            "do it), or set SAPO_NATIVE=0 to silence this on purpose.",
             id="ops.W002",
         )
     ]

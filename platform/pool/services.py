@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from common import metrics
 from common.compact_json import dumps, dumps_texts
-from common.db import prepare_hot, server_binding_cursor
+from common.db import binary_array, prepare_hot, server_binding_cursor
 from common.errors import ApplicationError
 from pool.limits import Limits, current_limits
 from pool.messages import Report, RolloutIn
@@ -194,24 +194,24 @@ def _insert_rollouts(
         "owner": node.owner_id,
         "now": now,
         "hour": hour,
-        "id": [r.id for r in rollouts],
-        "round": [r.round for r in rollouts],
-        "dataset": [r.dataset for r in rollouts],
-        "seed": [r.seed for r in rollouts],
-        "index": [r.index for r in rollouts],
-        "question": questions,
-        "answer": answers,
-        "completions": completions,
-        "count": [len(r.completions) for r in rollouts],
-        "claimed": claimed,
-        "verified": verified,
-        "bytes": sizes,
+        "id": binary_array("uuid", [r.id for r in rollouts]),
+        "round": binary_array("int4", [r.round for r in rollouts]),
+        "dataset": binary_array("text", [r.dataset for r in rollouts]),
+        "seed": binary_array("int8", [r.seed for r in rollouts]),
+        "index": binary_array("int8", [r.index for r in rollouts]),
+        "question": binary_array("text", questions),
+        "answer": binary_array("text", answers),
+        "completions": binary_array("text", completions),
+        "count": binary_array("int4", [len(r.completions) for r in rollouts]),
+        "claimed": binary_array("text", claimed),
+        "verified": binary_array("text", verified),
+        "bytes": binary_array("int8", sizes),
         "total_bytes": sum(sizes),
-        "verdict": [c.verdict for c in verdicts],
-        "reason": [c.reason for c in verdicts],
-        "has_variance": variance,
-        "sampleable": [v and not h for v, h in zip(variance, holds, strict=True)],
-        "held": holds,
+        "verdict": binary_array("text", [c.verdict for c in verdicts]),
+        "reason": binary_array("text", [c.reason for c in verdicts]),
+        "has_variance": binary_array("bool", variance),
+        "sampleable": binary_array("bool", [v and not h for v, h in zip(variance, holds, strict=True)]),
+        "held": binary_array("bool", holds),
     }
     with server_binding_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params, prepare=prepare_hot())

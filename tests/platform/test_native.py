@@ -6,11 +6,13 @@ a deployment gains or loses the extension)."""
 from __future__ import annotations
 
 import random
+import uuid
 
 import numpy as np
 import pytest
 import sapo_native
 
+from common import native as common_native
 from moderation import filters
 from moderation.rules import default_rule
 
@@ -92,7 +94,7 @@ def test_a_share_fingerprints_and_length_findings_are_the_same_with_and_without_
     rule.params.update(max_chars=4050, max_non_ascii_share=0.3, max_repeat_share=0.4)
     results = []
     for on in (True, False):
-        settings.SAPO_NATIVE_TEXT = on
+        settings.SAPO_NATIVE = on
         assert (filters.native() is not None) is on
         results.append((filters.fingerprints(groups), filters.length_findings(groups, rule)))
     assert results[0] == results[1]
@@ -112,12 +114,71 @@ def test_anything_but_a_list_of_the_right_type_is_a_type_error(function, element
 
 
 def test_a_site_without_the_extension_says_so_at_start_up(monkeypatch, settings):
-    from ops.checks import native_text_extension
+    from ops.checks import native_extension
 
-    assert native_text_extension(None) == []
-    monkeypatch.setattr(filters, "sapo_native", None)  # as on a machine where native/ was not built
+    assert native_extension(None) == []
+    monkeypatch.setattr(common_native, "sapo_native", None)  # as on a machine where native/ was not built
     assert filters.native() is None
-    (warning,) = native_text_extension(None)
+    (warning,) = native_extension(None)
     assert warning.id == "ops.W002" and "pip install ./native" in warning.hint
-    settings.SAPO_NATIVE_TEXT = False  # off on purpose: nothing to say
-    assert native_text_extension(None) == []
+    settings.SAPO_NATIVE = False  # off on purpose: nothing to say
+    assert native_extension(None) == []
+
+
+# --- the statements' arrays (common.db.binary_array) -----------------------------------------------
+
+ARRAYS = {
+    "text": ["plain", "", None, "é数\U0001f600", "x" * 70_000, "quote ' and \\\\ backslash, {braces}"],
+    "bytea": [b"", b"\x00\xff" * 9, None, bytes(range(256))],
+    "int4": [0, -1, 2**31 - 1, -(2**31), None],
+    "int8": [0, -1, 2**63 - 1, -(2**63), None, 10**12],
+    "bool": [True, False, None],
+    "uuid": [uuid.uuid4(), None, uuid.UUID(int=0), uuid.UUID(int=2**128 - 1)],
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", list(ARRAYS))
+def test_arrays_encoded_in_c_reach_postgresql_as_psycopg_sends_them(kind, settings):
+    """What PostgreSQL reads from the C encoding (and returns) is what it reads from psycopg's own
+    element-by-element dumping of the same list, NULLs, empty arrays and every value's extremes included."""
+    from common.db import BinaryArray, binary_array, server_binding_cursor
+
+    values = ARRAYS[kind]
+    sql = f"SELECT %(a)b::{kind}[], %(b)b::{kind}[], %(a)b::{kind}[] IS NOT DISTINCT FROM %(b)b::{kind}[]"
+    for chosen in (values, values[:1], [None], []):
+        settings.SAPO_NATIVE = True
+        packed = binary_array(kind, list(chosen))
+        assert isinstance(packed, BinaryArray)
+        settings.SAPO_NATIVE = False
+        plain = binary_array(kind, list(chosen))
+        assert plain == list(chosen)  # the twin: psycopg dumps the list itself
+        with server_binding_cursor() as cursor:
+            if not chosen:  # psycopg cannot type an empty list in binary: compare with an empty literal
+                cursor.execute(f"SELECT %(a)b::{kind}[], %(a)b::{kind}[] = '{{}}'::{kind}[]", {"a": packed})
+                assert cursor.fetchone() == ([], True)
+                continue
+            cursor.execute(sql, {"a": packed, "b": plain})
+            mine, theirs, same = cursor.fetchone()
+        assert same and mine == theirs == list(chosen)
+
+
+@pytest.mark.parametrize(
+    ("kind", "bad", "error"),
+    [
+        ("text", ["ok", b"bytes"], TypeError),
+        ("text", ["\ud800"], UnicodeEncodeError),  # a lone surrogate (the frame parser refuses them first)
+        ("bytea", [b"ok", "str"], TypeError),
+        ("int4", [1, 2**31], OverflowError),
+        ("int4", [1, True], TypeError),
+        ("int4", [1.5], TypeError),
+        ("int8", [2**63], OverflowError),
+        ("bool", [1], TypeError),
+        ("uuid", ["8f4e6b3e-3f0c-4a49-9d3c-0d5f3e7a1b2c"], TypeError),
+    ],
+)
+def test_an_element_of_the_wrong_type_is_an_error_not_a_guess(kind, bad, error):
+    from common.db import binary_array
+
+    with pytest.raises(error):
+        binary_array(kind, bad)
