@@ -31,25 +31,46 @@ tables_init(void)
     }
 }
 
+static int
+is_str(PyObject *v)
+{
+    return PyUnicode_Check(v);
+}
+
+static int
+is_bytes(PyObject *v)
+{
+    return PyBytes_Check(v);
+}
+
+/* Whether `arg` is a list whose every item passes `check`; a TypeError naming `function` and
+ * `items` otherwise. The loops below then have no error path of their own. */
+static int
+list_of(PyObject *arg, int (*check)(PyObject *), const char *function, const char *items)
+{
+    if (PyList_Check(arg)) {
+        Py_ssize_t n = PyList_GET_SIZE(arg), i = 0;
+        while (i < n && check(PyList_GET_ITEM(arg, i)))
+            i++;
+        if (i == n)
+            return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "%s takes a list of %s", function, items);
+    return 0;
+}
+
 /* `" ".join(text.lower().split()).encode()` of each ASCII str; None for any other str. */
 static PyObject *
 normalise_ascii(PyObject *self, PyObject *arg)
 {
-    if (!PyList_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "normalise_ascii takes a list of str");
+    if (!list_of(arg, is_str, "normalise_ascii", "str"))
         return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(arg);
     PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *text = PyList_GET_ITEM(arg, i);
-        if (!PyUnicode_Check(text)) {
-            Py_DECREF(out);
-            PyErr_SetString(PyExc_TypeError, "normalise_ascii takes a list of str");
-            return NULL;
-        }
         if (!PyUnicode_IS_ASCII(text)) {
             Py_INCREF(Py_None);
             PyList_SET_ITEM(out, i, Py_None);
@@ -156,10 +177,8 @@ put_le64(unsigned char *at, uint64_t v)
 static PyObject *
 simhashes(PyObject *self, PyObject *arg)
 {
-    if (!PyList_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "simhashes takes a list of bytes");
+    if (!list_of(arg, is_bytes, "simhashes", "bytes"))
         return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(arg);
     PyObject *out = PyBytes_FromStringAndSize(NULL, 8 * n);
     if (out == NULL)
@@ -167,11 +186,6 @@ simhashes(PyObject *self, PyObject *arg)
     unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *data = PyList_GET_ITEM(arg, i);
-        if (!PyBytes_Check(data)) {
-            Py_DECREF(out);
-            PyErr_SetString(PyExc_TypeError, "simhashes takes a list of bytes");
-            return NULL;
-        }
         put_le64(dst + 8 * i,
                  simhash_of((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)));
     }
@@ -195,10 +209,8 @@ nonprintable(Py_UCS4 c)
 static PyObject *
 char_counts(PyObject *self, PyObject *arg)
 {
-    if (!PyList_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "char_counts takes a list of str");
+    if (!list_of(arg, is_str, "char_counts", "str"))
         return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(arg);
     PyObject *out = PyBytes_FromStringAndSize(NULL, 32 * n);
     if (out == NULL)
@@ -206,11 +218,6 @@ char_counts(PyObject *self, PyObject *arg)
     unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *text = PyList_GET_ITEM(arg, i);
-        if (!PyUnicode_Check(text)) {
-            Py_DECREF(out);
-            PyErr_SetString(PyExc_TypeError, "char_counts takes a list of str");
-            return NULL;
-        }
         Py_ssize_t len = PyUnicode_GET_LENGTH(text);
         int kind = PyUnicode_KIND(text);
         const void *data = PyUnicode_DATA(text);
