@@ -203,7 +203,8 @@ def binary_array(kind: str, values: list) -> BinaryArray | list:
     """`values` (None for NULL) as a parameter of type `kind`[] for a `server_binding_cursor`'s `%(...)b`
     placeholder: encoded in C in one call (common.native) when the extension is there, else the list
     itself, which psycopg dumps element by element in Python (~1 us each: 0.5 ms for a share's INSERT
-    on a 2-core machine, docs/benchmarks.md). Raises TypeError on an element of another type."""
+    on a 2-core machine, docs/benchmarks.md). In C, an element of another type raises TypeError, an
+    integer out of range OverflowError, a lone surrogate UnicodeEncodeError."""
     fast = native()
     if fast is None:
         return values

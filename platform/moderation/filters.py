@@ -5,7 +5,7 @@ blocklist with its safe-subset validation. moderation.screening runs them on inc
 The per-completion work (normalising ASCII texts, simhashes, character counts) runs in C when the
 `sapo_native` extension is installed (native/, built by `make venv` and the Docker image) and
 SAPO_NATIVE is not off (common.native), in the numpy twins below otherwise: the same results bit for bit
-(tests/platform/test_native.py), ~3-4 times the CPU (docs/benchmarks.md, "Pool").
+(tests/platform/test_native.py), at more CPU (docs/benchmarks.md, "Ingest, 2026-11-23, seventh session").
 """
 
 from __future__ import annotations
@@ -48,18 +48,18 @@ _ASCII_FOLD = bytes.maketrans(
 
 
 def normalised_utf8(texts: Sequence[str]) -> list[bytes]:
-    """`normalise(text).encode("utf-8")` of each text. The ASCII texts (nearly every completion) are
-    normalised together, as bytes: one join, one translate (case and whitespace), runs of spaces halved
-    until none is left, one split. `normalise` splits every text into words, a string object per word:
-    most of a share's normalising cost before. Texts holding a NUL (the separator) go one by one."""
+    """`normalise(text).encode("utf-8")` of each text: the ASCII texts (nearly every completion) by
+    `sapo_native.normalise_ascii` or its twin, the others one by one."""
     fast = native()
     out: list[bytes | None] = fast.normalise_ascii(list(texts)) if fast is not None else _normalised_ascii(texts)
     return [normalise(t).encode("utf-8") if o is None else o for t, o in zip(texts, out, strict=True)]
 
 
 def _normalised_ascii(texts: Sequence[str]) -> list[bytes | None]:
-    """`sapo_native.normalise_ascii`'s numpy twin: the normalised bytes of each ASCII text, None for the
-    others (and for texts holding a NUL, the batch's separator)."""
+    """`sapo_native.normalise_ascii`'s twin: the normalised bytes of each ASCII text, None for the others
+    (and for every text when one holds a NUL, the batch's separator). The ASCII texts are normalised
+    together, as bytes: one join, one translate (case and whitespace), runs of spaces halved until none
+    is left, one split. `normalise` splits every text into words, a string object per word."""
     out: list[bytes | None] = [None] * len(texts)
     batch = [i for i, t in enumerate(texts) if t.isascii()]
     joined = "\x00".join([texts[i] for i in batch]).encode("ascii")
