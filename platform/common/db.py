@@ -25,8 +25,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, connections, transaction
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 from common.native import native
 
@@ -171,11 +174,9 @@ def server_binding_cursor() -> Any:
     for a share's arrays or a socket's session statement cost more CPU than the statement itself
     (docs/benchmarks.md). Inside Django's transaction.atomic it runs in that transaction. It binds
     `binary_array`'s arrays as they are."""
-    import psycopg
-
     connection.ensure_connection()
     cursor = psycopg.Cursor(connection.connection)
-    cursor.adapters.register_dumper(BinaryArray, _binary_array_dumper())  # ~4 us
+    cursor.adapters.register_dumper(BinaryArray, _BinaryArrayDumper)  # ~4 us
     return cursor
 
 
@@ -212,32 +213,21 @@ def binary_array(kind: str, values: list) -> BinaryArray | list:
     return BinaryArray(fast.pg_array(code, element_oid, values), array_oid)
 
 
-_dumper_class: type | None = None
-
-
-def _binary_array_dumper() -> type:
+class _BinaryArrayDumper(Dumper):
     """psycopg's Dumper for BinaryArray: the bytes as they are, typed with the array's oid."""
-    global _dumper_class
-    if _dumper_class is None:
-        from psycopg.adapt import Dumper
-        from psycopg.pq import Format
 
-        class BinaryArrayDumper(Dumper):
-            format = Format.BINARY
+    format = Format.BINARY
 
-            def dump(self, obj: BinaryArray) -> bytes:
-                return obj.data
+    def dump(self, obj: BinaryArray) -> bytes:
+        return obj.data
 
-            def get_key(self, obj: BinaryArray, format: Any) -> tuple:
-                return (BinaryArray, obj.oid)
+    def get_key(self, obj: BinaryArray, format: Any) -> tuple:
+        return (BinaryArray, obj.oid)
 
-            def upgrade(self, obj: BinaryArray, format: Any) -> Dumper:
-                dumper = BinaryArrayDumper(BinaryArray)
-                dumper.oid = obj.oid
-                return dumper
-
-        _dumper_class = BinaryArrayDumper
-    return _dumper_class
+    def upgrade(self, obj: BinaryArray, format: Any) -> Dumper:
+        dumper = _BinaryArrayDumper(BinaryArray)
+        dumper.oid = obj.oid
+        return dumper
 
 
 @contextmanager
