@@ -5,6 +5,7 @@ server thread's CPU time per share and the PostgreSQL backend's, without daphne 
     .venv/bin/python bench/share_cpu.py --trees /tmp/main,.     # two trees in alternation (3 runs each)
     .venv/bin/python bench/share_cpu.py --stages                # and the CPU of each stage of a share
     .venv/bin/python bench/share_cpu.py --runs 1 --profile /tmp/share   # cProfile of the counted shares
+    .venv/bin/python bench/share_cpu.py --sizes 1,8,32,64       # a share's fixed cost and its cost per group
 
 Each run is a subprocess with the tree's own `platform` and `node_client` on its path, in a database
 of its own (created, migrated with the tree's migrations, dropped) on DATABASE_URL's server. The
@@ -13,6 +14,11 @@ easy catalogue), the nodes' shares interleaved; the first `--warmup` shares are 
 backend's CPU is read from /proc/<backend pid>/stat (utime + stime, clock ticks: 10 ms resolution,
 so it is summed over every share of a pass). Prints the load average with each run: on a shared
 machine compare runs taken in alternation only.
+
+`--sizes` runs shares of each of these group counts (in alternation with each other and with the
+trees; about as many groups per run at every size: `--messages` is scaled, at most 240 per node) and
+fits CPU per share = fixed + per group x groups, by least squares over the medians: what a share costs
+whatever its size, against what each group adds.
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--completions", type=int, default=8)
     parser.add_argument("--completion-chars", type=int, default=300)
     parser.add_argument("--catalogue", default="easy", choices=["easy", "sapo"])
+    parser.add_argument(
+        "--sizes", help="comma-separated groups per share, each measured (overrides --groups and --messages)"
+    )
     parser.add_argument("--profile", metavar="FILE", help="cProfile each run's shares into FILE.<run> (pstats)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # tree of a subprocess run
     parser.add_argument("--db-name", default="sapo_share_cpu", help=argparse.SUPPRESS)
@@ -189,41 +198,87 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     )
 
 
+def sized_argv(args: argparse.Namespace, size: int | None) -> list[str]:
+    """The child's arguments: this run's, with `size` groups per share and messages scaled so that every
+    size shares about as many groups as --groups x --messages (at most 240 shares per node)."""
+    if size is None:
+        return sys.argv[1:]
+    messages = max(args.warmup, min(240, round(args.groups * args.messages / size)))
+    return [*sys.argv[1:], "--groups", str(size), "--messages", str(messages)]
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares line through (groups, ms per share): (fixed ms per share, ms per group)."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_y - slope * mean_x, slope
+
+
+def print_sizes(args: argparse.Namespace, trees: list[str], sizes: list[int], results: dict) -> None:
+    per_completion = args.completions
+    print(f"\nmedians, ms of CPU per share by groups per share ({per_completion} completions each):")
+    print("| tree | groups | server ms/share | PostgreSQL ms/share | us/completion (both) |")
+    print("|---|---:|---:|---:|---:|")
+    for tree in trees:
+        medians = {}
+        for size in sizes:
+            rs = results[(tree, size)]
+            server = statistics.median(r["server_ms"] for r in rs)
+            backend = statistics.median(r["backend_ms"] for r in rs)
+            medians[size] = (server, backend)
+            total = 1000 * (server + backend) / (size * per_completion)
+            print(f"| {tree} | {size} | {server:.2f} | {backend:.2f} | {total:.1f} |")
+        if len(sizes) > 1:
+            for label, k in (("server", 0), ("PostgreSQL", 1)):
+                fixed, slope = fit([(size, medians[size][k]) for size in sizes])
+                shares = ", ".join(f"{100 * fixed / (fixed + slope * g):.0f}% at {g}" for g in sizes)
+                print(f"{tree}: {label}: {fixed:.2f} ms per share + {slope:.3f} ms per group (fixed part: {shares})")
+
+
 def main() -> None:
     args = parse_args()
     if args.child:
         child(args)
         return
     trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
-    results: dict[str, list[dict]] = {t: [] for t in trees}
+    sizes: list[int | None] = [int(s) for s in args.sizes.split(",")] if args.sizes else [None]
+    configs = [(tree, size) for size in sizes for tree in trees]
+    results: dict[tuple[str, int | None], list[dict]] = {c: [] for c in configs}
     for r in range(args.runs):
-        for tree in trees if r % 2 == 0 else trees[::-1]:
+        for tree, size in configs if r % 2 == 0 else configs[::-1]:
             load = os.getloadavg()[0]
-            cmd = [sys.executable, __file__, "--child", tree, *sys.argv[1:]]
+            cmd = [sys.executable, __file__, "--child", tree, *sized_argv(args, size)]
             env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", SAPO_CATALOGUE=args.catalogue)
             env["PYTHONPATH"] = os.pathsep.join([str(Path(tree) / "platform"), str(Path(tree) / "node_client")])
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])
             result["load"] = (load, os.getloadavg()[0])
-            results[tree].append(result)
+            results[(tree, size)].append(result)
+            groups = "" if size is None else f"{size} groups, "
             print(
                 f"{tree}: server {result['server_ms']:.2f} ms, PostgreSQL backend {result['backend_ms']:.2f} ms"
-                f" per share ({result['shares']} shares; load {load:.2f} -> {result['load'][1]:.2f})",
+                f" per share ({groups}{result['shares']} shares; load {load:.2f} -> {result['load'][1]:.2f})",
                 flush=True,
             )
+    if args.sizes:
+        print_sizes(args, trees, [s for s in sizes if s is not None], results)
+        return
+    by_tree = {tree: results[(tree, None)] for tree in trees}
     print(f"\nmedians, ms of CPU per share (moderation rules {args.moderation}):")
-    labels = list(dict.fromkeys(k for rs in results.values() for r in rs for k in r["stages_ms"]))
+    labels = list(dict.fromkeys(k for rs in by_tree.values() for r in rs for k in r["stages_ms"]))
     rows = [("server (parse_frame + rollout_share)", "server_ms"), ("PostgreSQL backend", "backend_ms")]
     print("| stage | " + " | ".join(trees) + " |")
     for label, key in rows:
         print(
-            f"| {label} | " + " | ".join(f"{statistics.median(r[key] for r in results[t]):.2f}" for t in trees) + " |"
+            f"| {label} | " + " | ".join(f"{statistics.median(r[key] for r in by_tree[t]):.2f}" for t in trees) + " |"
         )
     if args.stages:
         for label in labels:
             cells = []
             for t in trees:
-                values = [r["stages_ms"][label] for r in results[t] if label in r["stages_ms"]]
+                values = [r["stages_ms"][label] for r in by_tree[t] if label in r["stages_ms"]]
                 cells.append(f"{statistics.median(values):.2f}" if values else "-")
             print(f"| {label} | " + " | ".join(cells) + " |")
 

@@ -31,6 +31,20 @@ def test_the_share_cpu_benchmark_prints_server_and_database_cpu_per_share_and_it
         assert f"| {label} |" in out, out
 
 
+def test_the_share_cpu_benchmark_fits_a_shares_fixed_cost_and_its_cost_per_group(tmp_path):
+    args = ["--connections", "2", "--messages", "4", "--groups", "2", "--warmup", "1", "--runs", "1"]
+    out = run_bench("share_cpu.py", [*args, "--sizes", "1,4"], "sapo_share_cpu_sizes", tmp_path)
+    # each size measured, with about as many groups: 2 x 8 shares of 1 group, 2 x 2 shares of 4
+    assert "per share (1 groups, 30 shares; load" in out, out  # 2 passes x (2 x 8 - 1 of warm-up)
+    assert "per share (4 groups, 6 shares; load" in out, out  # 2 passes x (2 x 2 - 1)
+    rows = [line.strip(" |").split("|") for line in out.splitlines() if line.startswith("| /")]
+    assert [int(r[1]) for r in rows] == [1, 4], out
+    assert all(float(c) > 0 for r in rows for c in r[2:]), out  # server, PostgreSQL, per completion
+    for label in ("server", "PostgreSQL"):
+        fitted = next(line for line in out.splitlines() if f": {label}: " in line and "ms per share +" in line)
+        assert "fixed part: " in fitted and "% at 1, " in fitted and "% at 4)" in fitted, fitted
+
+
 def test_the_ingest_benchmark_measures_pinned_workers_on_cores_of_their_own(tmp_path):
     args = ["--skip-sample", "--connections", "2", "--messages", "2", "--groups", "2", "--rounds", "2", "--force"]
     out = run_bench("pool.py", [*args, "--moderation", "on", "--pin", "both"], "sapo_bench_pin", tmp_path)
