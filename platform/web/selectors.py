@@ -41,8 +41,23 @@ AHA_MIN_NODES = 2
 POOL_COUNT_EXACT_BELOW = 100_000
 
 
+class _Judged:
+    """The verdict counts' derived figures, for a node's and a contributor's rows alike."""
+
+    accepted: int
+    rejected: int
+
+    @property
+    def judged(self) -> int:
+        return self.accepted + self.rejected
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.judged if self.judged else None
+
+
 @dataclass
-class NodeFigures:
+class NodeFigures(_Judged):
     """One node's leaderboard figures. Self-reported: model_id, hardware, rounds."""
 
     node_id: int
@@ -64,20 +79,12 @@ class NodeFigures:
     recent_credit: float = 0.0
 
     @property
-    def judged(self) -> int:
-        return self.accepted + self.rejected
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.judged if self.judged else None
-
-    @property
     def mean_reward(self) -> float | None:
         return self.verified_reward / self.completions if self.completions else None
 
 
 @dataclass
-class ContributorFigures:
+class ContributorFigures(_Judged):
     owner_id: int
     contributor: str
     nodes: int = 0
@@ -90,14 +97,6 @@ class ContributorFigures:
     helped: int = 0
     rounds: int = 0
     recent_credit: float = 0.0
-
-    @property
-    def judged(self) -> int:
-        return self.accepted + self.rejected
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.judged if self.judged else None
 
 
 def _compute_node_figures(now: datetime) -> list[NodeFigures]:
