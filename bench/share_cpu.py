@@ -68,7 +68,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--completion-chars", type=int, default=300)
     parser.add_argument("--catalogue", default="easy", choices=["easy", "sapo"])
     parser.add_argument(
-        "--sizes", help="comma-separated groups per share, each measured (overrides --groups and --messages)"
+        "--sizes",
+        help="comma-separated groups per share, each measured with about --groups x --messages groups per node",
     )
     parser.add_argument("--profile", metavar="FILE", help="cProfile each run's shares into FILE.<run> (pstats)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # tree of a subprocess run
@@ -203,7 +204,7 @@ def sized_argv(args: argparse.Namespace, size: int | None) -> list[str]:
     size shares about as many groups as --groups x --messages (at most 240 shares per node)."""
     if size is None:
         return sys.argv[1:]
-    messages = max(args.warmup, min(240, round(args.groups * args.messages / size)))
+    messages = max(args.warmup + 1, min(240, round(args.groups * args.messages / size)))
     return [*sys.argv[1:], "--groups", str(size), "--messages", str(messages)]
 
 
@@ -243,7 +244,13 @@ def main() -> None:
         child(args)
         return
     trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
-    sizes: list[int | None] = [int(s) for s in args.sizes.split(",")] if args.sizes else [None]
+    sizes: list[int | None] = [None]
+    if args.sizes:
+        if args.stages:
+            raise SystemExit("--sizes and --stages: measure the stages at one size (--groups) instead")
+        sizes = list(dict.fromkeys(int(s) for s in args.sizes.split(",")))
+        if min(sizes) < 1:
+            raise SystemExit("--sizes: group counts of 1 or more")
     configs = [(tree, size) for size in sizes for tree in trees]
     results: dict[tuple[str, int | None], list[dict]] = {c: [] for c in configs}
     for r in range(args.runs):
