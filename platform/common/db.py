@@ -21,6 +21,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -161,10 +162,11 @@ def db_call(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def prepare_hot() -> bool:
     """`prepare=` for the statements every share runs (the pool's INSERT, the screening's read, the
-    rules' record): True prepares each once per connection, so PostgreSQL plans it once instead of
-    at every share (planning the INSERT, with its 16 arrays and 4 CTEs, was a quarter of its
-    PostgreSQL CPU: docs/benchmarks.md, "Pool"). SAPO_DB_PREPARE=0 turns it off (and the settings
-    then leave psycopg's prepare_threshold at None, Django's default for connection poolers)."""
+    rules' record): True prepares each once per connection, and `server_binding_cursor` asks for
+    generic plans, so PostgreSQL plans it once instead of at every share (planning the INSERT, with
+    its 16 arrays and 4 CTEs, was a quarter of its PostgreSQL CPU: docs/benchmarks.md, "Pool").
+    SAPO_DB_PREPARE=0 turns it off (and the settings then leave psycopg's prepare_threshold at None,
+    Django's default for connection poolers)."""
     return bool(settings.SAPO_DB_PREPARE)
 
 
@@ -175,9 +177,24 @@ def server_binding_cursor() -> Any:
     (docs/benchmarks.md). Inside Django's transaction.atomic it runs in that transaction. It binds
     `binary_array`'s arrays as they are."""
     connection.ensure_connection()
-    cursor = psycopg.Cursor(connection.connection)
+    raw = connection.connection
+    if raw not in _generic_plans and connection.get_autocommit() and prepare_hot():
+        # Once per connection, outside a transaction (a rolled back one would take the setting with it).
+        raw.execute("SET plan_cache_mode = force_generic_plan")
+        _generic_plans.add(raw)
+    cursor = psycopg.Cursor(raw)
     cursor.adapters.register_dumper(BinaryArray, _BinaryArrayDumper)  # ~4 us
     return cursor
+
+
+#: The connections whose prepared statements are planned once (generic plans), as `prepare_hot` means:
+#: left to choose, PostgreSQL plans the first five executions of each afresh, and goes on doing so
+#: while that plan looks cheaper than the generic one, as it does for the screening's read of a share
+#: with few questions: every share, 0.23 ms of its CPU, more than the read itself (docs/benchmarks.md,
+#: "A share's fixed cost"). Set per session, not as a start-up option (PgBouncer refuses start-up
+#: options it does not track); it changes nothing but prepared statements' plans, and Django's own
+#: queries are never prepared.
+_generic_plans: weakref.WeakSet = weakref.WeakSet()
 
 
 class BinaryArray:
