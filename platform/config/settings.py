@@ -28,9 +28,10 @@ Environment:
                         wait, the nodes that cost the server least CPU lately first (pool.turns).
   SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0). Set above 0, the pool is off and
                         each thread keeps its own connection that long (e.g. behind PgBouncer).
-  SAPO_DB_PREPARE       1 (default): a share's three statements are prepared once per connection
-                        (common.db.prepare_hot). 0 behind a pooler that cannot keep prepared statements
-                        (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
+  SAPO_DB_PREPARE       1 (default): a share's three statements are prepared and planned once per
+                        connection (common.db.prepare_hot). 0 behind a pooler that cannot keep prepared
+                        statements (PgBouncer in transaction mode before 1.21, or without
+                        max_prepared_statements).
   REDIS_URL             redis://...; unset: an in-memory channel layer (one process only).
   SAPO_SERVER_NAME      this server process's name in presence records (default: the host name); a
                         restarted process forgets its previous run's sockets by it (nodes.presence).
