@@ -234,7 +234,11 @@ def print_sizes(args: argparse.Namespace, trees: list[str], sizes: list[int], re
         if len(sizes) > 1:
             for label, k in (("server", 0), ("PostgreSQL", 1)):
                 fixed, slope = fit([(size, medians[size][k]) for size in sizes])
-                shares = ", ".join(f"{100 * fixed / (fixed + slope * g):.0f}% at {g}" for g in sizes)
+                # (a total of 0: PostgreSQL's CPU is read in 10 ms ticks, which a tiny run may not reach)
+                shares = ", ".join(
+                    f"{100 * fixed / (fixed + slope * g):.0f}% at {g}" if fixed + slope * g > 0 else f"- at {g}"
+                    for g in sizes
+                )
                 print(f"{tree}: {label}: {fixed:.2f} ms per share + {slope:.3f} ms per group (fixed part: {shares})")
 
 

@@ -4,6 +4,7 @@ alternation, each measure with its load average (its figures are docs/benchmarks
 from __future__ import annotations
 
 import os
+import re
 
 from support.bench import run_bench
 
@@ -39,10 +40,12 @@ def test_the_share_cpu_benchmark_fits_a_shares_fixed_cost_and_its_cost_per_group
     assert "per share (4 groups, 6 shares; load" in out, out  # 2 passes x (2 x 2 - 1)
     rows = [line.strip(" |").split("|") for line in out.splitlines() if line.startswith("| /")]
     assert [int(r[1]) for r in rows] == [1, 4], out
-    assert all(float(c) > 0 for r in rows for c in r[2:]), out  # server, PostgreSQL, per completion
+    # the server's CPU, and both together per completion; PostgreSQL's is read in 10 ms ticks, which
+    # so few shares may not reach
+    assert all(float(r[2]) > 0 and float(r[3]) >= 0 and float(r[4]) > 0 for r in rows), out
     for label in ("server", "PostgreSQL"):
         fitted = next(line for line in out.splitlines() if f": {label}: " in line and "ms per share +" in line)
-        assert "fixed part: " in fitted and "% at 1, " in fitted and "% at 4)" in fitted, fitted
+        assert re.search(r"fixed part: (\d+%|-) at 1, (\d+%|-) at 4\)$", fitted), fitted
 
 
 def test_the_ingest_benchmark_measures_pinned_workers_on_cores_of_their_own(tmp_path):
