@@ -1,16 +1,17 @@
-"""The automatic rules at ingest: what the pool calls while storing a node's shared groups.
+"""The automatic rules at ingest: what the pool calls while storing nodes' shared groups.
 
-Two steps around the pool's INSERT; the second runs inside the pool's transaction, so no sample can
-see a group before its hold is set:
+Two steps around the pool's INSERT, each for a batch of shares of different nodes (one share is a
+batch of one; pool.services.rollout_share_batch); the second runs inside the pool's transaction, so
+no sample can see a group before its hold is set:
 
-1. `rollouts_screen(node_id, rollouts, checks)` after verification, before the INSERT: runs the
-   enabled rules on the accepted groups. Bounded work per group: one candidate query for the whole
-   batch (at most `max_candidates` other groups per question), a hash lookup per completion for
-   copies, linear scans for length/characters and the blocklist.
-   The pool reads `Screening.held` and stores those groups held (never sampleable) in its INSERT.
-2. `rollouts_record(node_id, screening, inserted)` right after the INSERT, before commit: records the
-   holds' decisions, writes fingerprints, flags, decisions and audit entries (every automatic
-   verdict, flag and hold), counts the verdicts into trust, and now and then re-scans the touched
+1. `rollouts_screen(shares)` after verification, before the INSERT: runs the enabled rules on the
+   accepted groups. Bounded work per group: one candidate query for the whole batch (at most
+   `max_candidates` other groups per question), a hash lookup per completion for copies, linear
+   scans for length/characters and the blocklist. The pool reads each `Screening.held` and stores
+   those groups held (never sampleable) in its INSERT.
+2. `rollouts_record(screenings, inserted)` right after the INSERT, before commit: records the holds'
+   decisions, writes fingerprints, flags, decisions and audit entries (every automatic verdict, flag
+   and hold), counts the verdicts into each node's trust, and now and then re-scans the touched
    datasets for outlier nodes.
 """
 
@@ -43,6 +44,7 @@ from moderation.rules import Rule, rules_current
 from moderation.trust import TRUST_VERDICTS_SQL, trust_value, trust_verdict_params
 from pool.messages import RolloutIn
 from pool.models import ModerationStatus
+from pool.seams import ShareToScreen
 from pool.verification import Verification
 
 
@@ -59,6 +61,7 @@ class Finding:
 class Screening:
     """What the rules found in one share: per-group findings and the accepted groups' fingerprints."""
 
+    node_id: int
     rollouts: Sequence[RolloutIn]
     checks: Mapping[uuid.UUID, Verification]
     findings: list[Finding] = field(default_factory=list)
@@ -72,7 +75,8 @@ class Screening:
 
 # The latest `per` fingerprints of other nodes' groups on each question, inside the window: one index
 # descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is;
-# and the node's trust streak (the low-trust rule), in the same round trip. Parameters bound
+# and each node's trust streak (the low-trust rule), in the same round trip: a row per node of the
+# batch of shares (pool.services.rollout_share_batch; one node appears once). Parameters bound
 # server-side (as the pool's INSERT), the result in binary. The candidates come back as four byte
 # strings (their ids as 16-byte UUIDs, their completion counts as 4-byte integers, their digests, their
 # simhashes; filters.CopyIndex), in the order the rules read them (question, then latest
@@ -80,53 +84,68 @@ class Screening:
 # before cost ~3 ms of the server's CPU to decode and index and more of PostgreSQL's to build.
 _CANDIDATE_ORDER = "ORDER BY q.n, f.created_at DESC"
 _SCREENING_READS_SQL = f"""
-SELECT c.ids, c.counts, c.exact, c.simhash, (SELECT streak FROM moderation_trustrecord WHERE node_id = %(node)s)
-FROM (
-    SELECT string_agg(uuid_send(f.rollout_id), ''::bytea {_CANDIDATE_ORDER}) AS ids,
+SELECT n.node, c.ids, c.counts, c.exact, c.simhash,
+       (SELECT streak FROM moderation_trustrecord WHERE node_id = n.node)
+FROM unnest(%(nodes)b::bigint[]) AS n(node)
+LEFT JOIN (
+    SELECT q.node,
+           string_agg(uuid_send(f.rollout_id), ''::bytea {_CANDIDATE_ORDER}) AS ids,
            string_agg(int4send(octet_length(f.simhash) / 8), ''::bytea {_CANDIDATE_ORDER}) AS counts,
            string_agg(f.exact, ''::bytea {_CANDIDATE_ORDER}) AS exact,
            string_agg(f.simhash, ''::bytea {_CANDIDATE_ORDER}) AS simhash
-    FROM unnest(%(questions)b::text[]) WITH ORDINALITY AS q(hash, n)
+    FROM unnest(%(questions)b::text[], %(question_nodes)b::bigint[]) WITH ORDINALITY AS q(hash, node, n)
     CROSS JOIN LATERAL (
         SELECT rollout_id, exact, simhash, created_at FROM moderation_rolloutfingerprint
-        WHERE question_hash = q.hash AND created_at >= %(cutoff)s AND node_id <> %(node)s
+        WHERE question_hash = q.hash AND created_at >= %(cutoff)s AND node_id <> q.node
         ORDER BY created_at DESC
         LIMIT %(per)s
     ) AS f
-) AS c
+    GROUP BY q.node
+) AS c ON c.node = n.node
 """
 
 
 def _screening_reads(
-    node_id: int, question_hashes: set[str], rules: dict[str, Rule], now: datetime
-) -> tuple[filters.CopyIndex, float]:
-    """Other nodes' recent fingerprints for these questions, indexed, and the node's trust (1.0 when
-    the low-trust rule is off): one query for the whole share, none when neither is wanted."""
+    questions: Mapping[int, set[str]], rules: dict[str, Rule], now: datetime
+) -> dict[int, tuple[filters.CopyIndex, float]]:
+    """Per node (node id -> the question hashes of its accepted groups): other nodes' recent
+    fingerprints for those questions, indexed, and the node's trust (1.0 when the low-trust rule is
+    off). One query for the whole batch, none when neither is wanted."""
     active = [r for r in (rules["duplicate_exact"], rules["duplicate_near"]) if r.enabled]
     want_trust = rules["low_trust"].enabled
-    if not want_trust and (not active or not question_hashes):
-        return filters.CopyIndex(), 1.0
+    if not want_trust and (not active or not any(questions.values())):
+        return {node: (filters.CopyIndex(), 1.0) for node in questions}
+    hashes, owners = [], []
+    if active:
+        for node, node_questions in questions.items():
+            ordered = sorted(node_questions)
+            hashes += ordered
+            owners += [node] * len(ordered)
     params = {
-        "questions": binary_array("text", sorted(question_hashes) if active else []),
+        "nodes": binary_array("int8", list(questions)),
+        "questions": binary_array("text", hashes),
+        "question_nodes": binary_array("int8", owners),
         "cutoff": now - timedelta(hours=max((r["window_hours"] for r in active), default=0)),
-        "node": node_id,
         "per": max((r["max_candidates"] for r in active), default=0),
     }
     with server_binding_cursor() as cursor:
         cursor.execute(_SCREENING_READS_SQL, params, prepare=prepare_hot(), binary=True)
-        ids, counts, exact, hashes, streak = cursor.fetchone()
-    index = (
-        filters.CopyIndex(ids, struct.unpack(f">{len(counts) // 4}i", counts), exact, hashes)
-        if ids
-        else filters.CopyIndex()
-    )
-    return index, trust_value(streak or 0, rules["trust"]["half_streak"]) if want_trust else 1.0
+        rows = cursor.fetchall()
+    found = {}
+    for node, ids, counts, exact, simhashes, streak in rows:
+        index = (
+            filters.CopyIndex(ids, struct.unpack(f">{len(counts) // 4}i", counts), exact, simhashes)
+            if ids
+            else filters.CopyIndex()
+        )
+        found[node] = (index, trust_value(streak or 0, rules["trust"]["half_streak"]) if want_trust else 1.0)
+    return found
 
 
 # Everything `rollouts_record` writes, in one statement (data-modifying CTEs, arrays bound server-side
 # and in binary, as the pool's INSERT): the decisions for holds, the fingerprints, the flags, the audit
-# entries and the trust upsert. Five ORM statements per share before, each a round trip with its SQL
-# quoted client-side (docs/benchmarks.md, "Pool").
+# entries and the trust upsert, for every share of the batch (a node per row). Five ORM statements per
+# share before, each a round trip with its SQL quoted client-side (docs/benchmarks.md, "Pool").
 _RECORD_SQL = (
     """
 WITH decisions AS (
@@ -136,15 +155,15 @@ WITH decisions AS (
     ON CONFLICT (rollout_id) DO NOTHING
 ), fingerprints AS (
     INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)
-    SELECT u.id, %(node)s, u.qh, u.exact, u.simhash, %(now)s
-    FROM unnest(%(fp_id)b::uuid[], %(fp_qh)b::text[], %(fp_exact)b::bytea[], %(fp_simhash)b::bytea[])
-         AS u(id, qh, exact, simhash)
+    SELECT u.id, u.node, u.qh, u.exact, u.simhash, %(now)s
+    FROM unnest(%(fp_id)b::uuid[], %(fp_node)b::bigint[], %(fp_qh)b::text[], %(fp_exact)b::bytea[],
+                %(fp_simhash)b::bytea[]) AS u(id, node, qh, exact, simhash)
     ON CONFLICT (rollout_id) DO NOTHING
 ), flags AS (
     INSERT INTO moderation_moderationflag (rollout_id, node_id, rule, detail, data, created_at, resolved_at)
-    SELECT u.id, %(node)s, u.rule, u.detail, u.data::jsonb, %(now)s, NULL
-    FROM unnest(%(flag_id)b::uuid[], %(flag_rule)b::text[], %(flag_detail)b::text[], %(flag_data)b::text[])
-         AS u(id, rule, detail, data)
+    SELECT u.id, u.node, u.rule, u.detail, u.data::jsonb, %(now)s, NULL
+    FROM unnest(%(flag_id)b::uuid[], %(flag_node)b::bigint[], %(flag_rule)b::text[], %(flag_detail)b::text[],
+                %(flag_data)b::text[]) AS u(id, node, rule, detail, data)
 ), audit AS (
     INSERT INTO moderation_auditentry
         (created_at, actor_id, rule, action, target_type, target_id, count, reason, details)
@@ -157,43 +176,68 @@ WITH decisions AS (
 )
 
 
-def rollouts_screen(
-    *,
-    node_id: int,
-    rollouts: Sequence[RolloutIn],
-    checks: Mapping[uuid.UUID, Verification],
-    now: datetime | None = None,
-) -> Screening:
-    """Run the enabled automatic rules on a node's freshly verified groups (before they are stored).
+def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = None) -> list[Screening]:
+    """Run the enabled automatic rules on freshly verified shares (before they are stored): a
+    Screening per share, in order. The shares are of different nodes (pool.services.rollout_share_batch
+    verifies and stores several together).
 
-    Only accepted groups are screened (rejected ones are never sampleable). At most one query: the
-    other nodes' recent fingerprints for the same questions, and the node's trust. Each completion is normalised and
-    fingerprinted once, and the character counts of the length rule taken, for the whole share in one
-    numpy pass each; every rule reuses the result. The pool stores the groups, then calls
-    `rollouts_record` with this result in the same transaction.
-    """
+    Only accepted groups are screened (rejected ones are never sampleable). At most one query for the
+    whole batch: other nodes' recent fingerprints for each node's questions, and each node's trust. Each
+    completion is normalised and fingerprinted once, and the character counts of the length rule
+    taken, for all the shares in one pass each; every rule reuses the result. The pool stores the
+    groups, then calls `rollouts_record` with the result in the same transaction.
+
+    A group is compared with what other nodes stored before the batch: two shares verified together
+    do not see each other's groups (as two shares in flight at once on two connections do not)."""
     now = now or timezone.now()
     rules = rules_current()
-    screening = Screening(rollouts=rollouts, checks=checks)
-    accepted = [r for r in rollouts if checks[r.id].accepted]
-    if not accepted:
-        return screening
-    fingerprints = filters.fingerprints([r.completions for r in accepted])
-    questions = filters.question_hashes([r.question for r in accepted])
-    for r, qh, fp in zip(accepted, questions, fingerprints, strict=True):
-        screening.fingerprints[r.id] = (qh, fp)
-    index, trust = _screening_reads(node_id, {qh for qh, _ in screening.fingerprints.values()}, rules, now)
-    low_trust = rules["low_trust"]
-
+    screenings = [Screening(node_id=s.node_id, rollouts=s.rollouts, checks=s.checks) for s in shares]
+    accepted = [[r for r in s.rollouts if s.checks[r.id].accepted] for s in shares]
+    every = [r for share in accepted for r in share]
+    if not every:
+        return screenings
+    fingerprints = filters.fingerprints([r.completions for r in every])
+    questions = filters.question_hashes([r.question for r in every])
     length = rules["length"]
-    length_hits = filters.length_findings([r.completions for r in accepted], length) if length.enabled else []
-    fps = [screening.fingerprints[r.id][1] for r in accepted]
+    length_hits = filters.length_findings([r.completions for r in every], length) if length.enabled else []
+    start = 0
+    spans = []  # each share's accepted groups: [start, end) of `every`
+    for screening, share in zip(screenings, accepted, strict=True):
+        spans.append((start, start + len(share)))
+        for n, r in enumerate(share, start):
+            screening.fingerprints[r.id] = (questions[n], fingerprints[n])
+        start += len(share)
+    wanted: dict[int, set[str]] = {}
+    for screening, share in zip(screenings, accepted, strict=True):
+        if share:
+            wanted.setdefault(screening.node_id, set()).update(qh for qh, _ in screening.fingerprints.values())
+    reads = _screening_reads(wanted, rules, now)
+    for screening, share, (first, end) in zip(screenings, accepted, spans, strict=True):
+        if share:
+            index, trust = reads[screening.node_id]
+            screening.findings = _findings(
+                share, fingerprints[first:end], length_hits[first:end] if length.enabled else [], index, trust, rules
+            )
+    return screenings
+
+
+def _findings(
+    accepted: Sequence[RolloutIn],
+    fps: Sequence[filters.Fingerprint],
+    length_hits: Sequence[str | None],
+    index: filters.CopyIndex,
+    trust: float,
+    rules: dict[str, Rule],
+) -> list[Finding]:
+    """What the enabled rules find in one share's accepted groups."""
+    low_trust = rules["low_trust"]
+    length = rules["length"]
     copies = {
         key: filters.copy_findings(fps, index, rules[key], near=near)
         for key, near in (("duplicate_exact", False), ("duplicate_near", True))
         if rules[key].enabled
     }
-
+    findings = []
     for n, r in enumerate(accepted):
         found: list[tuple[Rule, str, dict]] = []
         for key, hits in copies.items():
@@ -208,69 +252,79 @@ def rollouts_screen(
                 found.append((rules["blocklist"], detail, {}))
         if low_trust.enabled and trust < low_trust["threshold"]:
             found.append((low_trust, f"node trust {trust:.2f} is below {low_trust['threshold']:.2f}", {}))
-        screening.findings += [Finding(r.id, rule.key, detail, rule.holds, data) for rule, detail, data in found]
-    return screening
+        findings += [Finding(r.id, rule.key, detail, rule.holds, data) for rule, detail, data in found]
+    return findings
 
 
-def rollouts_record(
-    *, node_id: int, screening: Screening, inserted: set[uuid.UUID], now: datetime | None = None
-) -> None:
-    """After the pool inserted the groups (`inserted`: the ids really inserted now), in its transaction:
-    record the decisions for what a hold rule caught (the pool stored those held already, from
-    `screening.held`, so no sample ever sees them), store fingerprints, flags, decisions and audit entries (automatic verdicts included), count the
-    verdicts into trust, and now and then re-scan the touched datasets for outlier nodes."""
+def rollouts_record(*, screenings: Sequence[Screening], inserted: set[uuid.UUID], now: datetime | None = None) -> None:
+    """After the pool inserted the groups of a batch of shares (`inserted`: the ids really inserted now),
+    in its transaction: record the decisions for what a hold rule caught (the pool stored those held
+    already, from each `Screening.held`, so no sample ever sees them), store fingerprints, flags,
+    decisions and audit entries (automatic verdicts included), count the verdicts into each node's
+    trust, and now and then re-scan the touched datasets for outlier nodes. One statement."""
     now = now or timezone.now()
-    every = len(inserted) == len(screening.rollouts)  # nearly every share: nothing to leave out
-    rollouts = screening.rollouts if every else [r for r in screening.rollouts if r.id in inserted]
-    if not rollouts:
-        return
-    checks = screening.checks
-    findings = screening.findings if every else [f for f in screening.findings if f.rollout_id in inserted]
     held: dict[uuid.UUID, Finding] = {}
-    for f in findings:
-        if f.hold:
-            held.setdefault(f.rollout_id, f)  # the pool stored these held already: record why
-    fingerprints = list(screening.fingerprints.items())
-    if not every:
-        fingerprints = [(rid, v) for rid, v in fingerprints if rid in inserted]
-    audit = [
-        # (rule, action, target, reason, details)
-        ("verification", AuditAction.AUTO_VERDICT, str(r.id), checks[r.id].reason, {"node": node_id, "dataset": r.dataset})
-        for r in rollouts
-        if not checks[r.id].accepted
-    ] + [
-        (f.rule, AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG, str(f.rollout_id), f.detail,
-         {"node": node_id, **f.data})
-        for f in findings
-    ]  # fmt: skip
+    fingerprints: list[tuple[int, uuid.UUID, tuple[str, filters.Fingerprint]]] = []  # (node, id, (qh, fp))
+    flags: list[tuple[int, Finding]] = []
+    audit: list[tuple[str, str, str, str, dict]] = []  # (rule, action, target, reason, details)
+    verdicts: dict[int, list[bool]] = {}
+    datasets: set[str] = set()
+    for screening in screenings:
+        node_id = screening.node_id
+        every = all(r.id in inserted for r in screening.rollouts)  # nearly every share: nothing to leave out
+        rollouts = screening.rollouts if every else [r for r in screening.rollouts if r.id in inserted]
+        if not rollouts:
+            continue
+        checks = screening.checks
+        findings = screening.findings if every else [f for f in screening.findings if f.rollout_id in inserted]
+        for f in findings:
+            if f.hold:
+                held.setdefault(f.rollout_id, f)  # the pool stored these held already: record why
+        fingerprints += [(node_id, rid, v) for rid, v in screening.fingerprints.items() if every or rid in inserted]
+        flags += [(node_id, f) for f in findings]
+        audit += [
+            ("verification", AuditAction.AUTO_VERDICT, str(r.id), checks[r.id].reason,
+             {"node": node_id, "dataset": r.dataset})
+            for r in rollouts
+            if not checks[r.id].accepted
+        ] + [
+            (f.rule, AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG, str(f.rollout_id), f.detail,
+             {"node": node_id, **f.data})
+            for f in findings
+        ]  # fmt: skip
+        verdicts.setdefault(node_id, []).extend(checks[r.id].accepted for r in rollouts)
+        datasets.update(r.dataset for r in rollouts if checks[r.id].accepted)
+    if not verdicts:
+        return
     params = {
-        "node": node_id,
         "now": now,
         "held_status": ModerationStatus.HELD.value,
         "held_id": binary_array("uuid", list(held)),
         "held_reason": binary_array("text", [f.detail for f in held.values()]),
         "held_rule": binary_array("text", [f.rule for f in held.values()]),
-        "fp_id": binary_array("uuid", [rid for rid, _ in fingerprints]),
-        "fp_qh": binary_array("text", [qh for _, (qh, _) in fingerprints]),
-        "fp_exact": binary_array("bytea", [fp.exact_bytes() for _, (_, fp) in fingerprints]),
-        "fp_simhash": binary_array("bytea", [fp.simhash_packed for _, (_, fp) in fingerprints]),
-        "flag_id": binary_array("uuid", [f.rollout_id for f in findings]),
-        "flag_rule": binary_array("text", [f.rule for f in findings]),
-        "flag_detail": binary_array("text", [f.detail for f in findings]),
-        "flag_data": binary_array("text", [dumps(f.data) for f in findings]),
+        "fp_id": binary_array("uuid", [rid for _, rid, _ in fingerprints]),
+        "fp_node": binary_array("int8", [node for node, _, _ in fingerprints]),
+        "fp_qh": binary_array("text", [qh for _, _, (qh, _) in fingerprints]),
+        "fp_exact": binary_array("bytea", [fp.exact_bytes() for _, _, (_, fp) in fingerprints]),
+        "fp_simhash": binary_array("bytea", [fp.simhash_packed for _, _, (_, fp) in fingerprints]),
+        "flag_id": binary_array("uuid", [f.rollout_id for _, f in flags]),
+        "flag_node": binary_array("int8", [node for node, _ in flags]),
+        "flag_rule": binary_array("text", [f.rule for _, f in flags]),
+        "flag_detail": binary_array("text", [f.detail for _, f in flags]),
+        "flag_data": binary_array("text", [dumps(f.data) for _, f in flags]),
         "audit_target": TargetType.ROLLOUT.value,
         "audit_rule": binary_array("text", [a[0] for a in audit]),
         "audit_action": binary_array("text", [str(a[1].value) for a in audit]),
         "audit_id": binary_array("text", [a[2] for a in audit]),
         "audit_reason": binary_array("text", [a[3] for a in audit]),
         "audit_details": binary_array("text", [dumps(a[4]) for a in audit]),
-        **trust_verdict_params(node_id=node_id, verdicts=[checks[r.id].accepted for r in rollouts], now=now),
+        **trust_verdict_params(verdicts=verdicts, now=now),
     }
     with server_binding_cursor() as cursor:
         cursor.execute(_RECORD_SQL, params, prepare=prepare_hot())
     rule = rules_current()["outlier"]
     if rule.enabled:
-        for dataset in sorted({r.dataset for r in rollouts if checks[r.id].accepted}):
+        for dataset in sorted(datasets):
             if _outlier_scan_due(dataset, rule["scan_every_seconds"]):
                 outlier_scan(dataset=dataset, rule=rule, now=now)
 

@@ -13,12 +13,14 @@ holds a low-trust node's groups for review (rule "low_trust").
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
 from django.utils import timezone
 
+from common.db import binary_array
 from moderation.rules import rules_current
 
 
@@ -30,41 +32,58 @@ def _half_streak() -> int:
     return rules_current()["trust"]["half_streak"]
 
 
-#: Counting a node's newly judged groups into its record (one upsert); parameters from `trust_verdict_params`.
-#: moderation.screening runs it as the last part of its one statement per share (rollouts_record).
+#: Counting nodes' newly judged groups into their records (one upsert, a row per node: a node appears
+#: once); parameters from `trust_verdict_params`. moderation.screening runs it as the last part of its
+#: one statement per batch of shares (rollouts_record). The inserted row's `streak` is the node's new
+#: streak if this batch rejected something (the accepted groups after its last rejection), else its
+#: accepted groups, which the update adds to the streak it had.
 TRUST_VERDICTS_SQL = """
 INSERT INTO moderation_trustrecord AS t
     (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
-VALUES (%(trust_node)s, %(trust_start)s, %(trust_a)s, %(trust_r)s, %(trust_last)s, %(trust_now)s)
+SELECT u.node, u.streak, u.a, u.r, CASE WHEN u.r > 0 THEN %(trust_now)s END, %(trust_now)s
+FROM unnest(%(trust_node)b::bigint[], %(trust_streak)b::int[], %(trust_a)b::int[], %(trust_r)b::int[])
+     AS u(node, streak, a, r)
 ON CONFLICT (node_id) DO UPDATE SET
-    streak = CASE WHEN %(trust_reset)s THEN %(trust_tail)s ELSE t.streak + %(trust_a)s END,
-    accepted = t.accepted + %(trust_a)s,
-    rejected = t.rejected + %(trust_r)s,
-    last_rejected_at = COALESCE(%(trust_last)s, t.last_rejected_at),
-    updated_at = %(trust_now)s
+    streak = CASE WHEN EXCLUDED.rejected > 0 THEN EXCLUDED.streak ELSE t.streak + EXCLUDED.accepted END,
+    accepted = t.accepted + EXCLUDED.accepted,
+    rejected = t.rejected + EXCLUDED.rejected,
+    last_rejected_at = COALESCE(EXCLUDED.last_rejected_at, t.last_rejected_at),
+    updated_at = EXCLUDED.updated_at
 """
 
 
-def trust_verdict_params(*, node_id: int, verdicts: Sequence[bool], now: datetime) -> dict[str, object]:
-    """TRUST_VERDICTS_SQL's parameters for a node's newly judged groups, in the order judged (True =
-    accepted): a rejection resets the streak to the accepted groups after the batch's last rejection."""
+@dataclass(frozen=True)
+class VerdictCounts:
+    """A node's newly judged groups, as its trust record counts them."""
+
+    accepted: int
+    rejected: int
+    streak: int  # the accepted groups after the last rejection when rejected > 0, else `accepted`
+
+
+def verdict_counts(verdicts: Sequence[bool]) -> VerdictCounts:
+    """Counts for a node's newly judged groups in the order judged (True = accepted): a rejection
+    restarts the streak at the accepted groups after the batch's last rejection."""
     accepted = sum(1 for v in verdicts if v)
-    rejected = len(verdicts) - accepted
-    reset = rejected > 0
-    tail = 0  # accepted groups after the last rejection in this batch
+    tail = 0  # accepted groups after the last rejection
     for v in reversed(verdicts):
         if not v:
             break
         tail += 1
+    rejected = len(verdicts) - accepted
+    return VerdictCounts(accepted, rejected, tail if rejected else accepted)
+
+
+def trust_verdict_params(*, verdicts: Mapping[int, Sequence[bool]], now: datetime) -> dict[str, object]:
+    """TRUST_VERDICTS_SQL's parameters: node id -> its newly judged groups, in the order judged."""
+    nodes = sorted(verdicts)  # concurrent batches lock the records in one order
+    counts = [verdict_counts(verdicts[n]) for n in nodes]
     return {
-        "trust_node": node_id,
-        "trust_start": tail if reset else accepted,
-        "trust_a": accepted,
-        "trust_r": rejected,
-        "trust_last": now if reset else None,
+        "trust_node": binary_array("int8", nodes),
+        "trust_streak": binary_array("int4", [c.streak for c in counts]),
+        "trust_a": binary_array("int4", [c.accepted for c in counts]),
+        "trust_r": binary_array("int4", [c.rejected for c in counts]),
         "trust_now": now,
-        "trust_reset": reset,
-        "trust_tail": tail,
     }
 
 

@@ -6,10 +6,11 @@ The moderation app registers its implementation in its AppConfig.ready(); a depl
 runs the pool unmoderated (every accepted group with variance sampleable, uniform sampling, the
 plain message rate).
 
-- `rollouts_screen` / `rollouts_record`: pool.services.rollout_share, around its INSERT. Screening
-  runs before the INSERT and decides which groups are held: the INSERT writes them "held" and not
-  sampleable in the same statement, so no sample can ever see them. `rollouts_record` runs right
-  after the INSERT, in its transaction (audit, flags, trust).
+- `rollouts_screen` / `rollouts_record`: pool.services.rollout_share_batch, around its INSERT, for
+  a batch of shares of different nodes. Screening runs before the INSERT and decides which groups
+  are held: the INSERT writes them "held" and not sampleable in the same statement, so no sample can
+  ever see them. `rollouts_record` runs right after the INSERT, in its transaction (audit, flags,
+  trust).
 - `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.
 - `node_message_quotas`: pool.opening, when sockets open (those opening together in one call).
@@ -20,10 +21,20 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from pool.messages import RolloutIn
 from pool.verification import Verification
+
+
+@dataclass(frozen=True)
+class ShareToScreen:
+    """One node's freshly verified share, as screening takes it."""
+
+    node_id: int
+    rollouts: Sequence[RolloutIn]
+    checks: Mapping[uuid.UUID, Verification]
 
 
 class Screened(Protocol):
@@ -36,11 +47,11 @@ class Screened(Protocol):
 
 
 class PoolModeration(Protocol):
-    def rollouts_screen(
-        self, *, node_id: int, rollouts: Sequence[RolloutIn], checks: Mapping[uuid.UUID, Verification]
-    ) -> Screened: ...
+    def rollouts_screen(self, *, shares: Sequence[ShareToScreen]) -> Sequence[Screened]:
+        """A Screened per share, in order; the shares are of different nodes."""
+        ...
 
-    def rollouts_record(self, *, node_id: int, screening: Screened, inserted: set[uuid.UUID]) -> None: ...
+    def rollouts_record(self, *, screenings: Sequence[Screened], inserted: set[uuid.UUID]) -> None: ...
 
     def sample_keep(self, *, node_ids: Sequence[int], rng: random.Random) -> list[bool] | None: ...
 
@@ -55,15 +66,16 @@ class _NothingHeld:
     held: set[uuid.UUID] = frozenset()  # type: ignore[assignment]
 
 
+_NOTHING_HELD = _NothingHeld()
+
+
 class NoModeration:
     """The default: holds nothing, weights nothing, leaves the message rate as configured."""
 
-    def rollouts_screen(
-        self, *, node_id: int, rollouts: Sequence[RolloutIn], checks: Mapping[uuid.UUID, Verification]
-    ) -> Screened:
-        return _NothingHeld()
+    def rollouts_screen(self, *, shares: Sequence[ShareToScreen]) -> Sequence[Screened]:
+        return [_NOTHING_HELD] * len(shares)
 
-    def rollouts_record(self, *, node_id: int, screening: Screened, inserted: set[uuid.UUID]) -> None:
+    def rollouts_record(self, *, screenings: Sequence[Screened], inserted: set[uuid.UUID]) -> None:
         return None
 
     def sample_keep(self, *, node_ids: Sequence[int], rng: random.Random) -> list[bool] | None:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import BigIntegerField, BooleanField, Case, F, Q, QuerySet, Value, When
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -37,7 +37,7 @@ from pool.models import (
     ServedGroup,
     Verdict,
 )
-from pool.seams import moderation
+from pool.seams import ShareToScreen, moderation
 from pool.signals import rollouts_moderation_changing
 from pool.verification import Verification, has_variance, verify_rollout
 from sapo_node.tasks import Catalogue
@@ -80,65 +80,82 @@ SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n O
 WHERE n.owner_id = %(owner)s AND o.hour = %(hour)s"""
 
 
-# One statement per share: arrays in, one row per group, ON CONFLICT for concurrent replays, and a
-# sample number drawn only for rows that become sampleable. Parameters are bound server-side
-# (psycopg's default) rather than quoted into the SQL text as Django's cursor does: quoting the
-# completions was most of the ORM bulk_create's cost (docs/benchmarks.md, "Pool"). The arrays go in
-# binary (%(...)b): text format escapes every element with a regular expression.
-_INSERT_SQL = f"""
+# One statement per batch of shares (a share alone is a batch of one; rollout_share_batch): arrays in,
+# one row per group with its node, ON CONFLICT for concurrent replays, and a sample number drawn only
+# for rows that become sampleable; then each node's verdict counts and stored bytes, a row per node
+# (a node appears once in a batch), upserted in node order so that concurrent batches lock those rows
+# in one order. Parameters are bound server-side (psycopg's default) rather than quoted into the SQL
+# text as Django's cursor does: quoting the completions was most of the ORM bulk_create's cost
+# (docs/benchmarks.md, "Pool"). The arrays go in binary (%(...)b): text format escapes every element
+# with a regular expression.
+_INSERT_SQL = """
 WITH inserted AS (
 INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
     completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
-SELECT u.id, %(node)s, u.round, u.dataset, u.seed, u.index, u.question, u.answer, u.completions::jsonb,
+SELECT u.id, u.node, u.round, u.dataset, u.seed, u.index, u.question, u.answer, u.completions::jsonb,
        u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
        CASE WHEN u.held THEN 'held' ELSE 'ok' END, u.has_variance, u.sampleable,
        CASE WHEN u.sampleable THEN nextval('pool_rollout_sample_seq') END, %(now)s
-FROM unnest(%(id)b::uuid[], %(round)b::int[], %(dataset)b::text[], %(seed)b::bigint[], %(index)b::bigint[],
-            %(question)b::text[], %(answer)b::text[], %(completions)b::text[], %(count)b::int[],
-            %(claimed)b::text[], %(verified)b::text[], %(verdict)b::text[], %(reason)b::text[],
+FROM unnest(%(id)b::uuid[], %(node)b::bigint[], %(round)b::int[], %(dataset)b::text[], %(seed)b::bigint[],
+            %(index)b::bigint[], %(question)b::text[], %(answer)b::text[], %(completions)b::text[],
+            %(count)b::int[], %(claimed)b::text[], %(verified)b::text[], %(verdict)b::text[], %(reason)b::text[],
             %(has_variance)b::bool[], %(sampleable)b::bool[], %(held)b::bool[])
-     AS u(id, round, dataset, seed, index, question, answer, completions, completion_count, claimed,
+     AS u(id, node, round, dataset, seed, index, question, answer, completions, completion_count, claimed,
           verified, verdict, reason, has_variance, sampleable, held)
 ON CONFLICT (id) DO NOTHING
-RETURNING id, verdict
-), stored AS MATERIALIZED (
-    SELECT count(*) = cardinality(%(id)b::uuid[]) AS every_one FROM inserted
-), conflicts AS (
-    -- ids another node stored already (the statement's snapshot: rows inserted above are not seen),
-    -- counted as rejections each time they are sent; looked up only when some id was not inserted
-    -- (nearly every share inserts every group: the lookup then costs nothing)
-    SELECT CASE WHEN (SELECT every_one FROM stored) THEN 0 ELSE (
-        SELECT count(*) FROM unnest(%(id)b::uuid[]) AS u(id)
-        JOIN pool_rollout p ON p.id = u.id AND p.node_id <> %(node)s
-    ) END AS c
+RETURNING id, node_id, verdict
 ), counts AS MATERIALIZED (
-    SELECT count(*) FILTER (WHERE verdict = 'accepted') AS a,
-           count(*) FILTER (WHERE verdict <> 'accepted') + (SELECT c FROM conflicts) AS r
-    FROM inserted
+    SELECT node_id AS node, count(*) AS n,
+           count(*) FILTER (WHERE verdict = 'accepted') AS a,
+           count(*) FILTER (WHERE verdict <> 'accepted') AS r
+    FROM inserted GROUP BY node_id
+), conflicts AS MATERIALIZED (
+    -- per node, the ids another node stored already (the statement's snapshot: rows inserted above are
+    -- not seen), counted as rejections each time they are sent; looked up only when some id was not
+    -- inserted (nearly every share inserts every group: the lookup then costs nothing)
+    SELECT u.node, count(*) AS c
+    FROM unnest(%(id)b::uuid[], %(node)b::bigint[]) AS u(id, node)
+    JOIN pool_rollout p ON p.id = u.id AND p.node_id <> u.node
+    WHERE (SELECT coalesce(sum(n), 0) FROM counts) < cardinality(%(id)b::uuid[])
+    GROUP BY u.node
 ), verdict_counts AS (
     INSERT INTO pool_nodeverdictcounts AS t (node_id, accepted_groups, rejected_groups, updated_at)
-    SELECT %(node)s, a, r, now() FROM counts WHERE a + r > 0
+    SELECT w.node, coalesce(c.a, 0), coalesce(c.r, 0) + coalesce(x.c, 0), now()
+    FROM unnest(%(nodes)b::bigint[]) AS w(node)
+    LEFT JOIN counts c ON c.node = w.node
+    LEFT JOIN conflicts x ON x.node = w.node
+    WHERE c.node IS NOT NULL OR x.node IS NOT NULL
+    ORDER BY w.node
     ON CONFLICT (node_id) DO UPDATE SET
         accepted_groups = t.accepted_groups + EXCLUDED.accepted_groups,
         rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
         updated_at = now()
 ), storage AS (
-    -- every group inserted (nearly always): the bytes of all of them, summed by the caller; else the
-    -- bytes of those inserted
+    -- a node's groups all inserted (nearly always): the bytes of all of them, summed by the caller;
+    -- else the bytes of those inserted
     INSERT INTO pool_nodestoragehour AS s (node_id, hour, bytes)
-    SELECT %(node)s, %(hour)s, CASE WHEN (SELECT every_one FROM stored) THEN %(total_bytes)s ELSE (
-        SELECT sum(b.bytes) FROM inserted i JOIN unnest(%(id)b::uuid[], %(bytes)b::bigint[]) AS b(id, bytes) ON b.id = i.id
+    SELECT c.node, %(hour)s, CASE WHEN c.n = w.sent THEN w.total_bytes ELSE (
+        SELECT sum(b.bytes) FROM inserted i JOIN unnest(%(id)b::uuid[], %(bytes)b::bigint[]) AS b(id, bytes)
+        ON b.id = i.id WHERE i.node_id = c.node
     ) END
-    WHERE EXISTS (SELECT 1 FROM inserted)
+    FROM counts c JOIN unnest(%(nodes)b::bigint[], %(sent)b::int[], %(total_bytes)b::bigint[])
+         AS w(node, sent, total_bytes) ON w.node = c.node
+    ORDER BY c.node
     ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
-    RETURNING bytes
+    RETURNING node_id, bytes
+), totals AS (
+    -- each node's bytes this hour and its contributor's (the statement's snapshot holds the other
+    -- nodes' rows as they were, a batch-mate's of the same contributor included, and this node's
+    -- before the upsert above: its new total comes from the upsert)
+    SELECT st.node_id, st.bytes, st.bytes + (
+        SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
+        WHERE n.owner_id = w.owner AND o.hour = %(hour)s AND o.node_id <> st.node_id
+    ) AS owner_bytes
+    FROM storage st JOIN unnest(%(nodes)b::bigint[], %(owners)b::bigint[]) AS w(node, owner) ON w.node = st.node_id
 )
--- each inserted id, with the node's bytes this hour and its contributor's (the statement's snapshot
--- holds the other nodes' rows as they were, and this node's before the upsert above: its new total
--- comes from the upsert)
-SELECT i.id, st.bytes, st.bytes + ({_OWNER_HOUR_BYTES_SQL} AND o.node_id <> %(node)s)
-FROM inserted i, storage st
+-- each inserted id, with its node's figures
+SELECT i.id, i.node_id, t.bytes, t.owner_bytes FROM inserted i JOIN totals t ON t.node_id = i.node_id
 """
 
 
@@ -159,18 +176,27 @@ def _hour(now: datetime) -> datetime:
     return now.replace(minute=0, second=0, microsecond=0)
 
 
-def _insert_rollouts(
-    node: Any, rollouts: list[RolloutIn], checks: dict[uuid.UUID, Verification], held: set[uuid.UUID]
-) -> tuple[set[uuid.UUID], StoredBytes | None]:
-    """Insert the groups, count their verdicts (NodeVerdictCounts, an id another node stored counting as a
-    rejection) and the bytes stored this hour (NodeStorageHour), in one statement (the caller holds a
-    transaction); return the ids actually inserted (an id already stored is left alone, and neither
-    counted nor charged again) and the bytes stored this hour after it (None when nothing was). The `held`
-    ids go in with moderation status "held" and not sampleable: no moment exists where a sample could
-    see them."""
-    verdicts = [checks[r.id] for r in rollouts]
+@dataclass(frozen=True)
+class _Verified:
+    """One share of a batch, verified and screened, ready for the INSERT."""
+
+    node: Any
+    rollouts: Sequence[RolloutIn]
+    checks: dict[uuid.UUID, Verification]
+    held: set[uuid.UUID]
+
+
+def _insert_rollouts(shares: Sequence[_Verified]) -> tuple[set[uuid.UUID], dict[int, StoredBytes]]:
+    """Insert the groups of several nodes' shares (one share per node), count their verdicts
+    (NodeVerdictCounts, an id another node stored counting as a rejection) and the bytes stored this
+    hour (NodeStorageHour), in one statement (the caller holds a transaction); return the ids actually
+    inserted (an id already stored is left alone, and neither counted nor charged again) and, per node
+    that stored something, its bytes stored this hour after it. The `held` ids go in with moderation
+    status "held" and not sampleable: no moment exists where a sample could see them."""
+    rollouts = [r for share in shares for r in share.rollouts]
+    verdicts = [share.checks[r.id] for share in shares for r in share.rollouts]
     variance = [c.accepted and has_variance(c.verified_rewards) for c in verdicts]
-    holds = [r.id in held for r in rollouts]
+    holds = [r.id in share.held for share in shares for r in share.rollouts]
     questions, answers, completions = [], [], []
     for r, c in zip(rollouts, verdicts, strict=True):
         if c.accepted:
@@ -187,14 +213,21 @@ def _insert_rollouts(
         ROW_OVERHEAD_BYTES + sum(map(_utf8_len, texts))
         for texts in zip(questions, answers, completions, claimed, verified, strict=True)
     ]
+    totals, start = [], 0
+    for share in shares:
+        totals.append(sum(sizes[start : start + len(share.rollouts)]))
+        start += len(share.rollouts)
     now = timezone.now()
     hour = _hour(now)
     params = {
-        "node": node.id,
-        "owner": node.owner_id,
         "now": now,
         "hour": hour,
+        "nodes": binary_array("int8", [share.node.id for share in shares]),
+        "owners": binary_array("int8", [share.node.owner_id for share in shares]),
+        "sent": binary_array("int4", [len(share.rollouts) for share in shares]),
+        "total_bytes": binary_array("int8", totals),
         "id": binary_array("uuid", [r.id for r in rollouts]),
+        "node": binary_array("int8", [share.node.id for share in shares for _ in share.rollouts]),
         "round": binary_array("int4", [r.round for r in rollouts]),
         "dataset": binary_array("text", [r.dataset for r in rollouts]),
         "seed": binary_array("int8", [r.seed for r in rollouts]),
@@ -206,7 +239,6 @@ def _insert_rollouts(
         "claimed": binary_array("text", claimed),
         "verified": binary_array("text", verified),
         "bytes": binary_array("int8", sizes),
-        "total_bytes": sum(sizes),
         "verdict": binary_array("text", [c.verdict for c in verdicts]),
         "reason": binary_array("text", [c.reason for c in verdicts]),
         "has_variance": binary_array("bool", variance),
@@ -216,7 +248,7 @@ def _insert_rollouts(
     with server_binding_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params, prepare=prepare_hot())
         rows = cursor.fetchall()
-    stored = StoredBytes(hour=hour, node=int(rows[0][1]), owner=int(rows[0][2])) if rows else None
+    stored = {int(node): StoredBytes(hour=hour, node=int(b), owner=int(o)) for _, node, b, o in rows}
     return {row[0] for row in rows}, stored
 
 
@@ -269,6 +301,16 @@ def _storage_charge(node_id: int, size: int, now: datetime) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ShareIn:
+    """One node's share for `rollout_share_batch`: its groups, and the bytes its socket's previous share
+    left stored (ShareResult.stored; None: the budgets are read from the database)."""
+
+    node: Any
+    rollouts: Sequence[RolloutIn]
+    stored: StoredBytes | None = None
+
+
 def rollout_share(
     *,
     node: Any,
@@ -289,20 +331,112 @@ def rollout_share(
     Raises ApplicationError "over_budget" (nothing verified or stored) when the node or its
     contributor has used this hour's storage budget (`storage_check`; against `stored`, the previous
     share's ShareResult.stored on the same socket, when it is of this hour: one query less per share).
+
+    A batch of one of `rollout_share_batch`.
     """
-    storage_check(node=node, limits=limits or current_limits(), known=stored)
+    (result,) = rollout_share_batch(
+        shares=[ShareIn(node=node, rollouts=rollouts, stored=stored)], catalogue=catalogue, limits=limits
+    )
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def rollout_share_batch(
+    *, shares: Sequence[ShareIn], catalogue: Catalogue, limits: Limits | None = None
+) -> list[ShareResult | Exception]:
+    """`rollout_share` for several shares at once: what each would have answered alone, in order (a
+    ShareResult, or what it would have raised: ApplicationError, the DatabaseError of a share whose
+    storing failed, or a verifier's failure), at the cost of fewer, larger statements: shares of
+    different nodes are verified, screened and stored together, one candidates read, one INSERT, one
+    record statement and one commit for all of them, so a share's fixed cost is paid once per batch
+    (docs/benchmarks.md, "Shares stored together"). pool.turns batches the shares that wait for a turn.
+
+    Shares are taken in order; one whose node or ids already appear in the batch starts the next one
+    (so a node's shares, and a resent id, are stored one after the other, as they would be alone).
+    If a batch of several fails in the database, each of its shares is tried again alone: one share's
+    failure is its own. A share compared with other nodes' groups by the copy rules sees those stored
+    before its batch, not its batch-mates' (as two shares in flight at once do not see each other)."""
+    limits = limits or current_limits()
+    results: list[ShareResult | Exception | None] = [None] * len(shares)
+    batch: list[int] = []
+    nodes: set[int] = set()
+    ids: set[uuid.UUID] = set()
+    for i, share in enumerate(shares):
+        share_ids = {r.id for r in share.rollouts}
+        if share.node.id in nodes or not ids.isdisjoint(share_ids):
+            _share_together(shares, batch, catalogue, limits, results)
+            batch, nodes, ids = [], set(), set()
+        batch.append(i)
+        nodes.add(share.node.id)
+        ids |= share_ids
+    _share_together(shares, batch, catalogue, limits, results)
+    return results  # type: ignore[return-value]: every place is filled
+
+
+def _share_together(
+    shares: Sequence[ShareIn],
+    batch: list[int],
+    catalogue: Catalogue,
+    limits: Limits,
+    results: list[ShareResult | Exception | None],
+) -> None:
+    """Share `shares[i]` for each i of `batch` (different nodes, no id twice) in one transaction, into
+    `results[i]`; each alone when that fails with several."""
+    live = []
+    for i in batch:
+        try:
+            storage_check(node=shares[i].node, limits=limits, known=shares[i].stored)
+        except ApplicationError as exc:
+            results[i] = exc
+        else:
+            live.append(i)
+    if not live:
+        return
     # Verification is CPU only: done before the transaction opens, so no lock waits on it. A resent
     # group is verified again (resends are rare; a lookup first would cost every share a round trip).
-    with metrics.VERIFICATION_SECONDS.time():
-        checks = {r.id: verify_rollout(r, catalogue) for r in rollouts}
+    verified = []
+    for i in live:
+        try:
+            with metrics.VERIFICATION_SECONDS.time():
+                verified.append((i, {r.id: verify_rollout(r, catalogue) for r in shares[i].rollouts}))
+        except Exception as exc:  # noqa: BLE001 - a verifier's failure is its share's, not its batch-mates'
+            results[i] = exc
+    if not verified:
+        return
+    try:
+        _store_together(shares, verified, results)
+    except DatabaseError as exc:
+        if len(verified) == 1:
+            results[verified[0][0]] = exc
+            return
+        for one in verified:
+            try:
+                _store_together(shares, [one], results)
+            except DatabaseError as alone:
+                results[one[0]] = alone
+
+
+def _store_together(
+    shares: Sequence[ShareIn],
+    verified: list[tuple[int, dict[uuid.UUID, Verification]]],
+    results: list[ShareResult | Exception | None],
+) -> None:
+    """Screen and store verified shares (`shares[i]` with its checks) in one transaction, and answer
+    each into `results[i]`."""
     seam = moderation()
     # Screening decides before the INSERT: what a hold rule caught is stored held, never sampleable.
-    screening = seam.rollouts_screen(node_id=node.id, rollouts=rollouts, checks=checks)
-    held = set(screening.held)
+    screenings = seam.rollouts_screen(
+        shares=[ShareToScreen(shares[i].node.id, shares[i].rollouts, checks) for i, checks in verified]
+    )
+    together = [
+        _Verified(shares[i].node, shares[i].rollouts, checks, set(screening.held))
+        for (i, checks), screening in zip(verified, screenings, strict=True)
+    ]
     with transaction.atomic():
-        inserted, stored_now = _insert_rollouts(node, list(rollouts), checks, held)
-        seam.rollouts_record(node_id=node.id, screening=screening, inserted=inserted)
-        others = [r.id for r in rollouts if r.id not in inserted]
+        inserted, stored_now = _insert_rollouts(together)
+        seam.rollouts_record(screenings=screenings, inserted=inserted)
+        others = [r.id for share in together for r in share.rollouts if r.id not in inserted]
         existing = (
             {
                 row[0]: row[1:]
@@ -311,10 +445,12 @@ def rollout_share(
             if others
             else {}
         )
-        result = ShareResult(stored=stored_now or stored)
-        for r in rollouts:
+    for (i, _), share in zip(verified, together, strict=True):
+        node = share.node
+        result = ShareResult(stored=stored_now.get(node.id) or shares[i].stored)
+        for r in share.rollouts:
             if r.id in inserted:
-                check = checks[r.id]
+                check = share.checks[r.id]
                 node_id, verdict, reason = node.id, check.verdict, check.reason
             else:
                 node_id, verdict, reason = existing[r.id]
@@ -324,7 +460,7 @@ def rollout_share(
                 result.accepted.append(str(r.id))
             else:
                 result.rejected.append({"id": str(r.id), "reason": reason})
-    return result
+        results[i] = result
 
 
 def rollout_set_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID], status: str) -> int:

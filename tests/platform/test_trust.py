@@ -10,11 +10,12 @@ from moderation.models import TrustRecord
 from moderation.rules import default_rule, rules_forget
 from moderation.services import rollout_moderate, rule_update
 from moderation.trust import (
+    VerdictCounts,
     node_message_quotas,
     sample_acceptance,
     trust_for_node,
     trust_value,
-    trust_verdict_params,
+    verdict_counts,
 )
 from pool.models import ModerationStatus
 
@@ -46,12 +47,9 @@ def test_the_formula():
 
 
 def test_a_batch_of_verdicts_counts_and_restarts_the_streak_after_its_last_rejection():
-    now = object()
-    p = trust_verdict_params(node_id=7, verdicts=[True, False, True, True], now=now)
-    assert (p["trust_a"], p["trust_r"], p["trust_reset"], p["trust_tail"], p["trust_start"]) == (3, 1, True, 2, 2)
-    assert p["trust_last"] is now
-    p = trust_verdict_params(node_id=7, verdicts=[True, True], now=now)
-    assert (p["trust_a"], p["trust_r"], p["trust_reset"], p["trust_start"], p["trust_last"]) == (2, 0, False, 2, None)
+    assert verdict_counts([True, False, True, True]) == VerdictCounts(accepted=3, rejected=1, streak=2)
+    assert verdict_counts([True, True, False]) == VerdictCounts(accepted=2, rejected=1, streak=0)
+    assert verdict_counts([True, True]) == VerdictCounts(accepted=2, rejected=0, streak=2)
 
 
 def test_a_run_of_accepted_groups_raises_trust_and_a_rejection_resets_it():
