@@ -6,6 +6,8 @@ server thread's CPU time per share and the PostgreSQL backend's, without daphne 
     .venv/bin/python bench/share_cpu.py --stages                # and the CPU of each stage of a share
     .venv/bin/python bench/share_cpu.py --runs 1 --profile /tmp/share   # cProfile of the counted shares
     .venv/bin/python bench/share_cpu.py --sizes 1,8,32,64       # a share's fixed cost and its cost per group
+    .venv/bin/python bench/share_cpu.py --coalesce 1,4          # shares alone, and four nodes' shares stored together
+    .venv/bin/python bench/share_cpu.py --trees /tmp/main,.,.@4  # another tree, this one, this one 4 at a time
 
 Each run is a subprocess with the tree's own `platform` and `node_client` on its path, in a database
 of its own (created, migrated with the tree's migrations, dropped) on DATABASE_URL's server. The
@@ -19,6 +21,11 @@ machine compare runs taken in alternation only.
 trees; about as many groups per run at every size: `--messages` is scaled, at most 240 per node) and
 fits CPU per share = fixed + per group x groups, by least squares over the medians: what a share costs
 whatever its size, against what each group adds.
+
+`--coalesce K` hands K consecutive shares (the nodes' shares are interleaved, so K different nodes
+when K <= --connections) to `pool.services.rollout_share_batch` together, as the server does when
+shares wait for a turn at once; the CPU is still given per share. Several values (`--coalesce 1,4`)
+are measured in alternation, like the trees, a column each.
 """
 
 from __future__ import annotations
@@ -70,6 +77,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--sizes",
         help="comma-separated groups per share, each measured with about --groups x --messages groups per node",
+    )
+    parser.add_argument(
+        "--coalesce", default="1", help="shares stored together (rollout_share_batch); comma-separated: each a column"
     )
     parser.add_argument("--profile", metavar="FILE", help="cProfile each run's shares into FILE.<run> (pstats)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # tree of a subprocess run
@@ -158,27 +168,45 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
         import cProfile
 
         profiler = cProfile.Profile()
+    together = int(args.coalesce)
+    if together > 1:
+        from pool.services import ShareIn, rollout_share_batch
     for _ in range(args.passes):
         Rollout.objects.all().delete()
-        for i, (c, m) in enumerate(order):
-            if i == args.warmup:
+        counting = False
+        for start in range(0, len(order), together):
+            chunk = order[start : start + together]
+            if not counting and start >= args.warmup:
+                counting = True
                 t_backend = bench_pool.process_cpu(pid)
                 t_stages = dict(stage_cpu)
                 if profiler is not None:
                     profiler.enable()
             t0 = time.thread_time()
-            message = parse_frame(frames[c][m], limits)
+            messages = [parse_frame(frames[c][m], limits) for c, m in chunk]
             t1 = time.thread_time()
-            kwargs = {"stored": stored.get(c)} if remembers else {}
-            result = rollout_share(
-                node=nodes[c], rollouts=message.rollouts, catalogue=catalogue, limits=limits, **kwargs
-            )
-            stored[c] = getattr(result, "stored", None)
+            if together == 1:
+                (c, _), (message,) = chunk[0], messages
+                kwargs = {"stored": stored.get(c)} if remembers else {}
+                result = rollout_share(
+                    node=nodes[c], rollouts=message.rollouts, catalogue=catalogue, limits=limits, **kwargs
+                )
+                stored[c] = getattr(result, "stored", None)
+            else:
+                shares = [
+                    ShareIn(node=nodes[c], rollouts=message.rollouts, stored=stored.get(c))
+                    for (c, _), message in zip(chunk, messages, strict=True)
+                ]
+                answers = rollout_share_batch(shares=shares, catalogue=catalogue, limits=limits)
+                for (c, _), result in zip(chunk, answers, strict=True):
+                    if isinstance(result, Exception):
+                        raise result
+                    stored[c] = result.stored
             t2 = time.thread_time()
-            if i >= args.warmup:
+            if counting:
                 server += t2 - t0
                 parse += t1 - t0
-                counted += 1
+                counted += len(chunk)
         backend += bench_pool.process_cpu(pid) - t_backend
         if profiler is not None:
             profiler.disable()
@@ -247,7 +275,19 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
+    coalesce = list(dict.fromkeys(int(k) for k in args.coalesce.split(",")))
+    # A column per tree and --coalesce value: "tree" alone, or "tree xK" when several values are compared
+    # or the tree is given as "tree@K" (that value for this tree only).
+    columns: dict[str, tuple[str, int]] = {}
+    for entry in args.trees.split(","):
+        tree, at, k = entry.partition("@")
+        path = str(Path(tree).resolve())
+        for together in [int(k)] if at else coalesce:
+            label = f"{path} x{together}" if at or len(coalesce) > 1 else path
+            columns[label] = (path, together)
+    if not all(1 <= k <= args.connections for _, k in columns.values()):
+        raise SystemExit(f"--coalesce: from 1 to --connections ({args.connections}): one share per node in a batch")
+    trees = list(columns)
     sizes: list[int | None] = [None]
     if args.sizes:
         if args.stages:
@@ -260,9 +300,10 @@ def main() -> None:
     for r in range(args.runs):
         for tree, size in configs if r % 2 == 0 else configs[::-1]:
             load = os.getloadavg()[0]
-            cmd = [sys.executable, __file__, "--child", tree, *sized_argv(args, size)]
+            path, together = columns[tree]
+            cmd = [sys.executable, __file__, "--child", path, *sized_argv(args, size), "--coalesce", str(together)]
             env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", SAPO_CATALOGUE=args.catalogue)
-            env["PYTHONPATH"] = os.pathsep.join([str(Path(tree) / "platform"), str(Path(tree) / "node_client")])
+            env["PYTHONPATH"] = os.pathsep.join([str(Path(path) / "platform"), str(Path(path) / "node_client")])
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])
             result["load"] = (load, os.getloadavg()[0])
