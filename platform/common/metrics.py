@@ -33,6 +33,12 @@ VERIFICATION_SECONDS = Histogram(
     "Time to re-verify the groups of one share message (CPU, before the database).",
     buckets=LATENCY_BUCKETS,
 )
+SHARES_TOGETHER = Histogram(
+    "sapo_shares_stored_together",
+    "Share messages of different nodes verified and stored in one transaction (pool.turns): 1 while"
+    " shares do not wait for a turn, up to SAPO_SHARE_BATCH under load.",
+    buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
+)
 SAMPLE_SECONDS = Histogram(
     "sapo_sample_seconds",
     "Time to answer one sample request (the selector and the payload).",

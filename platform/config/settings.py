@@ -24,8 +24,12 @@ Environment:
                         pool holds up to this many, and node sockets' database work runs on
                         SAPO_DB_POOL_SIZE - 2 threads (SAPO_DB_THREADS, common/db.py), the rest kept
                         for pages. Workers x size must stay under PostgreSQL's max_connections.
-  SAPO_SHARE_SLOTS      shares of one process verified and inserted at once (default 2); the others
-                        wait, the nodes that cost the server least CPU lately first (pool.turns).
+  SAPO_SHARE_SLOTS      batches of shares of one process verified and inserted at once (default 2);
+                        the others wait, the nodes that cost the server least CPU lately first
+                        (pool.turns).
+  SAPO_SHARE_BATCH      shares of different nodes waiting at once that are stored together, in one
+                        transaction (default 4; 1: each alone). A share's fixed cost is then paid once
+                        per batch (pool.turns, pool.services.rollout_share_batch).
   SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0). Set above 0, the pool is off and
                         each thread keeps its own connection that long (e.g. behind PgBouncer).
   SAPO_DB_PREPARE       1 (default): a share's three statements are prepared and planned once per
@@ -216,10 +220,15 @@ SAPO_DB_PREPARE = env_bool("SAPO_DB_PREPARE", True)
 #: installed: the moderation rules' text work, the statements' arrays. Off (or not installed): their
 #: Python and numpy twins, the same results at more CPU per share.
 SAPO_NATIVE = env_bool("SAPO_NATIVE", True)
-#: Shares verified and inserted at once per process; waiting ones are ordered by their nodes' recent CPU.
+#: Batches of shares verified and inserted at once per process; waiting ones are ordered by their nodes'
+#: recent CPU.
 SAPO_SHARE_SLOTS = env_int("SAPO_SHARE_SLOTS", 2)
 if not 1 <= SAPO_SHARE_SLOTS <= SAPO_DB_THREADS:
     raise EnvError(f"SAPO_SHARE_SLOTS must be 1..SAPO_DB_THREADS ({SAPO_DB_THREADS}), got {SAPO_SHARE_SLOTS}")
+#: At most this many waiting shares (of different nodes) are stored together when a turn comes free.
+SAPO_SHARE_BATCH = env_int("SAPO_SHARE_BATCH", 4)
+if not 1 <= SAPO_SHARE_BATCH <= 64:
+    raise EnvError(f"SAPO_SHARE_BATCH must be 1..64, got {SAPO_SHARE_BATCH}")
 _default_db["CONN_MAX_AGE"] = env_int("SAPO_CONN_MAX_AGE", 0)
 if _default_db["CONN_MAX_AGE"]:
     _default_db["CONN_HEALTH_CHECKS"] = True

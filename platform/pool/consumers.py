@@ -35,6 +35,7 @@ import logging
 import math
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 from channels.consumer import get_handler_name
@@ -54,8 +55,9 @@ from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.opening import session_opens
 from pool.selectors import rollout_sample_json
-from pool.services import node_round_report, rollout_served_record, rollout_share
+from pool.services import ShareIn, ShareResult, node_round_report, rollout_served_record, rollout_share_batch
 from sapo_node import protocol
+from sapo_node.tasks import Catalogue
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,31 @@ def _cpu_timed(fn: Any) -> Any:
         return result, time.thread_time() - started
 
     return timed
+
+
+@dataclass(frozen=True)
+class _ShareItem:
+    """A socket's share waiting for its turn (pool.turns), with the socket's limits and catalogue (the
+    same for every socket of a process: batch-mates have the same)."""
+
+    share: ShareIn
+    limits: Limits
+    catalogue: Catalogue
+
+
+async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, float] | Exception]:
+    """Several sockets' shares stored together on a database thread: per share, its result and its part
+    of the thread's CPU (by groups), or what it raised."""
+    shares = [item.share for item in items]
+    metrics.SHARES_TOGETHER.observe(len(shares))
+    results, cpu = await db_call(_cpu_timed(rollout_share_batch))(
+        shares=shares, catalogue=items[0].catalogue, limits=items[0].limits
+    )
+    groups = sum(len(share.rollouts) for share in shares) or 1
+    return [
+        result if isinstance(result, Exception) else (result, cpu * len(share.rollouts) / groups)
+        for share, result in zip(shares, results, strict=True)
+    ]
 
 
 def _sample_payload(*, node: Any, n: int, window_seconds: int) -> str:
@@ -295,17 +322,14 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def _dispatch(self, message: Hello | Share | Sample | Report) -> dict[str, Any]:
         node = self.node
         if isinstance(message, Share):
-            # A few sockets' shares verify and insert at once (one's database wait overlaps another's
-            # verification); the others wait their turn, the nodes that cost the least lately first.
+            # A few batches of shares verify and insert at once (one's database wait overlaps another's
+            # verification); the others wait their turn, the nodes that cost the least lately first,
+            # and shares of other nodes waiting at once go together (pool.turns).
             share_turns = turns.share_turns()
-            async with share_turns.turn(node.id):
-                result, cpu = await db_call(_cpu_timed(rollout_share))(
-                    node=node,
-                    rollouts=message.rollouts,
-                    catalogue=self.catalogue,
-                    limits=self.limits,
-                    stored=self.stored,
-                )
+            item = _ShareItem(
+                ShareIn(node=node, rollouts=message.rollouts, stored=self.stored), self.limits, self.catalogue
+            )
+            result, cpu = await share_turns.share(node.id, item, _shares_together, key=(self.limits, self.catalogue))
             self.stored = result.stored
             share_turns.spent(node.id, self.frame_cpu + cpu)
             self.frame_cpu += cpu

@@ -210,6 +210,51 @@ async def test_a_replayed_id_gets_the_same_verdict_and_one_row(node, node_token)
     await socket.disconnect()
 
 
+async def test_shares_of_nodes_waiting_at_once_are_stored_together_each_answered_its_own(settings):
+    from factories import make_node_with_token
+    from prometheus_client import REGISTRY
+
+    settings.SAPO_SHARE_SLOTS = 1  # one batch at a time: the shares sent meanwhile wait, and go together
+    settings.SAPO_SHARE_BATCH = 4
+    nodes = [await sync_to_async(make_node_with_token)(name=f"n{i}") for i in range(6)]
+    sockets = [await open_socket(token) for _, token in nodes]
+    groups = [make_group(index=20 + i) for i in range(6)]
+    forged = make_group(index=40)
+    _forge_reward(forged)
+
+    def together() -> tuple[float, float]:
+        return (
+            REGISTRY.get_sample_value("sapo_shares_stored_together_count") or 0.0,
+            REGISTRY.get_sample_value("sapo_shares_stored_together_sum") or 0.0,
+        )
+
+    before = together()
+    frames = [
+        share_frame(g, forged, ref=f"s{i}") if i == 3 else share_frame(g, ref=f"s{i}") for i, g in enumerate(groups)
+    ]
+    # forged carries one id: only node 3 sends it
+    replies = await asyncio.gather(*(ask(socket, frame) for socket, frame in zip(sockets, frames, strict=True)))
+    batches, shares = (a - b for a, b in zip(together(), before, strict=True))
+    assert shares == 6 and batches < 6  # some were stored together
+    for i, (reply, g) in enumerate(zip(replies, groups, strict=True)):
+        assert reply["ref"] == f"s{i}" and reply["accepted"] == [g["id"]]
+        assert reply["rejected"] == ([{"id": forged["id"], "reason": "reward_mismatch"}] if i == 3 else [])
+    rows = dict(await sync_to_async(list)(Rollout.objects.values_list("id", "node_id")))
+    assert {str(k): v for k, v in rows.items()} == {
+        **{g["id"]: node.id for g, (node, _) in zip(groups, nodes, strict=True)},
+        forged["id"]: nodes[3][0].id,
+    }
+    counts = dict(
+        (n, (a, r))
+        for n, a, r in await sync_to_async(list)(
+            NodeVerdictCounts.objects.values_list("node_id", "accepted_groups", "rejected_groups")
+        )
+    )
+    assert counts == {node.id: (1, 1 if i == 3 else 0) for i, (node, _) in enumerate(nodes)}
+    for socket in sockets:
+        await socket.disconnect()
+
+
 async def test_another_nodes_id_is_an_id_conflict_and_stores_nothing(node, node_token):
     group = make_group()
     socket = await open_socket(node_token)

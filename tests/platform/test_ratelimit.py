@@ -87,45 +87,113 @@ async def test_the_lowest_recent_cpu_goes_first_and_nothing_waits_while_a_slot_i
     order: list[str] = []
     release = asyncio.Event()
 
-    async def share(node: int, name: str) -> None:
-        async with turns.turn(node):
-            order.append(name)
-            if name == "first":
-                await release.wait()
+    async def run(names: list[str]) -> list[str]:
+        order.extend(names)
+        if names == ["first"]:
+            await release.wait()
+        return [name.upper() for name in names]
 
-    first = asyncio.create_task(share(7, "first"))
+    first = asyncio.create_task(turns.share(7, "first", run))
+    await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert order == ["first"] and turns.running == 1  # a free slot: no waiting
-    heavy = [asyncio.create_task(share(7, f"heavy{i}")) for i in range(3)]
+    heavy = [asyncio.create_task(turns.share(7, f"heavy{i}", run)) for i in range(3)]
     await asyncio.sleep(0)
-    light = asyncio.create_task(share(8, "light"))  # arrives last, has cost nothing
+    light = asyncio.create_task(turns.share(8, "light", run))  # arrives last, has cost nothing
     await asyncio.sleep(0)
     assert turns.waiting == 4
     release.set()
-    await asyncio.gather(first, *heavy, light)
+    assert await asyncio.gather(first, *heavy, light) == ["FIRST", "HEAVY0", "HEAVY1", "HEAVY2", "LIGHT"]
     assert order == ["first", "light", "heavy0", "heavy1", "heavy2"]  # then in order of arrival
     assert turns.running == 0 and turns.waiting == 0
 
 
-async def test_a_cancelled_waiter_gives_up_its_place_and_no_slot_is_lost():
-    turns = Turns(slots=1)
-    hold = asyncio.Event()
+async def test_shares_waiting_at_once_go_together_one_per_node_in_turn_order_the_costly_apart():
+    turns = Turns(slots=1, together=3)
+    turns.spent(9, 5.0)  # two nodes that cost the server 5 s of CPU lately
+    turns.spent(10, 5.0)
+    batches: list[list[str]] = []
+    release = asyncio.Event()
 
-    async def share() -> None:
-        async with turns.turn(1):
-            await hold.wait()
+    async def run(names: list[str]) -> list[object]:
+        batches.append(names)
+        if names == ["first"]:
+            await release.wait()
+        return [ValueError(name) if name == "refused" else name.upper() for name in names]
 
-    running = asyncio.create_task(share())
+    first = asyncio.create_task(turns.share(1, "first", run))
     await asyncio.sleep(0)
-    waiting = asyncio.create_task(share())
+    waiting = [
+        asyncio.create_task(turns.share(node, name, run, key=key))
+        for node, name, key in [
+            (9, "heavy", None),  # the most CPU lately: its turn comes last
+            (2, "a", None),
+            (2, "a-again", None),  # the same node: not twice in one batch
+            (3, "refused", None),
+            (4, "other-key", "k"),  # another key: not with these
+            (5, "b", None),
+            (10, "heavy-too", None),
+        ]
+    ]
+    await asyncio.sleep(0)
+    release.set()
+    results = await asyncio.gather(first, *waiting, return_exceptions=True)
+    # The light nodes go together, the costly ones together after them: a light node's share never
+    # waits for theirs.
+    assert batches == [["first"], ["a", "refused", "b"], ["a-again"], ["other-key"], ["heavy", "heavy-too"]]
+    assert results[:3] == ["FIRST", "HEAVY", "A"]
+    assert isinstance(results[4], ValueError) and str(results[4]) == "refused"  # its own failure, its alone
+    assert results[6:] == ["B", "HEAVY-TOO"] and turns.running == 0
+
+
+async def test_a_cancelled_waiter_gives_up_its_place_and_no_slot_is_lost():
+    turns = Turns(slots=1, together=2)
+    hold = asyncio.Event()
+    ran: list[list[str]] = []
+
+    async def run(names: list[str]) -> list[str]:
+        ran.append(names)
+        await hold.wait()
+        return names
+
+    running = asyncio.create_task(turns.share(1, "running", run))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(turns.share(2, "waiting", run))
     await asyncio.sleep(0)
     waiting.cancel()  # its socket closed while it waited
     await asyncio.sleep(0)
     hold.set()
-    await running
+    assert await running == "running"
+    assert turns.running == 0 and ran == [["running"]]
+    assert await turns.share(3, "next", run) == "next"  # the slot came back
+
+
+async def test_a_caller_cancelled_while_its_batch_runs_leaves_its_batch_mates_their_results():
+    turns = Turns(slots=1, together=2)
+    holds = {"first": asyncio.Event(), "leader": asyncio.Event()}
+    started: list[list[str]] = []
+
+    async def run(names: list[str]) -> list[str]:
+        started.append(names)
+        await holds[names[0]].wait()
+        return [name.upper() for name in names]
+
+    first = asyncio.create_task(turns.share(1, "first", run))
+    await asyncio.sleep(0)
+    leader = asyncio.create_task(turns.share(2, "leader", run))
+    mate = asyncio.create_task(turns.share(3, "mate", run))
+    await asyncio.sleep(0)
+    holds["first"].set()
+    assert await first == "FIRST"
+    await asyncio.sleep(0)
+    assert started[-1] == ["leader", "mate"]  # running
+    leader.cancel()  # the leader's socket closed
+    await asyncio.sleep(0)
+    holds["leader"].set()
+    assert await mate == "MATE"
+    with pytest.raises(asyncio.CancelledError):
+        await leader
     assert turns.running == 0
-    async with turns.turn(2):  # the slot came back
-        assert turns.running == 1
 
 
 def test_recent_cpu_halves_every_half_life():
