@@ -83,6 +83,11 @@ def parse_args() -> argparse.Namespace:
         " arrays) or in their Python and numpy twins (SAPO_NATIVE=0); both: each WebSocket path measured"
         " both ways, in alternation",
     )  # fmt: skip
+    parser.add_argument(
+        "--share-batch", default="",
+        help="SAPO_SHARE_BATCH for the servers (shares of different nodes waiting at once stored together),"
+        " comma-separated: each WebSocket path measured with each, in alternation (default: the server's)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
     parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
     parser.add_argument("--skip-ingest", action="store_true")
@@ -301,17 +306,20 @@ def start_server(
     budgets: bool = False,
     cpu: int | None = None,
     native: bool = True,
+    share_batch: int | None = None,
 ) -> subprocess.Popen:
     """daphne on `port`. The per-node message rate is lifted (the benchmark's few nodes send what a
     swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them).
     `cpu`: the one core it runs on (as `taskset -c`). `native`: False runs the Python and numpy twins
-    of the C extension's loops (SAPO_NATIVE=0)."""
+    of the C extension's loops (SAPO_NATIVE=0). `share_batch`: SAPO_SHARE_BATCH (None: the default)."""
     env = server_env(args, name, redis_url=os.environ.get("REDIS_URL") if redis else None)
     env.update(
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
         SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
         SAPO_NATIVE="1" if native else "0",
     )
+    if share_batch is not None:
+        env["SAPO_SHARE_BATCH"] = str(share_batch)
     if not budgets:
         env.update(SAPO_MAX_BYTES_PER_MINUTE=str(2**40), SAPO_MAX_CPU_MS_PER_MINUTE=str(2**40))
     # With Redis, several workers share it (channel layer, rate counts, presence), as deployed, under
@@ -439,10 +447,23 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str, meter
 RAW_LABELS = {"executemany": "executemany, one transaction per message", "COPY": "COPY, one transaction"}
 
 
-def share_path(moderation: str, workers: int, pinned: bool = False, native: bool = True) -> str:
+def share_path(
+    moderation: str, workers: int, pinned: bool = False, native: bool = True, batch: int | None = None
+) -> str:
     """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes,
-    pinned to cores of their own or not, with the C extension's loops or their twins."""
-    return f"{moderation}/{workers}" + ("/pinned" if pinned else "") + ("" if native else "/numpy")
+    pinned to cores of their own or not, with the C extension's loops or their twins, with the
+    servers' SAPO_SHARE_BATCH or `batch`."""
+    return (
+        f"{moderation}/{workers}"
+        + ("/pinned" if pinned else "")
+        + ("" if native else "/numpy")
+        + ("" if batch is None else f"/batch{batch}")
+    )
+
+
+def path_batch(rest: list[str]) -> int | None:
+    """The SAPO_SHARE_BATCH of a share path's remaining parts (None: the server's default)."""
+    return next((int(part.removeprefix("batch")) for part in rest if part.startswith("batch")), None)
 
 
 def path_label(path: str) -> str:
@@ -450,7 +471,11 @@ def path_label(path: str) -> str:
         return RAW_LABELS[path]
     moderation, workers, *rest = path.split("/")
     label = f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
-    return label + (", pinned" if "pinned" in rest else "") + (", without C (SAPO_NATIVE=0)" if "numpy" in rest else "")
+    label += (", pinned" if "pinned" in rest else "") + (", without C (SAPO_NATIVE=0)" if "numpy" in rest else "")
+    batch = path_batch(rest)
+    if batch is not None:
+        label += ", shares alone" if batch == 1 else f", up to {batch} shares together"
+    return label
 
 
 def pinned_cores(workers: int) -> tuple[list[int], set[int]]:
@@ -474,7 +499,15 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     moderations = {"both": ["with", "without"], "on": ["with"], "off": ["without"]}[args.moderation]
     pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
     natives = {"on": [True], "off": [False], "both": [True, False]}[args.native]
-    shares = [share_path(m, w, p, n) for m in moderations for w in args.worker_counts for p in pins for n in natives]
+    batches = [int(b) for b in args.share_batch.split(",")] if args.share_batch else [None]
+    shares = [
+        share_path(m, w, p, n, b)
+        for m in moderations
+        for w in args.worker_counts
+        for p in pins
+        for n in natives
+        for b in batches
+    ]
     paths = [*shares, "executemany", "COPY"]
     measures: dict[str, list[dict]] = {p: [] for p in paths}
     rows: list[tuple] = []
@@ -500,6 +533,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                         redis=int(workers) > 1,
                         cpu=cpus[i],
                         native="numpy" not in rest,
+                        share_batch=path_batch(rest),
                     )
                     for i, port in enumerate(ports)
                 ]
