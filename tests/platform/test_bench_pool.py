@@ -59,3 +59,24 @@ def test_the_ingest_benchmark_measures_pinned_workers_on_cores_of_their_own(tmp_
     # the worker alone on the last core, read back from the kernel; the clients on the others
     expected_clients = cores[:-1] or cores
     assert where.endswith(f"workers on cores [[{cores[-1]}]], clients on cores {expected_clients}"), where
+
+
+def test_the_share_cpu_benchmark_measures_shares_alone_and_stored_together_in_alternation(tmp_path):
+    args = ["--connections", "2", "--messages", "4", "--groups", "2", "--warmup", "2", "--runs", "1", "--passes", "1"]
+    out = run_bench("share_cpu.py", [*args, "--coalesce", "1,2"], "sapo_share_cpu_together", tmp_path)
+    # 2 x 4 shares, the first 2 not counted, alone and two at a time
+    assert sum("x1: server" in line and "per share (6 shares; load" in line for line in out.splitlines()) == 1, out
+    assert sum("x2: server" in line and "per share (6 shares; load" in line for line in out.splitlines()) == 1, out
+    header = next(line for line in out.splitlines() if line.startswith("| stage |"))
+    assert header.endswith(" x1 | " + header.split(" | ")[1].removesuffix(" x1") + " x2 |"), header
+    server = next(line for line in out.splitlines() if line.startswith("| server"))
+    assert all(float(cell) > 0 for cell in server.strip(" |").split("|")[1:]), server
+
+
+def test_the_ingest_benchmark_measures_shares_alone_and_together_with_each_worker_count(tmp_path):
+    args = ["--skip-sample", "--connections", "3", "--messages", "2", "--groups", "2", "--rounds", "1", "--force"]
+    out = run_bench("pool.py", [*args, "--moderation", "on", "--share-batch", "1,3"], "sapo_bench_batch", tmp_path)
+    lines = out.splitlines()
+    for label in ("1 worker, shares alone |", "1 worker, up to 3 shares together |"):
+        # the round's row and the medians' row
+        assert sum(1 for line in lines if line.startswith("| WebSocket share") and label in line) == 2, out
