@@ -87,7 +87,19 @@ WHERE n.owner_id = %(owner)s AND o.hour = %(hour)s"""
 # in one order. Parameters are bound server-side (psycopg's default) rather than quoted into the SQL
 # text as Django's cursor does: quoting the completions was most of the ORM bulk_create's cost
 # (docs/benchmarks.md, "Pool"). The arrays go in binary (%(...)b): text format escapes every element
-# with a regular expression.
+# with a regular expression. The parts, after the INSERT:
+# - counts: per node, its groups inserted, accepted and rejected;
+# - conflicts: per node, the ids another node stored already (the statement's snapshot: rows inserted
+#   above are not seen), counted as rejections each time they are sent; looked up only when some id
+#   was not inserted (nearly every share inserts every group: the lookup then costs nothing);
+# - storage: per node, its bytes: all its groups' (summed by the caller) when all were inserted
+#   (nearly always), else those of the ones inserted;
+# - totals: each node's bytes this hour and its contributor's (the statement's snapshot holds the other
+#   nodes' rows as they were, a batch-mate's of the same contributor included, and this node's before
+#   the upsert: its new total comes from the upsert); answered with each inserted id.
+# No comments in the SQL itself: psycopg parses a statement longer than 4,096 bytes
+# (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH) afresh at every execution, ~0.1 ms each
+# (tests/platform/test_pool_schema.py checks the length).
 _INSERT_SQL = """
 WITH inserted AS (
 INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
@@ -111,9 +123,6 @@ RETURNING id, node_id, verdict
            count(*) FILTER (WHERE verdict <> 'accepted') AS r
     FROM inserted GROUP BY node_id
 ), conflicts AS MATERIALIZED (
-    -- per node, the ids another node stored already (the statement's snapshot: rows inserted above are
-    -- not seen), counted as rejections each time they are sent; looked up only when some id was not
-    -- inserted (nearly every share inserts every group: the lookup then costs nothing)
     SELECT u.node, count(*) AS c
     FROM unnest(%(id)b::uuid[], %(node)b::bigint[]) AS u(id, node)
     JOIN pool_rollout p ON p.id = u.id AND p.node_id <> u.node
@@ -132,8 +141,6 @@ RETURNING id, node_id, verdict
         rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
         updated_at = now()
 ), storage AS (
-    -- a node's groups all inserted (nearly always): the bytes of all of them, summed by the caller;
-    -- else the bytes of those inserted
     INSERT INTO pool_nodestoragehour AS s (node_id, hour, bytes)
     SELECT c.node, %(hour)s, CASE WHEN c.n = w.sent THEN w.total_bytes ELSE (
         SELECT sum(b.bytes) FROM inserted i JOIN unnest(%(id)b::uuid[], %(bytes)b::bigint[]) AS b(id, bytes)
@@ -145,16 +152,12 @@ RETURNING id, node_id, verdict
     ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
     RETURNING node_id, bytes
 ), totals AS (
-    -- each node's bytes this hour and its contributor's (the statement's snapshot holds the other
-    -- nodes' rows as they were, a batch-mate's of the same contributor included, and this node's
-    -- before the upsert above: its new total comes from the upsert)
     SELECT st.node_id, st.bytes, st.bytes + (
         SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
         WHERE n.owner_id = w.owner AND o.hour = %(hour)s AND o.node_id <> st.node_id
     ) AS owner_bytes
     FROM storage st JOIN unnest(%(nodes)b::bigint[], %(owners)b::bigint[]) AS w(node, owner) ON w.node = st.node_id
 )
--- each inserted id, with its node's figures
 SELECT i.id, i.node_id, t.bytes, t.owner_bytes FROM inserted i JOIN totals t ON t.node_id = i.node_id
 """
 
