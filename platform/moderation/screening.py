@@ -202,15 +202,15 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
     length_hits = filters.length_findings([r.completions for r in every], length) if length.enabled else []
     start = 0
     spans = []  # each share's accepted groups: [start, end) of `every`
+    wanted: dict[int, set[str]] = {}  # node id -> the question hashes of its accepted groups
     for screening, share in zip(screenings, accepted, strict=True):
-        spans.append((start, start + len(share)))
+        end = start + len(share)
+        spans.append((start, end))
         for n, r in enumerate(share, start):
             screening.fingerprints[r.id] = (questions[n], fingerprints[n])
-        start += len(share)
-    wanted: dict[int, set[str]] = {}
-    for screening, share in zip(screenings, accepted, strict=True):
         if share:
-            wanted.setdefault(screening.node_id, set()).update(qh for qh, _ in screening.fingerprints.values())
+            wanted.setdefault(screening.node_id, set()).update(questions[start:end])
+        start = end
     reads = _screening_reads(wanted, rules, now)
     for screening, share, (first, end) in zip(screenings, accepted, spans, strict=True):
         if share:

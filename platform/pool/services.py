@@ -73,11 +73,13 @@ class ShareResult:
     stored: StoredBytes | None = None  # after this share (the one given to rollout_share if it stored nothing)
 
 
-# The bytes a contributor's nodes stored in an hour (the contributor's storage budget), summed over its
-# nodes' rows; the pool's INSERT leaves this node's row out (it adds that row's new total itself).
-_OWNER_HOUR_BYTES_SQL = """
+def _owner_hour_bytes_sql(owner: str) -> str:
+    """The bytes a contributor's nodes stored in an hour (the contributor's storage budget), summed over
+    its nodes' rows, `owner` being the SQL that names the contributor; the pool's INSERT leaves the
+    storing node's row out (it adds that row's new total itself)."""
+    return f"""
 SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
-WHERE n.owner_id = %(owner)s AND o.hour = %(hour)s"""
+WHERE n.owner_id = {owner} AND o.hour = %(hour)s"""
 
 
 # One statement per batch of shares (a share alone is a batch of one; rollout_share_batch): arrays in,
@@ -100,7 +102,7 @@ WHERE n.owner_id = %(owner)s AND o.hour = %(hour)s"""
 # No comments in the SQL itself: psycopg parses a statement longer than 4,096 bytes
 # (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH) afresh at every execution, ~0.1 ms each
 # (tests/platform/test_pool_schema.py checks the length).
-_INSERT_SQL = """
+_INSERT_SQL = f"""
 WITH inserted AS (
 INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
     completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
@@ -152,9 +154,7 @@ RETURNING id, node_id, verdict
     ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
     RETURNING node_id, bytes
 ), totals AS (
-    SELECT st.node_id, st.bytes, st.bytes + (
-        SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
-        WHERE n.owner_id = w.owner AND o.hour = %(hour)s AND o.node_id <> st.node_id
+    SELECT st.node_id, st.bytes, st.bytes + ({_owner_hour_bytes_sql("w.owner")} AND o.node_id <> st.node_id
     ) AS owner_bytes
     FROM storage st JOIN unnest(%(nodes)b::bigint[], %(owners)b::bigint[]) AS w(node, owner) ON w.node = st.node_id
 )
@@ -257,7 +257,7 @@ def _insert_rollouts(shares: Sequence[_Verified]) -> tuple[set[uuid.UUID], dict[
 
 _BUDGET_SQL = f"""
 SELECT coalesce((SELECT bytes FROM pool_nodestoragehour WHERE node_id = %(node)s AND hour = %(hour)s), 0),
-       ({_OWNER_HOUR_BYTES_SQL})
+       ({_owner_hour_bytes_sql("%(owner)s")})
 """
 
 

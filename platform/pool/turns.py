@@ -58,6 +58,10 @@ class _Waiting:
     run: Callable[[list[Any]], Awaitable[list[Any]]]
     future: asyncio.Future[Any]
 
+    def goes_with(self, first: _Waiting) -> bool:
+        """Whether this share may go in `first`'s batch, which `first.run` runs: the same key, the same run."""
+        return self.key == first.key and self.run == first.run
+
 
 class Turns:
     def __init__(self, slots: int, half_life: float = HALF_LIFE_SECONDS, together: int = 1) -> None:
@@ -154,7 +158,7 @@ class Turns:
 
     def _next_batch(self) -> list[_Waiting]:
         """The waiting share whose turn it is, and up to `together` - 1 more in turn order, each of a
-        node of its own, of the first's key, and costing about as little lately (`RIDE_RATIO`; those
+        node of its own, of the first's key and run, and costing about as little lately (`RIDE_RATIO`; those
         passed over keep their places)."""
         batch: list[_Waiting] = []
         nodes: set[int] = set()
@@ -169,7 +173,7 @@ class Turns:
             if batch and self.recent(waiting.node_id, now) > ceiling:
                 passed.append(entry)  # the rest cost more still (the heap is in order of recent CPU)
                 break
-            if waiting.node_id in nodes or (batch and waiting.key != batch[0].key):
+            if waiting.node_id in nodes or (batch and not waiting.goes_with(batch[0])):
                 passed.append(entry)
                 continue
             if not batch:

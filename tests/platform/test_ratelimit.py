@@ -146,6 +146,30 @@ async def test_shares_waiting_at_once_go_together_one_per_node_in_turn_order_the
     assert results[6:] == ["B", "HEAVY-TOO"] and turns.running == 0
 
 
+async def test_a_batch_is_run_by_one_function_so_shares_for_another_wait_for_their_own():
+    turns = Turns(slots=1, together=3)
+    release = asyncio.Event()
+    runs: list[tuple[str, list[str]]] = []
+
+    def runner(name: str):
+        async def run(items: list[str]) -> list[str]:
+            runs.append((name, items))
+            if items == ["first"]:
+                await release.wait()
+            return items
+
+        return run
+
+    a, b = runner("a"), runner("b")
+    first = asyncio.create_task(turns.share(1, "first", a))
+    await asyncio.sleep(0)
+    waiting = [asyncio.create_task(turns.share(n, f"s{n}", run)) for n, run in [(2, a), (3, b), (4, a)]]
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, *waiting)
+    assert runs == [("a", ["first"]), ("a", ["s2", "s4"]), ("b", ["s3"])]
+
+
 async def test_a_cancelled_waiter_gives_up_its_place_and_no_slot_is_lost():
     turns = Turns(slots=1, together=2)
     hold = asyncio.Event()
