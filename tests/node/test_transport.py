@@ -167,6 +167,27 @@ def test_a_rejected_group_is_logged_and_never_resent(tmp_path, transports):
         pool.stop()
 
 
+@pytest.mark.parametrize("bad", ["a\x00b", "x\ud800y"], ids=["NUL", "unpaired surrogate"])
+def test_a_group_the_server_cannot_store_is_rejected_before_sending_and_spares_its_frame_mates(
+    tmp_path, transports, bad
+):
+    # A model's decoded text may hold a NUL or a lone surrogate: the server refuses a frame holding one
+    # whole, and its frame-mates would then be sent again one by one.
+    pool = FakePool().start()
+    try:
+        t = transports(pool.url, path=tmp_path / "o.sqlite3")
+        t.start(HELLO)
+        odd = group(2)
+        odd.completions[1] = bad
+        t.share([group(1), odd, group(3)])
+        assert t.flush(10)
+        assert pool.share_frames == [[group(1).id, group(3).id]]
+        assert t.outbox.rejections() == [(odd.id, "invalid_message")]
+        assert (t.counts().accepted, t.counts().rejected) == (2, 1)
+    finally:
+        pool.stop()
+
+
 def test_pending_groups_survive_a_restart_of_the_node(tmp_path, transports):
     port = free_port()
     first = transports(f"ws://127.0.0.1:{port}/ws/node/", path=tmp_path / "o.sqlite3")

@@ -146,6 +146,20 @@ FATAL_SHARE_ERRORS = {
 BACKOFF_ERRORS = {"rate_limited": 5.0, "over_budget": 60.0}
 
 
+def _storable(text: str) -> bool:
+    """Whether the server can store `text` (its rule for every text of a share): no NUL character
+    (PostgreSQL text cannot hold one) and no unpaired surrogate (it cannot be encoded as UTF-8)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class WebSocketTransport(Transport):
     def __init__(
         self,
@@ -533,6 +547,10 @@ class WebSocketTransport(Transport):
             return "completion_too_long"
         if len(json.dumps(rollout)) + 256 > self.limits["max_frame_bytes"]:
             return "frame_too_large"
+        if not all(_storable(t) for t in texts):
+            # The server refuses the whole frame (invalid_message): the group's frame-mates would be
+            # resent one by one to find the culprit.
+            return "invalid_message"
         return None
 
     async def _request_samples(self, ws: ClientConnection) -> None:
