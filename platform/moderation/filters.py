@@ -284,8 +284,19 @@ class CopyIndex:
         total = sum(counts)
         if len(ids) != 16 * len(counts) or len(exact) != EXACT_BYTES * total or len(hashes) != 8 * total:
             raise ValueError("fingerprint buffers of inconsistent sizes")
-        self._ids, self._exact, self._hashes = ids, exact, hashes
+        self._ids, self._counts, self._exact, self._hashes = ids, tuple(counts), exact, hashes
         self._owner = np.repeat(np.arange(len(counts)), counts)  # each candidate completion's group
+
+    def after(self, groups: Sequence[tuple[uuid.UUID, Fingerprint]]) -> CopyIndex:
+        """A new index holding `groups` (id and fingerprint, in order) first, then this one's."""
+        if not groups:
+            return self
+        return CopyIndex(
+            b"".join(rid.bytes for rid, _ in groups) + self._ids,
+            [len(fp.exact) for _, fp in groups] + list(self._counts),
+            b"".join(fp.exact_bytes() for _, fp in groups) + self._exact,
+            b"".join(fp.simhash_packed for _, fp in groups) + self._hashes,
+        )
 
     def _id(self, k: int) -> str:
         return str(uuid.UUID(bytes=self._ids[16 * k : 16 * (k + 1)]))

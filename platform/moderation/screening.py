@@ -187,8 +187,12 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
     taken, for all the shares in one pass each; every rule reuses the result. The pool stores the
     groups, then calls `rollouts_record` with the result in the same transaction.
 
-    A group is compared with what other nodes stored before the batch: two shares verified together
-    do not see each other's groups (as two shares in flight at once on two connections do not)."""
+    A group is compared with what other nodes stored before the batch and with the accepted groups of
+    its batch-mates ahead of it (other nodes', on the same questions, the latest first, before the
+    stored ones), as it would be were the shares stored one after the other: two colluding nodes
+    sending one text at once are not both let through because their shares waited together. (Two
+    shares in flight at once in separate batches, on two slots or two workers, do not see each other:
+    neither is stored when the other reads.)"""
     now = now or timezone.now()
     rules = rules_current()
     screenings = [Screening(node_id=s.node_id, rollouts=s.rollouts, checks=s.checks) for s in shares]
@@ -212,12 +216,22 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
             wanted.setdefault(screening.node_id, set()).update(questions[start:end])
         start = end
     reads = _screening_reads(wanted, rules, now)
+    copies = rules["duplicate_exact"].enabled or rules["duplicate_near"].enabled
+    ahead: list[tuple[int, str, uuid.UUID, filters.Fingerprint]] = []  # batch-mates' groups: node, question, id
     for screening, share, (first, end) in zip(screenings, accepted, spans, strict=True):
-        if share:
-            index, trust = reads[screening.node_id]
-            screening.findings = _findings(
-                share, fingerprints[first:end], length_hits[first:end] if length.enabled else [], index, trust, rules
+        if not share:
+            continue
+        index, trust = reads[screening.node_id]
+        if copies and ahead:
+            mine = wanted[screening.node_id]
+            index = index.after(
+                [(rid, fp) for node, qh, rid, fp in reversed(ahead) if node != screening.node_id and qh in mine]
             )
+        screening.findings = _findings(
+            share, fingerprints[first:end], length_hits[first:end] if length.enabled else [], index, trust, rules
+        )
+        if copies:
+            ahead += [(screening.node_id, questions[n], r.id, fingerprints[n]) for n, r in enumerate(share, first)]
     return screenings
 
 

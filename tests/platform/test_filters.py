@@ -261,6 +261,19 @@ def test_exact_lookups_find_the_first_group_holding_the_digest():
         filters.CopyIndex(ids[0].bytes, [2], bytes(16), bytes(16))
 
 
+def test_an_index_after_groups_finds_them_first_and_the_stored_ones_still():
+    """`CopyIndex.after`: a share's batch-mates' groups put ahead of the stored candidates."""
+    stored_id, mate_id = uuid.uuid4(), uuid.uuid4()
+    texts = ["the stored one, long enough to be a completion", "the batch-mate's own text, long enough too"]
+    stored_fp, mate_fp = filters.fingerprints([[texts[0]], [texts[0], texts[1]]])
+    stored = filters.CopyIndex(stored_id.bytes, [1], stored_fp.exact_bytes(), stored_fp.simhash_packed)
+    index = stored.after([(mate_id, mate_fp)])
+    assert index.exact_matches([*mate_fp.exact, b"\0" * 16]) == [str(mate_id), str(mate_id), None]
+    assert index.near_matches(mate_fp.simhash, 0) == [str(mate_id), str(mate_id)]
+    assert stored.exact_matches(mate_fp.exact) == [str(stored_id), None]  # unchanged
+    assert stored.after([]) is stored
+
+
 # --- length and character classes -----------------------------------------------------------------
 
 

@@ -62,7 +62,12 @@ def _state() -> dict:
         "storage": sorted(NodeStorageHour.objects.values_list("node_id", "bytes")),
         "trust": sorted(TrustRecord.objects.values_list("node_id", "streak", "accepted", "rejected")),
         "fingerprints": sorted(RolloutFingerprint.objects.values_list("rollout_id", "node_id", "question_hash")),
-        "flags": sorted(ModerationFlag.objects.values_list("rollout_id", "node_id", "rule")),
+        "flags": sorted(
+            (rid, node, rule, detail, sorted(data.get("sources", [])))
+            for rid, node, rule, detail, data in ModerationFlag.objects.values_list(
+                "rollout_id", "node_id", "rule", "detail", "data"
+            )
+        ),
         "audit": sorted(AuditEntry.objects.values_list("rule", "action", "target_id")),
         "decisions": sorted(ModerationDecision.objects.values_list("rollout_id", "status", "rule")),
     }
@@ -91,14 +96,28 @@ def test_a_batch_answers_stores_and_counts_what_sharing_one_after_the_other_does
     stored_by_other = group(30)
     share(make_node(), stored_by_other)
     hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    fresh = group(13, completions=long_reasoning(group(13)))  # a's, copied by c in the same batch
 
     shares = [
         ShareIn(
             a,
-            [to_rollout_in(g) for g in (group(1), group(2), _forged(3), group(7, completions=earlier["completions"]))],
+            [
+                to_rollout_in(g)
+                for g in (group(1), group(2), _forged(3), group(7, completions=earlier["completions"]), fresh)
+            ],
         ),
         ShareIn(sibling, [to_rollout_in(g) for g in (group(4), _forged(5))]),
-        ShareIn(c, [to_rollout_in(g) for g in (group(7, completions=earlier["completions"]), group(8))]),
+        ShareIn(
+            c,
+            [
+                to_rollout_in(g)
+                for g in (
+                    group(7, completions=earlier["completions"]),
+                    group(8),
+                    group(13, completions=fresh["completions"]),
+                )
+            ],
+        ),
         ShareIn(full, [to_rollout_in(group(9))], stored=StoredBytes(hour=hour, node=10**12, owner=10**12)),
         # an id another node stored before: a rejection counted for c, nothing stored
         ShareIn(make_node(), [to_rollout_in(_with_id(group(31), stored_by_other["id"])), to_rollout_in(group(32))]),
@@ -127,9 +146,12 @@ def test_a_batch_answers_stores_and_counts_what_sharing_one_after_the_other_does
     assert ("reward_mismatch" in {reason for _, reason in alone_answers[0][1]}) and alone_answers[0][0]
     assert (stored_by_other["id"], "id_conflict") in alone_answers[4][1]
     assert alone_answers[7][1] == [(shares_id, "id_conflict")]
-    flagged = {(node, rule) for _, node, rule in alone_state["flags"]}
+    flagged = {(node, rule) for _, node, rule, _, _ in alone_state["flags"]}
     assert any(node == c.id and rule.startswith("duplicate") for node, rule in flagged)
     assert not any(node == a.id and rule.startswith("duplicate") for node, rule in flagged)
+    # c's copy of a group a sent in the same batch is caught, with that group as its source.
+    copied = [sources for _, node, rule, _, sources in batched_state["flags"] if node == c.id]
+    assert [fresh["id"]] in copied
     # A node's own bytes are exact; its contributor's, when a sibling is in the same batch, are what the
     # batch's snapshot held (the sibling's before it): lower, never higher (the budgets allow one frame).
     for one, other in zip(alone, batched, strict=True):
