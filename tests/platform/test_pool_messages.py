@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from support.pool import make_group
 
+from pool import messages
 from pool.limits import Limits
 from pool.messages import (
     MAX_INT_DIGITS,
@@ -152,6 +154,29 @@ def test_nesting_is_bounded_before_python_recursion_can_fail():
         assert error.code == "invalid_json" and f"deeper than {MAX_NESTING}" in error.detail
     assert refusal("[" * 19_000).code == "invalid_json"
     assert refusal("{" * 9_000).code == "invalid_json"
+
+
+def test_the_nesting_check_finds_a_deep_value_wherever_it_hides():
+    # Against the definition, on random values: a deep branch beside flat ones, in objects and arrays.
+    def depth(value) -> int:
+        if isinstance(value, dict | list):
+            children = value.values() if isinstance(value, dict) else value
+            return 1 + max(map(depth, children), default=0)
+        return 0
+
+    def value(rng: random.Random, left: int):
+        kind = rng.random()
+        if left == 0 or kind < 0.3:
+            return rng.choice(["text", 7, 1.5, None, True])
+        items = [value(rng, left - 1) for _ in range(rng.randint(0, 4))]
+        return {f"k{i}": v for i, v in enumerate(items)} if kind < 0.65 else items
+
+    rng = random.Random(11)
+    for _ in range(2_000):
+        v = value(rng, rng.randint(1, 22))
+        if isinstance(v, dict | list):
+            for limit in (1, 3, MAX_NESTING):
+                assert messages._too_deep(v, limit) == (depth(v) > limit)
 
 
 @pytest.mark.parametrize(
