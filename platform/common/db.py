@@ -16,9 +16,9 @@ of an earlier call.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import os
-import queue
 import threading
 import time
 import weakref
@@ -43,18 +43,40 @@ _threads: DbThreads | None = None
 KEEP_CONNECTION_SECONDS = 300.0
 
 
+class _Seat:
+    """One database thread's place: the call handed to it, and the lock it waits on while idle
+    (held while it has nothing to do; released by whoever hands it a call)."""
+
+    __slots__ = ("call", "wake")
+
+    def __init__(self) -> None:
+        self.call: Any = None
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+
 class DbThreads:
-    """`size` threads taking calls from one queue. A call's result (or exception) goes straight back to
-    the event loop that made it: no concurrent.futures Future, no asgiref layer. asgiref's
+    """`size` threads taking calls in the order they come. A call's result (or exception) goes straight
+    back to the event loop that made it: no concurrent.futures Future, no asgiref layer. asgiref's
     `sync_to_async` and ThreadPoolExecutor cost ~90 us of CPU per call on top of the call itself
     (a SyncToAsync object per call, two Futures chained across threads, the executor's idle
     semaphore on every submit; measured in docs/benchmarks.md, "Sockets"), and a socket makes
-    several calls."""
+    several calls.
+
+    A call goes to the thread that went idle last (a stack of idle threads, not a shared queue, whose
+    waiting threads take turns): under light load the same few threads and their connections do all
+    the work, with their CPU caches, their PostgreSQL backends' caches and their prepared statements
+    warm. Taking turns among ten, every share ran on a cold thread and backend (docs/benchmarks.md,
+    "Database threads")."""
 
     def __init__(self, size: int, name: str = "sapo-db") -> None:
         self.pid = os.getpid()
-        self.calls: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(size)]
+        self._mutex = threading.Lock()
+        self._pending: collections.deque = collections.deque()  # calls no thread has taken yet, in order
+        self._idle: list[_Seat] = []  # idle threads' seats, the last one to go idle at the end
+        self.threads = [
+            threading.Thread(target=self._work, args=(_Seat(),), name=f"{name}_{i}", daemon=True) for i in range(size)
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -62,13 +84,34 @@ class DbThreads:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         # The caller's context variables, as sync_to_async passes them (a log filter may read one).
-        self.calls.put((loop, future, contextvars.copy_context(), fn, args, kwargs))
+        self._put((loop, future, contextvars.copy_context(), fn, args, kwargs))
         return future
 
-    def _work(self) -> None:
+    def _put(self, call: Any) -> None:
+        """Hand `call` to the thread that went idle last, or queue it for the first to finish."""
+        with self._mutex:
+            if not self._idle:
+                self._pending.append(call)
+                return
+            seat = self._idle.pop()
+        seat.call = call
+        seat.wake.release()
+
+    def _take(self, seat: _Seat) -> Any:
+        """The next call for the thread at `seat`: the oldest queued one, or, none queued, the one
+        handed to it once idle (it waits for it)."""
+        with self._mutex:
+            if self._pending:
+                return self._pending.popleft()
+            self._idle.append(seat)
+        seat.wake.acquire()
+        call, seat.call = seat.call, None
+        return call
+
+    def _work(self, seat: _Seat) -> None:
         kept: dict[str, tuple[Any, float]] = {}  # this thread's connections: alias -> (connection, give back at)
         while True:
-            call = self.calls.get()
+            call = self._take(seat)
             if call is None:  # stop()
                 connections.close_all()
                 return
@@ -95,13 +138,13 @@ class DbThreads:
         database is dropped (tests) or the process stops. Waits until all have."""
         everyone = threading.Barrier(len(self.threads) + 1, timeout=timeout)  # a thread takes one, then waits
         for _ in self.threads:
-            self.calls.put(everyone)
+            self._put(everyone)
         everyone.wait()
 
     def stop(self, timeout: float = 60) -> None:
         """The threads give their connections back and end, after the calls already queued."""
         for _ in self.threads:
-            self.calls.put(None)
+            self._put(None)
         for thread in self.threads:
             thread.join(timeout)
 

@@ -110,6 +110,31 @@ async def test_a_cancelled_caller_leaves_the_thread_serving(one_thread) -> None:
     assert await call(one_thread, lambda: "next") == "next"
 
 
+async def test_calls_one_at_a_time_stay_on_the_thread_that_went_idle_last() -> None:
+    # Its caches, its connection and its PostgreSQL backend are warm: calls taking turns among every
+    # thread ran each share on a cold one.
+    threads = db.DbThreads(4, name="sapo-db-test")
+    try:
+        seen = [await call(threads, threading.get_ident) for _ in range(20)]
+        assert len(set(seen)) == 1
+        # Calls at once still spread over the threads, and are all answered.
+        together = threading.Barrier(4)
+
+        def meet() -> int:
+            together.wait(timeout=30)
+            return threading.get_ident()
+
+        assert len(set(await asyncio.gather(*(call(threads, meet) for _ in range(4))))) == 4
+        # More calls than threads wait their turn, in order, and none is lost.
+        order: list[int] = []
+        assert await asyncio.gather(*(call(threads, lambda i=i: order.append(i) or i) for i in range(50))) == list(
+            range(50)
+        )
+        assert sorted(order) == list(range(50))
+    finally:
+        await asyncio.to_thread(threads.stop)
+
+
 async def test_close_connections_gives_every_connection_back() -> None:
     threads = db.DbThreads(3, name="sapo-db-test")
     together = threading.Barrier(3)
