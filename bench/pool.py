@@ -16,7 +16,8 @@
     its own. One worker keeps the single-process set-up (no Redis), so its row stays comparable with
     earlier figures. `--pin on` runs each worker on a core of its own and the clients on the cores
     left (docs/deploy.md, "How many workers"); `--pin both` measures every WebSocket path pinned and
-    not. The paths are measured
+    not. `--trees a,b` runs every WebSocket path's servers from each of these source trees (two
+    commits compared in one run; they must share this tree's migrations). The paths are measured
     in alternation, `--rounds` times each (every round runs them all, in turn), so all see the same
     machine; every measure prints the load average at its start and end, and the ratios are printed
     only when the load average was at most 1.5 when the ingest part started (exit status 3 otherwise,
@@ -87,6 +88,12 @@ def parse_args() -> argparse.Namespace:
         "--share-batch", default="",
         help="SAPO_SHARE_BATCH for the servers (shares of different nodes waiting at once stored together),"
         " comma-separated: each WebSocket path measured with each, in alternation (default: the server's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trees", default="",
+        help="source trees the servers run (their platform/ and node_client/), comma-separated: each WebSocket"
+        " path measured with each, in alternation (default: this one). They must share this tree's migrations"
+        " (the database is made with them)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
     parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
@@ -275,13 +282,16 @@ CommandLineInterface.entrypoint()
 """
 
 
-def server_env(args: argparse.Namespace, name: str, *, redis_url: str | None = None) -> dict[str, str]:
-    """The environment of a benchmark's daphne server: this tree's packages, the benchmark's database
-    and catalogue, as deployed (SAPO_DEBUG=0: no debug cursor logging every statement), warnings-only
-    logs, `name` in presence records; Redis at `redis_url`, or none (in-memory layer and counters)."""
+def server_env(
+    args: argparse.Namespace, name: str, *, redis_url: str | None = None, tree: Path = ROOT
+) -> dict[str, str]:
+    """The environment of a benchmark's daphne server: `tree`'s packages (this tree's by default), the
+    benchmark's database and catalogue, as deployed (SAPO_DEBUG=0: no debug cursor logging every
+    statement), warnings-only logs, `name` in presence records; Redis at `redis_url`, or none
+    (in-memory layer and counters)."""
     env = dict(os.environ)
     env.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
+        PYTHONPATH=os.pathsep.join([str(tree / "platform"), str(tree / "node_client")]),
         DJANGO_SETTINGS_MODULE="config.settings",
         DATABASE_URL=args.bench_url,
         SAPO_CATALOGUE=args.catalogue,
@@ -307,12 +317,14 @@ def start_server(
     cpu: int | None = None,
     native: bool = True,
     share_batch: int | None = None,
+    tree: Path = ROOT,
 ) -> subprocess.Popen:
     """daphne on `port`. The per-node message rate is lifted (the benchmark's few nodes send what a
     swarm would); so are the byte and CPU budgets unless `budgets` (bench/attack.py measures them).
     `cpu`: the one core it runs on (as `taskset -c`). `native`: False runs the Python and numpy twins
-    of the C extension's loops (SAPO_NATIVE=0). `share_batch`: SAPO_SHARE_BATCH (None: the default)."""
-    env = server_env(args, name, redis_url=os.environ.get("REDIS_URL") if redis else None)
+    of the C extension's loops (SAPO_NATIVE=0). `share_batch`: SAPO_SHARE_BATCH (None: the default).
+    `tree`: the source tree it runs (this one by default)."""
+    env = server_env(args, name, redis_url=os.environ.get("REDIS_URL") if redis else None, tree=tree)
     env.update(
         SAPO_CONN_MAX_AGE=str(args.conn_max_age),
         SAPO_MAX_MESSAGES_PER_MINUTE="1000000",
@@ -337,7 +349,7 @@ def start_server(
             "config.asgi:application",
         ],  # fmt: skip
         env=env,
-        cwd=ROOT,
+        cwd=tree,
         preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
     )
     deadline = time.time() + 30
@@ -448,17 +460,33 @@ RAW_LABELS = {"executemany": "executemany, one transaction per message", "COPY":
 
 
 def share_path(
-    moderation: str, workers: int, pinned: bool = False, native: bool = True, batch: int | None = None
+    moderation: str,
+    workers: int,
+    pinned: bool = False,
+    native: bool = True,
+    batch: int | None = None,
+    tree: int | None = None,
 ) -> str:
     """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes,
     pinned to cores of their own or not, with the C extension's loops or their twins, with the
-    servers' SAPO_SHARE_BATCH or `batch`."""
+    servers' SAPO_SHARE_BATCH or `batch`, running this tree or the `tree`-th of --trees."""
     return (
         f"{moderation}/{workers}"
         + ("/pinned" if pinned else "")
         + ("" if native else "/numpy")
         + ("" if batch is None else f"/batch{batch}")
+        + ("" if tree is None else f"/tree{tree}")
     )
+
+
+def path_tree(rest: list[str]) -> int | None:
+    """The --trees index of a share path's remaining parts (None: this tree)."""
+    return next((int(part.removeprefix("tree")) for part in rest if part.startswith("tree")), None)
+
+
+def server_trees(args: argparse.Namespace) -> list[Path]:
+    """--trees, resolved (empty: the servers run this tree)."""
+    return [Path(t).resolve() for t in args.trees.split(",")] if args.trees else []
 
 
 def path_batch(rest: list[str]) -> int | None:
@@ -466,7 +494,7 @@ def path_batch(rest: list[str]) -> int | None:
     return next((int(part.removeprefix("batch")) for part in rest if part.startswith("batch")), None)
 
 
-def path_label(path: str) -> str:
+def path_label(path: str, trees: list[Path] | None = None) -> str:
     if path in RAW_LABELS:
         return RAW_LABELS[path]
     moderation, workers, *rest = path.split("/")
@@ -475,6 +503,9 @@ def path_label(path: str) -> str:
     batch = path_batch(rest)
     if batch is not None:
         label += ", shares alone" if batch == 1 else f", up to {batch} shares together"
+    tree = path_tree(rest)
+    if tree is not None:
+        label += f", tree {tree}" + (f" ({trees[tree]})" if trees else "")
     return label
 
 
@@ -500,13 +531,18 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
     natives = {"on": [True], "off": [False], "both": [True, False]}[args.native]
     batches = [int(b) for b in args.share_batch.split(",")] if args.share_batch else [None]
+    trees = server_trees(args)
+    for tree in trees:
+        if not (tree / "platform" / "config" / "asgi.py").is_file():
+            raise SystemExit(f"--trees: {tree} holds no platform/config/asgi.py")
     shares = [
-        share_path(m, w, p, n, b)
+        share_path(m, w, p, n, b, t)
         for m in moderations
         for w in args.worker_counts
         for p in pins
         for n in natives
         for b in batches
+        for t in (range(len(trees)) if trees else [None])
     ]
     paths = [*shares, "executemany", "COPY"]
     measures: dict[str, list[dict]] = {p: [] for p in paths}
@@ -534,6 +570,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                         cpu=cpus[i],
                         native="numpy" not in rest,
                         share_batch=path_batch(rest),
+                        tree=ROOT if path_tree(rest) is None else trees[path_tree(rest)],
                     )
                     for i, port in enumerate(ports)
                 ]
@@ -592,13 +629,15 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
     for path, ms in measures.items():
         for m in ms:
             print(
-                f"| {path_label(path)} | {m['round'] + 1} | {m['rate']:,.0f} | {cpu(m, 'client_or_server')}"
+                f"| {path_label(path, server_trees(args))} | {m['round'] + 1} | {m['rate']:,.0f} | {cpu(m, 'client_or_server')}"
                 f" | {cpu(m, 'database')} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
             )
     for path, ms in measures.items():
         if "/pinned" in path and ms:
             where = ms[0]["placement"]
-            print(f"{path_label(path)}: workers on cores {where['workers']}, clients on cores {where['clients']}")
+            print(
+                f"{path_label(path, server_trees(args))}: workers on cores {where['workers']}, clients on cores {where['clients']}"
+            )
     print(
         f"({ingest['completions']:,} completions per measure; CPU from /proc, 10 ms ticks: the WebSocket"
         " paths' clients are not counted, the raw paths' are, as they are the work)"
@@ -636,7 +675,7 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
             if any(m["cpu"]["database"] is None for m in measures[path])
             else f"{statistics.median(totals) * per:.1f}"
         )
-        print(f"| {path_label(path)} | {median:,.0f} | {ratios[0]} | {ratios[1]} | {total} |")
+        print(f"| {path_label(path, server_trees(args))} | {median:,.0f} | {ratios[0]} | {ratios[1]} | {total} |")
     return True
 
 

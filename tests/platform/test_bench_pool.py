@@ -81,3 +81,12 @@ def test_the_ingest_benchmark_measures_shares_alone_and_together_with_each_worke
     for label in ("1 worker, shares alone |", "1 worker, up to 3 shares together |"):
         # the round's row and the medians' row
         assert sum(1 for line in lines if line.startswith("| WebSocket share") and label in line) == 2, out
+
+
+def test_the_ingest_benchmark_runs_the_servers_of_each_tree_in_alternation(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = ["--skip-sample", "--connections", "2", "--messages", "2", "--groups", "2", "--rounds", "2", "--force"]
+    out = run_bench("pool.py", [*args, "--moderation", "on", "--trees", f"{root},{root}"], "sapo_bench_trees", tmp_path)
+    for tree in (0, 1):
+        label = f"with moderation rules, 1 worker, tree {tree} ({root}) |"
+        assert sum(1 for line in out.splitlines() if line.startswith("| WebSocket share") and label in line) == 3, out
