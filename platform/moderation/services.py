@@ -7,10 +7,12 @@ and works set-based: a bulk action is a fixed number of statements whatever it m
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from accounts.models import User
@@ -180,54 +182,101 @@ def _restore_ban_batch(*, actor: User, target_type: str, target_id: object, reas
     return count
 
 
+@dataclass(frozen=True)
+class _Bannable:
+    """What a ban acts on, a node or a contributor: its table, its groups, its audit entries' words,
+    and how its open sockets are closed."""
+
+    model: type[Node] | type[User]
+    target_type: str
+    ban: str  # AuditAction
+    unban: str
+    groups: Callable[[int], Q]  # its groups, by its id
+    label: str  # in the quarantine decisions' reason
+    name_key: str  # its name's key in the audit entries' details
+    disconnect: Callable[[int], None]  # on commit, with CLOSE_BANNED
+
+
+_NODE = _Bannable(
+    model=Node,
+    target_type=TargetType.NODE,
+    ban=AuditAction.BAN_NODE,
+    unban=AuditAction.UNBAN_NODE,
+    groups=lambda node_id: Q(node_id=node_id),
+    label="node",
+    name_key="node",
+    disconnect=lambda node_id: node_disconnect_on_commit(node_id=node_id, code=CLOSE_BANNED, reason="banned"),
+)
+_CONTRIBUTOR = _Bannable(
+    model=User,
+    target_type=TargetType.CONTRIBUTOR,
+    ban=AuditAction.BAN_CONTRIBUTOR,
+    unban=AuditAction.UNBAN_CONTRIBUTOR,
+    groups=lambda user_id: Q(node__owner_id=user_id),
+    label="contributor",
+    name_key="username",
+    disconnect=lambda user_id: contributor_disconnect_on_commit(user_id=user_id, code=CLOSE_BANNED, reason="banned"),
+)
+
+
+def _ban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reason: str) -> None:
+    """Set `target`'s ban, quarantine its groups (one bulk decision), audit, and close its sockets on
+    commit. `reason` is already clean; the caller holds the transaction."""
+    now = timezone.now()
+    kind.model.objects.filter(id=target.id).update(banned_at=now)
+    target.banned_at = now
+    batch, count = _decide(
+        rollouts=Rollout.objects.filter(kind.groups(target.id), moderation_status__in=_BANNABLE),
+        status=ModerationStatus.QUARANTINED,
+        reason=f"{kind.label} banned: {reason}",
+        actor=actor,
+    )
+    _audit(
+        actor=actor,
+        action=kind.ban,
+        target_type=kind.target_type,
+        target_id=target.id,
+        count=count,
+        reason=reason,
+        details={"batch": str(batch), kind.name_key: name},
+    )
+    kind.disconnect(target.id)
+
+
+def _unban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reason: str, restore_groups: bool) -> None:
+    """Lift `target`'s ban; with `restore_groups`, the groups its ban quarantined go back; audit."""
+    reason = _clean_reason(reason)
+    kind.model.objects.filter(id=target.id).update(banned_at=None)
+    target.banned_at = None
+    count = (
+        _restore_ban_batch(actor=actor, target_type=kind.target_type, target_id=target.id, reason=reason)
+        if restore_groups
+        else 0
+    )
+    _audit(
+        actor=actor,
+        action=kind.unban,
+        target_type=kind.target_type,
+        target_id=target.id,
+        count=count,
+        reason=reason,
+        details={"restored": count, kind.name_key: name},
+    )
+
+
 @transaction.atomic
 def node_ban(*, actor: User, node: Node, reason: str) -> Node:
     """Ban a node: refused at connect from now on (nodes.services.node_authenticate), its open sockets
     closed with 4403 on commit (channel layer, every server process), its groups quarantined (one
     bulk decision)."""
-    reason = _clean_reason(reason)
-    now = timezone.now()
-    Node.objects.filter(id=node.id).update(banned_at=now)
-    node.banned_at = now
-    batch, count = _decide(
-        rollouts=Rollout.objects.filter(node_id=node.id, moderation_status__in=_BANNABLE),
-        status=ModerationStatus.QUARANTINED,
-        reason=f"node banned: {reason}",
-        actor=actor,
-    )
-    _audit(
-        actor=actor,
-        action=AuditAction.BAN_NODE,
-        target_type=TargetType.NODE,
-        target_id=node.id,
-        count=count,
-        reason=reason,
-        details={"batch": str(batch), "node": node.name},
-    )
-    node_disconnect_on_commit(node_id=node.id, code=CLOSE_BANNED, reason="banned")
+    _ban(_NODE, actor=actor, target=node, name=node.name, reason=_clean_reason(reason))
     return node
 
 
 @transaction.atomic
 def node_unban(*, actor: User, node: Node, reason: str, restore_groups: bool = True) -> Node:
     """Lift a node's ban; with `restore_groups`, the groups its ban quarantined go back to the pool."""
-    reason = _clean_reason(reason)
-    Node.objects.filter(id=node.id).update(banned_at=None)
-    node.banned_at = None
-    count = (
-        _restore_ban_batch(actor=actor, target_type=TargetType.NODE, target_id=node.id, reason=reason)
-        if restore_groups
-        else 0
-    )
-    _audit(
-        actor=actor,
-        action=AuditAction.UNBAN_NODE,
-        target_type=TargetType.NODE,
-        target_id=node.id,
-        count=count,
-        reason=reason,
-        details={"restored": count, "node": node.name},
-    )
+    _unban(_NODE, actor=actor, target=node, name=node.name, reason=reason, restore_groups=restore_groups)
     return node
 
 
@@ -239,47 +288,14 @@ def contributor_ban(*, actor: User, user: User, reason: str) -> User:
     reason = _clean_reason(reason)
     if user.id == actor.id or user.is_staff:
         raise ApplicationError("cannot_ban", "Staff accounts (and yourself) cannot be banned.", status=409)
-    now = timezone.now()
-    User.objects.filter(id=user.id).update(banned_at=now)
-    user.banned_at = now
-    batch, count = _decide(
-        rollouts=Rollout.objects.filter(node__owner_id=user.id, moderation_status__in=_BANNABLE),
-        status=ModerationStatus.QUARANTINED,
-        reason=f"contributor banned: {reason}",
-        actor=actor,
-    )
-    _audit(
-        actor=actor,
-        action=AuditAction.BAN_CONTRIBUTOR,
-        target_type=TargetType.CONTRIBUTOR,
-        target_id=user.id,
-        count=count,
-        reason=reason,
-        details={"batch": str(batch), "username": user.username},
-    )
-    contributor_disconnect_on_commit(user_id=user.id, code=CLOSE_BANNED, reason="banned")
+    _ban(_CONTRIBUTOR, actor=actor, target=user, name=user.username, reason=reason)
     return user
 
 
 @transaction.atomic
 def contributor_unban(*, actor: User, user: User, reason: str, restore_groups: bool = True) -> User:
-    reason = _clean_reason(reason)
-    User.objects.filter(id=user.id).update(banned_at=None)
-    user.banned_at = None
-    count = (
-        _restore_ban_batch(actor=actor, target_type=TargetType.CONTRIBUTOR, target_id=user.id, reason=reason)
-        if restore_groups
-        else 0
-    )
-    _audit(
-        actor=actor,
-        action=AuditAction.UNBAN_CONTRIBUTOR,
-        target_type=TargetType.CONTRIBUTOR,
-        target_id=user.id,
-        count=count,
-        reason=reason,
-        details={"restored": count, "username": user.username},
-    )
+    """Lift a contributor's ban; with `restore_groups`, the groups their ban quarantined go back."""
+    _unban(_CONTRIBUTOR, actor=actor, target=user, name=user.username, reason=reason, restore_groups=restore_groups)
     return user
 
 
