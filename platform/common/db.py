@@ -29,8 +29,6 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import connection, connections, transaction
-from django.db.backends.signals import connection_created
-from django.dispatch import receiver
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
@@ -223,12 +221,10 @@ def server_binding_cursor() -> Any:
     `binary_array`'s arrays as they are."""
     connection.ensure_connection()
     raw = connection.connection
-    if raw not in _generic_plans and prepare_hot():  # opened before this module was imported, or unprepared
-        if connection.get_autocommit():
-            _plan_once(raw)
-        else:  # in a transaction: the setting lasts if it commits, and is asked again until one does
-            raw.execute("SET plan_cache_mode = force_generic_plan")
-            transaction.on_commit(lambda: _generic_plans.add(raw))
+    if raw not in _generic_plans and connection.get_autocommit() and prepare_hot():
+        # Once per connection, outside a transaction (a rolled back one would take the setting with it).
+        raw.execute("SET plan_cache_mode = force_generic_plan")
+        _generic_plans.add(raw)
     cursor = psycopg.Cursor(raw)
     cursor.adapters.register_dumper(BinaryArray, _BinaryArrayDumper)  # ~4 us
     return cursor
@@ -242,23 +238,6 @@ def server_binding_cursor() -> Any:
 #: options it does not track); it changes nothing but prepared statements' plans, and Django's own
 #: queries are never prepared.
 _generic_plans: weakref.WeakSet = weakref.WeakSet()
-
-
-def _plan_once(raw: Any) -> None:
-    """Generic plans for `raw`'s prepared statements, once per connection, outside a transaction (a
-    rolled back one would take the setting with it)."""
-    if prepare_hot() and raw not in _generic_plans:
-        raw.execute("SET plan_cache_mode = force_generic_plan")
-        _generic_plans.add(raw)
-
-
-@receiver(connection_created)
-def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
-    # Django opens a connection in autocommit, before any transaction.atomic() it was opened for turns
-    # autocommit off: a share's statements all run in its transaction now, so a connection opened
-    # for one would never be outside one when server_binding_cursor looks.
-    if connection.vendor == "postgresql" and connection.get_autocommit():
-        _plan_once(connection.connection)
 
 
 class BinaryArray:

@@ -4,13 +4,11 @@ Two steps around the pool's INSERT, each for a batch of shares of different node
 batch of one; pool.services.rollout_share_batch); the second runs inside the pool's transaction, so
 no sample can see a group before its hold is set:
 
-1. `rollouts_screen(shares)` after verification, in the pool's transaction, before the INSERT: runs
-   the enabled rules on the accepted groups. Bounded work per group: one candidate query for the
-   whole batch (at most `max_candidates` other groups per question), a hash lookup per completion
-   for copies, linear scans for length/characters and the blocklist. The pool reads each
-   `Screening.held` and stores those groups held (never sampleable) in its INSERT. With a copy rule
-   on, the batch first takes a transaction lock per question (`_QUESTION_LOCKS_SQL`), so a share on
-   a question another transaction is storing waits for it, then sees its groups.
+1. `rollouts_screen(shares)` after verification, before the INSERT: runs the enabled rules on the
+   accepted groups. Bounded work per group: one candidate query for the whole batch (at most
+   `max_candidates` other groups per question), a hash lookup per completion for copies, linear
+   scans for length/characters and the blocklist. The pool reads each `Screening.held` and stores
+   those groups held (never sampleable) in its INSERT.
 2. `rollouts_record(screenings, inserted)` right after the INSERT, before commit: records the holds'
    decisions, writes fingerprints, flags, decisions and audit entries (every automatic verdict, flag
    and hold), counts the verdicts into each node's trust, and now and then re-scans the touched
@@ -107,22 +105,6 @@ LEFT JOIN (
 """
 
 
-# A transaction-level advisory lock per question of the batch (a key from the first 64 bits of its
-# hash; the keys sorted, so two batches never wait for each other in a cycle), held until the pool's
-# transaction ends: two batches storing groups on one question screen one after the other, the second
-# seeing the first's fingerprints (READ COMMITTED: the candidates read, a later statement, sees what
-# was committed before it). A separate statement: a lock taken inside the read would come after its
-# snapshot.
-_QUESTION_LOCKS_SQL = "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)b::bigint[]) AS k"
-
-
-def _lock_questions(hashes: set[str]) -> None:
-    """Take the transaction locks of these questions (hex SHA-1 question hashes), in key order."""
-    keys = sorted({int(h[:16], 16) - (1 << 63) for h in hashes})
-    with server_binding_cursor() as cursor:
-        cursor.execute(_QUESTION_LOCKS_SQL, {"keys": binary_array("int8", keys)}, prepare=prepare_hot())
-
-
 def _screening_reads(
     questions: Mapping[int, set[str]], rules: dict[str, Rule], now: datetime
 ) -> dict[int, tuple[filters.CopyIndex, float]]:
@@ -205,12 +187,12 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
     taken, for all the shares in one pass each; every rule reuses the result. The pool stores the
     groups, then calls `rollouts_record` with the result in the same transaction.
 
-    Called inside the pool's transaction (the question locks last until it ends). A group is compared
-    with what other nodes stored before and with the accepted groups of its batch-mates ahead of it
-    (other nodes', on the same questions, the latest first, before the stored ones), as it would be
-    were the shares stored one after the other: two colluding nodes sending one text at once are not
-    both let through, whether their shares wait together (one batch) or not (two batches, on two
-    slots or two workers: the question locks put one after the other)."""
+    A group is compared with what other nodes stored before the batch and with the accepted groups of
+    its batch-mates ahead of it (other nodes', on the same questions, the latest first, before the
+    stored ones), as it would be were the shares stored one after the other: two colluding nodes
+    sending one text at once are not both let through because their shares waited together. (Two
+    shares in flight at once in separate batches, on two slots or two workers, do not see each other:
+    neither is stored when the other reads.)"""
     now = now or timezone.now()
     rules = rules_current()
     screenings = [Screening(node_id=s.node_id, rollouts=s.rollouts, checks=s.checks) for s in shares]
@@ -233,10 +215,8 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         if share:
             wanted.setdefault(screening.node_id, set()).update(questions[start:end])
         start = end
-    copies = rules["duplicate_exact"].enabled or rules["duplicate_near"].enabled
-    if copies and wanted:
-        _lock_questions(set().union(*wanted.values()))
     reads = _screening_reads(wanted, rules, now)
+    copies = rules["duplicate_exact"].enabled or rules["duplicate_near"].enabled
     ahead: list[tuple[int, str, uuid.UUID, filters.Fingerprint]] = []  # batch-mates' groups: node, question, id
     for screening, share, (first, end) in zip(screenings, accepted, spans, strict=True):
         if not share:

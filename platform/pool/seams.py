@@ -7,8 +7,8 @@ runs the pool unmoderated (every accepted group with variance sampleable, unifor
 plain message rate).
 
 - `rollouts_screen` / `rollouts_record`: pool.services.rollout_share_batch, around its INSERT, for
-  a batch of shares of different nodes, both in its transaction. Screening runs before the INSERT
-  and decides which groups are held (it may take locks, held until the transaction ends): the INSERT writes them "held" and not sampleable in the same statement, so no sample can
+  a batch of shares of different nodes. Screening runs before the INSERT and decides which groups
+  are held: the INSERT writes them "held" and not sampleable in the same statement, so no sample can
   ever see them. `rollouts_record` runs right after the INSERT, in its transaction (audit, flags,
   trust).
 - `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample, on its uniform draws; both return

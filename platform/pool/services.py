@@ -358,8 +358,8 @@ def rollout_share_batch(
     Shares are taken in order; one whose node or ids already appear in the batch starts the next one
     (so a node's shares, and a resent id, are stored one after the other, as they would be alone).
     If a batch of several fails in the database, each of its shares is tried again alone: one share's
-    failure is its own. The copy rules compare a share with other nodes' groups stored before it and
-    with its batch-mates' ahead of it, as if stored one after the other (docs/moderation.md)."""
+    failure is its own. A share compared with other nodes' groups by the copy rules sees those stored
+    before its batch, not its batch-mates' (as two shares in flight at once do not see each other)."""
     limits = limits or current_limits()
     results: list[ShareResult | Exception | None] = [None] * len(shares)
     batch: list[int] = []
@@ -428,16 +428,15 @@ def _store_together(
     """Screen and store verified shares (`shares[i]` with its checks) in one transaction, and answer
     each into `results[i]`."""
     seam = moderation()
+    # Screening decides before the INSERT: what a hold rule caught is stored held, never sampleable.
+    screenings = seam.rollouts_screen(
+        shares=[ShareToScreen(shares[i].node.id, shares[i].rollouts, checks) for i, checks in verified]
+    )
+    together = [
+        _Verified(shares[i].node, shares[i].rollouts, checks, set(screening.held))
+        for (i, checks), screening in zip(verified, screenings, strict=True)
+    ]
     with transaction.atomic():
-        # Screening decides before the INSERT: what a hold rule caught is stored held, never
-        # sampleable. In the transaction: its locks keep two shares on one question apart.
-        screenings = seam.rollouts_screen(
-            shares=[ShareToScreen(shares[i].node.id, shares[i].rollouts, checks) for i, checks in verified]
-        )
-        together = [
-            _Verified(shares[i].node, shares[i].rollouts, checks, set(screening.held))
-            for (i, checks), screening in zip(verified, screenings, strict=True)
-        ]
         inserted, stored_now = _insert_rollouts(together)
         seam.rollouts_record(screenings=screenings, inserted=inserted)
         others = [r.id for share in together for r in share.rollouts if r.id not in inserted]

@@ -4,11 +4,10 @@ other stores and counts."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from factories import make_node
 from support.moderation import group, long_reasoning, share
@@ -182,50 +181,3 @@ def test_a_share_that_fails_in_the_database_fails_alone():
     )
     with pytest.raises(IntegrityError):  # alone, the same failure is the caller's, as before
         rollout_share(node=gone, rollouts=[to_rollout_in(group(4))], catalogue=SAPO)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_copy_sent_while_its_original_is_being_stored_waits_for_it_and_is_caught():
-    # Two shares in separate batches (two slots, two workers): the one storing a question holds its
-    # lock until it commits, so the other, on the same question, screens after it and sees its groups.
-    a, c, elsewhere = make_node(), make_node(), make_node()
-    original = group(21, completions=long_reasoning(group(21)))
-    copy = group(21, completions=original["completions"])
-    storing, release = threading.Event(), threading.Event()
-    outcome: dict[str, object] = {}
-
-    def store_original() -> None:
-        try:
-            with transaction.atomic():
-                rollout_share(node=a, rollouts=[to_rollout_in(original)], catalogue=SAPO)
-                storing.set()
-                release.wait(timeout=30)
-        finally:
-            connection.close()
-
-    def share(name: str, node: Node, g: dict) -> None:
-        try:
-            outcome[name] = rollout_share(node=node, rollouts=[to_rollout_in(g)], catalogue=SAPO)
-        finally:
-            connection.close()
-
-    first = threading.Thread(target=store_original)
-    first.start()
-    try:
-        assert storing.wait(timeout=30)
-        copier = threading.Thread(target=share, args=("copy", c, copy))
-        copier.start()
-        # A share on another question does not wait.
-        other = threading.Thread(target=share, args=("other", elsewhere, group(22)))
-        other.start()
-        other.join(timeout=30)
-        assert outcome["other"].accepted
-        copier.join(timeout=0.5)
-        assert copier.is_alive(), "the copy was screened while its original was not yet committed"
-    finally:
-        release.set()
-        first.join(timeout=30)
-    copier.join(timeout=30)
-    assert outcome["copy"].accepted == [copy["id"]]  # accepted by the verifier, and flagged
-    flags = list(ModerationFlag.objects.filter(node_id=c.id).values_list("rule", "data"))
-    assert [(rule, data["sources"]) for rule, data in flags] == [("duplicate_exact", [original["id"]])]
