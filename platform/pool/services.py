@@ -358,8 +358,9 @@ def rollout_share_batch(
     Shares are taken in order; one whose node or ids already appear in the batch starts the next one
     (so a node's shares, and a resent id, are stored one after the other, as they would be alone).
     If a batch of several fails in the database, each of its shares is tried again alone: one share's
-    failure is its own. A share compared with other nodes' groups by the copy rules sees those stored
-    before its batch, not its batch-mates' (as two shares in flight at once do not see each other)."""
+    failure is its own. The copy rules compare a share with other nodes' groups stored before its batch
+    and with its batch-mates' ahead of it, as if the shares were stored one after the other
+    (docs/moderation.md, "Copies")."""
     limits = limits or current_limits()
     results: list[ShareResult | Exception | None] = [None] * len(shares)
     batch: list[int] = []
