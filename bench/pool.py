@@ -570,7 +570,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                         cpu=cpus[i],
                         native="numpy" not in rest,
                         share_batch=path_batch(rest),
-                        tree=ROOT if path_tree(rest) is None else trees[path_tree(rest)],
+                        tree=ROOT if (tree := path_tree(rest)) is None else trees[tree],
                     )
                     for i, port in enumerate(ports)
                 ]
@@ -612,6 +612,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
 def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
     """Print every measure, then the medians and ratios; False when the ratios are withheld (load)."""
     measures = ingest["measures"]
+    trees = server_trees(args)
     print(
         f"\n(a) ingest: {args.connections} WebSocket connections x {args.messages} messages x {args.groups} groups"
         f" x {args.completions} completions of ~{args.completion_chars} chars ({args.catalogue} catalogue);"
@@ -629,14 +630,14 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
     for path, ms in measures.items():
         for m in ms:
             print(
-                f"| {path_label(path, server_trees(args))} | {m['round'] + 1} | {m['rate']:,.0f} | {cpu(m, 'client_or_server')}"
+                f"| {path_label(path, trees)} | {m['round'] + 1} | {m['rate']:,.0f} | {cpu(m, 'client_or_server')}"
                 f" | {cpu(m, 'database')} | {m['load'][0]:.2f}-{m['load'][1]:.2f} |"
             )
     for path, ms in measures.items():
         if "/pinned" in path and ms:
             where = ms[0]["placement"]
             print(
-                f"{path_label(path, server_trees(args))}: workers on cores {where['workers']}, clients on cores {where['clients']}"
+                f"{path_label(path, trees)}: workers on cores {where['workers']}, clients on cores {where['clients']}"
             )
     print(
         f"({ingest['completions']:,} completions per measure; CPU from /proc, 10 ms ticks: the WebSocket"
@@ -675,7 +676,7 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
             if any(m["cpu"]["database"] is None for m in measures[path])
             else f"{statistics.median(totals) * per:.1f}"
         )
-        print(f"| {path_label(path, server_trees(args))} | {median:,.0f} | {ratios[0]} | {ratios[1]} | {total} |")
+        print(f"| {path_label(path, trees)} | {median:,.0f} | {ratios[0]} | {ratios[1]} | {total} |")
     return True
 
 

@@ -217,21 +217,25 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         start = end
     reads = _screening_reads(wanted, rules, now)
     copies = rules["duplicate_exact"].enabled or rules["duplicate_near"].enabled
-    ahead: list[tuple[int, str, uuid.UUID, filters.Fingerprint]] = []  # batch-mates' groups: node, question, id
-    for screening, share, (first, end) in zip(screenings, accepted, spans, strict=True):
+    for k, (screening, share, (first, end)) in enumerate(zip(screenings, accepted, spans, strict=True)):
         if not share:
             continue
         index, trust = reads[screening.node_id]
-        if copies and ahead:
+        if copies and k:
+            # The batch-mates ahead, latest first: their accepted groups on this node's questions.
             mine = wanted[screening.node_id]
             index = index.after(
-                [(rid, fp) for node, qh, rid, fp in reversed(ahead) if node != screening.node_id and qh in mine]
+                [
+                    (rid, fp)
+                    for mate in reversed(screenings[:k])
+                    if mate.node_id != screening.node_id
+                    for rid, (qh, fp) in reversed(mate.fingerprints.items())
+                    if qh in mine
+                ]
             )
         screening.findings = _findings(
             share, fingerprints[first:end], length_hits[first:end] if length.enabled else [], index, trust, rules
         )
-        if copies:
-            ahead += [(screening.node_id, questions[n], r.id, fingerprints[n]) for n, r in enumerate(share, first)]
     return screenings
 
 

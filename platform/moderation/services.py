@@ -160,14 +160,10 @@ def rollouts_moderate_bulk(
 _BANNABLE = [ModerationStatus.OK, ModerationStatus.HELD]
 
 
-def _restore_ban_batch(*, actor: User, target_type: str, target_id: object, reason: str) -> int:
+def _restore_ban_batch(kind: _Bannable, *, actor: User, target_id: object, reason: str) -> int:
     """Restore the groups the latest ban of this target quarantined and nobody decided on since."""
     ban = (
-        AuditEntry.objects.filter(
-            target_type=target_type,
-            target_id=str(target_id),
-            action=AuditAction.BAN_NODE if target_type == TargetType.NODE else AuditAction.BAN_CONTRIBUTOR,
-        )
+        AuditEntry.objects.filter(target_type=kind.target_type, target_id=str(target_id), action=kind.ban)
         .order_by("-created_at", "-id")
         .first()
     )
@@ -248,11 +244,7 @@ def _unban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reas
     reason = _clean_reason(reason)
     kind.model.objects.filter(id=target.id).update(banned_at=None)
     target.banned_at = None
-    count = (
-        _restore_ban_batch(actor=actor, target_type=kind.target_type, target_id=target.id, reason=reason)
-        if restore_groups
-        else 0
-    )
+    count = _restore_ban_batch(kind, actor=actor, target_id=target.id, reason=reason) if restore_groups else 0
     _audit(
         actor=actor,
         action=kind.unban,
