@@ -9,6 +9,10 @@ JSON decoder is bounded (_decode): nesting deeper than MAX_NESTING, integers lon
 MAX_INT_DIGITS (Python's int() raises past 4,300 digits and is quadratic below that) and the
 non-JSON constants NaN/Infinity never become values; an oversized number is kept as a marker so the
 frame still parses, its `ref` is still read, and the field holding it is refused by its type check.
+
+A share, most frames and nearly all their bytes, is first read by a typed path (msgspec against the
+share's types, in C; `_typed_share`, at the end) that takes only valid shares and leaves every other
+frame to the general path above, whose errors are the protocol's.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from pool.limits import Limits
 from sapo_node import protocol
@@ -51,8 +57,10 @@ class ProtocolError(Exception):
         self.ref = ref
 
 
-@dataclass(frozen=True)
-class RolloutIn:
+class RolloutIn(msgspec.Struct, frozen=True, kw_only=True):
+    """A group as shared. A msgspec Struct rather than a frozen dataclass: built 32 times a share, in
+    0.3 rather than 3.6 us (a frozen dataclass sets each field through object.__setattr__)."""
+
     id: uuid.UUID
     round: int
     dataset: str
@@ -219,6 +227,15 @@ def parse_frame(text: str | bytes | None, limits: Limits) -> Message:
             except ProtocolError:
                 pass
         raise error
+    share = _typed_share(text, limits)
+    if share is not None:
+        return share
+    return _parse_any(text, limits)
+
+
+def _parse_any(text: str | bytes, limits: Limits) -> Message:
+    """`parse_frame` of a frame within the size limit, any type, valid or not: the general path, whose
+    errors are the protocol's (a share the typed path took would be parsed here to the same Share)."""
     data = _decode(text)
     if not isinstance(data, dict):
         raise ProtocolError("invalid_json", "a frame must be a JSON object")
@@ -429,3 +446,126 @@ _PARSERS = {
     protocol.REPORT: _parse_report,
 }
 assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type has a parser"
+
+
+# --- The typed path of a share ----------------------------------------------------------------------
+# Shares are most frames and nearly all their bytes. msgspec (C) decodes one against the share's types
+# in about a tenth of the general path's time (0.08 against 1.1 ms for 32 groups of 8 completions of
+# ~300 characters: JSON to Python values, then every field checked in Python); the checks that depend
+# on the limits or on text content follow here. Whatever is not plainly a valid share (another
+# message type, an unknown key, a wrong type, an escape msgspec refuses such as a lone surrogate, a
+# failed check) makes `_typed_share` answer None, and the frame is parsed again the general way, whose
+# errors are the protocol's. So this path accepts only frames the general one accepts, with the same
+# Share (tests/platform/test_pool_messages.py compares the two on the fuzzer's frames); a refused frame
+# costs one more linear pass. No schema here nests past four levels, and msgspec bounds the depth of
+# what it passes over (a RecursionError, caught).
+
+
+class _WireTask(msgspec.Struct, forbid_unknown_fields=True):
+    dataset: str
+    seed: int
+    index: int
+
+
+class _WireGroup(msgspec.Struct, forbid_unknown_fields=True):
+    id: uuid.UUID
+    round: int
+    task: _WireTask
+    question: str
+    answer: str | None
+    completions: list[str]
+    # Kept as its JSON text: the general path refuses a number literal longer than MAX_FLOAT_CHARS
+    # (MAX_INT_DIGITS for an integer), which only the text shows (_typed_rewards).
+    rewards: msgspec.Raw
+
+
+class _WireShare(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    v: int
+    rollouts: list[_WireGroup]
+    ref: str | None = None
+
+
+_SHARE_DECODER = msgspec.json.Decoder(_WireShare)
+_FLOATS_DECODER = msgspec.json.Decoder(list[float])
+_DECODE_ERRORS = (msgspec.MsgspecError, ValueError, RecursionError)  # ValueError: UnicodeError too
+#: Every integer literal of more than MAX_INT_DIGITS digits is at least this (JSON has no leading zeros).
+_LONG_INT = 10.0**MAX_INT_DIGITS
+
+
+def _typed_rewards(raw: msgspec.Raw, count: int) -> tuple[float, ...] | None:
+    """A group's rewards (the JSON text of a list) as the general path reads them, or None when it
+    might not: other than `count` numbers, a literal of more than MAX_FLOAT_CHARS characters (an
+    integer of more than MAX_INT_DIGITS digits: caught by its size), a number as large as such an
+    integer."""
+    try:
+        values = _FLOATS_DECODER.decode(raw)  # out of a double's range (1e400) refused
+    except _DECODE_ERRORS:
+        return None
+    if len(values) != count:
+        return None
+    # With the brackets, a text of MAX_FLOAT_CHARS + 2 characters cannot hold a longer literal; a longer
+    # text holds only numbers (decoded above), so its literals lie between commas.
+    if len(raw) > MAX_FLOAT_CHARS + 2 and max(map(len, bytes(raw).split(b","))) > MAX_FLOAT_CHARS:
+        return None
+    if not -_LONG_INT < min(values) <= max(values) < _LONG_INT:  # a list of none fails the count above
+        return None
+    return tuple(values)
+
+
+def _typed_share(text: str | bytes, limits: Limits) -> Share | None:
+    """The Share of a frame that is a valid share, by the typed path (see above); None otherwise."""
+    try:
+        wire = _SHARE_DECODER.decode(text)
+    except _DECODE_ERRORS:
+        return None
+    ref = wire.ref
+    if (
+        wire.type != protocol.SHARE
+        or wire.v != PROTOCOL_VERSION
+        or (ref is not None and (len(ref) > MAX_REF_CHARS or not _clean(ref)))
+    ):
+        return None
+    groups = wire.rollouts
+    if not groups or len(groups) > limits.max_groups_per_message:
+        return None
+    max_chars = limits.max_chars_per_completion
+    max_completions = limits.max_completions_per_group
+    texts: list[str] = []  # every text of the share, checked for NUL and lone surrogates at once
+    rollouts = []
+    for group in groups:
+        task, question, answer, completions = group.task, group.question, group.answer, group.completions
+        if not (
+            1 <= len(task.dataset) <= MAX_DATASET_CHARS
+            and -MAX_STORED_INT <= task.seed <= MAX_STORED_INT
+            and -MAX_STORED_INT <= task.index <= MAX_STORED_INT
+            and 0 <= group.round <= MAX_ROUND
+            and len(question) <= max_chars
+            and (answer is None or len(answer) <= max_chars)
+            and 0 < len(completions) <= max_completions
+            and max(map(len, completions)) <= max_chars
+        ):
+            return None
+        rewards = _typed_rewards(group.rewards, len(completions))
+        if rewards is None:
+            return None
+        texts += completions
+        texts += (task.dataset, question, answer or "")
+        rollouts.append(
+            RolloutIn(
+                id=group.id,
+                round=group.round,
+                dataset=task.dataset,
+                seed=task.seed,
+                index=task.index,
+                question=question,
+                answer=answer,
+                completions=tuple(completions),
+                rewards=rewards,
+            )
+        )
+    if not _clean("".join(texts)):
+        return None
+    if len({r.id for r in rollouts}) != len(rollouts):
+        return None
+    return Share(ref=ref, rollouts=tuple(rollouts))

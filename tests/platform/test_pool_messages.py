@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import sys
+from pathlib import Path
 
 import pytest
 from support.pool import make_group
@@ -237,3 +240,114 @@ def test_the_leading_ref_is_read_without_parsing_and_only_when_top_level(frame, 
 def test_the_leading_ref_looks_at_the_first_characters_only():
     assert leading_ref('{"type": "share", "v": 1, "ref": "r", "rollouts": [' + "x" * 10**6) == "r"
     assert leading_ref('{"type": "' + "a" * 300 + '", "ref": "r"}') is None
+
+
+# --- The typed path of a share (pool.messages._typed_share) ------------------------------------------
+
+
+def _general(text: str | bytes, limits: Limits) -> object:
+    """What the general path makes of a frame: its message, or the ProtocolError it raises."""
+    try:
+        return messages._parse_any(text, limits)
+    except ProtocolError as exc:
+        return exc
+
+
+def _same_share(typed: Share, general: object) -> bool:
+    """The same Share, rewards compared by their text too (0.0 and -0.0 are equal as numbers but are
+    stored as the node sent them)."""
+    return (
+        isinstance(general, Share)
+        and typed == general
+        and [list(map(repr, r.rewards)) for r in typed.rollouts]
+        == [list(map(repr, r.rewards)) for r in general.rollouts]
+    )
+
+
+def _edge_frames() -> list[str]:
+    """Shares at the edges the typed path must read as the general one does, or leave to it."""
+    group = json.dumps(make_group(right=1, wrong=1))
+    base = '{"type": "share", "v": 1, "ref": "e", "rollouts": [' + group + "]}"
+    uid = json.loads(group)["id"]
+    rewards = '"rewards": [1.0, 0.0]'
+    frames = [base, base.replace('"ref": "e", ', ""), base.replace('"ref": "e"', '"ref": null')]
+    for literal in [
+        "-0", "-0.0", "0", "1", "1e2", "1E-400", "0.1", "0." + "1" * 62, "0." + "1" * 63, "1" * 20, "1" * 21,
+        "-" + "9" * 20, "9" * 19 + ".5", "1e19", "1e20", "1e300", "1e400", "NaN", "true", '"1"', "[1]", "null",
+    ]:  # fmt: skip
+        frames.append(base.replace(rewards, f'"rewards": [1.0, {literal}]'))
+        frames.append(base.replace(rewards, f'"rewards": [ {literal} , 0.0 ]'))
+    for seed in ["-1", str(2**62), str(2**62 + 1), "1" * 21, "1.0", "true", '"1"']:
+        frames.append(base.replace('"seed": ', f'"seed": {seed}, "_was": '))  # the old seed becomes an extra key
+        frames.append(re.sub(r'"seed": -?\d+', f'"seed": {seed}', base))
+    for form in [uid.upper(), uid.replace("-", ""), "{" + uid + "}", "urn:uuid:" + uid, uid[:-1] + "g", uid + "0"]:
+        frames.append(base.replace(uid, form))
+    frames += [
+        base.replace('"v": 1', '"v": true'),
+        base.replace('"v": 1', '"v": 1.0'),
+        base.replace('"type": "share"', '"type": "sample"'),
+        base.replace('"ref": "e"', '"ref": "e", "extra": 1'),
+        base.replace('"question": ', '"question": "first", "question": '),  # the last one counts, in both
+        base.replace('"question": ', '"qu\\u0065stion": '),
+        base.replace('"answer": ', '"answer": null, "_answer": '),
+        base.replace('"completions": [', '"completions": ["a\\u0000b", '),
+        base.replace('"completions": [', '"completions": ["\\ud800", '),
+        base.replace('"completions": [', '"completions": ["\\ud83d\\ude00 \u00e9", '),
+        base.replace('"ref": "e"', '"ref": "' + "r" * 65 + '"'),
+        base.replace(group, group + ", " + group),  # one id twice
+        base.replace(group, ", ".join(json.dumps(make_group()) for _ in range(4))),  # over the small limits' 3
+        base.replace(group, json.dumps(make_group(right=3, wrong=2))),  # 5 completions: over the small limits' 4
+        base.replace('"rollouts": [', '"rollouts": [' + "[" * 50_000 + "]" * 50_000 + ", "),
+        "\ufeff" + base,
+        base + " ",
+        base + " x",
+    ]
+    return frames
+
+
+@pytest.mark.parametrize("limits", [LIMITS, Limits()], ids=["small limits", "default limits"])
+def test_the_typed_path_takes_only_what_the_general_path_takes(limits):
+    """Every frame the typed path reads is read to the same Share by the general path; every frame the
+    general path refuses, the typed path leaves to it (answering None). On the fuzzer's frames (valid
+    shares mutated: hostile literals, keys dropped and added, texts cut and spliced) and at the edges."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import fuzz
+
+    groups = fuzz.honest_groups(12, seed=4)
+    frames = [frame.data for frame in fuzz.hostile_frames(7, 3000, groups)] + _edge_frames()
+    typed_count = refused = 0
+    for text in frames:
+        typed = messages._typed_share(text, limits)
+        general = _general(text, limits)
+        if isinstance(general, ProtocolError):
+            refused += 1
+        if typed is not None:
+            typed_count += 1
+            assert _same_share(typed, general), text[:300]
+    assert typed_count >= 300 and refused >= 1000  # both kinds are well represented
+
+
+def test_a_node_clients_share_takes_the_typed_path():
+    """What sapo-node sends (Group.to_wire in protocol.frame) is read by the typed path, to the Share
+    the general path reads."""
+    from sapo_node import protocol
+    from sapo_node.groups import Group
+    from sapo_node.tasks import TaskRef
+
+    sent = [
+        Group.new(
+            round=3,
+            task=TaskRef("basic_arithmetic", 7, i),
+            question=f"What is {i} + 1?",
+            answer=str(i + 1),
+            completions=[f"so <answer>{i + 1}</answer>", "no idea", "caf\u00e9 \U0001f600 <answer>2</answer>"],
+            rewards=[1.0, 0.0, float(i == 1)],
+        ).to_wire()
+        for i in range(3)
+    ]
+    text = json.dumps(protocol.frame(protocol.SHARE, ref="s1", rollouts=sent))
+    typed = messages._typed_share(text, LIMITS)
+    assert typed is not None and _same_share(typed, messages._parse_any(text, LIMITS))
+    assert parse_frame(text, LIMITS) == typed
+    assert parse_frame(text.encode(), LIMITS) == typed  # a binary frame of the same text
+    assert [str(r.id) for r in typed.rollouts] == [g["id"] for g in sent]
