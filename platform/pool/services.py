@@ -22,7 +22,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from common import metrics
-from common.compact_json import dumps, dumps_texts
+from common.compact_json import dumps, dumps_floats, dumps_texts
 from common.db import binary_array, prepare_hot, server_binding_cursor
 from common.errors import ApplicationError
 from pool.limits import Limits, current_limits
@@ -210,8 +210,8 @@ def _insert_rollouts(shares: Sequence[_Verified]) -> tuple[set[uuid.UUID], dict[
             questions.append(_kept(r.question))
             answers.append(_kept(r.answer))
             completions.append(dumps([_kept(t) for t in r.completions[:REJECTED_KEEP_COMPLETIONS]]))
-    claimed = [dumps(r.rewards) for r in rollouts]
-    verified = [None if c.verified_rewards is None else dumps(c.verified_rewards) for c in verdicts]
+    claimed = [dumps_floats(r.rewards) for r in rollouts]
+    verified = [None if c.verified_rewards is None else dumps_floats(c.verified_rewards) for c in verdicts]
     sizes = [
         ROW_OVERHEAD_BYTES + sum(map(_utf8_len, texts))
         for texts in zip(questions, answers, completions, claimed, verified, strict=True)

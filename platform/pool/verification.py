@@ -10,7 +10,7 @@ answer (sapo_node.verifiers: length caps, bounded scorers, a sandbox with a cloc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from pool.messages import RolloutIn
 from sapo_node.tasks import Catalogue, ScoringTimeout, TaskError, build_entry, rewards_match, score_completions
@@ -19,8 +19,10 @@ ACCEPTED = "accepted"
 REJECTED = "rejected"
 
 
-@dataclass(frozen=True)
-class Verification:
+class Verification(msgspec.Struct, frozen=True):
+    """A group's verdict (a msgspec Struct: one is built per group of every share, faster than a frozen
+    dataclass)."""
+
     verdict: str  # ACCEPTED or REJECTED
     reason: str  # "" when accepted
     verified_rewards: tuple[float, ...] | None  # None: not scored (no entry rebuilt, question or answer forged)
