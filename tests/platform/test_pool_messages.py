@@ -273,7 +273,7 @@ def _edge_frames() -> list[str]:
     frames = [base, base.replace('"ref": "e", ', ""), base.replace('"ref": "e"', '"ref": null')]
     for literal in [
         "-0", "-0.0", "0", "1", "1e2", "1E-400", "0.1", "0." + "1" * 62, "0." + "1" * 63, "1" * 20, "1" * 21,
-        "-" + "9" * 20, "9" * 19 + ".5", "1e19", "1e20", "1e300", "1e400", "NaN", "true", '"1"', "[1]", "null",
+        "-" + "9" * 20, "3" * 20, str(2**64), str(2**63 + 1), "9" * 19 + ".5", "1e19", "1e20", "1e300", "1e400", "NaN", "true", '"1"', "[1]", "null",
     ]:  # fmt: skip
         frames.append(base.replace(rewards, f'"rewards": [1.0, {literal}]'))
         frames.append(base.replace(rewards, f'"rewards": [ {literal} , 0.0 ]'))
