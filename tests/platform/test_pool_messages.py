@@ -25,6 +25,10 @@ from pool.messages import (
     parse_frame,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import fuzz  # noqa: E402
+
 LIMITS = Limits(
     max_frame_bytes=20_000,
     max_groups_per_message=3,
@@ -310,9 +314,6 @@ def test_the_typed_path_takes_only_what_the_general_path_takes(limits):
     """Every frame the typed path reads is read to the same Share by the general path; every frame the
     general path refuses, the typed path leaves to it (answering None). On the fuzzer's frames (valid
     shares mutated: hostile literals, keys dropped and added, texts cut and spliced) and at the edges."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import fuzz
-
     groups = fuzz.honest_groups(12, seed=4)
     frames = [frame.data for frame in fuzz.hostile_frames(7, 3000, groups)] + _edge_frames()
     typed_count = refused = 0
