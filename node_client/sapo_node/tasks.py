@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,12 +154,21 @@ def build_entry(spec: TaskSpec, seed: int, index: int) -> dict[str, Any]:
         raise TaskError("bad_index", f"{spec.dataset} cannot build index {index}: {exc!r}") from exc
 
 
-def score_completions(spec: TaskSpec, seed: int, entry: dict[str, Any], completions: list[str]) -> list[float]:
+def score_completions(
+    spec: TaskSpec,
+    seed: int,
+    entry: dict[str, Any],
+    completions: list[str],
+    extract: Callable[[list[str]], list[str | None]] | None = None,
+) -> list[float]:
     """The dataset verifier's score in [0, 1] of the answer in each completion: the text of its last
     <answer>...</answer> (0 without tags), scored within the budget of sapo_node.verifiers (length
     cap, bounded scorers, the sandbox for unreviewed ones). Raises ScoringTimeout (whose `scores` has
-    0.0 for the answers that ran out of time) when the sandbox had to stop a scorer."""
-    answers = [extract_answer(c) for c in completions]
+    0.0 for the answers that ran out of time) when the sandbox had to stop a scorer.
+
+    `extract`: a twin of `extract_answer` over a list, the same answers for the same completions (the
+    server passes its C one, sapo_native.answers); by default `extract_answer` per completion."""
+    answers = extract(completions) if extract is not None else [extract_answer(c) for c in completions]
     return score_answers(spec, seed, entry, answers, dataset_for(spec, seed))
 
 

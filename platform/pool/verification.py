@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
+from common.native import native
 from pool.messages import RolloutIn
 from sapo_node.tasks import Catalogue, ScoringTimeout, TaskError, build_entry, rewards_match, score_completions
 
@@ -48,7 +49,9 @@ def verify_rollout(rollout: RolloutIn, catalogue: Catalogue) -> Verification:
     if rollout.answer != expected_answer:
         return Verification(REJECTED, "answer_mismatch", None)
     try:
-        verified = tuple(score_completions(spec, rollout.seed, entry, list(rollout.completions)))
+        fast = native()  # the answers taken in C (sapo_native.answers), else per completion in Python
+        extract = fast.answers if fast is not None else None
+        verified = tuple(score_completions(spec, rollout.seed, entry, list(rollout.completions), extract))
     except ScoringTimeout as exc:
         # Only a scorer outside the reviewed catalogue runs in the sandbox; what ran out of time is
         # stored as 0.0, and the group is rejected for it rather than judged on a guess.
