@@ -282,6 +282,15 @@ CommandLineInterface.entrypoint()
 """
 
 
+def tree_path(tree: Path) -> list[str]:
+    """The import path of `tree`'s packages: its platform and node client, and its own `sapo_native`
+    when one is built in place there (`python setup.py build_ext --inplace` in tree/native), ahead of
+    the installed one: --trees then compares the C extension's changes too."""
+    native = tree / "native"
+    built = any((native / "sapo_native").glob("_text*.so"))
+    return [str(tree / "platform"), str(tree / "node_client"), *([str(native)] if built else [])]
+
+
 def server_env(
     args: argparse.Namespace, name: str, *, redis_url: str | None = None, tree: Path = ROOT
 ) -> dict[str, str]:
@@ -291,7 +300,7 @@ def server_env(
     (in-memory layer and counters)."""
     env = dict(os.environ)
     env.update(
-        PYTHONPATH=os.pathsep.join([str(tree / "platform"), str(tree / "node_client")]),
+        PYTHONPATH=os.pathsep.join(tree_path(tree)),
         DJANGO_SETTINGS_MODULE="config.settings",
         DATABASE_URL=args.bench_url,
         SAPO_CATALOGUE=args.catalogue,

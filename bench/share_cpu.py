@@ -93,7 +93,7 @@ def child(args: argparse.Namespace) -> None:
     # script's tree there when imported: undone).
     path = list(sys.path)
     bench_pool = pool_bench()
-    sys.path[:] = [str(tree / "platform"), str(tree / "node_client"), *path]
+    sys.path[:] = [*bench_pool.tree_path(tree), *path]
 
     url = bench_pool.with_db(args.database_url, args.db_name)
     bench_pool.recreate_database(args.database_url, args.db_name)
@@ -297,13 +297,14 @@ def main() -> None:
             raise SystemExit("--sizes: group counts of 1 or more")
     configs = [(tree, size) for size in sizes for tree in trees]
     results: dict[tuple[str, int | None], list[dict]] = {c: [] for c in configs}
+    tree_path = pool_bench().tree_path
     for r in range(args.runs):
         for tree, size in configs if r % 2 == 0 else configs[::-1]:
             load = os.getloadavg()[0]
             path, together = columns[tree]
             cmd = [sys.executable, __file__, "--child", path, *sized_argv(args, size), "--coalesce", str(together)]
             env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", SAPO_CATALOGUE=args.catalogue)
-            env["PYTHONPATH"] = os.pathsep.join([str(Path(path) / "platform"), str(Path(path) / "node_client")])
+            env["PYTHONPATH"] = os.pathsep.join(tree_path(Path(path)))
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])
             result["load"] = (load, os.getloadavg()[0])
