@@ -23,12 +23,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import connection, connections, transaction
+from psycopg import _queries as _psycopg_queries
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
@@ -36,6 +37,15 @@ from common.native import native
 
 _lock = threading.Lock()
 _threads: DbThreads | None = None
+
+#: psycopg converts a statement's %(name)s placeholders once per text and caches the result, but only
+#: for texts of at most MAX_CACHED_STATEMENT_LENGTH bytes (4,096; a guard against ORMs' ever-different
+#: statements); a longer one is parsed again at every execution. The pool's INSERT with moderation's
+#: record (pool.seams.RecordPart) is ~6 KB and runs for every share: parsed each time, 86 us. Its texts
+#: are fixed, a handful, so the limit is raised for them (tests/platform/test_pool_schema.py checks the
+#: statements fit, and that psycopg still reads this setting).
+STATEMENT_CACHE_BYTES = 8192
+_psycopg_queries.MAX_CACHED_STATEMENT_LENGTH = max(_psycopg_queries.MAX_CACHED_STATEMENT_LENGTH, STATEMENT_CACHE_BYTES)
 
 #: How long a database thread keeps the connection it borrowed from the pool before giving it back
 #: (with the pool on, SAPO_CONN_MAX_AGE 0). Borrowing and returning one around every call cost ~140 us
@@ -213,21 +223,27 @@ def prepare_hot() -> bool:
     return bool(settings.SAPO_DB_PREPARE)
 
 
-def server_binding_cursor() -> Any:
-    """A psycopg cursor on this thread's Django connection (opened if needed) whose parameters the
-    server binds: Django's own cursor quotes every parameter into the SQL text on the client, which
-    for a share's arrays or a socket's session statement cost more CPU than the statement itself
-    (docs/benchmarks.md). Inside Django's transaction.atomic it runs in that transaction. It binds
-    `binary_array`'s arrays as they are."""
+def server_binding_cursor() -> AbstractContextManager[psycopg.Cursor]:
+    """`with server_binding_cursor() as cursor`: a psycopg cursor on this thread's Django connection
+    (opened if needed) whose parameters the server binds: Django's own cursor quotes every parameter
+    into the SQL text on the client, which for a share's arrays or a socket's session statement cost
+    more CPU than the statement itself (docs/benchmarks.md). Inside Django's transaction.atomic it
+    runs in that transaction. It binds `binary_array`'s arrays as they are.
+
+    One cursor per connection, kept on it for its next statements (the `with` does not close it): a
+    new one registered the arrays' dumper and looked every parameter's dumper up afresh, ~20 us of
+    CPU per statement, three statements a share. It holds its last result until its next statement."""
     connection.ensure_connection()
     raw = connection.connection
     if raw not in _generic_plans and connection.get_autocommit() and prepare_hot():
         # Once per connection, outside a transaction (a rolled back one would take the setting with it).
         raw.execute("SET plan_cache_mode = force_generic_plan")
         _generic_plans.add(raw)
-    cursor = psycopg.Cursor(raw)
-    cursor.adapters.register_dumper(BinaryArray, _BinaryArrayDumper)  # ~4 us
-    return cursor
+    cursor = getattr(raw, "_sapo_cursor", None)  # on the connection: it goes with it
+    if cursor is None or cursor.closed:
+        cursor = raw._sapo_cursor = psycopg.Cursor(raw)
+        cursor.adapters.register_dumper(BinaryArray, _BinaryArrayDumper)
+    return nullcontext(cursor)
 
 
 #: The connections whose prepared statements are planned once (generic plans), as `prepare_hot` means:

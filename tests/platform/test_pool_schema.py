@@ -36,7 +36,7 @@ def test_a_shares_statements_are_prepared_once_per_connection_unless_turned_off(
     assert len(prepared()) == len(after_one)
     if prepare:
         texts = " ".join(after_one)
-        assert len(after_one) - before == 3  # the pool's INSERT, the screening's read, the rules' record
+        assert len(after_one) - before == 2  # the screening's read, the pool's INSERT with the rules' record
         assert "INSERT INTO pool_rollout" in texts and "moderation_rolloutfingerprint" in texts
     else:
         assert len(after_one) == before == 0
@@ -59,18 +59,30 @@ def test_a_shares_statements_are_planned_once_per_connection_whatever_its_size()
             "WHERE statement LIKE '%%unnest%%'"
         )
         plans = {" ".join(row[0].split())[:40]: row[1:] for row in cursor.fetchall()}
-    assert len(plans) == 3, plans  # the pool's INSERT, the screening's read, the rules' record
+    assert len(plans) == 2, plans  # the screening's read, the pool's INSERT with the rules' record
     assert all(custom == 0 and generic == 8 for generic, custom in plans.values()), plans
 
 
 def test_a_shares_statements_are_short_enough_for_psycopgs_query_cache():
     """psycopg converts a statement's %(name)s placeholders once and caches the result only for texts
     of at most MAX_CACHED_STATEMENT_LENGTH bytes; a longer one is parsed with a regular expression at
-    every execution (the pool's INSERT crossed it once: ~0.1 ms more per share)."""
-    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+    every execution (86 us for the pool's INSERT with the rules' record). common.db raises the limit
+    for the share's fixed statements: they fit under it, and psycopg does cache them."""
+    from psycopg import _queries
 
-    from moderation.screening import _RECORD_SQL, _SCREENING_READS_SQL
-    from pool.services import _INSERT_SQL
+    from common.db import STATEMENT_CACHE_BYTES, server_binding_cursor
+    from moderation.screening import _RECORD_CTES, _SCREENING_READS_SQL
+    from pool.seams import RecordPart
+    from pool.services import _insert_statement
 
-    for sql in (_INSERT_SQL, _SCREENING_READS_SQL, _RECORD_SQL):
-        assert len(sql.encode()) <= MAX_CACHED_STATEMENT_LENGTH, sql[:80]
+    assert _queries.MAX_CACHED_STATEMENT_LENGTH == STATEMENT_CACHE_BYTES  # psycopg still reads this name
+    statements = (_insert_statement(RecordPart(_RECORD_CTES, {})), _insert_statement(None), _SCREENING_READS_SQL)
+    for sql in statements:
+        assert len(sql.encode()) <= STATEMENT_CACHE_BYTES, sql[:80]
+    longer = "SELECT %(a)s::int /* " + "x" * 5000 + " */"  # past psycopg's own limit, within ours
+    with server_binding_cursor() as cursor:  # converted once: the second execution is a cache hit
+        cursor.execute(longer, {"a": 1})
+        hits = _queries._query2pg.cache_info().hits
+        cursor.execute(longer, {"a": 2})
+        assert cursor.fetchone() == (2,)
+    assert _queries._query2pg.cache_info().hits == hits + 1
