@@ -53,7 +53,8 @@ STAGES = [
     ("moderation.filters", "length_findings", "length rule"),
     ("moderation.filters", "copy_findings", "copy lookups"),
     ("moderation.screening", "_screening_reads", "candidates and trust query"),
-    ("moderation.screening", "rollouts_record", "the rules' record statement"),
+    ("moderation.screening", "rollouts_record", "the rules' record statement"),  # trees before 2026-11-24
+    ("moderation.screening", "rollouts_record_part", "the rules' record (its part of the INSERT)"),
 ]
 
 
@@ -147,7 +148,9 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
         if "moderation.screening" in sys.modules:  # the seam holds the functions themselves
             from moderation import hooks, screening
 
-            hooks.Moderation.rollouts_record = staticmethod(screening.rollouts_record)
+            for name in ("rollouts_record", "rollouts_record_part"):  # whichever the tree has
+                if hasattr(hooks.Moderation, name):
+                    setattr(hooks.Moderation, name, staticmethod(getattr(screening, name)))
 
     nodes = [node for node, _ in bench_pool.make_nodes(args.connections, "cpu")]
     frames = bench_pool.build_frames(args, seeds=[1000 + i for i in range(args.connections)])

@@ -8,7 +8,8 @@ from moderation import screening, trust
 
 class Moderation:
     rollouts_screen = staticmethod(screening.rollouts_screen)
-    rollouts_record = staticmethod(screening.rollouts_record)
+    rollouts_record_part = staticmethod(screening.rollouts_record_part)
+    rollouts_recorded = staticmethod(screening.rollouts_recorded)
     sample_keep = staticmethod(trust.sample_keep)
     weighted_pick = staticmethod(trust.weighted_pick)
     node_message_quotas = staticmethod(trust.node_message_quotas)

@@ -1,17 +1,19 @@
 """The automatic rules at ingest: what the pool calls while storing nodes' shared groups.
 
-Two steps around the pool's INSERT, each for a batch of shares of different nodes (one share is a
-batch of one; pool.services.rollout_share_batch); the second runs inside the pool's transaction, so
-no sample can see a group before its hold is set:
+Three steps around the pool's INSERT, each for a batch of shares of different nodes (one share is a
+batch of one; pool.services.rollout_share_batch); the second is part of the INSERT's own statement,
+so no sample can see a group before its hold is set, and nothing is recorded of a group not stored:
 
 1. `rollouts_screen(shares)` after verification, before the INSERT: runs the enabled rules on the
    accepted groups. Bounded work per group: one candidate query for the whole batch (at most
    `max_candidates` other groups per question), a hash lookup per completion for copies, linear
    scans for length/characters and the blocklist. The pool reads each `Screening.held` and stores
    those groups held (never sampleable) in its INSERT.
-2. `rollouts_record(screenings, inserted)` right after the INSERT, before commit: records the holds'
-   decisions, writes fingerprints, flags, decisions and audit entries (every automatic verdict, flag
-   and hold), counts the verdicts into each node's trust, and now and then re-scans the touched
+2. `rollouts_record_part(screenings)`: what to write, as CTEs of the INSERT's statement
+   (pool.seams.RecordPart): the holds' decisions, fingerprints, flags, audit entries (every automatic
+   verdict, flag and hold), and the verdicts counted into each node's trust, of the groups the
+   statement really inserts (a resent id is left out in SQL).
+3. `rollouts_recorded(screenings, inserted)` after the statement: now and then re-scans the touched
    datasets for outlier nodes.
 """
 
@@ -41,10 +43,10 @@ from moderation.models import (
     TargetType,
 )
 from moderation.rules import Rule, rules_current
-from moderation.trust import TRUST_VERDICTS_SQL, trust_value, trust_verdict_params
+from moderation.trust import TRUST_VERDICTS_CTES, trust_judged_params, trust_value
 from pool.messages import RolloutIn
 from pool.models import ModerationStatus
-from pool.seams import ShareToScreen
+from pool.seams import RecordPart, ShareToScreen
 from pool.verification import Verification
 
 
@@ -142,37 +144,41 @@ def _screening_reads(
     return found
 
 
-# Everything `rollouts_record` writes, in one statement (data-modifying CTEs, arrays bound server-side
-# and in binary, as the pool's INSERT): the decisions for holds, the fingerprints, the flags, the audit
-# entries and the trust upsert, for every share of the batch (a node per row). Five ORM statements per
-# share before, each a round trip with its SQL quoted client-side (docs/benchmarks.md, "Pool").
-_RECORD_SQL = (
-    """
-WITH decisions AS (
+# Everything moderation writes about a batch, as common table expressions of the pool's INSERT
+# statement (pool.seams.RecordPart; arrays bound server-side and in binary, as the pool's): the
+# decisions for holds, the fingerprints, the flags, the audit entries and the trust upsert, for every
+# share of the batch (a node per row), each about the groups the statement really inserted (its CTE
+# `inserted`) and no other. Five ORM statements per share once, then a statement of its own in the
+# pool's transaction; now no statement of its own (docs/benchmarks.md, "A share's statements").
+_RECORD_CTES = (
+    """decisions AS (
     INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
     SELECT u.id, %(held_status)s, u.reason, u.rule, NULL, gen_random_uuid(), %(now)s
     FROM unnest(%(held_id)b::uuid[], %(held_reason)b::text[], %(held_rule)b::text[]) AS u(id, reason, rule)
+    WHERE u.id IN (SELECT id FROM inserted)
     ON CONFLICT (rollout_id) DO NOTHING
 ), fingerprints AS (
     INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)
     SELECT u.id, u.node, u.qh, u.exact, u.simhash, %(now)s
     FROM unnest(%(fp_id)b::uuid[], %(fp_node)b::bigint[], %(fp_qh)b::text[], %(fp_exact)b::bytea[],
                 %(fp_simhash)b::bytea[]) AS u(id, node, qh, exact, simhash)
+    WHERE u.id IN (SELECT id FROM inserted)
     ON CONFLICT (rollout_id) DO NOTHING
 ), flags AS (
     INSERT INTO moderation_moderationflag (rollout_id, node_id, rule, detail, data, created_at, resolved_at)
     SELECT u.id, u.node, u.rule, u.detail, u.data::jsonb, %(now)s, NULL
     FROM unnest(%(flag_id)b::uuid[], %(flag_node)b::bigint[], %(flag_rule)b::text[], %(flag_detail)b::text[],
                 %(flag_data)b::text[]) AS u(id, node, rule, detail, data)
+    WHERE u.id IN (SELECT id FROM inserted)
 ), audit AS (
     INSERT INTO moderation_auditentry
         (created_at, actor_id, rule, action, target_type, target_id, count, reason, details)
-    SELECT %(now)s, NULL, u.rule, u.action, %(audit_target)s, u.target, 1, u.reason, u.details::jsonb
-    FROM unnest(%(audit_rule)b::text[], %(audit_action)b::text[], %(audit_id)b::text[], %(audit_reason)b::text[],
-                %(audit_details)b::text[]) AS u(rule, action, target, reason, details)
-)
-"""
-    + TRUST_VERDICTS_SQL
+    SELECT %(now)s, NULL, u.rule, u.action, %(audit_target)s, u.id::text, 1, u.reason, u.details::jsonb
+    FROM unnest(%(audit_rule)b::text[], %(audit_action)b::text[], %(audit_id)b::uuid[], %(audit_reason)b::text[],
+                %(audit_details)b::text[]) AS u(rule, action, id, reason, details)
+    WHERE u.id IN (SELECT id FROM inserted)
+), """
+    + TRUST_VERDICTS_CTES
 )
 
 
@@ -274,48 +280,38 @@ def _findings(
     return findings
 
 
-def rollouts_record(*, screenings: Sequence[Screening], inserted: set[uuid.UUID], now: datetime | None = None) -> None:
-    """After the pool inserted the groups of a batch of shares (`inserted`: the ids really inserted now),
-    in its transaction: record the decisions for what a hold rule caught (the pool stored those held
-    already, from each `Screening.held`, so no sample ever sees them), store fingerprints, flags,
-    decisions and audit entries (automatic verdicts included), count the verdicts into each node's
-    trust, and now and then re-scan the touched datasets for outlier nodes. One statement."""
-    now = now or timezone.now()
+def rollouts_record_part(*, screenings: Sequence[Screening]) -> RecordPart:
+    """What the rules record of a batch of screened shares, as part of the pool's INSERT statement
+    (pool.seams.RecordPart), so it is written in the INSERT's own transaction: the decisions for what a
+    hold rule caught (the pool stores those groups held already, from each `Screening.held`, so no
+    sample ever sees them), fingerprints, flags, audit entries (automatic verdicts included), and the
+    verdicts counted into each node's trust, each only for the groups the statement really inserts
+    (a resent id is left out in SQL)."""
     held: dict[uuid.UUID, Finding] = {}
     fingerprints: list[tuple[int, uuid.UUID, tuple[str, filters.Fingerprint]]] = []  # (node, id, (qh, fp))
     flags: list[tuple[int, Finding]] = []
-    audit: list[tuple[str, str, str, str, dict]] = []  # (rule, action, target, reason, details)
-    verdicts: dict[int, list[bool]] = {}
-    datasets: set[str] = set()
+    audit: list[tuple[str, str, uuid.UUID, str, dict]] = []  # (rule, action, rollout id, reason, details)
+    judged: list[tuple[uuid.UUID, int, bool]] = []  # (id, node, accepted), in the order judged
     for screening in screenings:
         node_id = screening.node_id
-        every = all(r.id in inserted for r in screening.rollouts)  # nearly every share: nothing to leave out
-        rollouts = screening.rollouts if every else [r for r in screening.rollouts if r.id in inserted]
-        if not rollouts:
-            continue
         checks = screening.checks
-        findings = screening.findings if every else [f for f in screening.findings if f.rollout_id in inserted]
-        for f in findings:
+        for f in screening.findings:
             if f.hold:
-                held.setdefault(f.rollout_id, f)  # the pool stored these held already: record why
-        fingerprints += [(node_id, rid, v) for rid, v in screening.fingerprints.items() if every or rid in inserted]
-        flags += [(node_id, f) for f in findings]
+                held.setdefault(f.rollout_id, f)
+        fingerprints += [(node_id, rid, v) for rid, v in screening.fingerprints.items()]
+        flags += [(node_id, f) for f in screening.findings]
         audit += [
-            ("verification", AuditAction.AUTO_VERDICT, str(r.id), checks[r.id].reason,
+            ("verification", AuditAction.AUTO_VERDICT, r.id, checks[r.id].reason,
              {"node": node_id, "dataset": r.dataset})
-            for r in rollouts
+            for r in screening.rollouts
             if not checks[r.id].accepted
         ] + [
-            (f.rule, AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG, str(f.rollout_id), f.detail,
+            (f.rule, AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG, f.rollout_id, f.detail,
              {"node": node_id, **f.data})
-            for f in findings
+            for f in screening.findings
         ]  # fmt: skip
-        verdicts.setdefault(node_id, []).extend(checks[r.id].accepted for r in rollouts)
-        datasets.update(r.dataset for r in rollouts if checks[r.id].accepted)
-    if not verdicts:
-        return
+        judged += [(r.id, node_id, checks[r.id].accepted) for r in screening.rollouts]
     params = {
-        "now": now,
         "held_status": ModerationStatus.HELD.value,
         "held_id": binary_array("uuid", list(held)),
         "held_reason": binary_array("text", [f.detail for f in held.values()]),
@@ -333,18 +329,30 @@ def rollouts_record(*, screenings: Sequence[Screening], inserted: set[uuid.UUID]
         "audit_target": TargetType.ROLLOUT.value,
         "audit_rule": binary_array("text", [a[0] for a in audit]),
         "audit_action": binary_array("text", [str(a[1].value) for a in audit]),
-        "audit_id": binary_array("text", [a[2] for a in audit]),
+        "audit_id": binary_array("uuid", [a[2] for a in audit]),
         "audit_reason": binary_array("text", [a[3] for a in audit]),
         "audit_details": binary_array("text", [dumps(a[4]) for a in audit]),
-        **trust_verdict_params(verdicts=verdicts, now=now),
+        **trust_judged_params(judged),
     }
-    with server_binding_cursor() as cursor:
-        cursor.execute(_RECORD_SQL, params, prepare=prepare_hot())
+    return RecordPart(ctes=_RECORD_CTES, params=params)
+
+
+def rollouts_recorded(
+    *, screenings: Sequence[Screening], inserted: set[uuid.UUID], now: datetime | None = None
+) -> None:
+    """After the pool's statement stored a batch (`inserted`: the ids it really inserted): now and
+    then, re-scan the datasets of the accepted groups for outlier nodes (at most once per
+    `scan_every_seconds` per dataset and process)."""
     rule = rules_current()["outlier"]
-    if rule.enabled:
-        for dataset in sorted(datasets):
-            if _outlier_scan_due(dataset, rule["scan_every_seconds"]):
-                outlier_scan(dataset=dataset, rule=rule, now=now)
+    if not rule.enabled:
+        return
+    datasets = {
+        r.dataset for s in screenings for r in s.rollouts if r.id in inserted and s.checks[r.id].accepted
+    }  # fmt: skip
+    now = now or timezone.now()
+    for dataset in sorted(datasets):
+        if _outlier_scan_due(dataset, rule["scan_every_seconds"]):
+            outlier_scan(dataset=dataset, rule=rule, now=now)
 
 
 #: dataset -> monotonic time before which this process does not ask the cache again (a scan is due at

@@ -13,9 +13,9 @@ holds a low-trust node's groups for review (rule "low_trust").
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from django.db import connection
 from django.utils import timezone
@@ -32,24 +32,32 @@ def _half_streak() -> int:
     return rules_current()["trust"]["half_streak"]
 
 
-#: Counting nodes' newly judged groups into their records (one upsert, a row per node: a node appears
-#: once); parameters from `trust_verdict_params`. moderation.screening runs it as the last part of its
-#: one statement per batch of shares (rollouts_record). The inserted row's `streak` is the node's new
-#: streak if this batch rejected something (the accepted groups after its last rejection), else its
-#: accepted groups, which the update adds to the streak it had.
-TRUST_VERDICTS_SQL = """
-INSERT INTO moderation_trustrecord AS t
-    (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
-SELECT u.node, u.streak, u.a, u.r, CASE WHEN u.r > 0 THEN %(trust_now)s END, %(trust_now)s
-FROM unnest(%(trust_node)b::bigint[], %(trust_streak)b::int[], %(trust_a)b::int[], %(trust_r)b::int[])
-     AS u(node, streak, a, r)
-ON CONFLICT (node_id) DO UPDATE SET
-    streak = CASE WHEN EXCLUDED.rejected > 0 THEN EXCLUDED.streak ELSE t.streak + EXCLUDED.accepted END,
-    accepted = t.accepted + EXCLUDED.accepted,
-    rejected = t.rejected + EXCLUDED.rejected,
-    last_rejected_at = COALESCE(EXCLUDED.last_rejected_at, t.last_rejected_at),
-    updated_at = EXCLUDED.updated_at
-"""
+#: Counting nodes' newly judged groups into their records, as common table expressions of the pool's
+#: INSERT statement (moderation.screening's RecordPart): the groups judged, in the order judged, each
+#: with its node and verdict (`trust_judged_params`), those the statement really inserted counted (the
+#: pool's CTE `inserted`), one upsert with a row per node, in node order (concurrent batches lock the
+#: records in one order). The row's `streak` is the node's new streak if the batch rejected something
+#: (the accepted groups after its last rejection), else its accepted groups, which the update adds to
+#: the streak it had: `verdict_counts`, in SQL (tests/platform/test_trust.py holds them together).
+TRUST_VERDICTS_CTES = """
+trust_judged AS (
+    SELECT u.node, u.ok, u.ord,
+           coalesce(max(u.ord) FILTER (WHERE NOT u.ok) OVER (PARTITION BY u.node), 0) AS last_rejected
+    FROM unnest(%(trust_id)b::uuid[], %(trust_node)b::bigint[], %(trust_ok)b::bool[])
+         WITH ORDINALITY AS u(id, node, ok, ord)
+    WHERE u.id IN (SELECT id FROM inserted)
+), trust AS (
+    INSERT INTO moderation_trustrecord AS t (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
+    SELECT j.node, count(*) FILTER (WHERE j.ok AND j.ord > j.last_rejected), count(*) FILTER (WHERE j.ok),
+           count(*) FILTER (WHERE NOT j.ok), CASE WHEN bool_or(NOT j.ok) THEN %(now)s END, %(now)s
+    FROM trust_judged j GROUP BY j.node ORDER BY j.node
+    ON CONFLICT (node_id) DO UPDATE SET
+        streak = CASE WHEN EXCLUDED.rejected > 0 THEN EXCLUDED.streak ELSE t.streak + EXCLUDED.accepted END,
+        accepted = t.accepted + EXCLUDED.accepted,
+        rejected = t.rejected + EXCLUDED.rejected,
+        last_rejected_at = COALESCE(EXCLUDED.last_rejected_at, t.last_rejected_at),
+        updated_at = EXCLUDED.updated_at
+)"""
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,8 @@ class VerdictCounts:
 
 def verdict_counts(verdicts: Sequence[bool]) -> VerdictCounts:
     """Counts for a node's newly judged groups in the order judged (True = accepted): a rejection
-    restarts the streak at the accepted groups after the batch's last rejection."""
+    restarts the streak at the accepted groups after the batch's last rejection. The definition
+    TRUST_VERDICTS_CTES computes in SQL."""
     accepted = sum(1 for v in verdicts if v)
     tail = 0  # accepted groups after the last rejection
     for v in reversed(verdicts):
@@ -74,16 +83,13 @@ def verdict_counts(verdicts: Sequence[bool]) -> VerdictCounts:
     return VerdictCounts(accepted, rejected, tail if rejected else accepted)
 
 
-def trust_verdict_params(*, verdicts: Mapping[int, Sequence[bool]], now: datetime) -> dict[str, object]:
-    """TRUST_VERDICTS_SQL's parameters: node id -> its newly judged groups, in the order judged."""
-    nodes = sorted(verdicts)  # concurrent batches lock the records in one order
-    counts = [verdict_counts(verdicts[n]) for n in nodes]
+def trust_judged_params(judged: Sequence[tuple[uuid.UUID, int, bool]]) -> dict[str, object]:
+    """TRUST_VERDICTS_CTES's parameters: the groups judged, in the order judged, as (id, node id,
+    accepted)."""
     return {
-        "trust_node": binary_array("int8", nodes),
-        "trust_streak": binary_array("int4", [c.streak for c in counts]),
-        "trust_a": binary_array("int4", [c.accepted for c in counts]),
-        "trust_r": binary_array("int4", [c.rejected for c in counts]),
-        "trust_now": now,
+        "trust_id": binary_array("uuid", [rid for rid, _, _ in judged]),
+        "trust_node": binary_array("int8", [node for _, node, _ in judged]),
+        "trust_ok": binary_array("bool", [ok for _, _, ok in judged]),
     }
 
 

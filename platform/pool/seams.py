@@ -6,11 +6,15 @@ The moderation app registers its implementation in its AppConfig.ready(); a depl
 runs the pool unmoderated (every accepted group with variance sampleable, uniform sampling, the
 plain message rate).
 
-- `rollouts_screen` / `rollouts_record`: pool.services.rollout_share_batch, around its INSERT, for
-  a batch of shares of different nodes. Screening runs before the INSERT and decides which groups
-  are held: the INSERT writes them "held" and not sampleable in the same statement, so no sample can
-  ever see them. `rollouts_record` runs right after the INSERT, in its transaction (audit, flags,
-  trust).
+- `rollouts_screen` / `rollouts_record_part` / `rollouts_recorded`: pool.services.rollout_share_batch,
+  around its INSERT, for a batch of shares of different nodes. Screening runs before the INSERT and
+  decides which groups are held: the INSERT writes them "held" and not sampleable in the same
+  statement, so no sample can ever see them. What moderation records of the batch (audit, flags,
+  fingerprints, trust) is a `RecordPart`: data-modifying CTEs the pool runs inside its INSERT
+  statement, one statement and so one transaction for everything (three round trips and a
+  transaction's BEGIN and COMMIT fewer than a statement of its own: docs/benchmarks.md, "A share's
+  statements"). `rollouts_recorded` follows the statement, with the ids really inserted (work that
+  need not be atomic with the INSERT, such as an outlier scan now and then).
 - `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.
 - `node_message_quotas`: pool.opening, when sockets open (those opening together in one call).
@@ -37,6 +41,21 @@ class ShareToScreen:
     checks: Mapping[uuid.UUID, Verification]
 
 
+@dataclass(frozen=True)
+class RecordPart:
+    """What moderation writes about a batch, as part of the pool's INSERT statement.
+
+    `ctes`: one or more common table expressions, `name AS (...)` separated by commas, that the pool
+    appends to its own (its `WITH` list); they may read the pool's CTE `inserted` (id, node_id, verdict:
+    the groups this statement really inserted, an id already stored being left out) and the parameter
+    `now` (the statement's time), and must write nothing about a group that is not in `inserted`. The
+    text must be the same for every batch (the statement is prepared once per connection), its
+    parameters named apart from the pool's (a prefix of their own). `params`: their values."""
+
+    ctes: str
+    params: Mapping[str, object]
+
+
 class Screened(Protocol):
     """What screening decided for one share, as the pool reads it."""
 
@@ -51,7 +70,13 @@ class PoolModeration(Protocol):
         """A Screened per share, in order; the shares are of different nodes."""
         ...
 
-    def rollouts_record(self, *, screenings: Sequence[Screened], inserted: set[uuid.UUID]) -> None: ...
+    def rollouts_record_part(self, *, screenings: Sequence[Screened]) -> RecordPart | None:
+        """What to write about the batch inside the INSERT's statement; None: nothing."""
+        ...
+
+    def rollouts_recorded(self, *, screenings: Sequence[Screened], inserted: set[uuid.UUID]) -> None:
+        """After the statement: `inserted` are the ids it really inserted."""
+        ...
 
     def sample_keep(self, *, node_ids: Sequence[int], rng: random.Random) -> list[bool] | None: ...
 
@@ -75,7 +100,10 @@ class NoModeration:
     def rollouts_screen(self, *, shares: Sequence[ShareToScreen]) -> Sequence[Screened]:
         return [_NOTHING_HELD] * len(shares)
 
-    def rollouts_record(self, *, screenings: Sequence[Screened], inserted: set[uuid.UUID]) -> None:
+    def rollouts_record_part(self, *, screenings: Sequence[Screened]) -> RecordPart | None:
+        return None
+
+    def rollouts_recorded(self, *, screenings: Sequence[Screened], inserted: set[uuid.UUID]) -> None:
         return None
 
     def sample_keep(self, *, node_ids: Sequence[int], rng: random.Random) -> list[bool] | None:

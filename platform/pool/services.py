@@ -11,6 +11,7 @@ import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,7 +38,7 @@ from pool.models import (
     ServedGroup,
     Verdict,
 )
-from pool.seams import ShareToScreen, moderation
+from pool.seams import RecordPart, ShareToScreen, moderation
 from pool.signals import rollouts_moderation_changing
 from pool.verification import Verification, has_variance, verify_rollout
 from sapo_node.tasks import Catalogue
@@ -157,9 +158,21 @@ RETURNING id, node_id, verdict
     SELECT st.node_id, st.bytes, st.bytes + ({_owner_hour_bytes_sql("w.owner")} AND o.node_id <> st.node_id
     ) AS owner_bytes
     FROM storage st JOIN unnest(%(nodes)b::bigint[], %(owners)b::bigint[]) AS w(node, owner) ON w.node = st.node_id
-)
+){{record}}
 SELECT i.id, i.node_id, t.bytes, t.owner_bytes FROM inserted i JOIN totals t ON t.node_id = i.node_id
 """
+
+#: The INSERT statement with a moderation's RecordPart (its CTEs after the pool's), by the part's text:
+#: one text per moderation, so each is prepared once per connection.
+_insert_sql: dict[str, str] = {}
+
+
+def _insert_statement(record: RecordPart | None) -> str:
+    ctes = record.ctes if record is not None else ""
+    sql = _insert_sql.get(ctes)
+    if sql is None:
+        sql = _insert_sql[ctes] = _INSERT_SQL.replace("{record}", f", {ctes}" if ctes else "")
+    return sql
 
 
 def _utf8_len(text: str | None) -> int:
@@ -189,13 +202,16 @@ class _Verified:
     held: set[uuid.UUID]
 
 
-def _insert_rollouts(shares: Sequence[_Verified]) -> tuple[set[uuid.UUID], dict[int, StoredBytes]]:
+def _insert_rollouts(
+    shares: Sequence[_Verified], record: RecordPart | None = None
+) -> tuple[set[uuid.UUID], dict[int, StoredBytes]]:
     """Insert the groups of several nodes' shares (one share per node), count their verdicts
     (NodeVerdictCounts, an id another node stored counting as a rejection) and the bytes stored this
-    hour (NodeStorageHour), in one statement (the caller holds a transaction); return the ids actually
-    inserted (an id already stored is left alone, and neither counted nor charged again) and, per node
-    that stored something, its bytes stored this hour after it. The `held` ids go in with moderation
-    status "held" and not sampleable: no moment exists where a sample could see them."""
+    hour (NodeStorageHour), and write what moderation records of them (`record`), in one statement:
+    one transaction by itself, or part of the caller's. Return the ids actually inserted (an id
+    already stored is left alone, and neither counted nor charged again) and, per node that stored
+    something, its bytes stored this hour after it. The `held` ids go in with moderation status "held"
+    and not sampleable: no moment exists where a sample could see them."""
     rollouts = [r for share in shares for r in share.rollouts]
     verdicts = [share.checks[r.id] for share in shares for r in share.rollouts]
     variance = [c.accepted and has_variance(c.verified_rewards) for c in verdicts]
@@ -248,8 +264,12 @@ def _insert_rollouts(shares: Sequence[_Verified]) -> tuple[set[uuid.UUID], dict[
         "sampleable": binary_array("bool", [v and not h for v, h in zip(variance, holds, strict=True)]),
         "held": binary_array("bool", holds),
     }
-    with server_binding_cursor() as cursor:
-        cursor.execute(_INSERT_SQL, params, prepare=prepare_hot())
+    if record is not None:
+        params.update(record.params)
+    # Django's errors, as its own cursors raise them (IntegrityError for a node deleted meanwhile: the
+    # batch's retry catches DatabaseError).
+    with connection.wrap_database_errors, server_binding_cursor() as cursor:
+        cursor.execute(_insert_statement(record), params, prepare=prepare_hot())
         rows = cursor.fetchall()
     stored = {int(node): StoredBytes(hour=hour, node=int(b), owner=int(o)) for _, node, b, o in rows}
     return {row[0] for row in rows}, stored
@@ -328,8 +348,8 @@ def rollout_share(
     stored or counted twice; an id stored for another node gets `id_conflict` and nothing is stored.
     Rejected groups are stored with their reason (the contributor's inbox), their text cut short
     (REJECTED_KEEP_CHARS), and are never sampleable. Each group newly judged is counted in the node's
-    NodeVerdictCounts, id conflicts as rejections (the node's trust is moderation's, updated by its
-    hook in the same transaction), and its stored bytes in NodeStorageHour.
+    NodeVerdictCounts, id conflicts as rejections (the node's trust is moderation's, counted by its
+    part of the same statement), and its stored bytes in NodeStorageHour.
 
     Raises ApplicationError "over_budget" (nothing verified or stored) when the node or its
     contributor has used this hour's storage budget (`storage_check`; against `stored`, the previous
@@ -351,8 +371,9 @@ def rollout_share_batch(
     """`rollout_share` for several shares at once: what each would have answered alone, in order (a
     ShareResult, or what it would have raised: ApplicationError, the DatabaseError of a share whose
     storing failed, or a verifier's failure), at the cost of fewer, larger statements: shares of
-    different nodes are verified, screened and stored together, one candidates read, one INSERT, one
-    record statement and one commit for all of them, so a share's fixed cost is paid once per batch
+    different nodes are verified, screened and stored together, one candidates read and one INSERT
+    statement (moderation's record part of it, a transaction by itself) for all of them, so a share's
+    fixed cost is paid once per batch
     (docs/benchmarks.md, "Shares stored together"). pool.turns batches the shares that wait for a turn.
 
     Shares are taken in order; one whose node or ids already appear in the batch starts the next one
@@ -385,7 +406,7 @@ def _share_together(
     limits: Limits,
     results: list[ShareResult | Exception | None],
 ) -> None:
-    """Share `shares[i]` for each i of `batch` (different nodes, no id twice) in one transaction, into
+    """Share `shares[i]` for each i of `batch` (different nodes, no id twice) in one statement, into
     `results[i]`; each alone when that fails with several."""
     live = []
     for i in batch:
@@ -397,7 +418,7 @@ def _share_together(
             live.append(i)
     if not live:
         return
-    # Verification is CPU only: done before the transaction opens, so no lock waits on it. A resent
+    # Verification is CPU only: done before the statement, so no lock waits on it. A resent
     # group is verified again (resends are rare; a lookup first would cost every share a round trip).
     verified = []
     for i in live:
@@ -437,18 +458,18 @@ def _store_together(
         _Verified(shares[i].node, shares[i].rollouts, checks, set(screening.held))
         for (i, checks), screening in zip(verified, screenings, strict=True)
     ]
-    with transaction.atomic():
-        inserted, stored_now = _insert_rollouts(together)
-        seam.rollouts_record(screenings=screenings, inserted=inserted)
-        others = [r.id for share in together for r in share.rollouts if r.id not in inserted]
-        existing = (
-            {
-                row[0]: row[1:]
-                for row in Rollout.objects.filter(id__in=others).values_list("id", "node_id", "verdict", "reason")
-            }
-            if others
-            else {}
-        )
+    # One statement, a transaction by itself: the groups, the counters and moderation's record. Inside
+    # a caller's transaction, in a savepoint: a failed statement then leaves it usable for the retries.
+    record = seam.rollouts_record_part(screenings=screenings)
+    with transaction.atomic() if connection.in_atomic_block else nullcontext():
+        inserted, stored_now = _insert_rollouts(together, record)
+    seam.rollouts_recorded(screenings=screenings, inserted=inserted)
+    others = [r.id for share in together for r in share.rollouts if r.id not in inserted]  # resent, or taken
+    existing = (
+        {row[0]: row[1:] for row in Rollout.objects.filter(id__in=others).values_list("id", "node_id", "verdict", "reason")}
+        if others
+        else {}
+    )  # fmt: skip
     for (i, _), share in zip(verified, together, strict=True):
         node = share.node
         result = ShareResult(stored=stored_now.get(node.id) or shares[i].stored)
@@ -457,7 +478,9 @@ def _store_together(
                 check = share.checks[r.id]
                 node_id, verdict, reason = node.id, check.verdict, check.reason
             else:
-                node_id, verdict, reason = existing[r.id]
+                # Stored before this statement; gone since only if deleted in between (a moderator's
+                # purge): not this node's to claim, as if another node held it.
+                node_id, verdict, reason = existing.get(r.id, (None, "", ""))
             if node_id != node.id:
                 result.rejected.append({"id": str(r.id), "reason": "id_conflict"})
             elif verdict == Verdict.ACCEPTED:

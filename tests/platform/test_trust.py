@@ -52,6 +52,46 @@ def test_a_batch_of_verdicts_counts_and_restarts_the_streak_after_its_last_rejec
     assert verdict_counts([True, True]) == VerdictCounts(accepted=2, rejected=0, streak=2)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_statements_trust_counts_are_verdict_counts_of_the_groups_it_inserted(seed):
+    # The pool's INSERT statement counts verdicts into trust in SQL (moderation.trust.TRUST_VERDICTS_CTES)
+    # for the groups it really inserts: a resent group is neither counted again nor does its verdict
+    # move the streak. Random batches of accepted and forged groups in random order, some resent.
+    import random
+
+    from moderation.models import AuditEntry, RolloutFingerprint
+
+    rng = random.Random(seed)
+    node = make_node()
+    stored: list[dict] = []
+    bad: set[str] = set()  # the forged groups' ids (rejected: reward_mismatch)
+    expected = VerdictCounts(0, 0, 0)
+    for batch in range(4):
+        fresh = []
+        for i in range(rng.randint(1, 6)):
+            index = 1000 + 100 * seed + 10 * batch + i
+            fresh.append(forged(index) if rng.random() < 0.35 else group(index))
+            if fresh[-1]["rewards"] != group(index)["rewards"]:
+                bad.add(fresh[-1]["id"])
+        resent = rng.sample(stored, k=min(len(stored), rng.randint(0, 3)))
+        groups = fresh + resent
+        rng.shuffle(groups)
+        share(node, *groups)
+        new = {g["id"] for g in fresh}
+        counts = verdict_counts([g["id"] not in bad for g in groups if g["id"] in new])  # in the order shared
+        streak = counts.streak if counts.rejected else expected.streak + counts.accepted
+        expected = VerdictCounts(expected.accepted + counts.accepted, expected.rejected + counts.rejected, streak)
+        record = TrustRecord.objects.get(node=node)
+        assert VerdictCounts(record.accepted, record.rejected, record.streak) == expected
+        stored += fresh
+    assert 0 < len(bad) < len(stored)
+    # What the statement wrote about each group, once, however often it was sent: a fingerprint per
+    # accepted group, an automatic verdict in the audit per rejected one.
+    assert RolloutFingerprint.objects.filter(node=node).count() == len(stored) - len(bad)
+    verdicts = AuditEntry.objects.filter(action="auto_verdict", target_id__in=[g["id"] for g in stored])
+    assert sorted(verdicts.values_list("target_id", flat=True)) == sorted(bad)
+
+
 def test_a_run_of_accepted_groups_raises_trust_and_a_rejection_resets_it():
     node = make_node()
     assert trust_for_node(node.id) == pytest.approx(0.1)  # a new node
