@@ -107,21 +107,35 @@ class DbThreads:
         seat.call = call
         seat.wake.release()
 
-    def _take(self, seat: _Seat) -> Any:
+    def _take(self, seat: _Seat, outcome: tuple[Any, ...] | None = None) -> Any:
         """The next call for the thread at `seat`: the oldest queued one, or, none queued, the one
-        handed to it once idle (it waits for it)."""
+        handed to it once idle (it waits for it). `outcome`, the result of its last call, is handed
+        back to the awaiting event loop only once the thread is idle (or has its next call): the
+        caller's next call then finds this thread on top of the idle stack, never a race lost to a
+        thread that went idle while this one was still finishing."""
         with self._mutex:
-            if self._pending:
-                return self._pending.popleft()
-            self._idle.append(seat)
+            queued = bool(self._pending)
+            call = self._pending.popleft() if queued else None
+            if not queued:
+                self._idle.append(seat)
+        if outcome is not None:
+            loop, *result = outcome
+            try:
+                loop.call_soon_threadsafe(*result)
+            except RuntimeError:  # the loop has closed: nobody is waiting for this result
+                pass
+        if queued:
+            return call
         seat.wake.acquire()
         call, seat.call = seat.call, None
         return call
 
     def _work(self, seat: _Seat) -> None:
         kept: dict[str, tuple[Any, float]] = {}  # this thread's connections: alias -> (connection, give back at)
+        outcome: tuple[Any, ...] | None = None
         while True:
-            call = self._take(seat)
+            call = self._take(seat, outcome)
+            outcome = None
             if call is None:  # stop()
                 connections.close_all()
                 return
@@ -133,15 +147,11 @@ class DbThreads:
             loop, future, context, fn, args, kwargs = call
             try:
                 try:
-                    outcome: tuple[Any, ...] = (_succeed, future, context.run(fn, *args, **kwargs))
+                    outcome = (loop, _succeed, future, context.run(fn, *args, **kwargs))
                 finally:
                     _tidy(kept)
             except BaseException as exc:  # handed to the awaiting coroutine, raised there
-                outcome = (_fail, future, exc)
-            try:
-                loop.call_soon_threadsafe(*outcome)
-            except RuntimeError:  # the loop has closed: nobody is waiting for this result
-                pass
+                outcome = (loop, _fail, future, exc)
 
     def close_connections(self, timeout: float = 60) -> None:
         """Every thread gives its connections back (to the pool, or closes them), once each: before a
