@@ -191,7 +191,7 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
     whole batch: other nodes' recent fingerprints for each node's questions, and each node's trust. Each
     completion is normalised and fingerprinted once, and the character counts of the length rule
     taken, for all the shares in one pass each; every rule reuses the result. The pool stores the
-    groups, then calls `rollouts_record` with the result in the same transaction.
+    groups with `rollouts_record_part`'s CTEs of the result in the same statement.
 
     A group is compared with what other nodes stored before the batch and with the accepted groups of
     its batch-mates ahead of it (other nodes', on the same questions, the latest first, before the
