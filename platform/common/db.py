@@ -242,7 +242,7 @@ def server_binding_cursor() -> AbstractContextManager[psycopg.Cursor]:
 
     One cursor per connection, kept on it for its next statements (the `with` does not close it): a
     new one registered the arrays' dumper and looked every parameter's dumper up afresh, ~20 us of
-    CPU per statement, three statements a share. It holds its last result until its next statement."""
+    CPU per statement, two statements a share. It holds its last result until its next statement."""
     connection.ensure_connection()
     raw = connection.connection
     if raw not in _generic_plans and connection.get_autocommit() and prepare_hot():
