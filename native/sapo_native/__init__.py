@@ -2,6 +2,6 @@
 Docker image build it; their Python and numpy twins run otherwise, with the same results, bit for bit:
 tests/platform/test_native.py)."""
 
-from sapo_native._text import answers, char_counts, normalise_ascii, pg_array, simhashes
+from sapo_native._text import answers, char_counts, exact_first, near_first, normalise_ascii, pg_array, simhashes
 
-__all__ = ["answers", "char_counts", "normalise_ascii", "pg_array", "simhashes"]
+__all__ = ["answers", "char_counts", "exact_first", "near_first", "normalise_ascii", "pg_array", "simhashes"]

@@ -10,6 +10,10 @@
  *                                                        repeated; little-endian int64, text-major)
  *   answers(texts)          -> list of str or None      (sapo_node's extract_answer, per text; used by
  *                                                        pool.verification)
+ *   exact_first(exact, ps)  -> list of int             (CopyIndex.exact_matches: each probe digest's
+ *                                                        first candidate completion, -1 for none)
+ *   near_first(hs, ps, d, k)-> list of int             (CopyIndex.near_matches: the same for simhashes
+ *                                                        within d bits, k candidates per band value)
  *   pg_array(kind, oid, xs) -> bytes                    (common.db.binary_array: PostgreSQL's binary
  *                                                        array format, as psycopg's dumpers write it)
  *
@@ -513,6 +517,277 @@ pg_array(PyObject *self, PyObject *args)
     return out;
 }
 
+/* --- exact_first, near_first: the copy rules' lookups (filters.CopyIndex) ----------------------- */
+
+/* A small open-addressing table of distinct keys (at most `cap` / 2 of them, `cap` a power of two),
+ * each with an int32 value; the keys' slots are found by a multiplicative hash. Allocated per call. */
+typedef struct {
+    uint64_t *keys;
+    int32_t *values;
+    unsigned char *used;
+    size_t mask;
+} Table;
+
+static int
+table_init(Table *t, size_t distinct)
+{
+    size_t cap = 16;
+    while (cap < 2 * distinct)
+        cap <<= 1;
+    t->mask = cap - 1;
+    t->keys = PyMem_Calloc(cap, sizeof(uint64_t));
+    t->values = PyMem_Calloc(cap, sizeof(int32_t));
+    t->used = PyMem_Calloc(cap, 1);
+    if (t->keys == NULL || t->values == NULL || t->used == NULL) {
+        PyMem_Free(t->keys);
+        PyMem_Free(t->values);
+        PyMem_Free(t->used);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+table_free(Table *t)
+{
+    PyMem_Free(t->keys);
+    PyMem_Free(t->values);
+    PyMem_Free(t->used);
+}
+
+static inline size_t
+table_slot(const Table *t, uint64_t key)
+{
+    size_t i = (size_t)((key * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & t->mask;
+    while (t->used[i] && t->keys[i] != key)
+        i = (i + 1) & t->mask;
+    return i;
+}
+
+static inline uint64_t
+get_be64(const unsigned char *at)
+{
+    uint64_t v = 0;
+    for (int k = 0; k < 8; k++)
+        v = (v << 8) | at[k];
+    return v;
+}
+
+static inline uint64_t
+get_le64(const unsigned char *at)
+{
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--)
+        v = (v << 8) | at[k];
+    return v;
+}
+
+/* A list of `n` ints: values[i], -1 where none. */
+static PyObject *
+int_list(const int32_t *values, Py_ssize_t n)
+{
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(values[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+#define DIGEST 16
+
+/* Per 16-byte probe digest (`probes`, concatenated), the index of the first candidate completion
+ * (`exact`: their 16-byte digests concatenated, in the order added) with that digest, or -1. The
+ * probes' distinct digests are chained per first 8 bytes in a table; one pass over the candidates, a
+ * lookup each (and a whole-digest comparison per distinct digest sharing those 8 bytes), stopping once
+ * every distinct digest is found: O(candidates + probes). */
+static PyObject *
+exact_first(PyObject *self, PyObject *args)
+{
+    Py_buffer exact, probes;
+    if (!PyArg_ParseTuple(args, "y*y*:exact_first", &exact, &probes))
+        return NULL;
+    PyObject *out = NULL;
+    int32_t *first = NULL, *rep = NULL, *next = NULL, *of = NULL;
+    Table t = {0};
+    if (exact.len % DIGEST || probes.len % DIGEST || exact.len / DIGEST > INT32_MAX ||
+        probes.len / DIGEST > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "exact_first: buffers of 16-byte digests expected");
+        goto done;
+    }
+    Py_ssize_t n = exact.len / DIGEST, p = probes.len / DIGEST;
+    size_t room = sizeof(int32_t) * (size_t)(p ? p : 1);
+    first = PyMem_Malloc(room); /* per distinct digest: its first candidate, or -1 */
+    rep = PyMem_Malloc(room);   /* per distinct digest: a probe holding it */
+    next = PyMem_Malloc(room);  /* per distinct digest: the next one sharing its first 8 bytes, or -1 */
+    of = PyMem_Malloc(room);    /* per probe: its distinct digest */
+    if (first == NULL || rep == NULL || next == NULL || of == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (table_init(&t, (size_t)p) < 0)
+        goto done;
+    const unsigned char *pd = probes.buf, *cd = exact.buf;
+    Py_ssize_t distinct = 0;
+    for (Py_ssize_t i = 0; i < p; i++) {
+        const unsigned char *digest = pd + DIGEST * i;
+        uint64_t key = get_le64(digest);
+        size_t s = table_slot(&t, key);
+        if (!t.used[s]) {
+            t.used[s] = 1;
+            t.keys[s] = key;
+            t.values[s] = -1;
+        }
+        int32_t u = t.values[s];
+        while (u >= 0 && memcmp(pd + DIGEST * rep[u], digest, DIGEST) != 0)
+            u = next[u];
+        if (u < 0) {
+            u = (int32_t)distinct++;
+            rep[u] = (int32_t)i;
+            first[u] = -1;
+            next[u] = t.values[s];
+            t.values[s] = u;
+        }
+        of[i] = u;
+    }
+    Py_ssize_t missing = distinct;
+    for (Py_ssize_t c = 0; c < n && missing > 0; c++) {
+        const unsigned char *digest = cd + DIGEST * c;
+        size_t s = table_slot(&t, get_le64(digest));
+        if (!t.used[s])
+            continue;
+        for (int32_t u = t.values[s]; u >= 0; u = next[u])
+            if (first[u] < 0 && memcmp(pd + DIGEST * rep[u], digest, DIGEST) == 0) {
+                first[u] = (int32_t)c;
+                missing--;
+            }
+    }
+    for (Py_ssize_t i = 0; i < p; i++)
+        of[i] = first[of[i]];
+    out = int_list(of, p);
+done:
+    table_free(&t);
+    PyMem_Free(first);
+    PyMem_Free(rep);
+    PyMem_Free(next);
+    PyMem_Free(of);
+    PyBuffer_Release(&exact);
+    PyBuffer_Release(&probes);
+    return out;
+}
+
+/* Per probe simhash (`probes`, a list of int64), the first candidate (`hashes`: 8-byte big-endian
+ * simhashes concatenated, in the order added) within `max_distance` bits, or -1: for each of the probe's
+ * `BANDS` 16-bit bands in order, among the first `bucket` candidates (in the order added) with the same
+ * value in that band, the first within the distance (filters.CopyIndex.near_matches: the same pairs in
+ * the same order). The probes' band values are marked in a bitmap and chained in a table; one pass over
+ * the candidates fills the buckets: O(candidates x BANDS + probes x BANDS x bucket). */
+#define BANDS 4
+static PyObject *
+near_first(PyObject *self, PyObject *args)
+{
+    Py_buffer hashes;
+    PyObject *probe_list;
+    int max_distance, bucket;
+    if (!PyArg_ParseTuple(args, "y*O!ii:near_first", &hashes, &PyList_Type, &probe_list, &max_distance, &bucket))
+        return NULL;
+    PyObject *out = NULL;
+    uint64_t *probes = NULL;
+    int32_t *found = NULL, *members = NULL, *sizes = NULL;
+    unsigned char *marked = NULL;
+    Table t = {0};
+    Py_ssize_t p = PyList_GET_SIZE(probe_list);
+    if (hashes.len % 8 || hashes.len / 8 > INT32_MAX || bucket < 0 || p > INT32_MAX / BANDS) {
+        PyErr_SetString(PyExc_ValueError, "near_first: a buffer of 8-byte simhashes and a bucket >= 0 expected");
+        goto done;
+    }
+    Py_ssize_t n = hashes.len / 8;
+    probes = PyMem_Malloc(sizeof(uint64_t) * (size_t)(p ? p : 1));
+    found = PyMem_Malloc(sizeof(int32_t) * (size_t)(p ? p : 1));
+    if (probes == NULL || found == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < p; i++) {
+        PyObject *v = PyList_GET_ITEM(probe_list, i);
+        if (!PyLong_Check(v)) {
+            PyErr_SetString(PyExc_TypeError, "near_first takes a list of int");
+            goto done;
+        }
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred())
+            goto done;
+        probes[i] = (uint64_t)x;
+        found[i] = -1;
+    }
+    if (p == 0 || n == 0 || bucket == 0) {
+        out = int_list(found, p);
+        goto done;
+    }
+    /* Distinct tagged band values (band << 16 | value) of the probes, each with a bucket of candidates. */
+    if (table_init(&t, (size_t)(BANDS * p)) < 0)
+        goto done;
+    marked = PyMem_Calloc((size_t)BANDS << 13, 1); /* a bit per tagged band value */
+    members = PyMem_Malloc(sizeof(int32_t) * (size_t)BANDS * (size_t)p * (size_t)bucket);
+    sizes = PyMem_Calloc((size_t)BANDS * (size_t)p, sizeof(int32_t));
+    if (marked == NULL || members == NULL || sizes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int32_t keys = 0;
+    for (Py_ssize_t i = 0; i < p; i++)
+        for (int b = 0; b < BANDS; b++) {
+            uint32_t tag = ((uint32_t)b << 16) | (uint32_t)((probes[i] >> (16 * b)) & 0xFFFF);
+            size_t s = table_slot(&t, tag);
+            if (!t.used[s]) {
+                t.used[s] = 1;
+                t.keys[s] = tag;
+                t.values[s] = keys++;
+                marked[tag >> 3] |= (unsigned char)(1u << (tag & 7));
+            }
+        }
+    const unsigned char *hd = hashes.buf;
+    for (Py_ssize_t c = 0; c < n; c++) {
+        uint64_t h = get_be64(hd + 8 * c);
+        for (int b = 0; b < BANDS; b++) {
+            uint32_t tag = ((uint32_t)b << 16) | (uint32_t)((h >> (16 * b)) & 0xFFFF);
+            if (!(marked[tag >> 3] & (1u << (tag & 7))))
+                continue;
+            int32_t k = t.values[table_slot(&t, tag)];
+            if (sizes[k] < bucket)
+                members[(size_t)k * (size_t)bucket + (size_t)sizes[k]++] = (int32_t)c;
+        }
+    }
+    for (Py_ssize_t i = 0; i < p; i++)
+        for (int b = 0; b < BANDS && found[i] < 0; b++) {
+            uint32_t tag = ((uint32_t)b << 16) | (uint32_t)((probes[i] >> (16 * b)) & 0xFFFF);
+            int32_t k = t.values[table_slot(&t, tag)];
+            const int32_t *m = members + (size_t)k * (size_t)bucket;
+            for (int32_t j = 0; j < sizes[k]; j++)
+                if (__builtin_popcountll(probes[i] ^ get_be64(hd + 8 * (size_t)m[j])) <= max_distance) {
+                    found[i] = m[j];
+                    break;
+                }
+        }
+    out = int_list(found, p);
+done:
+    table_free(&t);
+    PyMem_Free(probes);
+    PyMem_Free(found);
+    PyMem_Free(members);
+    PyMem_Free(sizes);
+    PyMem_Free(marked);
+    PyBuffer_Release(&hashes);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"normalise_ascii", normalise_ascii, METH_O,
      "normalise_ascii(texts: list[str]) -> list[bytes | None]\n\n"
@@ -530,6 +805,13 @@ static PyMethodDef methods[] = {
      "pg_array(kind: int, element_oid: int, values: list) -> bytes\n\n"
      "values as a one-dimensional PostgreSQL array in binary wire format; kind: 0 text, 1 bytea, 2 int4,\n"
      "3 int8, 4 bool, 5 uuid (uuid.UUID). None is NULL."},
+    {"exact_first", exact_first, METH_VARARGS,
+     "exact_first(exact: bytes, probes: bytes) -> list[int]\n\n"
+     "Per 16-byte probe digest, the index of the first 16-byte candidate digest equal to it, or -1."},
+    {"near_first", near_first, METH_VARARGS,
+     "near_first(hashes: bytes, probes: list[int], max_distance: int, bucket: int) -> list[int]\n\n"
+     "Per probe simhash, the first candidate (8-byte big-endian) within max_distance bits among the first\n"
+     "`bucket` candidates sharing each of its 4 16-bit bands, bands in order, or -1."},
     {NULL, NULL, 0, NULL},
 };
 

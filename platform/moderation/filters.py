@@ -10,7 +10,9 @@ SAPO_NATIVE is not off (common.native), in the numpy twins below otherwise: the 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import re
 import struct
 import threading
@@ -273,7 +275,9 @@ class CopyIndex:
     of the share (docs/benchmarks.md, "CPU per share").
 
     Exact: each probe digest is looked up among the candidates' (the first group holding it, in the
-    order added), the candidates first filtered through a table of 16 bits of the probes' digests.
+    order added): in C, a table of the probes' digests and one pass over the candidates
+    (sapo_native.exact_first); in numpy, the candidates first filtered through a table of 16 bits of
+    the probes' digests.
     Near: the candidates sharing a band value with some probe are found through a table of the probes'
     tagged band values (not by sorting every candidate's); among those, per band value the first
     BAND_BUCKET candidates in the order added, bands in order, and the first within the distance.
@@ -287,7 +291,7 @@ class CopyIndex:
         if len(ids) != 16 * len(counts) or len(exact) != EXACT_BYTES * total or len(hashes) != 8 * total:
             raise ValueError("fingerprint buffers of inconsistent sizes")
         self._ids, self._counts, self._exact, self._hashes = ids, tuple(counts), exact, hashes
-        self._owner = np.repeat(np.arange(len(counts)), counts)  # each candidate completion's group
+        self._ends: list[int] | None = None  # each group's end among the completions, once a match needs it
 
     def after(self, groups: Sequence[tuple[uuid.UUID, Fingerprint]]) -> CopyIndex:
         """A new index holding `groups` (id and fingerprint, in order) first, then this one's."""
@@ -303,12 +307,21 @@ class CopyIndex:
     def _id(self, k: int) -> str:
         return str(uuid.UUID(bytes=self._ids[16 * k : 16 * (k + 1)]))
 
+    def _group_id(self, c: int) -> str:
+        """The id of the group holding candidate completion `c`."""
+        if self._ends is None:
+            self._ends = list(itertools.accumulate(self._counts))
+        return self._id(bisect.bisect_right(self._ends, c))
+
     def exact_matches(self, digests: Sequence[bytes]) -> list[str | None]:
         """For each digest, the first group (in the order added) holding a completion with it, or None."""
         found: list[str | None] = [None] * len(digests)
         exact = self._exact
         if not digests or not exact:
             return found
+        fast = native()
+        if fast is not None:
+            return [None if c < 0 else self._group_id(c) for c in fast.exact_first(exact, b"".join(digests))]
         # A first pass on 16 bits of each digest (a table lookup per candidate: a binary search among the
         # probes cost ~40 ns each, 0.5 ms for 13,000), then whole digests for the few that pass.
         table = np.zeros(1 << 16, dtype=bool)
@@ -320,19 +333,24 @@ class CopyIndex:
         for i, digest in enumerate(digests):
             c = first.get(digest)
             if c is not None:
-                found[i] = self._id(int(self._owner[c]))
+                found[i] = self._group_id(c)
         return found
 
     def near_matches(self, hashes: Sequence[int], max_distance: int) -> list[str | None]:
         """For each simhash, the first candidate group within `max_distance` bits (bands in order, then
         candidates in the order added, at most BAND_BUCKET per band value), or None.
 
-        Every (hash, band, candidate sharing the band value) pair is checked in one numpy pass, in that
-        order, and each hash keeps its first pair within the distance (a Python loop over the pairs
-        cost more than the rest of the lookup: honest completions on one question share many bands)."""
+        Every (hash, band, candidate sharing the band value) pair is checked in that order, and each hash
+        keeps its first pair within the distance: in C (sapo_native.near_first) or, without it, in one
+        numpy pass (a Python loop over the pairs cost more than the rest of the lookup: honest
+        completions on one question share many bands)."""
         found: list[str | None] = [None] * len(hashes)
         if not hashes or not self._hashes:
             return found
+        fast = native()
+        if fast is not None:
+            hits = fast.near_first(self._hashes, list(hashes), max_distance, BAND_BUCKET)
+            return [None if c < 0 else self._group_id(c) for c in hits]
         candidates = np.frombuffer(self._hashes, dtype=">u8").astype(np.uint64)
         n = candidates.size
         probes = np.array(hashes, dtype=np.int64).view(np.uint64)
@@ -357,8 +375,8 @@ class CopyIndex:
         pairs = candidate_of[starts[range_of] + offsets]  # each pair's candidate
         near = np.flatnonzero(np.bitwise_count(probes[range_of // BANDS] ^ candidates[pairs]) <= max_distance)
         hit_probes, first = np.unique(range_of[near] // BANDS, return_index=True)  # pairs in order: the first hit
-        for j, k in zip(hit_probes.tolist(), self._owner[pairs[near[first]]].tolist(), strict=True):
-            found[j] = self._id(k)
+        for j, c in zip(hit_probes.tolist(), pairs[near[first]].tolist(), strict=True):
+            found[j] = self._group_id(c)
         return found
 
 

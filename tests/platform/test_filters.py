@@ -207,9 +207,12 @@ def _near_by_definition(added: list[tuple[str, int]], probe: int, distance: int)
     return None
 
 
-def test_near_lookups_find_the_first_candidate_within_the_distance_band_by_band():
+@pytest.mark.parametrize("native", [True, False], ids=["c", "numpy"])
+def test_near_lookups_find_the_first_candidate_within_the_distance_band_by_band(native, settings):
     """The index's answer, against its definition applied pair by pair: for each band in order, the
-    first BAND_BUCKET candidates sharing its value, in the order added; the first within the distance."""
+    first BAND_BUCKET candidates sharing its value, in the order added; the first within the distance.
+    With the C extension and with its numpy twin; buckets overflow (a few bases, hundreds of hashes)."""
+    settings.SAPO_NATIVE = native
     rng = random.Random(3)
 
     def near(base: int, flips: int) -> int:
@@ -235,13 +238,16 @@ def test_near_lookups_find_the_first_candidate_within_the_distance_band_by_band(
             filters.simhash_bytes([h for _, h in added]),
         )
         probes = [near(rng.choice(bases), rng.randint(0, 6)) for _ in range(20)]
-        for distance in (0, 3):
+        probes += probes[:3]  # the same hash twice gets the same answer
+        for distance in (0, 3, 64):
             assert index.near_matches(probes, distance) == [_near_by_definition(added, p, distance) for p in probes]
 
 
-def test_exact_lookups_find_the_first_group_holding_the_digest():
+@pytest.mark.parametrize("native", [True, False], ids=["c", "numpy"])
+def test_exact_lookups_find_the_first_group_holding_the_digest(native, settings):
     """Against the definition, with digests that share their first 8 bytes (what the index compares
-    first) and differ after: only the whole digest matches."""
+    first) and differ after: only the whole digest matches. With the C extension and its numpy twin."""
+    settings.SAPO_NATIVE = native
     rng = random.Random(5)
     digests = [rng.randbytes(16) for _ in range(30)]
     twins = [d[:8] + rng.randbytes(8) for d in digests[:5]]  # never stored: must not match
@@ -253,16 +259,19 @@ def test_exact_lookups_find_the_first_group_holding_the_digest():
         b"".join(b"".join(g) for g in groups),
         bytes(8 * sum(map(len, groups))),
     )
-    probes = [*digests, *twins, rng.randbytes(16)]
+    twins += [t[:8] + d[8:] for t, d in zip(twins, digests[5:10], strict=True)]  # second halves stored
+    probes = [*digests, *twins, rng.randbytes(16), *digests[:4]]  # some twice
     expected = [next((str(u) for u, g in zip(ids, groups, strict=True) if p in g), None) for p in probes]
     assert index.exact_matches(probes) == expected
-    assert any(expected) and not any(expected[len(digests) :])
+    assert any(expected) and not any(expected[len(digests) : len(digests) + len(twins) + 1])
     with pytest.raises(ValueError):
         filters.CopyIndex(ids[0].bytes, [2], bytes(16), bytes(16))
 
 
-def test_an_index_after_groups_finds_them_first_and_the_stored_ones_still():
+@pytest.mark.parametrize("native", [True, False], ids=["c", "numpy"])
+def test_an_index_after_groups_finds_them_first_and_the_stored_ones_still(native, settings):
     """`CopyIndex.after`: a share's batch-mates' groups put ahead of the stored candidates."""
+    settings.SAPO_NATIVE = native
     stored_id, mate_id = uuid.uuid4(), uuid.uuid4()
     texts = ["the stored one, long enough to be a completion", "the batch-mate's own text, long enough too"]
     stored_fp, mate_fp = filters.fingerprints([[texts[0]], [texts[0], texts[1]]])

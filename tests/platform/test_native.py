@@ -227,3 +227,23 @@ def test_an_element_of_the_wrong_type_is_an_error_not_a_guess(kind, bad, error):
 
     with pytest.raises(error):
         binary_array(kind, bad)
+
+
+def test_the_copy_lookups_refuse_buffers_of_the_wrong_shape():
+    """exact_first and near_first read the screening query's bytes: a size that is not a whole number of
+    digests or hashes, or probes that are not a list of 64-bit integers, is an error, never a guess."""
+    with pytest.raises(ValueError):
+        sapo_native.exact_first(bytes(15), bytes(16))
+    with pytest.raises(ValueError):
+        sapo_native.exact_first(bytes(16), bytes(17))
+    with pytest.raises(ValueError):
+        sapo_native.near_first(bytes(7), [1], 3, 64)
+    with pytest.raises(TypeError):
+        sapo_native.near_first(bytes(8), (1,), 3, 64)
+    with pytest.raises(TypeError):
+        sapo_native.near_first(bytes(8), ["1"], 3, 64)
+    with pytest.raises(OverflowError):
+        sapo_native.near_first(bytes(8), [1 << 64], 3, 64)
+    assert sapo_native.exact_first(b"", bytes(32)) == [-1, -1]
+    assert sapo_native.near_first(bytes(8), [0, 1, -1], 0, 64) == [0, -1, -1]
+    assert sapo_native.near_first(bytes(8), [0], 0, 0) == [-1]  # an empty bucket holds nothing
