@@ -186,8 +186,13 @@ class RolloutFingerprint(models.Model):
     rollout = models.OneToOneField(
         "pool.Rollout", on_delete=models.CASCADE, primary_key=True, related_name="+", db_constraint=False
     )
-    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_constraint=False)
-    question_hash = models.CharField(max_length=40)
+    # A node's fingerprints go with its groups (the rollout's CASCADE, by primary key): no index of their
+    # own to keep up on every insert. The hashes are hex, compared byte by byte (collation "C"): no
+    # locale's rules in the index on every insert and lookup (migration 0005).
+    node = models.ForeignKey(
+        "nodes.Node", on_delete=models.DO_NOTHING, related_name="+", db_constraint=False, db_index=False
+    )
+    question_hash = models.CharField(max_length=40, db_collation="C")
     exact = models.BinaryField(default=bytes)
     simhash = models.BinaryField(default=bytes)
     created_at = models.DateTimeField(default=timezone.now)
