@@ -387,25 +387,30 @@ def copy_findings(
     `min_chars` normalised characters copy another node's; None otherwise (or when none are long).
     The near lookups of all the groups are one vectorised call."""
     min_chars = rule["min_chars"]
-    long_enough = [[i for i, n in enumerate(fp.lengths) if n >= min_chars] for fp in fps]
-    if near:
-        flat = index.near_matches(
-            [fp.simhash[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen], rule["max_distance"]
-        )
-    else:
-        flat = index.exact_matches([fp.exact[i] for fp, chosen in zip(fps, long_enough, strict=True) for i in chosen])
+    probes: list = []
+    chosen: list[int] = []  # per group, how many of its completions are long enough (probes, in order)
+    for fp in fps:
+        values = fp.simhash if near else fp.exact
+        if min(fp.lengths, default=min_chars) >= min_chars:  # all of them (honest groups nearly always)
+            probes += values
+            chosen.append(len(values))
+        else:
+            kept = [v for v, n in zip(values, fp.lengths, strict=True) if n >= min_chars]
+            probes += kept
+            chosen.append(len(kept))
+    flat = index.near_matches(probes, rule["max_distance"]) if near else index.exact_matches(probes)
     if not any(flat):  # no completion copies anything (nearly every share)
         return [None] * len(fps)
     findings: list[tuple[str, list[str]] | None] = []
     at = 0
-    for chosen in long_enough:
-        sources = [m for m in flat[at : at + len(chosen)] if m is not None]
-        at += len(chosen)
-        if not sources or len(sources) / len(chosen) < rule["min_share"]:
+    for count in chosen:
+        sources = [m for m in flat[at : at + count] if m is not None]
+        at += count
+        if not sources or len(sources) / count < rule["min_share"]:
             findings.append(None)
             continue
         kind = "near copies" if near else "exact copies"
-        detail = f"{len(sources)} of {len(chosen)} completions are {kind} of other nodes' groups"
+        detail = f"{len(sources)} of {count} completions are {kind} of other nodes' groups"
         findings.append((detail, sorted(set(sources))))
     return findings
 

@@ -148,6 +148,32 @@ def test_short_identical_answers_are_not_copies():
     assert_clean(second)
 
 
+@pytest.mark.parametrize("near", [False, True], ids=["exact", "near"])
+def test_only_long_completions_count_toward_a_groups_share_of_copies(near):
+    """copy_findings: completions shorter than min_chars are neither looked up nor counted; a group with
+    none long enough is no copy, whatever it says."""
+    long_texts = [f"a completion long enough to count, number {k}, with its own words" for k in range(3)]
+    source = uuid.uuid4()
+    (stored,) = filters.fingerprints([long_texts])
+    index = filters.CopyIndex(source.bytes, [3], stored.exact_bytes(), stored.simhash_packed)
+    key = "duplicate_near" if near else "duplicate_exact"
+    rule_ = rule(key, min_chars=40, min_share=0.6)
+    groups = [
+        [long_texts[0], "short", long_texts[1], "tiny"],  # 2 of 2 long ones copied
+        [long_texts[0], "short", "its own long completion, nothing like the stored ones at all"],  # 1 of 2
+        ["short", "tiny", long_texts[0][:10]],  # nothing long enough
+        long_texts,  # 3 of 3
+    ]
+    found = filters.copy_findings(filters.fingerprints(groups), index, rule_, near=near)
+    kind = "near copies" if near else "exact copies"
+    assert found == [
+        (f"2 of 2 completions are {kind} of other nodes' groups", [str(source)]),
+        None,
+        None,
+        (f"3 of 3 completions are {kind} of other nodes' groups", [str(source)]),
+    ]
+
+
 def test_a_near_copy_is_caught_by_the_near_rule():
     g = group(14)
     share(make_node(), group(14, completions=long_reasoning(g)))
