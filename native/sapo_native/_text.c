@@ -690,6 +690,22 @@ done:
  * the same order). The probes' band values are marked in a bitmap and chained in a table; one pass over
  * the candidates fills the buckets: O(candidates x BANDS + probes x BANDS x bucket). */
 #define BANDS 4
+
+/* The first of `size` candidates (indices `members` into the big-endian hashes `hd`) within
+ * `max_distance` bits of `probe`, or -1. Cloned as simhash_of is: the baseline x86-64 has no popcount
+ * instruction (GCC calls a library routine), x86-64-v2 and later do. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+static int32_t
+first_within(uint64_t probe, const unsigned char *hd, const int32_t *members, int32_t size, int max_distance)
+{
+    for (int32_t j = 0; j < size; j++)
+        if (__builtin_popcountll(probe ^ get_be64(hd + 8 * (size_t)members[j])) <= max_distance)
+            return members[j];
+    return -1;
+}
+
 static PyObject *
 near_first(PyObject *self, PyObject *args)
 {
@@ -769,12 +785,7 @@ near_first(PyObject *self, PyObject *args)
         for (int b = 0; b < BANDS && found[i] < 0; b++) {
             uint32_t tag = ((uint32_t)b << 16) | (uint32_t)((probes[i] >> (16 * b)) & 0xFFFF);
             int32_t k = t.values[table_slot(&t, tag)];
-            const int32_t *m = members + (size_t)k * (size_t)bucket;
-            for (int32_t j = 0; j < sizes[k]; j++)
-                if (__builtin_popcountll(probes[i] ^ get_be64(hd + 8 * (size_t)m[j])) <= max_distance) {
-                    found[i] = m[j];
-                    break;
-                }
+            found[i] = first_within(probes[i], hd, members + (size_t)k * (size_t)bucket, sizes[k], max_distance);
         }
     out = int_list(found, p);
 done:

@@ -154,7 +154,7 @@ RETURNING id, node_id, verdict
     ORDER BY c.node
     ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
     RETURNING node_id, bytes
-), totals AS (
+), totals AS MATERIALIZED (  -- one owner sum per node, not one per inserted row
     SELECT st.node_id, st.bytes, st.bytes + ({_owner_hour_bytes_sql("w.owner")} AND o.node_id <> st.node_id
     ) AS owner_bytes
     FROM storage st JOIN unnest(%(nodes)b::bigint[], %(owners)b::bigint[]) AS w(node, owner) ON w.node = st.node_id
