@@ -531,7 +531,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     """Every path `args.rounds` times, in alternation (the order reversed every other round), each
     measure with the load average at its start and end. The raw paths write the rows the first
     WebSocket measure stored."""
-    from pool.models import Rollout
+    from pool.models import NodeStorageHour, Rollout
 
     nodes = make_nodes(args.connections, "ingest")
     frames = build_frames(args, seeds=[1000 + i for i in range(args.connections)])
@@ -564,6 +564,9 @@ def bench_ingest(args: argparse.Namespace) -> dict:
         for path in order:
             if path in shares:
                 Rollout.objects.all().delete()  # the same groups again, as new
+                # ... by nodes that have stored nothing this hour: the measures of a long run (7 rounds
+                # of four paths) would pass a node's hourly storage budget, 64 MiB, and be refused.
+                NodeStorageHour.objects.all().delete()
                 moderation, workers, *rest = path.split("/")
                 pinned = "pinned" in rest
                 ports = [free_port() for _ in range(int(workers))]
