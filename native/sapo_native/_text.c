@@ -520,7 +520,8 @@ pg_array(PyObject *self, PyObject *args)
 /* --- exact_first, near_first: the copy rules' lookups (filters.CopyIndex) ----------------------- */
 
 /* A small open-addressing table of distinct keys (at most `cap` / 2 of them, `cap` a power of two),
- * each with an int32 value; the keys' slots are found by a multiplicative hash. Allocated per call. */
+ * each with an int32 value; the keys' slots are found by a multiplicative hash. Allocated per call;
+ * table_free releases it, whether table_init succeeded or not (start from `Table t = {0}`). */
 typedef struct {
     uint64_t *keys;
     int32_t *values;
@@ -539,10 +540,7 @@ table_init(Table *t, size_t distinct)
     t->values = PyMem_Calloc(cap, sizeof(int32_t));
     t->used = PyMem_Calloc(cap, 1);
     if (t->keys == NULL || t->values == NULL || t->used == NULL) {
-        PyMem_Free(t->keys);
-        PyMem_Free(t->values);
-        PyMem_Free(t->used);
-        PyErr_NoMemory();
+        PyErr_NoMemory(); /* what was allocated is the caller's table_free's */
         return -1;
     }
     return 0;
@@ -689,7 +687,7 @@ done:
  * value in that band, the first within the distance (filters.CopyIndex.near_matches: the same pairs in
  * the same order). The probes' band values are marked in a bitmap and chained in a table; one pass over
  * the candidates fills the buckets: O(candidates x BANDS + probes x BANDS x bucket). */
-#define BANDS 4
+#define BANDS 4 /* filters.BANDS, 16 bits each: the lookup tests hold the two to one definition */
 
 /* The first of `size` candidates (indices `members` into the big-endian hashes `hd`) within
  * `max_distance` bits of `probe`, or -1. Cloned as simhash_of is: the baseline x86-64 has no popcount
