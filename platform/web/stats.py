@@ -260,6 +260,11 @@ def stats_fold(*, now: datetime | None = None) -> bool:
     return True
 
 
+def stats_fold_job() -> str:
+    """The scheduled fold (ops.scheduled): pages fold lazily too, this keeps figures fresh without visits."""
+    return "folded" if stats_fold() else "another fold is running"
+
+
 def stats_fold_if_due() -> None:
     """Fold at most once per FOLD_EVERY_SECONDS per cache (readers call this)."""
     if cache.add("web:stats:fold-due", 1, FOLD_EVERY_SECONDS):
