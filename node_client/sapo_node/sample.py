@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sapo_node.tasks import TaskError, TaskRef, TaskSpec, TaskStream, build_entry
-
-#: Draws tried for one question: a few entries cannot be generated (decimal_arithmetic: about 1
-#: index in 20,000 divides by zero), never many in a row.
-MAX_DRAWS_PER_QUESTION = 16
+from sapo_node.tasks import TaskRef, TaskSpec, TaskStream, build_first
 
 
 @dataclass
@@ -43,10 +41,7 @@ def sample_questions(stream: TaskStream, n: int) -> list[Question]:
 def _build_question(stream: TaskStream, ref: TaskRef) -> Question:
     spec = stream.catalogue.get(ref.dataset)
     assert spec is not None  # the stream draws from its own catalogue
-    for _ in range(MAX_DRAWS_PER_QUESTION):
-        try:
-            return Question(ref, spec, build_entry(spec, ref.seed, ref.index))
-        except TaskError as exc:
-            error = exc
-            ref = stream.redraw(ref)  # the same dataset, another index: deterministic in the seed
-    raise RuntimeError(f"{MAX_DRAWS_PER_QUESTION} draws of {spec.dataset} in a row could not be built: {error}")
+    # The drawn index, then the stream's redraws (deterministic in its seed), asked for only when needed.
+    redraws: Iterator[int] = (stream.redraw(ref).index for _ in itertools.count())
+    index, entry = build_first(spec, ref.seed, itertools.chain([ref.index], redraws))
+    return Question(TaskRef(ref.dataset, ref.seed, index), spec, entry)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,40 @@ def build_entry(spec: TaskSpec, seed: int, index: int) -> dict[str, Any]:
         # A few entries cannot be generated (decimal_arithmetic: about 1 index in 20,000 divides by
         # zero). Nobody can have answered them: a task like any other out-of-range one, not a crash.
         raise TaskError("bad_index", f"{spec.dataset} cannot build index {index}: {exc!r}") from exc
+
+
+#: Indices tried for one entry: a few cannot be generated (decimal_arithmetic: about 1 index in
+#: 20,000 divides by zero), never many in a row.
+MAX_DRAWS = 16
+
+
+def build_first(spec: TaskSpec, seed: int, indices: Iterator[int]) -> tuple[int, dict[str, Any]]:
+    """The first entry of `indices` that can be built, as (index, entry): the one way to turn drawn
+    indices into entries (sampler, warm start, evaluation), so that none of them dies on an index
+    reasoning-gym cannot generate. Consumes `indices` up to and including the index it returns, so
+    callers that share one iterator get successive buildable entries; raises RuntimeError after
+    MAX_DRAWS failures in a row (a spec that builds nothing is a configuration error)."""
+    error: TaskError | None = None
+    for _, index in zip(range(MAX_DRAWS), indices, strict=False):
+        try:
+            return index, build_entry(spec, seed, index)
+        except TaskError as exc:
+            if exc.code != "bad_index" or not 0 <= index < MAX_INDEX:
+                raise
+            error = exc
+    raise RuntimeError(f"{MAX_DRAWS} indices of {spec.dataset} in a row could not be built: {error}")
+
+
+def build_entries(spec: TaskSpec, seed: int, n: int, *, start: int = 0) -> list[dict[str, Any]]:
+    """The first `n` buildable entries of (spec, seed) from index `start` on: held-out evaluation sets."""
+    indices = itertools.count(start)
+    return [build_first(spec, seed, indices)[1] for _ in range(n)]
+
+
+def random_indices(rng: random.Random) -> Iterator[int]:
+    """Indices drawn from `rng` for as long as they are asked for (build_first's redraws)."""
+    while True:
+        yield rng.randrange(MAX_INDEX)
 
 
 def score_completions(

@@ -39,10 +39,11 @@ from sapo_node.prompts import format_plain, format_prompt, format_target
 from sapo_node.tasks import (
     CATALOGUES,
     EASY_CATALOGUE,
-    MAX_INDEX,
     SAPO_CATALOGUE,
     Catalogue,
-    build_entry,
+    build_entries,
+    build_first,
+    random_indices,
     score_completion,
 )
 
@@ -140,6 +141,10 @@ VARIANTS["tiny-learn-a"] = dataclasses.replace(
 VARIANTS["tiny-learn-b"] = dataclasses.replace(
     _LEARN, name="tiny-learn-b", steps=600, known=("base_conversion", "fraction_simplification")
 )
+#: tiny-learn with the format almost never used (95% of the format phase's targets bare): most of a
+#: node's own groups score 0 in every completion at the start, so an informative group is rare and
+#: one found elsewhere in the swarm is worth most (the `cpu-swarm` preset, docs/experiment.md).
+VARIANTS["tiny-sparse"] = dataclasses.replace(_LEARN, name="tiny-sparse", bare_share=0.95)
 #: A larger model for a GPU (about 26M parameters), built locally from the paper's nine tasks: the
 #: `gpu-learn` preset, which needs no hub. Building it on a CPU takes hours; on a GPU minutes (not measured yet).
 VARIANTS["small"] = TinyVariant(
@@ -167,8 +172,7 @@ def tokenizer_corpus(variant: TinyVariant) -> list[str]:
         mix = ((SAPO_CATALOGUE, variant.tokenizer_examples), (EASY_CATALOGUE, variant.tokenizer_examples // 10))
     for catalogue, n in mix:
         for spec in catalogue.tasks:
-            for index in range(n):
-                entry = build_entry(spec, variant.tokenizer_seed, index)
+            for entry in build_entries(spec, variant.tokenizer_seed, n):
                 texts.append(format_plain(entry["question"]) + format_target(str(entry["answer"])))
     return texts
 
@@ -308,13 +312,14 @@ def warm_start(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     # Tasks without a single answer (propositional_logic) have no target to imitate.
-    tasks = [spec for spec in catalogue.tasks if build_entry(spec, TRAIN_SEED + seed, 0)["answer"] is not None]
+    tasks = [spec for spec in catalogue.tasks if build_entries(spec, TRAIN_SEED + seed, 1)[0]["answer"] is not None]
+    indices = random_indices(rng)
     model.train()
     ema = float("nan")
     bar = progress_bar(range(steps), desc=f"warm start {variant.name}", unit="step", disable=not progress, leave=False)
     for step in bar:
         spec = tasks[step % len(tasks)]
-        entries = [build_entry(spec, TRAIN_SEED + seed, rng.randrange(MAX_INDEX)) for _ in range(variant.batch_size)]
+        entries = [build_first(spec, TRAIN_SEED + seed, indices)[1] for _ in range(variant.batch_size)]
         bare = [rng.random() < bare_share for _ in entries] if bare_share > 0 else None
         input_ids, attention_mask, labels = (t.to(model.device) for t in supervised_batch(tokenizer, entries, bare))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=model.device.type == "cuda"):
@@ -380,7 +385,7 @@ def evaluate(
     torch.manual_seed(seed)
     scores = {}
     for spec in catalogue.tasks:
-        entries = [build_entry(spec, seed, i) for i in range(n)]
+        entries = build_entries(spec, seed, n)
         prompts = [format_prompt(tokenizer, e["question"]) for e in entries]
         completions = generate_completions(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature
@@ -529,7 +534,8 @@ def load_tiny(
 
 def benchmark_generation(model: Any, tokenizer: Any, prompts: int = 8, completions: int = 8, tokens: int = 64) -> float:
     """Seconds to sample `prompts` x `completions` completions of exactly `tokens` new tokens, batched."""
-    entries = [build_entry(EASY_CATALOGUE.tasks[i % len(EASY_CATALOGUE.tasks)], EVAL_SEED, i) for i in range(prompts)]
+    tasks = EASY_CATALOGUE.tasks
+    entries = [build_entries(tasks[i % len(tasks)], EVAL_SEED, 1, start=i)[0] for i in range(prompts)]
     texts = [format_prompt(tokenizer, e["question"]) for e in entries]
     generate_completions(model, tokenizer, texts[:1], max_new_tokens=4, temperature=1.0)  # warm-up
     started = time.perf_counter()

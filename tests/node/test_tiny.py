@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import threading
 
@@ -11,7 +12,16 @@ import torch
 
 from sapo_node import tiny
 from sapo_node.prompts import format_prompt
-from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, build_entry
+from sapo_node.tasks import (
+    EASY_CATALOGUE,
+    MAX_DRAWS,
+    SAPO_CATALOGUE,
+    TaskError,
+    TaskSpec,
+    build_entries,
+    build_entry,
+    build_first,
+)
 from sapo_node.tiny import (
     BUILD_INFO,
     VARIANTS,
@@ -152,8 +162,10 @@ def test_recipes_of_the_first_builds_keep_their_cache_folders(tmp_path):
     # Fields added to the recipe later must not move tiny's and tiny-mini's caches (a rebuild costs minutes).
     assert tiny_path("tiny", tmp_path).name == "tiny-9736bab04021"
     assert tiny_path("tiny-mini", tmp_path).name == "tiny-mini-2eaa4abc96d7"
-    learn = {tiny_path(name, tmp_path) for name in ("tiny-learn", "tiny-learn-a", "tiny-learn-b", "small")}
-    assert len(learn) == 4
+    learn = {
+        tiny_path(name, tmp_path) for name in ("tiny-learn", "tiny-learn-a", "tiny-learn-b", "tiny-sparse", "small")
+    }
+    assert len(learn) == 5
 
 
 def test_bare_targets_drop_the_answer_tags_and_keep_the_answer(tokenizers):
@@ -197,3 +209,33 @@ def test_the_gpu_model_builds_from_the_papers_tasks_with_no_hub(tmp_path, monkey
     )
     assert isinstance(completion, str)
     assert next(model.parameters()).device.type == "cpu"
+
+
+@pytest.mark.slow
+def test_the_gpu_models_warm_start_passes_an_index_reasoning_gym_cannot_build(tmp_path):
+    # The `small` recipe's own draws (seed, batch of 64, the nine tasks in turn) reach, at step 94, a
+    # decimal_arithmetic index that divides by zero; the warm start must draw another one, as the
+    # sampler does. Toy width, so the 96 steps are the entry draws and little else.
+    toy = dataclasses.replace(VARIANTS["small"], vocab_size=600, tokenizer_examples=6, hidden_size=16,
+                              num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)  # fmt: skip
+    spec = SAPO_CATALOGUE.get("decimal_arithmetic")
+    with pytest.raises(TaskError, match="275922209"):
+        build_entry(spec, tiny.TRAIN_SEED, 275922209)
+    tokenizer = tiny.train_tokenizer(toy)
+    model = tiny.build_model(toy, tokenizer, seed=0)
+    loss = tiny.warm_start(model, tokenizer, toy, seed=0, steps=96, catalogue=SAPO_CATALOGUE, progress=False)
+    assert loss == loss  # a finite loss: every step ran
+
+
+def test_build_first_skips_indices_that_cannot_be_built_and_gives_up_on_a_spec_that_builds_nothing():
+    spec = SAPO_CATALOGUE.get("decimal_arithmetic")
+    indices = iter([275922209, 7, 8])
+    assert build_first(spec, tiny.TRAIN_SEED, indices) == (7, build_entry(spec, tiny.TRAIN_SEED, 7))
+    assert build_first(spec, tiny.TRAIN_SEED, indices)[0] == 8  # callers sharing an iterator get the next one
+    with pytest.raises(TaskError, match="cannot build dataset"):  # not an index problem: no redraw hides it
+        build_first(TaskSpec("no_such_task", {}), 1, itertools.count())
+    with pytest.raises(RuntimeError, match=f"{MAX_DRAWS} indices"):
+        build_first(spec, tiny.TRAIN_SEED, itertools.repeat(275922209))
+    assert [e["question"] for e in build_entries(spec, 3, 2, start=5)] == [
+        build_entry(spec, 3, i)["question"] for i in (5, 6)
+    ]

@@ -23,7 +23,7 @@ from sapo_node.experiment.presets import LEARN_LR
 from sapo_node.loop import run
 from sapo_node.models import load_policy
 from sapo_node.prompts import format_prompt
-from sapo_node.tasks import EASY_CATALOGUE, build_entry, extract_answer, score_completion
+from sapo_node.tasks import EASY_CATALOGUE, build_entries, extract_answer, score_completion
 from sapo_node.tiny import EVAL_SEED, generate_completions
 
 
@@ -32,7 +32,7 @@ def format_report(model: Any, tokenizer: Any, *, n: int, temperature: float, max
     torch.manual_seed(0)
     out = {}
     for spec in EASY_CATALOGUE.tasks:
-        entries = [build_entry(spec, EVAL_SEED, i) for i in range(n)]
+        entries = build_entries(spec, EVAL_SEED, n)
         prompts = [format_prompt(tokenizer, e["question"]) for e in entries]
         texts = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
         tagged = [extract_answer(t) is not None for t in texts]
