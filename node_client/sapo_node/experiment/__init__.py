@@ -158,8 +158,19 @@ def experiment_command(args: argparse.Namespace) -> int:
         print(f"study ({cfg.preset}): {len(cfg.seeds)} seeds x {len(cfg.configs)} configurations "
               f"{', '.join(f'{c} as {i}/{j}' for c, i, j in cfg.counts())}; {cfg.nodes} nodes x {cfg.rounds} rounds, "
               f"B={cfg.questions}, G={cfg.generations}, model {cfg.model}", flush=True)  # fmt: skip
-        summary = run_study(cfg, resume=args.resume, progress=not args.no_progress)
+        try:
+            summary = run_study(cfg, resume=args.resume, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            print("sapo-node experiment: stopped; the finished rounds are in rounds.csv (--resume continues)",
+                  file=sys.stderr)  # fmt: skip
+            return 130
+        except FileExistsError as exc:
+            print(f"sapo-node experiment: error: {exc}", file=sys.stderr)
+            return 2
         out = out_dir(cfg)
+        if "table" not in summary:
+            print(f"no complete run yet: rows in {out}/rounds.csv ({summary['meta'].get('seconds', '?')} s)")
+            return 0
     print((out / "table.md").read_text())
     print((out / "endpoints.md").read_text())
     print(f"results in {out}/ ({summary['meta'].get('seconds', '?')} s)")

@@ -76,7 +76,11 @@ class StudyConfig:
     window: int = 5
     """Rounds of the moving average in the reward plot."""
     time_limit: float = 0.0
-    """Seconds after which no new run starts (the study stops after the current run; --resume continues it); 0 = none."""
+    """Seconds after which the study stops at the next round boundary (finished rounds are kept; --resume runs
+    the cut run again and continues); 0 = none."""
+    parallel: int = 1
+    """Configurations run side by side, each in its own process with its own server and pool (on a GPU each
+    process uses a part of the card); 1 = one process, configurations in turn."""
     test: str = "mannwhitney"
     """Per-round test of swarm vs silo node rewards, two-sided, BH-adjusted over rounds: mannwhitney or welch
     (independent samples), or wilcoxon (signed-rank of the paired differences: same seed, node, round)."""
@@ -116,6 +120,8 @@ class StudyConfig:
                 problems.append(f"{label}: {local} local groups but only {self.questions} questions per round")
             if local + external < 1:
                 problems.append(f"{label}: no training groups")
+        if self.parallel < 1:
+            problems.append("parallel must be at least 1")
         if self.test not in ("mannwhitney", "welch", "wilcoxon"):
             problems.append("test must be mannwhitney, welch or wilcoxon")
         if not self.model.strip(" ,"):
@@ -158,6 +164,10 @@ LEARN_LR = 5e-5
 #: at a rate this high (5e-5: not at all in 80 rounds; docs/experiment.md, "Skill transfer").
 SKILLS_LR = 1e-3
 
+#: GRPO learning rate of cpu-swarm: with tiny-sparse's rare informative groups, a silo node learns the
+#: format in 40 rounds at 3e-4 and barely at 1e-4 (docs/experiment.md, "The paper's eight nodes").
+SWARM_LR = 3e-4
+
 PRESETS: dict[str, dict[str, Any]] = {
     # The tests' end-to-end check: every moving part, two nodes, two rounds, under two minutes.
     "smoke": dict(
@@ -183,6 +193,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         nodes=2, rounds=80, seeds=[1, 2, 3, 4, 5, 6, 7, 8], configs=["8/0", "4/4", "4/4+own"], questions=4,
         generations=8, model="tiny-learn-a,tiny-learn-b", catalogue="easy", max_new_tokens=16, lr=SKILLS_LR,
         window=10, threads=1,
+    ),
+    # The paper's eight nodes on 2 CPU cores: tiny-sparse answers in the <answer> format in 2-8% of its
+    # samples, so about nine groups in ten of a node's own score 0 in every completion at the start and
+    # an informative group is rare: the regime in which another node's find is worth most. At lr 3e-4 a
+    # silo node learns the format within 40 rounds (docs/experiment.md). One run: 8 nodes x 40 rounds.
+    "cpu-swarm": dict(
+        nodes=8, rounds=40, seeds=[1, 2, 3, 4, 5, 6], questions=4, generations=8, model="tiny-sparse",
+        catalogue="easy", max_new_tokens=16, lr=SWARM_LR, window=5, threads=1,
+    ),
+    # Eight nodes of two warm starts (odd nodes know arithmetic and leap years, even nodes base
+    # conversion and fractions), with the group's and the receiver's own baseline for external groups.
+    "cpu-swarm-mixed": dict(
+        nodes=8, rounds=40, seeds=[1, 2, 3, 4, 5, 6], configs=["8/0", "4/4", "4/4+own"], questions=4,
+        generations=8, model="tiny-learn-a,tiny-learn-b", catalogue="easy", max_new_tokens=16, lr=SKILLS_LR,
+        window=5, threads=1,
     ),
     # The paper's per-round settings on a GPU with no hub: "small" (~26M params) is built on the GPU
     # from reasoning-gym data (tokenizer + supervised warm start on the nine tasks), then 8 nodes.

@@ -8,13 +8,19 @@ in rounds.csv.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import math
 import os
 import platform as _platform
 import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +61,60 @@ def complete_runs(rows: list[dict[str, Any]], cfg: StudyConfig) -> set[tuple[str
     return {key for key, n in counts.items() if n == cfg.nodes * cfg.rounds}
 
 
-def run_study(cfg: StudyConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Run every (seed, configuration) of `cfg` and analyse; returns the summary (summary.json)."""
+class Stop:
+    """When a study stops early: at the first round boundary after Ctrl-C (SIGINT) or SIGTERM, or after its
+    time limit. A second signal stops at once (KeyboardInterrupt). Finished rounds are on disk by then."""
+
+    def __init__(self, time_limit: float = 0.0) -> None:
+        self.deadline = time.monotonic() + time_limit if time_limit > 0 else math.inf
+        self.reason = ""
+
+    def __call__(self) -> bool:
+        if not self.reason and time.monotonic() >= self.deadline:
+            self.reason = "time limit"
+        return bool(self.reason)
+
+    def request(self, reason: str) -> None:
+        if self.reason == "interrupted":
+            raise KeyboardInterrupt
+        self.reason = "interrupted" if reason != "time limit" else reason
+
+    @contextlib.contextmanager
+    def on_signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM request a stop at the next round boundary while inside (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.reason != "interrupted":
+                print("\nstopping after this round (again to stop now)", file=sys.stderr, flush=True)
+            self.request("interrupted")
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+def run_study(
+    cfg: StudyConfig, *, resume: bool = False, progress: bool = True, analysis: bool = True
+) -> dict[str, Any]:
+    """Run every (seed, configuration) of `cfg` and analyse; returns the summary (summary.json).
+
+    Every finished round is appended to rounds.csv at once, so a study cut anywhere keeps it. A run cut
+    short (Ctrl-C, the time limit, a crash) is run again from its first round by `resume`: its pool is
+    gone with its server. `analysis` False (a part of a parallel study) writes rounds.csv only."""
+    cfg.validate()
+    out = out_dir(cfg)
+    if cfg.parallel > 1 and len(cfg.configs) > 1:
+        return run_parallel(cfg, resume=resume, progress=progress)
     import torch
 
     from sapo_node.models import load_policy
 
-    cfg.validate()
-    out = out_dir(cfg)
     rounds_csv = out / "rounds.csv"
     if rounds_csv.exists() and not resume:
         raise FileExistsError(f"{rounds_csv} exists: give --resume to continue that study, or another --out")
@@ -75,6 +127,7 @@ def run_study(cfg: StudyConfig, *, resume: bool = False, progress: bool = True) 
 
     torch.set_num_threads(cfg.threads or cpu_threads())
     started = time.time()
+    stop = Stop(cfg.time_limit)
     initial = {}
     for model in dict.fromkeys(cfg.node_models()):
         policy = load_policy(model, device=cfg.device, dtype=None if cfg.dtype == "auto" else cfg.dtype)
@@ -90,35 +143,173 @@ def run_study(cfg: StudyConfig, *, resume: bool = False, progress: bool = True) 
     timings: list[dict[str, Any]] = []
     runs_bar = progress_bar(total=len(plan), initial=len(plan) - len(todo), desc="runs", unit="run", position=0,
                     disable=not progress, dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+
+    def keep(n: int, round_rows: list[dict[str, Any]]) -> None:
+        write_rounds(rounds_csv, round_rows, append=True)
+
     try:
-        with platform.session(names):
+        with stop.on_signals(), platform.session(names):
             for seed, label, local, external in todo:
-                if cfg.time_limit and time.time() - started > cfg.time_limit:
-                    print(f"time limit ({cfg.time_limit:g} s) reached: continue with --resume", file=sys.stderr)
+                if stop():
                     break
                 runs_bar.set_description(f"runs ({label}, seed {seed})")
                 run_started = time.time()
                 rows = run_swarm(cfg, platform, initial, seed=seed, label=label, local=local, external=external,
-                                 out=out, progress=progress)  # fmt: skip
-                write_rounds(rounds_csv, rows, append=True)
-                timings.append({"config": label, "seed": seed, "seconds": round(time.time() - run_started, 2)})
-                runs_bar.update(1)
+                                 out=out, progress=progress, on_round=keep, stop=stop)  # fmt: skip
+                if len(rows) == cfg.nodes * cfg.rounds:
+                    timings.append({"config": label, "seed": seed, "seconds": round(time.time() - run_started, 2)})
+                    runs_bar.update(1)
     finally:
         runs_bar.close()
+    if stop.reason:
+        print(f"stopped ({stop.reason}) at a round boundary; every finished round is in {rounds_csv}; "
+              "--resume runs the cut run again and continues", file=sys.stderr)  # fmt: skip
 
     meta = {
         "study": cfg.to_json(),
         "client": f"sapo-node/{__version__}",
         "torch_threads": torch.get_num_threads(),
-        "machine": f"{_platform.machine()}, {cpu_threads()} cores",
+        "machine": machine(cfg.device),
         "seconds": round(time.time() - started, 1),
         "run_seconds": timings,
     }
     prior = _previous_meta(out)
     if prior and resume:
         meta["run_seconds"] = prior.get("run_seconds", []) + timings
-    return analyse(read_rounds(rounds_csv), out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window,
+    if not analysis:
+        (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return {"meta": meta}
+    return analyse_complete(out, cfg, meta)
+
+
+def machine(device: str = "auto") -> str:
+    """The machine a study ran on, for its summary: architecture, cores, and the GPU when one is used."""
+    text = f"{_platform.machine()}, {cpu_threads()} cores"
+    try:
+        import torch
+
+        if device != "cpu" and torch.cuda.is_available():
+            text += f", {torch.cuda.get_device_name(0)}"
+    except Exception:  # no torch or no driver: the CPU description is the whole answer
+        pass
+    return text
+
+
+def analyse_complete(out: Path, cfg: StudyConfig, meta: dict[str, Any]) -> dict[str, Any]:
+    """The analysis of the complete runs in out/rounds.csv (a cut run's rounds stay in the file, outside the
+    table); without any complete run, only the meta is written."""
+    rows = read_rounds(out / "rounds.csv") if (out / "rounds.csv").exists() else []
+    complete = complete_runs(rows, cfg)
+    partial = sorted({(r["config"], r["seed"]) for r in rows} - complete)
+    meta = {**meta, "partial_runs": [f"{label} seed {seed}" for label, seed in partial]}
+    rows = [r for r in rows if (r["config"], r["seed"]) in complete]
+    if not rows:
+        (out / "summary.json").write_text(json.dumps({"meta": meta}, indent=2) + "\n")
+        return {"meta": meta}
+    return analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window,
                    meta=meta)  # fmt: skip
+
+
+def part_dir(out: Path, label: str) -> Path:
+    """Where the process of configuration `label` of a parallel study keeps its rows."""
+    return out / "parts" / label.replace("/", "-")
+
+
+def run_parallel(cfg: StudyConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+    """The configurations side by side, `cfg.parallel` processes at a time, each a one-configuration study
+    with its own server and pool in out/parts/<config>/; their rows are merged into out/rounds.csv."""
+    out = out_dir(cfg)
+    labels = list(cfg.configs)
+    parts = {label: part_dir(out, label) for label in labels}
+    if not resume and ((out / "rounds.csv").exists() or any((p / "rounds.csv").exists() for p in parts.values())):
+        raise FileExistsError(f"{out} holds a study: give --resume to continue it, or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "study.json")
+    (out / "logs").mkdir(exist_ok=True)
+    started = time.time()
+    stop = Stop(cfg.time_limit)
+    waiting, running, told = list(labels), {}, set()
+    total = len(cfg.seeds) * len(labels) * cfg.nodes * cfg.rounds
+    bar = progress_bar(total=total, desc=f"{len(labels)} configurations, {cfg.parallel} at a time", unit="node-round",
+                       disable=not progress, dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+
+    def rows_done() -> int:
+        return sum(max(0, _line_count(p / "rounds.csv") - 1) for p in parts.values())
+
+    try:
+        with stop.on_signals():
+            while waiting or running:
+                while waiting and len(running) < cfg.parallel and not stop():
+                    label = waiting.pop(0)
+                    running[label] = _start_part(cfg, label, parts[label], out, resume, started)
+                for label, proc in list(running.items()):
+                    if proc.poll() is not None:
+                        del running[label]
+                        if proc.returncode != 0 and not stop.reason:
+                            print(f"configuration {label} exited with {proc.returncode}: see {out}/logs/",
+                                  file=sys.stderr)  # fmt: skip
+                if stop.reason:
+                    for label, proc in running.items():
+                        if label not in told and proc.poll() is None:
+                            proc.send_signal(signal.SIGINT)  # once: each stops at its next round boundary
+                            told.add(label)
+                    waiting.clear()
+                if stop() and not running:
+                    break
+                bar.n = rows_done()
+                bar.refresh()
+                time.sleep(1.0)
+    finally:
+        bar.close()
+        for proc in running.values():  # a second Ctrl-C: stop them now
+            if proc.poll() is None:
+                proc.kill()
+    rows = [row for p in parts.values() if (p / "rounds.csv").exists() for row in read_rounds(p / "rounds.csv")]
+    write_rounds(out / "rounds.csv", rows)
+    if stop.reason:
+        print(f"stopped ({stop.reason}); every finished round is in {out}/rounds.csv; --resume continues",
+              file=sys.stderr)  # fmt: skip
+    part_meta = [_read_json(p / "meta.json") or {} for p in parts.values()]
+    meta = {
+        "study": cfg.to_json(),
+        "client": f"sapo-node/{__version__}",
+        "machine": machine(cfg.device),
+        "seconds": round(time.time() - started, 1),
+        "parallel": cfg.parallel,
+        "torch_threads": next((m["torch_threads"] for m in part_meta if "torch_threads" in m), None),
+        "run_seconds": [t for m in part_meta for t in m.get("run_seconds", [])],
+    }
+    return analyse_complete(out, cfg, meta)
+
+
+def _start_part(cfg: StudyConfig, label: str, folder: Path, out: Path, resume: bool, started: float) -> Any:
+    folder.mkdir(parents=True, exist_ok=True)
+    left = cfg.time_limit - (time.time() - started) if cfg.time_limit else 0.0
+    part = dataclasses.replace(
+        cfg, configs=[label], out=str(folder), parallel=1, time_limit=max(left, 1.0) if left else 0
+    )
+    part.save(folder / "part.json")
+    command = [sys.executable, "-m", "sapo_node.experiment.study", str(folder / "part.json")]
+    if resume and (folder / "rounds.csv").exists():
+        command.append("--resume")
+    log = (out / "logs" / f"{folder.name}.log").open("a")
+    # A session of its own: a Ctrl-C in the terminal reaches the parent only, which passes it on once.
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _line_count(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _previous_meta(out: Path) -> dict[str, Any] | None:
@@ -140,9 +331,10 @@ def run_swarm(
     out: Path,
     progress: bool = True,
     on_round: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """One run: a fresh pool, N nodes from their initial weights (`initial`: by model), R rounds round-robin.
-    Returns one row per node per round (analysis.ROUND_FIELDS)."""
+    Returns one row per node per round (analysis.ROUND_FIELDS); fewer when `stop()` turned true after a round."""
     from sapo_node.config import NodeConfig
     from sapo_node.experiment.swarm import SwarmNode, clone_policy
     from sapo_node.transport import OUTBOX_FILE
@@ -195,6 +387,8 @@ def run_swarm(
                     mean = sum(r["reward_mean"] for r in round_rows) / len(round_rows)
                     bar.set_postfix(reward=f"{mean:.3f}", ext=sum(r["external_kept"] for r in round_rows))
                     bar.update(1)
+                    if stop is not None and stop():
+                        break
             finally:
                 bar.close()
         finally:
@@ -228,3 +422,20 @@ def _csv_row(row: dict[str, Any], *, label: str, local: int, external: int, seed
         "questions": row["questions"],
         "question_rewards": ";".join(f"{r:.4f}" for r in row["question_rewards"]),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One part of a parallel study: `python -m sapo_node.experiment.study PART_JSON [--resume]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m sapo_node.experiment.study")
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = StudyConfig(**json.loads(args.config.read_text()))
+    run_study(cfg, resume=args.resume, progress=False, analysis=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
