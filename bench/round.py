@@ -3,6 +3,12 @@
     .venv/bin/python bench/round.py                          # tiny model, B=8, G=8: sapo-node vs incumbent
     .venv/bin/python bench/round.py --trl --no-incumbent     # sapo-node vs TRL's GRPOTrainer
     .venv/bin/python bench/round.py --trl --model tiny-mini --threads 2 --rounds 10
+    .venv/bin/python bench/round.py --paths --model small --catalogue sapo --device cuda --max-new-tokens 64
+
+--paths times generation alone, B x G completions of exactly --max-new-tokens tokens (stop tokens
+ignored), on sapo_node.generate's two paths alternating: the dropping loop (the CPU's) and the static
+path (the GPU's: fixed shapes, compiled decode step on CUDA, one sync); it prints s per batch and
+tokens/s for each, after one warm-up call per path (on CUDA that call compiles and captures).
 
 Every variant runs the same round (B questions -> G completions each -> score -> one GRPO optimizer
 step) on the same model and questions, with the same max new tokens, temperature (plain sampling,
@@ -331,6 +337,59 @@ def prebuild(args: argparse.Namespace) -> None:
     subprocess.run([sys.executable, "-c", code, args.model, args.cache_dir or ""], check=True)
 
 
+def generation_paths(args: argparse.Namespace) -> None:
+    import torch
+
+    from sapo_node.generate import _sample_rows, _sample_rows_static, encode_prompt, pad_id
+    from sapo_node.models import load_policy
+    from sapo_node.prompts import format_prompt
+    from sapo_node.sample import sample_questions
+    from sapo_node.tasks import CATALOGUES, TaskStream
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer, device = load_policy(args.model, device=args.device, cache_dir=args.cache_dir)
+    model.eval()
+    stream = TaskStream(CATALOGUES[args.catalogue], seed=0)
+    prompt_ids = [encode_prompt(tokenizer, format_prompt(tokenizer, q.question))
+                  for q in sample_questions(stream, args.questions)]  # fmt: skip
+    owners = [b for b in range(len(prompt_ids)) for _ in range(args.generations)]
+    compile_mode = "reduce-overhead" if device.startswith("cuda") else None
+
+    def timed(path: str) -> float:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if path == "static":
+                rows, _ = _sample_rows_static(model, prompt_ids, owners, set(), pad_id(tokenizer), args.max_new_tokens,
+                                              args.temperature, compile_mode)  # fmt: skip
+            else:
+                rows, _ = _sample_rows(model, prompt_ids, owners, set(), pad_id(tokenizer), args.max_new_tokens,
+                                       args.temperature)  # fmt: skip
+        assert all(len(r) == args.max_new_tokens for r in rows)  # returned as lists: synchronised
+        return time.perf_counter() - started
+
+    load_start = os.getloadavg()
+    paths = ("loop", "static")
+    warm = {p: timed(p) for p in paths}  # on CUDA the static path compiles and captures here
+    seconds: dict[str, list[float]] = {p: [] for p in paths}
+    for r in range(args.rounds):
+        for p in paths if r % 2 == 0 else paths[::-1]:
+            seconds[p].append(timed(p))
+    tokens = len(owners) * args.max_new_tokens
+    print(f"model {args.model} on {device} ({str(next(model.parameters()).dtype).removeprefix('torch.')}), "
+          f"{args.questions} x {args.generations} rows x {args.max_new_tokens} tokens, {args.rounds} timed calls each, "
+          f"alternating; load average at start {load_start[0]:.2f}, at end {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print("| path   | s per batch (median) | min s | tokens/s | ms per decode step | first call s |")
+    print("|--------|----------------------|-------|----------|--------------------|--------------|")
+    for p in paths:
+        median = statistics.median(seconds[p])
+        print(f"| {p:<6} | {median:20.3f} | {min(seconds[p]):5.3f} | {tokens / median:8.0f} "
+              f"| {1000 * median / args.max_new_tokens:18.2f} | {warm[p]:12.1f} |")  # fmt: skip
+    print(f"static / loop: {statistics.median(seconds['static']) / statistics.median(seconds['loop']):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -355,8 +414,11 @@ def main() -> None:
     parser.add_argument("--trl", action="store_true", help="add TRL's GRPOTrainer (requirements/bench-trl.txt)")
     parser.add_argument("--no-incumbent", action="store_true", help="leave out the incumbent")
     parser.add_argument("--force", action="store_true", help=f"print ratios even above load {MAX_QUIET_LOAD}")
+    parser.add_argument("--paths", action="store_true", help="time generation alone on its two paths (see above)")
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.paths:
+        return generation_paths(args)
     if args.variant == "trl":
         return trl_child(args)
     if args.variant:
@@ -396,7 +458,7 @@ def main() -> None:
     print(f"load average (1, 5, 15 min) at start {', '.join(f'{x:.2f}' for x in load_start)}; "
           f"at end {', '.join(f'{x:.2f}' for x in load_end)}"
           + (f"; other processes used {others:.2f} CPUs during the timed rounds" if others is not None else ""))  # fmt: skip
-    header = ("| variant   | dtype    | s/round | min s | rollout s | update s | gen tokens | rows trained "
+    header = ("| variant   | dtype    | s/round | min s | rollout s | update s | gen tokens | rollout tok/s | rows trained "
               "| peak RSS MiB | CUDA peak MiB | start-up s |")  # fmt: skip
     print(header)
     print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
@@ -407,7 +469,8 @@ def main() -> None:
         summary[v] = {**mean, "min": min(r["total"] for r in rs), **f}
         cuda = f"{f['cuda_peak_mib']:.0f}" if f["cuda_peak_mib"] is not None else "-"
         print(f"| {v:<9} | {f['dtype']:<8} | {mean['total']:7.3f} | {summary[v]['min']:5.3f} | {mean['rollout']:9.3f} "
-              f"| {mean['update']:8.3f} | {mean['tokens']:10.0f} | {mean['trained']:12.1f} | {f['peak_rss_mib']:12.0f} "
+              f"| {mean['update']:8.3f} | {mean['tokens']:10.0f} | {mean['tokens'] / mean['rollout']:13.0f} "
+              f"| {mean['trained']:12.1f} | {f['peak_rss_mib']:12.0f} "
               f"| {cuda:>13} | {startup[v]:10.1f} |")  # fmt: skip
 
     # The benchmark itself keeps `threads` CPUs busy; the rest of the end load is other processes'.

@@ -15,12 +15,20 @@ sequence and step, drawn from torch's generator for all rows of the batch even a
 a row's tokens then do not depend on which other rows are still running, and a test can replay
 them with a plain no-cache sampler.
 
+On a CUDA device the same draws run on a static path (`_sample_rows_static`): a key/value cache of
+fixed shape kept between rounds, every row fed at every step (a row that stopped is masked: its
+tokens after the stop are ignored, and its noise row is drawn as above), the decode step captured
+in a CUDA graph by torch.compile(mode="reduce-overhead"), and one host synchronisation per round
+instead of one per token. What it costs on a CPU (B*G rows for every step, a prompt pass per row)
+is what the dropping loop saves, so the CPU keeps that loop. `temperature` 0 is greedy on both.
+
 Per-token log-probabilities are not collected here: the update's forward pass yields exactly the
 log-probs of the policy before the update (sapo_node.grpo).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,11 +76,19 @@ def gumbel_noise(shape: tuple[int, ...], device: Any) -> torch.Tensor:
     return torch.rand(shape, device=device).log_().neg_().log_().neg_()
 
 
-def sample_tokens(logits: torch.Tensor, gumbel: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(N, V) logits and (N, V) Gumbel noise -> (N,) token ids drawn from softmax(logits / temperature).
+def sample_tokens(logits: torch.Tensor, gumbel: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """(N, V) logits and (N, V) Gumbel noise -> (N,) token ids drawn from softmax(logits / temperature);
+    temperature 0 (no noise) is the argmax.
 
     Gumbel-max: argmax(x + G) with G i.i.d. standard Gumbel is distributed as softmax(x)."""
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
     return torch.argmax(logits.float() / temperature + gumbel, dim=-1)
+
+
+def step_noise(n: int, vocab: int, device: Any, temperature: float) -> torch.Tensor | None:
+    """One decode step's noise for all `n` rows (None when greedy): both paths draw it the same way."""
+    return gumbel_noise((n, vocab), device) if temperature > 0 else None
 
 
 @torch.inference_mode()
@@ -85,10 +101,21 @@ def generate_completions(
     max_new_tokens: int,
     temperature: float,
     batch_size: int = 0,
+    static: bool | None = None,
+    compile: str | None = "auto",
 ) -> list[Generated]:
-    """`generations` sampled completions for each prompt; batch_size 0 = all rows in one batch."""
-    if temperature <= 0:
-        raise ValueError("temperature must be > 0")
+    """`generations` sampled completions for each prompt; batch_size 0 = all rows in one batch.
+
+    `static` chooses the static path (None: on CUDA); `compile` how its decode step is compiled:
+    "auto" (reduce-overhead on CUDA, none elsewhere), "reduce-overhead", "eager" (traced whole, run
+    eagerly: checks the step captures with no graph break) or None."""
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0 (0: greedy)")
+    device = next(model.parameters()).device
+    if static is None:
+        static = device.type == "cuda"
+    if compile == "auto":
+        compile = "reduce-overhead" if device.type == "cuda" else None
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
     owners = [b for b in range(len(prompts)) for _ in range(generations)]  # B*G rows, prompt-major
     step = batch_size if batch_size > 0 else len(owners)
@@ -98,9 +125,13 @@ def generate_completions(
     completions: list[list[int]] = []
     truncated: list[bool] = []
     for start in range(0, len(owners), step):
-        rows, ended = _sample_rows(
-            model, prompt_ids, owners[start : start + step], stops, pad_id(tokenizer), max_new_tokens, temperature
-        )
+        chunk = owners[start : start + step]
+        if static:
+            rows, ended = _sample_rows_static(
+                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, compile
+            )
+        else:
+            rows, ended = _sample_rows(model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature)
         completions += rows
         truncated += [not e for e in ended]
 
@@ -151,8 +182,8 @@ def _sample_rows(
     ended = torch.zeros(n, dtype=torch.bool, device=device)
     active = torch.arange(n, device=device)  # rows still in the batch
     for t in range(max_new_tokens):
-        noise = gumbel_noise((n, logits.shape[-1]), device)  # for all rows: see the module docstring
-        next_ids = sample_tokens(logits, noise[active], temperature)  # (A,)
+        noise = step_noise(n, logits.shape[-1], device, temperature)  # for all rows: see the module docstring
+        next_ids = sample_tokens(logits, None if noise is None else noise[active], temperature)  # (A,)
         tokens[active, t] = next_ids
         stopped = torch.isin(next_ids, stop_tensor) if stop_tensor is not None else torch.zeros_like(active, dtype=bool)
         if bool(stopped.any()):
@@ -176,3 +207,102 @@ def _sample_rows(
         logits = out.logits[:, -1]  # (A, V)
     rows = [row[:length] for row, length in zip(tokens.tolist(), lengths.tolist(), strict=True)]
     return rows, ended.tolist()
+
+
+#: The static cache's length is rounded up to a multiple of this, so rounds whose prompts differ a
+#: little in length reuse one cache and one captured graph.
+STATIC_LENGTH_STEP = 64
+
+
+def _sample_rows_static(
+    model: Any,
+    prompt_ids: list[list[int]],
+    owners: list[int],
+    stops: set[int],
+    pad: int,
+    max_new_tokens: int,
+    temperature: float,
+    compile: str | None,
+) -> tuple[list[list[int]], list[bool]]:
+    """`_sample_rows` with fixed shapes: the same tokens for the same noise, one host sync at the end."""
+    device = next(model.parameters()).device
+    n = len(owners)
+    width = max(len(prompt_ids[b]) for b in owners)
+    length = -(-(width + max_new_tokens) // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP
+    cache = _static_cache(model, n, length)
+    input_ids = torch.tensor([[pad] * (width - len(prompt_ids[b])) + prompt_ids[b] for b in owners], device=device)
+    prompt_mask = torch.tensor(
+        [[0] * (width - len(prompt_ids[b])) + [1] * len(prompt_ids[b]) for b in owners], device=device
+    )  # (N, P)
+    mask = torch.zeros((n, length), dtype=prompt_mask.dtype, device=device)  # (N, L): what each row attends to
+    mask[:, :width] = prompt_mask
+    position = prompt_mask.sum(-1)  # (N,) each row's next position
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        past_key_values=cache,
+        cache_position=torch.arange(width, device=device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits = out.logits[:, -1]  # (N, V)
+    step = _decode_step(model, compile)
+    cache_positions = torch.arange(width, width + max_new_tokens, device=device)  # (T,)
+    stop_tensor = torch.tensor(sorted(stops) or [-1], device=device)
+    tokens = torch.full((n, max_new_tokens), pad, device=device)  # (N, T)
+    lengths = torch.full((n,), max_new_tokens, device=device)  # (N,)
+    ended = torch.zeros(n, dtype=torch.bool, device=device)  # (N,)
+    for t in range(max_new_tokens):
+        noise = step_noise(n, logits.shape[-1], device, temperature)
+        next_ids = sample_tokens(logits, noise, temperature)  # (N,)
+        next_ids = torch.where(ended, pad, next_ids)  # a stopped row is fed padding from here on
+        tokens[:, t] = next_ids
+        stopped = torch.isin(next_ids, stop_tensor) & ~ended
+        lengths = torch.where(stopped, t + 1, lengths)
+        ended = ended | stopped
+        if t + 1 == max_new_tokens:
+            break
+        mask[:, width + t] = 1
+        logits = step(
+            input_ids=next_ids[:, None],
+            attention_mask=mask,
+            position_ids=(position + t)[:, None],
+            past_key_values=cache,
+            cache_position=cache_positions[t : t + 1],
+            use_cache=True,
+        ).logits[:, -1]
+    # The round's one host synchronisation.
+    rows = [row[:k] for row, k in zip(tokens.tolist(), lengths.tolist(), strict=True)]
+    return rows, ended.tolist()
+
+
+#: Per model: its static caches by (rows, length), and its compiled decode steps by mode. Kept between
+#: rounds: a new cache would move the tensors a captured graph reads and writes.
+_STATIC: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _static_cache(model: Any, rows: int, length: int) -> Any:
+    from transformers import StaticCache
+
+    kept = _STATIC.setdefault(model, {})
+    key = ("cache", rows, length, next(model.parameters()).dtype)
+    if key not in kept:
+        kept[key] = StaticCache(config=model.config, max_cache_len=length)
+    cache = kept[key]
+    cache.reset()
+    return cache
+
+
+def _decode_step(model: Any, compile: str | None) -> Any:
+    """The model's forward for one decode step: as is, or compiled whole (fullgraph) by torch.compile."""
+    if compile is None:
+        return model
+    kept = _STATIC.setdefault(model, {})
+    key = ("step", compile)
+    if key not in kept:
+        if compile == "eager":
+            kept[key] = torch.compile(model.forward, backend="eager", fullgraph=True, dynamic=False)
+        else:
+            kept[key] = torch.compile(model.forward, mode=compile, fullgraph=True, dynamic=False)
+    return kept[key]

@@ -183,6 +183,18 @@ def build_entries(spec: TaskSpec, seed: int, n: int, *, start: int = 0) -> list[
     return [build_first(spec, seed, indices)[1] for _ in range(n)]
 
 
+def entries_at(spec: TaskSpec, seed: int, indices: list[int]) -> list[dict[str, Any]]:
+    """The entries of drawn `indices`. One that reasoning-gym cannot build is replaced by the first
+    buildable index of a sequence seeded by it, so the result depends on the draw alone (not on which
+    process builds it, nor on other draws): the warm start builds batches in worker processes."""
+    return [build_first(spec, seed, itertools.chain([i], random_indices(random.Random(i))))[1] for i in indices]
+
+
+def entries_of(draw: tuple[TaskSpec, int, list[int]]) -> list[dict[str, Any]]:
+    """entries_at of one (spec, seed, indices) draw: the function a worker process maps."""
+    return entries_at(*draw)
+
+
 def random_indices(rng: random.Random) -> Iterator[int]:
     """Indices drawn from `rng` for as long as they are asked for (build_first's redraws)."""
     while True:

@@ -13,6 +13,7 @@ processes building the same recipe at once serialise on a file lock.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -39,11 +40,13 @@ from sapo_node.prompts import format_plain, format_prompt, format_target
 from sapo_node.tasks import (
     CATALOGUES,
     EASY_CATALOGUE,
+    MAX_INDEX,
     SAPO_CATALOGUE,
     Catalogue,
+    TaskSpec,
     build_entries,
-    build_first,
-    random_indices,
+    entries_at,
+    entries_of,
     score_completion,
 )
 
@@ -290,6 +293,7 @@ def warm_start(
     bare_share: float = 0.0,
     phase: int = 0,
     progress: bool = True,
+    workers: int = 0,
 ) -> float:
     """Supervised fine-tuning on (question, answer) pairs of `catalogue`; returns the final loss (EMA).
 
@@ -297,6 +301,10 @@ def warm_start(
     lengths, so little compute goes to padding (the long base-conversion prompts would otherwise
     set the width of every batch). A share `bare_share` of the targets (drawn per example) is the
     bare answer without tags. `phase` > 0 draws from its own question stream (the format phase).
+
+    `workers` > 0 builds the batches' entries in that many processes, ahead of the training steps
+    (reasoning-gym's generators, not the model, set the pace of a build on a GPU); the batches are
+    the same as with none: every draw is made here, in order, and a worker only rebuilds entries.
     """
     rng = random.Random(TRAIN_SEED + seed + 7919 * phase)
     optimizer = torch.optim.AdamW(
@@ -313,26 +321,75 @@ def warm_start(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     # Tasks without a single answer (propositional_logic) have no target to imitate.
     tasks = [spec for spec in catalogue.tasks if build_entries(spec, TRAIN_SEED + seed, 1)[0]["answer"] is not None]
-    indices = random_indices(rng)
+    draws = _batch_draws(tasks, TRAIN_SEED + seed, rng, steps, variant.batch_size, bare_share)
     model.train()
     ema = float("nan")
-    bar = progress_bar(range(steps), desc=f"warm start {variant.name}", unit="step", disable=not progress, leave=False)
-    for step in bar:
-        spec = tasks[step % len(tasks)]
-        entries = [build_first(spec, TRAIN_SEED + seed, indices)[1] for _ in range(variant.batch_size)]
-        bare = [rng.random() < bare_share for _ in entries] if bare_share > 0 else None
-        input_ids, attention_mask, labels = (t.to(model.device) for t in supervised_batch(tokenizer, entries, bare))
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=model.device.type == "cuda"):
-            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        ema = loss.item() if math.isnan(ema) else 0.9 * ema + 0.1 * loss.item()
-        bar.set_postfix(loss=f"{ema:.3f}")
+    bar = progress_bar(total=steps, desc=f"warm start {variant.name}", unit="step", disable=not progress, leave=False)
+    with _batch_builder(workers) as build:
+        for entries, bare in build(draws):
+            input_ids, attention_mask, labels = (t.to(model.device) for t in supervised_batch(tokenizer, entries, bare))
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=model.device.type == "cuda"):
+                loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            ema = loss.item() if math.isnan(ema) else 0.9 * ema + 0.1 * loss.item()
+            bar.update(1)
+            bar.set_postfix(loss=f"{ema:.3f}")
+    bar.close()
     model.eval()
     return ema
+
+
+#: One step's draws: the dataset, its seed, the drawn indices, and which targets are bare (None: none).
+BatchDraw = tuple[TaskSpec, int, list[int], "list[bool] | None"]
+
+
+def _batch_draws(
+    tasks: list[TaskSpec], seed: int, rng: random.Random, steps: int, batch_size: int, bare_share: float
+) -> Iterator[BatchDraw]:
+    for step in range(steps):
+        spec = tasks[step % len(tasks)]
+        indices = [rng.randrange(MAX_INDEX) for _ in range(batch_size)]
+        bare = [rng.random() < bare_share for _ in indices] if bare_share > 0 else None
+        yield spec, seed, indices, bare
+
+
+@contextlib.contextmanager
+def _batch_builder(workers: int) -> Iterator[Any]:
+    """A function from an iterator of draws to an iterator of (entries, bare flags), in order: built
+    here, or in `workers` processes that keep a few batches ahead of training."""
+    if workers <= 0:
+        yield lambda draws: ((entries_at(spec, seed, indices), bare) for spec, seed, indices, bare in draws)
+        return
+    import multiprocessing
+
+    def built(pool: Any, draws: Iterator[BatchDraw]) -> Iterator[tuple[list[dict[str, Any]], list[bool] | None]]:
+        bares: collections.deque = collections.deque()  # appended by the pool's feeder thread, in order
+
+        def tasks() -> Iterator[tuple[TaskSpec, int, list[int]]]:
+            for spec, seed, indices, bare in draws:
+                bares.append(bare)
+                yield spec, seed, indices
+
+        for entries in pool.imap(entries_of, tasks(), chunksize=2):
+            yield entries, bares.popleft()
+
+    # spawn: the parent may hold a CUDA context, which a forked child must not inherit. The workers
+    # import sapo_node.tasks only (reasoning-gym, no torch).
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        yield lambda draws: built(pool, draws)
+
+
+def default_workers(device: str) -> int:
+    """Entry-building processes for a build on `device`: on a GPU all cores but one (up to 16), on a CPU
+    none (training uses the cores there)."""
+    if not str(device).startswith("cuda"):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(16, cores - 1))
 
 
 # --- evaluation --------------------------------------------------------------------------------
@@ -445,10 +502,16 @@ def build_info(path: Path) -> dict[str, Any] | None:
 
 
 def build_tiny(
-    variant: str = "tiny", seed: int = 0, steps: int | None = None, progress: bool = True, device: str = "cpu"
+    variant: str = "tiny",
+    seed: int = 0,
+    steps: int | None = None,
+    progress: bool = True,
+    device: str = "cpu",
+    workers: int | None = None,
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
     """Train the tokenizer, build the model and warm-start it (on `device`, in bfloat16 autocast on
-    CUDA), without touching the cache. The model comes back on the CPU in float32."""
+    CUDA; entries built in `workers` processes, default_workers(device) when None), without touching
+    the cache. The model comes back on the CPU in float32."""
     spec = get_variant(variant)
     steps = spec.steps if steps is None else steps
     started = time.perf_counter()
@@ -457,12 +520,15 @@ def build_tiny(
     model = build_model(spec, tokenizer, seed).to(device)
     started = time.perf_counter()
     catalogue = known_catalogue(spec)
-    loss = warm_start(model, tokenizer, spec, seed=seed, steps=steps, catalogue=catalogue, progress=progress)
+    workers = default_workers(device) if workers is None else workers
+    loss = warm_start(
+        model, tokenizer, spec, seed=seed, steps=steps, catalogue=catalogue, progress=progress, workers=workers
+    )
     warm_seconds = time.perf_counter() - started
     if spec.format_steps:
         loss = warm_start(
             model, tokenizer, spec, seed=seed, steps=spec.format_steps, catalogue=catalogue, lr=spec.format_lr,
-            bare_share=spec.bare_share, phase=1, progress=progress,
+            bare_share=spec.bare_share, phase=1, progress=progress, workers=workers,
         )  # fmt: skip
     info = {
         "recipe": recipe(spec, seed, steps),
@@ -473,6 +539,7 @@ def build_tiny(
         "format_seconds": round(time.perf_counter() - started - warm_seconds, 2),
         "final_loss": round(loss, 4),
         "torch_threads": torch.get_num_threads(),
+        "entry_workers": workers,
         "device": str(device),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

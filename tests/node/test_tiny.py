@@ -239,3 +239,17 @@ def test_build_first_skips_indices_that_cannot_be_built_and_gives_up_on_a_spec_t
     assert [e["question"] for e in build_entries(spec, 3, 2, start=5)] == [
         build_entry(spec, 3, i)["question"] for i in (5, 6)
     ]
+
+
+@pytest.mark.slow
+def test_entries_built_in_worker_processes_give_the_same_weights(tmp_path):
+    # A GPU build makes its batches in processes ahead of training; the model must not depend on it.
+    quick = dataclasses.replace(VARIANTS["tiny-mini"], tokenizer_examples=10, steps=3, batch_size=4)
+    tokenizer = tiny.train_tokenizer(quick)
+    weights = []
+    for workers in (0, 2):
+        model = tiny.build_model(quick, tokenizer, seed=0)
+        tiny.warm_start(model, tokenizer, quick, seed=0, steps=3, progress=False, workers=workers)
+        weights.append(model.state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert tiny.default_workers("cpu") == 0 and tiny.default_workers("cuda") >= 0
