@@ -105,7 +105,7 @@ async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, f
     of the thread's CPU (by groups), or what it raised."""
     shares = [item.share for item in items]
     metrics.SHARES_TOGETHER.observe(len(shares))
-    results, cpu = await db_call(_cpu_timed(rollout_share_batch))(
+    results, cpu = await db_call(_cpu_timed(rollout_share_batch), retry_lost=True)(
         shares=shares, catalogue=items[0].catalogue, limits=items[0].limits
     )
     groups = sum(len(share.rollouts) for share in shares) or 1
@@ -253,7 +253,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             except Exception:
                 logger.exception("node %s: charging its last frame failed", node.id)
             try:
-                await db_call(presence.connection_close)(
+                await db_call(presence.connection_close, retry_lost=True)(
                     node_id=node.id, connection_id=self.connection_id
                 )
             except Exception:  # the record expires by itself (presence.expires_after_seconds())
@@ -350,7 +350,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
             samples = _Reply(type="samples")
-            samples.members = await db_call(_sample_payload)(
+            samples.members = await db_call(_sample_payload, retry_lost=True)(
                 node=node, n=message.n, window_seconds=self.limits.sample_window_seconds
             )
             return samples

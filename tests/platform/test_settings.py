@@ -29,7 +29,7 @@ class TestEnv:
 
     def test_parse_database_url(self):
         db = parse_database_url("postgresql://u:p%40ss@db.example:5433/sapo?sslmode=require")
-        assert db["ENGINE"] == "django.db.backends.postgresql"
+        assert db["ENGINE"] == "config.pg_backend"
         assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
             "u",
             "p@ss",
@@ -114,7 +114,7 @@ class TestSettings:
 
     def test_production_is_not_debug(self):
         result = run_settings({**PRODUCTION, "SAPO_SECRET_KEY": "k" * 50})
-        assert result.stdout.split() == ["False", "50", "django.db.backends.postgresql"]
+        assert result.stdout.split() == ["False", "50", "config.pg_backend"]
 
     def test_production_is_https_only_by_default(self):
         result = run_settings(PRODUCTION, SECURITY)
