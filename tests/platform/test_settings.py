@@ -135,6 +135,8 @@ class TestSettings:
         env = {**PRODUCTION, "SAPO_STATIC_ROOT": str(tmp_path / "static")}
         before = manage(env, "check", "--deploy")
         assert "ops.W001" in before.stderr  # every page would be a 500: said before it happens
+        assert "ops.W003" in before.stderr  # /metrics open to anyone
+        env["SAPO_METRICS_TOKEN"] = "a-scraper-token"
         collected = manage(env, "collectstatic", "--noinput", "-v0")
         assert collected.returncode == 0, collected.stderr
         # Swagger UI is served by the site itself, not a CDN.
