@@ -1,7 +1,8 @@
 """common.db's database threads (docs/benchmarks.md, "Sockets"): a call's result or exception comes back
 to the awaiting coroutine; a thread keeps its connection between calls for a while, and drops one that
-broke, so a PostgreSQL restart costs the calls that were using the old connections and no more; every
-thread gives its connection back on request (before a test database is dropped)."""
+broke without a call failing on it (a PostgreSQL restart costs only the calls running during it, and
+a call marked safe to repeat is run again on a fresh connection); every thread gives its connection
+back on request (before a test database is dropped)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,27 @@ async def test_a_connection_the_server_ended_costs_no_call(one_thread) -> None:
     await asyncio.to_thread(terminate, pid)
     again = await call(one_thread, backend_pid)
     assert again != pid
+
+
+def pid_after_losing_the_first_connection(runs: list[int]) -> int:
+    """Ends its own session from another connection on its first run, then queries, as a call does whose
+    database restarts under it: its backend pid, on the run that succeeds."""
+    pid = backend_pid()
+    runs.append(pid)
+    if len(runs) == 1:
+        terminate(pid)
+    return backend_pid()
+
+
+async def test_a_call_marked_safe_to_repeat_runs_again_on_a_fresh_connection_when_its_own_is_lost(one_thread):
+    runs: list[int] = []
+    again = await call(one_thread, db._retrying_lost(pid_after_losing_the_first_connection), runs)
+    assert len(runs) == 2 and again == runs[1] != runs[0]
+    # Without the mark the call fails, and the thread's next call gets a working connection.
+    runs.clear()
+    with pytest.raises(Exception, match="(?i)terminat|closed|lost"):
+        await call(one_thread, pid_after_losing_the_first_connection, runs)
+    assert len(runs) == 1 and await call(one_thread, backend_pid) != runs[0]
 
 
 def terminate(pid: int) -> None:
