@@ -73,6 +73,20 @@ def test_an_idle_connection_whose_session_the_server_ended_is_lost_without_a_rou
         raw.close()
 
 
+def test_the_pool_hands_out_no_connection_whose_session_the_server_ended(end_sessions):
+    """Connections idle in the pool when the server ended their sessions are thrown away when next
+    borrowed (config.pg_backend's check), not handed out to fail their first statement."""
+    pool = connection.pool
+    idle = [pool.getconn(timeout=30) for _ in range(2)]
+    ended = {raw.info.backend_pid for raw in idle}
+    for raw in idle:
+        pool.putconn(raw)
+    assert end_sessions() >= 2
+    for _ in range(3):
+        with pool.connection(timeout=30) as raw:
+            assert raw.execute("SELECT pg_backend_pid()").fetchone()[0] not in ended
+
+
 def test_a_connection_in_a_transaction_is_never_taken_for_lost():
     raw = _own_connection()
     try:
