@@ -256,10 +256,10 @@ def db_threads() -> DbThreads:
 def db_call(fn: Callable[..., Any], *, retry_lost: bool = False) -> Callable[..., Any]:
     """`fn` as a coroutine function run on the database threads, with Django's connection clean-up
     after it (a thread keeps its connection for its next calls, see `_tidy`; one a database restart
-    broke meanwhile is replaced before the call, `_drop_lost`, and the pool checks one it hands out, config.pg_backend). With `retry_lost`, a call whose
-    connection was lost under it runs once more on a fresh one (`_retrying_lost`: only for a function
-    that may run twice). Cancelling the awaiting task does not stop a call that has started (as with
-    any thread); its result is dropped."""
+    ended meanwhile is replaced before the call, `_drop_lost`, and the pool checks each one it hands
+    out, config.pg_backend). With `retry_lost`, a call whose connection was lost under it runs once
+    more on a fresh one (`_retrying_lost`: only for a function that may run twice). Cancelling the
+    awaiting task does not stop a call that has started (as with any thread); its result is dropped."""
     if retry_lost:
         fn = _retrying_lost(fn)
 
