@@ -19,6 +19,10 @@
  *
  * Every loop is linear in its input; nothing here keeps state between calls or holds the GIL's
  * objects past a call. Inputs are validated (lists of str / bytes): anything else is a TypeError.
+ * A list's items are read through strong references taken before anything else runs (`items_of`):
+ * an allocation may start the garbage collector, and pg_array reads a uuid's `int`, and either may
+ * run Python code that empties or shrinks the list. bench/native_fuzz.py runs every function against
+ * its twin under AddressSanitizer and UBSan.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -52,34 +56,61 @@ is_bytes(PyObject *v)
     return PyBytes_Check(v);
 }
 
-/* Whether `arg` is a list whose every item passes `check`; a TypeError naming `function` and
- * `items` otherwise. The loops below then have no error path of their own. */
 static int
-list_of(PyObject *arg, int (*check)(PyObject *), const char *function, const char *items)
+any_object(PyObject *v)
 {
-    if (PyList_Check(arg)) {
-        Py_ssize_t n = PyList_GET_SIZE(arg), i = 0;
-        while (i < n && check(PyList_GET_ITEM(arg, i)))
-            i++;
-        if (i == n)
-            return 1;
+    (void)v;
+    return 1;
+}
+
+/* Strong references to the items of `arg`, a list whose every item passes `check` (a TypeError naming
+ * `function` and `items` otherwise), their count in *n; NULL on error. Checked and taken with no
+ * Python code in between (PyMem_Malloc starts no garbage collection), so the loops below read items
+ * that stay alive and in place whatever runs later. `release_items` gives them back. */
+static PyObject **
+items_of(PyObject *arg, int (*check)(PyObject *), const char *function, const char *items, Py_ssize_t *n)
+{
+    if (!PyList_Check(arg))
+        goto wrong;
+    Py_ssize_t len = PyList_GET_SIZE(arg);
+    for (Py_ssize_t i = 0; i < len; i++)
+        if (!check(PyList_GET_ITEM(arg, i)))
+            goto wrong;
+    PyObject **held = PyMem_Malloc(sizeof(PyObject *) * (size_t)(len ? len : 1));
+    if (held == NULL) {
+        PyErr_NoMemory();
+        return NULL;
     }
+    for (Py_ssize_t i = 0; i < len; i++)
+        held[i] = Py_NewRef(PyList_GET_ITEM(arg, i));
+    *n = len;
+    return held;
+wrong:
     PyErr_Format(PyExc_TypeError, "%s takes a list of %s", function, items);
-    return 0;
+    return NULL;
+}
+
+static void
+release_items(PyObject **held, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(held[i]);
+    PyMem_Free(held);
 }
 
 /* `" ".join(text.lower().split()).encode()` of each ASCII str; None for any other str. */
 static PyObject *
 normalise_ascii(PyObject *self, PyObject *arg)
 {
-    if (!list_of(arg, is_str, "normalise_ascii", "str"))
+    Py_ssize_t n;
+    PyObject **texts = items_of(arg, is_str, "normalise_ascii", "str", &n);
+    if (texts == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(arg);
     PyObject *out = PyList_New(n);
     if (out == NULL)
-        return NULL;
+        goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *text = PyList_GET_ITEM(arg, i);
+        PyObject *text = texts[i];
         if (!PyUnicode_IS_ASCII(text)) {
             Py_INCREF(Py_None);
             PyList_SET_ITEM(out, i, Py_None);
@@ -90,8 +121,8 @@ normalise_ascii(PyObject *self, PyObject *arg)
         /* The result is never longer than the text: written in place into a bytes object, then cut. */
         PyObject *result = PyBytes_FromStringAndSize(NULL, len);
         if (result == NULL) {
-            Py_DECREF(out);
-            return NULL;
+            Py_CLEAR(out);
+            goto done;
         }
         unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(result);
         /* Without branches (a space every few characters made them mispredict: 1.6 ns a byte
@@ -111,11 +142,13 @@ normalise_ascii(PyObject *self, PyObject *arg)
             pending_space = space & (at > 0); /* a space only between words: none leading */
         }
         if (at != len && _PyBytes_Resize(&result, at) < 0) {
-            Py_DECREF(out);
-            return NULL;
+            Py_CLEAR(out);
+            goto done;
         }
         PyList_SET_ITEM(out, i, result);
     }
+done:
+    release_items(texts, n);
     return out;
 }
 
@@ -194,18 +227,18 @@ put_le64(unsigned char *at, uint64_t v)
 static PyObject *
 simhashes(PyObject *self, PyObject *arg)
 {
-    if (!list_of(arg, is_bytes, "simhashes", "bytes"))
+    Py_ssize_t n;
+    PyObject **datas = items_of(arg, is_bytes, "simhashes", "bytes", &n);
+    if (datas == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(arg);
     PyObject *out = PyBytes_FromStringAndSize(NULL, 8 * n);
-    if (out == NULL)
-        return NULL;
-    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *data = PyList_GET_ITEM(arg, i);
-        put_le64(dst + 8 * i,
-                 simhash_of((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)));
+    if (out != NULL) {
+        unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < n; i++)
+            put_le64(dst + 8 * i,
+                     simhash_of((const unsigned char *)PyBytes_AS_STRING(datas[i]), PyBytes_GET_SIZE(datas[i])));
     }
+    release_items(datas, n);
     return out;
 }
 
@@ -226,15 +259,16 @@ nonprintable(Py_UCS4 c)
 static PyObject *
 char_counts(PyObject *self, PyObject *arg)
 {
-    if (!list_of(arg, is_str, "char_counts", "str"))
+    Py_ssize_t n;
+    PyObject **texts = items_of(arg, is_str, "char_counts", "str", &n);
+    if (texts == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(arg);
     PyObject *out = PyBytes_FromStringAndSize(NULL, 32 * n);
     if (out == NULL)
-        return NULL;
+        goto done;
     unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *text = PyList_GET_ITEM(arg, i);
+        PyObject *text = texts[i];
         Py_ssize_t len = PyUnicode_GET_LENGTH(text);
         int kind = PyUnicode_KIND(text);
         const void *data = PyUnicode_DATA(text);
@@ -260,6 +294,8 @@ char_counts(PyObject *self, PyObject *arg)
         put_le64(dst + 32 * i + 16, wide);
         put_le64(dst + 32 * i + 24, repeated);
     }
+done:
+    release_items(texts, n);
     return out;
 }
 
@@ -274,15 +310,16 @@ static PyObject *answer_open, *answer_close; /* "<answer>", "</answer>" */
 static PyObject *
 answers(PyObject *self, PyObject *arg)
 {
-    if (!list_of(arg, is_str, "answers", "str"))
+    Py_ssize_t n;
+    PyObject **texts = items_of(arg, is_str, "answers", "str", &n);
+    if (texts == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(arg);
     const Py_ssize_t open_len = 8, close_len = 9;
     PyObject *out = PyList_New(n);
     if (out == NULL)
-        return NULL;
+        goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *text = PyList_GET_ITEM(arg, i);
+        PyObject *text = texts[i];
         Py_ssize_t len = PyUnicode_GET_LENGTH(text), pos = 0, start = -1, end = -1;
         for (;;) {
             Py_ssize_t o = PyUnicode_Find(text, answer_open, pos, len, 1);
@@ -316,10 +353,12 @@ answers(PyObject *self, PyObject *arg)
         }
         PyList_SET_ITEM(out, i, result);
     }
-    return out;
+    goto done;
 fail:
-    Py_DECREF(out);
-    return NULL;
+    Py_CLEAR(out);
+done:
+    release_items(texts, n);
+    return out;
 }
 
 /* --- pg_array ---------------------------------------------------------------------------------- */
@@ -455,24 +494,28 @@ pg_array(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "pg_array: unknown element kind %d", kind);
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(values);
+    Py_ssize_t n;
+    PyObject **items = items_of(values, any_object, "pg_array", "values", &n);
+    if (items == NULL)
+        return NULL;
+    PyObject *out = NULL;
     Py_ssize_t total = n ? 20 : 12;
     int nulls = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *data = NULL;
-        Py_ssize_t size = element_size(kind, PyList_GET_ITEM(values, i), i, &data);
+        Py_ssize_t size = element_size(kind, items[i], i, &data);
         if (size == -2)
-            return NULL;
+            goto done;
         if (size > INT32_MAX) {
             PyErr_Format(PyExc_OverflowError, "pg_array: element %zd is over 2 GB", i);
-            return NULL;
+            goto done;
         }
         nulls |= size == -1;
         total += 4 + (size > 0 ? size : 0);
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL)
-        return NULL;
+        goto done;
     unsigned char *at = (unsigned char *)PyBytes_AS_STRING(out);
     unsigned char *end = at + total;
     put_be32(at, n ? 1 : 0);
@@ -485,35 +528,32 @@ pg_array(PyObject *self, PyObject *args)
         at += 8;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyList_GET_ITEM(values, i);
+        PyObject *v = items[i];
         const char *data = NULL;
-        /* Sizes are taken again rather than kept, and checked against the buffer: a UUID subclass's
-         * `int` could run Python code that changes the list between the passes. */
+        /* The items are held (the list may change under a uuid's `int`, not what is read here) and
+         * immutable, so their sizes are those of the first pass; taken again for `data`, and checked
+         * against the buffer all the same. */
         Py_ssize_t size = element_size(kind, v, i, &data);
-        if (size == -2) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        if (end - at < 4 + (size > 0 ? size : 0)) {
-            Py_DECREF(out);
-            PyErr_SetString(PyExc_RuntimeError, "pg_array: the list changed while it was encoded");
-            return NULL;
-        }
+        if (size == -2)
+            goto fail;
+        if (end - at < 4 + (size > 0 ? size : 0))
+            goto changed;
         put_be32(at, (uint32_t)(int32_t)size);
         at += 4;
         if (size < 0)
             continue;
-        if (write_element(kind, v, i, data, size, at) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
+        if (write_element(kind, v, i, data, size, at) < 0)
+            goto fail;
         at += size;
     }
-    if (at != end) {
-        Py_DECREF(out);
-        PyErr_SetString(PyExc_RuntimeError, "pg_array: the list changed while it was encoded");
-        return NULL;
-    }
+    if (at == end)
+        goto done;
+changed:
+    PyErr_SetString(PyExc_RuntimeError, "pg_array: an element changed while it was encoded");
+fail:
+    Py_CLEAR(out);
+done:
+    release_items(items, n);
     return out;
 }
 
@@ -601,11 +641,35 @@ int_list(const int32_t *values, Py_ssize_t n)
 
 #define DIGEST 16
 
+/* Drawn once per process (PyInit__text): the key of `digest_key`. */
+static uint64_t digest_seed[2];
+
+static inline uint64_t
+mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= MIX1;
+    h ^= h >> 33;
+    h *= MIX2;
+    h ^= h >> 33;
+    return h;
+}
+
+/* A 64-bit key of a whole 16-byte digest, through a secret drawn per process: digests that share
+ * their first 8 bytes (or any other part) share a key only by chance, whoever chose them, so the
+ * chains below stay a digest or two long. (Keyed by the first 8 bytes alone, 16,000 digests sharing
+ * them made every lookup walk all of them: 0.95 s.) */
+static inline uint64_t
+digest_key(const unsigned char *digest)
+{
+    return mix64(mix64(get_le64(digest) ^ digest_seed[0]) ^ get_le64(digest + 8) ^ digest_seed[1]);
+}
+
 /* Per 16-byte probe digest (`probes`, concatenated), the index of the first candidate completion
  * (`exact`: their 16-byte digests concatenated, in the order added) with that digest, or -1. The
- * probes' distinct digests are chained per first 8 bytes in a table; one pass over the candidates, a
- * lookup each (and a whole-digest comparison per distinct digest sharing those 8 bytes), stopping once
- * every distinct digest is found: O(candidates + probes). */
+ * probes' distinct digests are chained per key (`digest_key`) in a table; one pass over the
+ * candidates, a lookup each (and a whole-digest comparison per distinct digest of that key), stopping
+ * once every distinct digest is found: O(candidates + probes). */
 static PyObject *
 exact_first(PyObject *self, PyObject *args)
 {
@@ -636,7 +700,7 @@ exact_first(PyObject *self, PyObject *args)
     Py_ssize_t distinct = 0;
     for (Py_ssize_t i = 0; i < p; i++) {
         const unsigned char *digest = pd + DIGEST * i;
-        uint64_t key = get_le64(digest);
+        uint64_t key = digest_key(digest);
         size_t s = table_slot(&t, key);
         if (!t.used[s]) {
             t.used[s] = 1;
@@ -658,7 +722,7 @@ exact_first(PyObject *self, PyObject *args)
     Py_ssize_t missing = distinct;
     for (Py_ssize_t c = 0; c < n && missing > 0; c++) {
         const unsigned char *digest = cd + DIGEST * c;
-        size_t s = table_slot(&t, get_le64(digest));
+        size_t s = table_slot(&t, digest_key(digest));
         if (!t.used[s])
             continue;
         for (int32_t u = t.values[s]; u >= 0; u = next[u])
@@ -828,10 +892,31 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, .m_name = "_text", .m_doc = NULL, .m_size = -1, .m_methods = methods,
 };
 
+/* digest_seed from os.urandom. */
+static int
+seed_init(void)
+{
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *random = os ? PyObject_CallMethod(os, "urandom", "i", (int)sizeof(digest_seed)) : NULL;
+    Py_XDECREF(os);
+    if (random == NULL)
+        return -1;
+    if (!PyBytes_Check(random) || PyBytes_GET_SIZE(random) != (Py_ssize_t)sizeof(digest_seed)) {
+        Py_DECREF(random);
+        PyErr_SetString(PyExc_RuntimeError, "os.urandom gave no seed");
+        return -1;
+    }
+    memcpy(digest_seed, PyBytes_AS_STRING(random), sizeof(digest_seed));
+    Py_DECREF(random);
+    return 0;
+}
+
 PyMODINIT_FUNC
 PyInit__text(void)
 {
     tables_init();
+    if (seed_init() < 0)
+        return NULL;
     answer_open = PyUnicode_InternFromString("<answer>");
     answer_close = PyUnicode_InternFromString("</answer>");
     if (answer_open == NULL || answer_close == NULL)

@@ -44,6 +44,11 @@ SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR)
 CLOSE_UNAUTHENTICATED = 4401  # no/bad token, tokens revoked, node retired: retrying cannot help
 CLOSE_BANNED = 4403  # the node or its contributor is banned
 CLOSE_TOO_MANY_ERRORS = 4429  # max_consecutive_errors error replies in a row
+CLOSE_TRY_AGAIN = 4503  # the server could not open the session now (its database or Redis failed): retry later
+#: Every close code the server sends itself. An application may send only 1000 or 3000-4999 (RFC 6455
+#: 7.4.2; autobahn, under daphne, raises on any other, e.g. 1011, and the node then gets daphne's
+#: own 1011 for an unhandled exception instead); tests/platform/test_close_codes.py holds them to it.
+SERVER_CLOSE_CODES = (CLOSE_UNAUTHENTICATED, CLOSE_BANNED, CLOSE_TOO_MANY_ERRORS, CLOSE_TRY_AGAIN)
 #: HTTP answers to the upgrade after which retrying cannot help. Not 403: daphne answers 403 to a
 #: handshake its application did not accept within --websocket_connect_timeout (a server busy with a
 #: crowd of reconnecting nodes), and the platform refuses a banned node after accepting (close 4403).

@@ -1,11 +1,25 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.http import HttpRequest, HttpResponse
 
+from accounts.backends import LOCKED_ATTR
 from accounts.forms import AdminLoginForm
 from accounts.models import User
 
-# The admin's log-in page says when the log-in limiter (accounts.backends) refused an attempt.
+# The admin's log-in page says when the log-in limiter (accounts.backends) refused an attempt, and
+# answers it 429, as the site's log-in page does (accounts.views.LoginView).
 admin.site.login_form = AdminLoginForm
+_admin_login = admin.site.login
+
+
+def _login_answering_429_when_locked(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+    response = _admin_login(request, extra_context)
+    if getattr(request, LOCKED_ATTR, 0) and response.status_code == 200:
+        response.status_code = 429
+    return response
+
+
+admin.site.login = _login_answering_429_when_locked
 
 
 @admin.register(User)

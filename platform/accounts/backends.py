@@ -23,6 +23,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from accounts import limits
+from accounts.passwords import MAX_PASSWORD_LENGTH
 
 #: Set on the request while a lock refuses the attempt: seconds until it lifts (read by accounts.forms).
 LOCKED_ATTR = "sapo_login_locked_for"
@@ -60,7 +61,9 @@ class LimitedModelBackend(ModelBackend):
                 setattr(request, LOCKED_ATTR, locked_for)
             # PermissionDenied: authenticate() stops here (no later backend is asked) and returns None.
             raise PermissionDenied("too many failed log-ins")
-        user = super().authenticate(request, username=username, password=password, **kwargs)
+        # A password no account can have is a failure without hashing it (accounts.passwords).
+        too_long = len(password) > MAX_PASSWORD_LENGTH
+        user = None if too_long else super().authenticate(request, username=username, password=password, **kwargs)
         window = settings.SAPO_LOGIN_WINDOW_SECONDS
         counters = _counters(request, username)
         if user is None:

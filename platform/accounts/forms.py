@@ -7,6 +7,7 @@ from django.contrib.auth.forms import AuthenticationForm
 
 from accounts.backends import LOCKED_ATTR
 from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
+from accounts.passwords import MAX_PASSWORD_LENGTH
 from accounts.services import display_name_is_taken
 
 LOCKED_MESSAGE = (
@@ -54,11 +55,15 @@ class SignupForm(forms.Form):
     password1 = forms.CharField(
         label="Password",
         strip=False,
+        max_length=MAX_PASSWORD_LENGTH,
         widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
         help_text=password_validation.password_validators_help_text_html(),
     )
     password2 = forms.CharField(
-        label="Password (again)", strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "new-password"})
+        label="Password (again)",
+        strip=False,
+        max_length=MAX_PASSWORD_LENGTH,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
     )
 
     def clean_username(self) -> str:

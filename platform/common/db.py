@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import psycopg
+from django import db as django_db
 from django.conf import settings
 from django.db import connection, connections, transaction
 from psycopg import _queries as _psycopg_queries
@@ -34,6 +35,7 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
 from common.native import native
+from common.pg_lost import finish_if_lost
 
 _lock = threading.Lock()
 _threads: DbThreads | None = None
@@ -147,6 +149,7 @@ class DbThreads:
             loop, future, context, fn, args, kwargs = call
             try:
                 try:
+                    _drop_lost(kept)
                     outcome = (loop, _succeed, future, context.run(fn, *args, **kwargs))
                 finally:
                     _tidy(kept)
@@ -190,6 +193,44 @@ def _tidy(kept: dict[str, tuple[Any, float]]) -> None:
             kept.pop(conn.alias, None)
 
 
+def _drop_lost(kept: dict[str, tuple[Any, float]]) -> bool:
+    """Close this thread's connections that the server ended while they were kept (a database restart
+    ends every session): each would fail the call it next served, long after the database was back.
+    A poll() of its socket, no round trip (common.pg_lost). Whether any was."""
+    dropped = False
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is not None and not conn.in_atomic_block and finish_if_lost(raw):
+            conn.close()  # a pooled one goes back to the pool, which throws a closed one away
+            kept.pop(conn.alias, None)
+            dropped = True
+    return dropped
+
+
+#: What a statement on a connection that was lost raises (through Django's cursor, or psycopg's own).
+_CONNECTION_ERRORS = (django_db.OperationalError, django_db.InterfaceError, psycopg.OperationalError,
+                      psycopg.InterfaceError)  # fmt: skip
+
+
+def _retrying_lost(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, run once more on a fresh connection when it failed because its connection was lost (the
+    server ended the session between the check before the call and its first statement). Only for a
+    function that may run twice: a read, or a write idempotent by its ids (a share, a session's open)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except _CONNECTION_ERRORS:
+            # Lost: the connection is broken now, or gone (a transaction's rollback failed on it, and
+            # Django dropped it).
+            lost = connection.connection is None or _drop_lost({})
+            if connection.in_atomic_block or not lost:
+                raise
+        return fn(*args, **kwargs)
+
+    return call
+
+
 def _succeed(future: asyncio.Future, result: Any) -> None:
     if not future.done():  # the awaiting task may have been cancelled meanwhile
         future.set_result(result)
@@ -212,10 +253,15 @@ def db_threads() -> DbThreads:
     return _threads
 
 
-def db_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+def db_call(fn: Callable[..., Any], *, retry_lost: bool = False) -> Callable[..., Any]:
     """`fn` as a coroutine function run on the database threads, with Django's connection clean-up
-    after it (a thread keeps its connection for its next calls, see `_tidy`). Cancelling the awaiting task
-    does not stop a call that has started (as with any thread); its result is dropped."""
+    after it (a thread keeps its connection for its next calls, see `_tidy`; one a database restart
+    ended meanwhile is replaced before the call, `_drop_lost`, and the pool checks each one it hands
+    out, config.pg_backend). With `retry_lost`, a call whose connection was lost under it runs once
+    more on a fresh one (`_retrying_lost`: only for a function that may run twice). Cancelling the
+    awaiting task does not stop a call that has started (as with any thread); its result is dropped."""
+    if retry_lost:
+        fn = _retrying_lost(fn)
 
     async def call(*args: Any, **kwargs: Any) -> Any:
         return await db_threads().submit(fn, args, kwargs)

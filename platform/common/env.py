@@ -77,7 +77,7 @@ def parse_database_url(url: str) -> dict:
     options = dict(parse_qsl(parts.query))
     host = options.pop("host", None) or unquote(parts.hostname or "")
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "config.pg_backend",  # Django's, its pool checking what it hands out
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),

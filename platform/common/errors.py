@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -55,12 +56,20 @@ class RateLimited(ApplicationError):
 def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every API error body is `{"code", "detail"}`.
 
-    Validation errors keep their per-field messages under `errors`.
+    Validation errors keep their per-field messages under `errors`. A body over Django's upload limits
+    is answered here too (413 `request_too_large`), not by the site's HTML error page.
     """
     if isinstance(exc, RateLimited):
         return Response(exc.as_dict(), status=exc.status, headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, ApplicationError):
         return Response(exc.as_dict(), status=exc.status)
+    if isinstance(exc, RequestDataTooBig):  # DATA_UPLOAD_MAX_MEMORY_SIZE: raised when the view reads the body
+        detail = f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
+        return Response(
+            {"code": "request_too_large", "detail": detail}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+        )
+    if isinstance(exc, (TooManyFieldsSent, TooManyFilesSent)):
+        return Response({"code": "too_many_fields", "detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

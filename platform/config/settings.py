@@ -285,6 +285,7 @@ LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
 AUTHENTICATION_BACKENDS = ["accounts.backends.LimitedModelBackend"]  # ModelBackend behind the log-in limiter
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "accounts.passwords.MaximumLengthValidator"},  # first: the others then never see a huge one
     {
         "NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator",
         "OPTIONS": {"user_attributes": ("username", "display_name", "first_name", "last_name", "email")},
@@ -349,6 +350,8 @@ if not PRODUCTION:
     # Development serves from the finders; an absent STATIC_ROOT is expected there.
     warnings.filterwarnings("ignore", message="No directory at: ", category=UserWarning)
 STATICFILES_DIRS = [FRONTEND_DIR / "static"]
+# Django's two, a path climbing out of their folders not found (404) rather than an error (500).
+STATICFILES_FINDERS = ["ops.staticfiles.FileSystemFinder", "ops.staticfiles.AppDirectoriesFinder"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

@@ -45,3 +45,19 @@ def native_extension(app_configs, **kwargs) -> list[Warning]:
             id="ops.W002",
         )
     ]
+
+
+@register("ops", deploy=True)
+def metrics_token(app_configs, **kwargs) -> list[Warning]:
+    """In production /metrics answers anyone who asks unless SAPO_METRICS_TOKEN is set: its counters
+    (sockets, shares, refusals) are the site's load and traffic, which an attacker times attacks by."""
+    if not settings.PRODUCTION or settings.SAPO_METRICS_TOKEN:
+        return []
+    return [
+        Warning(
+            "SAPO_METRICS_TOKEN is not set: /metrics answers anyone.",
+            hint="Set SAPO_METRICS_TOKEN and give the scraper `Authorization: Bearer <token>` (docs/deploy.md, "
+            "Metrics), or block /metrics at the proxy.",
+            id="ops.W003",
+        )
+    ]

@@ -13,8 +13,9 @@ What a socket costs the server is measured in docs/benchmarks.md, "Sockets".
 Every frame gets exactly one reply, and nothing a node sends can raise out of `receive`: a refusal is
 a typed `error` (with the frame's `ref` when it had a readable one), and an unexpected failure is
 logged and answered `internal_error`. An exception escaping a consumer makes daphne close with 1011
-and skip `disconnect()`; the one 1011 left is a failure while the socket opens (database or Redis
-down), and then the socket's state is cleaned up first.
+and skip `disconnect()`, so none escapes: a failure while the socket opens (database or Redis down)
+cleans the socket's state up and closes with protocol.CLOSE_TRY_AGAIN (an application cannot send
+1011 itself: autobahn refuses every code but 1000 and 3000-4999).
 
 Presence (nodes.presence): each accepted socket is one record, renewed by the process's heartbeat
 (presence.SocketBook) while the socket is open and removed in `disconnect()`; a record whose server
@@ -38,9 +39,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+import django.db
+import psycopg
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from redis.exceptions import RedisError
 
 from common import metrics
 from common.compact_json import dumps
@@ -62,6 +66,9 @@ from sapo_node.tasks import Catalogue
 logger = logging.getLogger(__name__)
 
 CLOSE_TOO_MANY_ERRORS = protocol.CLOSE_TOO_MANY_ERRORS
+CLOSE_TRY_AGAIN = protocol.CLOSE_TRY_AGAIN
+#: What a database or Redis that is down (or restarting) raises.
+_DEPENDENCY_DOWN = (django.db.Error, psycopg.Error, RedisError, OSError)
 
 
 def _bearer_token(scope: dict[str, Any]) -> str | None:
@@ -98,7 +105,7 @@ async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, f
     of the thread's CPU (by groups), or what it raised."""
     shares = [item.share for item in items]
     metrics.SHARES_TOGETHER.observe(len(shares))
-    results, cpu = await db_call(_cpu_timed(rollout_share_batch))(
+    results, cpu = await db_call(_cpu_timed(rollout_share_batch), retry_lost=True)(
         shares=shares, catalogue=items[0].catalogue, limits=items[0].limits
     )
     groups = sum(len(share.rollouts) for share in shares) or 1
@@ -192,10 +199,14 @@ class NodeConsumer(AsyncWebsocketConsumer):
         await self.accept()
         try:
             await self._open()
-        except Exception:  # the database or Redis failed: say so, and keep no half-open state
-            logger.exception("opening a node socket failed")
-            await self.disconnect(1011)
-            await self.close(code=1011)
+        except Exception as exc:  # keep no half-open state, and tell the node to come back later
+            if isinstance(exc, _DEPENDENCY_DOWN):  # the incident, not a bug: one line, no trace
+                logger.warning("opening a node socket failed (%s: %s); closed with %s", type(exc).__name__,
+                               str(exc).strip(), CLOSE_TRY_AGAIN)  # fmt: skip
+            else:
+                logger.exception("opening a node socket failed; closed with %s", CLOSE_TRY_AGAIN)
+            await self.disconnect(CLOSE_TRY_AGAIN)
+            await self.close(code=CLOSE_TRY_AGAIN)
 
     async def _open(self) -> None:
         token = _bearer_token(self.scope)
@@ -242,7 +253,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
             except Exception:
                 logger.exception("node %s: charging its last frame failed", node.id)
             try:
-                await db_call(presence.connection_close)(node_id=node.id, connection_id=self.connection_id)
+                await db_call(presence.connection_close, retry_lost=True)(
+                    node_id=node.id, connection_id=self.connection_id
+                )
             except Exception:  # the record expires by itself (presence.expires_after_seconds())
                 logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
 
@@ -337,7 +350,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
             samples = _Reply(type="samples")
-            samples.members = await db_call(_sample_payload)(
+            samples.members = await db_call(_sample_payload, retry_lost=True)(
                 node=node, n=message.n, window_seconds=self.limits.sample_window_seconds
             )
             return samples

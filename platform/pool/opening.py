@@ -67,7 +67,9 @@ class SessionOpens:
     async def _open(self, batch: list[tuple[str | None, uuid.UUID, int, asyncio.Future]], base: int) -> None:
         self.batches = [*self.batches[-99:], len(batch)]
         try:
-            answers = await db_call(_open_sessions)(requests=[(t, c) for t, c, _, _ in batch], base_quota=base)
+            answers = await db_call(_open_sessions, retry_lost=True)(
+                requests=[(t, c) for t, c, _, _ in batch], base_quota=base
+            )
             for (*_, future), answer in zip(batch, answers, strict=True):
                 if future.done():
                     continue  # the socket went away while its call ran

@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from http import HTTPStatus
 from typing import Any
 
@@ -27,6 +28,7 @@ class FakePool:
         self.port = port or free_port()
         self.token = token
         self.close_code = close_code  # close every connection with this code right after accepting
+        self.closed_at: list[float] = []  # when each connection was closed with close_code (monotonic)
         self.busy_upgrades = 0  # answer this many upgrades HTTP 403, as daphne does when it is too busy
         self.groups: dict[str, dict[str, Any]] = {}  # id -> rollout, as the pool stores them
         self.share_frames: list[list[str]] = []  # ids of every share frame received, in order
@@ -90,6 +92,7 @@ class FakePool:
             await ws.close(4401, "bad token")
             return
         if self.close_code is not None:
+            self.closed_at.append(time.monotonic())
             await ws.close(self.close_code, "closed")
             return
         self.connections += 1

@@ -9,6 +9,7 @@ import time
 import pytest
 from fake_pool import FakePool, free_port
 
+from sapo_node import protocol
 from sapo_node.groups import Group
 from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef
@@ -228,6 +229,27 @@ def test_a_refused_node_stops_retrying_and_trains_in_silo(tmp_path, transports, 
         assert pool.connections == 0 and t._thread is not None and not t._thread.is_alive()
         t.share([group(1)])  # still safe to call
         assert t.take_external(2) == [] and not t.flush(0.1)
+    finally:
+        pool.stop()
+
+
+def test_a_server_that_cannot_open_a_session_is_retried_with_a_growing_pause(tmp_path, transports):
+    """Close 4503 (the server's database or Redis is down) is no refusal: the node comes back, each
+    pause about twice the one before (jitter 0.5-1.5) up to backoff_max, and trains meanwhile."""
+    pool = FakePool(close_code=protocol.CLOSE_TRY_AGAIN).start()
+    try:
+        t = transports(pool.url, path=tmp_path / "o.sqlite3", backoff_min=0.1, backoff_max=0.8)
+        t.start(HELLO)
+        t.share([group(1)])
+        assert wait_for(lambda: len(pool.closed_at) >= 5, timeout=20)
+        assert not t.status.startswith("refused")
+        gaps = [b - a for a, b in zip(pool.closed_at, pool.closed_at[1:], strict=False)][:4]
+        # the pauses drawn were 0.1, 0.2, 0.4 and 0.8 s times 0.5-1.5: the last two are at least 0.2 and 0.4
+        assert gaps[2] >= 0.19 and gaps[3] >= 0.39, gaps
+        assert t.counts().pending == 1  # kept for when the server can take it
+        pool.close_code = None
+        assert t.flush(10)
+        assert list(pool.groups) == [group(1).id]
     finally:
         pool.stop()
 

@@ -185,3 +185,39 @@ def test_admin_pages_for_accounts_and_nodes(client, node):
         "/admin/nodes/nodetoken/",
     ]:
         assert client.get(url).status_code == 200, url
+
+
+class TestPasswordLength:
+    """At most 4,096 characters (accounts.passwords): hashing one costs CPU in proportion to its length."""
+
+    def test_sign_up_refuses_a_password_over_the_maximum(self, client):
+        long = "correct horse battery staple " * 3500  # 101,500 characters
+        response = client.post(SIGNUP, signup_data(password1=long, password2=long))
+        assert response.status_code == 400
+        assert "at most 4096 characters" in " ".join(response.context["form"].errors["password1"])
+        assert not User.objects.filter(username="dana").exists()
+
+    def test_a_password_of_the_maximum_length_is_taken(self, client):
+        longest = ("correct horse battery staple " * 142)[:4096]
+        response = client.post(SIGNUP, signup_data(password1=longest, password2=longest))
+        assert response.status_code == 302
+        assert User.objects.get(username="dana").check_password(longest)
+
+    def test_the_validator_refuses_it_wherever_passwords_are_set(self):
+        with pytest.raises(ApplicationError) as info:
+            user_create(username="erin", display_name="Erin", password="x1!" * 2000)
+        assert info.value.code == "invalid_password"
+
+    def test_log_in_refuses_an_overlong_password_without_hashing_it(self, client, monkeypatch):
+        from django.contrib.auth import base_user
+
+        make_user(username="erin", display_name="Erin")
+        hashed = []
+        for name in ("make_password", "check_password"):
+            real = getattr(base_user, name)  # what User.check_password and set_password call
+            monkeypatch.setattr(base_user, name, lambda *a, _real=real, **k: hashed.append(len(a[0])) or _real(*a, **k))
+        response = client.post(LOGIN, {"username": "erin", "password": "x" * 1_000_000})
+        assert response.status_code == 200 and "_auth_user_id" not in client.session
+        assert hashed == []  # refused before any hashing
+        client.post(LOGIN, {"username": "erin", "password": "not-the-password-1"})
+        assert hashed  # a wrong password of a sane length is hashed, as before

@@ -1,12 +1,14 @@
 """common.db's database threads (docs/benchmarks.md, "Sockets"): a call's result or exception comes back
 to the awaiting coroutine; a thread keeps its connection between calls for a while, and drops one that
-broke, so a PostgreSQL restart costs the calls that were using the old connections and no more; every
-thread gives its connection back on request (before a test database is dropped)."""
+broke without a call failing on it (a PostgreSQL restart costs only the calls running during it, and
+a call marked safe to repeat is run again on a fresh connection); every thread gives its connection
+back on request (before a test database is dropped)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import psycopg
 import pytest
@@ -72,25 +74,48 @@ async def test_a_connection_is_given_back_after_its_time(one_thread, monkeypatch
     assert not await call(one_thread, holds_connection)
 
 
-async def test_a_broken_connection_costs_one_call(one_thread) -> None:
-    """The server ends the thread's connection (as a PostgreSQL restart does): the next call on it fails,
-    the one after gets a new connection."""
+async def test_a_connection_the_server_ended_costs_no_call(one_thread) -> None:
+    """The server ends the thread's connection (as a PostgreSQL restart does): the next call gets a new
+    connection instead of failing on the old one (common.pg_lost)."""
     pid = await call(one_thread, backend_pid)
     await asyncio.to_thread(terminate, pid)
-    with pytest.raises(Exception) as raised:
-        await call(one_thread, backend_pid)
-    assert "terminat" in str(raised.value).lower() or "closed" in str(raised.value).lower()
     again = await call(one_thread, backend_pid)
     assert again != pid
 
 
+def pid_after_losing_the_first_connection(runs: list[int]) -> int:
+    """Ends its own session from another connection on its first run, then queries, as a call does whose
+    database restarts under it: its backend pid, on the run that succeeds."""
+    pid = backend_pid()
+    runs.append(pid)
+    if len(runs) == 1:
+        terminate(pid)
+    return backend_pid()
+
+
+async def test_a_call_marked_safe_to_repeat_runs_again_on_a_fresh_connection_when_its_own_is_lost(one_thread):
+    runs: list[int] = []
+    again = await call(one_thread, db._retrying_lost(pid_after_losing_the_first_connection), runs)
+    assert len(runs) == 2 and again == runs[1] != runs[0]
+    # Without the mark the call fails, and the thread's next call gets a working connection.
+    runs.clear()
+    with pytest.raises(Exception, match="(?i)terminat|closed|lost"):
+        await call(one_thread, pid_after_losing_the_first_connection, runs)
+    assert len(runs) == 1 and await call(one_thread, backend_pid) != runs[0]
+
+
 def terminate(pid: int) -> None:
+    """Ends the session `pid` and returns once it has gone."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
     params.pop("prepare_threshold", None)
     with psycopg.connect(**params, autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        deadline = time.monotonic() + 10
+        while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
 
 
 async def test_a_cancelled_caller_leaves_the_thread_serving(one_thread) -> None:

@@ -129,6 +129,7 @@ def test_the_admin_login_shares_the_lockout(client, settings):
     for _ in range(2):
         assert login(client, "root", WRONG, url=ADMIN_LOGIN).status_code == 200
     response = login(client, "root", DEFAULT_PASSWORD, url=ADMIN_LOGIN)
+    assert response.status_code == 429  # as the site's log-in answers a locked attempt
     assert LOCKED in response.content.decode() and not logged_in(client)
     assert login(client, "root", DEFAULT_PASSWORD).status_code == 429 and not logged_in(client)
 

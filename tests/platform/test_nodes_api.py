@@ -129,3 +129,21 @@ def test_schema_and_docs_are_served(api_client):
     assert response.status_code == 200
     assert b"/api/v1/nodes/" in response.content
     assert api_client.get("/api/docs/").status_code == 200
+
+
+def test_a_body_over_the_upload_limit_gets_the_apis_json_error(api_client, settings):
+    """Django refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB) when the view reads it: the API
+    answers its own JSON error, 413, and stores nothing (not the site's HTML 400 page)."""
+    import json
+
+    from nodes.models import Node
+
+    body = json.dumps({"name": "laptop", "model_id": "x" * 3_000_000})
+    response = api_client.post(LIST, body, content_type="application/json")
+    assert response.status_code == 413
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {
+        "code": "request_too_large",
+        "detail": f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.",
+    }
+    assert not Node.objects.exists()

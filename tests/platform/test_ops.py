@@ -141,3 +141,34 @@ def test_https_redirect_spares_the_probes(client, settings):
     behind_proxy = client.get("/swarm/", headers={"X-Forwarded-Proto": "https"})
     assert behind_proxy.status_code == 200
     assert behind_proxy["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path", ["/static/..%2f..%2fmanage.py", "/static/..%2f..%2f..%2fetc%2fpasswd", "/static/%2e%2e/x"]
+)
+def test_static_files_refuse_a_path_out_of_their_folders_with_404(live_server, path):
+    """The development static handler (runserver and the test servers: the finders) answers a path
+    climbing out of the static folders 404, not 500; a real static file is still served."""
+    import http.client
+
+    host, port = live_server.url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", path)  # sent as written: urllib would normalise it
+    response = conn.getresponse()
+    assert response.status == 404 and b"manage" not in response.read()
+    conn.close()
+    with urllib.request.urlopen(live_server.url + "/static/css/site.css", timeout=10) as ok:
+        assert ok.status == 200
+
+
+def test_production_check_warns_when_metrics_have_no_token(settings):
+    from ops.checks import metrics_token
+
+    settings.PRODUCTION = True
+    settings.SAPO_METRICS_TOKEN = ""
+    assert [w.id for w in metrics_token(None)] == ["ops.W003"]
+    settings.SAPO_METRICS_TOKEN = "a-scraper-token"
+    assert metrics_token(None) == []
+    settings.PRODUCTION, settings.SAPO_METRICS_TOKEN = False, ""  # development: /metrics open on purpose
+    assert metrics_token(None) == []

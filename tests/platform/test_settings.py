@@ -29,7 +29,7 @@ class TestEnv:
 
     def test_parse_database_url(self):
         db = parse_database_url("postgresql://u:p%40ss@db.example:5433/sapo?sslmode=require")
-        assert db["ENGINE"] == "django.db.backends.postgresql"
+        assert db["ENGINE"] == "config.pg_backend"
         assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
             "u",
             "p@ss",
@@ -114,7 +114,7 @@ class TestSettings:
 
     def test_production_is_not_debug(self):
         result = run_settings({**PRODUCTION, "SAPO_SECRET_KEY": "k" * 50})
-        assert result.stdout.split() == ["False", "50", "django.db.backends.postgresql"]
+        assert result.stdout.split() == ["False", "50", "config.pg_backend"]
 
     def test_production_is_https_only_by_default(self):
         result = run_settings(PRODUCTION, SECURITY)
@@ -135,6 +135,8 @@ class TestSettings:
         env = {**PRODUCTION, "SAPO_STATIC_ROOT": str(tmp_path / "static")}
         before = manage(env, "check", "--deploy")
         assert "ops.W001" in before.stderr  # every page would be a 500: said before it happens
+        assert "ops.W003" in before.stderr  # /metrics open to anyone
+        env["SAPO_METRICS_TOKEN"] = "a-scraper-token"
         collected = manage(env, "collectstatic", "--noinput", "-v0")
         assert collected.returncode == 0, collected.stderr
         # Swagger UI is served by the site itself, not a CDN.

@@ -5,7 +5,8 @@ sends shares from the on-disk outbox (resending whatever was not acknowledged be
 connection), keeps a buffer of external groups topped up with `sample` requests, sends reports,
 and reconnects with exponential backoff and jitter. Nothing it does raises into the training
 loop: the loop only appends to the outbox and takes what is in the buffer. Close code 4401 (bad
-token) or 4403 (banned) stops the retries with a clear message; the node goes on in silo.
+token) or 4403 (banned) stops the retries with a clear message; the node goes on in silo. Close code
+4503 (the server cannot open a session now) is retried with the backoff below, never reset by it.
 
 Reconnecting as a crowd (a server restart drops every node at the same instant): each retry waits
 `retry_pause(delay)`, the delay doubling from BACKOFF_MIN to BACKOFF_MAX and each pause drawn
@@ -313,11 +314,16 @@ class WebSocketTransport(Transport):
                 self._state = f"refused ({code})"
                 log.error("%s [%s]; not retrying, training goes on in silo", REFUSALS[code], self.last_error)
                 return
-            if self._was_welcomed:
+            # 4503: the server is up but its database or Redis is not; the pause goes on doubling, so a
+            # crowd of nodes does not hammer a server that is recovering.
+            if self._was_welcomed and code != protocol.CLOSE_TRY_AGAIN:
                 delay = self.backoff_min
             self._state = "retrying"
             pause = retry_pause(delay)
-            log.warning("connection to %s lost (%s); retrying in %.1f s", self.url, self.last_error, pause)
+            if code == protocol.CLOSE_TRY_AGAIN:
+                log.warning("%s cannot open a session now (%s); retrying in %.1f s", self.url, code, pause)
+            else:
+                log.warning("connection to %s lost (%s); retrying in %.1f s", self.url, self.last_error, pause)
             await self._sleep(pause)
             delay = min(delay * 2, self.backoff_max)
 

@@ -1,14 +1,14 @@
-"""The PostgreSQL backend, plus: start the embedded server (common.embedded_db) before connecting.
+"""The PostgreSQL backend (config.pg_backend), plus: start the embedded server (common.embedded_db) before connecting.
 
 Used only when DATABASE_URL is unset. Starting lazily keeps settings import free of side effects.
 """
 
 from urllib.parse import urlsplit
 
-from django.db.backends.postgresql import base
 from psycopg import OperationalError
 
 from common import embedded_db
+from config.pg_backend import base
 
 
 class DatabaseWrapper(base.DatabaseWrapper):

@@ -1,0 +1,22 @@
+"""Django's PostgreSQL backend, with its connection pool checking each connection it hands out.
+
+A PostgreSQL restart ends every session; the connections idle in the pool do not know it until they
+next send a statement, so each would fail the request or call it served next, long after the
+database was back. The pool throws away one whose server has hung up before handing it out
+(common.pg_lost: a poll() of its socket, no round trip). Django gives psycopg's pool a `check` of its
+own only with CONN_HEALTH_CHECKS, which also costs a round trip per call of a kept connection, so
+the check is set on the pool Django made.
+"""
+
+from django.db.backends.postgresql import base
+
+from common.pg_lost import pool_check
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    @property
+    def pool(self):
+        pool = super().pool
+        if pool is not None and getattr(pool, "_check", None) is None:
+            pool._check = pool_check  # psycopg_pool.ConnectionPool's `check` argument, as it stores it
+        return pool

@@ -1,0 +1,129 @@
+"""Close codes the server can actually send. Under daphne, autobahn refuses an application's close
+with any code but 1000 and 3000-4999 (it raises, and the node gets daphne's own 1011 with an ERROR
+"Exception inside application" in the log): every code the platform closes a node socket with is
+sent through daphne's own close here, and a socket whose opening fails on the database or Redis is
+closed with protocol.CLOSE_TRY_AGAIN, in process and over a real daphne server."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+from daphne.ws_protocol import WebSocketProtocol
+from node_sockets import close_code, open_socket
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from pool import opening
+from sapo_node import protocol
+
+PLATFORM = Path(__file__).resolve().parents[2] / "platform"
+CLOSERS = {"close", "_shut", "close_for"}  # how the platform closes a node socket (pool.consumers, pool.closes)
+
+
+def daphne_sends(code: int) -> None:
+    """Closes a daphne WebSocket with `code` as daphne does for an application's websocket.close
+    (autobahn's checks included); raises what autobahn raises for a code it refuses."""
+    ws = WebSocketProtocol()
+    ws.state = ws.STATE_CLOSED  # the checks run; no frame is written
+    ws.serverClose(code=code)
+
+
+def test_autobahn_refuses_the_code_the_server_used_to_close_with():
+    with pytest.raises(Exception, match="invalid close code 1011"):
+        daphne_sends(1011)
+
+
+@pytest.mark.parametrize("code", protocol.SERVER_CLOSE_CODES)
+def test_every_close_code_of_the_protocol_can_be_sent(code):
+    daphne_sends(code)
+
+
+def _close_codes_in_platform() -> list[tuple[str, object]]:
+    """(where, the code) of every close call in platform/: an int literal as it is, a name as the
+    protocol constant it must be (any other expression is a variable carrying one of those)."""
+    found = []
+    for path in PLATFORM.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            if node.func.attr not in CLOSERS:
+                continue
+            args = [k.value for k in node.keywords if k.arg == "code"] or node.args[:1]
+            while any(isinstance(arg, ast.IfExp) for arg in args):  # `A if ... else B`: both
+                args = [
+                    part for arg in args for part in ((arg.body, arg.orelse) if isinstance(arg, ast.IfExp) else (arg,))
+                ]
+            for arg in args:
+                where = f"{path.relative_to(PLATFORM)}:{node.lineno}"
+                if isinstance(arg, ast.Constant):
+                    found.append((where, arg.value))
+                elif isinstance(arg, ast.Name) and arg.id.startswith("CLOSE_"):
+                    found.append((where, getattr(protocol, arg.id, arg.id)))
+    return found
+
+
+def test_every_close_in_the_platform_sends_a_code_autobahn_accepts():
+    found = _close_codes_in_platform()
+    assert len(found) >= 4  # the scan does see the consumer's closes
+    for where, code in found:
+        assert isinstance(code, int), f"{where}: {code} is not a protocol close code"
+        daphne_sends(code)  # raises for 1011 and the like
+
+
+@pytest.fixture
+def opening_fails(monkeypatch):
+    """Opening a node socket fails as it does with the database down."""
+    import django.db
+
+    async def down(self, **kwargs):
+        raise django.db.OperationalError('connection failed: connection to server at "127.0.0.1" refused')
+
+    monkeypatch.setattr(opening.SessionOpens, "open", down)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_whose_opening_fails_on_the_database_is_told_to_try_again(node_token, opening_fails, caplog):
+    with caplog.at_level(logging.WARNING):
+        socket_ = await open_socket(node_token)
+        assert await close_code(socket_) == protocol.CLOSE_TRY_AGAIN
+    assert [r.levelname for r in caplog.records if r.name == "pool.consumers"] == ["WARNING"]
+    assert "Traceback" not in caplog.text  # one line for an incident, not a bug's trace
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once it is closed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_over_daphne_a_dependency_down_closes_with_try_again_and_logs_no_error(asgi_server, node_token, tmp_path):
+    """The channel layer's Redis is down (nothing listens on its port): every socket opens, is closed
+    with 4503, and the server logs a warning per socket, no ERROR."""
+    dead_redis = {
+        "default": {
+            "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": f"redis://127.0.0.1:{_dead_port()}/0"}], "prefix": "sapotest-dead"},
+        }
+    }
+    log_path = tmp_path / "server.log"
+
+    async def codes(url: str) -> list[int | None]:
+        seen = []
+        for _ in range(3):
+            async with connect(url, additional_headers={"Authorization": f"Bearer {node_token}"}) as ws:
+                with pytest.raises(ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), 10)
+                seen.append(ws.close_code)
+        return seen
+
+    with asgi_server(settings={"CHANNEL_LAYERS": dead_redis}, log_path=log_path) as server:
+        assert asyncio.run(codes(server.ws_url + "/ws/node/")) == [protocol.CLOSE_TRY_AGAIN] * 3
+    log = log_path.read_text()
+    assert " ERROR " not in log and "Exception inside application" not in log, log[-3000:]
+    assert log.count("closed with 4503") == 3, log[-3000:]
