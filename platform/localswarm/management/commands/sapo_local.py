@@ -21,6 +21,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.models import User
+from alerts.models import AlertSettings
 from nodes.services import node_provision
 
 REPO = Path(settings.BASE_DIR)
@@ -109,6 +111,12 @@ class Command(BaseCommand):
             env=env,
         )
         self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {env['SAPO_CATALOGUE']})"))
+        # The site's scheduled jobs (leaderboard fold, alerts), every SCHEDULED_EVERY seconds; the console
+        # email backend prints the alerts' emails here.
+        swarm.scheduler = _spawn(
+            [sys.executable, "manage.py", "sapo_scheduled", "--every", str(SCHEDULED_EVERY)],
+            prefix="[jobs]  ", cwd=REPO, env=env,
+        )  # fmt: skip
 
         for i, model in enumerate(models):
             node, token = node_provision(username="demo", node_name=f"local-{i + 1}", model_id=model, rotate=True)
@@ -121,6 +129,7 @@ class Command(BaseCommand):
             # which on a small machine makes every node slower than one would be alone.
             node_env = {**env, "SAPO_TOKEN": token, "OMP_NUM_THREADS": _threads(len(models))}
             swarm.pending.append(_PendingNode(node.name, model, node_out, cmd, node_env))
+        demo_alerts_on(username="demo")
         time.sleep(2.0)  # let daphne bind before the first nodes dial in; they retry with backoff anyway
         swarm.start_ready_nodes(self.stdout)
         self.stdout.write(
@@ -129,6 +138,18 @@ class Command(BaseCommand):
                 "python manage.py changepassword demo. Ctrl-C stops everything."
             )
         )
+
+
+#: Seconds between two runs of the scheduled jobs.
+SCHEDULED_EVERY = 60
+
+
+def demo_alerts_on(*, username: str) -> None:
+    """Email alerts for the demo contributor (to demo@localhost, printed by the console backend),
+    unless they already chose their settings."""
+    user = User.objects.filter(username=username).first()
+    if user is not None and not AlertSettings.objects.filter(user=user).exists():
+        AlertSettings.objects.create(user=user, email=f"{username}@localhost")
 
 
 #: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).
@@ -170,6 +191,7 @@ class _Swarm:
 
     builders: dict[str, subprocess.Popen] = field(default_factory=dict)
     server: subprocess.Popen | None = None
+    scheduler: subprocess.Popen | None = None
     pending: list[_PendingNode] = field(default_factory=list)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -205,9 +227,9 @@ class _Swarm:
         try:
             _stop(list(self.builders.values()), timeout=15)
             _stop(list(self.nodes.values()), timeout=60)
-            _stop([self.server] if self.server else [], timeout=15)
+            _stop([p for p in (self.scheduler, self.server) if p is not None], timeout=15)
         except KeyboardInterrupt:
-            for proc in [*self.builders.values(), *self.nodes.values(), self.server]:
+            for proc in [*self.builders.values(), *self.nodes.values(), self.scheduler, self.server]:
                 if proc is not None and proc.poll() is None:
                     proc.kill()
 
