@@ -112,8 +112,8 @@ class CheckResult:
 
     def line(self) -> str:
         return (
-            f"{self.raised} raised, {self.cleared} cleared, {self.sent} messages sent, {self.capped} capped, "
-            f"{self.failed} failed"
+            f"alerts raised {self.raised}, cleared {self.cleared}; messages sent {self.sent}, capped {self.capped}, "
+            f"failed {self.failed}"
         )
 
 

@@ -192,3 +192,20 @@ def test_settings_are_validated_and_the_secret_made_once(settings):
     assert again is None  # a changed URL keeps the secret
     rotated = alert_secret_rotate(user=user)
     assert rotated != secret and AlertSettings.objects.get(user=user).webhook_secret == rotated
+
+
+def test_the_scheduled_command_prints_the_alert_with_the_console_backend(settings, capsys):
+    """What `make run` shows: the scheduled command's alerts job, its email on the console."""
+    from django.core.management import call_command
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+    user, node = _watched(silence=30, email="demo@localhost")
+    _seen(node, timezone.now() - timedelta(minutes=45))
+    call_command("sapo_scheduled", only=["alerts"])
+    out = capsys.readouterr().out
+    assert "alerts: ok" in out and "alerts raised 1, cleared 0; messages sent 1" in out
+    assert "To: demo@localhost" in out and "Subject: [SAPO Swarm] laptop: silent" in out
+    _seen(node, timezone.now())
+    call_command("sapo_scheduled", only=["alerts"])
+    out = capsys.readouterr().out
+    assert "alerts raised 0, cleared 1; messages sent 1" in out and "laptop: recovered (silent)" in out
