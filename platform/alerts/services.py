@@ -133,7 +133,7 @@ def _conditions(node: Node, prefs: AlertSettings, now: datetime, *, judged: tupl
         quiet = now - node.last_seen_at
         if quiet > silence:
             minutes = int(quiet.total_seconds() // 60)
-            out[Condition.SILENT] = f"Nothing heard from the node for {minutes} minutes."
+            out[Condition.SILENT] = f"Nothing heard from the node for {minutes} minute{'s' if minutes != 1 else ''}."
         else:
             out[Condition.SILENT] = None
         if quiet > silence and now - node.last_seen_at > SILENT_HORIZON:
