@@ -117,7 +117,7 @@ def export_run(
     max_new_tokens = max_new_tokens or config.max_new_tokens
     # The checkpoint's tensors keep the dtype the node trained in; the export keeps it too.
     state_dict = torch.load(trained.checkpoint / "model.pt", map_location="cpu", weights_only=True)
-    dtype = next(iter(state_dict.values())).dtype
+    dtype = next(t.dtype for t in state_dict.values() if t.is_floating_point())
     model, tokenizer, _ = load_policy(config.model, device=device, dtype=dtype)
 
     before = evaluate_both_ways(model, tokenizer, trained.catalogue, n=n, max_new_tokens=max_new_tokens)

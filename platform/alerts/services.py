@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -49,6 +49,7 @@ ACCEPTANCE_WINDOW = timedelta(hours=1)
 #: Judged groups in the window below which the acceptance share says nothing either way.
 MIN_JUDGED = 4
 SECRET_PREFIX = "whsec_"
+_LOCK_KEY = 0x5A90_A1E7  # pg advisory lock id of the alerts check
 
 
 # ---------------------------------------------------------------------------- settings
@@ -152,8 +153,23 @@ def _conditions(node: Node, prefs: AlertSettings, now: datetime, *, judged: tupl
 
 
 def alerts_check(*, now: datetime | None = None) -> CheckResult:
-    """Raise and clear alerts for every contributor with alerts on, then send the messages."""
-    now = now or timezone.now()
+    """Raise and clear alerts for every contributor with alerts on, then send the messages.
+
+    One check at a time (a PostgreSQL advisory lock, held across the deliveries, which run outside
+    any transaction): a second check meanwhile returns at once, so no alert is cleared and announced
+    twice."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return CheckResult(0, 0, 0, 0, 0)
+    try:
+        return _check(now or timezone.now())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+
+
+def _check(now: datetime) -> CheckResult:
     prefs_by_user = {
         p.user_id: p for p in AlertSettings.objects.filter(~Q(email="") | ~Q(webhook_url="")).select_related("user")
     }

@@ -209,3 +209,20 @@ def test_the_scheduled_command_prints_the_alert_with_the_console_backend(setting
     call_command("sapo_scheduled", only=["alerts"])
     out = capsys.readouterr().out
     assert "alerts raised 0, cleared 1; messages sent 1" in out and "laptop: recovered (silent)" in out
+
+
+def test_a_second_check_while_one_runs_does_nothing(settings):
+    """Two schedulers at once must not announce the same alert twice: the second check backs off."""
+    import psycopg
+    from django.db import connection
+
+    from alerts import services
+
+    user, node = _watched(silence=5)
+    _seen(node, timezone.now() - timedelta(minutes=10))
+    params = connection.get_connection_params()
+    dsn = {k: params[k] for k in ("dbname", "user", "host", "port") if params.get(k)}
+    with psycopg.connect(**dsn, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [services._LOCK_KEY])
+        assert alerts_check().raised == 0 and not Alert.objects.exists()
+    assert alerts_check().raised == 1
