@@ -33,10 +33,6 @@ class AlertSettings(models.Model):
     def __str__(self) -> str:
         return f"alert settings of {self.user_id}"
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.email or self.webhook_url)
-
 
 class Condition(models.TextChoices):
     SILENT = "silent", "Silent"
