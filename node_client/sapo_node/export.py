@@ -118,7 +118,10 @@ def export_run(
     # The checkpoint's tensors keep the dtype the node trained in; the export keeps it too.
     state_dict = torch.load(trained.checkpoint / "model.pt", map_location="cpu", weights_only=True)
     dtype = next(t.dtype for t in state_dict.values() if t.is_floating_point())
-    model, tokenizer, _ = load_policy(config.model, device=device, dtype=dtype)
+    try:  # the architecture and tokenizer come from the base model, as the run loaded it
+        model, tokenizer, _ = load_policy(config.model, device=device, dtype=dtype)
+    except OSError as exc:  # a hub id not cached while offline, a local folder moved
+        raise ExportError(f"cannot load the run's base model {config.model!r}: {exc}") from exc
 
     before = evaluate_both_ways(model, tokenizer, trained.catalogue, n=n, max_new_tokens=max_new_tokens)
     model.load_state_dict(state_dict)

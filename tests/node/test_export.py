@@ -4,6 +4,7 @@ transformers loads and generates from, with a model card whose evaluation is the
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 from pathlib import Path
 
@@ -77,6 +78,17 @@ def test_a_folder_that_is_not_a_run_or_has_no_checkpoint_is_a_clear_error(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps({"model": "tiny-mini", "offline": True, "seed": 1}))
     assert main(["export", "--run", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "has no checkpoint yet" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_base_model_that_cannot_be_loaded_is_a_clear_error(exported, tmp_path, capsys):
+    run, _ = exported
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "model": str(tmp_path / "moved-away")}))
+    assert main(["export", "--run", str(copy), "--out", str(tmp_path / "x"), "-n", "1"]) == 2
+    assert "cannot load the run's base model" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
