@@ -3,6 +3,7 @@
     sapo-node run --server wss://HOST/ws/node/ --token TOKEN      # join a swarm
     sapo-node run --offline --rounds 20 --out runs/silo           # train alone
     sapo-node run --resume --out runs/silo --rounds 40            # continue a stopped run
+    sapo-node export --run runs/silo --out models/silo            # the trained model, as a HF folder
 
 Adding a subcommand is one function `add_command(subparsers)` that registers a parser and sets
 `handler=callable(args) -> exit code`: write it in a module and list the module in COMMAND_MODULES
@@ -25,7 +26,7 @@ from sapo_node import __version__
 from sapo_node.config import NodeConfig, field_docs
 
 #: Modules that add subcommands beside `run` (each defines add_command(subparsers)).
-COMMAND_MODULES = ("sapo_node.experiment",)
+COMMAND_MODULES = ("sapo_node.export", "sapo_node.experiment")
 
 #: Short metavars for the flags SAPO's paper names with a letter.
 METAVARS = {"questions": "B", "generations": "G", "local": "I", "external": "J", "rounds": "R", "seed": "S",

@@ -200,7 +200,7 @@ def play_round(
     # Per question (in draw order): which tasks the node can do, e.g. for the skill-transfer study.
     row["question_rewards"] = [sum(g.rewards) / len(g.rewards) for g, _ in own]
     node.metrics_log.write(row)
-    transport.report(round_report(n, row, train_set))
+    transport.report(round_report(n, row, train_set, local=config.local, external=config.external))
     if config.checkpoint_every and n % config.checkpoint_every == 0:
         save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints)
         node.last_saved = n

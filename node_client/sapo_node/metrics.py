@@ -92,10 +92,17 @@ def round_s(x: float) -> float:
     return round(x, 4)
 
 
-def round_report(round: int, metrics: dict[str, Any], used: list[TrainGroup]) -> dict[str, Any]:
-    """The protocol `report` of a round (self-reported figures; `used` credits the groups' authors)."""
+def round_report(
+    round: int, metrics: dict[str, Any], used: list[TrainGroup], *, local: int, external: int
+) -> dict[str, Any]:
+    """The protocol `report` of a round (self-reported figures; `used` credits the groups' authors).
+
+    `local` and `external` are the node's configured I and J: J = 0 is a node in silo, which the
+    swarm page compares with the sharing ones."""
     return {
         "round": round,
+        "local": local,
+        "external": external,
         "reward_mean": metrics["reward_mean"],
         "reward_std": metrics["reward_std"],
         "groups_local": metrics["local_kept"],

@@ -547,7 +547,7 @@ def build_tiny(
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """No "Loading weights" / "Writing model shards" bars for a model of a few megabytes."""
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -574,7 +574,7 @@ def load_tiny(
     """
     path = tiny_path(variant, cache_dir, seed, steps)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"), _quiet_transformers():
+    with FileLock(str(path) + ".lock"), quiet_transformers():
         if build_info(path) is None:
             model, tokenizer, info = build_tiny(variant, seed, steps, progress, device)
             # Write beside the final folder and rename: a crash never leaves a half-written model

@@ -57,7 +57,7 @@ import socket
 import warnings
 from pathlib import Path
 
-from common.env import EnvError, env_bool, env_int, env_list, env_str, parse_database_url
+from common.env import EnvError, env_bool, env_float, env_int, env_list, env_str, parse_database_url
 from sapo_node.protocol import LIMIT_NAMES
 
 BASE_DIR = Path(__file__).resolve().parents[2]  # the repository root
@@ -156,6 +156,7 @@ INSTALLED_APPS = [
     "localswarm",  # `manage.py sapo_local`, what `make run` starts
     # --- Added by other helpers: moderation, web. Keep the project apps above in this order. ---
     "moderation",
+    "alerts",  # after moderation, before web (tests/test_layers.py)
     "web",
 ]
 
@@ -364,6 +365,35 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+
+# --- Email and alerts (docs/deploy.md, "Email") ------------------------------------------------
+# Development prints emails on the console (or writes files: SAPO_EMAIL_BACKEND=file); production
+# sends them by SMTP. Django's tests swap in its in-memory backend.
+_EMAIL_BACKENDS = {
+    "console": "django.core.mail.backends.console.EmailBackend",
+    "file": "django.core.mail.backends.filebased.EmailBackend",
+    "smtp": "django.core.mail.backends.smtp.EmailBackend",
+}
+_email_backend = env_str("SAPO_EMAIL_BACKEND", "smtp" if PRODUCTION else "console")
+if _email_backend not in _EMAIL_BACKENDS:
+    raise EnvError(f"SAPO_EMAIL_BACKEND must be one of {sorted(_EMAIL_BACKENDS)}, got {_email_backend!r}")
+EMAIL_BACKEND = _EMAIL_BACKENDS[_email_backend]
+EMAIL_FILE_PATH = env_str("SAPO_EMAIL_FILE_PATH", str(BASE_DIR / "var" / "emails"))
+EMAIL_HOST = env_str("SAPO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("SAPO_EMAIL_PORT", 587)
+EMAIL_HOST_USER = env_str("SAPO_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = env_str("SAPO_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("SAPO_EMAIL_TLS", default=True)  # STARTTLS on 587
+EMAIL_USE_SSL = env_bool("SAPO_EMAIL_SSL", default=False)  # implicit TLS, usually 465
+EMAIL_TIMEOUT = env_int("SAPO_EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = env_str("SAPO_EMAIL_FROM", "SAPO Swarm <alerts@localhost>")
+#: Messages (alerts and recoveries) one contributor gets per 24 hours at most; later ones are listed only.
+SAPO_ALERT_DAILY_CAP = env_int("SAPO_ALERT_DAILY_CAP", 20)
+#: Seconds a webhook delivery may take to connect, and to answer.
+SAPO_ALERT_WEBHOOK_TIMEOUT = env_float("SAPO_ALERT_WEBHOOK_TIMEOUT", 5.0)
+#: Networks a webhook may reach despite not being public. Empty, and not read from the environment:
+#: only the tests set it, to reach a server of their own on 127.0.0.1 (alerts/webhooks.py).
+SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS: list[str] = []
 
 # --- Logging ---------------------------------------------------------------------------------
 LOGGING = {

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.cache import cache
 from django.core.paginator import Page, Paginator
-from django.db.models import Count
+from django.db.models import Count, JSONField, OuterRef, Subquery
 from django.utils import timezone
 
 from nodes.models import ONLINE_WINDOW, Node
@@ -21,6 +21,7 @@ from nodes.presence import connected_among, connected_filter, with_connected
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
+from web.arms import NodeHourCell, arm_of, compare_arms
 from web.models import DatasetHour, NodeHour, NodeStats
 from web.stats import (
     Measures,
@@ -281,6 +282,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
     with snapshot():
         live = live_rows()
         hours = list(DatasetHour.objects.filter(hour__gte=min(curve_start, accuracy_start)))
+        node_hours = list(NodeHour.objects.filter(hour__gte=curve_start))
     per_hour: dict[datetime, Measures] = {}
     per_dataset: dict[str, Measures] = {}
     buckets = [(h.dataset, h.hour, Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions,
@@ -316,7 +318,32 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
             for d, m in sorted(per_dataset.items())
         ],  # fmt: skip
         "aha": aha_groups(),
+        "arms": _swarm_arms(node_hours, live.groups.by_node_hour, {f.node_id for f in public}, curve_start),
     }
+
+
+def _swarm_arms(
+    node_hours: list[NodeHour], live: dict[tuple[int, datetime], Measures], public: set[int], start: datetime
+) -> dict[str, Any]:
+    """Swarm against silo over the curve's hours (web.arms), public nodes only. A node-hour is the
+    folded row plus the live rows of the same hour."""
+    merged: dict[tuple[int, datetime], Measures] = {}
+    for h in node_hours:
+        if h.node_id in public:
+            merged[(h.node_id, h.hour)] = Measures(completions=h.credited_completions, reward=h.verified_reward)
+    for (node_id, hour), m in live.items():
+        if node_id in public and hour >= start:
+            merged.setdefault((node_id, hour), Measures()).add(m)
+    cells = [NodeHourCell(node_id, hour, m.reward, m.completions) for (node_id, hour), m in merged.items()]
+    return compare_arms(cells, node_arms({node_id for node_id, _ in merged}))
+
+
+def node_arms(node_ids: set[int]) -> dict[int, str | None]:
+    """Each node's arm, from its latest round report (one index probe per node: the subquery reads
+    pool_noderound_unique (node, round) backwards, LIMIT 1)."""
+    latest = NodeRound.objects.filter(node_id=OuterRef("pk")).order_by("-round").values("figures")[:1]
+    rows = Node.objects.filter(id__in=node_ids).annotate(figures=Subquery(latest, output_field=JSONField()))
+    return {node_id: arm_of(figures) for node_id, figures in rows.values_list("id", "figures")}
 
 
 def _pool_size(cutoff: datetime) -> int:

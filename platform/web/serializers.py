@@ -69,6 +69,30 @@ class AhaGroupSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class ArmPointSerializer(serializers.Serializer):
+    hour = serializers.DateTimeField()
+    sharing = serializers.FloatField(allow_null=True, help_text="Mean over the sharing arm's node-hours.")
+    silo = serializers.FloatField(allow_null=True, help_text="Mean over the silo arm's node-hours.")
+
+
+class ArmSerializer(serializers.Serializer):
+    nodes = serializers.IntegerField()
+    node_hours = serializers.IntegerField()
+    mean_reward = serializers.FloatField(
+        allow_null=True, help_text="Mean verified reward per completion of its node-hours."
+    )
+
+
+class ArmsSerializer(serializers.Serializer):
+    curve = ArmPointSerializer(many=True)
+    sharing = ArmSerializer(help_text="Nodes that report J > 0.")
+    silo = ArmSerializer(help_text="Nodes that report J = 0.")
+    unknown_nodes = serializers.IntegerField(help_text="Nodes whose reports give no J (older clients).")
+    gain = serializers.FloatField(allow_null=True, help_text="Sharing minus silo mean reward.")
+    gain_low = serializers.FloatField(allow_null=True, help_text="95% interval of the gain (Welch).")
+    gain_high = serializers.FloatField(allow_null=True)
+
+
 class SwarmSerializer(serializers.Serializer):
     generated_at = serializers.DateTimeField()
     nodes_online = serializers.IntegerField()
@@ -83,6 +107,7 @@ class SwarmSerializer(serializers.Serializer):
     reward_curve = RewardPointSerializer(many=True)
     accuracy = DatasetAccuracySerializer(many=True)
     aha = AhaGroupSerializer(many=True)
+    arms = ArmsSerializer(help_text="Swarm against silo, last 48 hours (docs/leaderboard.md).")
 
 
 class MyNodeSerializer(NodeFiguresSerializer):

@@ -3,6 +3,7 @@ template of the fragment they swap; the same selectors feed the JSON API (web.ap
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
@@ -11,6 +12,8 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from alerts.selectors import alert_list, alert_settings_get
+from alerts.services import alert_secret_rotate, alert_settings_update
 from common.errors import ApplicationError, NotFound
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
@@ -117,7 +120,7 @@ def _me_context(request: HttpRequest) -> dict:
     }
 
 
-def _me_page(request: HttpRequest, new_token: dict | None = None) -> HttpResponse:
+def _me_page(request: HttpRequest, new_token: dict | None = None, new_secret: str | None = None) -> HttpResponse:
     """/me/, with a just-issued token when `new_token` is given.
 
     The token is rendered straight into the answer to the POST that made it, never kept server side
@@ -129,6 +132,10 @@ def _me_page(request: HttpRequest, new_token: dict | None = None) -> HttpRespons
         context["new_token"] = new_token
         context.update(_install_context(request))
     context["inbox"] = rollout_inbox_list(owner=request.user)
+    context["alert_settings"] = alert_settings_get(user=request.user)
+    context["alerts"] = alert_list(user=request.user)
+    context["alert_cap"] = settings.SAPO_ALERT_DAILY_CAP
+    context["new_secret"] = new_secret  # shown in this answer only, like a token
     context["banned"] = request.user.banned_at is not None
     return render(request, "web/me.html", context)
 
@@ -240,6 +247,52 @@ def node_retire_view(request: HttpRequest, node_id: int) -> HttpResponse:
 @require_GET
 def node_card(request: HttpRequest, node_id: int) -> HttpResponse:
     return _node_card(request, node_id)
+
+
+# ---------------------------------------------------------------------------- alerts
+
+
+def _form_number(request: HttpRequest, name: str, kind: type, default: float) -> float:
+    text = request.POST.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError as exc:
+        raise ApplicationError("invalid_number", f"{name.replace('_', ' ').capitalize()} must be a number.") from exc
+
+
+@never_cache  # the answer may show the new webhook secret
+@login_required
+@require_POST
+def alerts_save(request: HttpRequest) -> HttpResponse:
+    try:
+        _, new_secret = alert_settings_update(
+            user=request.user,
+            email=request.POST.get("email", "")[:254],
+            webhook_url=request.POST.get("webhook_url", "")[:1000],
+            silence_minutes=int(_form_number(request, "silence_minutes", int, 30)),
+            min_acceptance=_form_number(request, "min_acceptance", float, 50.0) / 100.0,
+        )
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+        return redirect(reverse("web:me") + "#alerts")
+    if new_secret:
+        return _me_page(request, new_secret=new_secret)
+    messages.success(request, "Alert settings saved.")
+    return redirect(reverse("web:me") + "#alerts")
+
+
+@never_cache
+@login_required
+@require_POST
+def alerts_secret_rotate(request: HttpRequest) -> HttpResponse:
+    try:
+        secret = alert_secret_rotate(user=request.user)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+        return redirect(reverse("web:me") + "#alerts")
+    return _me_page(request, new_secret=secret)
 
 
 # ---------------------------------------------------------------------------- errors

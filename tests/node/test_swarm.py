@@ -42,6 +42,9 @@ def test_two_nodes_with_different_tokenizers_exchange_groups(tmp_path):
     assert row["updated"]
     (node, report) = pool.reports[-1]
     assert node == "b" and len(report["used"]) == row["local_kept"] + row["external_kept"]
+    # each report says the node's arm: its configured I and J (A trained in silo)
+    assert (report["local"], report["external"]) == (2, 3)
+    assert [(r["local"], r["external"]) for n, r in pool.reports if n == "a"] == [(2, 0)]
 
 
 def test_an_adaptive_node_gives_its_uninformative_slots_to_the_swarm(tmp_path):

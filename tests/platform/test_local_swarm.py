@@ -52,18 +52,27 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     )  # fmt: skip
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    for node in ("local-1", "local-2"):
+    for node in ("local-1", "local-2", "silo-1"):
         assert f"[{node}] round 2:" in out, out[-3000:]
         assert f"[{node}] round 3:" not in out
+    # the scheduled jobs ran beside the site, alerts among them
+    assert "[jobs]   fold: ok" in out and "[jobs]   alerts: ok" in out, out[-3000:]
 
     with psycopg.connect(scratch_database_url) as conn:
         rows = conn.execute(
             "SELECT n.name, r.verdict, count(*) FROM pool_rollout r JOIN nodes_node n ON n.id = r.node_id "
             "GROUP BY n.name, r.verdict"
         ).fetchall()
+        arms = conn.execute(
+            "SELECT n.name, (r.figures->>'external')::float FROM pool_noderound r JOIN nodes_node n ON n.id = r.node_id "
+            "WHERE r.round = 2"
+        ).fetchall()
     counts = {(name, verdict): n for name, verdict, n in rows}
-    # Each node shared its own groups of both rounds (8 questions a round) and the server accepted them.
-    assert counts == {("local-1", "accepted"): 16, ("local-2", "accepted"): 16}
+    # Each node shared its own groups of both rounds (8 questions a round) and the server accepted them;
+    # the silo node shares too, it only trains on none of the others' groups.
+    assert counts == {("local-1", "accepted"): 16, ("local-2", "accepted"): 16, ("silo-1", "accepted"): 16}
+    # and each reports its J: the swarm page's two arms
+    assert dict(arms) == {"local-1": 4.0, "local-2": 4.0, "silo-1": 0.0}
 
 
 def _cache_users(cache: Path) -> list[int]:

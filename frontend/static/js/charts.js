@@ -1,6 +1,8 @@
 // Small SVG charts drawn from the JSON API (no library). An element with data-chart="line|bar",
-// data-source (URL), data-series (key of a list in the JSON), data-x / data-y (keys of each point)
-// and optional data-y-max is (re)drawn on load and every 15 s.
+// data-source (URL), data-series (key of a list in the JSON; "a.b" for a nested one), data-x / data-y
+// (keys of each point) and optional data-y-max is (re)drawn on load and every 15 s. A line chart
+// with several keys in data-y ("sharing,silo") draws one line per key on one time axis, with
+// data-labels naming them in a legend.
 (function () {
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
@@ -93,14 +95,61 @@
     box.appendChild(svg);
   }
 
+  function drawLines(box, points, opts) {
+    var keys = opts.y.split(","), labels = (opts.labels || opts.y).split(",");
+    W = Math.max(300, Math.min(900, Math.round(box.clientWidth || 640)));
+    box.textContent = "";
+    points = points.filter(function (p) { return keys.some(function (k) { return p[k] !== null && p[k] !== undefined; }); });
+    if (!points.length) {
+      box.appendChild(Object.assign(document.createElement("p"), { className: "chart-empty", textContent: "No verified groups in this period yet." }));
+      return;
+    }
+    var all = [];
+    points.forEach(function (p) { keys.forEach(function (k) { if (p[k] !== null && p[k] !== undefined) all.push(p[k]); }); });
+    var yMax = opts.yMax || Math.max.apply(null, all) || 1;
+    var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
+    frame(svg, yMax);
+    var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
+    var times = points.map(function (p) { return new Date(p[opts.x]).getTime(); });
+    var t0 = Math.min.apply(null, times), span = Math.max.apply(null, times) - t0;
+    function xPos(i) { return PAD.left + (span > 0 ? plotW * (times[i] - t0) / span : plotW / 2); }
+    function yPos(v) { return PAD.top + plotH * (1 - Math.min(v, yMax) / yMax); }
+    var every = Math.max(1, Math.ceil(points.length / 8));
+    points.forEach(function (p, i) {
+      if (i % every === 0 || i === points.length - 1) {
+        svg.appendChild(el("text", { x: xPos(i), y: H - PAD.bottom + 16, "text-anchor": "middle" }, hourLabel(p[opts.x])));
+      }
+    });
+    keys.forEach(function (k, s) {
+      var coords = [];
+      points.forEach(function (p, i) { if (p[k] !== null && p[k] !== undefined) coords.push([xPos(i), yPos(p[k]), p]); });
+      if (!coords.length) return;
+      var path = coords.map(function (c, i) { return (i ? "L" : "M") + c[0].toFixed(1) + " " + c[1].toFixed(1); }).join(" ");
+      svg.appendChild(el("path", { "class": "line series-" + s, d: path }));
+      coords.forEach(function (c) {
+        var dot = el("circle", { "class": "dot series-" + s, cx: c[0], cy: c[1], r: coords.length === 1 ? 5 : 3 });
+        dot.appendChild(el("title", {}, labels[s] + ", " + hourLabel(c[2][opts.x]) + ": " + c[2][k].toFixed(3)));
+        svg.appendChild(dot);
+      });
+    });
+    box.appendChild(svg);
+    var legend = Object.assign(document.createElement("p"), { className: "chart-legend small" });
+    keys.forEach(function (k, s) {
+      legend.appendChild(Object.assign(document.createElement("span"), { className: "key series-" + s, textContent: labels[s] }));
+    });
+    box.appendChild(legend);
+  }
+
   function refresh(box) {
     fetch(box.dataset.source, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
       .then(function (data) {
-        draw(box, (box.dataset.series ? data[box.dataset.series] : data) || [], {
+        var series = (box.dataset.series || "").split(".").reduce(function (o, k) { return k && o ? o[k] : o; }, data);
+        var opts = {
           kind: box.dataset.chart, x: box.dataset.x, y: box.dataset.y, format: box.dataset.format || "pct",
-          yMax: box.dataset.yMax ? parseFloat(box.dataset.yMax) : null,
-        });
+          yMax: box.dataset.yMax ? parseFloat(box.dataset.yMax) : null, labels: box.dataset.labels,
+        };
+        (opts.y.indexOf(",") >= 0 ? drawLines : draw)(box, series || [], opts);
         box.dataset.drawn = "1";
       })
       .catch(function () { box.textContent = "The chart could not be loaded."; });

@@ -28,6 +28,14 @@ def num(value: float | int | None, digits: int = 1) -> str:
     return f"{value:,.{int(digits)}f}"
 
 
+@register.filter
+def signed(value: float | None, digits: int = 3) -> str:
+    """A difference with its sign: 0.05 -> "+0.050", -0.01 -> "−0.010"; None -> an em dash."""
+    if value is None:
+        return "—"
+    return f"{'+' if value >= 0 else '−'}{abs(value):.{int(digits)}f}"
+
+
 @register.simple_tag
 def board_url(board, **changes) -> str:
     """The leaderboard's query string with some parameters changed (sorting resets the page)."""

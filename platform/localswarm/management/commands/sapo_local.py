@@ -21,6 +21,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.models import User
+from alerts.models import AlertSettings
 from nodes.services import node_provision
 
 REPO = Path(settings.BASE_DIR)
@@ -45,6 +47,13 @@ class Command(BaseCommand):
             "--models", default="tiny-mini", help="Comma-separated models, cycled over the nodes (e.g. tiny,tiny-mini)."
         )
         parser.add_argument(
+            "--silo",
+            type=int,
+            default=1,
+            help="How many more nodes to start in silo (J = 0: trained on their own groups only), beside the "
+            "sharing ones, so the swarm page compares both arms.",
+        )
+        parser.add_argument(
             "--rounds",
             type=int,
             default=0,
@@ -61,7 +70,7 @@ class Command(BaseCommand):
             help="Task catalogue the pool accepts: 'easy' (the tiny model partly solves it) or 'sapo'.",
         )
 
-    def handle(self, *args, host, port, nodes, models, rounds, out, catalogue, **options):
+    def handle(self, *args, host, port, nodes, silo, models, rounds, out, catalogue, **options):
         # Ctrl-C and a service manager's SIGTERM both mean "stop the swarm cleanly" (set explicitly:
         # a process started in the background by a script inherits SIGINT ignored).
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -69,7 +78,9 @@ class Command(BaseCommand):
         model_list = [m.strip() for m in models.split(",") if m.strip()]
         if nodes > 0 and not model_list:
             raise CommandError("--models names no model")
-        assigned = [model_list[i % len(model_list)] for i in range(nodes)]
+        # (name, model, J): the sharing nodes keep the client's default J, the silo ones train with J = 0.
+        assigned = [(f"local-{i + 1}", model_list[i % len(model_list)], None) for i in range(nodes)]
+        assigned += [(f"silo-{k + 1}", model_list[k % len(model_list)], 0) for k in range(max(0, silo) if nodes else 0)]
         # Every process runs this checkout's code, whatever sapo-node the environment has installed.
         path = os.pathsep.join(
             filter(None, [str(REPO / "platform"), str(REPO / "node_client"), os.environ.get("PYTHONPATH")])
@@ -77,7 +88,7 @@ class Command(BaseCommand):
         env = {**os.environ, "SAPO_CATALOGUE": catalogue, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         swarm = _Swarm()
         try:
-            self._start(swarm, env, host=host, port=port, models=assigned, rounds=rounds, out=out)
+            self._start(swarm, env, host=host, port=port, plan=assigned, rounds=rounds, out=out)
             while swarm.server.poll() is None and not swarm.done(rounds):
                 swarm.start_ready_nodes(self.stdout)
                 time.sleep(0.5)
@@ -88,12 +99,15 @@ class Command(BaseCommand):
         if failed := swarm.failures():
             raise CommandError(f"{', '.join(failed)} failed; see the output above")
 
-    def _start(self, swarm: _Swarm, env: dict, *, host: str, port: int, models: list[str], rounds: int, out: str):
+    def _start(
+        self, swarm: _Swarm, env: dict, *, host: str, port: int, plan: list[tuple[str, str, int | None]], rounds: int,
+        out: str,
+    ):  # fmt: skip
         # The built-in models are built before their nodes start, side by side and beside the
         # database and site start-up (on a fresh machine "tiny" costs about two CPU-minutes,
         # "tiny-mini" a quarter of that); a node starts as soon as its model is ready. With the
         # model cached, its builder only loads it (a few seconds, while the site starts).
-        built_in = sorted(set(models) & set(BUILT_IN_MODELS))
+        built_in = sorted({model for _, model, _ in plan} & set(BUILT_IN_MODELS))
         for model in built_in:
             swarm.build(model, {**env, "OMP_NUM_THREADS": _threads(len(built_in))})
         if built_in:
@@ -109,18 +123,27 @@ class Command(BaseCommand):
             env=env,
         )
         self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {env['SAPO_CATALOGUE']})"))
+        # The site's scheduled jobs (leaderboard fold, alerts), every SCHEDULED_EVERY seconds; the console
+        # email backend prints the alerts' emails here.
+        swarm.scheduler = _spawn(
+            [sys.executable, "manage.py", "sapo_scheduled", "--every", str(SCHEDULED_EVERY)],
+            prefix="[jobs]  ", cwd=REPO, env=env,
+        )  # fmt: skip
 
-        for i, model in enumerate(models):
-            node, token = node_provision(username="demo", node_name=f"local-{i + 1}", model_id=model, rotate=True)
+        for i, (name, model, external) in enumerate(plan):
+            node, token = node_provision(username="demo", node_name=name, model_id=model, rotate=True)
             node_out = Path(out) / f"{node.name}-{model}"  # a node that changes model starts afresh
             cmd = [sys.executable, "-m", "sapo_node", "run", "--server", f"ws://{host}:{port}", "--model", model,
                    "--seed", str(i + 1), "--out", str(node_out), "--resume"]  # fmt: skip
             if rounds:
                 cmd += ["--rounds", str(rounds)]
+            if external is not None:
+                cmd += ["--external", str(external)]
             # Nodes share the machine's cores instead of each taking all of them (torch's default),
             # which on a small machine makes every node slower than one would be alone.
-            node_env = {**env, "SAPO_TOKEN": token, "OMP_NUM_THREADS": _threads(len(models))}
+            node_env = {**env, "SAPO_TOKEN": token, "OMP_NUM_THREADS": _threads(len(plan))}
             swarm.pending.append(_PendingNode(node.name, model, node_out, cmd, node_env))
+        demo_alerts_on(username="demo")
         time.sleep(2.0)  # let daphne bind before the first nodes dial in; they retry with backoff anyway
         swarm.start_ready_nodes(self.stdout)
         self.stdout.write(
@@ -129,6 +152,18 @@ class Command(BaseCommand):
                 "python manage.py changepassword demo. Ctrl-C stops everything."
             )
         )
+
+
+#: Seconds between two runs of the scheduled jobs.
+SCHEDULED_EVERY = 60
+
+
+def demo_alerts_on(*, username: str) -> None:
+    """Email alerts for the demo contributor (to demo@localhost, printed by the console backend),
+    unless they already chose their settings."""
+    user = User.objects.filter(username=username).first()
+    if user is not None and not AlertSettings.objects.filter(user=user).exists():
+        AlertSettings.objects.create(user=user, email=f"{username}@localhost")
 
 
 #: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).
@@ -170,6 +205,7 @@ class _Swarm:
 
     builders: dict[str, subprocess.Popen] = field(default_factory=dict)
     server: subprocess.Popen | None = None
+    scheduler: subprocess.Popen | None = None
     pending: list[_PendingNode] = field(default_factory=list)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -205,9 +241,9 @@ class _Swarm:
         try:
             _stop(list(self.builders.values()), timeout=15)
             _stop(list(self.nodes.values()), timeout=60)
-            _stop([self.server] if self.server else [], timeout=15)
+            _stop([p for p in (self.scheduler, self.server) if p is not None], timeout=15)
         except KeyboardInterrupt:
-            for proc in [*self.builders.values(), *self.nodes.values(), self.server]:
+            for proc in [*self.builders.values(), *self.nodes.values(), self.scheduler, self.server]:
                 if proc is not None and proc.poll() is None:
                     proc.kill()
 

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AlertsConfig(AppConfig):
+    name = "alerts"
+    verbose_name = "Alerts to contributors"

@@ -1,0 +1,9 @@
+"""The alerts app's scheduled job (ops.scheduled.JOBS names it)."""
+
+from __future__ import annotations
+
+from alerts.services import alerts_check
+
+
+def run() -> str:
+    return alerts_check().line()

@@ -1,0 +1,314 @@
+"""Alerts: a contributor's settings, and the check that raises and clears alerts about their nodes.
+
+`alerts_check` (the scheduled job `alerts`) looks at every node of a contributor with alerts on:
+
+- silent: the node has shared groups, was seen in the last SILENT_HORIZON, and has sent nothing
+  for the contributor's `silence_minutes`; clears when it is heard from again;
+- low_acceptance: over the last hour at least MIN_JUDGED of its groups were judged and the
+  accepted share is below the contributor's `min_acceptance`; clears when the last hour's share is
+  back at it or above (with as many judged);
+- banned: the node or its contributor is banned; clears when lifted;
+- token_revoked: the node has had tokens and none is active; clears when one is.
+
+A retired node raises nothing (its owner retired it); a banned node or one without a token is not
+also reported silent or low. One alert per node and condition stays open until it clears (a
+database constraint); raising and clearing each send one message, by email and/or webhook, unless
+the contributor already had `SAPO_ALERT_DAILY_CAP` messages in the last 24 hours (the alert is
+still listed on /me/, its delivery "capped").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
+from django.core.validators import validate_email
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from accounts.models import User
+from alerts import webhooks
+from alerts.models import Alert, AlertSettings, Condition
+from common.errors import ApplicationError
+from nodes.models import Node, NodeToken
+from pool.models import NodeVerdictCounts, Rollout, Verdict
+
+log = logging.getLogger(__name__)
+
+#: A node quiet for longer than this before alerts were looked at is not reported silent (an old,
+#: abandoned node is not news); one already reported stays open until it is heard from.
+SILENT_HORIZON = timedelta(days=7)
+ACCEPTANCE_WINDOW = timedelta(hours=1)
+#: Judged groups in the window below which the acceptance share says nothing either way.
+MIN_JUDGED = 4
+SECRET_PREFIX = "whsec_"
+_LOCK_KEY = 0x5A90_A1E7  # pg advisory lock id of the alerts check
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def alert_settings_update(
+    *, user: User, email: str, webhook_url: str, silence_minutes: int, min_acceptance: float
+) -> tuple[AlertSettings, str | None]:
+    """Save the contributor's settings; returns (settings, the new webhook secret or None).
+
+    A secret is made when a webhook URL is first set (shown once by the caller); changing the URL
+    keeps it. The URL is checked now (form and resolved addresses) and again at every delivery."""
+    email, webhook_url = email.strip(), webhook_url.strip()
+    if email:
+        try:
+            validate_email(email)
+        except ValidationError as exc:
+            raise ApplicationError("email_invalid", "Enter a valid email address, or leave it empty.") from exc
+    if webhook_url:
+        webhooks.resolve_target(webhook_url)
+    if not 1 <= silence_minutes <= 24 * 60:
+        raise ApplicationError("silence_invalid", "Silence must be between 1 and 1440 minutes.")
+    if not 0.0 <= min_acceptance <= 1.0:
+        raise ApplicationError("acceptance_invalid", "The acceptance threshold must be between 0 and 100 %.")
+    row, _ = AlertSettings.objects.get_or_create(user=user)
+    new_secret = None
+    if webhook_url and not row.webhook_secret:
+        new_secret = row.webhook_secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    row.email, row.webhook_url = email, webhook_url
+    row.silence_minutes, row.min_acceptance = silence_minutes, min_acceptance
+    row.save()
+    return row, new_secret
+
+
+def alert_secret_rotate(*, user: User) -> str:
+    """A new webhook secret (the old one stops signing at once); returns it, to be shown once."""
+    row = AlertSettings.objects.filter(user=user).first()
+    if row is None or not row.webhook_url:
+        raise ApplicationError("no_webhook", "Set a webhook URL first.")
+    row.webhook_secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    row.save(update_fields=["webhook_secret", "updated_at"])
+    return row.webhook_secret
+
+
+# ---------------------------------------------------------------------------- the check
+
+
+@dataclass(frozen=True)
+class Message:
+    alert: Alert
+    recovered: bool
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    raised: int
+    cleared: int
+    sent: int
+    capped: int
+    failed: int
+
+    def line(self) -> str:
+        return (
+            f"alerts raised {self.raised}, cleared {self.cleared}; messages sent {self.sent}, capped {self.capped}, "
+            f"failed {self.failed}"
+        )
+
+
+def _conditions(node: Node, prefs: AlertSettings, now: datetime, *, judged: tuple[int, int], shared: bool,
+                has_tokens: bool, has_active_token: bool) -> dict[str, str | None]:  # fmt: skip
+    """{condition: detail when it holds, None when it does not, absent when it cannot be told}."""
+    out: dict[str, str | None] = {}
+    banned = node.is_banned
+    out[Condition.BANNED] = "The node or its contributor is banned from the swarm." if banned else None
+    revoked = has_tokens and not has_active_token
+    out[Condition.TOKEN_REVOKED] = "The node has no active token: it cannot connect." if revoked else None
+    if banned or revoked:
+        out[Condition.SILENT] = out[Condition.LOW_ACCEPTANCE] = None
+        return out
+    silence = timedelta(minutes=prefs.silence_minutes)
+    if shared and node.last_seen_at is not None:
+        quiet = now - node.last_seen_at
+        if quiet > silence:
+            minutes = int(quiet.total_seconds() // 60)
+            out[Condition.SILENT] = f"Nothing heard from the node for {minutes} minute{'s' if minutes != 1 else ''}."
+        else:
+            out[Condition.SILENT] = None
+        if quiet > silence and now - node.last_seen_at > SILENT_HORIZON:
+            out.pop(Condition.SILENT)  # too old to raise; an open alert stays open
+    accepted, rejected = judged
+    if accepted + rejected >= MIN_JUDGED:
+        share = accepted / (accepted + rejected)
+        low = share < prefs.min_acceptance
+        out[Condition.LOW_ACCEPTANCE] = (
+            f"{accepted} of {accepted + rejected} groups accepted in the last hour ({share:.0%}, "
+            f"threshold {prefs.min_acceptance:.0%})."
+            if low
+            else None
+        )
+    return out
+
+
+def alerts_check(*, now: datetime | None = None) -> CheckResult:
+    """Raise and clear alerts for every contributor with alerts on, then send the messages.
+
+    One check at a time (a PostgreSQL advisory lock, held across the deliveries, which run outside
+    any transaction): a second check meanwhile returns at once, so no alert is cleared and announced
+    twice."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return CheckResult(0, 0, 0, 0, 0)
+    try:
+        return _check(now or timezone.now())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+
+
+def _check(now: datetime) -> CheckResult:
+    prefs_by_user = {
+        p.user_id: p for p in AlertSettings.objects.filter(~Q(email="") | ~Q(webhook_url="")).select_related("user")
+    }
+    nodes = list(Node.objects.filter(owner_id__in=prefs_by_user, retired_at__isnull=True).select_related("owner"))
+    ids = [n.id for n in nodes]
+    shared = set(NodeVerdictCounts.objects.filter(node_id__in=ids).values_list("node_id", flat=True))
+    tokens = {
+        row["node_id"]: row
+        for row in NodeToken.objects.filter(node_id__in=ids)
+        .values("node_id")
+        .annotate(total=Count("id"), active=Count("id", filter=Q(revoked_at__isnull=True)))
+    }
+    judged = {
+        row["node_id"]: (row["accepted"], row["rejected"])
+        for row in Rollout.objects.filter(node_id__in=ids, created_at__gte=now - ACCEPTANCE_WINDOW)
+        .values("node_id")
+        .annotate(
+            accepted=Count("id", filter=Q(verdict=Verdict.ACCEPTED)),
+            rejected=Count("id", filter=Q(verdict=Verdict.REJECTED)),
+        )
+    }
+    open_alerts = {
+        (a.node_id, a.condition): a
+        for a in Alert.objects.filter(node_id__in=ids, cleared_at__isnull=True).select_related("node")
+    }
+
+    messages: list[Message] = []
+    raised = cleared = 0
+    for node in nodes:
+        token_row = tokens.get(node.id, {"total": 0, "active": 0})
+        states = _conditions(
+            node, prefs_by_user[node.owner_id], now, judged=judged.get(node.id, (0, 0)), shared=node.id in shared,
+            has_tokens=token_row["total"] > 0, has_active_token=token_row["active"] > 0,
+        )  # fmt: skip
+        for condition, detail in states.items():
+            current = open_alerts.get((node.id, condition))
+            if detail is not None and current is None:
+                alert = _raise(node, condition, detail, now)
+                if alert is not None:
+                    raised += 1
+                    messages.append(Message(alert, recovered=False))
+            elif detail is None and current is not None:
+                current.cleared_at = now
+                current.save(update_fields=["cleared_at"])
+                cleared += 1
+                messages.append(Message(current, recovered=True))
+    sent, capped, failed = _send_all(messages, prefs_by_user, now)
+    return CheckResult(raised, cleared, sent, capped, failed)
+
+
+def _raise(node: Node, condition: str, detail: str, now: datetime) -> Alert | None:
+    """A new open alert, or None when another check opened the same one first."""
+    try:
+        with transaction.atomic():
+            return Alert.objects.create(user_id=node.owner_id, node=node, condition=condition, detail=detail,
+                                        raised_at=now)  # fmt: skip
+    except IntegrityError:
+        return None
+
+
+# ---------------------------------------------------------------------------- delivery
+
+
+def _sent_today(user_id: int, now: datetime) -> int:
+    """Messages that reached the contributor in the last 24 hours (a raise and its clearing are two)."""
+    since = now - timedelta(days=1)
+    alerts = Alert.objects.filter(user_id=user_id)
+    return (
+        alerts.filter(raised_sent=True, raised_at__gte=since).count()
+        + alerts.filter(cleared_sent=True, cleared_at__gte=since).count()
+    )
+
+
+def _send_all(messages: list[Message], prefs_by_user: dict[int, AlertSettings], now: datetime) -> tuple[int, int, int]:
+    sent = capped = failed = 0
+    budget: dict[int, int] = {}
+    for message in messages:
+        alert = message.alert
+        user_id = alert.user_id
+        if user_id not in budget:
+            budget[user_id] = settings.SAPO_ALERT_DAILY_CAP - _sent_today(user_id, now)
+        if budget[user_id] <= 0:
+            note, ok = "capped (daily limit reached)", False
+            capped += 1
+        else:
+            note, ok = _deliver(message, prefs_by_user[user_id])
+            budget[user_id] -= 1
+            sent += ok
+            failed += not ok
+        if message.recovered:
+            alert.cleared_delivery, alert.cleared_sent = note[:300], ok
+            alert.save(update_fields=["cleared_delivery", "cleared_sent"])
+        else:
+            alert.raised_delivery, alert.raised_sent = note[:300], ok
+            alert.save(update_fields=["raised_delivery", "raised_sent"])
+    return sent, capped, failed
+
+
+def alert_text(alert: Alert, *, recovered: bool) -> tuple[str, str]:
+    """(subject, body) of the message about `alert`."""
+    label = Condition(alert.condition).label.lower()
+    if recovered:
+        subject = f"[SAPO Swarm] {alert.node.name}: recovered ({label})"
+        body = f"Your node {alert.node.name} recovered: {label} since {alert.raised_at:%Y-%m-%d %H:%M} UTC, cleared {alert.cleared_at:%Y-%m-%d %H:%M} UTC."
+    else:
+        subject = f"[SAPO Swarm] {alert.node.name}: {label}"
+        body = f"Your node {alert.node.name}: {alert.detail}"
+    return subject, body + "\n\nAlerts and their settings: your page on the site (/me/)."
+
+
+def alert_payload(alert: Alert, *, recovered: bool) -> bytes:
+    """The webhook body: a small JSON object."""
+    at = alert.cleared_at if recovered else alert.raised_at
+    return json.dumps({
+        "type": "recovered" if recovered else "alert",
+        "alert": alert.id,
+        "condition": alert.condition,
+        "node": {"id": alert.node_id, "name": alert.node.name},
+        "detail": alert.detail,
+        "at": at.isoformat() if at else None,
+    }, separators=(",", ":")).encode()  # fmt: skip
+
+
+def _deliver(message: Message, prefs: AlertSettings) -> tuple[str, bool]:
+    """Send one message by every channel the contributor set; (what happened, whether any arrived)."""
+    alert, notes, arrived = message.alert, [], False
+    if prefs.email:
+        subject, body = alert_text(alert, recovered=message.recovered)
+        try:
+            send_mail(subject, body, None, [prefs.email], fail_silently=False)
+            notes.append("email")
+            arrived = True
+        except (OSError, ValueError) as exc:  # smtplib's errors are OSErrors
+            log.warning("alert %s: email failed: %s", alert.id, exc)
+            notes.append(f"email failed: {type(exc).__name__}")
+    if prefs.webhook_url:
+        failure = webhooks.deliver(
+            prefs.webhook_url, prefs.webhook_secret, alert_payload(alert, recovered=message.recovered)
+        )
+        notes.append(f"webhook failed: {failure}" if failure else "webhook")
+        arrived = arrived or not failure
+    return ", ".join(notes), arrived

@@ -1,0 +1,184 @@
+"""Webhook delivery to a URL a contributor typed: untrusted, so guarded.
+
+- only http and https, no credentials in the URL, at most WEBHOOK_URL_MAX_LENGTH characters;
+- every address the host name resolves to must be public (`ipaddress.is_global`: no loopback,
+  private, link-local, shared, reserved or multicast range), checked when the URL is saved and again
+  at each delivery, and the connection goes to the address that was checked (a second lookup could
+  answer differently: DNS rebinding); https still verifies the certificate against the host name;
+- short timeouts, no redirects (http.client follows none; a 3xx is a failure), bounded retries on
+  connection errors and 5xx answers, the answer's body read to at most 1 KiB.
+
+`settings.SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS` lists networks allowed despite the rule. It is not
+read from the environment: it is empty on every deployment, and only the tests set it (to reach a
+server they start on 127.0.0.1).
+
+Each POST carries `X-Sapo-Timestamp` (Unix seconds) and `X-Sapo-Signature: sha256=<hex>`, the
+HMAC-SHA256 with the contributor's secret of `<timestamp>.<body>` (docs/leaderboard.md, "Alerts").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from alerts.models import WEBHOOK_URL_MAX_LENGTH
+from common.errors import ApplicationError
+
+#: Seconds between attempts: ATTEMPTS = len(BACKOFF) + 1.
+BACKOFF = (0.5, 2.0)
+MAX_BODY_READ = 1024
+
+
+class WebhookRefused(ApplicationError):
+    """The URL is not one the site may call."""
+
+    def __init__(self, message: str, code: str = "webhook_refused") -> None:
+        super().__init__(code, message)
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str
+    #: The checked addresses the host resolved to; connections go to these, in order.
+    addresses: tuple[str, ...]
+
+
+def check_url_form(url: str) -> None:
+    """What the URL says by itself: scheme, host, port, no credentials. Raises WebhookRefused."""
+    if len(url) > WEBHOOK_URL_MAX_LENGTH:
+        raise WebhookRefused(f"The webhook URL has more than {WEBHOOK_URL_MAX_LENGTH} characters.", "webhook_invalid")
+    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+        raise WebhookRefused("The webhook URL contains spaces or control characters.", "webhook_invalid")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise WebhookRefused("The webhook URL must start with https:// (or http://).", "webhook_invalid")
+    if parts.username is not None or parts.password is not None:
+        raise WebhookRefused("The webhook URL must not carry a user name or password.", "webhook_invalid")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise WebhookRefused("The webhook URL's port is not a number from 1 to 65535.", "webhook_invalid") from exc
+    if not parts.hostname or port == 0:
+        raise WebhookRefused("The webhook URL has no host.", "webhook_invalid")
+
+
+def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(n) for n in getattr(settings, "SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS", ())]
+
+
+def address_is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if any(ip in network for network in _allowed_networks()):
+        return True
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def resolve_target(url: str) -> Target:
+    """The URL's parts and its host's addresses, every one of them public. Raises WebhookRefused."""
+    check_url_form(url)
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise WebhookRefused(f"The webhook host {host!r} does not resolve.", "webhook_unresolved") from exc
+    addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+    refused = [a for a in addresses if not address_is_public(a)]
+    if not addresses or refused:
+        raise WebhookRefused(
+            f"The webhook host {host!r} resolves to an address that is not public ({', '.join(refused)}): "
+            "the site calls only public addresses."
+        )
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Target(parts.scheme, host, port, path, addresses)
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """Connects to a checked address; the Host header still names the host."""
+
+    def __init__(self, address: str, host: str, port: int, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """Connects to a checked address; TLS verifies the certificate against the host name (SNI too)."""
+
+    def __init__(self, address: str, host: str, port: int, timeout: float) -> None:
+        self._tls = ssl.create_default_context()
+        super().__init__(host, port, timeout=timeout, context=self._tls)
+        self._address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+
+
+def _post_once(target: Target, address: str, headers: dict[str, str], body: bytes, timeout: float) -> int:
+    kind = _PinnedHTTPSConnection if target.scheme == "https" else _PinnedHTTPConnection
+    conn = kind(address, target.host, target.port, timeout)
+    try:
+        conn.request("POST", target.path, body=body, headers=headers)
+        response = conn.getresponse()
+        response.read(MAX_BODY_READ)
+        return response.status
+    finally:
+        conn.close()
+
+
+def deliver(url: str, secret: str, body: bytes) -> str:
+    """POST `body` to `url`, signed; returns "" on a 2xx answer, else why it failed (after retries).
+
+    A refused target is not retried; nor is a 3xx (not followed) or 4xx answer."""
+    try:
+        target = resolve_target(url)
+    except WebhookRefused as exc:
+        return exc.message
+    timeout = float(settings.SAPO_ALERT_WEBHOOK_TIMEOUT)
+    failure = ""
+    for attempt in range(len(BACKOFF) + 1):
+        if attempt:
+            time.sleep(BACKOFF[attempt - 1])
+        timestamp = int(time.time())
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "sapo-swarm-alerts",
+            "X-Sapo-Timestamp": str(timestamp),
+            "X-Sapo-Signature": sign(secret, timestamp, body),
+        }
+        for address in target.addresses:
+            try:
+                status = _post_once(target, address, headers, body, timeout)
+            except (OSError, http.client.HTTPException) as exc:  # refused, timed out, TLS, bad answer
+                failure = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+            if 200 <= status < 300:
+                return ""
+            failure = f"answered HTTP {status}" + (" (redirects are not followed)" if 300 <= status < 400 else "")
+            if status < 500:
+                return failure
+            break  # a 5xx: the next attempt, after the pause
+    return failure

@@ -1,0 +1,172 @@
+"""Webhook alerts against a real HTTP server on 127.0.0.1: signed POSTs, no redirects, bounded
+retries, short timeouts, and the guard that refuses loopback (and every non-public address) unless
+the test-only setting SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS lets it through."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.utils import timezone
+from factories import make_node, make_node_token, make_user
+
+from alerts import webhooks
+from alerts.models import Alert, AlertSettings
+from alerts.services import alerts_check
+from nodes.models import Node
+from pool.models import NodeVerdictCounts
+
+pytestmark = pytest.mark.django_db
+
+
+class Hook:
+    """A webhook receiver: answers each POST with the next of `answers` (the last repeats)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.answers: list[int] = [204]
+        self.delay = 0.0
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                hook.requests.append((self.path, dict(self.headers), body))
+                time.sleep(hook.delay)
+                status = hook.answers[min(len(hook.requests), len(hook.answers)) - 1]
+                self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", f"http://127.0.0.1:{hook.port}/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/hooks/sapo?k=1"
+
+    def __enter__(self) -> Hook:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    with Hook() as h:
+        yield h
+
+
+@pytest.fixture
+def loopback_allowed(settings):
+    settings.SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    settings.SAPO_ALERT_WEBHOOK_TIMEOUT = 0.5
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(webhooks, "BACKOFF", (0.05, 0.05))
+
+
+def _silent_node_with_webhook(url: str, secret: str = "whsec_test") -> Node:
+    user = make_user()
+    AlertSettings.objects.create(user=user, webhook_url=url, webhook_secret=secret, silence_minutes=5)
+    node = make_node(owner=user, name="gpu-box")
+    make_node_token(node=node)
+    NodeVerdictCounts.objects.create(node=node, accepted_groups=1)
+    Node.objects.filter(id=node.id).update(last_seen_at=timezone.now() - timedelta(minutes=20))
+    return node
+
+
+def test_the_default_guard_refuses_loopback_and_sends_nothing(hook):
+    node = _silent_node_with_webhook(hook.url)
+    result = alerts_check()
+    assert (result.raised, result.sent, result.failed) == (1, 0, 1)
+    (alert,) = Alert.objects.filter(node=node)
+    assert alert.raised_delivery.startswith("webhook failed: The webhook host '127.0.0.1' resolves to an address")
+    assert hook.requests == []
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1", "10.0.0.8", "172.16.5.4", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
+     "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.1", "224.0.0.1"],
+)  # fmt: skip
+def test_non_public_addresses_are_refused(address):
+    assert not webhooks.address_is_public(address)
+    host = f"[{address}]" if ":" in address else address
+    with pytest.raises(webhooks.WebhookRefused):
+        webhooks.resolve_target(f"https://{host}/hook")
+
+
+def test_public_addresses_pass_the_rule():
+    assert webhooks.address_is_public("93.184.216.34") and webhooks.address_is_public("2606:4700::1111")
+
+
+def test_a_host_name_is_checked_after_resolution():
+    with pytest.raises(webhooks.WebhookRefused, match="resolves to an address that is not public"):
+        webhooks.resolve_target("http://localhost:8000/hook")  # a name, but loopback once resolved
+
+
+def test_alert_and_recovery_are_posted_signed(hook, loopback_allowed):
+    node = _silent_node_with_webhook(hook.url, secret="whsec_s3cret")
+    assert alerts_check().sent == 1
+    Node.objects.filter(id=node.id).update(last_seen_at=timezone.now())
+    assert alerts_check().cleared == 1
+    assert [r[0] for r in hook.requests] == ["/hooks/sapo?k=1"] * 2
+    kinds = []
+    for _, headers, body in hook.requests:
+        timestamp = headers["X-Sapo-Timestamp"]
+        expected = hmac.new(b"whsec_s3cret", f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+        assert headers["X-Sapo-Signature"] == f"sha256={expected}"
+        assert abs(int(timestamp) - time.time()) < 60 and headers["Content-Type"] == "application/json"
+        payload = json.loads(body)
+        assert payload["condition"] == "silent" and payload["node"] == {"id": node.id, "name": "gpu-box"}
+        kinds.append(payload["type"])
+    assert kinds == ["alert", "recovered"]
+    alert = Alert.objects.get(node=node)
+    assert (alert.raised_delivery, alert.cleared_delivery) == ("webhook", "webhook")
+
+
+def test_a_redirect_is_not_followed(hook, loopback_allowed, quick_retries):
+    hook.answers = [302]
+    failure = webhooks.deliver(hook.url, "whsec_x", b"{}")
+    assert failure == "answered HTTP 302 (redirects are not followed)"
+    assert [r[0] for r in hook.requests] == ["/hooks/sapo?k=1"]  # once, and never /elsewhere
+
+
+def test_server_errors_are_retried_a_bounded_number_of_times(hook, loopback_allowed, quick_retries):
+    hook.answers = [500]
+    assert webhooks.deliver(hook.url, "whsec_x", b"{}") == "answered HTTP 500"
+    assert len(hook.requests) == len(webhooks.BACKOFF) + 1
+
+    hook.requests.clear()
+    hook.answers = [503, 200]
+    assert webhooks.deliver(hook.url, "whsec_x", b"{}") == ""
+    assert len(hook.requests) == 2
+
+
+def test_a_client_error_is_not_retried(hook, loopback_allowed, quick_retries):
+    hook.answers = [404]
+    assert webhooks.deliver(hook.url, "whsec_x", b"{}") == "answered HTTP 404"
+    assert len(hook.requests) == 1
+
+
+def test_a_slow_receiver_times_out(hook, loopback_allowed, quick_retries):
+    hook.delay = 1.5
+    started = time.monotonic()
+    failure = webhooks.deliver(hook.url, "whsec_x", b"{}")
+    assert "timed out" in failure
+    assert time.monotonic() - started < 3 * (0.5 + 0.2) + 0.5  # three attempts of the 0.5 s timeout
