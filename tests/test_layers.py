@@ -14,7 +14,20 @@ PLATFORM = REPO / "platform"
 NODE_CLIENT = REPO / "node_client"
 
 #: Lowest first. An app may import its own layer's modules and any lower layer's, never a higher one.
-LAYERS = ["sapo_node", "common", "accounts", "nodes", "pool", "moderation", "web", "ops", "localswarm", "config"]
+LAYERS = [
+    "sapo_node",
+    "common",
+    "accounts",
+    "nodes",
+    "pool",
+    "moderation",
+    "community",
+    "alerts",
+    "web",
+    "ops",
+    "localswarm",
+    "config",
+]
 #: What the node client must never import: the server side and its framework.
 SERVER_SIDE = {"django", "channels", "daphne", "rest_framework", *LAYERS[1:]}
 

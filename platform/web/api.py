@@ -20,11 +20,17 @@ from web.serializers import (
     MyNodeSerializer,
     NodeFiguresSerializer,
     SwarmSerializer,
+    TeamFiguresSerializer,
 )
 
 _BOARD_PARAMS = [
-    OpenApiParameter("view", OpenApiTypes.STR, enum=["contributors", "nodes"], description="Default contributors."),
-    OpenApiParameter("sort", OpenApiTypes.STR, enum=sorted(selectors.CONTRIBUTOR_SORTS), description="Default reward."),
+    OpenApiParameter("view", OpenApiTypes.STR, enum=list(selectors.VIEWS), description="Default contributors."),
+    OpenApiParameter(
+        "sort",
+        OpenApiTypes.STR,
+        enum=sorted({k for sorts in selectors.BOARD_SORTS.values() for k in sorts}),
+        description="Default reward; a key the view does not sort by falls back to it.",
+    ),
     OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
     OpenApiParameter("page", OpenApiTypes.INT, description=f"{selectors.PAGE_SIZE} rows a page."),
 ]
@@ -53,6 +59,8 @@ class LeaderboardApi(APIView):
         }
         if board.view == "contributors":
             body["contributors"] = ContributorFiguresSerializer(rows, many=True).data
+        elif board.view == "teams":
+            body["teams"] = TeamFiguresSerializer(rows, many=True).data
         else:
             body["nodes"] = NodeFiguresSerializer(rows, many=True).data
         return Response(body)

@@ -7,6 +7,7 @@ its traffic. docs/leaderboard.md says how each figure is computed.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,6 +31,7 @@ from web.stats import (
     snapshot,
     stats_fold_if_due,
 )
+from web.teams import TEAM_SORTS, team_figures_all
 
 FIGURES_CACHE_SECONDS = 5
 PAGE_SIZE = 25
@@ -187,7 +189,8 @@ NODE_SORTS = {
     "name": lambda f: f.name.lower(),
 }
 CONTRIBUTOR_SORTS = {**NODE_SORTS, "name": lambda f: f.contributor.lower(), "nodes": lambda f: f.nodes}
-VIEWS = ("contributors", "nodes")
+VIEWS = ("contributors", "nodes", "teams")
+BOARD_SORTS = {"contributors": CONTRIBUTOR_SORTS, "nodes": NODE_SORTS, "teams": TEAM_SORTS}
 
 
 def _listed(f: NodeFigures) -> bool:
@@ -229,12 +232,15 @@ class Leaderboard:
 def leaderboard(*, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1) -> Leaderboard:
     """One sorted page of the public leaderboard; unknown parameters fall back to the defaults."""
     view = view if view in VIEWS else "contributors"
-    sorts = CONTRIBUTOR_SORTS if view == "contributors" else NODE_SORTS
+    sorts = BOARD_SORTS[view]
     sort = sort if sort in sorts else "reward"
     descending = order != "asc"
-    rows: list[Any] = (
-        contributor_figures_all() if view == "contributors" else [f for f in node_figures_all() if _listed(f)]
-    )
+    if view == "contributors":
+        rows: list[Any] = contributor_figures_all()
+    elif view == "nodes":
+        rows = [f for f in node_figures_all() if _listed(f)]
+    else:
+        rows = team_figures_all()
     # Ties broken by name, so the order is stable between polls.
     rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
     rows.sort(key=sorts[sort], reverse=descending)
@@ -332,16 +338,19 @@ def _pool_size(cutoff: datetime) -> int:
     return Rollout.objects.filter(sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo).count()
 
 
-def aha_groups(*, limit: int = 10) -> list[dict[str, Any]]:
+def aha_groups(*, limit: int = 10, author_owner_ids: Collection[int] | None = None) -> list[dict[str, Any]]:
     """Recent groups that several other nodes trained on, most used first (from the latest
-    AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids)."""
+    AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids); `author_owner_ids`
+    keeps the groups of those contributors' nodes (a team's members)."""
     recent = Consumption.objects.order_by("-id").values_list("id", flat=True)[
         AHA_RECENT_CONSUMPTIONS - 1 : AHA_RECENT_CONSUMPTIONS
     ]
     floor = next(iter(recent), 0)
+    consumptions = Consumption.objects.filter(id__gte=floor)
+    if author_owner_ids is not None:
+        consumptions = consumptions.filter(author__owner_id__in=list(author_owner_ids))
     rows = list(
-        Consumption.objects.filter(id__gte=floor)
-        .values("rollout_id")
+        consumptions.values("rollout_id")
         .annotate(nodes=Count("consumer_id", distinct=True))
         .filter(nodes__gte=AHA_MIN_NODES)
         .order_by("-nodes", "rollout_id")[:limit]

@@ -34,8 +34,20 @@ class ContributorFiguresSerializer(serializers.Serializer):
     rounds = serializers.IntegerField(help_text="Self-reported.")
 
 
+class TeamFiguresSerializer(serializers.Serializer):
+    team_id = serializers.IntegerField()
+    name = serializers.CharField()
+    slug = serializers.CharField(help_text="The team's page: /teams/<slug>/.")
+    members = serializers.IntegerField(help_text="Current members.")
+    nodes_online = serializers.IntegerField()
+    verified_reward = serializers.FloatField(help_text="Verified reward its members earned while members.")
+    accepted = serializers.IntegerField(help_text="Groups accepted from its members while members.")
+    recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life, counted by the hour.")
+    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/leaderboard.md).")
+
+
 class LeaderboardSerializer(serializers.Serializer):
-    view = serializers.ChoiceField(choices=["contributors", "nodes"])
+    view = serializers.ChoiceField(choices=["contributors", "nodes", "teams"])
     sort = serializers.CharField()
     order = serializers.ChoiceField(choices=["asc", "desc"])
     page = serializers.IntegerField()
@@ -43,6 +55,7 @@ class LeaderboardSerializer(serializers.Serializer):
     total = serializers.IntegerField()
     contributors = ContributorFiguresSerializer(many=True, required=False)
     nodes = NodeFiguresSerializer(many=True, required=False)
+    teams = TeamFiguresSerializer(many=True, required=False)
 
 
 class RewardPointSerializer(serializers.Serializer):
