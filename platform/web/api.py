@@ -9,9 +9,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from community.selectors import team_get, team_members
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
-from web import selectors
+from web import profiles, selectors, teams
 from web.serializers import (
     ContributorFiguresSerializer,
     CurvePointSerializer,
@@ -19,7 +20,9 @@ from web.serializers import (
     LeaderboardSerializer,
     MyNodeSerializer,
     NodeFiguresSerializer,
+    ProfileSerializer,
     SwarmSerializer,
+    TeamDetailSerializer,
     TeamFiguresSerializer,
 )
 
@@ -104,3 +107,52 @@ class MyInboxApi(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(InboxItemSerializer(rollout_inbox_list(owner=request.user), many=True).data)
+
+
+class ContributorApi(APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=ProfileSerializer, summary="A contributor's public page (404 when private)")
+    def get(self, request: Request, username: str) -> Response:
+        owner = profiles.contributor_public_get(username=username, viewer=request.user)
+        return Response(ProfileSerializer(profiles.contributor_profile(owner=owner)).data)
+
+
+class PublicNodeApi(APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=ProfileSerializer, summary="A node's public page (404 when its contributor is private)")
+    def get(self, request: Request, node_id: int) -> Response:
+        node = profiles.node_public_get(node_id=node_id, viewer=request.user)
+        return Response(ProfileSerializer(profiles.node_profile(node=node)).data)
+
+
+class TeamListApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("q", OpenApiTypes.STR, description="Part of the name."),
+            OpenApiParameter("sort", OpenApiTypes.STR, enum=sorted(teams.TEAM_SORTS), description="Default reward."),
+            OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
+        ],
+        responses=TeamFiguresSerializer(many=True),
+        summary="Listed teams with their figures",
+    )
+    def get(self, request: Request) -> Response:
+        rows, _, _ = teams.team_rows(
+            q=request.query_params.get("q", ""),
+            sort=request.query_params.get("sort", "reward"),
+            order=request.query_params.get("order", "desc"),
+        )
+        return Response(TeamFiguresSerializer(rows, many=True).data)
+
+
+class TeamDetailApi(APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=TeamDetailSerializer, summary="A team's page: figures, members, curve")
+    def get(self, request: Request, slug: str) -> Response:
+        team = team_get(slug=slug, viewer=request.user)
+        return Response(TeamDetailSerializer(teams.team_detail(team=team, members=team_members(team=team))).data)

@@ -17,6 +17,8 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count
 from django.utils import timezone
 
+from accounts.models import User
+from community.selectors import badges_of_users
 from nodes.models import ONLINE_WINDOW, Node
 from nodes.presence import connected_among, connected_filter, with_connected
 from pool.limits import current_limits
@@ -71,6 +73,7 @@ class NodeFigures(_Judged):
     status: str
     last_seen_at: datetime | None
     public: bool  # neither the node nor its contributor is banned
+    username: str = ""  # for the contributor's page; empty when their profile is private
     accepted: int = 0
     rejected: int = 0
     moderated: int = 0
@@ -89,6 +92,8 @@ class NodeFigures(_Judged):
 class ContributorFigures(_Judged):
     owner_id: int
     contributor: str
+    username: str = ""  # for the contributor's page; empty when their profile is private
+    badges: list[str] = field(default_factory=list)  # set for the rows of a page (leaderboard)
     nodes: int = 0
     models: list[str] = field(default_factory=list)
     last_seen_at: datetime | None = None
@@ -99,6 +104,10 @@ class ContributorFigures(_Judged):
     helped: int = 0
     rounds: int = 0
     recent_credit: float = 0.0
+
+
+def _page_username(owner: User) -> str:
+    return "" if owner.profile_private else owner.username
 
 
 def _compute_node_figures(now: datetime) -> list[NodeFigures]:
@@ -132,6 +141,7 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
                 status=node.status_at(now, connected=node.id in connected),
                 last_seen_at=node.last_seen_at,
                 public=not node.is_banned,
+                username=_page_username(node.owner),
                 accepted=m.accepted,
                 rejected=m.rejected,
                 moderated=m.moderated,
@@ -166,7 +176,7 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
         out[node.id] = known.get(node.id) or NodeFigures(
             node_id=node.id, name=node.name, owner_id=node.owner_id, contributor=node.owner.public_name,
             model_id=node.model_id, hardware=node.hardware, status=status,
-            last_seen_at=node.last_seen_at, public=not node.is_banned,
+            last_seen_at=node.last_seen_at, public=not node.is_banned, username=_page_username(node.owner),
         )  # fmt: skip
         # Name, status and self-description change faster than the cache: take them from the row.
         fig = out[node.id]
@@ -204,7 +214,9 @@ def contributor_figures_all() -> list[ContributorFigures]:
     for f in node_figures_all():
         if not _listed(f):
             continue
-        c = by_owner.setdefault(f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor))
+        c = by_owner.setdefault(
+            f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor, username=f.username)
+        )
         c.nodes += 1
         if f.model_id and f.model_id not in c.models:
             c.models.append(f.model_id)
@@ -244,8 +256,12 @@ def leaderboard(*, view: str = "contributors", sort: str = "reward", order: str 
     # Ties broken by name, so the order is stable between polls.
     rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
     rows.sort(key=sorts[sort], reverse=descending)
-    paginator = Paginator(rows, PAGE_SIZE)
-    return Leaderboard(view, sort, descending, paginator.get_page(page), len(rows))
+    page_rows = Paginator(rows, PAGE_SIZE).get_page(page)
+    if view == "contributors":
+        badges = badges_of_users(f.owner_id for f in page_rows.object_list)
+        for f in page_rows.object_list:
+            f.badges = badges.get(f.owner_id, [])
+    return Leaderboard(view, sort, descending, page_rows, len(rows))
 
 
 # ---------------------------------------------------------------------------- swarm

@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from web import team_views, views
+from web import profile_views, team_views, views
 
 app_name = "web"
 
@@ -13,6 +13,9 @@ urlpatterns = [
     path("leaderboard/how/", views.leaderboard_how, name="leaderboard-how"),
     path("swarm/", views.swarm, name="swarm"),
     path("swarm/figures/", views.swarm_figures, name="swarm-figures"),
+    path("contributors/<str:username>/", profile_views.contributor_view, name="contributor"),
+    path("nodes/<int:node_id>/", profile_views.node_view, name="node-public"),
+    path("me/privacy/", profile_views.privacy_view, name="me-privacy"),
     path("teams/", team_views.team_list_view, name="teams"),
     path("teams/found/", team_views.team_found_view, name="team-found"),
     path("teams/leave/", team_views.team_leave_view, name="team-leave"),
