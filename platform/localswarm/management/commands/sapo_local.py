@@ -109,6 +109,12 @@ class Command(BaseCommand):
             env=env,
         )
         self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {env['SAPO_CATALOGUE']})"))
+        # The site's scheduled work (figures, badges, the daily export), as an operator's cron would run it.
+        swarm.scheduled = _spawn(
+            [sys.executable, str(REPO / "manage.py"), "sapo_scheduled", "--every", str(SCHEDULED_EVERY_SECONDS)],
+            prefix="[scheduled]",
+            env=env,
+        )
 
         for i, model in enumerate(models):
             node, token = node_provision(username="demo", node_name=f"local-{i + 1}", model_id=model, rotate=True)
@@ -130,6 +136,9 @@ class Command(BaseCommand):
             )
         )
 
+
+#: How often `make run` runs the scheduled jobs (ops.scheduled).
+SCHEDULED_EVERY_SECONDS = 60
 
 #: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).
 BUILT_IN_MODELS = ("tiny", "tiny-mini")
@@ -170,6 +179,7 @@ class _Swarm:
 
     builders: dict[str, subprocess.Popen] = field(default_factory=dict)
     server: subprocess.Popen | None = None
+    scheduled: subprocess.Popen | None = None
     pending: list[_PendingNode] = field(default_factory=list)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -205,9 +215,9 @@ class _Swarm:
         try:
             _stop(list(self.builders.values()), timeout=15)
             _stop(list(self.nodes.values()), timeout=60)
-            _stop([self.server] if self.server else [], timeout=15)
+            _stop([p for p in (self.scheduled, self.server) if p is not None], timeout=15)
         except KeyboardInterrupt:
-            for proc in [*self.builders.values(), *self.nodes.values(), self.server]:
+            for proc in [*self.builders.values(), *self.nodes.values(), self.scheduled, self.server]:
                 if proc is not None and proc.poll() is None:
                     proc.kill()
 
