@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 JOBS: list[tuple[str, str]] = [
     ("fold", "web.stats.stats_fold_job"),
     ("badges", "web.badges.badges_assign_job"),
+    ("export", "web.export.stats_export_job"),
 ]
 
 

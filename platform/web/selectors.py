@@ -209,6 +209,11 @@ def _listed(f: NodeFigures) -> bool:
     return f.public and f.accepted > 0
 
 
+def listed_node_figures() -> list[NodeFigures]:
+    """The nodes the public leaderboard lists (`_listed`), with their figures."""
+    return [f for f in node_figures_all() if _listed(f)]
+
+
 def contributor_figures_all() -> list[ContributorFigures]:
     by_owner: dict[int, ContributorFigures] = {}
     for f in node_figures_all():
@@ -250,7 +255,7 @@ def leaderboard(*, view: str = "contributors", sort: str = "reward", order: str 
     if view == "contributors":
         rows: list[Any] = contributor_figures_all()
     elif view == "nodes":
-        rows = [f for f in node_figures_all() if _listed(f)]
+        rows = listed_node_figures()
     else:
         rows = team_figures_all()
     # Ties broken by name, so the order is stable between polls.

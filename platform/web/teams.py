@@ -127,6 +127,7 @@ class TeamFigures:
     verified_reward: float = 0.0
     recent_credit: float = 0.0
     badges: list[str] = field(default_factory=list)
+    created_at: datetime | None = None
 
 
 def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int, int]:
@@ -159,7 +160,7 @@ def _compute_team_figures(now: datetime) -> list[TeamFigures]:
                 team_id=team.id, name=team.name, slug=team.slug, members=team.members,
                 nodes_online=online.get(team.id, 0), accepted=m.accepted, completions=m.completions,
                 verified_reward=m.reward, recent_credit=recent_average_credit(m.growth, now=now),
-                badges=badges.get(team.id, []),
+                badges=badges.get(team.id, []), created_at=team.created_at,
             )
         )  # fmt: skip
     return out

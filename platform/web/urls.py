@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from web import profile_views, team_views, views
+from web import export_views, profile_views, team_views, views
 
 app_name = "web"
 
@@ -16,6 +16,8 @@ urlpatterns = [
     path("contributors/<str:username>/", profile_views.contributor_view, name="contributor"),
     path("nodes/<int:node_id>/", profile_views.node_view, name="node-public"),
     path("me/privacy/", profile_views.privacy_view, name="me-privacy"),
+    path("stats/", export_views.stats_index, name="stats"),
+    path("stats/<str:name>", export_views.stats_file, name="stats-file"),
     path("teams/", team_views.team_list_view, name="teams"),
     path("teams/found/", team_views.team_found_view, name="team-found"),
     path("teams/leave/", team_views.team_leave_view, name="team-leave"),
