@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.permissions import AllowAny
+from rest_framework import status
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from community.selectors import team_get, team_members
+from accounts.limits import client_address
+from accounts.services import profile_set_private
+from common.errors import NotFound
+from community.selectors import membership_current, team_get, team_members
+from community.services import team_found, team_join, team_leave
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from web import profiles, selectors, teams
@@ -18,12 +23,16 @@ from web.serializers import (
     CurvePointSerializer,
     InboxItemSerializer,
     LeaderboardSerializer,
+    MembershipSerializer,
     MyNodeSerializer,
     NodeFiguresSerializer,
+    ProfilePrivacySerializer,
     ProfileSerializer,
     SwarmSerializer,
     TeamDetailSerializer,
     TeamFiguresSerializer,
+    TeamFoundInputSerializer,
+    TeamRefSerializer,
 )
 
 _BOARD_PARAMS = [
@@ -128,8 +137,8 @@ class PublicNodeApi(APIView):
 
 
 class TeamListApi(APIView):
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
+    def get_permissions(self):
+        return [AllowAny()] if self.request.method == "GET" else [IsAuthenticated()]
 
     @extend_schema(
         parameters=[
@@ -148,6 +157,17 @@ class TeamListApi(APIView):
         )
         return Response(TeamFiguresSerializer(rows, many=True).data)
 
+    @extend_schema(
+        request=TeamFoundInputSerializer,
+        responses={201: TeamRefSerializer},
+        summary="Found a team (you become its founder and first member)",
+    )
+    def post(self, request: Request) -> Response:
+        data = TeamFoundInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        team = team_found(founder=request.user, address=client_address(request), **data.validated_data)
+        return Response(TeamRefSerializer(team).data, status=status.HTTP_201_CREATED)
+
 
 class TeamDetailApi(APIView):
     permission_classes = [AllowAny]
@@ -156,3 +176,40 @@ class TeamDetailApi(APIView):
     def get(self, request: Request, slug: str) -> Response:
         team = team_get(slug=slug, viewer=request.user)
         return Response(TeamDetailSerializer(teams.team_detail(team=team, members=team_members(team=team))).data)
+
+
+class TeamJoinApi(APIView):
+    @extend_schema(request=None, responses=MembershipSerializer, summary="Join a team (credit counts from now on)")
+    def post(self, request: Request, slug: str) -> Response:
+        team = team_get(slug=slug, viewer=request.user)
+        return Response(MembershipSerializer(team_join(user=request.user, team=team)).data)
+
+
+class MyTeamApi(APIView):
+    @extend_schema(responses=MembershipSerializer, summary="My current team (404 when in none)")
+    def get(self, request: Request) -> Response:
+        membership = membership_current(user=request.user)
+        if membership is None:
+            raise NotFound("You are not in a team.", code="not_in_team")
+        return Response(MembershipSerializer(membership).data)
+
+    @extend_schema(request=None, responses=MembershipSerializer, summary="Leave my team (its credit stays with it)")
+    def delete(self, request: Request) -> Response:
+        return Response(MembershipSerializer(team_leave(user=request.user)).data)
+
+
+class MyProfileApi(APIView):
+    @extend_schema(responses=ProfilePrivacySerializer, summary="Whether my public profile is private")
+    def get(self, request: Request) -> Response:
+        return Response({"private": request.user.profile_private})
+
+    @extend_schema(
+        request=ProfilePrivacySerializer,
+        responses=ProfilePrivacySerializer,
+        summary="Make my profile private or public",
+    )
+    def patch(self, request: Request) -> Response:
+        data = ProfilePrivacySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = profile_set_private(user=request.user, private=data.validated_data["private"])
+        return Response({"private": user.profile_private})

@@ -199,3 +199,24 @@ class TeamDetailSerializer(serializers.Serializer):
     reward_per_hour = serializers.FloatField(help_text="Verified reward of the last 24 hours / 24.")
     members = TeamMemberSerializer(many=True)
     curve = TeamCurvePointSerializer(many=True, help_text="Verified reward per hour, 7 days.")
+
+
+class TeamFoundInputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, help_text="3-40 letters, digits, spaces, simple punctuation.")
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    url = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class TeamRefSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    slug = serializers.SlugField()
+
+
+class MembershipSerializer(serializers.Serializer):
+    team = TeamRefSerializer()
+    joined_at = serializers.DateTimeField()
+    left_at = serializers.DateTimeField(allow_null=True)
+
+
+class ProfilePrivacySerializer(serializers.Serializer):
+    private = serializers.BooleanField(help_text="Anonymous on every public list; public pages answer 404 to others.")
