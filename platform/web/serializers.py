@@ -42,7 +42,7 @@ class TeamFiguresSerializer(serializers.Serializer):
     nodes_online = serializers.IntegerField()
     verified_reward = serializers.FloatField(help_text="Verified reward its members earned while members.")
     accepted = serializers.IntegerField(help_text="Groups accepted from its members while members.")
-    recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life, counted by the hour.")
+    recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life.")
     badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/leaderboard.md).")
 
 

@@ -1,11 +1,15 @@
 """Team figures: what members earned while members, from the folded per-hour table (NodeHour) plus
 the live rows the fold has not counted yet, read in one snapshot (web.stats). docs/leaderboard.md#teams.
 
-Credit is counted by the hour: a node's hour (web_nodehour.hour, its start) counts for a team when it
-starts inside one of its owner's membership periods in that team (joined_at <= hour < left_at). Joining
-in the middle of an hour counts from the next hour; the hour a member leaves in stays with the team.
-No hour is ever counted for two teams (periods of one contributor do not overlap). Recent credit
-decays each hour's reward from the hour's start (web.stats.recent_average_credit).
+A membership period [joined_at, left_at) counts, for each of the member's nodes:
+- the whole hours from the hour of joining up to (not including) the hour of leaving, from the hour
+  tables (folded hours and live rows alike);
+- minus the groups of the hour of joining created before joining, plus those of the hour of leaving
+  created before leaving: both read from the pool itself, at most an hour of the member's nodes each,
+  through its (node, created_at) index.
+So the count is exact to the group: joining brings no past credit, leaving takes none away, and no
+group counts for two teams (one contributor's periods never overlap). Recent credit decays each
+group's reward from the start of its hour, as the hour tables do.
 """
 
 from __future__ import annotations
@@ -30,19 +34,56 @@ TEAM_FIGURES_CACHE_SECONDS = 15
 TEAM_CURVE_DAYS = 7
 TEAM_PAGE_SIZE = 25
 
-# Folded hours per (team, member) inside the member's periods; banned nodes and contributors earn nothing.
-_FOLDED_SQL = """
-SELECT m.team_id, m.user_id, sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward),
-       sum(h.verified_reward * power(2.0, extract(epoch FROM h.hour - %(epoch)s) / %(half_life)s))
+# The members' nodes of each period; banned nodes and contributors earn their team nothing.
+_PERIOD_NODES = """
 FROM community_membership m
 JOIN accounts_user u ON u.id = m.user_id AND u.banned_at IS NULL
 JOIN nodes_node n ON n.owner_id = m.user_id AND n.banned_at IS NULL
-JOIN web_nodehour h ON h.node_id = n.id AND h.hour >= m.joined_at AND (m.left_at IS NULL OR h.hour < m.left_at)
-{team_filter}
-GROUP BY 1, 2
 """
 
-# The membership periods of the owners of some nodes, still open at `since` (for the live rows).
+# Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it.
+_HOURS_SQL = (
+    """
+SELECT m.id, m.team_id, m.user_id, CASE WHEN h.hour >= %(since)s THEN h.hour END AS hour,
+       sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward),
+       sum(h.verified_reward * power(2.0, extract(epoch FROM h.hour - %(epoch)s) / %(half_life)s))
+"""
+    + _PERIOD_NODES
+    + """
+JOIN web_nodehour h ON h.node_id = n.id AND h.hour >= date_trunc('hour', m.joined_at)
+     AND (m.left_at IS NULL OR h.hour < date_trunc('hour', m.left_at))
+{team_filter}
+GROUP BY 1, 2, 3, 4
+"""
+)
+
+# The groups of the hour of joining before joining (sign -1) and of the hour of leaving before
+# leaving (sign +1), from the pool, with the fold's definition of a credited group.
+_PARTS_SQL = (
+    """
+SELECT m.id, m.team_id, m.user_id, p.sign, p.lo,
+       count(*) FILTER (WHERE r.verdict = 'accepted'),
+       coalesce(sum(r.completion_count) FILTER (WHERE c.credited), 0),
+       coalesce(sum(c.reward) FILTER (WHERE c.credited), 0)
+"""
+    + _PERIOD_NODES
+    + """
+CROSS JOIN LATERAL (VALUES (-1, date_trunc('hour', m.joined_at), m.joined_at),
+                           (1, date_trunc('hour', m.left_at), m.left_at)) AS p(sign, lo, hi)
+JOIN pool_rollout r ON r.node_id = n.id AND r.created_at >= p.lo AND r.created_at < p.hi
+CROSS JOIN LATERAL (
+    SELECT r.verdict = 'accepted' AND r.moderation_status NOT IN ('quarantined', 'rejected') AS credited,
+           (SELECT coalesce(sum(x::float8), 0)
+              FROM jsonb_array_elements_text(
+                   CASE WHEN jsonb_typeof(r.verified_rewards) = 'array' THEN r.verified_rewards ELSE '[]' END
+              ) AS x) AS reward
+) c
+WHERE p.hi IS NOT NULL {team_and}
+GROUP BY 1, 2, 3, 4, 5
+"""
+)
+
+# The periods of the owners of some nodes that may cover hours of the live rows.
 _PERIODS_SQL = """
 SELECT n.id, m.team_id, m.user_id, m.joined_at, m.left_at
 FROM nodes_node n
@@ -51,68 +92,67 @@ JOIN community_membership m ON m.user_id = n.owner_id AND (m.left_at IS NULL OR 
 WHERE n.id = ANY(%(nodes)s) AND n.banned_at IS NULL
 """
 
+_FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _hour_of(t: datetime) -> datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
 
 @dataclass
 class TeamCredit:
-    """Each team's measures, and each (team, member)'s: what a member earned for that team."""
+    """Each team's measures, each (team, member)'s (what a member earned for that team), and the
+    per-hour measures of the curve (hours from `since` only)."""
 
     by_team: dict[int, Measures] = field(default_factory=dict)
     by_member: dict[tuple[int, int], Measures] = field(default_factory=dict)
+    hours: dict[tuple[int, datetime], Measures] = field(default_factory=dict)
 
-    def add(self, team_id: int, user_id: int, m: Measures) -> None:
+    def add(self, team_id: int, user_id: int, m: Measures, hour: datetime | None = None) -> None:
         self.by_team.setdefault(team_id, Measures()).add(m)
         self.by_member.setdefault((team_id, user_id), Measures()).add(m)
+        if hour is not None:
+            self.hours.setdefault((team_id, hour), Measures()).add(m)
 
 
 def _hour_growth(reward: float, hour: datetime) -> float:
     return reward * 2.0 ** ((hour - CREDIT_EPOCH).total_seconds() / CREDIT_HALF_LIFE.total_seconds())
 
 
-def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -> tuple[TeamCredit, dict]:
-    """Every team's credit (or one team's), and its live hours: {(team, hour): Measures} for curves.
-    `since` also returns the folded hours from then on, in the same snapshot."""
+def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -> TeamCredit:
+    """Every team's credit (or one team's); with `since`, its hours from then on (the curve)."""
     credit = TeamCredit()
-    hours: dict[tuple[int, datetime], Measures] = {}
-    params: dict[str, Any] = {"epoch": CREDIT_EPOCH, "half_life": CREDIT_HALF_LIFE.total_seconds(), "team": team_id}
-    team_filter = "" if team_id is None else "WHERE m.team_id = %(team)s"
+    since = since or datetime(9999, 1, 1, tzinfo=UTC)
+    params: dict[str, Any] = {
+        "epoch": CREDIT_EPOCH, "half_life": CREDIT_HALF_LIFE.total_seconds(), "team": team_id, "since": since,
+    }  # fmt: skip
+    one_team = team_id is not None
     with snapshot():
         live = live_rows()
         with connection.cursor() as cursor:
-            cursor.execute(_FOLDED_SQL.format(team_filter=team_filter), params)
-            for team, user, accepted, completions, reward, growth in cursor.fetchall():
-                credit.add(team, user, Measures(int(accepted), 0, 0, int(completions), float(reward), float(growth)))
-            if since is not None and team_id is not None:
-                cursor.execute(
-                    """
-                    SELECT h.hour, sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward)
-                    FROM community_membership m
-                    JOIN accounts_user u ON u.id = m.user_id AND u.banned_at IS NULL
-                    JOIN nodes_node n ON n.owner_id = m.user_id AND n.banned_at IS NULL
-                    JOIN web_nodehour h ON h.node_id = n.id AND h.hour >= m.joined_at
-                         AND (m.left_at IS NULL OR h.hour < m.left_at)
-                    WHERE m.team_id = %(team)s AND h.hour >= %(since)s
-                    GROUP BY 1
-                    """,
-                    {"team": team_id, "since": since},
-                )
-                for hour, accepted, completions, reward in cursor.fetchall():
-                    hours[(team_id, hour)] = Measures(int(accepted), 0, 0, int(completions), float(reward))
-            live_since = (live.since or datetime(1970, 1, 1, tzinfo=UTC)) - timedelta(hours=1)
+            cursor.execute(_HOURS_SQL.format(team_filter="WHERE m.team_id = %(team)s" if one_team else ""), params)
+            for _, team, user, hour, accepted, completions, reward, growth in cursor.fetchall():
+                m = Measures(int(accepted), 0, 0, int(completions), float(reward), float(growth))
+                credit.add(team, user, m, hour)
+            cursor.execute(_PARTS_SQL.format(team_and="AND m.team_id = %(team)s" if one_team else ""), params)
+            for _, team, user, sign, hour, accepted, completions, reward in cursor.fetchall():
+                m = Measures(sign * int(accepted), 0, 0, sign * int(completions), sign * float(reward),
+                             sign * _hour_growth(float(reward), hour))  # fmt: skip
+                credit.add(team, user, m, hour if hour >= since else None)
+            live_since = _hour_of(live.since or _FAR_PAST)
             node_ids = sorted({node_id for node_id, _ in live.groups.by_node_hour})
             periods: dict[int, list[tuple]] = {}
             if node_ids:
                 cursor.execute(_PERIODS_SQL, {"nodes": node_ids, "since": live_since})
                 for node_id, team, user, joined_at, left_at in cursor.fetchall():
-                    if team_id is None or team == team_id:
+                    if not one_team or team == team_id:
                         periods.setdefault(node_id, []).append((team, user, joined_at, left_at))
     for (node_id, hour), m in live.groups.by_node_hour.items():
         for team, user, joined_at, left_at in periods.get(node_id, ()):
-            if joined_at <= hour and (left_at is None or hour < left_at):
+            if _hour_of(joined_at) <= hour and (left_at is None or hour < _hour_of(left_at)):
                 counted = Measures(m.accepted, 0, 0, m.completions, m.reward, _hour_growth(m.reward, hour))
-                credit.add(team, user, counted)
-                if since is not None and hour >= since:
-                    hours.setdefault((team, hour), Measures()).add(counted)
-    return credit, hours
+                credit.add(team, user, counted, hour if hour >= since else None)
+    return credit
 
 
 @dataclass
@@ -148,7 +188,7 @@ def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int
 
 
 def _compute_team_figures(now: datetime) -> list[TeamFigures]:
-    credit, _ = _team_credit()
+    credit = _team_credit()
     teams = list(team_list())
     online = _nodes_online_by_team(now)
     badges = badges_of_teams(t.id for t in teams)
@@ -214,7 +254,8 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
     """One team's page: its figures, each current member's credit for it, its hourly curve."""
     now = timezone.now()
     start = (now - timedelta(days=TEAM_CURVE_DAYS)).replace(minute=0, second=0, microsecond=0)
-    credit, hours = _team_credit(team_id=team.id, since=start)
+    credit = _team_credit(team_id=team.id, since=start)
+    hours = credit.hours
     m = credit.by_team.get(team.id, Measures())
     figures = TeamFigures(
         team_id=team.id, name=team.name, slug=team.slug, members=len(members),

@@ -65,14 +65,37 @@ def test_team_credit_counts_only_what_members_earned_while_members(user, other_u
     assert (row.accepted, row.verified_reward, row.members) == (2, pytest.approx(2.0), 1)
 
 
-def test_the_hour_of_joining_counts_from_the_next_hour(user):
+@pytest.mark.parametrize("folded", [True, False], ids=["folded", "live"])
+def test_credit_is_exact_to_the_group_inside_the_hours_of_joining_and_leaving(user, other_user, folded):
+    team = found(other_user)
+    team_join(user=user, team=team)
+    Membership.objects.filter(user=user).update(
+        joined_at=_hour(3) + timedelta(minutes=30), left_at=_hour(1) + timedelta(minutes=30)
+    )
     node = make_node(owner=user)
-    make_group(node, rewards=(1.0, 1.0), created_at=_hour(3) + timedelta(minutes=10))
-    team = found(user)
-    Membership.objects.filter(user=user).update(joined_at=_hour(3) + timedelta(minutes=30))
-    make_group(node, rewards=(1.0, 0.0), created_at=_hour(2) + timedelta(minutes=10))
+    make_group(node, rewards=(1.0, 1.0, 1.0, 1.0), created_at=_hour(3) + timedelta(minutes=10))  # before joining
+    make_group(node, rewards=(1.0, 0.0), created_at=_hour(3) + timedelta(minutes=40))
+    make_group(node, rewards=(1.0, 1.0), created_at=_hour(2) + timedelta(minutes=5))
+    make_group(node, rewards=(0.5, 0.0), created_at=_hour(1) + timedelta(minutes=20))
+    make_group(node, rewards=(1.0, 1.0, 1.0), created_at=_hour(1) + timedelta(minutes=40))  # after leaving
+    stats.stats_fold() if folded else stats.stats_fold(now=_hour(40))
+    row = _team_row(team)
+    assert (row.accepted, row.verified_reward) == (3, pytest.approx(3.5))
+    detail = teams.team_detail(team=team, members=[])
+    assert sum(p["verified_reward"] for p in detail.curve) == pytest.approx(3.5)
+
+
+def test_joining_and_leaving_in_the_same_hour_counts_what_was_between(user, other_user):
+    team = found(other_user)
+    team_join(user=user, team=team)
+    Membership.objects.filter(user=user).update(
+        joined_at=_hour(2) + timedelta(minutes=20), left_at=_hour(2) + timedelta(minutes=40)
+    )
+    node = make_node(owner=user)
+    for minute, reward in ((10, 1.0), (30, 0.25), (50, 1.0)):
+        make_group(node, rewards=(reward, 0.0), created_at=_hour(2) + timedelta(minutes=minute))
     stats.stats_fold()
-    assert _team_row(team).verified_reward == pytest.approx(1.0)
+    assert _team_row(team).verified_reward == pytest.approx(0.25)
 
 
 def test_banned_nodes_earn_their_team_nothing(user):
