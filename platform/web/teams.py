@@ -187,14 +187,25 @@ def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int
     return {row["owner__team_memberships__team_id"]: row["n"] for row in rows}
 
 
-def _compute_team_figures(now: datetime) -> list[TeamFigures]:
-    credit = _team_credit()
+def _credit_and_online() -> tuple[dict[int, Measures], dict[int, int]]:
+    """Each team's measures and nodes online: the costly part, cached TEAM_FIGURES_CACHE_SECONDS."""
+    cached = cache.get("web:team-credit")
+    if cached is None:
+        cached = (_team_credit().by_team, _nodes_online_by_team(timezone.now()))
+        cache.set("web:team-credit", cached, TEAM_FIGURES_CACHE_SECONDS)
+    return cached
+
+
+def team_figures_all() -> list[TeamFigures]:
+    """Every listed team with its figures. The list, names, members and badges are read on every call
+    (a team founded, renamed, hidden or joined shows at once); credit and nodes online are cached."""
+    now = timezone.now()
+    credit, online = _credit_and_online()
     teams = list(team_list())
-    online = _nodes_online_by_team(now)
     badges = badges_of_teams(t.id for t in teams)
     out = []
     for team in teams:
-        m = credit.by_team.get(team.id, Measures())
+        m = credit.get(team.id, Measures())
         out.append(
             TeamFigures(
                 team_id=team.id, name=team.name, slug=team.slug, members=team.members,
@@ -204,15 +215,6 @@ def _compute_team_figures(now: datetime) -> list[TeamFigures]:
             )
         )  # fmt: skip
     return out
-
-
-def team_figures_all() -> list[TeamFigures]:
-    """Every listed team with its figures (cached TEAM_FIGURES_CACHE_SECONDS)."""
-    cached = cache.get("web:team-figures")
-    if cached is None:
-        cached = _compute_team_figures(timezone.now())
-        cache.set("web:team-figures", cached, TEAM_FIGURES_CACHE_SECONDS)
-    return cached
 
 
 TEAM_SORTS = {
