@@ -25,7 +25,7 @@ class Team(models.Model):
     name = models.CharField(max_length=TEAM_NAME_MAX_LENGTH)
     slug = models.SlugField(max_length=64, unique=True, help_text="The team's address: /teams/<slug>/. Never reused.")
     description = models.CharField(max_length=TEAM_DESCRIPTION_MAX_LENGTH, blank=True)
-    url = models.URLField(max_length=TEAM_URL_MAX_LENGTH, blank=True)
+    url = models.CharField(max_length=TEAM_URL_MAX_LENGTH, blank=True, help_text="An http(s) address (community.text).")
     founder = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="teams_led")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+",

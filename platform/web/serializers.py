@@ -32,6 +32,7 @@ class ContributorFiguresSerializer(serializers.Serializer):
     helped = serializers.IntegerField()
     recent_credit = serializers.FloatField()
     rounds = serializers.IntegerField(help_text="Self-reported.")
+    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/leaderboard.md).")
 
 
 class TeamFiguresSerializer(serializers.Serializer):

@@ -219,3 +219,14 @@ def test_staff_rename_and_hide_are_audited(user, other_user):
     assert selectors.team_get(slug=team.slug, viewer=staff) == team
     team_moderate(actor=staff, team=team, action="show", reason="cleaned up")
     assert selectors.team_list().filter(id=team.id).exists()
+
+
+def test_staff_find_every_team_in_the_admin_read_only(client, user):
+    team = found(user)
+    team_moderate(actor=make_user(is_staff=True), team=team, action="hide", reason="spam")
+    admin = make_user(is_staff=True, is_superuser=True)
+    client.force_login(admin)
+    page = client.get("/admin/community/team/").content.decode()
+    assert "Night Owls" in page and f'href="/teams/{team.slug}/"' in page
+    assert client.get(f"/admin/community/team/{team.id}/change/").status_code == 200  # a view, no form to save
+    assert client.post(f"/admin/community/team/{team.id}/change/", {"name": "x"}).status_code == 403

@@ -27,7 +27,7 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("description", models.CharField(blank=True, max_length=280)),
-                ("url", models.URLField(blank=True)),
+                ("url", models.CharField(blank=True, help_text="An http(s) address (community.text).", max_length=200)),
                 ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
                 (
                     "hidden_at",
