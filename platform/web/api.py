@@ -14,7 +14,7 @@ from accounts.limits import client_address
 from accounts.services import profile_set_private
 from common.errors import NotFound
 from community.selectors import membership_current, team_get, team_members
-from community.services import team_found, team_join, team_leave
+from community.services import team_disband, team_edit, team_found, team_hand_over, team_join, team_leave
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from web import profiles, selectors, teams
@@ -30,8 +30,10 @@ from web.serializers import (
     ProfileSerializer,
     SwarmSerializer,
     TeamDetailSerializer,
+    TeamEditInputSerializer,
     TeamFiguresSerializer,
     TeamFoundInputSerializer,
+    TeamHandOverInputSerializer,
     TeamRefSerializer,
 )
 
@@ -170,12 +172,38 @@ class TeamListApi(APIView):
 
 
 class TeamDetailApi(APIView):
-    permission_classes = [AllowAny]
+    def get_permissions(self):
+        return [AllowAny()] if self.request.method == "GET" else [IsAuthenticated()]
 
     @extend_schema(responses=TeamDetailSerializer, summary="A team's page: figures, members, curve")
     def get(self, request: Request, slug: str) -> Response:
         team = team_get(slug=slug, viewer=request.user)
         return Response(TeamDetailSerializer(teams.team_detail(team=team, members=team_members(team=team))).data)
+
+    @extend_schema(request=TeamEditInputSerializer, responses=TeamRefSerializer, summary="Edit a team (its founder)")
+    def put(self, request: Request, slug: str) -> Response:
+        data = TeamEditInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        team = team_edit(actor=request.user, team=team_get(slug=slug, viewer=request.user), **data.validated_data)
+        return Response(TeamRefSerializer(team).data)
+
+    @extend_schema(request=None, responses={204: None}, summary="Disband a team (its founder): every member leaves")
+    def delete(self, request: Request, slug: str) -> Response:
+        team_disband(actor=request.user, team=team_get(slug=slug, viewer=request.user))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TeamHandOverApi(APIView):
+    @extend_schema(
+        request=TeamHandOverInputSerializer, responses=TeamRefSerializer, summary="Hand a team over to another member"
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = TeamHandOverInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        team = team_get(slug=slug, viewer=request.user)
+        return Response(
+            TeamRefSerializer(team_hand_over(actor=request.user, team=team, to_user_id=data.validated_data["to"])).data
+        )
 
 
 class TeamJoinApi(APIView):

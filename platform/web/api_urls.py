@@ -10,6 +10,7 @@ urlpatterns = [
     path("teams/", api.TeamListApi.as_view(), name="api-teams"),
     path("teams/<slug:slug>/", api.TeamDetailApi.as_view(), name="api-team"),
     path("teams/<slug:slug>/join/", api.TeamJoinApi.as_view(), name="api-team-join"),
+    path("teams/<slug:slug>/hand-over/", api.TeamHandOverApi.as_view(), name="api-team-hand-over"),
     path("me/team/", api.MyTeamApi.as_view(), name="api-me-team"),
     path("me/profile/", api.MyProfileApi.as_view(), name="api-me-profile"),
     path("me/nodes/", api.MyNodesApi.as_view(), name="api-me-nodes"),

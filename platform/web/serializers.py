@@ -208,6 +208,16 @@ class TeamFoundInputSerializer(serializers.Serializer):
     url = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
+class TeamEditInputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    url = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class TeamHandOverInputSerializer(serializers.Serializer):
+    to = serializers.IntegerField(help_text="The contributor id of another current member.")
+
+
 class TeamRefSerializer(serializers.Serializer):
     name = serializers.CharField()
     slug = serializers.SlugField()

@@ -83,7 +83,7 @@ def test_the_privacy_switch_and_public_pages(api_client, user, other_user):
 
 def test_the_community_api_is_in_the_openapi_schema(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").content.decode()
-    for path in ("/api/v1/teams/", "/api/v1/teams/{slug}/", "/api/v1/teams/{slug}/join/", "/api/v1/me/team/",
+    for path in ("/api/v1/teams/", "/api/v1/teams/{slug}/", "/api/v1/teams/{slug}/join/", "/api/v1/teams/{slug}/hand-over/", "/api/v1/me/team/",
                  "/api/v1/me/profile/", "/api/v1/contributors/{username}/", "/api/v1/public/nodes/{node_id}/"):  # fmt: skip
         assert path in schema, path
     assert '"teams"' in schema  # the leaderboard's teams view
@@ -102,3 +102,21 @@ def test_team_list_api_query_count_is_flat(client, django_assert_max_num_queries
     fresh_figures()
     with django_assert_max_num_queries(len(few.captured_queries)):
         client.get("/api/v1/teams/")
+
+
+def test_the_founder_edits_hands_over_and_disbands_through_the_api(api_client, user, other_user):
+    api_client.post("/api/v1/teams/", {"name": "Night Owls"}, format="json")
+    bob = _as(other_user)
+    edit = bob.put("/api/v1/teams/night-owls/", {"name": "Bob's Team"}, format="json")
+    assert (edit.status_code, edit.json()["code"]) == (403, "not_founder")
+    edit = api_client.put("/api/v1/teams/night-owls/", {"name": "Owls", "description": "Hoot"}, format="json")
+    assert edit.json() == {"name": "Owls", "slug": "night-owls"}
+    refused = api_client.post("/api/v1/teams/night-owls/hand-over/", {"to": other_user.id}, format="json")
+    assert refused.json()["code"] == "not_a_member"
+    bob.post("/api/v1/teams/night-owls/join/")
+    handed = api_client.post("/api/v1/teams/night-owls/hand-over/", {"to": other_user.id}, format="json")
+    assert handed.status_code == 200
+    assert api_client.delete("/api/v1/teams/night-owls/").json()["code"] == "not_founder"
+    assert bob.delete("/api/v1/teams/night-owls/").status_code == 204
+    assert APIClient().get("/api/v1/teams/night-owls/").status_code == 404
+    assert APIClient().delete("/api/v1/teams/night-owls/").status_code == 403
