@@ -46,7 +46,7 @@ _HOURS_SQL = (
     """
 SELECT m.id, m.team_id, m.user_id, CASE WHEN h.hour >= %(since)s THEN h.hour END AS hour,
        sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward),
-       sum(h.verified_reward * power(2.0, extract(epoch FROM h.hour - %(epoch)s) / %(half_life)s))
+       sum(h.verified_reward * power(2.0::float8, extract(epoch FROM h.hour - %(epoch)s)::float8 / %(half_life)s))
 """
     + _PERIOD_NODES
     + """
