@@ -129,5 +129,14 @@ def test_found_join_credit_pages_badges_export_and_privacy(
         joiner.goto(base + "/teams/night-owls/")
         expect(joiner.locator("#member-table")).to_contain_text("anonymous")
         expect(joiner.locator("#member-table")).not_to_contain_text("Carol")
+
+        # The founder disbands the team, after saying yes to the question.
+        asked = []
+        founder.on("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+        founder.goto(base + "/teams/night-owls/")
+        founder.get_by_role("button", name="Disband team").click()
+        expect(founder.get_by_text("Night Owls is disbanded.")).to_be_visible()
+        assert asked == ["Disband Night Owls? Every member leaves it."]
+        assert joiner.goto(base + "/teams/night-owls/").status == 404
         founder.context.close()
         joiner.context.close()
