@@ -106,12 +106,23 @@ def _datasets(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
 
 
 def _dataset_totals(per_day: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per dataset, most verified reward first: its totals and its verified reward on each of the
+    days that have groups (`by_day`, aligned with `_days(per_day)`)."""
+    days = _days(per_day)
     totals: dict[str, dict[str, Any]] = {}
     for row in per_day:
-        t = totals.setdefault(row["dataset"], {"dataset": row["dataset"], "accepted": 0, "verified_reward": 0.0})
+        t = totals.setdefault(
+            row["dataset"],
+            {"dataset": row["dataset"], "accepted": 0, "verified_reward": 0.0, "by_day": [0.0] * len(days)},
+        )
         t["accepted"] += row["accepted"]
         t["verified_reward"] += row["verified_reward"]
+        t["by_day"][days.index(row["day"])] += row["verified_reward"]
     return sorted(totals.values(), key=lambda t: -t["verified_reward"])
+
+
+def _days(per_day: list[dict[str, Any]]) -> list[Any]:
+    return sorted({row["day"] for row in per_day})
 
 
 @dataclass
@@ -134,6 +145,10 @@ class Profile:
     @property
     def dataset_totals(self) -> list[dict[str, Any]]:
         return _dataset_totals(self.datasets)
+
+    @property
+    def dataset_days(self) -> list[Any]:
+        return _days(self.datasets)
 
 
 def _profile(owner: User, nodes: list[Node]) -> Profile:

@@ -44,6 +44,11 @@ def test_contributor_page_shows_figures_nodes_and_team(client, user, sharing):
     assert "tiny-mini" in page and "cpu x2" in page and "self-reported" in page
     assert f'href="/teams/{team.slug}/"' in page and f'href="/nodes/{sharing.id}/"' in page
     assert "basic_arithmetic" in page and "chain_sum" in page
+    # Per dataset and day: a column per day with groups, each dataset's reward on its day.
+    row = page[page.index('data-dataset="chain_sum"') : page.index("</tr>", page.index('data-dataset="chain_sum"'))]
+    # One or two day columns (the older group may be yesterday's), then the two totals.
+    assert row.count('class="num"') in (1 + 2, 2 + 2)
+    assert ">2.0<" in row
     assert client.get("/contributors/nobody/").status_code == 404
 
 
