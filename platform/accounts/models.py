@@ -3,6 +3,8 @@ from django.db import models
 from django.db.models.functions import Lower
 
 DISPLAY_NAME_MAX_LENGTH = 40
+#: The name every public page and export shows for a contributor whose profile is private.
+ANONYMOUS = "anonymous"
 
 
 class User(AbstractUser):
@@ -10,6 +12,9 @@ class User(AbstractUser):
 
     `banned_at` set: the contributor's nodes are refused (close code 4403) and their groups leave
     the pool; the account itself can still log in to see why.
+
+    `profile_private` set: every public page, row and export names the contributor "anonymous", and
+    their public pages answer 404 to everyone else (docs/leaderboard.md#public-pages).
     """
 
     display_name = models.CharField(
@@ -18,6 +23,9 @@ class User(AbstractUser):
         help_text="Public name shown on the leaderboard. Unique, case-insensitively.",
     )
     banned_at = models.DateTimeField(null=True, blank=True)
+    profile_private = models.BooleanField(
+        default=False, help_text='Shown as "anonymous" to others; public pages answer 404 to them.'
+    )
 
     class Meta:
         constraints = [
@@ -33,9 +41,14 @@ class User(AbstractUser):
         return self.username
 
     @property
-    def public_name(self) -> str:
-        """What other people see: the display name, or the username when none was chosen."""
+    def own_name(self) -> str:
+        """The name the contributor chose: the display name, or the username when none was chosen."""
         return self.display_name or self.username
+
+    @property
+    def public_name(self) -> str:
+        """What other people see: the contributor's own name, or "anonymous" for a private profile."""
+        return ANONYMOUS if self.profile_private else self.own_name
 
     @property
     def is_banned(self) -> bool:

@@ -51,3 +51,10 @@ def user_create(*, username: str, display_name: str, password: str | None) -> Us
     except IntegrityError as exc:  # a concurrent sign-up won the race
         raise ApplicationError("username_taken", "This username or display name is taken.", status=409) from exc
     return user
+
+
+def profile_set_private(*, user: User, private: bool) -> User:
+    """Make the contributor's public profile private (anonymous everywhere, pages 404 to others) or public."""
+    user.profile_private = bool(private)
+    user.save(update_fields=["profile_private"])
+    return user

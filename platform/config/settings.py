@@ -156,6 +156,7 @@ INSTALLED_APPS = [
     "localswarm",  # `manage.py sapo_local`, what `make run` starts
     # --- Added by other helpers: moderation, web. Keep the project apps above in this order. ---
     "moderation",
+    "community",  # teams and badges: between moderation and web (docs/architecture.md)
     "alerts",  # after moderation, before web (tests/test_layers.py)
     "web",
 ]
@@ -307,6 +308,13 @@ SAPO_SIGNUPS_PER_ADDRESS_PER_HOUR = env_int("SAPO_SIGNUPS_PER_ADDRESS_PER_HOUR",
 SAPO_NODES_PER_ACCOUNT = env_int("SAPO_NODES_PER_ACCOUNT", 20)
 SAPO_NODE_CREATIONS_PER_HOUR = env_int("SAPO_NODE_CREATIONS_PER_HOUR", 20)
 SAPO_TOKEN_ROTATIONS_PER_HOUR = env_int("SAPO_TOKEN_ROTATIONS_PER_HOUR", 10)
+SAPO_TEAMS_PER_ACCOUNT_PER_MONTH = env_int("SAPO_TEAMS_PER_ACCOUNT_PER_MONTH", 3)
+SAPO_TEAMS_PER_ADDRESS_PER_DAY = env_int("SAPO_TEAMS_PER_ADDRESS_PER_DAY", 5)
+
+# --- The daily statistics export (docs/leaderboard.md#daily-statistics-export) ----------------
+# Written by the scheduled job `export` and `manage.py sapo_stats export`; served at /stats/. Every
+# site process must see the same folder (a shared volume when they run on several machines).
+SAPO_STATS_EXPORT_DIR = Path(env_str("SAPO_STATS_EXPORT_DIR") or VAR_DIR / "stats")
 
 
 def _api_rate(name: str, default: str) -> str:

@@ -31,6 +31,9 @@ class AuditAction(models.TextChoices):
     AUTO_HOLD = "auto_hold", "Automatic hold"
     RULE_CHANGE = "rule_change", "Rule changed"
     FLAG_RESOLVE = "flag_resolve", "Flag resolved"
+    TEAM_RENAME = "team_rename", "Rename team"
+    TEAM_HIDE = "team_hide", "Hide team"
+    TEAM_SHOW = "team_show", "Show team again"
 
 
 class TargetType(models.TextChoices):
@@ -39,6 +42,7 @@ class TargetType(models.TextChoices):
     NODE = "node", "Node"
     CONTRIBUTOR = "contributor", "Contributor"
     RULE = "rule", "Rule"
+    TEAM = "team", "Team"
 
 
 class AuditEntryQuerySet(models.QuerySet):

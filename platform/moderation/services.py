@@ -80,6 +80,23 @@ def _audit(
     )
 
 
+def audit_staff_action(
+    *,
+    actor: User,
+    action: str,
+    target_type: str,
+    target_id: object,
+    reason: object,
+    details: dict[str, Any] | None = None,
+) -> AuditEntry:
+    """Record a staff action taken in a higher app (community's team moderation) in the audit log,
+    inside the caller's transaction. Raises ApplicationError: reason_required, reason_too_long."""
+    return _audit(
+        actor=actor, action=action, target_type=target_type, target_id=target_id, reason=_clean_reason(reason),
+        details=details,
+    )  # fmt: skip
+
+
 def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: User) -> tuple[uuid.UUID, int]:
     """Record a decision on every group the queryset matches and set their status, in 3 statements:
     upsert the decisions (INSERT ... SELECT, tagged with a fresh batch id), then the pool's own

@@ -7,6 +7,7 @@ its traffic. docs/leaderboard.md says how each figure is computed.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,6 +17,8 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count, JSONField, OuterRef, Subquery
 from django.utils import timezone
 
+from accounts.models import User
+from community.selectors import badges_of_users
 from nodes.models import ONLINE_WINDOW, Node
 from nodes.presence import connected_among, connected_filter, with_connected
 from pool.limits import current_limits
@@ -31,6 +34,7 @@ from web.stats import (
     snapshot,
     stats_fold_if_due,
 )
+from web.teams import TEAM_SORTS, team_figures_all
 
 FIGURES_CACHE_SECONDS = 5
 PAGE_SIZE = 25
@@ -70,6 +74,7 @@ class NodeFigures(_Judged):
     status: str
     last_seen_at: datetime | None
     public: bool  # neither the node nor its contributor is banned
+    username: str = ""  # for the contributor's page; empty when their profile is private
     accepted: int = 0
     rejected: int = 0
     moderated: int = 0
@@ -88,6 +93,8 @@ class NodeFigures(_Judged):
 class ContributorFigures(_Judged):
     owner_id: int
     contributor: str
+    username: str = ""  # for the contributor's page; empty when their profile is private
+    badges: list[str] = field(default_factory=list)  # set for the rows of a page (leaderboard)
     nodes: int = 0
     models: list[str] = field(default_factory=list)
     last_seen_at: datetime | None = None
@@ -98,6 +105,10 @@ class ContributorFigures(_Judged):
     helped: int = 0
     rounds: int = 0
     recent_credit: float = 0.0
+
+
+def _page_username(owner: User) -> str:
+    return "" if owner.profile_private else owner.username
 
 
 def _compute_node_figures(now: datetime) -> list[NodeFigures]:
@@ -131,6 +142,7 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
                 status=node.status_at(now, connected=node.id in connected),
                 last_seen_at=node.last_seen_at,
                 public=not node.is_banned,
+                username=_page_username(node.owner),
                 accepted=m.accepted,
                 rejected=m.rejected,
                 moderated=m.moderated,
@@ -165,7 +177,7 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
         out[node.id] = known.get(node.id) or NodeFigures(
             node_id=node.id, name=node.name, owner_id=node.owner_id, contributor=node.owner.public_name,
             model_id=node.model_id, hardware=node.hardware, status=status,
-            last_seen_at=node.last_seen_at, public=not node.is_banned,
+            last_seen_at=node.last_seen_at, public=not node.is_banned, username=_page_username(node.owner),
         )  # fmt: skip
         # Name, status and self-description change faster than the cache: take them from the row.
         fig = out[node.id]
@@ -188,7 +200,8 @@ NODE_SORTS = {
     "name": lambda f: f.name.lower(),
 }
 CONTRIBUTOR_SORTS = {**NODE_SORTS, "name": lambda f: f.contributor.lower(), "nodes": lambda f: f.nodes}
-VIEWS = ("contributors", "nodes")
+VIEWS = ("contributors", "nodes", "teams")
+BOARD_SORTS = {"contributors": CONTRIBUTOR_SORTS, "nodes": NODE_SORTS, "teams": TEAM_SORTS}
 
 
 def _listed(f: NodeFigures) -> bool:
@@ -197,12 +210,19 @@ def _listed(f: NodeFigures) -> bool:
     return f.public and f.accepted > 0
 
 
+def listed_node_figures() -> list[NodeFigures]:
+    """The nodes the public leaderboard lists (`_listed`), with their figures."""
+    return [f for f in node_figures_all() if _listed(f)]
+
+
 def contributor_figures_all() -> list[ContributorFigures]:
     by_owner: dict[int, ContributorFigures] = {}
     for f in node_figures_all():
         if not _listed(f):
             continue
-        c = by_owner.setdefault(f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor))
+        c = by_owner.setdefault(
+            f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor, username=f.username)
+        )
         c.nodes += 1
         if f.model_id and f.model_id not in c.models:
             c.models.append(f.model_id)
@@ -230,17 +250,24 @@ class Leaderboard:
 def leaderboard(*, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1) -> Leaderboard:
     """One sorted page of the public leaderboard; unknown parameters fall back to the defaults."""
     view = view if view in VIEWS else "contributors"
-    sorts = CONTRIBUTOR_SORTS if view == "contributors" else NODE_SORTS
+    sorts = BOARD_SORTS[view]
     sort = sort if sort in sorts else "reward"
     descending = order != "asc"
-    rows: list[Any] = (
-        contributor_figures_all() if view == "contributors" else [f for f in node_figures_all() if _listed(f)]
-    )
+    if view == "contributors":
+        rows: list[Any] = contributor_figures_all()
+    elif view == "nodes":
+        rows = listed_node_figures()
+    else:
+        rows = team_figures_all()
     # Ties broken by name, so the order is stable between polls.
     rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
     rows.sort(key=sorts[sort], reverse=descending)
-    paginator = Paginator(rows, PAGE_SIZE)
-    return Leaderboard(view, sort, descending, paginator.get_page(page), len(rows))
+    page_rows = Paginator(rows, PAGE_SIZE).get_page(page)
+    if view == "contributors":
+        badges = badges_of_users(f.owner_id for f in page_rows.object_list)
+        for f in page_rows.object_list:
+            f.badges = badges.get(f.owner_id, [])
+    return Leaderboard(view, sort, descending, page_rows, len(rows))
 
 
 # ---------------------------------------------------------------------------- swarm
@@ -359,16 +386,19 @@ def _pool_size(cutoff: datetime) -> int:
     return Rollout.objects.filter(sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo).count()
 
 
-def aha_groups(*, limit: int = 10) -> list[dict[str, Any]]:
+def aha_groups(*, limit: int = 10, author_owner_ids: Collection[int] | None = None) -> list[dict[str, Any]]:
     """Recent groups that several other nodes trained on, most used first (from the latest
-    AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids)."""
+    AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids); `author_owner_ids`
+    keeps the groups of those contributors' nodes (a team's members)."""
     recent = Consumption.objects.order_by("-id").values_list("id", flat=True)[
         AHA_RECENT_CONSUMPTIONS - 1 : AHA_RECENT_CONSUMPTIONS
     ]
     floor = next(iter(recent), 0)
+    consumptions = Consumption.objects.filter(id__gte=floor)
+    if author_owner_ids is not None:
+        consumptions = consumptions.filter(author__owner_id__in=list(author_owner_ids))
     rows = list(
-        Consumption.objects.filter(id__gte=floor)
-        .values("rollout_id")
+        consumptions.values("rollout_id")
         .annotate(nodes=Count("consumer_id", distinct=True))
         .filter(nodes__gte=AHA_MIN_NODES)
         .order_by("-nodes", "rollout_id")[:limit]

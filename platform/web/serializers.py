@@ -32,10 +32,23 @@ class ContributorFiguresSerializer(serializers.Serializer):
     helped = serializers.IntegerField()
     recent_credit = serializers.FloatField()
     rounds = serializers.IntegerField(help_text="Self-reported.")
+    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/leaderboard.md).")
+
+
+class TeamFiguresSerializer(serializers.Serializer):
+    team_id = serializers.IntegerField()
+    name = serializers.CharField()
+    slug = serializers.CharField(help_text="The team's page: /teams/<slug>/.")
+    members = serializers.IntegerField(help_text="Current members.")
+    nodes_online = serializers.IntegerField()
+    verified_reward = serializers.FloatField(help_text="Verified reward its members earned while members.")
+    accepted = serializers.IntegerField(help_text="Groups accepted from its members while members.")
+    recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life.")
+    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/leaderboard.md).")
 
 
 class LeaderboardSerializer(serializers.Serializer):
-    view = serializers.ChoiceField(choices=["contributors", "nodes"])
+    view = serializers.ChoiceField(choices=["contributors", "nodes", "teams"])
     sort = serializers.CharField()
     order = serializers.ChoiceField(choices=["asc", "desc"])
     page = serializers.IntegerField()
@@ -43,6 +56,7 @@ class LeaderboardSerializer(serializers.Serializer):
     total = serializers.IntegerField()
     contributors = ContributorFiguresSerializer(many=True, required=False)
     nodes = NodeFiguresSerializer(many=True, required=False)
+    teams = TeamFiguresSerializer(many=True, required=False)
 
 
 class RewardPointSerializer(serializers.Serializer):
@@ -135,3 +149,110 @@ class InboxItemSerializer(serializers.Serializer):
     reason = serializers.CharField(help_text="Why, in words: the verifier's reason, or the moderator's or rule's own.")
     created_at = serializers.DateTimeField(source="rollout.created_at", help_text="When the group was shared.")
     decided_at = serializers.DateTimeField(help_text="When it was rejected, quarantined or held.")
+
+
+class ProfileCurvePointSerializer(serializers.Serializer):
+    hour = serializers.DateTimeField()
+    verified_reward = serializers.FloatField()
+    accepted = serializers.IntegerField()
+    mean_reward = serializers.FloatField(allow_null=True, help_text="Verified reward per completion.")
+
+
+class ProfileDatasetDaySerializer(serializers.Serializer):
+    dataset = serializers.CharField()
+    day = serializers.DateField()
+    accepted = serializers.IntegerField()
+    verified_reward = serializers.FloatField()
+    mean_reward = serializers.FloatField(allow_null=True)
+
+
+class PublicNodeSerializer(serializers.Serializer):
+    """A node on a public page: its figures; model and hardware are self-reported."""
+
+    node_id = serializers.IntegerField()
+    name = serializers.CharField()
+    model_id = serializers.CharField(help_text="Self-reported by the node.")
+    hardware = serializers.CharField(help_text="Self-reported by the node.")
+    status = serializers.CharField()
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+    verified_reward = serializers.FloatField()
+    accepted = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    helped = serializers.IntegerField()
+    recent_credit = serializers.FloatField()
+
+
+class ProfileSerializer(serializers.Serializer):
+    """A public page's figures (web.profiles.Profile)."""
+
+    contributor = serializers.CharField(source="owner.public_name")
+    contributor_id = serializers.IntegerField(source="owner.id", help_text="Stable; the export's identifier.")
+    team = serializers.SlugField(source="team.slug", allow_null=True, default=None)
+    badges = serializers.ListField(child=serializers.CharField())
+    verified_reward = serializers.FloatField()
+    accepted = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    helped = serializers.IntegerField(help_text="Times other contributors' nodes trained on their groups.")
+    recent_credit = serializers.FloatField()
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+    nodes = PublicNodeSerializer(many=True)
+    curve = ProfileCurvePointSerializer(many=True, help_text="Verified reward per hour, 7 days.")
+    datasets = ProfileDatasetDaySerializer(many=True, help_text="Per dataset and day, 7 days.")
+
+
+class TeamMemberSerializer(serializers.Serializer):
+    contributor = serializers.CharField(source="user.public_name")
+    joined_at = serializers.DateTimeField()
+    accepted = serializers.IntegerField(help_text="For this team, while a member.")
+    verified_reward = serializers.FloatField(help_text="For this team, while a member.")
+    founder = serializers.BooleanField()
+
+
+class TeamCurvePointSerializer(serializers.Serializer):
+    hour = serializers.DateTimeField()
+    verified_reward = serializers.FloatField()
+    accepted = serializers.IntegerField()
+
+
+class TeamDetailSerializer(serializers.Serializer):
+    """A team's page (web.teams.TeamDetail)."""
+
+    name = serializers.CharField(source="team.name")
+    slug = serializers.SlugField(source="team.slug")
+    description = serializers.CharField(source="team.description")
+    url = serializers.CharField(source="team.url")
+    figures = TeamFiguresSerializer()
+    reward_per_hour = serializers.FloatField(help_text="Verified reward of the last 24 hours / 24.")
+    members = TeamMemberSerializer(many=True)
+    curve = TeamCurvePointSerializer(many=True, help_text="Verified reward per hour, 7 days.")
+
+
+class TeamFoundInputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, help_text="3-40 letters, digits, spaces, simple punctuation.")
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    url = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class TeamEditInputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    url = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class TeamHandOverInputSerializer(serializers.Serializer):
+    to = serializers.IntegerField(help_text="The contributor id of another current member.")
+
+
+class TeamRefSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    slug = serializers.SlugField()
+
+
+class MembershipSerializer(serializers.Serializer):
+    team = TeamRefSerializer()
+    joined_at = serializers.DateTimeField()
+    left_at = serializers.DateTimeField(allow_null=True)
+
+
+class ProfilePrivacySerializer(serializers.Serializer):
+    private = serializers.BooleanField(help_text="Anonymous on every public list; public pages answer 404 to others.")

@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from web import views
+from web import export_views, profile_views, team_views, views
 
 app_name = "web"
 
@@ -13,6 +13,20 @@ urlpatterns = [
     path("leaderboard/how/", views.leaderboard_how, name="leaderboard-how"),
     path("swarm/", views.swarm, name="swarm"),
     path("swarm/figures/", views.swarm_figures, name="swarm-figures"),
+    path("contributors/<str:username>/", profile_views.contributor_view, name="contributor"),
+    path("nodes/<int:node_id>/", profile_views.node_view, name="node-public"),
+    path("me/privacy/", profile_views.privacy_view, name="me-privacy"),
+    path("stats/", export_views.stats_index, name="stats"),
+    path("stats/<str:name>", export_views.stats_file, name="stats-file"),
+    path("teams/", team_views.team_list_view, name="teams"),
+    path("teams/found/", team_views.team_found_view, name="team-found"),
+    path("teams/leave/", team_views.team_leave_view, name="team-leave"),
+    path("teams/<slug:slug>/", team_views.team_view, name="team"),
+    path("teams/<slug:slug>/join/", team_views.team_join_view, name="team-join"),
+    path("teams/<slug:slug>/edit/", team_views.team_edit_view, name="team-edit"),
+    path("teams/<slug:slug>/hand-over/", team_views.team_hand_over_view, name="team-hand-over"),
+    path("teams/<slug:slug>/disband/", team_views.team_disband_view, name="team-disband"),
+    path("teams/<slug:slug>/moderate/", team_views.team_moderate_view, name="team-moderate"),
     path("me/", views.me, name="me"),
     path("me/nodes/", views.me_nodes, name="me-nodes"),
     path("me/nodes/add/", views.node_add, name="node-add"),

@@ -43,6 +43,7 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
         "DATABASE_URL": scratch_database_url,
         "SAPO_CACHE": os.environ.get("SAPO_TEST_CACHE") or str(REPO / "var" / "test-cache"),
         "SAPO_REDIS_PREFIX": f"sapolocal{uuid.uuid4().hex[:6]}",
+        "SAPO_STATS_EXPORT_DIR": str(tmp_path / "stats"),  # its scheduled work writes the export
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     result = subprocess.run(
@@ -52,6 +53,8 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     )  # fmt: skip
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
+    assert "fold: ok" in out and "badges: ok" in out, out[-3000:]  # the scheduled jobs ran beside the site
+    assert (tmp_path / "stats" / "index.json").is_file()
     for node in ("local-1", "local-2", "silo-1"):
         assert f"[{node}] round 2:" in out, out[-3000:]
         assert f"[{node}] round 3:" not in out

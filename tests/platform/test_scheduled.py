@@ -10,7 +10,8 @@ from ops import scheduled
 pytestmark = pytest.mark.django_db
 
 
-def test_every_job_is_importable_and_runs(capsys):
+def test_every_job_is_importable_and_runs(capsys, settings, tmp_path):
+    settings.SAPO_STATS_EXPORT_DIR = tmp_path  # the export job writes files
     call_command("sapo_scheduled")
     out = capsys.readouterr().out
     for name, _ in scheduled.JOBS:

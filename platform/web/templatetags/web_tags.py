@@ -9,6 +9,8 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
+from community.models import BadgeKind
+
 register = template.Library()
 
 
@@ -79,3 +81,27 @@ def ago(value) -> str:
     if (timezone.now() - value).total_seconds() < 60:
         return "just now"
     return f"{timesince(value, depth=1)} ago"
+
+
+_BADGE_HELP = {
+    "top1": "In the top 1% by recent credit",
+    "top5": "In the top 5% by recent credit",
+    "top25": "In the top 25% by recent credit",
+    "first_group": "Shared a first group the server accepted",
+    "groups_1k": "1,000 accepted groups",
+    "groups_10k": "10,000 accepted groups",
+    "first_helped": "A node of another contributor trained on one of its groups",
+}
+
+
+@register.filter
+def badge_label(kind: str) -> str:
+    try:
+        return BadgeKind(kind).label
+    except ValueError:
+        return kind
+
+
+@register.filter
+def badge_help(kind: str) -> str:
+    return _BADGE_HELP.get(kind, "")

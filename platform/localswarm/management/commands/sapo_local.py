@@ -123,7 +123,7 @@ class Command(BaseCommand):
             env=env,
         )
         self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {env['SAPO_CATALOGUE']})"))
-        # The site's scheduled jobs (leaderboard fold, alerts), every SCHEDULED_EVERY seconds; the console
+        # The site's scheduled jobs (figures, badges, the daily export, alerts), every SCHEDULED_EVERY seconds; the console
         # email backend prints the alerts' emails here.
         swarm.scheduler = _spawn(
             [sys.executable, "manage.py", "sapo_scheduled", "--every", str(SCHEDULED_EVERY)],

@@ -1,0 +1,87 @@
+"""Badges, assigned by the scheduled job `badges` (ops.scheduled): docs/leaderboard.md#badges.
+
+Rank badges follow BOINC's rule (html/ops/badge_assign.php): among *active* subjects (recent credit
+above ACTIVE_RECENT_CREDIT), the threshold of the top p% is the recent credit found at position
+floor(n * (100 - p) / 100) of their recent credits in ascending order; every subject with any credit
+holds the best rank badge whose threshold it reaches, and no other. Recomputed on every run: a
+subject that falls behind loses it. Milestones are awarded once and kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from django.db import transaction
+
+from community.models import MILESTONE_BADGES, RANK_BADGES, Badge, BadgeKind
+from web.selectors import contributor_figures_all
+from web.teams import team_figures_all
+
+#: Recent credit (verified reward per day) above which a subject counts in the percentiles.
+ACTIVE_RECENT_CREDIT = 0.1
+RANK_PERCENTS = ((BadgeKind.TOP_1, 1), (BadgeKind.TOP_5, 5), (BadgeKind.TOP_25, 25))
+MILESTONE_GROUPS = ((BadgeKind.FIRST_GROUP, 1), (BadgeKind.GROUPS_1K, 1_000), (BadgeKind.GROUPS_10K, 10_000))
+
+
+def rank_thresholds(recent_credits: Sequence[float]) -> list[tuple[str, float]]:
+    """(badge, threshold) best first, from the active subjects' recent credits; empty when none is active."""
+    active = sorted(c for c in recent_credits if c > ACTIVE_RECENT_CREDIT)
+    if not active:
+        return []
+    n = len(active)
+    return [(kind, active[n * (100 - percent) // 100]) for kind, percent in RANK_PERCENTS]
+
+
+def rank_badges(subjects: dict[int, tuple[float, float]]) -> dict[int, str]:
+    """subject id -> its rank badge, from {id: (total verified reward, recent credit)}."""
+    thresholds = rank_thresholds([recent for _, recent in subjects.values()])
+    out = {}
+    for subject, (total, recent) in subjects.items():
+        if total <= 0:
+            continue
+        for kind, threshold in thresholds:
+            if recent >= threshold:
+                out[subject] = kind
+                break
+    return out
+
+
+def _apply(holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, str]]) -> tuple[int, int]:
+    """Make the rank badges of `holder` ("user" or "team") exactly `ranks`, and add the milestones.
+    Returns (rank badges now held, milestones newly awarded). A fixed number of statements."""
+    held = {(getattr(b, f"{holder}_id"), b.kind): b.id for b in Badge.objects.filter(
+        **{f"{holder}__isnull": False}, kind__in=list(RANK_BADGES) + list(MILESTONE_BADGES))}  # fmt: skip
+    wanted_ranks = set(ranks.items())
+    stale = [
+        badge_id
+        for (subject, kind), badge_id in held.items()
+        if kind in RANK_BADGES and (subject, kind) not in wanted_ranks
+    ]
+    new = [(subject, kind) for subject, kind in wanted_ranks if (subject, kind) not in held]
+    new_milestones = [(s, k) for s, k in set(milestones) if (s, k) not in held]
+    with transaction.atomic():
+        Badge.objects.filter(id__in=stale).delete()
+        Badge.objects.bulk_create(
+            [Badge(**{f"{holder}_id": subject}, kind=kind) for subject, kind in new + new_milestones],
+            ignore_conflicts=True,
+        )
+    return len(wanted_ranks), len(new_milestones)
+
+
+def badges_assign() -> dict[str, tuple[int, int]]:
+    """Assign every badge now: {"contributors": (rank badges, new milestones), "teams": (...)}."""
+    contributors = contributor_figures_all()
+    ranks = rank_badges({c.owner_id: (c.verified_reward, c.recent_credit) for c in contributors})
+    milestones = [(c.owner_id, kind) for c in contributors for kind, n in MILESTONE_GROUPS if c.accepted >= n]
+    milestones += [(c.owner_id, BadgeKind.FIRST_HELPED) for c in contributors if c.helped > 0]
+    result = {"contributors": _apply("user", ranks, milestones)}
+    teams = team_figures_all()
+    result["teams"] = _apply("team", rank_badges({t.team_id: (t.verified_reward, t.recent_credit) for t in teams}), [])
+    return result
+
+
+def badges_assign_job() -> str:
+    """The scheduled job: its log line."""
+    result = badges_assign()
+    (c_rank, c_new), (t_rank, _) = result["contributors"], result["teams"]
+    return f"contributors: {c_rank} rank badges, {c_new} new milestones; teams: {t_rank} rank badges"

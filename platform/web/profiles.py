@@ -1,0 +1,184 @@
+"""Public pages of a contributor (/contributors/<username>/) and of a node (/nodes/<id>/): who may see
+them, and what they show. docs/leaderboard.md#public-pages.
+
+A private profile (accounts.User.profile_private), a banned contributor or a banned node answers
+NotFound to everyone but the contributor themself (a banned one sees /me/ instead): the same answer
+as for a name that does not exist, so a private profile cannot be told from none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from accounts.models import User
+from common.errors import NotFound
+from community.models import Team
+from community.selectors import badges_of_users, current_teams_of
+from nodes.models import Node
+from nodes.presence import with_connected
+from web.models import NodeHour
+from web.selectors import NODE_CURVE_DAYS, NodeFigures, node_figures_for
+from web.stats import Measures, live_rows, snapshot
+
+#: The per-dataset figures read the newest groups of the last NODE_CURVE_DAYS days, at most this many
+#: (the pool's (node, created_at) index): a bounded read, whatever the contributor's volume.
+DATASET_GROUPS_MAX = 20_000
+
+_DATASETS_SQL = """
+SELECT r.dataset, date_trunc('day', r.created_at) AS day,
+       count(*) FILTER (WHERE r.verdict = 'accepted') AS accepted,
+       coalesce(sum(r.completion_count) FILTER (WHERE c.credited), 0) AS completions,
+       coalesce(sum(c.reward) FILTER (WHERE c.credited), 0) AS reward
+FROM (
+    SELECT * FROM pool_rollout WHERE node_id = ANY(%(nodes)s) AND created_at >= %(since)s
+    ORDER BY created_at DESC LIMIT %(limit)s
+) r
+CROSS JOIN LATERAL (
+    SELECT r.verdict = 'accepted' AND r.moderation_status NOT IN ('quarantined', 'rejected') AS credited,
+           (SELECT coalesce(sum(x::float8), 0)
+              FROM jsonb_array_elements_text(
+                   CASE WHEN jsonb_typeof(r.verified_rewards) = 'array' THEN r.verified_rewards ELSE '[]' END
+              ) AS x) AS reward
+) c
+GROUP BY 1, 2
+ORDER BY 1, 2
+"""
+
+
+def _may_see(owner: User, viewer: User | None) -> bool:
+    if viewer is not None and viewer.is_authenticated and viewer.id == owner.id:
+        return True
+    return not owner.profile_private and owner.banned_at is None
+
+
+def contributor_public_get(*, username: str, viewer: User | None) -> User:
+    """The contributor whose public page this is. Raises NotFound (unknown, private, banned)."""
+    owner = User.objects.filter(username=str(username)[:150]).first()
+    if owner is None or not _may_see(owner, viewer):
+        raise NotFound("No such contributor.")
+    return owner
+
+
+def node_public_get(*, node_id: int, viewer: User | None) -> Node:
+    """A node's public page. Raises NotFound (unknown, banned, or its contributor private or banned)."""
+    node = with_connected(Node.objects.select_related("owner").filter(id=node_id)).first()
+    if node is None or not _may_see(node.owner, viewer) or node.banned_at is not None:
+        raise NotFound("No such node.")
+    return node
+
+
+def _curve(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
+    """Verified reward per hour of these nodes together since `start` (folded hours plus live rows)."""
+    with snapshot():
+        live = live_rows(node_ids=node_ids)
+        hours: dict[datetime, Measures] = {}
+        for h in NodeHour.objects.filter(node_id__in=node_ids, hour__gte=start):
+            hours.setdefault(h.hour, Measures()).add(
+                Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions, h.verified_reward)
+            )
+    for (node_id, hour), m in live.groups.by_node_hour.items():
+        if node_id in node_ids and hour >= start:
+            hours.setdefault(hour, Measures()).add(m)
+    return [
+        {"hour": hour, "verified_reward": m.reward, "accepted": m.accepted,
+         "mean_reward": m.reward / m.completions if m.completions else None}
+        for hour, m in sorted(hours.items())
+    ]  # fmt: skip
+
+
+def _datasets(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
+    """Per dataset and day since `start`: accepted groups, verified reward, reward per completion."""
+    if not node_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(_DATASETS_SQL, {"nodes": node_ids, "since": start, "limit": DATASET_GROUPS_MAX})
+        rows = cursor.fetchall()
+    return [
+        {"dataset": dataset, "day": day.date(), "accepted": int(accepted), "verified_reward": float(reward),
+         "mean_reward": float(reward) / completions if completions else None}
+        for dataset, day, accepted, completions, reward in rows
+    ]  # fmt: skip
+
+
+def _dataset_totals(per_day: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per dataset, most verified reward first: its totals and its verified reward on each of the
+    days that have groups (`by_day`, aligned with `_days(per_day)`)."""
+    days = _days(per_day)
+    totals: dict[str, dict[str, Any]] = {}
+    for row in per_day:
+        t = totals.setdefault(
+            row["dataset"],
+            {"dataset": row["dataset"], "accepted": 0, "verified_reward": 0.0, "by_day": [0.0] * len(days)},
+        )
+        t["accepted"] += row["accepted"]
+        t["verified_reward"] += row["verified_reward"]
+        t["by_day"][days.index(row["day"])] += row["verified_reward"]
+    return sorted(totals.values(), key=lambda t: -t["verified_reward"])
+
+
+def _days(per_day: list[dict[str, Any]]) -> list[Any]:
+    return sorted({row["day"] for row in per_day})
+
+
+@dataclass
+class Profile:
+    """What a public page shows: totals, the nodes (or the one node), curve, datasets, badges, team."""
+
+    owner: User
+    nodes: list[NodeFigures]
+    curve: list[dict[str, Any]]
+    datasets: list[dict[str, Any]]
+    badges: list[str] = field(default_factory=list)
+    team: Team | None = None
+    accepted: int = 0
+    rejected: int = 0
+    verified_reward: float = 0.0
+    helped: int = 0
+    recent_credit: float = 0.0
+    last_seen_at: datetime | None = None
+
+    @property
+    def dataset_totals(self) -> list[dict[str, Any]]:
+        return _dataset_totals(self.datasets)
+
+    @property
+    def dataset_days(self) -> list[Any]:
+        return _days(self.datasets)
+
+
+def _profile(owner: User, nodes: list[Node]) -> Profile:
+    start = timezone.now() - timedelta(days=NODE_CURVE_DAYS)
+    figures = node_figures_for(nodes)
+    ids = [n.id for n in nodes]
+    profile = Profile(
+        owner=owner, nodes=[figures[n.id] for n in nodes], curve=_curve(ids, start), datasets=_datasets(ids, start),
+        badges=badges_of_users([owner.id]).get(owner.id, []), team=current_teams_of([owner.id]).get(owner.id),
+    )  # fmt: skip
+    for f in profile.nodes:
+        profile.accepted += f.accepted
+        profile.rejected += f.rejected
+        profile.verified_reward += f.verified_reward
+        profile.helped += f.helped
+        profile.recent_credit += f.recent_credit
+        if f.last_seen_at and (profile.last_seen_at is None or f.last_seen_at > profile.last_seen_at):
+            profile.last_seen_at = f.last_seen_at
+    return profile
+
+
+def contributor_profile(*, owner: User) -> Profile:
+    """The contributor's page: every node of theirs that is not banned (retired ones keep their history)."""
+    nodes = list(
+        with_connected(Node.objects.filter(owner=owner, banned_at__isnull=True).select_related("owner")).order_by(
+            "created_at", "id"
+        )
+    )
+    return _profile(owner, nodes)
+
+
+def node_profile(*, node: Node) -> Profile:
+    return _profile(node.owner, [node])

@@ -1,0 +1,157 @@
+"""Team pages: /teams/ (list, search, sort, found one) and /teams/<slug>/ (figures, members, actions).
+Thin, as web.views: validate -> community service or selector -> web.teams figures -> render."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.limits import client_address
+from common.errors import ApplicationError, NotFound
+from community import selectors as community
+from community.models import Team
+from community.services import (
+    team_disband,
+    team_edit,
+    team_found,
+    team_hand_over,
+    team_join,
+    team_leave,
+    team_moderate,
+)
+from web import selectors, teams
+
+
+def _team_or_404(request: HttpRequest, slug: str) -> Team:
+    try:
+        return community.team_get(slug=slug, viewer=request.user)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+
+
+@require_GET
+def team_list_view(request: HttpRequest) -> HttpResponse:
+    q = request.GET.get("q", "")
+    page, sort, descending, total = teams.team_page(
+        q=q,
+        sort=request.GET.get("sort", "reward"),
+        order=request.GET.get("order", "desc"),
+        page=request.GET.get("page", 1),
+    )
+    return render(
+        request,
+        "web/teams.html",
+        {"page": page, "sort": sort, "descending": descending, "total": total, "q": q[:64],
+         "membership": community.membership_current(user=request.user)},
+    )  # fmt: skip
+
+
+@require_GET
+def team_view(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    members = community.team_members(team=team)
+    detail = teams.team_detail(team=team, members=members)
+    user = request.user
+    mine = community.membership_current(user=user)
+    return render(
+        request,
+        "web/team.html",
+        {"team": team, "detail": detail, "membership": mine,
+         "is_member": mine is not None and mine.team_id == team.id,
+         "is_founder": user.is_authenticated and team.founder_id == user.id,
+         "aha": selectors.aha_groups(author_owner_ids=[m.user_id for m in members])},
+    )  # fmt: skip
+
+
+def _act(request: HttpRequest, action, *, success: str, to: str) -> HttpResponse:
+    """Run a team service; a typed error becomes a message on the page it came from."""
+    try:
+        result = action()
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+        return redirect(to)
+    messages.success(request, success)
+    return redirect(result if isinstance(result, str) else to)
+
+
+@login_required
+@require_POST
+def team_found_view(request: HttpRequest) -> HttpResponse:
+    def found() -> str:
+        team = team_found(
+            founder=request.user, name=request.POST.get("name", ""), description=request.POST.get("description", ""),
+            url=request.POST.get("url", ""), address=client_address(request),
+        )  # fmt: skip
+        return reverse("web:team", args=[team.slug])
+
+    return _act(request, found, success="Team founded. Share its page so others can join.", to=reverse("web:teams"))
+
+
+@login_required
+@require_POST
+def team_join_view(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    here = reverse("web:team", args=[team.slug])
+    return _act(request, lambda: team_join(user=request.user, team=team), success=f"You joined {team.name}.", to=here)
+
+
+@login_required
+@require_POST
+def team_leave_view(request: HttpRequest) -> HttpResponse:
+    return _act(request, lambda: team_leave(user=request.user), success="You left your team.", to=reverse("web:teams"))
+
+
+@login_required
+@require_POST
+def team_edit_view(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    here = reverse("web:team", args=[team.slug])
+    return _act(
+        request,
+        lambda: team_edit(actor=request.user, team=team, name=request.POST.get("name", ""),
+                          description=request.POST.get("description", ""), url=request.POST.get("url", "")),
+        success="Saved.", to=here,
+    )  # fmt: skip
+
+
+@login_required
+@require_POST
+def team_hand_over_view(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    here = reverse("web:team", args=[team.slug])
+    try:
+        to_user_id = int(request.POST.get("to", ""))
+    except ValueError:
+        messages.error(request, "Choose a member to hand the team over to.")
+        return redirect(here)
+    return _act(
+        request, lambda: team_hand_over(actor=request.user, team=team, to_user_id=to_user_id),
+        success="Handed over.", to=here,
+    )  # fmt: skip
+
+
+@login_required
+@require_POST
+def team_disband_view(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    return _act(
+        request, lambda: team_disband(actor=request.user, team=team), success=f"{team.name} is disbanded.",
+        to=reverse("web:teams"),
+    )  # fmt: skip
+
+
+@login_required
+@require_POST
+def team_moderate_view(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    here = reverse("web:team", args=[team.slug])
+    return _act(
+        request,
+        lambda: team_moderate(actor=request.user, team=team, action=request.POST.get("action", ""),
+                              reason=request.POST.get("reason", ""), name=request.POST.get("name", "")),
+        success="Done: recorded in the audit log.", to=here,
+    )  # fmt: skip

@@ -1,0 +1,279 @@
+"""Team figures: what members earned while members, from the folded per-hour table (NodeHour) plus
+the live rows the fold has not counted yet, read in one snapshot (web.stats). docs/leaderboard.md#teams.
+
+A membership period [joined_at, left_at) counts, for each of the member's nodes:
+- the whole hours from the hour of joining up to (not including) the hour of leaving, from the hour
+  tables (folded hours and live rows alike);
+- minus the groups of the hour of joining created before joining, plus those of the hour of leaving
+  created before leaving: both read from the pool itself, at most an hour of the member's nodes each,
+  through its (node, created_at) index.
+So the count is exact to the group: joining brings no past credit, leaving takes none away, and no
+group counts for two teams (one contributor's periods never overlap). Recent credit decays each
+group's reward from the start of its hour, as the hour tables do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.cache import cache
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import Count
+from django.utils import timezone
+
+from community.models import Membership, Team
+from community.selectors import badges_of_teams, team_list
+from nodes.models import ONLINE_WINDOW, Node
+from nodes.presence import connected_filter
+from web.stats import CREDIT_EPOCH, CREDIT_HALF_LIFE, Measures, live_rows, recent_average_credit, snapshot
+
+TEAM_FIGURES_CACHE_SECONDS = 15
+TEAM_CURVE_DAYS = 7
+TEAM_PAGE_SIZE = 25
+
+# The members' nodes of each period; banned nodes and contributors earn their team nothing.
+_PERIOD_NODES = """
+FROM community_membership m
+JOIN accounts_user u ON u.id = m.user_id AND u.banned_at IS NULL
+JOIN nodes_node n ON n.owner_id = m.user_id AND n.banned_at IS NULL
+"""
+
+# Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it.
+_HOURS_SQL = (
+    """
+SELECT m.id, m.team_id, m.user_id, CASE WHEN h.hour >= %(since)s THEN h.hour END AS hour,
+       sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward),
+       sum(h.verified_reward * power(2.0::float8, extract(epoch FROM h.hour - %(epoch)s)::float8 / %(half_life)s))
+"""
+    + _PERIOD_NODES
+    + """
+JOIN web_nodehour h ON h.node_id = n.id AND h.hour >= date_trunc('hour', m.joined_at)
+     AND (m.left_at IS NULL OR h.hour < date_trunc('hour', m.left_at))
+{team_filter}
+GROUP BY 1, 2, 3, 4
+"""
+)
+
+# The groups of the hour of joining before joining (sign -1) and of the hour of leaving before
+# leaving (sign +1), from the pool, with the fold's definition of a credited group.
+_PARTS_SQL = (
+    """
+SELECT m.id, m.team_id, m.user_id, p.sign, p.lo,
+       count(*) FILTER (WHERE r.verdict = 'accepted'),
+       coalesce(sum(r.completion_count) FILTER (WHERE c.credited), 0),
+       coalesce(sum(c.reward) FILTER (WHERE c.credited), 0)
+"""
+    + _PERIOD_NODES
+    + """
+CROSS JOIN LATERAL (VALUES (-1, date_trunc('hour', m.joined_at), m.joined_at),
+                           (1, date_trunc('hour', m.left_at), m.left_at)) AS p(sign, lo, hi)
+JOIN pool_rollout r ON r.node_id = n.id AND r.created_at >= p.lo AND r.created_at < p.hi
+CROSS JOIN LATERAL (
+    SELECT r.verdict = 'accepted' AND r.moderation_status NOT IN ('quarantined', 'rejected') AS credited,
+           (SELECT coalesce(sum(x::float8), 0)
+              FROM jsonb_array_elements_text(
+                   CASE WHEN jsonb_typeof(r.verified_rewards) = 'array' THEN r.verified_rewards ELSE '[]' END
+              ) AS x) AS reward
+) c
+WHERE p.hi IS NOT NULL {team_and}
+GROUP BY 1, 2, 3, 4, 5
+"""
+)
+
+# The periods of the owners of some nodes that may cover hours of the live rows.
+_PERIODS_SQL = """
+SELECT n.id, m.team_id, m.user_id, m.joined_at, m.left_at
+FROM nodes_node n
+JOIN accounts_user u ON u.id = n.owner_id AND u.banned_at IS NULL
+JOIN community_membership m ON m.user_id = n.owner_id AND (m.left_at IS NULL OR m.left_at > %(since)s)
+WHERE n.id = ANY(%(nodes)s) AND n.banned_at IS NULL
+"""
+
+_FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _hour_of(t: datetime) -> datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
+@dataclass
+class TeamCredit:
+    """Each team's measures, each (team, member)'s (what a member earned for that team), and the
+    per-hour measures of the curve (hours from `since` only)."""
+
+    by_team: dict[int, Measures] = field(default_factory=dict)
+    by_member: dict[tuple[int, int], Measures] = field(default_factory=dict)
+    hours: dict[tuple[int, datetime], Measures] = field(default_factory=dict)
+
+    def add(self, team_id: int, user_id: int, m: Measures, hour: datetime | None = None) -> None:
+        self.by_team.setdefault(team_id, Measures()).add(m)
+        self.by_member.setdefault((team_id, user_id), Measures()).add(m)
+        if hour is not None:
+            self.hours.setdefault((team_id, hour), Measures()).add(m)
+
+
+def _hour_growth(reward: float, hour: datetime) -> float:
+    return reward * 2.0 ** ((hour - CREDIT_EPOCH).total_seconds() / CREDIT_HALF_LIFE.total_seconds())
+
+
+def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -> TeamCredit:
+    """Every team's credit (or one team's); with `since`, its hours from then on (the curve)."""
+    credit = TeamCredit()
+    since = since or datetime(9999, 1, 1, tzinfo=UTC)
+    params: dict[str, Any] = {
+        "epoch": CREDIT_EPOCH, "half_life": CREDIT_HALF_LIFE.total_seconds(), "team": team_id, "since": since,
+    }  # fmt: skip
+    one_team = team_id is not None
+    with snapshot():
+        live = live_rows()
+        with connection.cursor() as cursor:
+            cursor.execute(_HOURS_SQL.format(team_filter="WHERE m.team_id = %(team)s" if one_team else ""), params)
+            for _, team, user, hour, accepted, completions, reward, growth in cursor.fetchall():
+                m = Measures(int(accepted), 0, 0, int(completions), float(reward), float(growth))
+                credit.add(team, user, m, hour)
+            cursor.execute(_PARTS_SQL.format(team_and="AND m.team_id = %(team)s" if one_team else ""), params)
+            for _, team, user, sign, hour, accepted, completions, reward in cursor.fetchall():
+                m = Measures(sign * int(accepted), 0, 0, sign * int(completions), sign * float(reward),
+                             sign * _hour_growth(float(reward), hour))  # fmt: skip
+                credit.add(team, user, m, hour if hour >= since else None)
+            live_since = _hour_of(live.since or _FAR_PAST)
+            node_ids = sorted({node_id for node_id, _ in live.groups.by_node_hour})
+            periods: dict[int, list[tuple]] = {}
+            if node_ids:
+                cursor.execute(_PERIODS_SQL, {"nodes": node_ids, "since": live_since})
+                for node_id, team, user, joined_at, left_at in cursor.fetchall():
+                    if not one_team or team == team_id:
+                        periods.setdefault(node_id, []).append((team, user, joined_at, left_at))
+    for (node_id, hour), m in live.groups.by_node_hour.items():
+        for team, user, joined_at, left_at in periods.get(node_id, ()):
+            if _hour_of(joined_at) <= hour and (left_at is None or hour < _hour_of(left_at)):
+                counted = Measures(m.accepted, 0, 0, m.completions, m.reward, _hour_growth(m.reward, hour))
+                credit.add(team, user, counted, hour if hour >= since else None)
+    return credit
+
+
+@dataclass
+class TeamFigures:
+    team_id: int
+    name: str
+    slug: str
+    members: int
+    nodes_online: int = 0
+    accepted: int = 0
+    completions: int = 0
+    verified_reward: float = 0.0
+    recent_credit: float = 0.0
+    badges: list[str] = field(default_factory=list)
+    created_at: datetime | None = None
+
+
+def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int, int]:
+    """Online nodes of each team's current members, one grouped query."""
+    memberships = Membership.objects.filter(left_at__isnull=True)
+    if team_id is not None:
+        memberships = memberships.filter(team_id=team_id)
+    rows = (
+        Node.objects.filter(
+            connected_filter(now=now), last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
+            banned_at__isnull=True, owner__banned_at__isnull=True, owner__team_memberships__in=memberships,
+        )
+        .values("owner__team_memberships__team_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )  # fmt: skip
+    return {row["owner__team_memberships__team_id"]: row["n"] for row in rows}
+
+
+def _credit_and_online() -> tuple[dict[int, Measures], dict[int, int]]:
+    """Each team's measures and nodes online: the costly part, cached TEAM_FIGURES_CACHE_SECONDS."""
+    cached = cache.get("web:team-credit")
+    if cached is None:
+        cached = (_team_credit().by_team, _nodes_online_by_team(timezone.now()))
+        cache.set("web:team-credit", cached, TEAM_FIGURES_CACHE_SECONDS)
+    return cached
+
+
+def team_figures_all() -> list[TeamFigures]:
+    """Every listed team with its figures. The list, names, members and badges are read on every call
+    (a team founded, renamed, hidden or joined shows at once); credit and nodes online are cached."""
+    now = timezone.now()
+    credit, online = _credit_and_online()
+    teams = list(team_list())
+    badges = badges_of_teams(t.id for t in teams)
+    out = []
+    for team in teams:
+        m = credit.get(team.id, Measures())
+        out.append(
+            TeamFigures(
+                team_id=team.id, name=team.name, slug=team.slug, members=team.members,
+                nodes_online=online.get(team.id, 0), accepted=m.accepted, completions=m.completions,
+                verified_reward=m.reward, recent_credit=recent_average_credit(m.growth, now=now),
+                badges=badges.get(team.id, []), created_at=team.created_at,
+            )
+        )  # fmt: skip
+    return out
+
+
+TEAM_SORTS = {
+    "reward": lambda f: f.verified_reward,
+    "recent": lambda f: f.recent_credit,
+    "accepted": lambda f: f.accepted,
+    "members": lambda f: f.members,
+    "online": lambda f: f.nodes_online,
+    "name": lambda f: f.name.lower(),
+}
+
+
+def team_rows(*, q: str = "", sort: str = "reward", order: str = "desc") -> tuple[list[TeamFigures], str, bool]:
+    """Listed teams sorted (and searched by name); unknown parameters fall back to the defaults."""
+    sort = sort if sort in TEAM_SORTS else "reward"
+    descending = order != "asc"
+    needle = " ".join(str(q or "").split())[:64].lower()
+    rows = [f for f in team_figures_all() if needle in f.name.lower()]
+    rows.sort(key=lambda f: f.name.lower())
+    rows.sort(key=TEAM_SORTS[sort], reverse=descending)
+    return rows, sort, descending
+
+
+def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: Any = 1):
+    rows, sort, descending = team_rows(q=q, sort=sort, order=order)
+    return Paginator(rows, TEAM_PAGE_SIZE).get_page(page), sort, descending, len(rows)
+
+
+@dataclass
+class TeamDetail:
+    team: Team
+    figures: TeamFigures
+    members: list[dict[str, Any]]
+    reward_per_hour: float
+    curve: list[dict[str, Any]]
+
+
+def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
+    """One team's page: its figures, each current member's credit for it, its hourly curve."""
+    now = timezone.now()
+    start = (now - timedelta(days=TEAM_CURVE_DAYS)).replace(minute=0, second=0, microsecond=0)
+    credit = _team_credit(team_id=team.id, since=start)
+    hours = credit.hours
+    m = credit.by_team.get(team.id, Measures())
+    figures = TeamFigures(
+        team_id=team.id, name=team.name, slug=team.slug, members=len(members),
+        nodes_online=_nodes_online_by_team(now, team.id).get(team.id, 0), accepted=m.accepted,
+        completions=m.completions, verified_reward=m.reward, recent_credit=recent_average_credit(m.growth, now=now),
+        badges=badges_of_teams([team.id]).get(team.id, []),
+    )  # fmt: skip
+    rows = []
+    for membership in members:
+        mine = credit.by_member.get((team.id, membership.user_id), Measures())
+        rows.append({"user": membership.user, "joined_at": membership.joined_at, "accepted": mine.accepted,
+                     "verified_reward": mine.reward, "founder": membership.user_id == team.founder_id})  # fmt: skip
+    day_ago = now - timedelta(hours=24)
+    last_day = sum(h.reward for (_, hour), h in hours.items() if hour >= day_ago)
+    curve = [
+        {"hour": hour, "verified_reward": h.reward, "accepted": h.accepted}
+        for (_, hour), h in sorted(hours.items(), key=lambda item: item[0][1])
+    ]
+    return TeamDetail(team, figures, rows, last_day / 24, curve)
