@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The GPU study on a machine with no internet: Python 3.12 with torch and transformers installed.
+#
+#   bash deploy/gpu/study.sh wheels                   # here, where the package index is reachable:
+#                                                     # cp312 wheels of what the study needs -> var/gpu-wheels/
+#   bash deploy/gpu/study.sh run OUT [SECONDS] [--resume]   # there, in a checkout that carries var/gpu-wheels/
+#
+# `run` installs the wheels into var/gpu-site (pip --no-index --no-deps --target; nothing else is
+# touched), then writes into OUT as it goes, so a run cut at any moment keeps what finished:
+#   build.json  the `small` model's build (warm start on the GPU, entries built by worker processes)
+#   paths.txt   generation alone, 8 x 8 x 64 tokens, the CPU's loop against the GPU's static path
+#   round.txt   a node round of gpu-learn's sizes (bench/round.py)
+#   rounds.csv  the study's rows, merged from its parallel parts every 10 s and at the end
+#   table.md, summary.json, study.tar.gz   the analysis and the whole study folder, at the end
+#   run.log     everything the script printed
+# SECONDS (default 540) bounds the whole script: the study gets what the build and the benchmarks
+# left, less 30 s to pack OUT. `--resume` continues the study found in var/gpu-study.
+# For a dry run on a CPU: SAPO_GPU_STUDY_SKIP_INSTALL=1 SAPO_GPU_STUDY_MODEL=tiny-mini
+# SAPO_GPU_STUDY_DEVICE=cpu SAPO_GPU_STUDY_FLAGS="--preset smoke --device cpu" (any `sapo-node
+# experiment` flags, after the preset's) SAPO_GPU_STUDY_BENCH="--questions 2 --generations 4" (any
+# bench/round.py flags, after the study's sizes).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+WHEELS=$ROOT/var/gpu-wheels
+SITE=$ROOT/var/gpu-site
+STUDY=$ROOT/var/gpu-study
+PY=${PYTHON:-python3}
+
+case "${1:-}" in
+wheels)
+  mkdir -p "$WHEELS"
+  .venv/bin/python deploy/gpu/requirements.py >"$WHEELS/requirements.txt"
+  while read -r req; do
+    "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform linux_x86_64 --platform any -d "$WHEELS" -q "$req" 2>/dev/null && continue
+    # Published as source only: a pure-Python one builds into a wheel any Python 3 installs.
+    "$PY" -m pip wheel --no-deps -w "$WHEELS" -q "$req" 2>/dev/null
+    built=$(ls "$WHEELS" | grep -i "^$(echo "${req%%==*}" | tr '-' '_')-" | head -n1)
+    case "$built" in
+      *-py3-none-any.whl|*-py2.py3-none-any.whl) echo "built $built from source" ;;
+      *) echo "no cp312 wheel for $req and it is not pure Python: the study cannot install it" >&2; exit 1 ;;
+    esac
+  done <"$WHEELS/requirements.txt"
+  du -sh "$WHEELS"; ls "$WHEELS"/*.whl | wc -l
+  exit 0 ;;
+run) ;;
+*) sed -n '2,21p' "$0"; exit 2 ;;
+esac
+
+OUT=$(realpath -m "${2:?run OUT [SECONDS] [--resume]}")
+BUDGET=${3:-540}
+RESUME=${4:-}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+START=$SECONDS
+left() { echo $((BUDGET - (SECONDS - START))); }
+say() { printf '\n=== %s (%ss, %ss left)\n' "$*" "$((SECONDS - START))" "$(left)"; }
+
+if [ -z "${SAPO_GPU_STUDY_SKIP_INSTALL:-}" ]; then
+  say "install"
+  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+  export PYTHONPATH="$SITE"
+fi
+export PYTHONPATH="$ROOT/node_client:$ROOT/platform${PYTHONPATH:+:$PYTHONPATH}"
+export SAPO_CACHE=${SAPO_CACHE:-$ROOT/var/gpu-cache} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+MODEL=${SAPO_GPU_STUDY_MODEL:-small}
+"$PY" -c "import torch, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__,
+  'transformers', transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+
+say "PostgreSQL (embedded, var/postgres)"
+if [ -z "${DATABASE_URL:-}" ]; then
+  "$PY" manage.py sapo_db start
+fi
+
+say "build $MODEL"
+"$PY" - "$MODEL" "$OUT/build.json" <<'PY'
+import json, sys, time
+from sapo_node.models import load_policy
+from sapo_node.tiny import VARIANTS, build_info, tiny_path
+started = time.perf_counter()
+load_policy(sys.argv[1], device="auto")
+info = build_info(tiny_path(sys.argv[1])) if sys.argv[1] in VARIANTS else {}
+info = {**(info or {}), "load_or_build_seconds": round(time.perf_counter() - started, 1)}
+open(sys.argv[2], "w").write(json.dumps(info, indent=2) + "\n")
+print(json.dumps({k: info.get(k) for k in ("params", "warm_start_seconds", "format_seconds", "entry_workers",
+                                           "device", "load_or_build_seconds")}))
+PY
+
+say "generation paths"
+"$PY" bench/round.py --paths --model "$MODEL" --catalogue sapo --questions 8 --generations 8 --max-new-tokens 64 \
+  --rounds 5 --device "${SAPO_GPU_STUDY_DEVICE:-auto}" ${SAPO_GPU_STUDY_BENCH:-} | tee "$OUT/paths.txt" || true
+say "a node round"
+"$PY" bench/round.py --model "$MODEL" --catalogue sapo --questions 8 --generations 8 --max-new-tokens 64 \
+  --lr 5e-5 --micro-batch 64 --rounds 5 --no-incumbent --force --device "${SAPO_GPU_STUDY_DEVICE:-auto}" \
+  ${SAPO_GPU_STUDY_BENCH:-} | tee "$OUT/round.txt" || true
+
+merge() {  # the parts' rows (or the study's own) into OUT/rounds.csv: kept if the run is cut
+  "$PY" - "$STUDY" "$OUT/rounds.csv" <<'PY'
+import sys
+from pathlib import Path
+study, out = Path(sys.argv[1]), Path(sys.argv[2])
+files = sorted(study.glob("parts/*/rounds.csv")) or [study / "rounds.csv"]
+lines = [f.read_text().splitlines() for f in files if f.exists()]
+if lines:
+    header = next(l[0] for l in lines if l)
+    body = [row for l in lines for row in l[1:]]
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("\n".join([header, *body]) + "\n")
+    tmp.replace(out)
+PY
+}
+
+STUDY_SECONDS=$(( $(left) - 30 ))
+if [ "$STUDY_SECONDS" -lt 30 ]; then
+  say "no time left for the study"
+  exit 0
+fi
+say "study: gpu-learn, configurations side by side, ${STUDY_SECONDS}s"
+if [ "$RESUME" != "--resume" ]; then rm -rf "$STUDY"; fi
+( while sleep 10; do merge 2>/dev/null || true; done ) &
+MERGER=$!
+"$PY" -m sapo_node.experiment --preset gpu-learn --parallel 4 --model "$MODEL" ${SAPO_GPU_STUDY_FLAGS:-} \
+  --time-limit "$STUDY_SECONDS" --out "$STUDY" --no-progress $RESUME || true
+kill "$MERGER" 2>/dev/null || true
+merge
+say "pack"
+cp "$STUDY/table.md" "$STUDY/summary.json" "$OUT/" 2>/dev/null || true
+tar -czf "$OUT/study.tar.gz" -C "$(dirname "$STUDY")" --exclude='*/runs/*/node-*/checkpoint*' "$(basename "$STUDY")"
+ls -la "$OUT"
+say "done"
