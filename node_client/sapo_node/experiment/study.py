@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -203,7 +204,11 @@ def analyse_complete(out: Path, cfg: StudyConfig, meta: dict[str, Any]) -> dict[
     partial = sorted({(r["config"], r["seed"]) for r in rows} - complete)
     meta = {**meta, "partial_runs": [f"{label} seed {seed}" for label, seed in partial]}
     rows = [r for r in rows if (r["config"], r["seed"]) in complete]
-    if not rows:
+    missing = [name for name in ("scipy", "matplotlib") if importlib.util.find_spec(name) is None]
+    if missing:  # a GPU machine may carry only what the runs need: analyse rounds.csv elsewhere
+        meta["analysis"] = f"not run here ({', '.join(missing)} not installed): sapo-node experiment --analyze DIR"
+        print(meta["analysis"], file=sys.stderr)
+    if not rows or missing:
         (out / "summary.json").write_text(json.dumps({"meta": meta}, indent=2) + "\n")
         return {"meta": meta}
     return analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window,
