@@ -5,7 +5,7 @@ blocklist with its safe-subset validation. moderation.screening runs them on inc
 The per-completion work (normalising ASCII texts, simhashes, character counts) runs in C when the
 `sapo_native` extension is installed (native/, built by `make venv` and the Docker image) and
 SAPO_NATIVE is not off (common.native), in the numpy twins below otherwise: the same results bit for bit
-(tests/platform/test_native.py), at more CPU (docs/benchmarks.md, "Ingest, 2026-11-23, seventh session").
+(tests/platform/test_native.py), at more CPU (docs/benchmarks.md, "Ingest").
 """
 
 from __future__ import annotations
@@ -246,9 +246,11 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     # A text's length in characters: its bytes' length unless it is not ASCII (rare: decoded again).
     lengths = [len(e) if e.isascii() else len(e.decode("utf-8")) for e in encoded]
     array = _simhashes(
-        [e if n <= SIMHASH_CHARS or len(e) <= SIMHASH_CHARS else e.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
-         for e, n in zip(encoded, lengths, strict=True)]
-    )  # fmt: skip
+        [
+            e if n <= SIMHASH_CHARS or len(e) <= SIMHASH_CHARS else e.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
+            for e, n in zip(encoded, lengths, strict=True)
+        ]
+    )
     hashes = array.tolist()
     packed = simhash_bytes(hashes)  # once for the share, not per group
     out = []
@@ -271,8 +273,8 @@ class CopyIndex:
     """The completions of other nodes' recent groups, for exact and near lookups, held as the bytes the
     database returns (RolloutFingerprint's columns concatenated): no Python object per
     candidate completion. A share's candidates reach 50 groups per question, ~13,000 completions for a
-    share of 32 questions: decoding them as JSON and indexing them one by one cost more than the rest
-    of the share (docs/benchmarks.md, "CPU per share").
+    share of 32 questions: decoding them as JSON and indexing them one by one would cost more than the
+    rest of the share (docs/benchmarks.md, "How ingest is made fast").
 
     Exact: each probe digest is looked up among the candidates' (the first group holding it, in the
     order added): in C, a table of the probes' digests and one pass over the candidates
@@ -322,8 +324,8 @@ class CopyIndex:
         fast = native()
         if fast is not None:
             return [None if c < 0 else self._group_id(c) for c in fast.exact_first(exact, b"".join(digests))]
-        # A first pass on 16 bits of each digest (a table lookup per candidate: a binary search among the
-        # probes cost ~40 ns each, 0.5 ms for 13,000), then whole digests for the few that pass.
+        # A first pass on 16 bits of each digest (a table lookup per candidate, cheaper than a binary
+        # search among the probes at ~13,000 candidates), then whole digests for the few that pass.
         table = np.zeros(1 << 16, dtype=bool)
         table[np.frombuffer(b"".join(digests), dtype=np.uint16)[:: EXACT_BYTES // 2]] = True
         first: dict[bytes, int] = {}
@@ -357,7 +359,7 @@ class CopyIndex:
         wanted = _tagged_band_keys(probes).T.ravel()  # hash-major: each hash's bands in order
         all_keys = _tagged_band_keys(candidates).ravel()  # band-major: a band's values in the order added
         # What shares a band value with some hash, in order: a table of the hashes' tagged band values
-        # (a binary search among them cost ~40 ns per candidate band, 2 ms for 13,000 candidates).
+        # (a lookup per candidate band, cheaper than a binary search among them).
         table = np.zeros(BANDS << 16, dtype=bool)
         table[wanted] = True
         shared = np.flatnonzero(table[all_keys])

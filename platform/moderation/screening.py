@@ -82,8 +82,8 @@ class Screening:
 # server-side (as the pool's INSERT), the result in binary. The candidates come back as four byte
 # strings (their ids as 16-byte UUIDs, their completion counts as 4-byte integers, their digests, their
 # simhashes; filters.CopyIndex), in the order the rules read them (question, then latest
-# first): at 50 groups per question, ~13,000 completions, the JSON document this query answered
-# before cost ~3 ms of the server's CPU to decode and index and more of PostgreSQL's to build.
+# first): at 50 groups per question, ~13,000 completions, a JSON document would cost the server more
+# to decode and index than the rest of the share, and PostgreSQL more to build.
 _CANDIDATE_ORDER = "ORDER BY q.n, f.created_at DESC"
 _SCREENING_READS_SQL = f"""
 SELECT n.node, c.ids, c.counts, c.exact, c.simhash,
@@ -148,8 +148,8 @@ def _screening_reads(
 # statement (pool.seams.RecordPart; arrays bound server-side and in binary, as the pool's): the
 # decisions for holds, the fingerprints, the flags, the audit entries and the trust upsert, for every
 # share of the batch (a node per row), each about the groups the statement really inserted (its CTE
-# `inserted`) and no other. Five ORM statements per share once, then a statement of its own in the
-# pool's transaction; now no statement of its own (docs/benchmarks.md, "A share's statements").
+# `inserted`) and no other. No statement, BEGIN or COMMIT of its own: three round trips fewer a batch
+# (docs/benchmarks.md, "How ingest is made fast").
 _RECORD_CTES = (
     """decisions AS (
     INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
@@ -346,9 +346,7 @@ def rollouts_recorded(
     rule = rules_current()["outlier"]
     if not rule.enabled:
         return
-    datasets = {
-        r.dataset for s in screenings for r in s.rollouts if r.id in inserted and s.checks[r.id].accepted
-    }  # fmt: skip
+    datasets = {r.dataset for s in screenings for r in s.rollouts if r.id in inserted and s.checks[r.id].accepted}
     now = now or timezone.now()
     for dataset in sorted(datasets):
         if _outlier_scan_due(dataset, rule["scan_every_seconds"]):

@@ -118,8 +118,8 @@ def trust_for_nodes(node_ids: Iterable[int]) -> dict[int, float]:
     """Trust per node id (nodes without a record: a new node's trust). One query."""
     node_ids = set(node_ids)
     half = _half_streak()
-    # Raw SQL: every node socket reads its quota from this when it opens, and the ORM's query cost
-    # ~0.24 ms of CPU against ~0.05 ms (docs/benchmarks.md, "Sockets").
+    # Raw SQL: every node socket reads its quota from this when it opens, and the ORM's query costs
+    # several times the CPU of this one (docs/benchmarks.md, "Sockets").
     with connection.cursor() as cursor:
         cursor.execute("SELECT node_id, streak FROM moderation_trustrecord WHERE node_id = ANY(%s)", [sorted(node_ids)])
         streaks = dict(cursor.fetchall())

@@ -131,9 +131,12 @@ def node_token_rotate(*, node: Node) -> str:
     Returns the new plaintext (shown once). Raises ApplicationError: node_retired (409), rate_limited (429)."""
     _ensure_not_retired(node)
     limits.consume(
-        "token-rotate", str(node.id), limit=settings.SAPO_TOKEN_ROTATIONS_PER_HOUR, window=3600,
+        "token-rotate",
+        str(node.id),
+        limit=settings.SAPO_TOKEN_ROTATIONS_PER_HOUR,
+        window=3600,
         what="token rotations for this node in the last hour",
-    )  # fmt: skip
+    )
     return _node_token_rotate(node=node)
 
 
@@ -271,7 +274,7 @@ def node_from_row(values: Sequence[object]) -> Node:
 _NODE_ATTNAMES = [field.attname for field in Node._meta.concrete_fields]
 
 # Raw SQL, not the ORM: the node socket looks the token up on every connect, and the ORM's query with
-# two joins and three model instances cost ~0.9 ms of CPU against ~0.13 ms for this (docs/benchmarks.md,
+# two joins and three model instances costs several times the CPU of this one (docs/benchmarks.md,
 # "Sockets"). Two flags and the node's columns; the owner is not loaded (the flag says if it is banned).
 _AUTHENTICATE_SQL = f"""
 SELECT t.id, n.retired_at IS NOT NULL, n.banned_at IS NOT NULL OR u.banned_at IS NOT NULL, {node_select_columns("n")}

@@ -5,7 +5,7 @@ docs/benchmarks.md, "Sockets").
 
 Raw SQL, not the ORM, on purpose: the socket opens under load all at once (a server restart brings
 every node back within seconds), and Django building and sending the same reads and writes as seven
-statements cost ~2.4 ms of CPU per socket, most of the one process's budget; this costs ~0.3 ms.
+statements costs several times the CPU of this one, most of the one process's budget per socket.
 The semantics are nodes.services.node_authenticate's (touch=True) and presence.connection_open's:
 the checks and the writes are one statement, so a node found banned or retired writes nothing.
 """

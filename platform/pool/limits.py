@@ -40,9 +40,10 @@ class Limits:
     #: Server CPU a node's frames may cost per minute (milliseconds of the handling thread's CPU time:
     #: parsing, verification, moderation, the insert), charged after each frame to a bucket refilled
     #: at 50 ms a second (pool.ratelimit); a node in debt has its frames refused unparsed until the
-    #: refill pays it back. A 32-group share costs ~15 ms in process; 3,000 ms (5% of a core) bounds
-    #: what any one node, honest or not, takes from everyone else per minute. Within a burst the
-    #: share turns (pool.turns) keep a heavy node from delaying a light one.
+    #: refill pays it back. A 32-group share costs a few ms of CPU (docs/benchmarks.md, "A share's
+    #: fixed cost"); 3,000 ms (5% of a core) bounds what any one node, honest or not, takes from
+    #: everyone else per minute. Within a burst the share turns (pool.turns) keep a heavy node from
+    #: delaying a light one.
     max_cpu_ms_per_minute: int = 3_000
     max_consecutive_errors: int = 20
     sample_window_seconds: int = 86_400

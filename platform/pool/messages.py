@@ -58,8 +58,8 @@ class ProtocolError(Exception):
 
 
 class RolloutIn(msgspec.Struct, frozen=True, kw_only=True):
-    """A group as shared. A msgspec Struct rather than a frozen dataclass: built 32 times a share, in
-    0.3 rather than 3.6 us (a frozen dataclass sets each field through object.__setattr__)."""
+    """A group as shared. A msgspec Struct rather than a frozen dataclass: built 32 times a share, and
+    a frozen dataclass sets each field through object.__setattr__, several times slower."""
 
     id: uuid.UUID
     round: int
@@ -450,8 +450,8 @@ assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type ha
 
 # --- The typed path of a share ----------------------------------------------------------------------
 # Shares are most frames and nearly all their bytes. msgspec (C) decodes one against the share's types
-# in about a tenth of the general path's time (0.08 against 1.1 ms for 32 groups of 8 completions of
-# ~300 characters: JSON to Python values, then every field checked in Python); the checks that depend
+# in a fraction of the general path's time (JSON to Python values, then every field checked in
+# Python; docs/benchmarks.md, "How ingest is made fast"); the checks that depend
 # on the limits or on text content follow here. Whatever is not plainly a valid share (another
 # message type, an unknown key, a wrong type, an escape msgspec refuses such as a lone surrogate, a
 # failed check) makes `_typed_share` answer None, and the frame is parsed again the general way, whose

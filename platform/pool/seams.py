@@ -12,8 +12,8 @@ plain message rate).
   statement, so no sample can ever see them. What moderation records of the batch (audit, flags,
   fingerprints, trust) is a `RecordPart`: data-modifying CTEs the pool runs inside its INSERT
   statement, one statement and so one transaction for everything (three round trips and a
-  transaction's BEGIN and COMMIT fewer than a statement of its own: docs/benchmarks.md, "A share's
-  statements"). `rollouts_recorded` follows the statement, with the ids really inserted (work that
+  transaction's BEGIN and COMMIT fewer than a statement of its own: docs/benchmarks.md, "How
+  ingest is made fast"). `rollouts_recorded` follows the statement, with the ids really inserted (work that
   need not be atomic with the INSERT, such as an outlier scan now and then).
 - `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.

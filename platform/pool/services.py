@@ -101,7 +101,7 @@ WHERE n.owner_id = {owner} AND o.hour = %(hour)s"""
 #   nodes' rows as they were, a batch-mate's of the same contributor included, and this node's before
 #   the upsert: its new total comes from the upsert); answered with each inserted id.
 # No comments in the SQL itself: psycopg parses a statement longer than 4,096 bytes
-# (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH) afresh at every execution, ~0.1 ms each
+# (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH) afresh at every execution, with a regular expression
 # (tests/platform/test_pool_schema.py checks the length).
 _INSERT_SQL = f"""
 WITH inserted AS (
@@ -466,10 +466,13 @@ def _store_together(
     seam.rollouts_recorded(screenings=screenings, inserted=inserted)
     others = [r.id for share in together for r in share.rollouts if r.id not in inserted]  # resent, or taken
     existing = (
-        {row[0]: row[1:] for row in Rollout.objects.filter(id__in=others).values_list("id", "node_id", "verdict", "reason")}
+        {
+            row[0]: row[1:]
+            for row in Rollout.objects.filter(id__in=others).values_list("id", "node_id", "verdict", "reason")
+        }
         if others
         else {}
-    )  # fmt: skip
+    )
     for (i, _), share in zip(verified, together, strict=True):
         node = share.node
         result = ShareResult(stored=stored_now.get(node.id) or shares[i].stored)
@@ -576,8 +579,8 @@ def rollout_served_record(*, node: Any, rollout_ids: Sequence[uuid.UUID], now: d
             FROM unnest(%(ids)s::uuid[]) AS r, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
             ON CONFLICT (node_id, rollout_id) DO NOTHING
             """,
-            # The ids as one array literal (UUIDs need no quoting): psycopg's client-side binding quoted
-            # each element of a list, ~10% of a `sample`'s CPU.
+            # The ids as one array literal (UUIDs need no quoting): psycopg's client-side binding quotes
+            # each element of a list, a visible part of a `sample`'s CPU.
             {"node": node.id, "ids": "{" + ",".join(str(uuid.UUID(str(i))) for i in rollout_ids) + "}", "now": now},
         )
     _prune_if_due(now)

@@ -1,4 +1,4 @@
-"""Hostile frames against the node WebSocket (issue 9): nothing a node sends crashes its socket, every
+"""Hostile frames against the node WebSocket: nothing a node sends crashes its socket, every
 frame gets a typed answer carrying its ref, and the storage budgets hold. In process, through the
 ASGI application (WebsocketCommunicator, real PostgreSQL); tests/integration/test_hostile_frames.py
 does the same over a real socket, fuzzed."""

@@ -140,8 +140,8 @@ def _has_lz4() -> bool:
 
 
 def test_completions_are_compressed_with_lz4_and_read_back_as_sent():
-    """The pool's INSERT spends about half its database CPU compressing a group's completions with
-    pglz; migration pool 0005 makes it lz4 (docs/benchmarks.md, "CPU per share")."""
+    """pglz costs the pool's INSERT a large part of its database CPU compressing a group's completions;
+    migration pool 0005 makes it lz4 (docs/benchmarks.md, "How ingest is made fast")."""
     if not _has_lz4():
         pytest.skip("this PostgreSQL is built without lz4")
     from django.db import connection
