@@ -126,8 +126,10 @@ def connections_renew(*, connections: dict[uuid.UUID, int], now: datetime | None
     with bookkeeping_transaction():
         NodeConnection.objects.bulk_create(
             [NodeConnection(id=c, node_id=n, server=server, expires_at=expires) for c, n in connections.items()],
-            update_conflicts=True, unique_fields=["id"], update_fields=["expires_at"],
-        )  # fmt: skip
+            update_conflicts=True,
+            unique_fields=["id"],
+            update_fields=["expires_at"],
+        )
         NodeConnection.objects.filter(expires_at__lt=now).delete()
 
 

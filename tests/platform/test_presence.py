@@ -118,8 +118,11 @@ def test_listings_show_who_is_connected_at_a_cost_that_does_not_grow_with_nodes(
     connect(make_node(name="elsewhere"))  # another contributor's: not listed, but online
     statuses, many = listed()
     assert statuses == {
-        "laptop": NodeStatus.ONLINE, "desktop": NodeStatus.OFFLINE, "gpu0": NodeStatus.ONLINE,
-        "gpu1": NodeStatus.ONLINE, "idle box": NodeStatus.OFFLINE,
-    }  # fmt: skip
+        "laptop": NodeStatus.ONLINE,
+        "desktop": NodeStatus.OFFLINE,
+        "gpu0": NodeStatus.ONLINE,
+        "gpu1": NodeStatus.ONLINE,
+        "idle box": NodeStatus.OFFLINE,
+    }
     assert many == few
     assert online() == 4
