@@ -41,6 +41,7 @@ from pool.models import (
 from pool.seams import RecordPart, ShareToScreen, moderation
 from pool.signals import rollouts_moderation_changing
 from pool.verification import Verification, has_variance, verify_rollout
+from sapo_node import protocol
 from sapo_node.tasks import Catalogue
 
 #: A rejected group is kept for the contributor's inbox and the audit, not for training: its question,
@@ -301,13 +302,13 @@ def storage_check(*, node: Any, limits: Limits, now: datetime | None = None, kno
     until = f"until {hour + timedelta(hours=1):%H:%M} UTC"
     if node_bytes >= limits.max_stored_bytes_per_node_hour:
         raise ApplicationError(
-            "over_budget",
+            protocol.OVER_BUDGET,
             f"this node stored {node_bytes} bytes this hour, its budget is "
             f"{limits.max_stored_bytes_per_node_hour}: nothing more is stored {until}",
         )
     if owner_bytes >= limits.max_stored_bytes_per_contributor_hour:
         raise ApplicationError(
-            "over_budget",
+            protocol.OVER_BUDGET,
             f"this contributor's nodes stored {owner_bytes} bytes this hour, the budget is "
             f"{limits.max_stored_bytes_per_contributor_hour}: nothing more is stored {until}",
         )
