@@ -23,7 +23,7 @@
     only when the load average was at most 1.5 when the ingest part started (exit status 3 otherwise,
     unless --force).
 (b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
-    `rollout_sample` (the selector behind the `sample` message, with its JSON payload) is timed.
+    `rollout_sample_json` (the selector behind the `sample` message, with its JSON payload) is timed.
 
 Runs in its own database (`--db-name`, dropped at the end unless --keep-db) on DATABASE_URL's server.
 """

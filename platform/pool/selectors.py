@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import uuid
@@ -10,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.core.cache import cache
-from django.db import DEFAULT_DB_ALIAS, connection
+from django.db import connection
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
@@ -52,8 +51,6 @@ LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
        ON r.sample_seq = d.k AND r.sampleable AND r.node_id <> %(node)s AND r.created_at >= %(cutoff)s
 """
 )
-_DRAW_FIELDS = ["id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
-                "verified_rewards", "created_at"]  # fmt: skip
 
 
 def sample_window(cutoff: datetime) -> tuple[int, int] | None:
@@ -70,9 +67,9 @@ def sample_window(cutoff: datetime) -> tuple[int, int] | None:
 
 
 class _Hit(NamedTuple):
-    """A group the first draw hit, as its row: a Rollout is built only for the groups kept (`_built`),
-    not for every hit (a draw asks for ~1.3 n + 4 numbers; building and parsing the others was a third
-    of a `sample`'s CPU, docs/benchmarks.md, "Sockets")."""
+    """A group the first draw hit, as its row: no Rollout is built for it (a draw asks for ~1.3 n + 4
+    numbers, and building and parsing them all is a large part of a `sample`'s CPU, docs/benchmarks.md,
+    "Sockets"); the reply's JSON is written from the row (pool.payloads.hit_protocol_json)."""
 
     sample_seq: int
     node_id: int
@@ -89,34 +86,10 @@ def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int
     return lo, hi, drawn, [_Hit(row[2], row[5], row) for row in rows if row[4] is not None]
 
 
-def _built(hit: _Hit | Rollout) -> Rollout:
-    """A first-draw hit as a Rollout with `node` loaded (id and name; fields not drawn deferred)."""
-    if isinstance(hit, Rollout):
-        return hit
-    from nodes.models import Node
-
-    row = hit.row
-    values = list(row[4:])
-    for position in (8, 9):  # completions, verified_rewards: jsonb arrives as text
-        if isinstance(values[position], str):
-            values[position] = json.loads(values[position])
-    rollout = Rollout.from_db(DEFAULT_DB_ALIAS, _DRAW_FIELDS, values)
-    rollout.sample_seq = hit.sample_seq
-    rollout.node = Node.from_db(DEFAULT_DB_ALIAS, ["id", "name"], [hit.node_id, row[3]])
-    return rollout
-
-
-def rollout_sample(
-    *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
-) -> list[Rollout]:
-    """`_sample_drawn`'s groups as Rollouts with `node` loaded (id and name)."""
-    return [_built(r) for r in _sample_drawn(node=node, n=n, window_seconds=window_seconds, now=now, rng=rng)]
-
-
 def rollout_sample_json(
     *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
 ) -> list[tuple[uuid.UUID, str]]:
-    """The same draw as `rollout_sample`, as (group id, the group's protocol JSON) pairs, for the
+    """`_sample_drawn`'s groups as (group id, the group's protocol JSON) pairs, for the
     node socket's `samples` reply: no model object is built and the completions' JSON is not parsed
     and written again (pool.payloads.hit_protocol_json; both were most of a `sample`'s CPU)."""
     return [

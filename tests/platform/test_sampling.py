@@ -1,4 +1,4 @@
-"""Uniform sampling from the pool (pool.selectors.rollout_sample) and what is never sampled."""
+"""Uniform sampling from the pool (pool.selectors.rollout_sample_json) and what is never sampled."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from datetime import timedelta
 
 import pytest
 from factories import make_node
-from support.pool import EASY, make_group, to_rollout_in
+from support.pool import EASY, make_group, sampled, to_rollout_in
 
 from pool import selectors
 from pool.models import Rollout
-from pool.selectors import rollout_sample
 from pool.services import rollout_set_moderation, rollout_share
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +27,7 @@ def easy_group(index: int, **kwargs):
 
 
 def sampled_ids(node, n=50, **kwargs) -> set[str]:
-    return {str(r.id) for r in rollout_sample(node=node, n=n, window_seconds=DAY, **kwargs)}
+    return {g["id"] for g in sampled(node, n, window_seconds=DAY, **kwargs)}
 
 
 @pytest.fixture(params=["enumerate", "probe"])
@@ -64,15 +63,15 @@ def test_only_other_nodes_fresh_verified_varied_unmoderated_groups_are_sampled(p
 def test_sample_returns_n_distinct_groups_and_fewer_when_fewer_exist(path):
     asker, author = make_node(), make_node()
     share(author, *[easy_group(i) for i in range(30)])
-    draw = rollout_sample(node=asker, n=10, window_seconds=DAY)
-    assert len(draw) == 10 == len({r.id for r in draw})
-    assert all(r.node.name == author.name for r in draw)
-    assert len(rollout_sample(node=asker, n=64, window_seconds=DAY)) == 30
-    assert rollout_sample(node=author, n=5, window_seconds=DAY) == []
+    draw = sampled(asker, 10, window_seconds=DAY)
+    assert len(draw) == 10 == len({g["id"] for g in draw})
+    assert all(g["node"] == author.name for g in draw)
+    assert len(sampled(asker, 64, window_seconds=DAY)) == 30
+    assert sampled(author, 5, window_seconds=DAY) == []
 
 
 def test_an_empty_pool_samples_nothing():
-    assert rollout_sample(node=make_node(), n=4, window_seconds=DAY) == []
+    assert sampled(make_node(), 4, window_seconds=DAY) == []
 
 
 def test_moderation_back_to_ok_makes_a_group_sampleable_again(path):
@@ -111,7 +110,7 @@ def test_draws_are_uniform_despite_holes_in_the_numbering(monkeypatch):
     counts: Counter[str] = Counter()
     draws = 400
     for _ in range(draws):
-        counts.update(str(r.id) for r in rollout_sample(node=asker, n=3, window_seconds=DAY, rng=rng))
+        counts.update(g["id"] for g in sampled(asker, 3, window_seconds=DAY, rng=rng))
     assert set(counts) == set(eligible)
     expected = draws * 3 / len(eligible)
     chi2 = sum((counts[i] - expected) ** 2 / expected for i in eligible)
