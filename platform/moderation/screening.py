@@ -43,10 +43,16 @@ from moderation.models import (
     TargetType,
 )
 from moderation.rules import Rule, rules_current
-from moderation.trust import TRUST_VERDICTS_CTES, trust_judged_params, trust_value
+from moderation.trust import (
+    TRUST_CTE_NAMES,
+    TRUST_PARAM_NAMES,
+    TRUST_VERDICTS_CTES,
+    trust_judged_params,
+    trust_value,
+)
 from pool.messages import RolloutIn
 from pool.models import ModerationStatus
-from pool.seams import RecordPart, ShareToScreen
+from pool.seams import RecordPart, RecordSql, ShareToScreen
 from pool.verification import Verification
 
 
@@ -145,10 +151,10 @@ def _screening_reads(
 
 
 # Everything moderation writes about a batch, as common table expressions of the pool's INSERT
-# statement (pool.seams.RecordPart; arrays bound server-side and in binary, as the pool's): the
-# decisions for holds, the fingerprints, the flags, the audit entries and the trust upsert, for every
-# share of the batch (a node per row), each about the groups the statement really inserted (its CTE
-# `inserted`) and no other. No statement, BEGIN or COMMIT of its own: three round trips fewer a batch
+# statement (pool.seams.RecordSql, declared as RECORD_SQL below; arrays bound server-side and in
+# binary, as the pool's): the decisions for holds, the fingerprints, the flags, the audit entries and
+# the trust upsert, for every share of the batch (a node per row), each about the groups the
+# statement really inserted (its CTE `inserted`) and no other. No statement, BEGIN or COMMIT of its own: three round trips fewer a batch
 # (docs/benchmarks.md, "How ingest is made fast").
 _RECORD_CTES = (
     """decisions AS (
@@ -180,6 +186,15 @@ _RECORD_CTES = (
 ), """
     + TRUST_VERDICTS_CTES
 )
+RECORD_SQL = RecordSql(
+    ctes=_RECORD_CTES,
+    cte_names=frozenset({"decisions", "fingerprints", "flags", "audit", *TRUST_CTE_NAMES}),
+    param_names=frozenset(
+        {"held_status", "held_id", "held_reason", "held_rule", "fp_id", "fp_node", "fp_qh", "fp_exact", "fp_simhash",
+         "flag_id", "flag_node", "flag_rule", "flag_detail", "flag_data", "audit_target", "audit_rule",
+         "audit_action", "audit_id", "audit_reason", "audit_details", *TRUST_PARAM_NAMES}
+    ),
+)  # fmt: skip
 
 
 def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = None) -> list[Screening]:
@@ -334,7 +349,7 @@ def rollouts_record_part(*, screenings: Sequence[Screening]) -> RecordPart:
         "audit_details": binary_array("text", [dumps(a[4]) for a in audit]),
         **trust_judged_params(judged),
     }
-    return RecordPart(ctes=_RECORD_CTES, params=params)
+    return RECORD_SQL.part(params)
 
 
 def rollouts_recorded(

@@ -38,7 +38,15 @@ from pool.models import (
     ServedGroup,
     Verdict,
 )
-from pool.seams import RecordPart, ShareToScreen, moderation
+from pool.seams import (
+    INSERT_CTE_NAMES,
+    INSERT_PARAM_NAMES,
+    RecordPart,
+    ShareToScreen,
+    moderation,
+    record_sql_check,
+    sql_names,
+)
 from pool.signals import rollouts_moderation_changing
 from pool.verification import Verification, has_variance, verify_rollout
 from sapo_node import protocol
@@ -163,15 +171,19 @@ RETURNING id, node_id, verdict
 SELECT i.id, i.node_id, t.bytes, t.owner_bytes FROM inserted i JOIN totals t ON t.node_id = i.node_id
 """
 
-#: The INSERT statement with a moderation's RecordPart (its CTEs after the pool's), by the part's text:
-#: one text per moderation, so each is prepared once per connection.
+assert sql_names(_INSERT_SQL) == (set(INSERT_CTE_NAMES), set(INSERT_PARAM_NAMES)), "pool.seams declares these names"
+
+#: The INSERT statement with a moderation's RecordSql (its CTEs after the pool's), by the record's
+#: text: one text per moderation, so each is prepared once per connection.
 _insert_sql: dict[str, str] = {}
 
 
 def _insert_statement(record: RecordPart | None) -> str:
-    ctes = record.ctes if record is not None else ""
+    ctes = record.sql.ctes if record is not None else ""
     sql = _insert_sql.get(ctes)
     if sql is None:
+        if record is not None:
+            record_sql_check(record.sql)  # registered ones were checked at start-up; any other here
         sql = _insert_sql[ctes] = _INSERT_SQL.replace("{record}", f", {ctes}" if ctes else "")
     return sql
 
@@ -266,7 +278,7 @@ def _insert_rollouts(
         "held": binary_array("bool", holds),
     }
     if record is not None:
-        params.update(record.params)
+        params.update(record.params)  # names apart from the pool's: pool.seams.record_sql_check
     # Django's errors, as its own cursors raise them (IntegrityError for a node deleted meanwhile: the
     # batch's retry catches DatabaseError).
     with connection.wrap_database_errors, server_binding_cursor() as cursor:
