@@ -1,7 +1,7 @@
 """The automatic rules at ingest: what the pool calls while storing nodes' shared groups.
 
 Three steps around the pool's INSERT, each for a batch of shares of different nodes (one share is a
-batch of one; pool.services.rollout_share_batch); the second is part of the INSERT's own statement,
+batch of one; pool.ingest.rollout_share_batch); the second is part of the INSERT's own statement,
 so no sample can see a group before its hold is set, and nothing is recorded of a group not stored:
 
 1. `rollouts_screen(shares)` after verification, before the INSERT: runs the enabled rules on the
@@ -84,7 +84,7 @@ class Screening:
 # The latest `per` fingerprints of other nodes' groups on each question, inside the window: one index
 # descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is;
 # and each node's trust streak (the low-trust rule), in the same round trip: a row per node of the
-# batch of shares (pool.services.rollout_share_batch; one node appears once). Parameters bound
+# batch of shares (pool.ingest.rollout_share_batch; one node appears once). Parameters bound
 # server-side (as the pool's INSERT), the result in binary. The candidates come back as four byte
 # strings (their ids as 16-byte UUIDs, their completion counts as 4-byte integers, their digests, their
 # simhashes; filters.CopyIndex), in the order the rules read them (question, then latest
@@ -199,7 +199,7 @@ RECORD_SQL = RecordSql(
 
 def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = None) -> list[Screening]:
     """Run the enabled automatic rules on freshly verified shares (before they are stored): a
-    Screening per share, in order. The shares are of different nodes (pool.services.rollout_share_batch
+    Screening per share, in order. The shares are of different nodes (pool.ingest.rollout_share_batch
     verifies and stores several together).
 
     Only accepted groups are screened (rejected ones are never sampleable). At most one query for the

@@ -6,7 +6,7 @@ The moderation app registers its implementation in its AppConfig.ready(); a depl
 runs the pool unmoderated (every accepted group with variance sampleable, uniform sampling, the
 plain message rate).
 
-- `rollouts_screen` / `rollouts_record_part` / `rollouts_recorded`: pool.services.rollout_share_batch,
+- `rollouts_screen` / `rollouts_record_part` / `rollouts_recorded`: pool.ingest.rollout_share_batch,
   around its INSERT, for a batch of shares of different nodes. Screening runs before the INSERT and
   decides which groups are held: the INSERT writes them "held" and not sampleable in the same
   statement, so no sample can ever see them. What moderation records of the batch (audit, flags,
@@ -43,7 +43,7 @@ class ShareToScreen:
     checks: Mapping[uuid.UUID, Verification]
 
 
-#: The names of the pool's INSERT statement (pool.services._INSERT_SQL, which asserts it uses exactly
+#: The names of the pool's INSERT statement (pool.ingest_statement._INSERT_SQL, which asserts it uses exactly
 #: these): its common table expressions and its parameters. A RecordSql may read the CTE `inserted`
 #: (id, node_id, verdict: the groups this statement really inserted, an id already stored left out)
 #: and the parameter `now` (the statement's time); it may name nothing else of these.

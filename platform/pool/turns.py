@@ -15,7 +15,7 @@ Why together: a share costs the server and PostgreSQL about as much again whatev
 statements, their planning and start-up, the commit: docs/benchmarks.md, "A share's fixed cost").
 When a turn comes free, the waiting share whose turn it is takes up to SAPO_SHARE_BATCH - 1 more
 waiting shares of other nodes with it (the next in the same order), and they are stored in one
-transaction (pool.services.rollout_share_batch): with one share waiting, or none, nothing changes;
+transaction (pool.ingest.rollout_share_batch): with one share waiting, or none, nothing changes;
 under load, the fixed cost is paid once per batch. Only nodes that cost about as little lately ride
 along (recent CPU at most RIDE_RATIO times the first's, or RIDE_FLOOR): a node that shares little
 still waits for at most the shares already running and its own, not for those of the nodes that

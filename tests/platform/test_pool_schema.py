@@ -72,11 +72,11 @@ def test_a_shares_statements_are_short_enough_for_psycopgs_query_cache():
 
     from common.db import STATEMENT_CACHE_BYTES, server_binding_cursor
     from moderation.screening import _SCREENING_READS_SQL, RECORD_SQL
+    from pool.ingest_statement import insert_statement
     from pool.seams import RecordPart
-    from pool.services import _insert_statement
 
     assert _queries.MAX_CACHED_STATEMENT_LENGTH == STATEMENT_CACHE_BYTES  # psycopg still reads this name
-    statements = (_insert_statement(RecordPart(RECORD_SQL, {})), _insert_statement(None), _SCREENING_READS_SQL)
+    statements = (insert_statement(RecordPart(RECORD_SQL, {})), insert_statement(None), _SCREENING_READS_SQL)
     for sql in statements:
         assert len(sql.encode()) <= STATEMENT_CACHE_BYTES, sql[:80]
     longer = "SELECT %(a)s::int /* " + "x" * 5000 + " */"  # past psycopg's own limit, within ours

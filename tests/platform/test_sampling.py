@@ -11,8 +11,9 @@ from factories import make_node
 from support.pool import EASY, make_group, sampled, to_rollout_in
 
 from pool import selectors
+from pool.ingest import rollout_share
 from pool.models import Rollout
-from pool.services import rollout_set_moderation, rollout_share
+from pool.services import rollout_set_moderation
 
 pytestmark = pytest.mark.django_db
 DAY = 86_400
