@@ -159,12 +159,22 @@ def test_completions_are_compressed_with_lz4_and_read_back_as_sent():
 
 
 def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> None:
-    """rollout_sample_json (the node socket's `samples`) writes each group from its row: the same object
-    as pool.payloads.rollout_to_protocol, texts with quotes, backslashes, line breaks and non-ASCII
-    characters included, through both draws."""
+    """rollout_sample_json (the node socket's `samples`) writes each group's JSON by hand
+    (pool.payloads.sampled_group_json): the same object as the stored group's fields encoded by json,
+    texts with quotes, backslashes, line breaks and non-ASCII characters included, through both draws."""
     import json
 
-    from pool.payloads import rollout_to_protocol
+    def protocol_object(r: Rollout) -> dict:  # docs/protocol.md, "samples"
+        return {
+            "id": str(r.id),
+            "round": r.round,
+            "task": {"dataset": r.dataset, "seed": r.seed, "index": r.index},
+            "question": r.question,
+            "answer": r.answer,
+            "completions": r.completions,
+            "rewards": r.verified_rewards,
+            "node": r.node.name,
+        }
 
     author, asker = make_node(), make_node()
     odd = ['He said "no"\\n', "tab\there\nand a line", "accent é, emoji 🙂 \u2028"]
@@ -176,4 +186,4 @@ def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> N
     assert len(drawn) == 8
     stored = {r.id: r for r in Rollout.objects.select_related("node").filter(id__in=[i for i, _ in drawn])}
     for rollout_id, text in drawn:
-        assert json.loads(text) == rollout_to_protocol(stored[rollout_id])
+        assert json.loads(text) == json.loads(json.dumps(protocol_object(stored[rollout_id])))
