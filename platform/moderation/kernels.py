@@ -29,14 +29,18 @@ def normalised_ascii(texts: Sequence[str]) -> list[bytes | None]:
 
 
 def normalised_ascii_numpy(texts: Sequence[str]) -> list[bytes | None]:
-    """`sapo_native.normalise_ascii`'s twin: the normalised bytes of each ASCII text, None for the others
-    (and for every text when one holds a NUL, the batch's separator). The ASCII texts are normalised
-    together, as bytes: one join, one translate (case and whitespace), runs of spaces halved until none
-    is left, one split. `normalise` splits every text into words, a string object per word."""
+    """`sapo_native.normalise_ascii`'s twin: the normalised bytes of each ASCII text, None for the others.
+    The ASCII texts are normalised together, as bytes: one join, one translate (case and whitespace),
+    runs of spaces halved until none is left, one split; `normalise` splits every text into words, a
+    string object per word. A batch where a text holds a NUL (the join's separator) is normalised
+    text by text instead."""
     out: list[bytes | None] = [None] * len(texts)
     batch = [i for i, t in enumerate(texts) if t.isascii()]
     joined = "\x00".join([texts[i] for i in batch]).encode("ascii")
-    if batch and joined.count(b"\x00") == len(batch) - 1:
+    if joined.count(b"\x00") != len(batch) - 1:
+        for i in batch:
+            out[i] = " ".join(texts[i].lower().split()).encode("ascii")
+    elif batch:
         folded = joined.translate(_ASCII_FOLD)
         while b"  " in folded:  # a run of k spaces takes log2(k) passes
             folded = folded.replace(b"  ", b" ")
@@ -280,7 +284,8 @@ def char_counts_numpy(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.
         else:
             nonprintable = _segment_sums(_NONPRINTABLE_TABLE[codes], starts, ends)
     else:
-        codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
+        # surrogatepass: a lone surrogate is a code point like any other, as sapo_native.char_counts reads it
+        codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         nonprintable = _segment_sums(_NONPRINTABLE_TABLE[np.minimum(codes, 0x10000)], starts, ends)
         non_ascii = _segment_sums(codes > 127, starts, ends)
     # pair k is (k, k + 1) and counts for the text holding both: its pairs are [start, end - 1)
