@@ -24,7 +24,7 @@ _ORDINAL = (
 DIARY = {
     "a period of work": re.compile(
         rf"\b{_ORDINAL}\s+(?:work\s+)?session\b"
-        r"|\b(?:this|that|previous|last|next|earlier|later|same|each|every) session\b(?!\s+(?:fixture|scope))"
+        r"|\b(?:this|that|previous|last|next|earlier|later|same) session\b(?!\s+(?:fixture|scope))"
         r"|\b(?:earlier|previous|later|other) sessions\b",
         re.IGNORECASE,
     ),
@@ -93,6 +93,7 @@ def test_the_diary_patterns_catch_history(text):
         "0 dropped sessions",
         "the session statement authenticates",
         "Shared by the whole session",
+        "a PostgreSQL restart ends every session",
         "a `truncated` flag per completion",
         "one issue of the paper",
     ],
