@@ -115,9 +115,8 @@ def sapo_round(variant: str, model, tokenizer, optimizer, stream, args) -> dict:
         generated = []
         for prompt in prompts:
             singles = [hf_generate_one(model, tokenizer, prompt, args) for _ in range(args.generations)]
-            generated.append(
-                Generated(singles[0][0], [s[1] for s in singles], [s[2] for s in singles], [s[3] for s in singles])
-            )
+            generated.append(Generated(singles[0][0], [s[1] for s in singles], [s[2] for s in singles],
+                                       [s[3] for s in singles]))  # fmt: skip
     own = score_rollouts(1, questions, generated)
     t1 = time.perf_counter()
     if args.train_all:  # as TRL does: every group, zero-advantage ones too (they add tokens, not gradient)
@@ -127,9 +126,8 @@ def sapo_round(variant: str, model, tokenizer, optimizer, stream, args) -> dict:
             own, [], n_local=len(own), n_external=0, rng=random.Random(0), catalogue=stream.catalogue,
             tokenizer=tokenizer, format_prompt=format_prompt, max_tokens=2 * args.max_new_tokens,
         )  # fmt: skip
-    grpo_update(
-        model, optimizer, train, pad_id=pad_id(tokenizer), micro_batch=args.micro_batch, temperature=args.temperature
-    )
+    grpo_update(model, optimizer, train, pad_id=pad_id(tokenizer), micro_batch=args.micro_batch,
+                temperature=args.temperature)  # fmt: skip
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t2 = time.perf_counter()
@@ -206,10 +204,8 @@ def trl_child(args: argparse.Namespace) -> None:
 
     def reward(prompts, completions, qid, **_) -> list[float]:  # noqa: ANN001  the verifier sapo-node scores with
         seen.extend(qid)
-        return [
-            score_completion(questions[i].spec, questions[i].ref.seed, questions[i].entry, c)
-            for c, i in zip(completions, qid, strict=True)
-        ]
+        return [score_completion(questions[i].spec, questions[i].ref.seed, questions[i].entry, c)
+                for c, i in zip(completions, qid, strict=True)]  # fmt: skip
 
     rows = args.questions * args.generations
     config = GRPOConfig(
@@ -391,23 +387,17 @@ def main() -> None:
     load_end = os.getloadavg()
 
     threads = final["sapo-node"]["threads"]
-    print(
-        f"model {args.model}, B={args.questions}, G={args.generations}, max_new_tokens={args.max_new_tokens}, "
-        f"temperature {args.temperature:g}, micro-batch {args.micro_batch}, {args.rounds} timed rounds each "
-        f"(+1 warm-up), alternating; device {final['sapo-node']['device']}, torch threads {threads}"
-    )
+    print(f"model {args.model}, B={args.questions}, G={args.generations}, max_new_tokens={args.max_new_tokens}, "
+          f"temperature {args.temperature:g}, micro-batch {args.micro_batch}, {args.rounds} timed rounds each "
+          f"(+1 warm-up), alternating; device {final['sapo-node']['device']}, torch threads {threads}")  # fmt: skip
     others = None
     if busy0 is not None and busy1 is not None:
         others = max(0.0, (busy1 - busy0) - (cpu1 - cpu0)) / (wall1 - wall0)
-    print(
-        f"load average (1, 5, 15 min) at start {', '.join(f'{x:.2f}' for x in load_start)}; "
-        f"at end {', '.join(f'{x:.2f}' for x in load_end)}"
-        + (f"; other processes used {others:.2f} CPUs during the timed rounds" if others is not None else "")
-    )
-    header = (
-        "| variant   | dtype    | s/round | min s | rollout s | update s | gen tokens | rows trained "
-        "| peak RSS MiB | CUDA peak MiB | start-up s |"
-    )
+    print(f"load average (1, 5, 15 min) at start {', '.join(f'{x:.2f}' for x in load_start)}; "
+          f"at end {', '.join(f'{x:.2f}' for x in load_end)}"
+          + (f"; other processes used {others:.2f} CPUs during the timed rounds" if others is not None else ""))  # fmt: skip
+    header = ("| variant   | dtype    | s/round | min s | rollout s | update s | gen tokens | rows trained "
+              "| peak RSS MiB | CUDA peak MiB | start-up s |")  # fmt: skip
     print(header)
     print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
     summary = {}
@@ -416,11 +406,9 @@ def main() -> None:
         mean = {k: statistics.fmean(r[k] for r in rs) for k in ("total", "rollout", "update", "tokens", "trained")}
         summary[v] = {**mean, "min": min(r["total"] for r in rs), **f}
         cuda = f"{f['cuda_peak_mib']:.0f}" if f["cuda_peak_mib"] is not None else "-"
-        print(
-            f"| {v:<9} | {f['dtype']:<8} | {mean['total']:7.3f} | {summary[v]['min']:5.3f} | {mean['rollout']:9.3f} "
-            f"| {mean['update']:8.3f} | {mean['tokens']:10.0f} | {mean['trained']:12.1f} | {f['peak_rss_mib']:12.0f} "
-            f"| {cuda:>13} | {startup[v]:10.1f} |"
-        )
+        print(f"| {v:<9} | {f['dtype']:<8} | {mean['total']:7.3f} | {summary[v]['min']:5.3f} | {mean['rollout']:9.3f} "
+              f"| {mean['update']:8.3f} | {mean['tokens']:10.0f} | {mean['trained']:12.1f} | {f['peak_rss_mib']:12.0f} "
+              f"| {cuda:>13} | {startup[v]:10.1f} |")  # fmt: skip
 
     # The benchmark itself keeps `threads` CPUs busy; the rest of the end load is other processes'.
     background = max(load_start[0], load_end[0] - threads)
@@ -428,22 +416,15 @@ def main() -> None:
     lines = []
     if "trl" in summary:
         trl = summary["trl"]
-        lines.append(
-            f"sapo-node / TRL: s/round {ours['total'] / trl['total']:.2f} (target <= 0.80), "
-            f"peak RSS {ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}"
-        )
+        lines.append(f"sapo-node / TRL: s/round {ours['total'] / trl['total']:.2f} (target <= 0.80), "
+                     f"peak RSS {ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}")  # fmt: skip
     if "incumbent" in summary:
         inc = summary["incumbent"]
-        lines.append(
-            f"incumbent / sapo-node: s/round {inc['total'] / ours['total']:.1f}x "
-            f"(rollout {inc['rollout'] / ours['rollout']:.1f}x)"
-        )
+        lines.append(f"incumbent / sapo-node: s/round {inc['total'] / ours['total']:.1f}x "
+                     f"(rollout {inc['rollout'] / ours['rollout']:.1f}x)")  # fmt: skip
     if lines and background > MAX_QUIET_LOAD and not args.force:
-        print(
-            f"WARNING: load from other processes {background:.2f} > {MAX_QUIET_LOAD}: ratios not published; rerun "
-            "on a quiet machine, or pass --force to print them anyway",
-            file=sys.stderr,
-        )
+        print(f"WARNING: load from other processes {background:.2f} > {MAX_QUIET_LOAD}: ratios not published; rerun "
+              "on a quiet machine, or pass --force to print them anyway", file=sys.stderr)  # fmt: skip
         sys.exit(3)
     for line in lines:
         print(
