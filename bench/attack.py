@@ -298,12 +298,15 @@ def honest_frames(count: int, seed: int) -> list[str]:
         for spec, s, entry, completions in groups[m * 8 : (m + 1) * 8]:
             rollouts.append(
                 {
-                    "id": str(uuid.uuid4()), "round": m,
+                    "id": str(uuid.uuid4()),
+                    "round": m,
                     "task": {"dataset": spec.dataset, "seed": s, "index": entry["metadata"]["source_index"]},
-                    "question": entry["question"], "answer": entry["answer"], "completions": completions,
+                    "question": entry["question"],
+                    "answer": entry["answer"],
+                    "completions": completions,
                     "rewards": score_completions(spec, s, entry, completions),
                 }
-            )  # fmt: skip
+            )
         frames.append(json.dumps({"type": "share", "v": 1, "rollouts": rollouts}))
     return frames
 
@@ -430,10 +433,12 @@ def bench_live(args: argparse.Namespace) -> None:
         # from the phase before would start it already in debt.
         nodes = pool.make_nodes(1 + args.attackers * len(attacks) * args.pairs, "attack")
         honest_token, spare = nodes[0][1], [t for _, t in nodes[1:]]
-        print(f"\n(c) live: 1 honest node (shares of 8 groups x 8 completions, 0.2 s apart), {args.attackers} attackers"
-              f" at {args.attack_rate:g} frames/s each (one propositional_logic group of 8 pathological completions per"
-              " frame); daphne with the moderation rules; ack latency of the honest shares. Every attacked phase"
-              f" follows its own quiet phase (ratio within the pair), {args.pairs} pairs per attack, in rotation.")  # fmt: skip
+        print(
+            f"\n(c) live: 1 honest node (shares of 8 groups x 8 completions, 0.2 s apart), {args.attackers} attackers"
+            f" at {args.attack_rate:g} frames/s each (one propositional_logic group of 8 pathological completions per"
+            " frame); daphne with the moderation rules; ack latency of the honest shares. Every attacked phase"
+            f" follows its own quiet phase (ratio within the pair), {args.pairs} pairs per attack, in rotation."
+        )
         print(
             "| attack | pair | quiet p50 ms | attacked p50 ms | p50 / quiet | attacked p90 ms | attack frames/s |"
             " of them refused/s | reconnections/s | server CPU (cores) | load start-end |"
@@ -448,15 +453,19 @@ def bench_live(args: argparse.Namespace) -> None:
                 for a, (name, payload) in enumerate(attacks):
                     honest = honest_frames(args.shares, seed=100 + 2 * phase)
                     quiet = asyncio.run(live_phase(port, honest_token, [], honest, None, server.pid))
-                    frames = [(attack_frames(per_attacker, 1000 * phase + i, payload), args.attack_rate)
-                              for i in range(args.attackers)]  # fmt: skip
+                    frames = [
+                        (attack_frames(per_attacker, 1000 * phase + i, payload), args.attack_rate)
+                        for i in range(args.attackers)
+                    ]
                     tokens = spare[phase * args.attackers : (phase + 1) * args.attackers]
                     honest = honest_frames(args.shares, seed=101 + 2 * phase)
                     r = asyncio.run(live_phase(port, honest_token, tokens, honest, frames, server.pid))
                     ratios[a].append(r["p50"] / quiet["p50"])
-                    print(f"| {name} | {pair + 1} | {quiet['p50']:.1f} | {r['p50']:.1f} | {ratios[a][-1]:.2f} |"
-                          f" {r['p90']:.1f} | {r['attack_fps']:.1f} | {r['refused_fps']:.1f} | {r['reconnects']:.2f} |"
-                          f" {r['server_cpu']:.2f} | {quiet['load'].split('-')[0]}-{r['load'].split('-')[1]} |")  # fmt: skip
+                    print(
+                        f"| {name} | {pair + 1} | {quiet['p50']:.1f} | {r['p50']:.1f} | {ratios[a][-1]:.2f} |"
+                        f" {r['p90']:.1f} | {r['attack_fps']:.1f} | {r['refused_fps']:.1f} | {r['reconnects']:.2f} |"
+                        f" {r['server_cpu']:.2f} | {quiet['load'].split('-')[0]}-{r['load'].split('-')[1]} |"
+                    )
                     phase += 1
             print("\n| attack | median p50 / quiet over the pairs | worst pair |")
             print("|---|---:|---:|")

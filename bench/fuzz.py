@@ -12,7 +12,8 @@ must log no traceback and never close with 1011; no forged group may be stored a
 honest share afterwards must be accepted. Runs in its own database (`--db-name`, dropped at the end).
 
 tests/integration/test_hostile_frames.py imports `honest_groups`, `hostile_frames` and `run_fuzz`
-from here and runs 2,000 frames against the test server (docs/benchmarks.md, "Fuzzing").
+from here and runs 2,000 frames against the test server (docs/benchmarks.md, "Fuzzing the node
+protocol").
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ keeps its own on purpose). A sanitizer report aborts the run with its trace.
 Each round draws (from `--seed` and the round's number, so a failure is repeated with the same two)
 texts over an alphabet of ASCII whitespace, controls, NUL, non-ASCII and lone surrogates, and:
 - compares normalise_ascii, char_counts, simhashes and answers with their twins
-  (moderation.filters' numpy and Python ones, sapo_node's extract_answer), exact_first and near_first
+  (moderation.kernels' numpy and Python ones, sapo_node's extract_answer), exact_first and near_first
   through filters.CopyIndex with and without the extension (and exact_first with its definition),
   and pg_array with psycopg's own binary dumper of the same list, for every element kind;
 - calls each with a list that Python code empties or shrinks while the call runs (a garbage collector
@@ -88,24 +88,24 @@ def texts_of(rng: random.Random, n: int, *, ascii_only: bool = False) -> list[st
 # --- the rounds -------------------------------------------------------------------------------------
 
 
-def text_functions(rng: random.Random, fast, filters, extract_answer) -> None:
+def text_functions(rng: random.Random, fast, filters, kernels, extract_answer) -> None:
     import numpy as np
 
     texts = texts_of(rng, rng.randint(0, 48), ascii_only=rng.random() < 0.5)
-    agree("normalise_ascii", fast.normalise_ascii(texts), filters._normalised_ascii(texts))
+    agree("normalise_ascii", fast.normalise_ascii(texts), kernels.normalised_ascii_numpy(texts))
     counts = np.frombuffer(fast.char_counts(texts), dtype="<i8").reshape(len(texts), 4).T
-    agree("char_counts", counts.tolist(), np.array(filters._counts_numpy(texts)).reshape(4, len(texts)).tolist())
+    agree("char_counts", counts.tolist(), np.array(kernels.char_counts_numpy(texts)).reshape(4, len(texts)).tolist())
     agree("answers", fast.answers(texts), [extract_answer(t) for t in texts])
     datas = [t[: filters.SIMHASH_CHARS].encode("utf-8", "surrogatepass") for t in texts]
     datas = [Data(d) if rng.random() < 0.1 else d for d in datas]
     agree(
         "simhashes",
         np.frombuffer(fast.simhashes(datas), dtype="<i8").tolist(),
-        filters._simhashes_numpy(datas).tolist(),
+        kernels.simhashes_numpy(datas).tolist(),
     )
 
 
-def copy_lookups(rng: random.Random, fast, filters) -> None:
+def copy_lookups(rng: random.Random, fast, filters, kernels) -> None:
     """exact_first and near_first through CopyIndex, with the extension and without (its numpy twin),
     one group per candidate completion; digests and simhashes from small pools, so that probes find
     candidates, share their first 8 bytes or their bands."""
@@ -129,11 +129,11 @@ def copy_lookups(rng: random.Random, fast, filters) -> None:
     packed = b"".join(h.to_bytes(8, "big") for h in hashes)
     index = filters.CopyIndex(ids, [1] * n, exact, packed)
     distance = rng.randint(0, 64)
-    filters.native = lambda: fast
+    kernels.native = lambda: fast
     try:
         mine = (index.exact_matches(probes), index.near_matches(signed, distance))
     finally:
-        filters.native = lambda: None
+        kernels.native = lambda: None
     agree("exact_first (CopyIndex)", mine[0], index.exact_matches(probes))
     agree("near_first (CopyIndex)", mine[1], index.near_matches(signed, distance))
 
@@ -258,17 +258,17 @@ def run(seconds: float, seed: int, rounds: int | None) -> int:
     django.setup()
     import sapo_native as fast
 
-    from moderation import filters
+    from moderation import filters, kernels
     from sapo_node.verifiers.answers import extract_answer
 
     print(f"sapo_native from {fast.__file__}", flush=True)
-    filters.native = lambda: None  # the twins, unless a round asks for the extension
+    kernels.native = lambda: None  # the twins, unless a round asks for the extension
     done, deadline = 0, time.monotonic() + seconds
     while (rounds is None and time.monotonic() < deadline) or (rounds is not None and done < rounds):
         rng = random.Random(f"{seed}-{done}")
         try:
-            text_functions(rng, fast, filters, extract_answer)
-            copy_lookups(rng, fast, filters)
+            text_functions(rng, fast, filters, kernels, extract_answer)
+            copy_lookups(rng, fast, filters, kernels)
             arrays(rng, fast)
             hostile(rng, fast)
         except Exception as exc:  # a disagreement, or a twin refusing what C took

@@ -23,7 +23,7 @@
     only when the load average was at most 1.5 when the ingest part started (exit status 3 otherwise,
     unless --force).
 (b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
-    `rollout_sample` (the selector behind the `sample` message, with its JSON payload) is timed.
+    `rollout_sample_json` (the selector behind the `sample` message, with its JSON payload) is timed.
 
 Runs in its own database (`--db-name`, dropped at the end unless --keep-db) on DATABASE_URL's server.
 """
@@ -66,35 +66,44 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=500, help="timed sample calls per size")
     parser.add_argument("--n", type=int, default=8, help="groups per sample call")
     parser.add_argument(
-        "--moderation", default="both", choices=["on", "off", "both"],
+        "--moderation",
+        default="both",
+        choices=["on", "off", "both"],
         help="ingest with the moderation app's automatic rules, without them, or both runs",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--workers", default="1",
+        "--workers",
+        default="1",
         help="server processes for the ingest, comma-separated (1,2 compares; more than 1 needs REDIS_URL)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--pin", default="off", choices=["off", "on", "both"],
+        "--pin",
+        default="off",
+        choices=["off", "on", "both"],
         help="server workers pinned to cores of their own (docs/deploy.md), the clients to the cores left;"
         " both: each WebSocket path measured pinned and not, in alternation",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--native", default="on", choices=["on", "off", "both"],
+        "--native",
+        default="on",
+        choices=["on", "off", "both"],
         help="a share's per-item loops in C (sapo_native, native/: the rules' text work, the statements'"
         " arrays) or in their Python and numpy twins (SAPO_NATIVE=0); both: each WebSocket path measured"
         " both ways, in alternation",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--share-batch", default="",
+        "--share-batch",
+        default="",
         help="SAPO_SHARE_BATCH for the servers (shares of different nodes waiting at once stored together),"
         " comma-separated: each WebSocket path measured with each, in alternation (default: the server's)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--trees", default="",
+        "--trees",
+        default="",
         help="source trees the servers run (their platform/ and node_client/), comma-separated: each WebSocket"
         " path measured with each, in alternation (default: this one). They must share this tree's migrations"
         " (the database is made with them)",
-    )  # fmt: skip
+    )
     parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
     parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
     parser.add_argument("--skip-ingest", action="store_true")
@@ -356,7 +365,7 @@ def start_server(
             "with" if moderation else "without",
             *daphne_args,
             "config.asgi:application",
-        ],  # fmt: skip
+        ],
         env=env,
         cwd=tree,
         preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),

@@ -23,7 +23,7 @@ fits CPU per share = fixed + per group x groups, by least squares over the media
 whatever its size, against what each group adds.
 
 `--coalesce K` hands K consecutive shares (the nodes' shares are interleaved, so K different nodes
-when K <= --connections) to `pool.services.rollout_share_batch` together, as the server does when
+when K <= --connections) to `pool.ingest.rollout_share_batch` together, as the server does when
 shares wait for a turn at once; the CPU is still given per share. Several values (`--coalesce 1,4`)
 are measured in alternation, like the trees, a column each.
 """
@@ -46,7 +46,10 @@ HERE = Path(__file__).resolve().parent
 
 #: Stages timed with --stages: module, attribute (the functions rollout_share reaches by module globals).
 STAGES = [
-    ("pool.services", "storage_check", "storage check"),
+    ("pool.ingest", "storage_check", "storage check"),
+    ("pool.ingest", "verify_rollout", "verification"),
+    ("pool.ingest", "insert_batch", "the pool's INSERT"),
+    ("pool.services", "storage_check", "storage check"),  # trees before pool.ingest
     ("pool.services", "verify_rollout", "verification"),
     ("pool.services", "_insert_rollouts", "the pool's INSERT"),
     ("moderation.filters", "fingerprints", "fingerprints"),
@@ -120,7 +123,11 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     from pool.messages import parse_frame
     from pool.models import Rollout
     from pool.seams import NO_MODERATION, moderation_register
-    from pool.services import rollout_share
+
+    try:
+        from pool.ingest import rollout_share
+    except ImportError:  # a tree before pool.ingest
+        from pool.services import rollout_share
 
     if args.moderation == "off":
         moderation_register(NO_MODERATION)
@@ -173,7 +180,10 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
         profiler = cProfile.Profile()
     together = int(args.coalesce)
     if together > 1:
-        from pool.services import ShareIn, rollout_share_batch
+        try:
+            from pool.ingest import ShareIn, rollout_share_batch
+        except ImportError:  # a tree before pool.ingest
+            from pool.services import ShareIn, rollout_share_batch
     for _ in range(args.passes):
         Rollout.objects.all().delete()
         counting = False

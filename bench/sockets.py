@@ -144,9 +144,12 @@ class Node:
         from sapo_node import protocol
 
         self.ws = await websockets.connect(
-            self.url, additional_headers={"Authorization": f"Bearer {self.token}"}, max_size=None,
-            open_timeout=open_timeout, proxy=None,
-        )  # fmt: skip
+            self.url,
+            additional_headers={"Authorization": f"Bearer {self.token}"},
+            max_size=None,
+            open_timeout=open_timeout,
+            proxy=None,
+        )
         try:
             await self.ws.send(
                 json.dumps(protocol.frame(protocol.HELLO, client="bench-sockets", model="m", hardware="h"))
@@ -270,8 +273,10 @@ async def run_phases(args: argparse.Namespace, ports: list[int], tokens: list[st
     # (e) server memory per socket.
     await asyncio.sleep(1.0)
     rss_open = servers_rss(servers)
-    print(f"| (e) server RSS | {n} | | | | {rss_before / 1024:.0f} MiB with none open, {rss_open / 1024:.0f} MiB "
-          f"with {n}: **{(rss_open - rss_before) / n:.0f} KiB per socket** | {load()} |")  # fmt: skip
+    print(
+        f"| (e) server RSS | {n} | | | | {rss_before / 1024:.0f} MiB with none open, {rss_open / 1024:.0f} MiB "
+        f"with {n}: **{(rss_open - rss_before) / n:.0f} KiB per socket** | {load()} |"
+    )
 
     if args.skip_restart:
         for node in nodes:
@@ -290,10 +295,12 @@ async def run_phases(args: argparse.Namespace, ports: list[int], tokens: list[st
     listening = time.perf_counter() - killed_at
     back = await asyncio.gather(*returns)
     why = " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts["why"].items())) + ")" if counts["why"] else ""
-    print(f"| (f) all back after a restart (from the kill) | {n} | {statistics.median(back) * 1000:.0f} | "
-          f"{percentiles(back)[1] * 1000:.0f} | **{max(back) * 1000:.0f}** | server listening again after "
-          f"{listening:.1f} s; {counts['attempts']} attempts, {counts['refused']} refused while down, "
-          f"**{counts['dropped']} dropped sessions**{why} | {started}-{load()} |")  # fmt: skip
+    print(
+        f"| (f) all back after a restart (from the kill) | {n} | {statistics.median(back) * 1000:.0f} | "
+        f"{percentiles(back)[1] * 1000:.0f} | **{max(back) * 1000:.0f}** | server listening again after "
+        f"{listening:.1f} s; {counts['attempts']} attempts, {counts['refused']} refused while down, "
+        f"**{counts['dropped']} dropped sessions**{why} | {started}-{load()} |"
+    )
     for node in nodes:
         await node.ws.close()
 
@@ -301,9 +308,11 @@ async def run_phases(args: argparse.Namespace, ports: list[int], tokens: list[st
 def main() -> None:
     args = parse_args()
     raise_fd_limit(args.n)
-    print(f"Sockets benchmark: N={args.n}, {args.workers} site process(es) ({os.cpu_count()} CPUs, "
-          f"{'Redis ' + args.redis_url if args.redis_url else 'no Redis: in-memory channel layer'}); "
-          f"load average at start {os.getloadavg()}")  # fmt: skip
+    print(
+        f"Sockets benchmark: N={args.n}, {args.workers} site process(es) ({os.cpu_count()} CPUs, "
+        f"{'Redis ' + args.redis_url if args.redis_url else 'no Redis: in-memory channel layer'}); "
+        f"load average at start {os.getloadavg()}"
+    )
     # Abuse-limit counters (node creations per account) of earlier runs must not count: ids repeat.
     os.environ["SAPO_REDIS_PREFIX"] = f"benchsockets{os.getpid()}"
     args.bench_url = POOL.with_db(args.database_url, args.db_name)

@@ -6,9 +6,11 @@ They go through the services, so a factory-made object is one the product could 
 from __future__ import annotations
 
 import itertools
+import uuid
 
 from accounts.models import User
 from accounts.services import user_create
+from common.errors import ApplicationError
 from nodes.models import Node, NodeToken
 from nodes.services import node_create, node_token_issue
 
@@ -50,3 +52,15 @@ def make_node_with_token(*, owner: User | None = None, name: str | None = None) 
     node = make_node(owner=owner, name=name)
     _, plaintext = node_token_issue(node=node)
     return node, plaintext
+
+
+def socket_node(token: str | None, connection_id: uuid.UUID | None = None) -> Node:
+    """What a node socket opening with `token` gets on the connect path (nodes.sessions.nodes_sessions_open,
+    as pool.opening calls it; its session and presence record are written): its node, or its refusal
+    raised (ApplicationError "unauthenticated" or "banned")."""
+    from nodes.sessions import nodes_sessions_open
+
+    answer = nodes_sessions_open(requests=[(token, connection_id or uuid.uuid4())])[0]
+    if isinstance(answer, ApplicationError):
+        raise answer
+    return answer

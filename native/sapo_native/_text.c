@@ -1,4 +1,4 @@
-/* The per-completion work at ingest, in C: the moderation rules' text work (moderation.filters), the
+/* The per-completion work at ingest, in C: the moderation rules' text work (moderation.kernels), the
  * answers verification scores (pool.verification) and the INSERT's arrays (common.db).
  *
  * Each function is the exact twin of a Python or numpy one (tests/platform/test_native.py checks them
@@ -245,7 +245,7 @@ simhashes(PyObject *self, PyObject *arg)
 /* --- char_counts ------------------------------------------------------------------------------- */
 
 /* Non-printable: controls other than tab/newline/carriage return, zero-width and bidi marks, BOM
- * (filters._NONPRINTABLE: the same ranges). */
+ * (moderation.kernels.NONPRINTABLE: the same ranges). */
 static inline int
 nonprintable(Py_UCS4 c)
 {
@@ -751,7 +751,7 @@ done:
  * value in that band, the first within the distance (filters.CopyIndex.near_matches: the same pairs in
  * the same order). The probes' band values are marked in a bitmap and chained in a table; one pass over
  * the candidates fills the buckets: O(candidates x BANDS + probes x BANDS x bucket). */
-#define BANDS 4 /* filters.BANDS, 16 bits each: the lookup tests hold the two to one definition */
+#define BANDS 4 /* moderation.kernels.BANDS, 16 bits each: the lookup tests hold the two to one definition */
 
 /* The first of `size` candidates (indices `members` into the big-endian hashes `hd`) within
  * `max_distance` bits of `probe`, or -1. Cloned as simhash_of is: the baseline x86-64 has no popcount

@@ -7,7 +7,9 @@
 
 Adding a subcommand is one function `add_command(subparsers)` that registers a parser and sets
 `handler=callable(args) -> exit code`: write it in a module and list the module in COMMAND_MODULES
-(a listed module that is not installed is skipped).
+with its command's name. A listed module that is not installed still gets its command, which says
+why it is missing and exits with status 2: `sapo-node experiment` starts the platform from the
+repository checkout, so the wheel leaves it out (node_client/pyproject.toml).
 """
 
 from __future__ import annotations
@@ -25,8 +27,18 @@ from typing import Any
 from sapo_node import __version__
 from sapo_node.config import NodeConfig, field_docs
 
-#: Modules that add subcommands beside `run` (each defines add_command(subparsers)).
-COMMAND_MODULES = ("sapo_node.export", "sapo_node.experiment")
+#: Modules that add subcommands beside `run` (each defines add_command(subparsers)): module -> the
+#: command's name, and what a user without the module is told.
+COMMAND_MODULES = {
+    "sapo_node.export": ("export", "`sapo-node export` is part of the sapo-node package: reinstall it."),
+    "sapo_node.experiment": (
+        "experiment",
+        "`sapo-node experiment` runs the SAPO Swarm platform from its repository checkout, so the "
+        "installed sapo-node package does not include it. Run it from a checkout: "
+        "git clone the project, `make venv`, then `.venv/bin/sapo-node experiment ...` "
+        "(docs/experiment.md).",
+    ),
+}
 
 #: Short metavars for the flags SAPO's paper names with a letter.
 METAVARS = {"questions": "B", "generations": "G", "local": "I", "external": "J", "rounds": "R", "seed": "S",
@@ -48,22 +60,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sapo-node {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_run_command(subparsers)
-    for name in COMMAND_MODULES:
+    for name, (command, missing) in COMMAND_MODULES.items():
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
+            add_missing_command(subparsers, command, missing)
             continue
-        add_command = getattr(module, "add_command", None)
-        if add_command is not None:
-            add_command(subparsers)
+        module.add_command(subparsers)
     return parser
+
+
+def add_missing_command(subparsers: Any, command: str, why: str) -> None:
+    """A command whose module is not installed: it takes any arguments and exits 2 saying why."""
+
+    def handler(args: argparse.Namespace) -> int:
+        print(f"sapo-node {command}: not installed. {why}", file=sys.stderr)
+        return 2
+
+    parser = subparsers.add_parser(command, help="(not installed: needs the repository checkout)", add_help=False)
+    parser.set_defaults(handler=handler, any_arguments=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2

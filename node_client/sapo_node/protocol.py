@@ -1,27 +1,31 @@
-"""The node protocol's shared vocabulary (docs/protocol.md): version, message types, close codes and
-limit names, one module for the node client and the server (pool.messages, pool.consumers,
-pool.limits, nodes.events and config.settings import it). Plain constants, no dependencies: the server
-imports it, and it imports nothing of the server's (tests/test_layers.py checks both)."""
+"""The node protocol's shared vocabulary (docs/protocol.md): version, message types, error codes,
+close codes, limit names and their defaults, one module for the node client and the server
+(pool.messages, pool.consumers, pool.limits, pool.services, nodes.events and config.settings import
+it). Plain constants, no dependencies: the server imports it, and it imports nothing of the server's
+(tests/test_layers.py checks both)."""
 
 from __future__ import annotations
 
-#: The limits the server announces in `welcome.limits` (pool.limits.Limits has exactly these fields; a
-#: deployment sets each with the variable SAPO_<NAME>, read once in config/settings.py).
-LIMIT_NAMES = (
-    "max_frame_bytes",
-    "max_groups_per_message",
-    "max_completions_per_group",
-    "max_chars_per_completion",
-    "max_sample_n",
-    "max_used_per_report",
-    "max_messages_per_minute",
-    "max_bytes_per_minute",
-    "max_cpu_ms_per_minute",
-    "max_consecutive_errors",
-    "sample_window_seconds",
-    "max_stored_bytes_per_node_hour",
-    "max_stored_bytes_per_contributor_hour",
-)
+#: The limits the server announces in `welcome.limits`, with their defaults (docs/protocol.md,
+#: "Limits"). pool.limits.Limits has exactly these fields and defaults; a deployment sets each with
+#: the variable SAPO_<NAME>, read once in config/settings.py. The node client shapes its frames by
+#: the first six until the server's welcome says otherwise.
+DEFAULT_LIMITS: dict[str, int] = {
+    "max_frame_bytes": 1_048_576,
+    "max_groups_per_message": 64,
+    "max_completions_per_group": 32,
+    "max_chars_per_completion": 8192,
+    "max_sample_n": 64,
+    "max_used_per_report": 1024,
+    "max_messages_per_minute": 600,
+    "max_bytes_per_minute": 8 * 1024 * 1024,
+    "max_cpu_ms_per_minute": 3_000,
+    "max_consecutive_errors": 20,
+    "sample_window_seconds": 86_400,
+    "max_stored_bytes_per_node_hour": 64 * 1024 * 1024,
+    "max_stored_bytes_per_contributor_hour": 256 * 1024 * 1024,
+}
+LIMIT_NAMES = tuple(DEFAULT_LIMITS)
 
 #: The protocol version every frame carries as "v"; a frame with another is answered `unsupported_version`.
 VERSION = 1
@@ -39,6 +43,37 @@ ACK = "ack"
 SAMPLES = "samples"
 ERROR = "error"
 SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR)
+
+# Error codes: an `error` frame's "code" (docs/protocol.md, "Errors"). The frame is refused whole and
+# nothing of it is stored; the socket stays open.
+INVALID_JSON = "invalid_json"  # not a JSON object: not JSON, not UTF-8, nested too deep
+UNSUPPORTED_VERSION = "unsupported_version"  # "v" missing or not VERSION
+UNKNOWN_TYPE = "unknown_type"  # "type" not one of NODE_MESSAGES
+INVALID_MESSAGE = "invalid_message"  # a field missing, of the wrong type or an impossible value
+FRAME_TOO_LARGE = "frame_too_large"  # over max_frame_bytes
+TOO_MANY_GROUPS = "too_many_groups"  # over max_groups_per_message
+TOO_MANY_COMPLETIONS = "too_many_completions"  # over max_completions_per_group
+COMPLETION_TOO_LONG = "completion_too_long"  # a completion, question or answer over max_chars_per_completion
+TOO_MANY_SAMPLES = "too_many_samples"  # sample.n over max_sample_n
+TOO_MANY_USED = "too_many_used"  # report.used over max_used_per_report
+RATE_LIMITED = "rate_limited"  # over the node's message, byte or CPU budget: not now, later
+OVER_BUDGET = "over_budget"  # the hourly storage budget of the node or its contributor is used up
+INTERNAL_ERROR = "internal_error"  # the server failed while handling the frame
+ERROR_CODES = (
+    INVALID_JSON,
+    UNSUPPORTED_VERSION,
+    UNKNOWN_TYPE,
+    INVALID_MESSAGE,
+    FRAME_TOO_LARGE,
+    TOO_MANY_GROUPS,
+    TOO_MANY_COMPLETIONS,
+    COMPLETION_TOO_LONG,
+    TOO_MANY_SAMPLES,
+    TOO_MANY_USED,
+    RATE_LIMITED,
+    OVER_BUDGET,
+    INTERNAL_ERROR,
+)
 
 # WebSocket close codes the server uses (and HTTP statuses at the upgrade map onto the first two).
 CLOSE_UNAUTHENTICATED = 4401  # no/bad token, tokens revoked, node retired: retrying cannot help

@@ -7,8 +7,8 @@ in flight: 500 sockets opening at once in one process failed to join their group
 1011. BoundedRedisChannelLayer's commands wait for a connection instead (common.redis_client).
 
 Channels runs that clean-up on every `receive` and `group_send`, and it walks every channel and every
-group: each socket waits on `receive`, so opening N sockets at once cost O(N^2), about 5% of the
-server's CPU at N = 1,000 (docs/benchmarks.md, "Sockets"). Messages expire after 60 s and memberships
+group: each socket waits on `receive`, so opening N sockets at once costs O(N^2), a visible part of
+the server's CPU at N = 1,000 (docs/benchmarks.md, "Sockets"). Messages expire after 60 s and memberships
 after a day; cleaning them up to a second late changes nothing a node sees.
 """
 

@@ -79,7 +79,7 @@ class DbThreads:
     waiting threads take turns): under light load the same few threads and their connections do all
     the work, with their CPU caches, their PostgreSQL backends' caches and their prepared statements
     warm. Taking turns among ten, every share ran on a cold thread and backend (docs/benchmarks.md,
-    "Database threads, and where a worker's CPU goes")."""
+    "What a socket costs")."""
 
     def __init__(self, size: int, name: str = "sapo-db") -> None:
         self.pid = os.getpid()

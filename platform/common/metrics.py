@@ -55,7 +55,7 @@ def socket_closed() -> None:
 
 
 def share_answered(result: Any) -> None:
-    """Count one share message's verdicts (`result`: pool.services.ShareResult)."""
+    """Count one share message's verdicts (`result`: pool.ingest.ShareResult)."""
     SHARE_MESSAGES.inc()
     if result.accepted:
         GROUP_VERDICTS.labels(verdict="accepted", reason="").inc(len(result.accepted))

@@ -7,9 +7,9 @@ that error and a 1011 close (docs/benchmarks.md, "Sockets"). A blocking pool mak
 for a free connection instead, up to REDIS_WAIT_SECONDS.
 
 Both are given the client's name and version once (`_connection_options`): redis-py otherwise reads its
-own package metadata (importlib.metadata, parsing the METADATA file) for every connection it opens, ~1.5
-ms each: a crowd of sockets opening at once grows a worker's pool to 64 connections, and that was 30%
-of the rate limit's Redis time in that burst (docs/benchmarks.md, "Sockets").
+own package metadata (importlib.metadata, parsing the METADATA file) for every connection it opens,
+and a crowd of sockets opening at once grows a worker's pool to 64 connections, a large part of the
+rate limit's Redis time in that burst (docs/benchmarks.md, "Sockets").
 """
 
 from __future__ import annotations

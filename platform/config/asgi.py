@@ -103,9 +103,9 @@ unmask_with_websockets()
 validate_utf8_once()
 application = ServerStart(router)
 
-# Python's cyclic collector walks every object it tracks on each full collection: ~210,000 after
-# start-up, over 100 ms a time on this project's 2-core machine, and a thousand sockets opening at once
-# set off two of them (docs/benchmarks.md, "Sockets"). What start-up made lives as long as the process:
+# Python's cyclic collector walks every object it tracks on each full collection: start-up leaves some
+# 200,000, and a thousand sockets opening at once set off full collections (docs/benchmarks.md,
+# "Sockets"). What start-up made lives as long as the process:
 # collect its garbage once, then keep the rest out of later collections.
 gc.collect()
 gc.freeze()

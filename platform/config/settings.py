@@ -29,7 +29,7 @@ Environment:
                         (pool.turns).
   SAPO_SHARE_BATCH      shares of different nodes waiting at once that are stored together, in one
                         transaction (default 4; 1: each alone). A share's fixed cost is then paid once
-                        per batch (pool.turns, pool.services.rollout_share_batch).
+                        per batch (pool.turns, pool.ingest.rollout_share_batch).
   SAPO_CONN_MAX_AGE     seconds a DB connection is kept (default 0). Set above 0, the pool is off and
                         each thread keeps its own connection that long (e.g. behind PgBouncer).
   SAPO_DB_PREPARE       1 (default): a share's three statements are prepared and planned once per

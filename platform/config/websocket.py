@@ -9,19 +9,19 @@ of the Dockerfile, compose and `sapo_local`, the test servers) imports config.as
 protocol class does not define it, so the class attributes set here win over whatever daphne was told.
 
 `format_debug_lazily` (also called by config.asgi): autobahn makes the text of its debug log lines
-whether or not debug logging is on: it pretty-prints every new connection's options (~0.1 ms, 7% of
-the server's CPU per socket opened), and colours a method's name, the peer and a length with click
-for every chunk received and every frame sent (`hltype`, `hlval`: four `click.style` calls each time,
-and a lost connection's whole traceback as text; ~8% of the server's CPU in the 1,000-socket burst).
-That text is now made only if a log line formats it (docs/benchmarks.md, "Sockets").
+whether or not debug logging is on: it pretty-prints every new connection's options, and colours a
+method's name, the peer and a length with click for every chunk received and every frame sent
+(`hltype`, `hlval`: four `click.style` calls each time, and a lost connection's whole traceback as
+text), a visible part of the server's CPU per socket. Here that text is made only if a log line
+formats it (docs/benchmarks.md, "Sockets").
 
-`validate_utf8_once` (also called by config.asgi): autobahn checks a text message's UTF-8 (~175 us
-for a share's 77 KB), then daphne decodes it, which checks it again (~4 us): the first check is off,
+`validate_utf8_once` (also called by config.asgi): autobahn checks a text message's UTF-8 in Python,
+then daphne decodes it, which checks it again in C at a fraction of the cost: the first check is off,
 and a decode that fails closes with autobahn's code for it (1007).
 
 `unmask_with_websockets` (also called by config.asgi): every frame a client sends is masked; autobahn
-makes a new CFFI masker for each frame (an import, two allocations and a finaliser: ~10 us, 4% of the
-server's CPU per socket). The `websockets` library's C `apply_mask` does the same XOR without them.
+makes a new CFFI masker for each frame (an import, two allocations and a finaliser). The
+`websockets` library's C `apply_mask` does the same XOR without them (docs/benchmarks.md, "Sockets").
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def follow_frame_limit(limits: Limits) -> None:
 
 def validate_utf8_once() -> None:
     """A text message's UTF-8 is checked once, by daphne's `payload.decode("utf8")`, not first by
-    autobahn's validator too (~175 us for a share's 77 KB, against ~4 us for the decode). A message
+    autobahn's validator too, which costs far more than the decode. A message
     that is not UTF-8 fails the connection with 1007 (invalid payload), as autobahn's check did; the
     consumer never sees it."""
     from daphne.ws_protocol import WebSocketProtocol

@@ -7,6 +7,7 @@ from moderation import screening, trust
 
 
 class Moderation:
+    record_sql = screening.RECORD_SQL
     rollouts_screen = staticmethod(screening.rollouts_screen)
     rollouts_record_part = staticmethod(screening.rollouts_record_part)
     rollouts_recorded = staticmethod(screening.rollouts_recorded)

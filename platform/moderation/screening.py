@@ -1,7 +1,7 @@
 """The automatic rules at ingest: what the pool calls while storing nodes' shared groups.
 
 Three steps around the pool's INSERT, each for a batch of shares of different nodes (one share is a
-batch of one; pool.services.rollout_share_batch); the second is part of the INSERT's own statement,
+batch of one; pool.ingest.rollout_share_batch); the second is part of the INSERT's own statement,
 so no sample can see a group before its hold is set, and nothing is recorded of a group not stored:
 
 1. `rollouts_screen(shares)` after verification, before the INSERT: runs the enabled rules on the
@@ -43,10 +43,16 @@ from moderation.models import (
     TargetType,
 )
 from moderation.rules import Rule, rules_current
-from moderation.trust import TRUST_VERDICTS_CTES, trust_judged_params, trust_value
+from moderation.trust import (
+    TRUST_CTE_NAMES,
+    TRUST_PARAM_NAMES,
+    TRUST_VERDICTS_CTES,
+    trust_judged_params,
+    trust_value,
+)
 from pool.messages import RolloutIn
 from pool.models import ModerationStatus
-from pool.seams import RecordPart, ShareToScreen
+from pool.seams import RecordPart, RecordSql, ShareToScreen
 from pool.verification import Verification
 
 
@@ -78,12 +84,12 @@ class Screening:
 # The latest `per` fingerprints of other nodes' groups on each question, inside the window: one index
 # descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is;
 # and each node's trust streak (the low-trust rule), in the same round trip: a row per node of the
-# batch of shares (pool.services.rollout_share_batch; one node appears once). Parameters bound
+# batch of shares (pool.ingest.rollout_share_batch; one node appears once). Parameters bound
 # server-side (as the pool's INSERT), the result in binary. The candidates come back as four byte
 # strings (their ids as 16-byte UUIDs, their completion counts as 4-byte integers, their digests, their
 # simhashes; filters.CopyIndex), in the order the rules read them (question, then latest
-# first): at 50 groups per question, ~13,000 completions, the JSON document this query answered
-# before cost ~3 ms of the server's CPU to decode and index and more of PostgreSQL's to build.
+# first): at 50 groups per question, ~13,000 completions, a JSON document would cost the server more
+# to decode and index than the rest of the share, and PostgreSQL more to build.
 _CANDIDATE_ORDER = "ORDER BY q.n, f.created_at DESC"
 _SCREENING_READS_SQL = f"""
 SELECT n.node, c.ids, c.counts, c.exact, c.simhash,
@@ -145,11 +151,11 @@ def _screening_reads(
 
 
 # Everything moderation writes about a batch, as common table expressions of the pool's INSERT
-# statement (pool.seams.RecordPart; arrays bound server-side and in binary, as the pool's): the
-# decisions for holds, the fingerprints, the flags, the audit entries and the trust upsert, for every
-# share of the batch (a node per row), each about the groups the statement really inserted (its CTE
-# `inserted`) and no other. Five ORM statements per share once, then a statement of its own in the
-# pool's transaction; now no statement of its own (docs/benchmarks.md, "A share's statements").
+# statement (pool.seams.RecordSql, declared as RECORD_SQL below; arrays bound server-side and in
+# binary, as the pool's): the decisions for holds, the fingerprints, the flags, the audit entries and
+# the trust upsert, for every share of the batch (a node per row), each about the groups the
+# statement really inserted (its CTE `inserted`) and no other. No statement, BEGIN or COMMIT of its own: three round trips fewer a batch
+# (docs/benchmarks.md, "How ingest is made fast").
 _RECORD_CTES = (
     """decisions AS (
     INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
@@ -180,11 +186,20 @@ _RECORD_CTES = (
 ), """
     + TRUST_VERDICTS_CTES
 )
+RECORD_SQL = RecordSql(
+    ctes=_RECORD_CTES,
+    cte_names=frozenset({"decisions", "fingerprints", "flags", "audit", *TRUST_CTE_NAMES}),
+    param_names=frozenset(
+        {"held_status", "held_id", "held_reason", "held_rule", "fp_id", "fp_node", "fp_qh", "fp_exact", "fp_simhash",
+         "flag_id", "flag_node", "flag_rule", "flag_detail", "flag_data", "audit_target", "audit_rule",
+         "audit_action", "audit_id", "audit_reason", "audit_details", *TRUST_PARAM_NAMES}
+    ),
+)  # fmt: skip
 
 
 def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = None) -> list[Screening]:
     """Run the enabled automatic rules on freshly verified shares (before they are stored): a
-    Screening per share, in order. The shares are of different nodes (pool.services.rollout_share_batch
+    Screening per share, in order. The shares are of different nodes (pool.ingest.rollout_share_batch
     verifies and stores several together).
 
     Only accepted groups are screened (rejected ones are never sampleable). At most one query for the
@@ -334,7 +349,7 @@ def rollouts_record_part(*, screenings: Sequence[Screening]) -> RecordPart:
         "audit_details": binary_array("text", [dumps(a[4]) for a in audit]),
         **trust_judged_params(judged),
     }
-    return RecordPart(ctes=_RECORD_CTES, params=params)
+    return RECORD_SQL.part(params)
 
 
 def rollouts_recorded(
@@ -346,9 +361,7 @@ def rollouts_recorded(
     rule = rules_current()["outlier"]
     if not rule.enabled:
         return
-    datasets = {
-        r.dataset for s in screenings for r in s.rollouts if r.id in inserted and s.checks[r.id].accepted
-    }  # fmt: skip
+    datasets = {r.dataset for s in screenings for r in s.rollouts if r.id in inserted and s.checks[r.id].accepted}
     now = now or timezone.now()
     for dataset in sorted(datasets):
         if _outlier_scan_due(dataset, rule["scan_every_seconds"]):

@@ -275,7 +275,7 @@ def _unban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reas
 
 @transaction.atomic
 def node_ban(*, actor: User, node: Node, reason: str) -> Node:
-    """Ban a node: refused at connect from now on (nodes.services.node_authenticate), its open sockets
+    """Ban a node: refused at connect from now on (nodes.sessions), its open sockets
     closed with 4403 on commit (channel layer, every server process), its groups quarantined (one
     bulk decision)."""
     _ban(_NODE, actor=actor, target=node, name=node.name, reason=_clean_reason(reason))

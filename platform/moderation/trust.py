@@ -33,7 +33,7 @@ def _half_streak() -> int:
 
 
 #: Counting nodes' newly judged groups into their records, as common table expressions of the pool's
-#: INSERT statement (moderation.screening's RecordPart): the groups judged, in the order judged, each
+#: INSERT statement (moderation.screening.RECORD_SQL): the groups judged, in the order judged, each
 #: with its node and verdict (`trust_judged_params`), those the statement really inserted counted (the
 #: pool's CTE `inserted`), one upsert with a row per node, in node order (concurrent batches lock the
 #: records in one order). The row's `streak` is the node's new streak if the batch rejected something
@@ -58,6 +58,9 @@ trust_judged AS (
         last_rejected_at = COALESCE(EXCLUDED.last_rejected_at, t.last_rejected_at),
         updated_at = EXCLUDED.updated_at
 )"""
+#: TRUST_VERDICTS_CTES's names, for moderation.screening.RECORD_SQL's declaration.
+TRUST_CTE_NAMES = frozenset({"trust_judged", "trust"})
+TRUST_PARAM_NAMES = frozenset({"trust_id", "trust_node", "trust_ok"})
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,8 @@ def trust_for_nodes(node_ids: Iterable[int]) -> dict[int, float]:
     """Trust per node id (nodes without a record: a new node's trust). One query."""
     node_ids = set(node_ids)
     half = _half_streak()
-    # Raw SQL: every node socket reads its quota from this when it opens, and the ORM's query cost
-    # ~0.24 ms of CPU against ~0.05 ms (docs/benchmarks.md, "Sockets").
+    # Raw SQL: every node socket reads its quota from this when it opens, and the ORM's query costs
+    # several times the CPU of this one (docs/benchmarks.md, "Sockets").
     with connection.cursor() as cursor:
         cursor.execute("SELECT node_id, streak FROM moderation_trustrecord WHERE node_id = ANY(%s)", [sorted(node_ids)])
         streaks = dict(cursor.fetchall())

@@ -4,9 +4,9 @@ Every server process joins one channel-layer group, CLOSES_GROUP, once (pool.clo
 registry of its open node sockets by node and by contributor. A close is one message to that group
 (`close_event`): every process closes its own sockets of that node (4401 when the node's tokens were
 revoked or the node retired, 4403 on a ban) or of every node of that contributor (4403, a ban).
-Sockets used to join two groups each (node and contributor): two group_add per socket opened, two
-group_discard per socket closed and a task per socket renewing them, which a crowd of sockets
-opening at once paid for (docs/benchmarks.md, "Sockets").
+One group per process, not two per socket (node and contributor): a socket's own groups would cost
+two group_add per socket opened, two group_discard per socket closed and a task per socket renewing
+them, which a crowd of sockets opening at once pays for (docs/benchmarks.md, "Sockets").
 """
 
 from __future__ import annotations

@@ -84,12 +84,6 @@ def _member(node_id: int, connection_id: uuid.UUID) -> str:
 # ---------------------------------------------------------------------------- API
 
 
-def connection_open(*, node_id: int, connection_id: uuid.UUID, now: datetime | None = None) -> None:
-    """Record one accepted socket (or renew it): `connections_renew` of that one. A node socket's
-    record is written by the statement that opens its session (nodes.sessions) instead."""
-    connections_renew(connections={connection_id: node_id}, now=now)
-
-
 def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
     """Forget a socket that closed."""
     if settings.REDIS_URL:
@@ -126,8 +120,10 @@ def connections_renew(*, connections: dict[uuid.UUID, int], now: datetime | None
     with bookkeeping_transaction():
         NodeConnection.objects.bulk_create(
             [NodeConnection(id=c, node_id=n, server=server, expires_at=expires) for c, n in connections.items()],
-            update_conflicts=True, unique_fields=["id"], update_fields=["expires_at"],
-        )  # fmt: skip
+            update_conflicts=True,
+            unique_fields=["id"],
+            update_fields=["expires_at"],
+        )
         NodeConnection.objects.filter(expires_at__lt=now).delete()
 
 

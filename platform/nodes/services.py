@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from accounts import limits
@@ -131,9 +130,12 @@ def node_token_rotate(*, node: Node) -> str:
     Returns the new plaintext (shown once). Raises ApplicationError: node_retired (409), rate_limited (429)."""
     _ensure_not_retired(node)
     limits.consume(
-        "token-rotate", str(node.id), limit=settings.SAPO_TOKEN_ROTATIONS_PER_HOUR, window=3600,
+        "token-rotate",
+        str(node.id),
+        limit=settings.SAPO_TOKEN_ROTATIONS_PER_HOUR,
+        window=3600,
         what="token rotations for this node in the last hour",
-    )  # fmt: skip
+    )
     return _node_token_rotate(node=node)
 
 
@@ -270,44 +272,7 @@ def node_from_row(values: Sequence[object]) -> Node:
 
 _NODE_ATTNAMES = [field.attname for field in Node._meta.concrete_fields]
 
-# Raw SQL, not the ORM: the node socket looks the token up on every connect, and the ORM's query with
-# two joins and three model instances cost ~0.9 ms of CPU against ~0.13 ms for this (docs/benchmarks.md,
-# "Sockets"). Two flags and the node's columns; the owner is not loaded (the flag says if it is banned).
-_AUTHENTICATE_SQL = f"""
-SELECT t.id, n.retired_at IS NOT NULL, n.banned_at IS NOT NULL OR u.banned_at IS NOT NULL, {node_select_columns("n")}
-FROM nodes_nodetoken t JOIN nodes_node n ON n.id = t.node_id JOIN accounts_user u ON u.id = n.owner_id
-WHERE t.token_hash = %(hash)s AND t.revoked_at IS NULL
-"""
-
 
 def token_is_well_formed(token: object) -> bool:
     """Whether `token` could be a node token at all (checked before any hashing or database work)."""
     return isinstance(token, str) and token.startswith(TOKEN_PREFIX) and len(token) <= _TOKEN_MAX_LENGTH
-
-
-def node_authenticate(*, token: str | None, touch: bool = True) -> Node:
-    """The node a bearer token belongs to (its owner not loaded). With touch=False nothing is written
-    (the token's last_used_at is not recorded). The node socket authenticates with
-    nodes.sessions.nodes_sessions_open instead (through pool.opening), which has the same semantics
-    and opens the session in the same statement.
-
-    Raises ApplicationError "unauthenticated" (401: missing, malformed, unknown, revoked, node
-    retired) or "banned" (403: node or owner banned). The consumer closes with 4401 / 4403.
-    """
-    if not token_is_well_formed(token):
-        raise ApplicationError("unauthenticated", "A valid node token is required.", status=401)
-    with connection.cursor() as cursor:
-        cursor.execute(_AUTHENTICATE_SQL, {"hash": token_hash(token)})
-        row = cursor.fetchone()
-    if row is None or row[1]:
-        raise ApplicationError("unauthenticated", "A valid node token is required.", status=401)
-    if row[2]:
-        raise ApplicationError("banned", "This node or its contributor is banned.", status=403)
-    node = node_from_row(row[3:])
-    if not touch:
-        return node
-    now = timezone.now()
-    NodeToken.objects.filter(id=row[0]).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - SEEN_WRITE_INTERVAL)
-    ).update(last_used_at=now)
-    return node

@@ -5,9 +5,8 @@ docs/benchmarks.md, "Sockets").
 
 Raw SQL, not the ORM, on purpose: the socket opens under load all at once (a server restart brings
 every node back within seconds), and Django building and sending the same reads and writes as seven
-statements cost ~2.4 ms of CPU per socket, most of the one process's budget; this costs ~0.3 ms.
-The semantics are nodes.services.node_authenticate's (touch=True) and presence.connection_open's:
-the checks and the writes are one statement, so a node found banned or retired writes nothing.
+statements costs several times the CPU of this one, most of the one process's budget per socket.
+The checks and the writes are one statement, so a node found banned or retired writes nothing.
 """
 
 from __future__ import annotations
@@ -76,10 +75,13 @@ def _unauthenticated() -> ApplicationError:
 
 
 def nodes_sessions_open(*, requests: Sequence[tuple[str | None, uuid.UUID]]) -> list[Node | ApplicationError]:
-    """`node_session_open` for several sockets at once, in one statement (one round trip however many
-    sockets open together: a server restart brings every node back within seconds). `requests` are
-    (token, connection id) pairs; each gets, in order, its node or its refusal, an ApplicationError
-    returned, not raised ("unauthenticated" or "banned"). Nothing is written for a refused request."""
+    """The nodes whose sockets just opened, authenticated again and recorded: each token's last use,
+    each node's last seen (now) and each socket's presence record (nodes.presence), for several sockets
+    at once in one statement (one round trip however many sockets open together: a server restart
+    brings every node back within seconds). `requests` are (token, connection id) pairs; each gets, in
+    order, its node or its refusal, an ApplicationError returned, not raised ("unauthenticated":
+    missing, malformed, unknown or revoked token, node retired; "banned": node or owner banned,
+    including a ban that lands while this runs). Nothing is written for a refused request."""
     answers: list[Node | ApplicationError] = [_unauthenticated()] * len(requests)
     asked = [
         (i, token_hash(token), connection_id)
@@ -119,16 +121,3 @@ def nodes_sessions_open(*, requests: Sequence[tuple[str | None, uuid.UUID]]) -> 
         if settings.REDIS_URL:
             presence.connections_renew(connections=opened, now=now)
     return answers
-
-
-def node_session_open(*, token: str | None, connection_id: uuid.UUID) -> Node:
-    """The node whose socket just opened with `token`, authenticated again and recorded: its token's
-    last use, its last seen (now) and the socket's presence record (nodes.presence). Nothing is
-    written when the token is refused.
-
-    Raises ApplicationError "unauthenticated" (missing, malformed, unknown or revoked token, node
-    retired) or "banned" (node or owner banned, including a ban that lands while this runs)."""
-    answer = nodes_sessions_open(requests=[(token, connection_id)])[0]
-    if isinstance(answer, ApplicationError):
-        raise answer
-    return answer

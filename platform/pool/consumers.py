@@ -55,11 +55,12 @@ from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
 from nodes.services import node_hello_changed, node_hello_fields
 from pool import ratelimit, turns
 from pool.closes import socket_closes
+from pool.ingest import ShareIn, ShareResult, rollout_share_batch
 from pool.limits import Limits, current_catalogue, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.opening import session_opens
 from pool.selectors import rollout_sample_json
-from pool.services import ShareIn, ShareResult, node_round_report, rollout_served_record, rollout_share_batch
+from pool.services import node_round_report, rollout_served_record
 from sapo_node import protocol
 from sapo_node.tasks import Catalogue
 
@@ -131,7 +132,7 @@ class _Reply(dict):
     """A reply with members already in JSON (`members`, appended as they are): a `welcome`'s catalogue
     and limits, made once per process and catalogue and limits (`_welcome_members`: serialising them
     was ~10% of the CPU a socket costs to open), and a `samples` reply's groups, made from the rows
-    (pool.payloads.hit_protocol_json; docs/benchmarks.md, "Sockets")."""
+    (pool.payloads.sampled_group_json; docs/benchmarks.md, "Sockets")."""
 
     members: str = ""
 
@@ -289,7 +290,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             # A bug, or a dependency down (database, Redis): the node gets an answer, the log the trace.
             logger.exception("node %s: a frame failed", getattr(self.node, "id", None))
             with contextlib.suppress(Exception):
-                await self._error("internal_error", "the server failed to handle this frame", self.frame_ref)
+                await self._error(protocol.INTERNAL_ERROR, "the server failed to handle this frame", self.frame_ref)
 
     async def _answer(self, frame: str | bytes | None) -> None:
         node, budget = self.node, self.budget
@@ -298,7 +299,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             # Refused unparsed: a node over its rate costs the server no parsing, whatever it sends. The
             # ref, read from the frame's first characters, tells the node which request to send again.
             limits = f"{budget.messages} messages, {budget.bytes} bytes or {budget.cpu_ms} ms of server CPU"
-            await self._error("rate_limited", f"more than {limits} per minute", leading_ref(frame))
+            await self._error(protocol.RATE_LIMITED, f"more than {limits} per minute", leading_ref(frame))
             return
         # What this frame costs the server (parsing here, the share's work in its thread), charged to
         # the node's CPU budget with its next frame whatever the outcome.
@@ -326,7 +327,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return
         except Exception:
             logger.exception("node %s: %s failed", node.id, type(message).__name__)
-            await self._error("internal_error", "the server failed to handle this message", message.ref)
+            await self._error(protocol.INTERNAL_ERROR, "the server failed to handle this message", message.ref)
             return
         self.consecutive_errors = 0
         await self._send(reply, message.ref)

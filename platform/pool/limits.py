@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from sapo_node.protocol import LIMIT_NAMES
+from sapo_node.protocol import DEFAULT_LIMITS, LIMIT_NAMES
 from sapo_node.tasks import CATALOGUES, Catalogue
 
 #: See Limits.websocket_max_bytes.
@@ -23,31 +23,34 @@ WEBSOCKET_HEADROOM_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class Limits:
-    max_frame_bytes: int = 1_048_576
-    max_groups_per_message: int = 64
-    max_completions_per_group: int = 32
-    max_chars_per_completion: int = 8192
-    max_sample_n: int = 64
-    max_used_per_report: int = 1024
-    max_messages_per_minute: int = 600
+    """The limits in force; each default is the protocol's (sapo_node.protocol.DEFAULT_LIMITS)."""
+
+    max_frame_bytes: int = DEFAULT_LIMITS["max_frame_bytes"]
+    max_groups_per_message: int = DEFAULT_LIMITS["max_groups_per_message"]
+    max_completions_per_group: int = DEFAULT_LIMITS["max_completions_per_group"]
+    max_chars_per_completion: int = DEFAULT_LIMITS["max_chars_per_completion"]
+    max_sample_n: int = DEFAULT_LIMITS["max_sample_n"]
+    max_used_per_report: int = DEFAULT_LIMITS["max_used_per_report"]
+    max_messages_per_minute: int = DEFAULT_LIMITS["max_messages_per_minute"]
     #: Frame bytes a node may send per minute, counted with its messages, before any frame is parsed.
     #: An honest node sends one share of B x G completions a round (64 completions of at most 256
     #: tokens, ~80 KB; the tiny model's ~15 KB at ~100 rounds a minute), a sample and a report: about
     #: 2 MB a minute at the most, so 8 MiB leaves it room (and flushes a backlog at 8 MiB a minute),
     #: while a node sending 1 MiB frames at the message rate is held to 8 of them a minute
     #: (docs/benchmarks.md, "Attacks on verification").
-    max_bytes_per_minute: int = 8 * 1024 * 1024
+    max_bytes_per_minute: int = DEFAULT_LIMITS["max_bytes_per_minute"]
     #: Server CPU a node's frames may cost per minute (milliseconds of the handling thread's CPU time:
     #: parsing, verification, moderation, the insert), charged after each frame to a bucket refilled
     #: at 50 ms a second (pool.ratelimit); a node in debt has its frames refused unparsed until the
-    #: refill pays it back. A 32-group share costs ~15 ms in process; 3,000 ms (5% of a core) bounds
-    #: what any one node, honest or not, takes from everyone else per minute. Within a burst the
-    #: share turns (pool.turns) keep a heavy node from delaying a light one.
-    max_cpu_ms_per_minute: int = 3_000
-    max_consecutive_errors: int = 20
-    sample_window_seconds: int = 86_400
-    max_stored_bytes_per_node_hour: int = 64 * 1024 * 1024
-    max_stored_bytes_per_contributor_hour: int = 256 * 1024 * 1024
+    #: refill pays it back. A 32-group share costs a few ms of CPU (docs/benchmarks.md, "A share's
+    #: fixed cost"); 3,000 ms (5% of a core) bounds what any one node, honest or not, takes from
+    #: everyone else per minute. Within a burst the share turns (pool.turns) keep a heavy node from
+    #: delaying a light one.
+    max_cpu_ms_per_minute: int = DEFAULT_LIMITS["max_cpu_ms_per_minute"]
+    max_consecutive_errors: int = DEFAULT_LIMITS["max_consecutive_errors"]
+    sample_window_seconds: int = DEFAULT_LIMITS["sample_window_seconds"]
+    max_stored_bytes_per_node_hour: int = DEFAULT_LIMITS["max_stored_bytes_per_node_hour"]
+    max_stored_bytes_per_contributor_hour: int = DEFAULT_LIMITS["max_stored_bytes_per_contributor_hour"]
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
@@ -61,6 +64,7 @@ class Limits:
 
 
 assert tuple(f.name for f in fields(Limits)) == LIMIT_NAMES, "pool.limits.Limits and sapo_node.protocol disagree"
+assert Limits().to_json() == DEFAULT_LIMITS, "pool.limits.Limits' defaults are the protocol's"
 
 
 #: (a copy of the overrides, the Limits made from them): every socket asks for the limits when it opens.

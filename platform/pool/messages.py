@@ -58,8 +58,8 @@ class ProtocolError(Exception):
 
 
 class RolloutIn(msgspec.Struct, frozen=True, kw_only=True):
-    """A group as shared. A msgspec Struct rather than a frozen dataclass: built 32 times a share, in
-    0.3 rather than 3.6 us (a frozen dataclass sets each field through object.__setattr__)."""
+    """A group as shared. A msgspec Struct rather than a frozen dataclass: built 32 times a share, and
+    a frozen dataclass sets each field through object.__setattr__, several times slower."""
 
     id: uuid.UUID
     round: int
@@ -155,21 +155,23 @@ def _too_deep(value: Any, limit: int) -> bool:
 
 
 def _decode(text: str | bytes) -> Any:
-    """JSON text to a value, or ProtocolError("invalid_json"); details never quote Python internals."""
+    """JSON text to a value, or ProtocolError(protocol.INVALID_JSON); details never quote Python internals."""
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         data = _DECODER.decode(text)
     except UnicodeDecodeError:
-        raise ProtocolError("invalid_json", "not UTF-8 text") from None
+        raise ProtocolError(protocol.INVALID_JSON, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise ProtocolError("invalid_json", f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise ProtocolError(
+            protocol.INVALID_JSON, f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     except RecursionError:
         # The C decoder counts its depth against the interpreter's recursion limit and raises
         # cleanly there (about 1,000 levels); shallower excess is caught by _too_deep below.
-        raise ProtocolError("invalid_json", f"arrays and objects nest deeper than {MAX_NESTING}") from None
+        raise ProtocolError(protocol.INVALID_JSON, f"arrays and objects nest deeper than {MAX_NESTING}") from None
     if isinstance(data, dict | list) and _too_deep(data, MAX_NESTING):
-        raise ProtocolError("invalid_json", f"arrays and objects nest deeper than {MAX_NESTING}")
+        raise ProtocolError(protocol.INVALID_JSON, f"arrays and objects nest deeper than {MAX_NESTING}")
     return data
 
 
@@ -217,10 +219,10 @@ def parse_frame(text: str | bytes | None, limits: Limits) -> Message:
     over `max_frame_bytes` too, when it is within the WebSocket layer's headroom and parses).
     """
     if text is None:
-        raise ProtocolError("invalid_json", "empty frame")
+        raise ProtocolError(protocol.INVALID_JSON, "empty frame")
     size = frame_size(text)
     if size > limits.max_frame_bytes:
-        error = ProtocolError("frame_too_large", f"frame is {size} bytes, the limit is {limits.max_frame_bytes}")
+        error = ProtocolError(protocol.FRAME_TOO_LARGE, f"frame is {size} bytes, the limit is {limits.max_frame_bytes}")
         if size <= limits.websocket_max_bytes:
             try:
                 error.ref = _valid_ref(_decode(text))
@@ -238,26 +240,26 @@ def _parse_any(text: str | bytes, limits: Limits) -> Message:
     errors are the protocol's (a share the typed path took would be parsed here to the same Share)."""
     data = _decode(text)
     if not isinstance(data, dict):
-        raise ProtocolError("invalid_json", "a frame must be a JSON object")
+        raise ProtocolError(protocol.INVALID_JSON, "a frame must be a JSON object")
     ref = data.get("ref")
     if ref is not None and _valid_ref(data) is None:
-        raise ProtocolError("invalid_message", f"ref: expected a string of at most {MAX_REF_CHARS} characters")
+        raise ProtocolError(protocol.INVALID_MESSAGE, f"ref: expected a string of at most {MAX_REF_CHARS} characters")
     try:
         version = data.get("v")
         if type(version) is not int or version != PROTOCOL_VERSION:
-            raise ProtocolError("unsupported_version", f"v must be {PROTOCOL_VERSION}")
+            raise ProtocolError(protocol.UNSUPPORTED_VERSION, f"v must be {PROTOCOL_VERSION}")
         kind = data.get("type")
         parser = _PARSERS.get(kind) if isinstance(kind, str) else None
         if parser is None:
             shown = ascii(kind)[:60] if isinstance(kind, str) else "(not a string)"
-            raise ProtocolError("unknown_type", f"unknown message type {shown}")
+            raise ProtocolError(protocol.UNKNOWN_TYPE, f"unknown message type {shown}")
         return parser(data, ref, limits)
     except ProtocolError as exc:
         exc.ref = ref
         raise
 
 
-# Field helpers: each raises ProtocolError("invalid_message", "<path>: ...").
+# Field helpers: each raises ProtocolError(protocol.INVALID_MESSAGE, "<path>: ...").
 
 
 def _clean(value: str) -> bool:
@@ -274,7 +276,7 @@ def _clean(value: str) -> bool:
 
 
 def _invalid(path: str, what: str) -> ProtocolError:
-    return ProtocolError("invalid_message", f"{path}: {what}")
+    return ProtocolError(protocol.INVALID_MESSAGE, f"{path}: {what}")
 
 
 def _int(data: dict[str, Any], key: str, path: str, lo: int, hi: int, *, required: bool = True) -> int | None:
@@ -290,7 +292,7 @@ def _int(data: dict[str, Any], key: str, path: str, lo: int, hi: int, *, require
     return value
 
 
-def _text(value: Any, path: str, max_chars: int, code: str = "invalid_message") -> str:
+def _text(value: Any, path: str, max_chars: int, code: str = protocol.INVALID_MESSAGE) -> str:
     if not isinstance(value, str):
         raise _invalid(path, "expected a string")
     if len(value) > max_chars:
@@ -323,7 +325,7 @@ def _parse_hello(data: dict[str, Any], ref: str | None, limits: Limits) -> Hello
     texts = {}
     for key in ("client", "model", "hardware"):
         value = data.get(key, "")
-        texts[key] = "" if value is None else _text(value, key, MAX_HELLO_CHARS, "invalid_message")
+        texts[key] = "" if value is None else _text(value, key, MAX_HELLO_CHARS, protocol.INVALID_MESSAGE)
     return Hello(
         ref=ref,
         local=_int(data, "local", "", 0, 10_000, required=False),
@@ -344,18 +346,18 @@ def _parse_rollout(item: Any, path: str, limits: Limits) -> RolloutIn:
     seed = _int(task, "seed", path + ".task.", -MAX_STORED_INT, MAX_STORED_INT)
     index = _int(task, "index", path + ".task.", -MAX_STORED_INT, MAX_STORED_INT)
     max_chars = limits.max_chars_per_completion
-    question = _text(item.get("question"), path + ".question", max_chars, "completion_too_long")
+    question = _text(item.get("question"), path + ".question", max_chars, protocol.COMPLETION_TOO_LONG)
     if "answer" not in item:
         raise _invalid(path + ".answer", "required (null when the task has no single answer)")
     answer = item["answer"]
     if answer is not None:
-        answer = _text(answer, path + ".answer", max_chars, "completion_too_long")
+        answer = _text(answer, path + ".answer", max_chars, protocol.COMPLETION_TOO_LONG)
     completions = item.get("completions")
     if not isinstance(completions, list) or not completions:
         raise _invalid(path + ".completions", "expected a non-empty list of strings")
     if len(completions) > limits.max_completions_per_group:
         raise ProtocolError(
-            "too_many_completions",
+            protocol.TOO_MANY_COMPLETIONS,
             f"{path}.completions: {len(completions)} completions, the limit is {limits.max_completions_per_group}",
         )
     # The whole list checked at once when it is valid (nearly always); otherwise one by one, so the error
@@ -368,7 +370,8 @@ def _parse_rollout(item: Any, path: str, limits: Limits) -> RolloutIn:
         completions = tuple(completions)
     else:
         completions = tuple(
-            _text(c, f"{path}.completions[{i}]", max_chars, "completion_too_long") for i, c in enumerate(completions)
+            _text(c, f"{path}.completions[{i}]", max_chars, protocol.COMPLETION_TOO_LONG)
+            for i, c in enumerate(completions)
         )
     rewards = item.get("rewards")
     if not isinstance(rewards, list):
@@ -399,7 +402,7 @@ def _parse_share(data: dict[str, Any], ref: str | None, limits: Limits) -> Share
         raise _invalid("rollouts", "expected a non-empty list")
     if len(items) > limits.max_groups_per_message:
         raise ProtocolError(
-            "too_many_groups", f"rollouts: {len(items)} groups, the limit is {limits.max_groups_per_message}"
+            protocol.TOO_MANY_GROUPS, f"rollouts: {len(items)} groups, the limit is {limits.max_groups_per_message}"
         )
     rollouts = tuple(_parse_rollout(item, f"rollouts[{i}]", limits) for i, item in enumerate(items))
     if len({r.id for r in rollouts}) != len(rollouts):
@@ -412,7 +415,7 @@ def _parse_sample(data: dict[str, Any], ref: str | None, limits: Limits) -> Samp
     if type(n) is not int or n < 1:
         raise _invalid("n", "expected a positive integer")
     if n > limits.max_sample_n:
-        raise ProtocolError("too_many_samples", f"n: {n}, the limit is {limits.max_sample_n}")
+        raise ProtocolError(protocol.TOO_MANY_SAMPLES, f"n: {n}, the limit is {limits.max_sample_n}")
     return Sample(ref=ref, n=n)
 
 
@@ -425,7 +428,7 @@ def _parse_report(data: dict[str, Any], ref: str | None, limits: Limits) -> Repo
     if not isinstance(used, list):
         raise _invalid("used", "expected a list of rollout ids")
     if len(used) > limits.max_used_per_report:
-        raise ProtocolError("too_many_used", f"used: {len(used)} ids, the limit is {limits.max_used_per_report}")
+        raise ProtocolError(protocol.TOO_MANY_USED, f"used: {len(used)} ids, the limit is {limits.max_used_per_report}")
     used_ids = tuple(dict.fromkeys(_uuid(u, f"used[{i}]") for i, u in enumerate(used)))
     figures: dict[str, float | None] = {}
     for key, value in data.items():
@@ -450,8 +453,8 @@ assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type ha
 
 # --- The typed path of a share ----------------------------------------------------------------------
 # Shares are most frames and nearly all their bytes. msgspec (C) decodes one against the share's types
-# in about a tenth of the general path's time (0.08 against 1.1 ms for 32 groups of 8 completions of
-# ~300 characters: JSON to Python values, then every field checked in Python); the checks that depend
+# in a fraction of the general path's time (JSON to Python values, then every field checked in
+# Python; docs/benchmarks.md, "How ingest is made fast"); the checks that depend
 # on the limits or on text content follow here. Whatever is not plainly a valid share (another
 # message type, an unknown key, a wrong type, an escape msgspec refuses such as a lone surrogate, a
 # failed check) makes `_typed_share` answer None, and the frame is parsed again the general way, whose

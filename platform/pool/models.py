@@ -36,7 +36,7 @@ class RejectReason(models.TextChoices):
     VERIFICATION_TIMEOUT = "verification_timeout", "A completion's scorer ran out of time"
 
 
-# The sequence that numbers sampleable groups densely (see services.rollout_share and selectors.rollout_sample).
+# The sequence that numbers sampleable groups densely (see ingest.rollout_share and selectors.rollout_sample_json).
 SAMPLE_SEQUENCE = "pool_rollout_sample_seq"
 
 

@@ -2,13 +2,13 @@
 
 A node socket opens with one database call (nodes.sessions: the token checked, the node's standing,
 last seen, presence; then its message quota from moderation). When a thousand nodes come back at
-once (a server restart, a new swarm), a call per socket cost each of them a thread hand-off, a
-statement's execution in psycopg and PostgreSQL's per-statement work: ~0.36 ms of the server's CPU
-per socket, a third of what it spent opening one (docs/benchmarks.md, "Sockets").
+once (a server restart, a new swarm), a call per socket costs each of them a thread hand-off, a
+statement's execution in psycopg and PostgreSQL's per-statement work: a third of what the server
+spends opening a socket (docs/benchmarks.md, "Sockets").
 
 `SessionOpens` (one per event loop) lets at most MAX_CALLS calls run at once; a socket opening while
 they are busy waits for the next one, which takes every socket waiting by then (up to MAX_BATCH).
-Alone, a socket's call starts at once, as before. Each socket gets its own answer: its node and
+Alone, a socket's call starts at once. Each socket gets its own answer: its node and
 quota, or its refusal (ApplicationError, raised in that socket's `open`); a call that fails (the
 database is down) fails every socket it carried, as each one's own call would have.
 """

@@ -1,54 +1,62 @@
-"""The pool's rows as protocol JSON (docs/protocol.md): what `samples` carries."""
+"""A `samples` reply's groups (docs/protocol.md, "samples"): one record per group drawn, and its JSON."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+import uuid
+from typing import Any, NamedTuple
 
 from pool.models import Rollout
 
 _COMPACT = (",", ":")
 
 
-def rollout_to_protocol(rollout: Rollout) -> dict[str, Any]:
-    """A sampled group: verified rewards, and the author node's public name. Needs node loaded."""
-    return {
-        "id": str(rollout.id),
-        "round": rollout.round,
-        "task": {"dataset": rollout.dataset, "seed": rollout.seed, "index": rollout.index},
-        "question": rollout.question,
-        "answer": rollout.answer,
-        "completions": rollout.completions,
-        "rewards": rollout.verified_rewards,
-        "node": rollout.node.name,
-    }
+class SampledGroup(NamedTuple):
+    """A group drawn for a `samples` reply, as the reply carries it: from the draw's row
+    (pool.selectors) or from a Rollout (its later rounds). `completions` and `rewards` are JSON text
+    as PostgreSQL wrote the jsonb (the draw's raw cursor), or the values (a Rollout's)."""
+
+    id: uuid.UUID
+    node_id: int
+    node_name: str
+    round: int
+    dataset: str
+    seed: int
+    index: int
+    question: str
+    answer: str | None
+    completions: Any
+    rewards: Any
+
+    @classmethod
+    def of_rollout(cls, rollout: Rollout) -> SampledGroup:
+        """A Rollout with `node` loaded, as a sampled group."""
+        r = rollout
+        return cls(
+            r.id, r.node_id, r.node.name, r.round, r.dataset, r.seed, r.index, r.question, r.answer,
+            r.completions, r.verified_rewards,
+        )  # fmt: skip
 
 
-def rollout_protocol_json(rollout: Rollout) -> str:
-    """rollout_to_protocol as JSON text."""
-    return json.dumps(rollout_to_protocol(rollout), separators=_COMPACT)
-
-
-def hit_protocol_json(row: Sequence[Any]) -> str:
-    """The protocol JSON of a group from the sampling draw's row (pool.selectors._DRAW_SQL: name at 3,
-    then id, node_id, round, dataset, seed, index, question, answer, completions, verified_rewards):
-    the same object as rollout_to_protocol, the completions and rewards as PostgreSQL wrote their jsonb
-    (valid JSON, the value the pool stored), not parsed and dumped again."""
-    name, rollout_id, _node_id, round_, dataset, seed, index, question, answer, completions, rewards = row[3:14]
+def sampled_group_json(group: SampledGroup) -> str:
+    """The group's protocol object as JSON text: id, round, task, question, answer, completions,
+    verified rewards and the author node's public name. A `sample` is answered often and its groups'
+    completions are most of its bytes, so the jsonb columns are written as PostgreSQL wrote them,
+    not parsed and dumped again (docs/benchmarks.md, "Sockets"); tests/platform/test_sampling.py
+    compares the result with the object built field by field and encoded by json."""
     head = json.dumps(
         {
-            "id": str(rollout_id),
-            "round": round_,
-            "task": {"dataset": dataset, "seed": seed, "index": index},
-            "question": question,
-            "answer": answer,
+            "id": str(group.id),
+            "round": group.round,
+            "task": {"dataset": group.dataset, "seed": group.seed, "index": group.index},
+            "question": group.question,
+            "answer": group.answer,
         },
         separators=_COMPACT,
     )
     return (
-        f'{head[:-1]},"completions":{_json_text(completions)},"rewards":{_json_text(rewards)},'
-        f'"node":{json.dumps(name)}}}'
+        f'{head[:-1]},"completions":{_json_text(group.completions)},"rewards":{_json_text(group.rewards)},'
+        f'"node":{json.dumps(group.node_name)}}}'
     )
 
 

@@ -11,9 +11,9 @@ into debt down to minus its allowance, so one expensive frame delays the next by
 (debt / refill rate), and a node that keeps sending while refused stays refused; after two minutes
 of silence any node is back to a full minute.
 
-Against the fixed one-minute window this replaced: a node can no longer send its allowance at the
-end of one minute and again at the start of the next, and what a burst gets does not depend on where
-it falls in the minute (docs/benchmarks.md, "Attacks on verification").
+Why buckets, not a fixed one-minute window: a node cannot send its allowance at the end of one
+minute and again at the start of the next, and what a burst gets does not depend on where it falls in
+the minute (docs/benchmarks.md, "Attacks on verification").
 
 With REDIS_URL set (a multi-process deployment: the channel layer is Redis too) the buckets live in
 Redis, one hash per node updated by one script (one round trip a frame), so they hold across

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import uuid
@@ -10,13 +9,13 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.core.cache import cache
-from django.db import DEFAULT_DB_ALIAS, connection
+from django.db import connection
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from common.errors import NotFound
 from pool.models import ModerationStatus, Rollout, Verdict
-from pool.payloads import hit_protocol_json, rollout_protocol_json
+from pool.payloads import SampledGroup, sampled_group_json
 from pool.seams import moderation
 
 # When the window's range of sample numbers is this small, list the eligible groups and pick from
@@ -44,16 +43,14 @@ WITH bounds AS ("""
     SELECT DISTINCT b.lo + floor(random() * (b.hi - b.lo + 1))::bigint AS k
     FROM bounds b, generate_series(1, {k}) WHERE b.hi >= b.lo
 )
-SELECT b.lo, b.hi, d.k, n.name, r.id, r.node_id, r.round, r.dataset, r.seed, r.index, r.question,
-       r.answer, r.completions, r.verified_rewards, r.created_at
+SELECT b.lo, b.hi, d.k, r.id, r.node_id, n.name, r.round, r.dataset, r.seed, r.index, r.question,
+       r.answer, r.completions, r.verified_rewards
 FROM bounds b
 LEFT JOIN draws d ON true
 LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
        ON r.sample_seq = d.k AND r.sampleable AND r.node_id <> %(node)s AND r.created_at >= %(cutoff)s
 """
 )
-_DRAW_FIELDS = ["id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
-                "verified_rewards", "created_at"]  # fmt: skip
 
 
 def sample_window(cutoff: datetime) -> tuple[int, int] | None:
@@ -70,64 +67,39 @@ def sample_window(cutoff: datetime) -> tuple[int, int] | None:
 
 
 class _Hit(NamedTuple):
-    """A group the first draw hit, as its row: a Rollout is built only for the groups kept (`_built`),
-    not for every hit (a draw asks for ~1.3 n + 4 numbers; building and parsing the others was a third
-    of a `sample`'s CPU, docs/benchmarks.md, "Sockets")."""
+    """A group a draw hit, with its sample number. The first draw's groups come from its rows: no
+    Rollout is built for them (a draw asks for ~1.3 n + 4 numbers, and building and parsing them all
+    is a large part of a `sample`'s CPU, docs/benchmarks.md, "Sockets")."""
 
     sample_seq: int
-    node_id: int
-    row: tuple[Any, ...]
+    group: SampledGroup
 
 
 def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int | None, set[int], list[_Hit]]:
-    """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit)."""
+    """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit). A row is (lo, hi, k, then the group's
+    columns in SampledGroup's order, NULL for a miss)."""
     with connection.cursor() as cursor:
         cursor.execute(_DRAW_SQL.format(k=int(k)), {"cutoff": cutoff, "node": node_id})
         rows = cursor.fetchall()
     lo, hi = rows[0][0], rows[0][1]
     drawn = {row[2] for row in rows if row[2] is not None}
-    return lo, hi, drawn, [_Hit(row[2], row[5], row) for row in rows if row[4] is not None]
-
-
-def _built(hit: _Hit | Rollout) -> Rollout:
-    """A first-draw hit as a Rollout with `node` loaded (id and name; fields not drawn deferred)."""
-    if isinstance(hit, Rollout):
-        return hit
-    from nodes.models import Node
-
-    row = hit.row
-    values = list(row[4:])
-    for position in (8, 9):  # completions, verified_rewards: jsonb arrives as text
-        if isinstance(values[position], str):
-            values[position] = json.loads(values[position])
-    rollout = Rollout.from_db(DEFAULT_DB_ALIAS, _DRAW_FIELDS, values)
-    rollout.sample_seq = hit.sample_seq
-    rollout.node = Node.from_db(DEFAULT_DB_ALIAS, ["id", "name"], [hit.node_id, row[3]])
-    return rollout
-
-
-def rollout_sample(
-    *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
-) -> list[Rollout]:
-    """`_sample_drawn`'s groups as Rollouts with `node` loaded (id and name)."""
-    return [_built(r) for r in _sample_drawn(node=node, n=n, window_seconds=window_seconds, now=now, rng=rng)]
+    return lo, hi, drawn, [_Hit(row[2], SampledGroup(*row[3:])) for row in rows if row[3] is not None]
 
 
 def rollout_sample_json(
     *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
 ) -> list[tuple[uuid.UUID, str]]:
-    """The same draw as `rollout_sample`, as (group id, the group's protocol JSON) pairs, for the
-    node socket's `samples` reply: no model object is built and the completions' JSON is not parsed
-    and written again (pool.payloads.hit_protocol_json; both were most of a `sample`'s CPU)."""
+    """`_sample_drawn`'s groups as (group id, the group's protocol JSON) pairs, for the node socket's
+    `samples` reply (pool.payloads.sampled_group_json)."""
     return [
-        (r.id, rollout_protocol_json(r)) if isinstance(r, Rollout) else (r.row[4], hit_protocol_json(r.row))
-        for r in _sample_drawn(node=node, n=n, window_seconds=window_seconds, now=now, rng=rng)
+        (hit.group.id, sampled_group_json(hit.group))
+        for hit in _sample_drawn(node=node, n=n, window_seconds=window_seconds, now=now, rng=rng)
     ]
 
 
 def _sample_drawn(
     *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
-) -> list[Any]:
+) -> list[_Hit]:
     """Up to `n` distinct groups drawn uniformly at random among the sampleable groups of the window
     that `node` did not write. Cost does not grow with the pool (no ORDER BY random()).
 
@@ -137,7 +109,7 @@ def _sample_drawn(
     group (rejection sampling), in rounds until it has `n`, then keeps a uniform `n` of the hits. The
     procedure treats every eligible group alike whatever the gaps, so the result is an exactly
     uniform random subset (docs/benchmarks.md, "Pool"). Usually one query; each further round is one.
-    Returns first-draw rows (_Hit) and Rollouts (later rounds, with `node` loaded).
+    Returns the groups with their sample numbers.
     """
     if n <= 0:
         return []
@@ -147,7 +119,7 @@ def _sample_drawn(
     lo, hi, tried, hits = _first_draw(node.id, cutoff, math.ceil(n * 1.3) + 4)
     if lo is None or hi is None or hi < lo:
         return []
-    chosen: list[_Hit | Rollout] = _keep(hits, tried, rng)
+    chosen: list[_Hit] = _keep(hits, tried, rng)
     span = hi - lo + 1
     hit_rate = max(len(chosen) / max(len(tried), 1), 0.02)
     rounds = PROBE_ROUNDS if span > ENUMERATE_BELOW else 0
@@ -165,7 +137,7 @@ def _sample_drawn(
         # Only the sample-number index is used (the other conditions are checked here), so the
         # planner cannot prefer a scan of the whole window.
         found = [
-            r
+            _Hit(r.sample_seq, SampledGroup.of_rollout(r))
             for r in Rollout.objects.filter(sampleable=True, sample_seq__in=draws).select_related("node")
             if r.node_id != node.id and r.created_at >= cutoff
         ]
@@ -178,7 +150,7 @@ def _sample_drawn(
         eligible = Rollout.objects.filter(
             sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo, sample_seq__lte=hi
         ).exclude(node_id=node.id)
-        chosen_ids = [r.row[4] if isinstance(r, _Hit) else r.id for r in chosen]
+        chosen_ids = [hit.group.id for hit in chosen]
         rest = list(eligible.exclude(id__in=chosen_ids).values_list("id", "node_id"))
         picked = moderation().weighted_pick(candidates=rest, n=n - len(chosen), rng=rng)
         if picked is None:
@@ -187,7 +159,7 @@ def _sample_drawn(
     return chosen[:n]
 
 
-def _keep(hits: list[_Hit] | list[Rollout], tried: set[int], rng: random.Random) -> list[Any]:
+def _keep(hits: list[_Hit], tried: set[int], rng: random.Random) -> list[_Hit]:
     """The hits of one round in a uniform random order, less those trust weighting turns away.
 
     Without weighting, the first n hits over the rounds are a uniform random n-subset. With it
@@ -195,20 +167,20 @@ def _keep(hits: list[_Hit] | list[Rollout], tried: set[int], rng: random.Random)
     group may be drawn again later: sequential rejection sampling, picks proportional to weight.
     """
     rng.shuffle(hits)
-    keep = moderation().sample_keep(node_ids=[r.node_id for r in hits], rng=rng) if hits else None
+    keep = moderation().sample_keep(node_ids=[hit.group.node_id for hit in hits], rng=rng) if hits else None
     if keep is None:
         return hits
-    for rollout, kept in zip(hits, keep, strict=True):
+    for hit, kept in zip(hits, keep, strict=True):
         if not kept:
-            tried.discard(rollout.sample_seq)
-    return [r for r, kept in zip(hits, keep, strict=True) if kept]
+            tried.discard(hit.sample_seq)
+    return [hit for hit, kept in zip(hits, keep, strict=True) if kept]
 
 
-def _fetch(ids: list[uuid.UUID]) -> list[Rollout]:
+def _fetch(ids: list[uuid.UUID]) -> list[_Hit]:
     if not ids:
         return []
     rows = {r.id: r for r in Rollout.objects.filter(id__in=ids).select_related("node")}
-    return [rows[i] for i in ids if i in rows]
+    return [_Hit(rows[i].sample_seq, SampledGroup.of_rollout(rows[i])) for i in ids if i in rows]
 
 
 def rollout_get_public(*, rollout_id: uuid.UUID) -> Rollout:

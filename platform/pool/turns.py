@@ -5,8 +5,7 @@ CPU, and shares that wait at the same time go together.
 Why turns: a share's work (verification, moderation, the insert) is Python, and Python runs one
 thread at a time. With every socket's share on its own database thread, eight nodes sending a share
 ten times a second each share the interpreter with an honest node's share, which then takes as long
-as all of theirs together (docs/benchmarks.md, "Attacks on verification": an honest share's p50 went
-from 12 ms to 60-90 ms). Here a share waits for a turn instead; turns go in order of the nodes'
+as all of theirs together (docs/benchmarks.md, "Attacks on verification"). Here a share waits for a turn instead; turns go in order of the nodes'
 recent CPU (each node's CPU seconds, decaying with a half-life of HALF_LIFE_SECONDS), so a node
 that sends little waits for at most the shares already running, whatever the others send, and the
 nodes that send the most wait for each other. Nothing is refused here: that is the budgets' work
@@ -16,7 +15,7 @@ Why together: a share costs the server and PostgreSQL about as much again whatev
 statements, their planning and start-up, the commit: docs/benchmarks.md, "A share's fixed cost").
 When a turn comes free, the waiting share whose turn it is takes up to SAPO_SHARE_BATCH - 1 more
 waiting shares of other nodes with it (the next in the same order), and they are stored in one
-transaction (pool.services.rollout_share_batch): with one share waiting, or none, nothing changes;
+transaction (pool.ingest.rollout_share_batch): with one share waiting, or none, nothing changes;
 under load, the fixed cost is paid once per batch. Only nodes that cost about as little lately ride
 along (recent CPU at most RIDE_RATIO times the first's, or RIDE_FLOOR): a node that shares little
 still waits for at most the shares already running and its own, not for those of the nodes that

@@ -291,12 +291,13 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
     figures = [f for f in public if _listed(f)]
     accepted = sum(f.accepted for f in public)
     rejected = sum(f.rejected for f in public)
-    online = (
-        Node.objects.filter(
-            connected_filter(now=now), last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
-            banned_at__isnull=True, owner__banned_at__isnull=True,
-        ).count()
-    )  # fmt: skip
+    online = Node.objects.filter(
+        connected_filter(now=now),
+        last_seen_at__gte=now - ONLINE_WINDOW,
+        retired_at__isnull=True,
+        banned_at__isnull=True,
+        owner__banned_at__isnull=True,
+    ).count()
     recent_window = timedelta(minutes=10)
     recent_groups = Rollout.objects.filter(
         node_id__in=active_node_ids(now - recent_window), created_at__gte=now - recent_window
@@ -343,7 +344,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
                 "groups": m.accepted + m.rejected,
             }
             for d, m in sorted(per_dataset.items())
-        ],  # fmt: skip
+        ],
         "aha": aha_groups(),
         "arms": _swarm_arms(node_hours, live.groups.by_node_hour, {f.node_id for f in public}, curve_start),
     }
@@ -436,8 +437,10 @@ def node_curve(*, node: Node, days: int = NODE_CURVE_DAYS) -> list[dict[str, Any
     start = timezone.now() - timedelta(days=days)
     with snapshot():
         live = live_rows(node_ids=[node.id])
-        hours = {h.hour: Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions, h.verified_reward)
-                 for h in NodeHour.objects.filter(node=node, hour__gte=start)}  # fmt: skip
+        hours = {
+            h.hour: Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions, h.verified_reward)
+            for h in NodeHour.objects.filter(node=node, hour__gte=start)
+        }
     for (node_id, hour), m in live.groups.by_node_hour.items():
         if node_id == node.id and hour >= start:
             hours.setdefault(hour, Measures()).add(m)

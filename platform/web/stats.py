@@ -202,9 +202,12 @@ def _write(groups: GroupRows, helped: dict[int, int], rounds: dict[int, int]) ->
         "web_nodehour",
         ["node_id", "hour"],
         hour_columns,
-        [(n, h, m.accepted, m.rejected, m.completions, m.reward)
-         for (n, h), m in sorted(groups.by_node_hour.items()) if n in existing],
-    )  # fmt: skip
+        [
+            (n, h, m.accepted, m.rejected, m.completions, m.reward)
+            for (n, h), m in sorted(groups.by_node_hour.items())
+            if n in existing
+        ],
+    )
     _upsert_add(
         "web_datasethour",
         ["hour", "dataset"],

@@ -93,9 +93,12 @@ def leaderboard_how(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "web/leaderboard_how.html",
-        {"half_life_days": stats.CREDIT_HALF_LIFE.days, "fold_lag_minutes": int(stats.FOLD_LAG.total_seconds() // 60),
-         "cache_seconds": selectors.FIGURES_CACHE_SECONDS},
-    )  # fmt: skip
+        {
+            "half_life_days": stats.CREDIT_HALF_LIFE.days,
+            "fold_lag_minutes": int(stats.FOLD_LAG.total_seconds() // 60),
+            "cache_seconds": selectors.FIGURES_CACHE_SECONDS,
+        },
+    )
 
 
 @require_GET

@@ -18,7 +18,7 @@ database, Debian's chromium driven by Playwright, and small helpers.
 - `login(page, user)`: a logged-in session cookie for `user` (no form round-trip).
 - `screenshot(page, name)`: saves test-artifacts/screenshots/NAME.png (full page).
 - `in_thread(fn, *args, **kwargs)`: call sync code on a helper thread and return its result. Needed
-  for services that reach the channel layer through `async_to_sync` (pool.services.rollout_share
+  for services that reach the channel layer through `async_to_sync` (pool.ingest.rollout_share
   announces on commit, bans and token revocations close sockets): once Playwright runs, the main
   thread has a running event loop and asgiref refuses `async_to_sync` there.
 - `run_async(coro)`: run a coroutine to completion on a fresh loop in another thread (Playwright's

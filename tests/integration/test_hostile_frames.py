@@ -1,4 +1,4 @@
-"""The node WebSocket under attack, over a real socket (issue 9): daphne running the pool consumer,
+"""The node WebSocket under attack, over a real socket: daphne running the pool consumer,
 PostgreSQL, Redis when REDIS_URL is set.
 
 - 2,000 fuzzed frames from a fixed seed (bench/fuzz.py makes them; `python bench/fuzz.py` runs

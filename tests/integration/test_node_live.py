@@ -1,4 +1,4 @@
-"""Real nodes against the real platform on loopback (tracker issue 3): the node client's training
+"""Real nodes against the real platform on loopback: the node client's training
 loop and WebSocketTransport, daphne running the pool consumer, PostgreSQL and Redis.
 
 - two nodes with different models and tokenizers share groups, get them accepted with the rewards
@@ -380,8 +380,9 @@ def test_a_revoked_token_closes_with_4401_and_the_node_trains_on_alone(
     node, token = make_node_with_token(name="soon-revoked")
     proxy = proxies(swarm_server.port)  # counts the node's connection attempts
     t = transports(proxy.ws_url + "/ws/node/", token, tmp_path / "outbox.sqlite3")
-    n = start_node(node_config(tmp_path, "tiny", seed=5, questions=2, local=2, external=2), t,
-                   policy=policy_copy(tiny_policy))  # fmt: skip
+    n = start_node(
+        node_config(tmp_path, "tiny", seed=5, questions=2, local=2, external=2), t, policy=policy_copy(tiny_policy)
+    )
     assert t.status == "connected"
     assert play_round(n) is not None and t.flush(20)
     assert t.counts().accepted == 2

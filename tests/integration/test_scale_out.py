@@ -1,4 +1,4 @@
-"""Scale-out (issue 11, docs/deploy.md "Scale-out"): two daphne processes started as a user starts
+"""Scale-out (docs/deploy.md, "Scale-out"): two daphne processes started as a user starts
 them (`daphne config.asgi:application`, each with its own SAPO_SERVER_NAME and port), on one Redis
 and one PostgreSQL database, with node sockets on each:
 
@@ -87,8 +87,11 @@ class Worker:
         with log.open("wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
-                cwd=REPO, env=env | {"SAPO_SERVER_NAME": name}, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                cwd=REPO,
+                env=env | {"SAPO_SERVER_NAME": name},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_ready(self) -> None:
         def ready() -> bool:
@@ -146,7 +149,9 @@ def workers(transactional_db, tmp_path) -> Iterator[tuple[Worker, Worker]]:
     metrics_dir.mkdir()
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), str(REPO / "node_client"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "platform"), str(REPO / "node_client"), os.environ.get("PYTHONPATH", "")]
+        ),
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": _database_url(),
         "REDIS_URL": redis_url,
@@ -155,7 +160,7 @@ def workers(transactional_db, tmp_path) -> Iterator[tuple[Worker, Worker]]:
         "SAPO_PRESENCE_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
         "SAPO_LOG_LEVEL": "WARNING",
-    }  # fmt: skip
+    }
     with ExitStack() as stack:
         pair = []
         for name in ("worker-1", "worker-2"):

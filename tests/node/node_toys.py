@@ -39,9 +39,12 @@ def _tokenizer_json(vocab_size: int, split_digits: bool) -> str:
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS, PAD],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(list(_corpus()), trainer=trainer)
     return tok.to_str()
 

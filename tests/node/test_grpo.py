@@ -240,9 +240,9 @@ def test_a_model_with_soft_capped_logits_falls_back_to_the_full_forward():
     torch.testing.assert_close(fast, ref * flat.completion_mask, atol=1e-6, rtol=0)
 
 
-def _previous_grpo_update(model, optimizer, groups, *, pad_id, epochs, micro_batch, kl_coef=0.0, reference=None):
-    """sapo-node's update before the fast path: token_logprobs on prompt + completion per row, in the
-    groups' order, a separate stored copy of the first epoch's log-probs as the old ones."""
+def _per_row_grpo_update(model, optimizer, groups, *, pad_id, epochs, micro_batch, kl_coef=0.0, reference=None):
+    """The update by its definition, without the fast path: token_logprobs on prompt + completion per
+    row, in the groups' order, a separate stored copy of the first epoch's log-probs as the old ones."""
     rows = _rows(groups)
     tokens = sum(len(c) for _, c, _ in rows)
     batches = [collate(rows[i : i + micro_batch], pad_id, "cpu") for i in range(0, len(rows), micro_batch)]
@@ -268,7 +268,7 @@ def _previous_grpo_update(model, optimizer, groups, *, pad_id, epochs, micro_bat
 
 
 @pytest.mark.parametrize(("epochs", "kl_coef", "micro_batch"), [(1, 0.0, 4), (1, 0.0, 16), (3, 0.1, 5)])
-def test_the_update_equals_the_previous_implementation(epochs, kl_coef, micro_batch):
+def test_the_update_equals_the_per_row_reference(epochs, kl_coef, micro_batch):
     import copy
 
     model, tok = make_policy("a", seed=5)
@@ -280,7 +280,7 @@ def test_the_update_equals_the_previous_implementation(epochs, kl_coef, micro_ba
         model, torch.optim.SGD(model.parameters(), lr=1.0), groups, pad_id=tok.pad_token_id, epochs=epochs,
         micro_batch=micro_batch, kl_coef=kl_coef, reference=reference, max_grad_norm=float("inf"),
     )  # fmt: skip
-    loss = _previous_grpo_update(
+    loss = _per_row_grpo_update(
         before, torch.optim.SGD(before.parameters(), lr=1.0), groups, pad_id=tok.pad_token_id, epochs=epochs,
         micro_batch=micro_batch, kl_coef=kl_coef, reference=reference,
     )  # fmt: skip

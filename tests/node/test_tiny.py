@@ -190,8 +190,10 @@ def test_a_format_phase_build_records_its_recipe(tmp_path, monkeypatch):
     info = build_info(tiny_path("tiny-learn-a", tmp_path))
     variant = info["recipe"]["variant"]
     assert (variant["format_steps"], variant["bare_share"], variant["known"]) == (
-        2, 0.8, ["basic_arithmetic", "calendar_arithmetic"]
-    )  # fmt: skip
+        2,
+        0.8,
+        ["basic_arithmetic", "calendar_arithmetic"],
+    )
     assert info["format_seconds"] > 0
 
 

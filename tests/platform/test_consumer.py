@@ -326,7 +326,7 @@ async def test_report_stores_the_round_and_credits_each_used_group_once(node, no
 
 
 async def test_a_contributors_nodes_cannot_credit_each_other_even_after_sampling(user, node, node_token):
-    """The attack of issue 9: three nodes of one contributor listing each other's groups in `used`."""
+    """Three nodes of one contributor listing each other's groups in `used`."""
     from factories import make_node_with_token
 
     sibling, sibling_token = await sync_to_async(make_node_with_token)(owner=user, name="desktop")

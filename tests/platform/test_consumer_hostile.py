@@ -1,4 +1,4 @@
-"""Hostile frames against the node WebSocket (issue 9): nothing a node sends crashes its socket, every
+"""Hostile frames against the node WebSocket: nothing a node sends crashes its socket, every
 frame gets a typed answer carrying its ref, and the storage budgets hold. In process, through the
 ASGI application (WebsocketCommunicator, real PostgreSQL); tests/integration/test_hostile_frames.py
 does the same over a real socket, fuzzed."""
@@ -14,9 +14,9 @@ from node_sockets import ask, open_socket
 from support.pool import make_group, share_frame
 
 from nodes.presence import connection_counts
+from pool.ingest_statement import REJECTED_KEEP_CHARS, REJECTED_KEEP_COMPLETIONS
 from pool.models import NodeRound, NodeStorageHour, Rollout
 from pool.seams import moderation
-from pool.services import REJECTED_KEEP_CHARS, REJECTED_KEEP_COMPLETIONS
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 

@@ -9,7 +9,7 @@ import pytest
 from factories import make_node
 from support.moderation import group, long_reasoning, share, staff
 
-from moderation import filters, safe_regex
+from moderation import filters, kernels, safe_regex
 from moderation.models import AuditEntry, ModerationDecision, ModerationFlag, RolloutFingerprint
 from moderation.rules import RULES, Rule, default_rule, rules_forget
 from moderation.screening import outlier_scan, outlier_scores
@@ -193,13 +193,13 @@ def test_simhash_distance_is_small_for_near_texts_and_large_for_different_ones()
 def _simhash_by_the_book(text: str) -> int:
     """docs/moderation.md's simhash, one gram at a time: what the vectorised one must equal bit for bit
     (the stored fingerprints of earlier groups are compared with new ones)."""
-    data = text[: filters.SIMHASH_CHARS].encode("utf-8").ljust(filters.SHINGLE, b"\0")
+    data = text[: filters.SIMHASH_CHARS].encode("utf-8").ljust(kernels.SHINGLE, b"\0")
     mask = (1 << 64) - 1
     ones = [0] * 64
-    windows = len(data) - filters.SHINGLE + 1
+    windows = len(data) - kernels.SHINGLE + 1
     for start in range(windows):
         h = 0
-        for byte in data[start : start + filters.SHINGLE]:
+        for byte in data[start : start + kernels.SHINGLE]:
             h = (h * 1099511628211 + byte + 1) & mask
         for mul in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, None):  # murmur3's finaliser
             h ^= h >> 33
@@ -224,7 +224,7 @@ def test_fingerprints_of_a_share_equal_each_texts_own_by_the_book():
 
 
 def _near_by_definition(added: list[tuple[str, int]], probe: int, distance: int) -> str | None:
-    for band in range(filters.BANDS):
+    for band in range(kernels.BANDS):
         value = (probe >> (16 * band)) & 0xFFFF
         sharing = [(g, h) for g, h in added if (h >> (16 * band)) & 0xFFFF == value]
         for g, h in sharing[: filters.BAND_BUCKET]:

@@ -136,7 +136,7 @@ def test_contributors_sum_their_nodes_and_banned_ones_are_hidden():
 
 
 def test_only_nodes_with_accepted_groups_get_a_leaderboard_row(node):
-    """Issue 9: a node that only ever reports (or only shares junk) took a public row."""
+    """A node that only ever reports (or only shares junk) gets no public row."""
     make_group(node)
     reporter, junk = make_node(name="reporter"), make_node(name="junk")
     for r in range(1, 4):

@@ -10,12 +10,12 @@ from django.db.utils import ProgrammingError
 from django.urls import reverse
 from factories import make_node, make_user
 from support.moderation import group, share, staff
+from support.pool import sampled
 
 from moderation.models import AuditEntry, ModerationDecision
 from moderation.rules import rules_current, rules_forget
 from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Rollout
-from pool.selectors import rollout_sample
 
 pytestmark = pytest.mark.django_db
 
@@ -205,15 +205,15 @@ def test_bulk_quarantine_of_a_filter_takes_its_groups_out_of_sampling_and_restor
     entry = AuditEntry.objects.get(action="quarantine", target_type="rollout_filter")
     assert entry.count == 6 and entry.details["filter"]["node"] == str(target.id)
 
-    sampled = set()
+    drawn = set()
     for _ in range(5):
-        sampled |= {r.id for r in rollout_sample(node=asker, n=20, window_seconds=86_400)}
-    assert sampled == {r.id for r in kept}
+        drawn |= {g["id"] for g in sampled(asker, 20)}
+    assert drawn == {str(r.id) for r in kept}
 
     restore = {"f-status": "quarantined", "f-node": str(target.id), "action": "restore", "reason": "appeal upheld"}
     htmx_post(mod_client, reverse("moderation:bulk_apply"), restore)
-    sampled = {r.id for r in rollout_sample(node=asker, n=20, window_seconds=86_400)}
-    assert sampled == {r.id for r in [*targeted, *kept]}
+    drawn = {g["id"] for g in sampled(asker, 20)}
+    assert drawn == {str(r.id) for r in [*targeted, *kept]}
 
 
 def test_bulk_reject_requires_a_reason(mod_client):

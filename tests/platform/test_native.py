@@ -13,7 +13,7 @@ import pytest
 import sapo_native
 
 from common import native as common_native
-from moderation import filters
+from moderation import filters, kernels
 from moderation.rules import default_rule
 
 #: Characters the texts are drawn from: letters of both cases, every ASCII whitespace str.split() knows,
@@ -43,7 +43,7 @@ def random_texts(rng: random.Random, n: int, *, ascii_only: bool) -> list[str]:
 
 def test_the_extension_is_built_and_used_by_default():
     # make venv, .ci/run and the Docker image build it; without it the site still runs (ops.W002 warns)
-    assert filters.native() is sapo_native
+    assert kernels.native() is sapo_native
 
 
 @pytest.mark.parametrize("ascii_only", [True, False], ids=["ascii", "mixed"])
@@ -53,7 +53,7 @@ def test_normalising_matches_the_definition_and_the_numpy_twin(ascii_only):
         texts = random_texts(rng, 40, ascii_only=ascii_only)
         native = sapo_native.normalise_ascii(texts)
         assert native == [filters.normalise(t).encode("ascii") if t.isascii() else None for t in texts]
-        assert filters._normalised_ascii(texts) == native  # a NUL (the twin's separator) included
+        assert kernels.normalised_ascii_numpy(texts) == native  # a NUL (the twin's separator) included
 
 
 @pytest.mark.parametrize("ascii_only", [True, False], ids=["ascii", "mixed"])
@@ -62,13 +62,13 @@ def test_simhashes_match_the_numpy_twin(ascii_only):
     for _ in range(20):
         datas = [t[: filters.SIMHASH_CHARS].encode("utf-8") for t in random_texts(rng, 40, ascii_only=ascii_only)]
         native = np.frombuffer(sapo_native.simhashes(datas), dtype="<i8")
-        assert native.tolist() == filters._simhashes_numpy(datas).tolist()
+        assert native.tolist() == kernels.simhashes_numpy(datas).tolist()
 
 
 @pytest.mark.parametrize("ascii_only", [True, False], ids=["ascii", "mixed"])
 def test_character_counts_match_the_definition_and_the_numpy_twin(ascii_only):
     rng = random.Random(13)
-    nonprintable = {c for lo, hi in filters._NONPRINTABLE for c in range(lo, hi + 1)}
+    nonprintable = {c for lo, hi in kernels.NONPRINTABLE for c in range(lo, hi + 1)}
     for _ in range(20):
         texts = random_texts(rng, 40, ascii_only=ascii_only)
         native = np.frombuffer(sapo_native.char_counts(texts), dtype="<i8").reshape(len(texts), 4)
@@ -82,7 +82,7 @@ def test_character_counts_match_the_definition_and_the_numpy_twin(ascii_only):
             for t in texts
         ]
         assert native.tolist() == by_definition
-        assert np.stack(filters._counts_numpy(texts), axis=1).tolist() == by_definition
+        assert np.stack(kernels.char_counts_numpy(texts), axis=1).tolist() == by_definition
 
 
 def test_a_share_fingerprints_and_length_findings_are_the_same_with_and_without_the_extension(settings):
@@ -96,7 +96,7 @@ def test_a_share_fingerprints_and_length_findings_are_the_same_with_and_without_
     results = []
     for on in (True, False):
         settings.SAPO_NATIVE = on
-        assert (filters.native() is not None) is on
+        assert (kernels.native() is not None) is on
         results.append((filters.fingerprints(groups), filters.length_findings(groups, rule)))
     assert results[0] == results[1]
     assert any(results[0][1]) and not all(results[0][1])  # some groups broke a limit, some did not
@@ -164,7 +164,7 @@ def test_a_site_without_the_extension_says_so_at_start_up(monkeypatch, settings)
 
     assert native_extension(None) == []
     monkeypatch.setattr(common_native, "sapo_native", None)  # as on a machine where native/ was not built
-    assert filters.native() is None
+    assert kernels.native() is None
     (warning,) = native_extension(None)
     assert warning.id == "ops.W002" and "pip install ./native" in warning.hint
     settings.SAPO_NATIVE = False  # off on purpose: nothing to say
@@ -255,7 +255,7 @@ def test_the_character_counts_twin_takes_lone_surrogates_as_c_does():
     for _ in range(20):
         texts = ["".join(rng.choices(ALPHABET + SURROGATES, k=rng.choice([1, 5, 300]))) for _ in range(20)]
         native = np.frombuffer(sapo_native.char_counts(texts), dtype="<i8").reshape(len(texts), 4)
-        assert np.stack(filters._counts_numpy(texts), axis=1).tolist() == native.tolist()
+        assert np.stack(kernels.char_counts_numpy(texts), axis=1).tolist() == native.tolist()
 
 
 #: Run in a child process (a crash there is a failed test, not a lost run): a list that Python code

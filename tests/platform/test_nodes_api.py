@@ -1,11 +1,11 @@
 import pytest
 from django.urls import reverse
-from factories import make_node
+from factories import make_node, socket_node
 from rest_framework.test import APIClient
 
 from common.errors import ApplicationError
 from nodes.models import NodeToken
-from nodes.services import node_authenticate, node_token_issue, token_hash
+from nodes.services import node_token_issue, token_hash
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +24,7 @@ class TestListCreate:
         body = response.json()
         assert body["name"] == "laptop" and body["status"] == "offline"
         token = body["token"]
-        assert node_authenticate(token=token).id == body["id"]
+        assert socket_node(token=token).id == body["id"]
         assert NodeToken.objects.get(node_id=body["id"]).token_hash == token_hash(token)
         assert body["token_prefix"] == token[:13]
         # Never shown again.
@@ -86,13 +86,13 @@ class TestDetail:
         assert api_client.get(detail(node.id)).json()["status"] == "retired"
         assert api_client.get(LIST).json() == []
         with pytest.raises(ApplicationError, match="node token"):
-            node_authenticate(token=node_token)
+            socket_node(token=node_token)
 
     def test_rotate_and_revoke(self, api_client, node, node_token):
         response = api_client.post(reverse("nodes-api:node-token-rotate", args=[node.id]))
         assert response.status_code == 200
         new = response.json()["token"]
-        assert node_authenticate(token=new) == node
+        assert socket_node(token=new) == node
 
         response = api_client.post(reverse("nodes-api:node-token-revoke", args=[node.id]))
         assert response.json() == {"revoked": 1}
@@ -118,7 +118,7 @@ class TestDetail:
         assert response.json()["code"] == "not_found"
         theirs.refresh_from_db()
         assert theirs.name == "theirs" and theirs.retired_at is None
-        assert node_authenticate(token=their_token) == theirs
+        assert socket_node(token=their_token) == theirs
 
     def test_unknown_node_is_404(self, api_client):
         assert api_client.get(detail(10**9)).status_code == 404

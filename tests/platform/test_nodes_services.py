@@ -4,14 +4,13 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
-from factories import make_node, make_node_token, make_user
+from factories import make_node, make_node_token, make_user, socket_node
 
 from accounts.models import User
 from common.errors import ApplicationError
 from nodes.models import Node, NodeStatus, NodeToken
 from nodes.selectors import access_node, node_list, node_status
 from nodes.services import (
-    node_authenticate,
     node_create,
     node_hello_changed,
     node_hello_fields,
@@ -48,46 +47,46 @@ class TestTokens:
         assert node_token_issue(node=node)[1] != node_token_issue(node=node)[1]
 
     def test_valid_token_authenticates_its_node(self, node, node_token):
-        assert node_authenticate(token=node_token) == node
+        assert socket_node(token=node_token) == node
         assert NodeToken.objects.get(node=node).last_used_at is not None
 
     @pytest.mark.parametrize("token", [None, "", "sapo_", "not-a-sapo-token", "sapo_" + "x" * 43, "sapo_" + "x" * 500])
     def test_missing_malformed_or_unknown_token_is_unauthenticated(self, token):
-        assert error_code(node_authenticate, token=token) == "unauthenticated"
+        assert error_code(socket_node, token=token) == "unauthenticated"
 
     def test_rotate_revokes_old_tokens_and_returns_a_working_one(self, node, node_token):
         new = node_token_rotate(node=node)
 
-        assert error_code(node_authenticate, token=node_token) == "unauthenticated"
-        assert node_authenticate(token=new) == node
+        assert error_code(socket_node, token=node_token) == "unauthenticated"
+        assert socket_node(token=new) == node
         assert NodeToken.objects.filter(node=node, revoked_at__isnull=True).count() == 1
 
     def test_revoke_stops_every_token(self, node, node_token):
         _, second = make_node_token(node=node)
 
         assert node_token_revoke(node=node) == 2
-        assert error_code(node_authenticate, token=node_token) == "unauthenticated"
-        assert error_code(node_authenticate, token=second) == "unauthenticated"
+        assert error_code(socket_node, token=node_token) == "unauthenticated"
+        assert error_code(socket_node, token=second) == "unauthenticated"
 
     def test_retired_node_is_unauthenticated(self, node, node_token):
         node_retire(node=node)
-        assert error_code(node_authenticate, token=node_token) == "unauthenticated"
+        assert error_code(socket_node, token=node_token) == "unauthenticated"
 
     def test_banned_node_is_banned(self, node, node_token):
         Node.objects.filter(id=node.id).update(banned_at=timezone.now())
-        assert error_code(node_authenticate, token=node_token) == "banned"
+        assert error_code(socket_node, token=node_token) == "banned"
 
     def test_banned_owner_is_banned(self, user, node, node_token):
         User.objects.filter(id=user.id).update(banned_at=timezone.now())
-        assert error_code(node_authenticate, token=node_token) == "banned"
+        assert error_code(socket_node, token=node_token) == "banned"
 
     def test_authentication_error_statuses(self, node, node_token):
         with pytest.raises(ApplicationError) as info:
-            node_authenticate(token="sapo_unknown")
+            socket_node(token="sapo_unknown")
         assert info.value.status == 401
         Node.objects.filter(id=node.id).update(banned_at=timezone.now())
         with pytest.raises(ApplicationError) as info:
-            node_authenticate(token=node_token)
+            socket_node(token=node_token)
         assert info.value.status == 403
 
 
@@ -176,14 +175,14 @@ class TestTokenCommand:
 
         user = User.objects.get(username="carol")
         assert not user.has_usable_password()
-        node = node_authenticate(token=lines[-1])
+        node = socket_node(token=lines[-1])
         assert (node.owner, node.name) == (user, "rig-1")
 
     def test_reuses_existing_user_and_node(self, user, node, node_token):
         lines = self.run(user.username, node.name)
 
-        assert node_authenticate(token=lines[-1]) == node
-        assert node_authenticate(token=node_token) == node  # earlier tokens stay valid
+        assert socket_node(token=lines[-1]) == node
+        assert socket_node(token=node_token) == node  # earlier tokens stay valid
         assert Node.objects.filter(owner=user).count() == 1
 
 
@@ -194,7 +193,7 @@ class TestNodeProvision:
         provisioned, fresh = node_provision(username=user.username, node_name=node.name, rotate=True)
 
         assert provisioned == node
-        assert node_authenticate(token=fresh) == node
+        assert socket_node(token=fresh) == node
         with pytest.raises(ApplicationError) as exc:
-            node_authenticate(token=node_token)
+            socket_node(token=node_token)
         assert exc.value.code == "unauthenticated"

@@ -1,4 +1,4 @@
-"""nodes.sessions.node_session_open: a node socket's session opened in one statement (token, standing,
+"""nodes.sessions.nodes_sessions_open: a node socket's session opened in one statement (token, standing,
 last used, last seen, presence), with presence in the database or in Redis."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import uuid
 
 import pytest
 from django.utils import timezone
-from factories import make_node_with_token
+from factories import make_node_with_token, socket_node
 
 from accounts.models import User
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.models import Node, NodeToken
 from nodes.services import node_retire, node_token_revoke
-from nodes.sessions import node_session_open, nodes_sessions_open
+from nodes.sessions import nodes_sessions_open
 
 pytestmark = pytest.mark.django_db
 
@@ -39,24 +39,24 @@ def store(request, settings):
 
 def refused(token: str | None) -> str:
     with pytest.raises(ApplicationError) as info:
-        node_session_open(token=token, connection_id=uuid.uuid4())
+        socket_node(token)
     return info.value.code
 
 
 def test_a_session_records_last_used_last_seen_and_presence(store, node, node_token):
-    opened = node_session_open(token=node_token, connection_id=uuid.uuid4())
+    opened = socket_node(node_token)
 
     assert opened == node and opened.name == "laptop" and opened.owner_id == node.owner_id
     node.refresh_from_db()
     assert node.last_seen_at is not None and opened.last_seen_at == node.last_seen_at
     assert NodeToken.objects.get(node=node).last_used_at == node.last_seen_at
     assert presence.connection_counts([node.id]) == {node.id: 1}
-    node_session_open(token=node_token, connection_id=uuid.uuid4())
+    socket_node(node_token)
     assert presence.connection_counts([node.id]) == {node.id: 2}
 
 
 def test_a_node_returned_can_be_saved(store, node, node_token):
-    opened = node_session_open(token=node_token, connection_id=uuid.uuid4())
+    opened = socket_node(node_token)
     opened.hardware = "a GPU"
     opened.save(update_fields=["hardware"])
     node.refresh_from_db()

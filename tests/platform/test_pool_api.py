@@ -8,7 +8,8 @@ from factories import make_node
 from rest_framework.test import APIClient
 from support.pool import SAPO, make_group, to_rollout_in
 
-from pool.services import rollout_set_moderation, rollout_share
+from pool.ingest import rollout_share
+from pool.services import rollout_set_moderation
 
 pytestmark = pytest.mark.django_db
 

@@ -46,7 +46,8 @@ def test_a_shares_statements_are_prepared_once_per_connection_unless_turned_off(
 def test_a_shares_statements_are_planned_once_per_connection_whatever_its_size():
     # PostgreSQL plans a prepared statement afresh at each execution while that "custom" plan looks
     # cheaper than the generic one: for the screening's read of one or two questions, every time
-    # (0.23 ms of its CPU per share, more than executing it). common.db asks for the generic plan.
+    # (more of its CPU than executing it: docs/benchmarks.md, "How ingest is made fast"). common.db
+    # asks for the generic plan.
     from factories import make_node
     from support.moderation import group, share
 
@@ -66,17 +67,17 @@ def test_a_shares_statements_are_planned_once_per_connection_whatever_its_size()
 def test_a_shares_statements_are_short_enough_for_psycopgs_query_cache():
     """psycopg converts a statement's %(name)s placeholders once and caches the result only for texts
     of at most MAX_CACHED_STATEMENT_LENGTH bytes; a longer one is parsed with a regular expression at
-    every execution (86 us for the pool's INSERT with the rules' record). common.db raises the limit
+    every execution (docs/benchmarks.md, "How ingest is made fast"). common.db raises the limit
     for the share's fixed statements: they fit under it, and psycopg does cache them."""
     from psycopg import _queries
 
     from common.db import STATEMENT_CACHE_BYTES, server_binding_cursor
-    from moderation.screening import _RECORD_CTES, _SCREENING_READS_SQL
+    from moderation.screening import _SCREENING_READS_SQL, RECORD_SQL
+    from pool.ingest_statement import insert_statement
     from pool.seams import RecordPart
-    from pool.services import _insert_statement
 
     assert _queries.MAX_CACHED_STATEMENT_LENGTH == STATEMENT_CACHE_BYTES  # psycopg still reads this name
-    statements = (_insert_statement(RecordPart(_RECORD_CTES, {})), _insert_statement(None), _SCREENING_READS_SQL)
+    statements = (insert_statement(RecordPart(RECORD_SQL, {})), insert_statement(None), _SCREENING_READS_SQL)
     for sql in statements:
         assert len(sql.encode()) <= STATEMENT_CACHE_BYTES, sql[:80]
     longer = "SELECT %(a)s::int /* " + "x" * 5000 + " */"  # past psycopg's own limit, within ours

@@ -36,9 +36,9 @@ def test_each_socket_counts_until_it_closes(store, node):
     other = make_node(name="desktop")
     first, second = uuid.uuid4(), uuid.uuid4()
     assert presence.connected_node_ids() == set()
-    presence.connection_open(node_id=node.id, connection_id=first)
-    presence.connection_open(node_id=node.id, connection_id=second)
-    presence.connection_open(node_id=other.id, connection_id=uuid.uuid4())
+    presence.connections_renew(connections={first: node.id})
+    presence.connections_renew(connections={second: node.id})
+    presence.connections_renew(connections={uuid.uuid4(): other.id})
     assert presence.connection_counts() == {node.id: 2, other.id: 1}
     assert presence.connection_counts([node.id]) == {node.id: 2}
     presence.connection_close(node_id=node.id, connection_id=first)
@@ -54,9 +54,9 @@ def test_a_record_nobody_renews_expires_and_the_heartbeat_keeps_it(store, node):
     start = timezone.now()
     lasting, dropped = uuid.uuid4(), uuid.uuid4()
     for connection_id in (lasting, dropped):
-        presence.connection_open(node_id=node.id, connection_id=connection_id, now=start)
+        presence.connections_renew(connections={connection_id: node.id}, now=start)
     beat = start + timedelta(seconds=presence.heartbeat_seconds())
-    presence.connection_open(node_id=node.id, connection_id=lasting, now=beat)  # only one socket beats
+    presence.connections_renew(connections={lasting: node.id}, now=beat)  # only one socket beats
     after = start + timedelta(seconds=presence.expires_after_seconds() + 1)
     assert presence.connection_counts([node.id], now=after) == {node.id: 1}
     later = beat + timedelta(seconds=presence.expires_after_seconds() + 1)
@@ -65,9 +65,9 @@ def test_a_record_nobody_renews_expires_and_the_heartbeat_keeps_it(store, node):
 
 def test_a_restarted_server_forgets_its_own_sockets_not_other_servers(store, node, settings):
     other = make_node(name="desktop")
-    presence.connection_open(node_id=node.id, connection_id=uuid.uuid4())
+    presence.connections_renew(connections={uuid.uuid4(): node.id})
     settings.SAPO_SERVER_NAME = "elsewhere"
-    presence.connection_open(node_id=other.id, connection_id=uuid.uuid4())
+    presence.connections_renew(connections={uuid.uuid4(): other.id})
     settings.SAPO_SERVER_NAME = "here"
     assert presence.presence_server_start() == 1
     assert presence.connected_node_ids() == {other.id}
@@ -78,7 +78,7 @@ def test_status_reads_presence_and_last_seen(store, node):
     node.save(update_fields=["last_seen_at"])
     assert node_status(node) == NodeStatus.OFFLINE  # seen just now, but no socket open
     connection_id = uuid.uuid4()
-    presence.connection_open(node_id=node.id, connection_id=connection_id)
+    presence.connections_renew(connections={connection_id: node.id})
     assert node_status(node) == NodeStatus.ONLINE
     now = timezone.now()
     assert node.status_at(now + timedelta(minutes=10), connected=True) == NodeStatus.IDLE
@@ -95,7 +95,7 @@ def test_listings_show_who_is_connected_at_a_cost_that_does_not_grow_with_nodes(
     def connect(*nodes: Node) -> None:
         Node.objects.filter(id__in=[n.id for n in nodes]).update(last_seen_at=timezone.now())
         for n in nodes:
-            presence.connection_open(node_id=n.id, connection_id=uuid.uuid4())
+            presence.connections_renew(connections={uuid.uuid4(): n.id})
 
     def listed() -> tuple[dict[str, str], int]:
         with CaptureQueriesContext(connection) as queries:
@@ -118,8 +118,11 @@ def test_listings_show_who_is_connected_at_a_cost_that_does_not_grow_with_nodes(
     connect(make_node(name="elsewhere"))  # another contributor's: not listed, but online
     statuses, many = listed()
     assert statuses == {
-        "laptop": NodeStatus.ONLINE, "desktop": NodeStatus.OFFLINE, "gpu0": NodeStatus.ONLINE,
-        "gpu1": NodeStatus.ONLINE, "idle box": NodeStatus.OFFLINE,
-    }  # fmt: skip
+        "laptop": NodeStatus.ONLINE,
+        "desktop": NodeStatus.OFFLINE,
+        "gpu0": NodeStatus.ONLINE,
+        "gpu1": NodeStatus.ONLINE,
+        "idle box": NodeStatus.OFFLINE,
+    }
     assert many == few
     assert online() == 4

@@ -1,4 +1,4 @@
-"""Uniform sampling from the pool (pool.selectors.rollout_sample) and what is never sampled."""
+"""Uniform sampling from the pool (pool.selectors.rollout_sample_json) and what is never sampled."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from datetime import timedelta
 
 import pytest
 from factories import make_node
-from support.pool import EASY, make_group, to_rollout_in
+from support.pool import EASY, make_group, sampled, to_rollout_in
 
 from pool import selectors
+from pool.ingest import rollout_share
 from pool.models import Rollout
-from pool.selectors import rollout_sample
-from pool.services import rollout_set_moderation, rollout_share
+from pool.services import rollout_set_moderation
 
 pytestmark = pytest.mark.django_db
 DAY = 86_400
@@ -28,7 +28,7 @@ def easy_group(index: int, **kwargs):
 
 
 def sampled_ids(node, n=50, **kwargs) -> set[str]:
-    return {str(r.id) for r in rollout_sample(node=node, n=n, window_seconds=DAY, **kwargs)}
+    return {g["id"] for g in sampled(node, n, window_seconds=DAY, **kwargs)}
 
 
 @pytest.fixture(params=["enumerate", "probe"])
@@ -64,15 +64,15 @@ def test_only_other_nodes_fresh_verified_varied_unmoderated_groups_are_sampled(p
 def test_sample_returns_n_distinct_groups_and_fewer_when_fewer_exist(path):
     asker, author = make_node(), make_node()
     share(author, *[easy_group(i) for i in range(30)])
-    draw = rollout_sample(node=asker, n=10, window_seconds=DAY)
-    assert len(draw) == 10 == len({r.id for r in draw})
-    assert all(r.node.name == author.name for r in draw)
-    assert len(rollout_sample(node=asker, n=64, window_seconds=DAY)) == 30
-    assert rollout_sample(node=author, n=5, window_seconds=DAY) == []
+    draw = sampled(asker, 10, window_seconds=DAY)
+    assert len(draw) == 10 == len({g["id"] for g in draw})
+    assert all(g["node"] == author.name for g in draw)
+    assert len(sampled(asker, 64, window_seconds=DAY)) == 30
+    assert sampled(author, 5, window_seconds=DAY) == []
 
 
 def test_an_empty_pool_samples_nothing():
-    assert rollout_sample(node=make_node(), n=4, window_seconds=DAY) == []
+    assert sampled(make_node(), 4, window_seconds=DAY) == []
 
 
 def test_moderation_back_to_ok_makes_a_group_sampleable_again(path):
@@ -111,7 +111,7 @@ def test_draws_are_uniform_despite_holes_in_the_numbering(monkeypatch):
     counts: Counter[str] = Counter()
     draws = 400
     for _ in range(draws):
-        counts.update(str(r.id) for r in rollout_sample(node=asker, n=3, window_seconds=DAY, rng=rng))
+        counts.update(g["id"] for g in sampled(asker, 3, window_seconds=DAY, rng=rng))
     assert set(counts) == set(eligible)
     expected = draws * 3 / len(eligible)
     chi2 = sum((counts[i] - expected) ** 2 / expected for i in eligible)
@@ -140,8 +140,8 @@ def _has_lz4() -> bool:
 
 
 def test_completions_are_compressed_with_lz4_and_read_back_as_sent():
-    """The pool's INSERT spends about half its database CPU compressing a group's completions with
-    pglz; migration pool 0005 makes it lz4 (docs/benchmarks.md, "CPU per share")."""
+    """pglz costs the pool's INSERT a large part of its database CPU compressing a group's completions;
+    migration pool 0005 makes it lz4 (docs/benchmarks.md, "How ingest is made fast")."""
     if not _has_lz4():
         pytest.skip("this PostgreSQL is built without lz4")
     from django.db import connection
@@ -159,12 +159,22 @@ def test_completions_are_compressed_with_lz4_and_read_back_as_sent():
 
 
 def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> None:
-    """rollout_sample_json (the node socket's `samples`) writes each group from its row: the same object
-    as pool.payloads.rollout_to_protocol, texts with quotes, backslashes, line breaks and non-ASCII
-    characters included, through both draws."""
+    """rollout_sample_json (the node socket's `samples`) writes each group's JSON by hand
+    (pool.payloads.sampled_group_json): the same object as the stored group's fields encoded by json,
+    texts with quotes, backslashes, line breaks and non-ASCII characters included, through both draws."""
     import json
 
-    from pool.payloads import rollout_to_protocol
+    def protocol_object(r: Rollout) -> dict:  # docs/protocol.md, "samples"
+        return {
+            "id": str(r.id),
+            "round": r.round,
+            "task": {"dataset": r.dataset, "seed": r.seed, "index": r.index},
+            "question": r.question,
+            "answer": r.answer,
+            "completions": r.completions,
+            "rewards": r.verified_rewards,
+            "node": r.node.name,
+        }
 
     author, asker = make_node(), make_node()
     odd = ['He said "no"\\n', "tab\there\nand a line", "accent é, emoji 🙂 \u2028"]
@@ -176,4 +186,4 @@ def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> N
     assert len(drawn) == 8
     stored = {r.id: r for r in Rollout.objects.select_related("node").filter(id__in=[i for i, _ in drawn])}
     for rollout_id, text in drawn:
-        assert json.loads(text) == rollout_to_protocol(stored[rollout_id])
+        assert json.loads(text) == json.loads(json.dumps(protocol_object(stored[rollout_id])))

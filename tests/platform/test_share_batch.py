@@ -1,4 +1,4 @@
-"""Several nodes' shares verified and stored together (pool.services.rollout_share_batch): each gets
+"""Several nodes' shares verified and stored together (pool.ingest.rollout_share_batch): each gets
 what it would have got alone, and what is stored and counted is what sharing them one after the
 other stores and counts."""
 
@@ -17,8 +17,9 @@ from common.errors import ApplicationError
 from moderation.models import AuditEntry, ModerationDecision, ModerationFlag, RolloutFingerprint, TrustRecord
 from moderation.rules import rules_forget
 from nodes.models import Node
+from pool.budgets import StoredBytes
+from pool.ingest import ShareIn, ShareResult, rollout_share, rollout_share_batch
 from pool.models import NodeStorageHour, NodeVerdictCounts, Rollout
-from pool.services import ShareIn, ShareResult, StoredBytes, rollout_share, rollout_share_batch
 
 
 @pytest.fixture(autouse=True)

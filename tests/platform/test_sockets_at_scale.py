@@ -135,7 +135,8 @@ async def test_database_calls_run_on_several_threads_at_once():
 
 def test_the_server_s_start_up_objects_are_out_of_the_collector_s_reach() -> None:
     """config.asgi freezes what start-up made: a full collection then walks only what the sockets
-    made since, not the ~210,000 objects of Django, the apps and reasoning-gym (over 100 ms each)."""
+    made since, not the ~200,000 objects of Django, the apps and reasoning-gym (docs/benchmarks.md,
+    "What a socket costs")."""
     import gc
 
     import config.asgi  # noqa: F401  (imported by every way the site is served)

@@ -13,9 +13,10 @@ from factories import make_node
 from support.pool import SAPO, make_group, to_rollout_in
 
 from common.errors import ApplicationError
+from pool.budgets import StoredBytes
+from pool.ingest import rollout_share
 from pool.limits import Limits
 from pool.models import NodeStorageHour, Rollout
-from pool.services import StoredBytes, rollout_share
 
 pytestmark = pytest.mark.django_db
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from factories import make_node
 from support.moderation import group, share, staff
+from support.pool import sampled
 
 from moderation.models import TrustRecord
 from moderation.rules import default_rule, rules_forget
@@ -150,7 +151,6 @@ def test_trust_weighted_sampling_prefers_trusted_authors(monkeypatch, enumerate_
     import random
 
     import pool.selectors
-    from pool.selectors import rollout_sample
 
     monkeypatch.setattr(pool.selectors, "ENUMERATE_BELOW", enumerate_below)
     trusted, fresh, asker = make_node(), make_node(), make_node()
@@ -161,12 +161,12 @@ def test_trust_weighted_sampling_prefers_trusted_authors(monkeypatch, enumerate_
     rng = random.Random(7)
 
     def trusted_share(draws: int = 200) -> float:
-        hits = [rollout_sample(node=asker, n=1, window_seconds=86_400, rng=rng)[0].node_id for _ in range(draws)]
-        return hits.count(trusted.id) / draws
+        authors = [sampled(asker, 1, rng=rng)[0]["node"] for _ in range(draws)]
+        return authors.count(trusted.name) / draws
 
     assert 0.35 < trusted_share() < 0.65  # weighting off: uniform
     set_rule("trust", sample_weighting=True, sample_floor=0.01)
     # Acceptance 1.0 vs 0.01 + 0.99 * 0.1 = 0.109: the trusted node's share is 1 / 1.109 = 0.90.
     assert trusted_share() > 0.8
     # Asking for more groups than the trusted node has still fills up from the others.
-    assert len(rollout_sample(node=asker, n=15, window_seconds=86_400, rng=rng)) == 15
+    assert len(sampled(asker, 15, rng=rng)) == 15

@@ -13,8 +13,8 @@ import time
 import pytest
 from support.pool import SAPO, make_group, to_rollout_in
 
+from pool.ingest import rollout_share
 from pool.models import Rollout, Verdict
-from pool.services import rollout_share
 from pool.verification import ACCEPTED, REJECTED, verify_rollout
 from sapo_node.tasks import build_entry, score_completions
 from sapo_node.verifiers import vetted

@@ -7,8 +7,8 @@ from typing import Any
 
 from accounts.models import User
 from nodes.models import Node
+from pool.ingest import rollout_share
 from pool.models import Rollout
-from pool.services import rollout_share
 from support.pool import SAPO, make_group, to_rollout_in
 
 

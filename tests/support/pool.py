@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -63,3 +64,13 @@ def share_frame(*groups: dict[str, Any], ref: str | None = None) -> dict[str, An
 
 
 DEFAULT_LIMITS = Limits()
+
+
+def sampled(node, n: int, *, window_seconds: int = 86_400, **kwargs) -> list[dict[str, Any]]:
+    """The groups a `sample` of `n` by `node` is answered with, as the node reads them: the selector
+    behind the reply (pool.selectors.rollout_sample_json), each group's protocol JSON parsed."""
+    from pool.selectors import rollout_sample_json
+
+    return [
+        json.loads(text) for _, text in rollout_sample_json(node=node, n=n, window_seconds=window_seconds, **kwargs)
+    ]

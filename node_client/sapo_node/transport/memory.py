@@ -36,9 +36,10 @@ class MemoryPool:
     def sample(self, node: str, n: int) -> list[Group]:
         with self._lock:
             candidates = [
-                (author, g) for author, g in self.groups.values()
+                (author, g)
+                for author, g in self.groups.values()
                 if author != node and (not self.only_informative or max(g.rewards) - min(g.rewards) > 1e-6)
-            ]  # fmt: skip
+            ]
             picked = self._rng.sample(candidates, min(n, len(candidates)))
         out = []
         for author, group in picked:

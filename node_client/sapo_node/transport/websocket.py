@@ -32,8 +32,9 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
@@ -126,25 +127,28 @@ REFUSALS = {
     protocol.CLOSE_BANNED: "this node or its contributor is banned (4403)",
 }
 
-#: Defaults until the server's `welcome.limits` arrive.
-DEFAULT_LIMITS = {
-    "max_frame_bytes": 1_048_576,
-    "max_groups_per_message": 64,
-    "max_completions_per_group": 32,
-    "max_chars_per_completion": 8192,
-    "max_sample_n": 64,
-}
+#: The limits that shape a frame, the protocol's defaults until the server's `welcome.limits` arrive.
+#: The budgets (messages, bytes per minute) pace the node only once the server has announced them.
+SHAPE_LIMITS = (
+    "max_frame_bytes",
+    "max_groups_per_message",
+    "max_completions_per_group",
+    "max_chars_per_completion",
+    "max_sample_n",
+    "max_used_per_report",
+)
+DEFAULT_LIMITS = {name: protocol.DEFAULT_LIMITS[name] for name in SHAPE_LIMITS}
 
 #: Errors that condemn the groups of a single-group share frame (resending would fail again).
 FATAL_SHARE_ERRORS = {
-    "invalid_message",
-    "frame_too_large",
-    "too_many_groups",
-    "too_many_completions",
-    "completion_too_long",
+    protocol.INVALID_MESSAGE,
+    protocol.FRAME_TOO_LARGE,
+    protocol.TOO_MANY_GROUPS,
+    protocol.TOO_MANY_COMPLETIONS,
+    protocol.COMPLETION_TOO_LONG,
 }
 #: Errors that mean "not now": the refused frame is sent again after this many seconds.
-BACKOFF_ERRORS = {"rate_limited": 5.0, "over_budget": 60.0}
+BACKOFF_ERRORS = {protocol.RATE_LIMITED: 5.0, protocol.OVER_BUDGET: 60.0}
 
 
 def _storable(text: str) -> bool:
@@ -398,14 +402,11 @@ class WebSocketTransport(Transport):
             except (ValueError, AttributeError):
                 log.warning("ignoring a frame that is not a JSON object")
                 continue
-            if kind == protocol.WELCOME:
-                self._on_welcome(frame)
-            elif kind == protocol.ACK and frame.get("for") == protocol.SHARE:
-                self._on_share_ack(frame)
-            elif kind == protocol.SAMPLES:
-                self._on_samples(frame)
-            elif kind == protocol.ERROR:
-                self._on_error(frame)
+            handler = self._ON_SERVER_MESSAGE.get(kind)
+            if handler is None:  # a newer server's message: nothing this client can do with it
+                log.debug("ignoring a frame of unknown type %r", kind)
+            else:
+                handler(self, frame)
             self._poke()
 
     async def _writer(self, ws: ClientConnection) -> None:
@@ -440,7 +441,7 @@ class WebSocketTransport(Transport):
         self._reports.clear()
         merged = dict(reports[-1])
         used = list(dict.fromkeys(i for r in reports for i in r.get("used") or ()))
-        cap = max(1, self.limits.get("max_used_per_report", 1024))
+        cap = max(1, self.limits["max_used_per_report"])
         if "used" in merged or used:
             merged["used"] = used[:cap]
         if len(used) > cap:
@@ -459,6 +460,11 @@ class WebSocketTransport(Transport):
         self._state = "connected"
         self._welcome.set()
         self._connected.set()
+
+    def _on_ack(self, frame: dict[str, Any]) -> None:
+        """An ack of a share settles its groups; an ack of a report carries nothing to act on."""
+        if frame.get("for") == protocol.SHARE:
+            self._on_share_ack(frame)
 
     def _on_share_ack(self, frame: dict[str, Any]) -> None:
         for id_ in frame.get("accepted") or []:
@@ -511,6 +517,14 @@ class WebSocketTransport(Transport):
         elif code in FATAL_SHARE_ERRORS:
             self.outbox.mark(ids[0], REJECTED, code)
 
+    #: What each server message does: every type of protocol.SERVER_MESSAGES, checked below the class.
+    _ON_SERVER_MESSAGE: ClassVar[dict[str, Callable[[WebSocketTransport, dict[str, Any]], None]]] = {
+        protocol.WELCOME: _on_welcome,
+        protocol.ACK: _on_ack,
+        protocol.SAMPLES: _on_samples,
+        protocol.ERROR: _on_error,
+    }
+
     async def _send_shares(self, ws: ClientConnection) -> None:
         if time.monotonic() < self._next_share:
             return
@@ -547,16 +561,16 @@ class WebSocketTransport(Transport):
     def _local_reason(self, rollout: dict[str, Any]) -> str | None:
         """Why the server would refuse this group outright, checked before sending it."""
         if len(rollout["completions"]) > self.limits["max_completions_per_group"]:
-            return "too_many_completions"
+            return protocol.TOO_MANY_COMPLETIONS
         texts = [rollout["question"], rollout["answer"] or "", *rollout["completions"]]
         if any(len(t) > self.limits["max_chars_per_completion"] for t in texts):
-            return "completion_too_long"
+            return protocol.COMPLETION_TOO_LONG
         if len(json.dumps(rollout)) + 256 > self.limits["max_frame_bytes"]:
-            return "frame_too_large"
+            return protocol.FRAME_TOO_LARGE
         if not all(_storable(t) for t in texts):
             # The server refuses the whole frame (invalid_message): the group's frame-mates would be
             # resent one by one to find the culprit.
-            return "invalid_message"
+            return protocol.INVALID_MESSAGE
         return None
 
     async def _request_samples(self, ws: ClientConnection) -> None:
@@ -572,3 +586,6 @@ class WebSocketTransport(Transport):
         self._sample_pending_since = now
         self._sample_ref = self._next_ref()
         await self._send(ws, protocol.frame(protocol.SAMPLE, n=self._sample_n, ref=self._sample_ref))
+
+
+assert set(WebSocketTransport._ON_SERVER_MESSAGE) == set(protocol.SERVER_MESSAGES), "every server message is handled"

@@ -1,7 +1,7 @@
 """A group's completions (its one large column: ~2.3 KB of JSON for 8 completions of 300 characters)
 are compressed with lz4 rather than PostgreSQL's default pglz: the same values, stored and read back
-byte for byte, for less of the database's CPU (32 groups inserted: 3.2 ms with pglz, 1.8 with lz4;
-docs/benchmarks.md, "CPU per share"). Rows stored before keep pglz (PostgreSQL reads either). A server
+byte for byte, for less of the database's CPU (docs/benchmarks.md, "How ingest is made fast"). Rows
+stored before keep pglz (PostgreSQL reads either). A server
 built without lz4 keeps pglz.
 """
 

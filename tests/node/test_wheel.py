@@ -1,0 +1,82 @@
+"""The node client's wheel, as a contributor installs it: built from node_client/ the way the site
+builds it (web.wheel), without the experiment harness, which starts the platform from the
+repository checkout; and `sapo-node experiment` from the wheel fails saying so, while `run` is there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+NODE_CLIENT = Path(__file__).resolve().parents[2] / "node_client"
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel, a folder it is installed into) built from a copy of node_client/."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "node_client"
+    shutil.copytree(NODE_CLIENT, source, ignore=shutil.ignore_patterns("__pycache__", "build", "dist", "*.egg-info"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    out = tmp / "out"
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", out, source], check=True, timeout=300)
+    (wheel,) = out.glob("sapo_node-*.whl")
+    target = tmp / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", target, wheel], check=True, timeout=300)
+    return wheel, target
+
+
+#: The wheel's copy alone, as in a contributor's environment: this environment's editable install of
+#: the checkout puts a finder on sys.meta_path that would answer `sapo_node.experiment` from the
+#: checkout when the wheel's copy has none.
+_WHEEL_ONLY = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+import sapo_node
+from sapo_node.cli import main
+print(sapo_node.__file__)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run_cli(target: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    return subprocess.run(
+        [sys.executable, "-c", _WHEEL_ONLY, *args], env=env, cwd=target, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_wheel_ships_the_node_and_not_the_experiment_harness(installed_wheel):
+    wheel, _ = installed_wheel
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "sapo_node/cli.py" in names and "sapo_node/loop.py" in names and "sapo_node/protocol.py" in names
+    assert "sapo_node/transport/websocket.py" in names and "sapo_node/verifiers/__init__.py" in names
+    assert not [n for n in names if n.startswith("sapo_node/experiment")]
+
+
+def test_sapo_node_experiment_from_the_wheel_says_it_needs_the_checkout(installed_wheel):
+    _, target = installed_wheel
+    result = _run_cli(target, "experiment", "--preset", "smoke")
+    assert result.stdout.startswith(str(target)), result.stdout  # the wheel's copy answered
+    assert result.returncode == 2
+    assert "sapo-node experiment: not installed" in result.stderr and "repository checkout" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_wheels_cli_still_runs_and_lists_the_experiment_as_not_installed(installed_wheel):
+    _, target = installed_wheel
+    result = _run_cli(target, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "run" in result.stdout and "not installed: needs the repository checkout" in result.stdout
+
+
+def test_the_checkout_has_the_experiment_command():
+    from sapo_node.cli import build_parser
+
+    args = build_parser().parse_args(["experiment", "--preset", "smoke"])
+    assert args.handler.__module__ == "sapo_node.experiment"
