@@ -24,11 +24,13 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sapo_node import __version__
 from sapo_node.config import NodeConfig
-from sapo_node.tasks import Catalogue
+
+if TYPE_CHECKING:  # reasoning-gym loads with sapo_node.tasks: not for `sapo-node --help`
+    from sapo_node.tasks import Catalogue
 
 HELP = "write a run's latest checkpoint as a Hugging Face model folder with a model card and a held-out evaluation"
 
@@ -77,6 +79,8 @@ def read_run(run: Path) -> TrainedRun:
             f"{run} has no checkpoint yet: a run writes one every --checkpoint-every rounds and at Ctrl-C"
         )
     saved = torch.load(checkpoint / "state.pt", weights_only=False)  # our own file: python RNG tuples
+    from sapo_node.tasks import Catalogue
+
     catalogue = Catalogue.from_json(json.loads(saved["catalogue"]))
     return TrainedRun(config, checkpoint, int(saved["round"]), catalogue)
 
