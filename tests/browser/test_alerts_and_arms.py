@@ -58,7 +58,7 @@ def test_the_swarm_page_draws_both_arms(live_server, page, screenshot):
         when = timezone.now() - timedelta(hours=hours)
         _group(sharer, (1.0, 1.0, 0.0), when)
         _group(loner, (1.0, 0.0, 0.0), when)
-    # Rows dated in the past: an earlier page of this session may have folded past their hours, so
+    # Rows dated in the past: an earlier test's page may have folded past their hours, so
     # count them as an operator's `sapo_stats rebuild` would.
     stats_rebuild()
     cache.clear()
