@@ -76,6 +76,13 @@ def test_an_idle_connection_whose_session_the_server_ended_is_lost_without_a_rou
 def test_the_pool_hands_out_no_connection_whose_session_the_server_ended(end_sessions):
     """Connections idle in the pool when the server ended their sessions are thrown away when next
     borrowed (config.pg_backend's check), not handed out to fail their first statement."""
+    from common import db
+
+    # Earlier tests' database threads keep the connections they borrowed (common.db): give them back,
+    # or the pool may have none to lend here.
+    if db._threads is not None:
+        db._threads.close_connections()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=60)
     pool = connection.pool
     idle = [pool.getconn(timeout=30) for _ in range(2)]
     ended = {raw.info.backend_pid for raw in idle}
