@@ -6,6 +6,7 @@ socket fails to open, and no call fails on a connection kept from before."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 
 import psycopg
@@ -76,22 +77,22 @@ def test_an_idle_connection_whose_session_the_server_ended_is_lost_without_a_rou
 def test_the_pool_hands_out_no_connection_whose_session_the_server_ended(end_sessions):
     """Connections idle in the pool when the server ended their sessions are thrown away when next
     borrowed (config.pg_backend's check), not handed out to fail their first statement."""
-    from common import db
-
-    # Earlier tests' database threads keep the connections they borrowed (common.db): give them back,
-    # or the pool may have none to lend here.
-    if db._threads is not None:
-        db._threads.close_connections()
-    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=60)
-    pool = connection.pool
-    idle = [pool.getconn(timeout=30) for _ in range(2)]
-    ended = {raw.info.backend_pid for raw in idle}
-    for raw in idle:
-        pool.putconn(raw)
-    assert end_sessions() >= 2
-    for _ in range(3):
-        with pool.connection(timeout=30) as raw:
-            assert raw.execute("SELECT pg_backend_pid()").fetchone()[0] not in ended
+    # A pool of its own, made by the same backend as the site's (another alias, the same settings):
+    # the site's pool may be lent out whole to threads earlier tests left holding connections.
+    wrapper = type(connections["default"])(copy.deepcopy(connection.settings_dict), alias="lost_connections_test")
+    pool = wrapper.pool
+    pool.open()  # Django opens it on its first connection
+    try:
+        idle = [pool.getconn(timeout=30) for _ in range(2)]
+        ended = {raw.info.backend_pid for raw in idle}
+        for raw in idle:
+            pool.putconn(raw)
+        assert end_sessions() >= 2
+        for _ in range(3):
+            with pool.connection(timeout=30) as raw:
+                assert raw.execute("SELECT pg_backend_pid()").fetchone()[0] not in ended
+    finally:
+        wrapper.close_pool()
 
 
 def test_a_connection_in_a_transaction_is_never_taken_for_lost():
