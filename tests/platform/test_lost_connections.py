@@ -34,6 +34,7 @@ def end_sessions():
     """`end_sessions()`: every session on the test database but the test's own (its Django connection
     and the one that ends them) is ended by the server, as a restart ends them; returns once they are
     all gone, with how many there were. Afterwards asgiref's thread drops its broken connection."""
+    _hand_back_kept_connections()
     connection.ensure_connection()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
@@ -58,7 +59,18 @@ def end_sessions():
 
     yield end
     killer.close()
-    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=60)  # asgiref's thread's
+    _hand_back_kept_connections()
+
+
+def _hand_back_kept_connections() -> None:
+    """The database threads (common.db) and asgiref's thread keep the connections they borrowed from the
+    site's pool between calls; after earlier tests they may hold all of it, and after end() they hold
+    connections the server ended. Each gives its connection back (the pool drops an ended one)."""
+    from common import db
+
+    if db._threads is not None:
+        db._threads.close_connections()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=60)
 
 
 def test_an_idle_connection_whose_session_the_server_ended_is_lost_without_a_round_trip(end_sessions):
