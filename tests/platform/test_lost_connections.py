@@ -35,6 +35,9 @@ def end_sessions():
     and the one that ends them) is ended by the server, as a restart ends them; returns once they are
     all gone, with how many there were. Afterwards asgiref's thread drops its broken connection."""
     _hand_back_kept_connections()
+    # A fresh site pool: the one earlier tests used may be lent out whole to threads that keep their
+    # connections; Django hands each one back to the pool it came from, so closing it here is safe.
+    connection.close_pool()
     connection.ensure_connection()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
