@@ -196,11 +196,11 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path
     SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
     channel_layers.backends.clear()
 
+    from common.library_patches.daphne import follow_frame_limit
     from config.asgi import application
-    from config.websocket import follow_frame_limit
     from pool.limits import current_limits
 
-    follow_frame_limit(current_limits())  # config.asgi may have been imported before the overrides
+    follow_frame_limit(current_limits().websocket_max_bytes)  # config.asgi may have been imported before the overrides
     return ASGIStaticFilesHandler(application)
 
 

@@ -7,7 +7,7 @@ Every way the site is served imports this module (runserver, the `daphne` comman
 servers), so the two things a server process must do before it serves are done here:
 - the WebSocket layer's message limit follows SAPO_MAX_FRAME_BYTES, autobahn's debug text is made only
   when logged, frames are unmasked with `websockets`' C function and a text message's UTF-8 is checked
-  once (config.websocket);
+  once (common.library_patches);
 - the objects made while starting (Django, the apps, reasoning-gym and sympy: ~210,000 the garbage
   collector tracks) are moved out of its reach (`gc.freeze`), once the module has loaded;
 - the server's start-up step (`server_start`: forget the presence records this server's previous run
@@ -32,12 +32,7 @@ from channels.db import database_sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from config.websocket import (  # noqa: E402
-    follow_frame_limit,
-    format_debug_lazily,
-    unmask_with_websockets,
-    validate_utf8_once,
-)
+from common.library_patches import install_for_serving  # noqa: E402
 from nodes.presence import presence_server_start  # noqa: E402
 
 # Imported at start-up, not on the first connection: it loads reasoning-gym, which on a busy
@@ -97,10 +92,7 @@ class ServerStart:
         await self.app(scope, receive, send)
 
 
-follow_frame_limit(current_limits())
-format_debug_lazily()
-unmask_with_websockets()
-validate_utf8_once()
+install_for_serving(current_limits().websocket_max_bytes)
 application = ServerStart(router)
 
 # Python's cyclic collector walks every object it tracks on each full collection: start-up leaves some

@@ -61,3 +61,20 @@ def metrics_token(app_configs, **kwargs) -> list[Warning]:
             id="ops.W003",
         )
     ]
+
+
+@register("ops")
+def library_patches_apply(app_configs, **kwargs) -> list[Warning]:
+    """The server changes a few libraries' private internals (common.library_patches); an upgrade that
+    moves what one changes leaves the server on the library's own path, slower or wrong."""
+    from common import library_patches
+
+    return [
+        Warning(
+            f"A library upgrade moved what the server patches, so the library's own path runs: {what}.",
+            hint="Pin the library to the version in requirements/lock.txt, or move the patch in "
+            "common/library_patches with it (tests/platform/test_library_patches.py says what moved).",
+            id="ops.W004",
+        )
+        for what in library_patches.moved()
+    ]

@@ -5,11 +5,12 @@ next send a statement, so each would fail the request or call it served next, lo
 database was back. The pool throws away one whose server has hung up before handing it out
 (common.pg_lost: a poll() of its socket, no round trip). Django gives psycopg's pool a `check` of its
 own only with CONN_HEALTH_CHECKS, which also costs a round trip per call of a kept connection, so
-the check is set on the pool Django made.
+the check is set on the pool Django made (common.library_patches.psycopg_pool).
 """
 
 from django.db.backends.postgresql import base
 
+from common.library_patches.psycopg_pool import check_each_connection
 from common.pg_lost import pool_check
 
 
@@ -17,6 +18,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self):
         pool = super().pool
-        if pool is not None and getattr(pool, "_check", None) is None:
-            pool._check = pool_check  # psycopg_pool.ConnectionPool's `check` argument, as it stores it
+        if pool is not None:
+            check_each_connection(pool, pool_check)
         return pool
