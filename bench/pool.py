@@ -756,7 +756,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
     from django.conf import settings
     from django.db import connections
 
-    from pool.consumers import _sample_payload
+    from pool.consumers import _sampled_groups
     from pool.models import Rollout
     from sapo_node.progress import progress_bar
 
@@ -767,6 +767,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     default = connections["default"]
     default.close()
+    default.close_pool()  # the copies are made from this database: no session of ours may stay on it
     aliases = {}
     for size in sizes:
         alias = f"pool{size}"
@@ -785,15 +786,16 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             fill_s[size] = time.perf_counter() - start
             assert Rollout.objects.count() == size
             for _ in range(20):  # warm caches and the connection
-                _sample_payload(node=asker, n=args.n, window_seconds=window)
+                _sampled_groups(node=asker, n=args.n, window_seconds=window)
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         got = dict.fromkeys(sizes, 0)
         for _ in progress_bar(range(args.samples), desc=f"sampling {args.sizes}", unit="round", leave=False):
             for size, alias in aliases.items():
                 connections["default"] = connections[alias]
                 t0 = time.perf_counter()
-                rows = _sample_payload(node=asker, n=args.n, window_seconds=window)
+                drawn = _sampled_groups(node=asker, n=args.n, window_seconds=window)
                 timings[size].append((time.perf_counter() - t0) * 1000)
+                rows = json.loads(drawn.text)
                 got[size] += len(rows)
                 if any(r["node"] == asker.name for r in rows):
                     raise SystemExit("sampled the asker's own group")

@@ -1,9 +1,11 @@
-"""Compact JSON text for values bound into SQL (jsonb columns written in one statement)."""
+"""Compact JSON text: for values bound into SQL (jsonb columns written in one statement), and for the
+node socket's replies, whose members may already be JSON (`Raw`, `dumps_object`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 #: No spaces, non-ASCII kept as is (a completion in another script costs its UTF-8 bytes, not \u escapes).
 dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -32,3 +34,40 @@ def dumps_floats(values: Sequence[float]) -> str:
     except TypeError:
         return dumps(list(values))
     return text if "n" not in text else dumps(list(values))
+
+
+class Raw:
+    """A member's value that is JSON text already (a jsonb column as PostgreSQL wrote it, a catalogue
+    encoded once per process), written as it is by `dumps_object`. Not a str: anywhere else the encoder
+    refuses it (TypeError) instead of quoting it as a string."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+#: Replies escape non-ASCII: a reply may echo a node's text, and a JSON escape such as "\ud800" in what
+#: a node sent decodes to a lone surrogate, which a UTF-8 text frame cannot carry.
+_dumps_ascii = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def dumps_object(members: Mapping[str, Any]) -> str:
+    """`members` as one JSON object, in their order, ASCII only, where a `Raw` value is written as its
+    text: what `json.dumps` would write for the object with each Raw parsed in its place. Runs of the
+    other members are encoded together, so an object without Raw costs one encoder call."""
+    parts: list[str] = []
+    run: dict[str, Any] = {}
+    for key, value in members.items():
+        if type(value) is Raw:
+            if run:
+                parts.append(_dumps_ascii(run)[1:-1])
+                run = {}
+            parts.append(f"{_dumps_ascii(key)}:{value.text}")
+        else:
+            run[key] = value
+    if not parts:
+        return _dumps_ascii(run)
+    if run:
+        parts.append(_dumps_ascii(run)[1:-1])
+    return "{" + ",".join(parts) + "}"

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -47,7 +46,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from redis.exceptions import RedisError
 
 from common import metrics
-from common.compact_json import dumps
+from common.compact_json import Raw, dumps, dumps_object
 from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
@@ -116,44 +115,32 @@ async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, f
     ]
 
 
-def _sample_payload(*, node: Any, n: int, window_seconds: int) -> str:
-    """What a `sample` answers, as the reply's JSON member `"rollouts":[...]`; the groups sent are
+def _sampled_groups(*, node: Any, n: int, window_seconds: int) -> Raw:
+    """What a `sample` answers: the groups drawn, as the JSON list of the reply's member "rollouts",
+    each group's JSON made from its row (pool.payloads.sampled_group_json); the groups sent are
     recorded as served to the node (credit needs it)."""
     with metrics.SAMPLE_SECONDS.time():
         drawn = rollout_sample_json(node=node, n=n, window_seconds=window_seconds)
     rollout_served_record(node=node, rollout_ids=[rollout_id for rollout_id, _ in drawn])
-    return '"rollouts":[' + ",".join(text for _, text in drawn) + "]"
+    return Raw("[" + ",".join(text for _, text in drawn) + "]")
 
 
 _closing_tasks: set[asyncio.Task] = set()  # closes under way (a task nobody holds may be collected)
 
-
-class _Reply(dict):
-    """A reply with members already in JSON (`members`, appended as they are): a `welcome`'s catalogue
-    and limits, made once per process and catalogue and limits (`_welcome_members`: serialising them
-    was ~10% of the CPU a socket costs to open), and a `samples` reply's groups, made from the rows
-    (pool.payloads.sampled_group_json; docs/benchmarks.md, "Sockets")."""
-
-    members: str = ""
+_announced: dict[tuple[int, Limits], tuple[Any, Raw, dict[str, int]]] = {}
 
 
-_welcome_cache: dict[tuple[int, Limits], tuple[Any, str, dict[str, int]]] = {}
-
-
-def _welcome_members(catalogue: Any, limits: Limits, messages_per_minute: int) -> str:
-    """`"catalogue":{...},"limits":{...}`, as `welcome` sends them, with `max_messages_per_minute` the
-    node's own quota (its trust's share of the configured one, moderation.trust): what the server will
-    hold it to, so the client paces itself to it (a node told the configured 600 while held to 195 was
-    refused by the hundred). The catalogue's JSON is made once per catalogue and limits."""
+def _catalogue_and_limits(catalogue: Catalogue, limits: Limits) -> tuple[Raw, dict[str, int]]:
+    """What every `welcome` announces, made once per process, catalogue and limits: the catalogue as
+    JSON and the limits as a dict (making them for every welcome was ~10% of the CPU a socket costs to
+    open: docs/benchmarks.md, "Sockets")."""
     key = (id(catalogue), limits)
-    cached = _welcome_cache.get(key)
+    cached = _announced.get(key)
     if cached is None or cached[0] is not catalogue:
-        if len(_welcome_cache) >= 8:
-            _welcome_cache.clear()
-        catalogue_json = json.dumps(catalogue.to_json(), separators=(",", ":"))
-        cached = _welcome_cache[key] = (catalogue, f'"catalogue":{catalogue_json}', limits.to_json())
-    announced = {**cached[2], "max_messages_per_minute": int(messages_per_minute)}
-    return f'{cached[1]},"limits":{dumps(announced)}'
+        if len(_announced) >= 8:
+            _announced.clear()
+        cached = _announced[key] = (catalogue, Raw(dumps(catalogue.to_json())), limits.to_json())
+    return cached[1], cached[2]
 
 
 class NodeConsumer(AsyncWebsocketConsumer):
@@ -350,11 +337,10 @@ class NodeConsumer(AsyncWebsocketConsumer):
             metrics.share_answered(result)
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
-            samples = _Reply(type="samples")
-            samples.members = await db_call(_sample_payload, retry_lost=True)(
+            rollouts = await db_call(_sampled_groups, retry_lost=True)(
                 node=node, n=message.n, window_seconds=self.limits.sample_window_seconds
             )
-            return samples
+            return {"type": "samples", "rollouts": rollouts}
         if isinstance(message, Report):
             await db_call(node_round_report)(node=node, report=message, limits=self.limits)
             return {"type": "ack", "for": "report", "round": message.round}
@@ -369,9 +355,12 @@ class NodeConsumer(AsyncWebsocketConsumer):
             for name, value in said.items():
                 setattr(node, name, value)
             presence.socket_book().said(node.id, said)
-        welcome = _Reply(type="welcome", node_id=node.id, node_name=node.name)
-        welcome.members = _welcome_members(self.catalogue, self.limits, self.budget.messages)
-        return welcome
+        catalogue, limits = _catalogue_and_limits(self.catalogue, self.limits)
+        # The limits announced are what the server will hold this node to: max_messages_per_minute is its
+        # trust's share of the configured quota (moderation.trust), so the client paces itself to it
+        # (a node told the configured 600 while held to 195 was refused by the hundred).
+        limits = {**limits, "max_messages_per_minute": int(self.budget.messages)}
+        return {"type": "welcome", "node_id": node.id, "node_name": node.name, "catalogue": catalogue, "limits": limits}
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:
         if self.closing:
@@ -379,10 +368,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         payload["v"] = protocol.VERSION
         if ref is not None:
             payload["ref"] = ref
-        text = json.dumps(payload, separators=(",", ":"))
-        if isinstance(payload, _Reply):
-            text = f"{text[:-1]},{payload.members}}}"
-        await self.send(text_data=text)
+        await self.send(text_data=dumps_object(payload))
 
     async def _error(self, code: str, detail: str, ref: str | None) -> None:
         self.consecutive_errors += 1

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, NamedTuple
 
+from common.compact_json import Raw, dumps, dumps_object
 from pool.models import Rollout
-
-_COMPACT = (",", ":")
 
 
 class SampledGroup(NamedTuple):
@@ -44,22 +42,20 @@ def sampled_group_json(group: SampledGroup) -> str:
     completions are most of its bytes, so the jsonb columns are written as PostgreSQL wrote them,
     not parsed and dumped again (docs/benchmarks.md, "Sockets"); tests/platform/test_sampling.py
     compares the result with the object built field by field and encoded by json."""
-    head = json.dumps(
+    return dumps_object(
         {
             "id": str(group.id),
             "round": group.round,
             "task": {"dataset": group.dataset, "seed": group.seed, "index": group.index},
             "question": group.question,
             "answer": group.answer,
-        },
-        separators=_COMPACT,
-    )
-    return (
-        f'{head[:-1]},"completions":{_json_text(group.completions)},"rewards":{_json_text(group.rewards)},'
-        f'"node":{json.dumps(group.node_name)}}}'
+            "completions": _json_text(group.completions),
+            "rewards": _json_text(group.rewards),
+            "node": group.node_name,
+        }
     )
 
 
-def _json_text(value: Any) -> str:
+def _json_text(value: Any) -> Raw:
     """A jsonb column's value as JSON text (psycopg hands Django's connections jsonb as text)."""
-    return value if isinstance(value, str) else json.dumps(value, separators=_COMPACT)
+    return Raw(value if isinstance(value, str) else dumps(value))

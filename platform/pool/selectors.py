@@ -35,6 +35,23 @@ SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %
         ORDER BY created_at, sample_seq LIMIT 1) AS lo,
        (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable) AS hi
 """
+
+#: The draw's columns for a group, in SampledGroup's order (the row is read by position).
+_GROUP_COLUMNS = {
+    "id": "r.id",
+    "node_id": "r.node_id",
+    "node_name": "n.name",
+    "round": "r.round",
+    "dataset": "r.dataset",
+    "seed": "r.seed",
+    "index": "r.index",
+    "question": "r.question",
+    "answer": "r.answer",
+    "completions": "r.completions",
+    "rewards": "r.verified_rewards",
+}
+assert tuple(_GROUP_COLUMNS) == SampledGroup._fields, "pool.selectors._GROUP_COLUMNS and SampledGroup disagree"
+
 _DRAW_SQL = (
     """
 WITH bounds AS ("""
@@ -43,8 +60,9 @@ WITH bounds AS ("""
     SELECT DISTINCT b.lo + floor(random() * (b.hi - b.lo + 1))::bigint AS k
     FROM bounds b, generate_series(1, {k}) WHERE b.hi >= b.lo
 )
-SELECT b.lo, b.hi, d.k, r.id, r.node_id, n.name, r.round, r.dataset, r.seed, r.index, r.question,
-       r.answer, r.completions, r.verified_rewards
+SELECT b.lo, b.hi, d.k, """
+    + ", ".join(_GROUP_COLUMNS.values())
+    + """
 FROM bounds b
 LEFT JOIN draws d ON true
 LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
@@ -76,8 +94,8 @@ class _Hit(NamedTuple):
 
 
 def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int | None, set[int], list[_Hit]]:
-    """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit). A row is (lo, hi, k, then the group's
-    columns in SampledGroup's order, NULL for a miss)."""
+    """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit). A row is (lo, hi, k, then _GROUP_COLUMNS,
+    NULL for a miss)."""
     with connection.cursor() as cursor:
         cursor.execute(_DRAW_SQL.format(k=int(k)), {"cutoff": cutoff, "node": node_id})
         rows = cursor.fetchall()

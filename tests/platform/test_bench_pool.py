@@ -90,3 +90,14 @@ def test_the_ingest_benchmark_runs_the_servers_of_each_tree_in_alternation(tmp_p
     for tree in (0, 1):
         label = f"with moderation rules, 1 worker, tree {tree} ({root}) |"
         assert sum(1 for line in out.splitlines() if line.startswith("| WebSocket share") and label in line) == 3, out
+
+
+def test_the_sampling_benchmark_times_each_pool_size_and_gets_whole_samples(tmp_path):
+    """bench/pool.py's sampling part: copies of the filled database per size (none of its own sessions
+    left on the template), each size timed in alternation, every call answered with n groups."""
+    args = ["--skip-ingest", "--sizes", "100,400", "--samples", "5", "--n", "4"]
+    out = run_bench("pool.py", args, "sapo_bench_sample", tmp_path)
+    rows = [line.strip(" |").split("|") for line in out.splitlines() if re.match(r"\| [\d,]+ \| ", line)]
+    assert [r[0].strip() for r in rows] == ["100", "400"], out
+    assert all(float(r[5]) == 4.0 for r in rows), out  # groups per call
+    assert "load average at end" in out

@@ -1,4 +1,5 @@
-"""The JSON text bound into SQL: its length is what a stored group is charged (storage budgets)."""
+"""The JSON text bound into SQL (its length is what a stored group is charged: storage budgets), and the
+node socket's replies with members already in JSON."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import random
 
 import pytest
 
-from common.compact_json import dumps, dumps_floats, dumps_texts
+import json
+
+from common.compact_json import Raw, dumps, dumps_floats, dumps_object, dumps_texts
 
 
 @pytest.mark.parametrize(
@@ -36,3 +39,50 @@ def test_floats_are_written_as_the_encoder_writes_them():
     for values in cases:
         assert dumps_floats(values) == dumps(values)
         assert dumps_floats(tuple(values)) == dumps(values)
+
+
+def _value(rng: random.Random, depth: int = 0):
+    kinds = ["int", "float", "text", "none", "bool"] + (["list", "dict"] if depth < 2 else [])
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.randint(-(2**40), 2**40)
+    if kind == "float":
+        return rng.uniform(-1e6, 1e6)
+    if kind == "text":
+        return "".join(
+            rng.choice(["a", '"', "\\", "\n", "é", "数", "\U0001f600", "\ud800", " "]) for _ in range(rng.randint(0, 6))
+        )
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "list":
+        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {f"k{i}": _value(rng, depth + 1) for i in range(rng.randint(0, 3))}
+
+
+def test_an_object_with_members_already_in_json_is_the_object_json_would_write():
+    """dumps_object: the same object, member order kept, whichever members come as Raw text (none, some
+    in runs, all), with keys and texts JSON must escape; without Raw, json's own text."""
+    rng = random.Random(11)
+    for _ in range(3000):
+        members = {
+            rng.choice(["type", "ref", 'k"ey', "ключ", f"m{rng.randint(0, 99)}"]): _value(rng)
+            for _ in range(rng.randint(0, 6))
+        }
+        raw = {key for key in members if rng.random() < 0.4}
+        given = {
+            key: Raw(json.dumps(value, ensure_ascii=False)) if key in raw else value for key, value in members.items()
+        }
+        text = dumps_object(given)
+        assert json.loads(text) == members
+        assert list(json.loads(text)) == list(members)
+        if not raw:
+            assert text == json.dumps(members, separators=(",", ":")) and text.isascii()
+
+
+def test_a_raw_value_anywhere_but_a_member_is_refused_not_quoted():
+    with pytest.raises(TypeError):
+        dumps_object({"outer": {"inner": Raw("[1]")}})
+    with pytest.raises(TypeError):
+        dumps({"outer": Raw("[1]")})
