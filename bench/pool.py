@@ -789,6 +789,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
                 _sampled_groups(node=asker, n=args.n, window_seconds=window)
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         got = dict.fromkeys(sizes, 0)
+        load_start = load1()
         for _ in progress_bar(range(args.samples), desc=f"sampling {args.sizes}", unit="round", leave=False):
             for size, alias in aliases.items():
                 connections["default"] = connections[alias]
@@ -799,6 +800,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
                 got[size] += len(rows)
                 if any(r["node"] == asker.name for r in rows):
                     raise SystemExit("sampled the asker's own group")
+        load_end = load1()
     finally:
         connections["default"] = default
         for alias in aliases.values():
@@ -813,6 +815,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
                 "p50": statistics.median(ts),
                 "p99": ts[min(len(ts) - 1, int(len(ts) * 0.99))],
                 "mean": statistics.fmean(ts),
+                "load": f"{load_start:.2f}-{load_end:.2f}",
                 "per_call": got[size] / len(ts),
             }
         )
@@ -851,11 +854,13 @@ def main() -> None:
             " (selector + JSON payload)"
         )
         print(
-            "| groups in pool | fill (s) | p50 (ms) | p99 (ms) | mean (ms) | groups per call |\n|---:|---:|---:|---:|---:|---:|"
+            "| groups in pool | fill (s) | p50 (ms) | p99 (ms) | mean (ms) | groups per call | load start-end |\n"
+            "|---:|---:|---:|---:|---:|---:|---|"
         )
         for r in sampling:
             print(
-                f"| {r['size']:,} | {r['fill_s']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['mean']:.2f} | {r['per_call']:.1f} |"
+                f"| {r['size']:,} | {r['fill_s']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['mean']:.2f} | {r['per_call']:.1f}"
+                f" | {r['load']} |"
             )
         if len(sampling) > 1:
             print(f"p99 ratio largest/smallest: {sampling[-1]['p99'] / sampling[0]['p99']:.2f}")
