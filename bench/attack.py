@@ -123,9 +123,13 @@ def before(dataset: str, completion: str, cpu_limit: float) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "node_client"), str(ROOT / "platform")]))
     job = json.dumps({"dataset": dataset, "completion": completion, "cpu": cpu_limit})
     done = subprocess.run(
-        [sys.executable, "-c", BEFORE_SCRIPT, job], capture_output=True, text=True, env=env, preexec_fn=limits,
+        [sys.executable, "-c", BEFORE_SCRIPT, job],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=limits,
         timeout=cpu_limit * 20 + 120,  # a backstop only: the CPU limit stops the score
-    )  # fmt: skip
+    )
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if len(lines) == 2:
         return lines[1]
@@ -328,10 +332,14 @@ def attack_frames(count: int, seed: int, payload: str) -> list[str]:
         entry = build_entry(spec, seed, index)
         completions = [payload.replace("ANSWER", end) for end in ATTACK_ENDS]
         rollout = {
-            "id": str(uuid.uuid4()), "round": m, "task": {"dataset": spec.dataset, "seed": seed, "index": index},
-            "question": entry["question"], "answer": None, "completions": completions,
+            "id": str(uuid.uuid4()),
+            "round": m,
+            "task": {"dataset": spec.dataset, "seed": seed, "index": index},
+            "question": entry["question"],
+            "answer": None,
+            "completions": completions,
             "rewards": score_completions(spec, seed, entry, completions),
-        }  # fmt: skip
+        }
         frames.append(json.dumps({"type": "share", "v": 1, "rollouts": [rollout]}, ensure_ascii=False))
     return frames
 
@@ -402,11 +410,15 @@ async def live_phase(
     await ws.close()
     latencies.sort()
     return {
-        "p50": statistics.median(latencies), "p90": latencies[int(len(latencies) * 0.9)],
-        "server_cpu": cpu / elapsed, "attack_fps": attack_fps, "refused_fps": refused_fps,
+        "p50": statistics.median(latencies),
+        "p90": latencies[int(len(latencies) * 0.9)],
+        "server_cpu": cpu / elapsed,
+        "attack_fps": attack_fps,
+        "refused_fps": refused_fps,
         "reconnects": reconnects,
-        "errors": sent["errors"], "load": f"{l0}-{l1}",
-    }  # fmt: skip
+        "errors": sent["errors"],
+        "load": f"{l0}-{l1}",
+    }
 
 
 def bench_live(args: argparse.Namespace) -> None:

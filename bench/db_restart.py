@@ -51,10 +51,14 @@ def honest_group(catalogue, rng_index: int) -> dict:
     entry = build_entry(spec, seed, index)
     completions = [f"Let me think. <answer>{entry['answer']}</answer>"] * 2 + ["I guess <answer>no</answer>"] * 2
     return {
-        "id": str(uuid.uuid4()), "round": 1, "task": {"dataset": "basic_arithmetic", "seed": seed, "index": index},
-        "question": entry["question"], "answer": entry["answer"], "completions": completions,
+        "id": str(uuid.uuid4()),
+        "round": 1,
+        "task": {"dataset": "basic_arithmetic", "seed": seed, "index": index},
+        "question": entry["question"],
+        "answer": entry["answer"],
+        "completions": completions,
         "rewards": [score_completion(spec, seed, entry, c) for c in completions],
-    }  # fmt: skip
+    }
 
 
 class Tally:
@@ -170,11 +174,15 @@ async def scenario(args, url: str, ws_url: str, tokens: list[str], log_path: Pat
         everyone = tally.all_answered_after(back_at, len(tokens))
         print(f"\n{name}: database down {back_at - down_at:.1f} s")
         print(f"  while down: {dict(sorted(during.items()))}")
-        print(f"  while down, server log: {sum(' ERROR ' in x for x in log_during.splitlines())} ERROR lines, "
-              f"{sum(' WARNING ' in x for x in log_during.splitlines())} WARNING lines")  # fmt: skip
+        print(
+            f"  while down, server log: {sum(' ERROR ' in x for x in log_during.splitlines())} ERROR lines, "
+            f"{sum(' WARNING ' in x for x in log_during.splitlines())} WARNING lines"
+        )
         print(f"  {args.after:.0f} s after it is back: {dict(sorted(after.items()))}")
-        print(f"  after, server log: {len(errors_after)} ERROR lines; every node answered again after "
-              f"{'-' if everyone is None else f'{everyone:.1f} s'}")  # fmt: skip
+        print(
+            f"  after, server log: {len(errors_after)} ERROR lines; every node answered again after "
+            f"{'-' if everyone is None else f'{everyone:.1f} s'}"
+        )
         for line in errors_after[:5]:
             print("   ", line[:200])
         failures += internal_after + len(errors_after) + (everyone is None)
@@ -215,14 +223,32 @@ def main() -> int:
         connections.close_all()
 
         port, log_path = free_port(), var / "server.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
-               "SAPO_DEBUG": "0", "SAPO_MAX_MESSAGES_PER_MINUTE": "1000000"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
+            "SAPO_DEBUG": "0",
+            "SAPO_MAX_MESSAGES_PER_MINUTE": "1000000",
+        }
         env.pop("REDIS_URL", None)
         with open(log_path, "wb") as log:
             server = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0", "config.asgi:application"],
-                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-v",
+                    "0",
+                    "config.asgi:application",
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         try:
             deadline = time.time() + 60
             while socket.socket().connect_ex(("127.0.0.1", port)) != 0:

@@ -50,13 +50,43 @@ _HOLE_JSON = json.dumps(_HOLE)
 
 #: Raw JSON text put where a value was.
 HOSTILE_LITERALS = [
-    "null", "true", "false", "0", "-1", "1.5", "1e999", "-1e999", "1E400", "1e-999", "NaN", "Infinity",
-    "-Infinity", "9" * 401, "-" + "1" * 5000, "0." + "3" * 500, str(2**63), str(-(2**63) - 1), '""',
-    json.dumps("x" * 9000), '"\\u0000"', '"a\\u0000b"', '"\\ud800"', '"\\udfff\\ud800x"', json.dumps("é" * 3000),
-    "[]", "{}", "[" * 40 + "]" * 40, "[" * 10_000 + "]" * 10_000, '{"a":' * 3000 + "1" + "}" * 3000,
-    json.dumps(list(range(5000))), json.dumps([[1.0] * 40] * 40), '"<answer>1</answer>"', '{"dataset": "bf"}',
-    json.dumps(str(uuid.UUID(int=0))), json.dumps(["not-a-uuid"] * 50),
-]  # fmt: skip
+    "null",
+    "true",
+    "false",
+    "0",
+    "-1",
+    "1.5",
+    "1e999",
+    "-1e999",
+    "1E400",
+    "1e-999",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "9" * 401,
+    "-" + "1" * 5000,
+    "0." + "3" * 500,
+    str(2**63),
+    str(-(2**63) - 1),
+    '""',
+    json.dumps("x" * 9000),
+    '"\\u0000"',
+    '"a\\u0000b"',
+    '"\\ud800"',
+    '"\\udfff\\ud800x"',
+    json.dumps("é" * 3000),
+    "[]",
+    "{}",
+    "[" * 40 + "]" * 40,
+    "[" * 10_000 + "]" * 10_000,
+    '{"a":' * 3000 + "1" + "}" * 3000,
+    json.dumps(list(range(5000))),
+    json.dumps([[1.0] * 40] * 40),
+    '"<answer>1</answer>"',
+    '{"dataset": "bf"}',
+    json.dumps(str(uuid.UUID(int=0))),
+    json.dumps(["not-a-uuid"] * 50),
+]
 SPLICES = ["\x00", "{", "}", "[", "]", '"', "\\", ",", ":", "\\u0000", "\\ud800", "é", "\u2028", " ", "9" * 500]
 
 
@@ -360,9 +390,16 @@ def forged_rows(catalogue_name: str) -> list[str]:
     bad = []
     for row in Rollout.objects.filter(verdict=Verdict.ACCEPTED):
         rollout = RolloutIn(
-            id=row.id, round=row.round, dataset=row.dataset, seed=row.seed, index=row.index, question=row.question,
-            answer=row.answer, completions=tuple(row.completions), rewards=tuple(row.claimed_rewards),
-        )  # fmt: skip
+            id=row.id,
+            round=row.round,
+            dataset=row.dataset,
+            seed=row.seed,
+            index=row.index,
+            question=row.question,
+            answer=row.answer,
+            completions=tuple(row.completions),
+            rewards=tuple(row.claimed_rewards),
+        )
         check = verify_rollout(rollout, CATALOGUES[catalogue_name])
         if not check.accepted or list(check.verified_rewards or []) != row.verified_rewards:
             bad.append(str(row.id))
@@ -421,10 +458,25 @@ def main() -> None:
         env.pop("REDIS_URL", None)
         with log_path.open("w") as log:
             server = subprocess.Popen(
-                [sys.executable, "-c", SERVER_SCRIPT, "-b", "127.0.0.1", "-p", str(port), "-v", "0",
-                 "--websocket_connect_timeout", "60", "config.asgi:application"],
-                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-c",
+                    SERVER_SCRIPT,
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-v",
+                    "0",
+                    "--websocket_connect_timeout",
+                    "60",
+                    "config.asgi:application",
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         _wait_listening(server, port)
         url = f"ws://127.0.0.1:{port}/ws/node/"
         max_bytes = current_limits().websocket_max_bytes

@@ -138,8 +138,14 @@ def copy_lookups(rng: random.Random, fast, filters, kernels) -> None:
     agree("near_first (CopyIndex)", mine[1], index.near_matches(signed, distance))
 
 
-ARRAY_KINDS = {"text": (0, 25, 1009), "bytea": (1, 17, 1001), "int4": (2, 23, 1007), "int8": (3, 20, 1016),
-               "bool": (4, 16, 1000), "uuid": (5, 2950, 2951)}  # fmt: skip
+ARRAY_KINDS = {
+    "text": (0, 25, 1009),
+    "bytea": (1, 17, 1001),
+    "int4": (2, 23, 1007),
+    "int8": (3, 20, 1016),
+    "bool": (4, 16, 1000),
+    "uuid": (5, 2950, 2951),
+}
 
 
 def array_values(rng: random.Random, kind: str, n: int) -> list:
@@ -284,10 +290,22 @@ def sanitized_build(into: Path) -> Path:
     source = ROOT / "native"
     env = {**os.environ, "CFLAGS": " ".join(SANITIZE), "LDFLAGS": "-fsanitize=address,undefined"}
     subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(into / "lib"), "--build-temp",
-         str(into / "tmp")],
-        cwd=source, env=env, check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "setup.py",
+            "-q",
+            "build_ext",
+            "--build-lib",
+            str(into / "lib"),
+            "--build-temp",
+            str(into / "tmp"),
+        ],
+        cwd=source,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     shutil.copy(source / "sapo_native" / "__init__.py", into / "lib" / "sapo_native" / "__init__.py")
     return into / "lib"
 

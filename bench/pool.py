@@ -428,10 +428,26 @@ async def run_clients(
 
 
 ROLLOUT_COLUMNS = [
-    "id", "node_id", "round", "dataset", "seed", "index", "question", "answer", "completions",
-    "completion_count", "claimed_rewards", "verified_rewards", "verdict", "reason", "moderation_status",
-    "has_variance", "sampleable", "sample_seq", "created_at",
-]  # fmt: skip
+    "id",
+    "node_id",
+    "round",
+    "dataset",
+    "seed",
+    "index",
+    "question",
+    "answer",
+    "completions",
+    "completion_count",
+    "claimed_rewards",
+    "verified_rewards",
+    "verdict",
+    "reason",
+    "moderation_status",
+    "has_variance",
+    "sampleable",
+    "sample_seq",
+    "created_at",
+]
 
 
 def stored_rows(args: argparse.Namespace) -> list[tuple]:

@@ -89,10 +89,16 @@ def hf_generate_one(model, tokenizer, prompt: str, args) -> tuple[list[int], lis
     stops = stop_ids(model, tokenizer)
     with torch.no_grad():
         out = model.generate(
-            input_ids=torch.tensor([ids], device=model.device), attention_mask=torch.ones((1, len(ids)), device=model.device, dtype=torch.long),
-            do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,
-            pad_token_id=pad_id(tokenizer), eos_token_id=sorted(stops),
-        )[0, len(ids) :].tolist()  # fmt: skip
+            input_ids=torch.tensor([ids], device=model.device),
+            attention_mask=torch.ones((1, len(ids)), device=model.device, dtype=torch.long),
+            do_sample=True,
+            temperature=args.temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=args.max_new_tokens,
+            pad_token_id=pad_id(tokenizer),
+            eos_token_id=sorted(stops),
+        )[0, len(ids) :].tolist()
     end = next((i + 1 for i, t in enumerate(out) if t in stops), None)
     completion = out[:end] if end else out
     text = tokenizer.decode([t for t in completion if t not in stops], skip_special_tokens=True)
@@ -114,26 +120,39 @@ def sapo_round(variant: str, model, tokenizer, optimizer, stream, args) -> dict:
     prompts = [format_prompt(tokenizer, q.question) for q in questions]
     if variant == "sapo-node":
         generated = generate_completions(
-            model, tokenizer, prompts, generations=args.generations, max_new_tokens=args.max_new_tokens,
+            model,
+            tokenizer,
+            prompts,
+            generations=args.generations,
+            max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
-        )  # fmt: skip
+        )
     else:
         generated = []
         for prompt in prompts:
             singles = [hf_generate_one(model, tokenizer, prompt, args) for _ in range(args.generations)]
-            generated.append(Generated(singles[0][0], [s[1] for s in singles], [s[2] for s in singles],
-                                       [s[3] for s in singles]))  # fmt: skip
+            generated.append(
+                Generated(singles[0][0], [s[1] for s in singles], [s[2] for s in singles], [s[3] for s in singles])
+            )
     own = score_rollouts(1, questions, generated)
     t1 = time.perf_counter()
     if args.train_all:  # as TRL does: every group, zero-advantage ones too (they add tokens, not gradient)
         train = [local_train_group(group, gen) for group, gen in own]
     else:
         train, _ = assemble(
-            own, [], n_local=len(own), n_external=0, rng=random.Random(0), catalogue=stream.catalogue,
-            tokenizer=tokenizer, format_prompt=format_prompt, max_tokens=2 * args.max_new_tokens,
-        )  # fmt: skip
-    grpo_update(model, optimizer, train, pad_id=pad_id(tokenizer), micro_batch=args.micro_batch,
-                temperature=args.temperature)  # fmt: skip
+            own,
+            [],
+            n_local=len(own),
+            n_external=0,
+            rng=random.Random(0),
+            catalogue=stream.catalogue,
+            tokenizer=tokenizer,
+            format_prompt=format_prompt,
+            max_tokens=2 * args.max_new_tokens,
+        )
+    grpo_update(
+        model, optimizer, train, pad_id=pad_id(tokenizer), micro_batch=args.micro_batch, temperature=args.temperature
+    )
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t2 = time.perf_counter()
@@ -169,8 +188,14 @@ def sapo_child(args: argparse.Namespace) -> None:
     say({"ready": time.perf_counter() - started})
     while command() == "round":
         say(sapo_round(args.variant, model, tokenizer, optimizer, stream, args))
-    say({**peak_memory(device), "device": device, "threads": torch.get_num_threads(),
-         "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")})  # fmt: skip
+    say(
+        {
+            **peak_memory(device),
+            "device": device,
+            "threads": torch.get_num_threads(),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        }
+    )
 
 
 def trl_child(args: argparse.Namespace) -> None:
@@ -210,21 +235,47 @@ def trl_child(args: argparse.Namespace) -> None:
 
     def reward(prompts, completions, qid, **_) -> list[float]:  # noqa: ANN001  the verifier sapo-node scores with
         seen.extend(qid)
-        return [score_completion(questions[i].spec, questions[i].ref.seed, questions[i].entry, c)
-                for c, i in zip(completions, qid, strict=True)]  # fmt: skip
+        return [
+            score_completion(questions[i].spec, questions[i].ref.seed, questions[i].entry, c)
+            for c, i in zip(completions, qid, strict=True)
+        ]
 
     rows = args.questions * args.generations
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), report_to="none", save_strategy="no", disable_tqdm=True,
-        logging_steps=10**6, seed=0, use_cpu=device == "cpu", bf16=False, fp16=False,
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=10**6,
+        seed=0,
+        use_cpu=device == "cpu",
+        bf16=False,
+        fp16=False,
         model_init_kwargs={"dtype": str(resolve_dtype(device)).removeprefix("torch.")},
-        per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=rows // args.micro_batch,
-        num_generations=args.generations, max_completion_length=args.max_new_tokens, shuffle_dataset=False,
-        temperature=args.temperature, top_p=1.0, top_k=0, use_vllm=False, num_iterations=1,
-        loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, scale_rewards="group",
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
-        max_steps=args.rounds + 2, dataloader_num_workers=0, gradient_checkpointing=False,
-    )  # fmt: skip
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=rows // args.micro_batch,
+        num_generations=args.generations,
+        max_completion_length=args.max_new_tokens,
+        shuffle_dataset=False,
+        temperature=args.temperature,
+        top_p=1.0,
+        top_k=0,
+        use_vllm=False,
+        num_iterations=1,
+        loss_type="dapo",
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        scale_rewards="group",
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        max_steps=args.rounds + 2,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,
+    )
     trainer = GRPOTrainer(
         model=path, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer
     )
@@ -261,11 +312,25 @@ def trl_child(args: argparse.Namespace) -> None:
                 say({"ready": now - started})
             else:
                 total = now - self.t0
-                say({"total": total, "rollout": step["rollout"], "update": total - step["rollout"],
-                     "tokens": step["tokens"], "trained": rows, "threads": torch.get_num_threads()})  # fmt: skip
+                say(
+                    {
+                        "total": total,
+                        "rollout": step["rollout"],
+                        "update": total - step["rollout"],
+                        "tokens": step["tokens"],
+                        "trained": rows,
+                        "threads": torch.get_num_threads(),
+                    }
+                )
             if command() != "round":
-                say({**peak_memory(device), "device": device, "threads": torch.get_num_threads(),
-                     "dtype": str(next(trainer.model.parameters()).dtype).removeprefix("torch.")})  # fmt: skip
+                say(
+                    {
+                        **peak_memory(device),
+                        "device": device,
+                        "threads": torch.get_num_threads(),
+                        "dtype": str(next(trainer.model.parameters()).dtype).removeprefix("torch."),
+                    }
+                )
                 sys.stdout.flush()
                 os._exit(0)  # mid-training: nothing of the trainer's needs saving
             step.update(rollout=0.0, tokens=0)
@@ -283,8 +348,20 @@ class Child:
     def __init__(self, variant: str, args: argparse.Namespace) -> None:
         self.variant = variant
         cmd = [sys.executable, str(Path(__file__).resolve()), "--variant", variant]
-        for name in ("model", "device", "catalogue", "questions", "generations", "max_new_tokens", "temperature",
-                     "micro_batch", "lr", "rounds", "threads", "cache_dir"):  # fmt: skip
+        for name in (
+            "model",
+            "device",
+            "catalogue",
+            "questions",
+            "generations",
+            "max_new_tokens",
+            "temperature",
+            "micro_batch",
+            "lr",
+            "rounds",
+            "threads",
+            "cache_dir",
+        ):
             value = getattr(args, name)
             if value is not None:
                 cmd += [f"--{name.replace('_', '-')}", str(value)]
@@ -351,8 +428,9 @@ def generation_paths(args: argparse.Namespace) -> None:
     model, tokenizer, device = load_policy(args.model, device=args.device, cache_dir=args.cache_dir)
     model.eval()
     stream = TaskStream(CATALOGUES[args.catalogue], seed=0)
-    prompt_ids = [encode_prompt(tokenizer, format_prompt(tokenizer, q.question))
-                  for q in sample_questions(stream, args.questions)]  # fmt: skip
+    prompt_ids = [
+        encode_prompt(tokenizer, format_prompt(tokenizer, q.question)) for q in sample_questions(stream, args.questions)
+    ]
     owners = [b for b in range(len(prompt_ids)) for _ in range(args.generations)]
     compile_mode = "reduce-overhead" if device.startswith("cuda") else None
 
@@ -362,11 +440,20 @@ def generation_paths(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         with torch.inference_mode():
             if path == "static":
-                rows, _ = _sample_rows_static(model, prompt_ids, owners, set(), pad_id(tokenizer), args.max_new_tokens,
-                                              args.temperature, compile_mode)  # fmt: skip
+                rows, _ = _sample_rows_static(
+                    model,
+                    prompt_ids,
+                    owners,
+                    set(),
+                    pad_id(tokenizer),
+                    args.max_new_tokens,
+                    args.temperature,
+                    compile_mode,
+                )
             else:
-                rows, _ = _sample_rows(model, prompt_ids, owners, set(), pad_id(tokenizer), args.max_new_tokens,
-                                       args.temperature)  # fmt: skip
+                rows, _ = _sample_rows(
+                    model, prompt_ids, owners, set(), pad_id(tokenizer), args.max_new_tokens, args.temperature
+                )
         assert all(len(r) == args.max_new_tokens for r in rows)  # returned as lists: synchronised
         return time.perf_counter() - started
 
@@ -378,15 +465,19 @@ def generation_paths(args: argparse.Namespace) -> None:
         for p in paths if r % 2 == 0 else paths[::-1]:
             seconds[p].append(timed(p))
     tokens = len(owners) * args.max_new_tokens
-    print(f"model {args.model} on {device} ({str(next(model.parameters()).dtype).removeprefix('torch.')}), "
-          f"{args.questions} x {args.generations} rows x {args.max_new_tokens} tokens, {args.rounds} timed calls each, "
-          f"alternating; load average at start {load_start[0]:.2f}, at end {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(
+        f"model {args.model} on {device} ({str(next(model.parameters()).dtype).removeprefix('torch.')}), "
+        f"{args.questions} x {args.generations} rows x {args.max_new_tokens} tokens, {args.rounds} timed calls each, "
+        f"alternating; load average at start {load_start[0]:.2f}, at end {os.getloadavg()[0]:.2f}"
+    )
     print("| path   | s per batch (median) | min s | tokens/s | ms per decode step | first call s |")
     print("|--------|----------------------|-------|----------|--------------------|--------------|")
     for p in paths:
         median = statistics.median(seconds[p])
-        print(f"| {p:<6} | {median:20.3f} | {min(seconds[p]):5.3f} | {tokens / median:8.0f} "
-              f"| {1000 * median / args.max_new_tokens:18.2f} | {warm[p]:12.1f} |")  # fmt: skip
+        print(
+            f"| {p:<6} | {median:20.3f} | {min(seconds[p]):5.3f} | {tokens / median:8.0f} "
+            f"| {1000 * median / args.max_new_tokens:18.2f} | {warm[p]:12.1f} |"
+        )
     print(f"static / loop: {statistics.median(seconds['static']) / statistics.median(seconds['loop']):.2f}")
 
 
@@ -449,17 +540,23 @@ def main() -> None:
     load_end = os.getloadavg()
 
     threads = final["sapo-node"]["threads"]
-    print(f"model {args.model}, B={args.questions}, G={args.generations}, max_new_tokens={args.max_new_tokens}, "
-          f"temperature {args.temperature:g}, micro-batch {args.micro_batch}, {args.rounds} timed rounds each "
-          f"(+1 warm-up), alternating; device {final['sapo-node']['device']}, torch threads {threads}")  # fmt: skip
+    print(
+        f"model {args.model}, B={args.questions}, G={args.generations}, max_new_tokens={args.max_new_tokens}, "
+        f"temperature {args.temperature:g}, micro-batch {args.micro_batch}, {args.rounds} timed rounds each "
+        f"(+1 warm-up), alternating; device {final['sapo-node']['device']}, torch threads {threads}"
+    )
     others = None
     if busy0 is not None and busy1 is not None:
         others = max(0.0, (busy1 - busy0) - (cpu1 - cpu0)) / (wall1 - wall0)
-    print(f"load average (1, 5, 15 min) at start {', '.join(f'{x:.2f}' for x in load_start)}; "
-          f"at end {', '.join(f'{x:.2f}' for x in load_end)}"
-          + (f"; other processes used {others:.2f} CPUs during the timed rounds" if others is not None else ""))  # fmt: skip
-    header = ("| variant   | dtype    | s/round | min s | rollout s | update s | gen tokens | rollout tok/s | rows trained "
-              "| peak RSS MiB | CUDA peak MiB | start-up s |")  # fmt: skip
+    print(
+        f"load average (1, 5, 15 min) at start {', '.join(f'{x:.2f}' for x in load_start)}; "
+        f"at end {', '.join(f'{x:.2f}' for x in load_end)}"
+        + (f"; other processes used {others:.2f} CPUs during the timed rounds" if others is not None else "")
+    )
+    header = (
+        "| variant   | dtype    | s/round | min s | rollout s | update s | gen tokens | rollout tok/s | rows trained "
+        "| peak RSS MiB | CUDA peak MiB | start-up s |"
+    )
     print(header)
     print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
     summary = {}
@@ -468,10 +565,12 @@ def main() -> None:
         mean = {k: statistics.fmean(r[k] for r in rs) for k in ("total", "rollout", "update", "tokens", "trained")}
         summary[v] = {**mean, "min": min(r["total"] for r in rs), **f}
         cuda = f"{f['cuda_peak_mib']:.0f}" if f["cuda_peak_mib"] is not None else "-"
-        print(f"| {v:<9} | {f['dtype']:<8} | {mean['total']:7.3f} | {summary[v]['min']:5.3f} | {mean['rollout']:9.3f} "
-              f"| {mean['update']:8.3f} | {mean['tokens']:10.0f} | {mean['tokens'] / mean['rollout']:13.0f} "
-              f"| {mean['trained']:12.1f} | {f['peak_rss_mib']:12.0f} "
-              f"| {cuda:>13} | {startup[v]:10.1f} |")  # fmt: skip
+        print(
+            f"| {v:<9} | {f['dtype']:<8} | {mean['total']:7.3f} | {summary[v]['min']:5.3f} | {mean['rollout']:9.3f} "
+            f"| {mean['update']:8.3f} | {mean['tokens']:10.0f} | {mean['tokens'] / mean['rollout']:13.0f} "
+            f"| {mean['trained']:12.1f} | {f['peak_rss_mib']:12.0f} "
+            f"| {cuda:>13} | {startup[v]:10.1f} |"
+        )
 
     # The benchmark itself keeps `threads` CPUs busy; the rest of the end load is other processes'.
     background = max(load_start[0], load_end[0] - threads)
@@ -479,15 +578,22 @@ def main() -> None:
     lines = []
     if "trl" in summary:
         trl = summary["trl"]
-        lines.append(f"sapo-node / TRL: s/round {ours['total'] / trl['total']:.2f} (target <= 0.80), "
-                     f"peak RSS {ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}")  # fmt: skip
+        lines.append(
+            f"sapo-node / TRL: s/round {ours['total'] / trl['total']:.2f} (target <= 0.80), "
+            f"peak RSS {ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}"
+        )
     if "incumbent" in summary:
         inc = summary["incumbent"]
-        lines.append(f"incumbent / sapo-node: s/round {inc['total'] / ours['total']:.1f}x "
-                     f"(rollout {inc['rollout'] / ours['rollout']:.1f}x)")  # fmt: skip
+        lines.append(
+            f"incumbent / sapo-node: s/round {inc['total'] / ours['total']:.1f}x "
+            f"(rollout {inc['rollout'] / ours['rollout']:.1f}x)"
+        )
     if lines and background > MAX_QUIET_LOAD and not args.force:
-        print(f"WARNING: load from other processes {background:.2f} > {MAX_QUIET_LOAD}: ratios not published; rerun "
-              "on a quiet machine, or pass --force to print them anyway", file=sys.stderr)  # fmt: skip
+        print(
+            f"WARNING: load from other processes {background:.2f} > {MAX_QUIET_LOAD}: ratios not published; rerun "
+            "on a quiet machine, or pass --force to print them anyway",
+            file=sys.stderr,
+        )
         sys.exit(3)
     for line in lines:
         print(

@@ -91,10 +91,22 @@ def start_server(args: argparse.Namespace, port: int, log, worker: int = 0) -> s
     for name in ("SAPO_CONN_MAX_AGE", "SAPO_DB_POOL_SIZE"):
         env.pop(name, None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", POOL.SERVER_SCRIPT, "with", "-v", "0",
-         "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=2048", "config.asgi:application"],
-        env=env, cwd=ROOT, stdout=log, stderr=log,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            POOL.SERVER_SCRIPT,
+            "with",
+            "-v",
+            "0",
+            "-e",
+            f"tcp:port={port}:interface=127.0.0.1:backlog=2048",
+            "config.asgi:application",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         with socket.socket() as s:

@@ -29,9 +29,16 @@ PROVIDED = {"torch", "transformers"}
 NO_WHEEL = {"pycosat"}
 #: The analysis only (35 MB): the runs' rows come back and are analysed where scipy is installed.
 ANALYSIS_ONLY = {"scipy"}
-TARGET = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
-          "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
-          "platform_python_implementation": "CPython", "os_name": "posix"}  # fmt: skip
+TARGET = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.0",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "os_name": "posix",
+}
 
 
 def canonical(name: str) -> str:

@@ -41,8 +41,18 @@ COMMAND_MODULES = {
 }
 
 #: Short metavars for the flags SAPO's paper names with a letter.
-METAVARS = {"questions": "B", "generations": "G", "local": "I", "external": "J", "rounds": "R", "seed": "S",
-            "out": "DIR", "server": "URL", "token": "T", "model": "ID_OR_PATH"}  # fmt: skip
+METAVARS = {
+    "questions": "B",
+    "generations": "G",
+    "local": "I",
+    "external": "J",
+    "rounds": "R",
+    "seed": "S",
+    "out": "DIR",
+    "server": "URL",
+    "token": "T",
+    "model": "ID_OR_PATH",
+}
 CHOICES = {
     "device": None,
     "catalogue": ["easy", "sapo"],
@@ -126,9 +136,14 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             continue
         kind = int if f.type.startswith("int") else float if f.type.startswith("float") else str
         parser.add_argument(
-            flag, dest=f.name, type=kind, default=argparse.SUPPRESS, metavar=METAVARS.get(f.name, f.name.upper()),
-            choices=CHOICES.get(f.name), help=help_text,
-        )  # fmt: skip
+            flag,
+            dest=f.name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar=METAVARS.get(f.name, f.name.upper()),
+            choices=CHOICES.get(f.name),
+            help=help_text,
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:

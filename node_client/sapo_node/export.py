@@ -173,8 +173,12 @@ def model_card(trained: TrainedRun, evaluation: Evaluation) -> str:
 
     config = trained.config
     hub_id, base = base_model_line(config.model)
-    front = ["---", "library_name: transformers", "pipeline_tag: text-generation",
-             "tags: [sapo, grpo, reinforcement-learning, reasoning-gym]"]  # fmt: skip
+    front = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [sapo, grpo, reinforcement-learning, reasoning-gym]",
+    ]
     if hub_id:
         front.append(f"base_model: {hub_id}")
     front.append("---")
@@ -246,8 +250,9 @@ def push_to_hub(folder: Path, repo: str) -> str:
     api = HfApi()
     try:
         api.create_repo(repo, repo_type="model", exist_ok=True)
-        api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model",
-                          commit_message=f"sapo-node {__version__} export")  # fmt: skip
+        api.upload_folder(
+            folder_path=str(folder), repo_id=repo, repo_type="model", commit_message=f"sapo-node {__version__} export"
+        )
     # Any failure of the upload is reported, never a traceback: the hub's HTTP client differs by version
     # (requests, httpx, httpx2) and raises its own types, none of them OSErrors.
     except Exception as exc:
@@ -278,9 +283,13 @@ def export_command(args: argparse.Namespace) -> int:
         return 2
     try:
         trained, evaluation = export_run(
-            args.run, args.out, n=args.n, max_new_tokens=args.max_new_tokens, device=args.device,
+            args.run,
+            args.out,
+            n=args.n,
+            max_new_tokens=args.max_new_tokens,
+            device=args.device,
             overwrite=args.overwrite,
-        )  # fmt: skip
+        )
     except ExportError as exc:
         print(f"sapo-node export: error: {exc}", file=sys.stderr)
         return 2

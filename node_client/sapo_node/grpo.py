@@ -384,9 +384,16 @@ def grpo_update(
                 old.append(logp.detach())  # the policy before the update: the first epoch's ratio is exactly 1
                 ref.append(_reference_logprobs(reference, batch, temperature) if kl_coef else None)
             loss, s = clipped_loss(
-                logp, old[i], batch.advantages, batch.completion_mask,
-                eps_low=eps_low, eps_high=eps_high, ref_logp=ref[i], kl_coef=kl_coef, num_tokens=stats.tokens,
-            )  # fmt: skip
+                logp,
+                old[i],
+                batch.advantages,
+                batch.completion_mask,
+                eps_low=eps_low,
+                eps_high=eps_high,
+                ref_logp=ref[i],
+                kl_coef=kl_coef,
+                num_tokens=stats.tokens,
+            )
             loss.backward()
             sums += torch.stack([loss.detach(), s["clip_fraction"], s["kl"]])
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)

@@ -135,10 +135,22 @@ def start_node(
             f"resumed from {found} (round {last})" if found else f"no checkpoint in {out}: starting at round 1",
             flush=True,
         )
-    return Node(config, out, model, tokenizer, optimizer, reference, transport, state, MetricsLog(out / "metrics.jsonl"),
-                last_round=last, last_saved=last, owns_transport=owns_transport,
-                ratio=AdaptiveRatio(config.local + config.external, config.external) if config.ratio == "adaptive" else None,
-                baseline=OwnBaseline() if config.external_baseline == "own" else None)  # fmt: skip
+    return Node(
+        config,
+        out,
+        model,
+        tokenizer,
+        optimizer,
+        reference,
+        transport,
+        state,
+        MetricsLog(out / "metrics.jsonl"),
+        last_round=last,
+        last_saved=last,
+        owns_transport=owns_transport,
+        ratio=AdaptiveRatio(config.local + config.external, config.external) if config.ratio == "adaptive" else None,
+        baseline=OwnBaseline() if config.external_baseline == "own" else None,
+    )
 
 
 def play_round(
@@ -161,9 +173,14 @@ def play_round(
     with timer("generate"):
         prompts = [format_prompt(tokenizer, q.question) for q in questions]
         generated = generate_completions(
-            model, tokenizer, prompts, generations=config.generations, max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature, batch_size=config.generate_batch,
-        )  # fmt: skip
+            model,
+            tokenizer,
+            prompts,
+            generations=config.generations,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            batch_size=config.generate_batch,
+        )
     if stop is not None and stop.requested:
         return None
     with timer("score"):
@@ -178,25 +195,46 @@ def play_round(
         if node.baseline is not None:  # this round's own rewards count: round 1 has a baseline too
             node.baseline.observe([group for group, _ in own])
         train_set, assembled = assemble(
-            own, received, n_local=n_local, n_external=n_external,
-            rng=node.state.rng, catalogue=stream.catalogue, tokenizer=tokenizer, format_prompt=format_prompt,
-            max_tokens=2 * config.max_new_tokens, baseline=node.baseline,
-        )  # fmt: skip
+            own,
+            received,
+            n_local=n_local,
+            n_external=n_external,
+            rng=node.state.rng,
+            catalogue=stream.catalogue,
+            tokenizer=tokenizer,
+            format_prompt=format_prompt,
+            max_tokens=2 * config.max_new_tokens,
+            baseline=node.baseline,
+        )
     with timer("update"):
         update = grpo_update(
-            model, node.optimizer, train_set, pad_id=pad_id(tokenizer), epochs=config.epochs,
-            micro_batch=config.micro_batch, eps_low=config.eps_low, eps_high=config.eps_high,
-            kl_coef=config.kl_coef, reference=node.reference, max_grad_norm=config.max_grad_norm,
+            model,
+            node.optimizer,
+            train_set,
+            pad_id=pad_id(tokenizer),
+            epochs=config.epochs,
+            micro_batch=config.micro_batch,
+            eps_low=config.eps_low,
+            eps_high=config.eps_high,
+            kl_coef=config.kl_coef,
+            reference=node.reference,
+            max_grad_norm=config.max_grad_norm,
             temperature=config.temperature,
-        )  # fmt: skip
+        )
     node.last_round = n
     if node.ratio is not None:
         node.ratio.observe([group for group, _ in own], assembled.external_rewards)
 
     row = round_metrics(
-        round=n, own=[group for group, _ in own], new_tokens=sum(g.num_tokens for g in generated),
-        assembled=assembled, update=update, counts=transport.counts(), connection=transport.status, timer=timer,
-    )  # fmt: skip
+        round=n,
+        own=[group for group, _ in own],
+        new_tokens=sum(g.num_tokens for g in generated),
+        assembled=assembled,
+        update=update,
+        counts=transport.counts(),
+        connection=transport.status,
+        timer=timer,
+    )
     # Per question (in draw order): which tasks the node can do, e.g. for the skill-transfer study.
     row["question_rewards"] = [sum(g.rewards) / len(g.rewards) for g, _ in own]
     node.metrics_log.write(row)

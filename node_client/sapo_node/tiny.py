@@ -151,10 +151,24 @@ VARIANTS["tiny-sparse"] = dataclasses.replace(_LEARN, name="tiny-sparse", bare_s
 #: A larger model for a GPU (about 26M parameters), built locally from the paper's nine tasks: the
 #: `gpu-learn` preset, which needs no hub. Building it on a CPU takes hours; on a GPU minutes (not measured yet).
 VARIANTS["small"] = TinyVariant(
-    name="small", vocab_size=4096, split_digits=True, tokenizer_seed=31, tokenizer_examples=400,
-    hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1408,
-    steps=4000, batch_size=64, lr=1e-3, format_steps=300, format_lr=3e-4, bare_share=0.8, catalogue="sapo",
-)  # fmt: skip
+    name="small",
+    vocab_size=4096,
+    split_digits=True,
+    tokenizer_seed=31,
+    tokenizer_examples=400,
+    hidden_size=512,
+    num_layers=8,
+    num_heads=8,
+    num_kv_heads=4,
+    intermediate_size=1408,
+    steps=4000,
+    batch_size=64,
+    lr=1e-3,
+    format_steps=300,
+    format_lr=3e-4,
+    bare_share=0.8,
+    catalogue="sapo",
+)
 
 
 def get_variant(name: str) -> TinyVariant:
@@ -527,9 +541,18 @@ def build_tiny(
     warm_seconds = time.perf_counter() - started
     if spec.format_steps:
         loss = warm_start(
-            model, tokenizer, spec, seed=seed, steps=spec.format_steps, catalogue=catalogue, lr=spec.format_lr,
-            bare_share=spec.bare_share, phase=1, progress=progress, workers=workers,
-        )  # fmt: skip
+            model,
+            tokenizer,
+            spec,
+            seed=seed,
+            steps=spec.format_steps,
+            catalogue=catalogue,
+            lr=spec.format_lr,
+            bare_share=spec.bare_share,
+            phase=1,
+            progress=progress,
+            workers=workers,
+        )
     info = {
         "recipe": recipe(spec, seed, steps),
         "params": count_params(model),

@@ -118,8 +118,16 @@ class CheckResult:
         )
 
 
-def _conditions(node: Node, prefs: AlertSettings, now: datetime, *, judged: tuple[int, int], shared: bool,
-                has_tokens: bool, has_active_token: bool) -> dict[str, str | None]:  # fmt: skip
+def _conditions(
+    node: Node,
+    prefs: AlertSettings,
+    now: datetime,
+    *,
+    judged: tuple[int, int],
+    shared: bool,
+    has_tokens: bool,
+    has_active_token: bool,
+) -> dict[str, str | None]:
     """{condition: detail when it holds, None when it does not, absent when it cannot be told}."""
     out: dict[str, str | None] = {}
     banned = node.is_banned
@@ -201,9 +209,14 @@ def _check(now: datetime) -> CheckResult:
     for node in nodes:
         token_row = tokens.get(node.id, {"total": 0, "active": 0})
         states = _conditions(
-            node, prefs_by_user[node.owner_id], now, judged=judged.get(node.id, (0, 0)), shared=node.id in shared,
-            has_tokens=token_row["total"] > 0, has_active_token=token_row["active"] > 0,
-        )  # fmt: skip
+            node,
+            prefs_by_user[node.owner_id],
+            now,
+            judged=judged.get(node.id, (0, 0)),
+            shared=node.id in shared,
+            has_tokens=token_row["total"] > 0,
+            has_active_token=token_row["active"] > 0,
+        )
         for condition, detail in states.items():
             current = open_alerts.get((node.id, condition))
             if detail is not None and current is None:
@@ -224,8 +237,9 @@ def _raise(node: Node, condition: str, detail: str, now: datetime) -> Alert | No
     """A new open alert, or None when another check opened the same one first."""
     try:
         with transaction.atomic():
-            return Alert.objects.create(user_id=node.owner_id, node=node, condition=condition, detail=detail,
-                                        raised_at=now)  # fmt: skip
+            return Alert.objects.create(
+                user_id=node.owner_id, node=node, condition=condition, detail=detail, raised_at=now
+            )
     except IntegrityError:
         return None
 
@@ -283,14 +297,17 @@ def alert_text(alert: Alert, *, recovered: bool) -> tuple[str, str]:
 def alert_payload(alert: Alert, *, recovered: bool) -> bytes:
     """The webhook body: a small JSON object."""
     at = alert.cleared_at if recovered else alert.raised_at
-    return json.dumps({
-        "type": "recovered" if recovered else "alert",
-        "alert": alert.id,
-        "condition": alert.condition,
-        "node": {"id": alert.node_id, "name": alert.node.name},
-        "detail": alert.detail,
-        "at": at.isoformat() if at else None,
-    }, separators=(",", ":")).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "type": "recovered" if recovered else "alert",
+            "alert": alert.id,
+            "condition": alert.condition,
+            "node": {"id": alert.node_id, "name": alert.node.name},
+            "detail": alert.detail,
+            "at": at.isoformat() if at else None,
+        },
+        separators=(",", ":"),
+    ).encode()
 
 
 def _deliver(message: Message, prefs: AlertSettings) -> tuple[str, bool]:

@@ -208,8 +208,12 @@ def _drop_lost(kept: dict[str, tuple[Any, float]]) -> bool:
 
 
 #: What a statement on a connection that was lost raises (through Django's cursor, or psycopg's own).
-_CONNECTION_ERRORS = (django_db.OperationalError, django_db.InterfaceError, psycopg.OperationalError,
-                      psycopg.InterfaceError)  # fmt: skip
+_CONNECTION_ERRORS = (
+    django_db.OperationalError,
+    django_db.InterfaceError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
 
 
 def _retrying_lost(fn: Callable[..., Any]) -> Callable[..., Any]:

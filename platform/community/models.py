@@ -28,9 +28,11 @@ class Team(models.Model):
     url = models.CharField(max_length=TEAM_URL_MAX_LENGTH, blank=True, help_text="An http(s) address (community.text).")
     founder = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="teams_led")
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+",
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="+",
         help_text="Who founded it (the founder may change hands): the per-account limit counts these.",
-    )  # fmt: skip
+    )
     created_at = models.DateTimeField(default=timezone.now)
     hidden_at = models.DateTimeField(null=True, blank=True, help_text="Hidden by staff: off every public list.")
     disbanded_at = models.DateTimeField(null=True, blank=True)

@@ -91,11 +91,15 @@ def team_found(*, founder: User, name: str, description: str = "", url: str = ""
                 "too_many_teams", f"An account founds at most {cap} teams in 30 days.", status=429, extra={"limit": cap}
             )
         limits.consume(
-            "team-found-address", address, limit=settings.SAPO_TEAMS_PER_ADDRESS_PER_DAY, window=86400,
+            "team-found-address",
+            address,
+            limit=settings.SAPO_TEAMS_PER_ADDRESS_PER_DAY,
+            window=86400,
             what="teams founded from your network today",
-        )  # fmt: skip
-        team = Team(name=name, slug=_unique_slug(name), description=description, url=url, founder=founder,
-                    created_by=founder)  # fmt: skip
+        )
+        team = Team(
+            name=name, slug=_unique_slug(name), description=description, url=url, founder=founder, created_by=founder
+        )
         try:
             with transaction.atomic():
                 team.save()
@@ -214,7 +218,11 @@ def team_moderate(*, actor: User, team: Team, action: str, reason: str, name: st
             team.hidden_at = timezone.now() if action == "hide" else None
             team.save(update_fields=["hidden_at"])
         audit_staff_action(
-            actor=actor, action=TEAM_MODERATION[action], target_type=TargetType.TEAM, target_id=team.id,
-            reason=reason, details=details,
-        )  # fmt: skip
+            actor=actor,
+            action=TEAM_MODERATION[action],
+            target_type=TargetType.TEAM,
+            target_id=team.id,
+            reason=reason,
+            details=details,
+        )
     return team

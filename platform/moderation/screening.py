@@ -190,11 +190,31 @@ RECORD_SQL = RecordSql(
     ctes=_RECORD_CTES,
     cte_names=frozenset({"decisions", "fingerprints", "flags", "audit", *TRUST_CTE_NAMES}),
     param_names=frozenset(
-        {"held_status", "held_id", "held_reason", "held_rule", "fp_id", "fp_node", "fp_qh", "fp_exact", "fp_simhash",
-         "flag_id", "flag_node", "flag_rule", "flag_detail", "flag_data", "audit_target", "audit_rule",
-         "audit_action", "audit_id", "audit_reason", "audit_details", *TRUST_PARAM_NAMES}
+        {
+            "held_status",
+            "held_id",
+            "held_reason",
+            "held_rule",
+            "fp_id",
+            "fp_node",
+            "fp_qh",
+            "fp_exact",
+            "fp_simhash",
+            "flag_id",
+            "flag_node",
+            "flag_rule",
+            "flag_detail",
+            "flag_data",
+            "audit_target",
+            "audit_rule",
+            "audit_action",
+            "audit_id",
+            "audit_reason",
+            "audit_details",
+            *TRUST_PARAM_NAMES,
+        }
     ),
-)  # fmt: skip
+)
 
 
 def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = None) -> list[Screening]:
@@ -316,15 +336,25 @@ def rollouts_record_part(*, screenings: Sequence[Screening]) -> RecordPart:
         fingerprints += [(node_id, rid, v) for rid, v in screening.fingerprints.items()]
         flags += [(node_id, f) for f in screening.findings]
         audit += [
-            ("verification", AuditAction.AUTO_VERDICT, r.id, checks[r.id].reason,
-             {"node": node_id, "dataset": r.dataset})
+            (
+                "verification",
+                AuditAction.AUTO_VERDICT,
+                r.id,
+                checks[r.id].reason,
+                {"node": node_id, "dataset": r.dataset},
+            )
             for r in screening.rollouts
             if not checks[r.id].accepted
         ] + [
-            (f.rule, AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG, f.rollout_id, f.detail,
-             {"node": node_id, **f.data})
+            (
+                f.rule,
+                AuditAction.AUTO_HOLD if f.hold else AuditAction.AUTO_FLAG,
+                f.rollout_id,
+                f.detail,
+                {"node": node_id, **f.data},
+            )
             for f in screening.findings
-        ]  # fmt: skip
+        ]
         judged += [(r.id, node_id, checks[r.id].accepted) for r in screening.rollouts]
     params = {
         "held_status": ModerationStatus.HELD.value,

@@ -92,9 +92,13 @@ def audit_staff_action(
     """Record a staff action taken in a higher app (community's team moderation) in the audit log,
     inside the caller's transaction. Raises ApplicationError: reason_required, reason_too_long."""
     return _audit(
-        actor=actor, action=action, target_type=target_type, target_id=target_id, reason=_clean_reason(reason),
+        actor=actor,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        reason=_clean_reason(reason),
         details=details,
-    )  # fmt: skip
+    )
 
 
 def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: User) -> tuple[uuid.UUID, int]:

@@ -189,8 +189,12 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self._open()
         except Exception as exc:  # keep no half-open state, and tell the node to come back later
             if isinstance(exc, _DEPENDENCY_DOWN):  # the incident, not a bug: one line, no trace
-                logger.warning("opening a node socket failed (%s: %s); closed with %s", type(exc).__name__,
-                               str(exc).strip(), CLOSE_TRY_AGAIN)  # fmt: skip
+                logger.warning(
+                    "opening a node socket failed (%s: %s); closed with %s",
+                    type(exc).__name__,
+                    str(exc).strip(),
+                    CLOSE_TRY_AGAIN,
+                )
             else:
                 logger.exception("opening a node socket failed; closed with %s", CLOSE_TRY_AGAIN)
             await self.disconnect(CLOSE_TRY_AGAIN)

@@ -31,9 +31,18 @@ class SampledGroup(NamedTuple):
         """A Rollout with `node` loaded, as a sampled group."""
         r = rollout
         return cls(
-            r.id, r.node_id, r.node.name, r.round, r.dataset, r.seed, r.index, r.question, r.answer,
-            r.completions, r.verified_rewards,
-        )  # fmt: skip
+            r.id,
+            r.node_id,
+            r.node.name,
+            r.round,
+            r.dataset,
+            r.seed,
+            r.index,
+            r.question,
+            r.answer,
+            r.completions,
+            r.verified_rewards,
+        )
 
 
 def sampled_group_json(group: SampledGroup) -> str:

@@ -49,10 +49,33 @@ class ShareToScreen:
 #: and the parameter `now` (the statement's time); it may name nothing else of these.
 INSERT_CTE_NAMES = frozenset({"inserted", "counts", "conflicts", "verdict_counts", "storage", "totals"})
 INSERT_PARAM_NAMES = frozenset(
-    {"now", "hour", "nodes", "owners", "sent", "total_bytes", "id", "node", "round", "dataset", "seed", "index",
-     "question", "answer", "completions", "count", "claimed", "verified", "bytes", "verdict", "reason",
-     "has_variance", "sampleable", "held"}
-)  # fmt: skip
+    {
+        "now",
+        "hour",
+        "nodes",
+        "owners",
+        "sent",
+        "total_bytes",
+        "id",
+        "node",
+        "round",
+        "dataset",
+        "seed",
+        "index",
+        "question",
+        "answer",
+        "completions",
+        "count",
+        "claimed",
+        "verified",
+        "bytes",
+        "verdict",
+        "reason",
+        "has_variance",
+        "sampleable",
+        "held",
+    }
+)
 #: What of the statement a RecordSql's CTEs may read.
 RECORD_READS_CTES = frozenset({"inserted"})
 RECORD_READS_PARAMS = frozenset({"now"})

@@ -49,8 +49,12 @@ def rank_badges(subjects: dict[int, tuple[float, float]]) -> dict[int, str]:
 def _apply(holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, str]]) -> tuple[int, int]:
     """Make the rank badges of `holder` ("user" or "team") exactly `ranks`, and add the milestones.
     Returns (rank badges now held, milestones newly awarded). A fixed number of statements."""
-    held = {(getattr(b, f"{holder}_id"), b.kind): b.id for b in Badge.objects.filter(
-        **{f"{holder}__isnull": False}, kind__in=list(RANK_BADGES) + list(MILESTONE_BADGES))}  # fmt: skip
+    held = {
+        (getattr(b, f"{holder}_id"), b.kind): b.id
+        for b in Badge.objects.filter(
+            **{f"{holder}__isnull": False}, kind__in=list(RANK_BADGES) + list(MILESTONE_BADGES)
+        )
+    }
     wanted_ranks = set(ranks.items())
     stale = [
         badge_id

@@ -37,13 +37,47 @@ INDEX = "index.json"
 
 #: Table -> its columns, in file order (CSV header, JSON keys).
 COLUMNS: dict[str, list[str]] = {
-    "contributors": ["id", "name", "page", "team_id", "verified_reward", "recent_credit", "accepted", "rejected",
-                     "helped", "nodes", "badges", "last_seen_at"],
-    "teams": ["id", "slug", "name", "page", "members", "verified_reward", "recent_credit", "accepted", "badges",
-              "created_at"],
-    "nodes": ["id", "name", "page", "contributor_id", "verified_reward", "recent_credit", "accepted", "rejected",
-              "helped", "model_id", "hardware", "last_seen_at"],
-}  # fmt: skip
+    "contributors": [
+        "id",
+        "name",
+        "page",
+        "team_id",
+        "verified_reward",
+        "recent_credit",
+        "accepted",
+        "rejected",
+        "helped",
+        "nodes",
+        "badges",
+        "last_seen_at",
+    ],
+    "teams": [
+        "id",
+        "slug",
+        "name",
+        "page",
+        "members",
+        "verified_reward",
+        "recent_credit",
+        "accepted",
+        "badges",
+        "created_at",
+    ],
+    "nodes": [
+        "id",
+        "name",
+        "page",
+        "contributor_id",
+        "verified_reward",
+        "recent_credit",
+        "accepted",
+        "rejected",
+        "helped",
+        "model_id",
+        "hardware",
+        "last_seen_at",
+    ],
+}
 FILES = [f"{table}.{fmt}.gz" for table in COLUMNS for fmt in ("json", "csv")]
 
 
@@ -65,33 +99,66 @@ def _rows() -> dict[str, list[dict[str, Any]]]:
     team_badges = badges_of_teams(t.team_id for t in teams)
     return {
         "contributors": [
-            {"id": c.owner_id, "name": c.contributor, "page": f"/contributors/{c.username}/",
-             "team_id": teams_of[c.owner_id].id if c.owner_id in teams_of else None,
-             "verified_reward": round(c.verified_reward, 6), "recent_credit": round(c.recent_credit, 6),
-             "accepted": c.accepted, "rejected": c.rejected, "helped": c.helped, "nodes": c.nodes,
-             "badges": sorted(user_badges.get(c.owner_id, [])), "last_seen_at": _time(c.last_seen_at)}
+            {
+                "id": c.owner_id,
+                "name": c.contributor,
+                "page": f"/contributors/{c.username}/",
+                "team_id": teams_of[c.owner_id].id if c.owner_id in teams_of else None,
+                "verified_reward": round(c.verified_reward, 6),
+                "recent_credit": round(c.recent_credit, 6),
+                "accepted": c.accepted,
+                "rejected": c.rejected,
+                "helped": c.helped,
+                "nodes": c.nodes,
+                "badges": sorted(user_badges.get(c.owner_id, [])),
+                "last_seen_at": _time(c.last_seen_at),
+            }
             for c in sorted(contributors, key=lambda c: c.owner_id)
         ],
         "teams": [
-            {"id": t.team_id, "slug": t.slug, "name": t.name, "page": f"/teams/{t.slug}/", "members": t.members,
-             "verified_reward": round(t.verified_reward, 6), "recent_credit": round(t.recent_credit, 6),
-             "accepted": t.accepted, "badges": sorted(team_badges.get(t.team_id, [])),
-             "created_at": _time(t.created_at)}
+            {
+                "id": t.team_id,
+                "slug": t.slug,
+                "name": t.name,
+                "page": f"/teams/{t.slug}/",
+                "members": t.members,
+                "verified_reward": round(t.verified_reward, 6),
+                "recent_credit": round(t.recent_credit, 6),
+                "accepted": t.accepted,
+                "badges": sorted(team_badges.get(t.team_id, [])),
+                "created_at": _time(t.created_at),
+            }
             for t in sorted(teams, key=lambda t: t.team_id)
         ],
         "nodes": [
-            {"id": f.node_id, "name": f.name, "page": f"/nodes/{f.node_id}/", "contributor_id": f.owner_id,
-             "verified_reward": round(f.verified_reward, 6), "recent_credit": round(f.recent_credit, 6),
-             "accepted": f.accepted, "rejected": f.rejected, "helped": f.helped, "model_id": f.model_id,
-             "hardware": f.hardware, "last_seen_at": _time(f.last_seen_at)}
-            for f in sorted(listed_node_figures(), key=lambda f: f.node_id) if f.owner_id in public_owners
+            {
+                "id": f.node_id,
+                "name": f.name,
+                "page": f"/nodes/{f.node_id}/",
+                "contributor_id": f.owner_id,
+                "verified_reward": round(f.verified_reward, 6),
+                "recent_credit": round(f.recent_credit, 6),
+                "accepted": f.accepted,
+                "rejected": f.rejected,
+                "helped": f.helped,
+                "model_id": f.model_id,
+                "hardware": f.hardware,
+                "last_seen_at": _time(f.last_seen_at),
+            }
+            for f in sorted(listed_node_figures(), key=lambda f: f.node_id)
+            if f.owner_id in public_owners
         ],
-    }  # fmt: skip
+    }
 
 
 def _json_bytes(table: str, rows: list[dict[str, Any]], generated_at: datetime) -> bytes:
-    body = {"schema": SCHEMA_VERSION, "table": table, "generated_at": generated_at.isoformat(),
-            "columns": COLUMNS[table], "rows": rows}  # fmt: skip
+    body = {
+        "schema": SCHEMA_VERSION,
+        "table": table,
+        "generated_at": generated_at.isoformat(),
+        "columns": COLUMNS[table],
+        "rows": rows,
+    }
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -145,8 +212,16 @@ def stats_export(*, directory: Path | None = None, now: datetime | None = None) 
             name = f"{table}.{fmt}.gz"
             data = gzip.compress(encode(table, rows), mtime=int(generated_at.timestamp()))
             _write_atomic(directory / name, data)
-            files.append({"name": name, "table": table, "format": fmt, "rows": len(rows), "bytes": len(data),
-                          "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+            files.append(
+                {
+                    "name": name,
+                    "table": table,
+                    "format": fmt,
+                    "rows": len(rows),
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
     index = {"schema": SCHEMA_VERSION, "generated_at": generated_at.isoformat(), "files": files}
     _write_atomic(directory / INDEX, json.dumps(index, indent=1).encode("utf-8"))
     return ExportIndex(generated_at, files)

@@ -85,10 +85,14 @@ def _curve(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
         if node_id in node_ids and hour >= start:
             hours.setdefault(hour, Measures()).add(m)
     return [
-        {"hour": hour, "verified_reward": m.reward, "accepted": m.accepted,
-         "mean_reward": m.reward / m.completions if m.completions else None}
+        {
+            "hour": hour,
+            "verified_reward": m.reward,
+            "accepted": m.accepted,
+            "mean_reward": m.reward / m.completions if m.completions else None,
+        }
         for hour, m in sorted(hours.items())
-    ]  # fmt: skip
+    ]
 
 
 def _datasets(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
@@ -99,10 +103,15 @@ def _datasets(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
         cursor.execute(_DATASETS_SQL, {"nodes": node_ids, "since": start, "limit": DATASET_GROUPS_MAX})
         rows = cursor.fetchall()
     return [
-        {"dataset": dataset, "day": day.date(), "accepted": int(accepted), "verified_reward": float(reward),
-         "mean_reward": float(reward) / completions if completions else None}
+        {
+            "dataset": dataset,
+            "day": day.date(),
+            "accepted": int(accepted),
+            "verified_reward": float(reward),
+            "mean_reward": float(reward) / completions if completions else None,
+        }
         for dataset, day, accepted, completions, reward in rows
-    ]  # fmt: skip
+    ]
 
 
 def _dataset_totals(per_day: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -156,9 +165,13 @@ def _profile(owner: User, nodes: list[Node]) -> Profile:
     figures = node_figures_for(nodes)
     ids = [n.id for n in nodes]
     profile = Profile(
-        owner=owner, nodes=[figures[n.id] for n in nodes], curve=_curve(ids, start), datasets=_datasets(ids, start),
-        badges=badges_of_users([owner.id]).get(owner.id, []), team=current_teams_of([owner.id]).get(owner.id),
-    )  # fmt: skip
+        owner=owner,
+        nodes=[figures[n.id] for n in nodes],
+        curve=_curve(ids, start),
+        datasets=_datasets(ids, start),
+        badges=badges_of_users([owner.id]).get(owner.id, []),
+        team=current_teams_of([owner.id]).get(owner.id),
+    )
     for f in profile.nodes:
         profile.accepted += f.accepted
         profile.rejected += f.rejected

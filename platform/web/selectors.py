@@ -124,8 +124,16 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
         m = Measures()
         helped = rounds = 0
         if (s := folded.get(node.id)) is not None:
-            m.add(Measures(s.accepted_groups, s.rejected_groups, s.moderated_groups, s.credited_completions,
-                           s.verified_reward, s.credit_growth))  # fmt: skip
+            m.add(
+                Measures(
+                    s.accepted_groups,
+                    s.rejected_groups,
+                    s.moderated_groups,
+                    s.credited_completions,
+                    s.verified_reward,
+                    s.credit_growth,
+                )
+            )
             helped, rounds = s.helped, s.rounds
         if (extra := live.groups.by_node.get(node.id)) is not None:
             m.add(extra)
@@ -175,10 +183,17 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
     for node in nodes:
         status = node.status_at(now, connected=node.id in connected)
         out[node.id] = known.get(node.id) or NodeFigures(
-            node_id=node.id, name=node.name, owner_id=node.owner_id, contributor=node.owner.public_name,
-            model_id=node.model_id, hardware=node.hardware, status=status,
-            last_seen_at=node.last_seen_at, public=not node.is_banned, username=_page_username(node.owner),
-        )  # fmt: skip
+            node_id=node.id,
+            name=node.name,
+            owner_id=node.owner_id,
+            contributor=node.owner.public_name,
+            model_id=node.model_id,
+            hardware=node.hardware,
+            status=status,
+            last_seen_at=node.last_seen_at,
+            public=not node.is_banned,
+            username=_page_username(node.owner),
+        )
         # Name, status and self-description change faster than the cache: take them from the row.
         fig = out[node.id]
         fig.name, fig.status, fig.last_seen_at = node.name, status, node.last_seen_at
@@ -313,8 +328,14 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
         node_hours = list(NodeHour.objects.filter(hour__gte=curve_start))
     per_hour: dict[datetime, Measures] = {}
     per_dataset: dict[str, Measures] = {}
-    buckets = [(h.dataset, h.hour, Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions,
-                                           h.verified_reward)) for h in hours]  # fmt: skip
+    buckets = [
+        (
+            h.dataset,
+            h.hour,
+            Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions, h.verified_reward),
+        )
+        for h in hours
+    ]
     buckets += [(d, h, m) for (d, h), m in live.groups.by_dataset_hour.items()]
     for dataset, hour, m in buckets:
         if hour >= curve_start:
@@ -445,10 +466,15 @@ def node_curve(*, node: Node, days: int = NODE_CURVE_DAYS) -> list[dict[str, Any
         if node_id == node.id and hour >= start:
             hours.setdefault(hour, Measures()).add(m)
     return [
-        {"hour": hour, "verified_reward": m.reward, "mean_reward": _rate(m.reward, m.completions),
-         "accepted": m.accepted, "rejected": m.rejected}
+        {
+            "hour": hour,
+            "verified_reward": m.reward,
+            "mean_reward": _rate(m.reward, m.completions),
+            "accepted": m.accepted,
+            "rejected": m.rejected,
+        }
         for hour, m in sorted(hours.items())
-    ]  # fmt: skip
+    ]
 
 
 def last_reports(*, nodes: list[Node]) -> dict[int, NodeRound]:

@@ -187,16 +187,33 @@ def _write(groups: GroupRows, helped: dict[int, int], rounds: dict[int, int]) ->
     for node_id in sorted(node_ids & existing):
         m = groups.by_node.get(node_id, Measures())
         totals.append(
-            (node_id, m.accepted, m.rejected, m.moderated, m.completions, m.reward, m.growth,
-             helped.get(node_id, 0), rounds.get(node_id, 0))
-        )  # fmt: skip
+            (
+                node_id,
+                m.accepted,
+                m.rejected,
+                m.moderated,
+                m.completions,
+                m.reward,
+                m.growth,
+                helped.get(node_id, 0),
+                rounds.get(node_id, 0),
+            )
+        )
     _upsert_add(
         "web_nodestats",
         ["node_id"],
-        ["accepted_groups", "rejected_groups", "moderated_groups", "credited_completions", "verified_reward",
-         "credit_growth", "helped", "rounds"],
+        [
+            "accepted_groups",
+            "rejected_groups",
+            "moderated_groups",
+            "credited_completions",
+            "verified_reward",
+            "credit_growth",
+            "helped",
+            "rounds",
+        ],
         totals,
-    )  # fmt: skip
+    )
     hour_columns = ["accepted_groups", "rejected_groups", "credited_completions", "verified_reward"]
     _upsert_add(
         "web_nodehour",
@@ -384,8 +401,12 @@ def live_rows(*, node_ids: Sequence[int] | None = None) -> Live:
     if cursor_row is None:
         # Nothing folded yet: everything is live (only before the first fold ever).
         groups = _group_rows(start=None, end=None, node_ids=node_ids)
-        return Live(None, groups, _counts_by("pool_consumption", "author_id", after_id=0, up_to_id=None),
-                    _counts_by("pool_noderound", "node_id", after_id=0, up_to_id=None))  # fmt: skip
+        return Live(
+            None,
+            groups,
+            _counts_by("pool_consumption", "author_id", after_id=0, up_to_id=None),
+            _counts_by("pool_noderound", "node_id", after_id=0, up_to_id=None),
+        )
     active = active_node_ids(cursor_row.folded_until)
     if node_ids is not None:
         active = sorted(set(active) & set(node_ids))

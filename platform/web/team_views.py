@@ -45,9 +45,15 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "web/teams.html",
-        {"page": page, "sort": sort, "descending": descending, "total": total, "q": q[:64],
-         "membership": community.membership_current(user=request.user)},
-    )  # fmt: skip
+        {
+            "page": page,
+            "sort": sort,
+            "descending": descending,
+            "total": total,
+            "q": q[:64],
+            "membership": community.membership_current(user=request.user),
+        },
+    )
 
 
 @require_GET
@@ -60,11 +66,15 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
     return render(
         request,
         "web/team.html",
-        {"team": team, "detail": detail, "membership": mine,
-         "is_member": mine is not None and mine.team_id == team.id,
-         "is_founder": user.is_authenticated and team.founder_id == user.id,
-         "aha": selectors.aha_groups(author_owner_ids=[m.user_id for m in members])},
-    )  # fmt: skip
+        {
+            "team": team,
+            "detail": detail,
+            "membership": mine,
+            "is_member": mine is not None and mine.team_id == team.id,
+            "is_founder": user.is_authenticated and team.founder_id == user.id,
+            "aha": selectors.aha_groups(author_owner_ids=[m.user_id for m in members]),
+        },
+    )
 
 
 def _act(request: HttpRequest, action, *, success: str, to: str) -> HttpResponse:
@@ -83,9 +93,12 @@ def _act(request: HttpRequest, action, *, success: str, to: str) -> HttpResponse
 def team_found_view(request: HttpRequest) -> HttpResponse:
     def found() -> str:
         team = team_found(
-            founder=request.user, name=request.POST.get("name", ""), description=request.POST.get("description", ""),
-            url=request.POST.get("url", ""), address=client_address(request),
-        )  # fmt: skip
+            founder=request.user,
+            name=request.POST.get("name", ""),
+            description=request.POST.get("description", ""),
+            url=request.POST.get("url", ""),
+            address=client_address(request),
+        )
         return reverse("web:team", args=[team.slug])
 
     return _act(request, found, success="Team founded. Share its page so others can join.", to=reverse("web:teams"))
@@ -112,10 +125,16 @@ def team_edit_view(request: HttpRequest, slug: str) -> HttpResponse:
     here = reverse("web:team", args=[team.slug])
     return _act(
         request,
-        lambda: team_edit(actor=request.user, team=team, name=request.POST.get("name", ""),
-                          description=request.POST.get("description", ""), url=request.POST.get("url", "")),
-        success="Saved.", to=here,
-    )  # fmt: skip
+        lambda: team_edit(
+            actor=request.user,
+            team=team,
+            name=request.POST.get("name", ""),
+            description=request.POST.get("description", ""),
+            url=request.POST.get("url", ""),
+        ),
+        success="Saved.",
+        to=here,
+    )
 
 
 @login_required
@@ -129,9 +148,11 @@ def team_hand_over_view(request: HttpRequest, slug: str) -> HttpResponse:
         messages.error(request, "Choose a member to hand the team over to.")
         return redirect(here)
     return _act(
-        request, lambda: team_hand_over(actor=request.user, team=team, to_user_id=to_user_id),
-        success="Handed over.", to=here,
-    )  # fmt: skip
+        request,
+        lambda: team_hand_over(actor=request.user, team=team, to_user_id=to_user_id),
+        success="Handed over.",
+        to=here,
+    )
 
 
 @login_required
@@ -139,9 +160,11 @@ def team_hand_over_view(request: HttpRequest, slug: str) -> HttpResponse:
 def team_disband_view(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
     return _act(
-        request, lambda: team_disband(actor=request.user, team=team), success=f"{team.name} is disbanded.",
+        request,
+        lambda: team_disband(actor=request.user, team=team),
+        success=f"{team.name} is disbanded.",
         to=reverse("web:teams"),
-    )  # fmt: skip
+    )
 
 
 @login_required
@@ -151,7 +174,13 @@ def team_moderate_view(request: HttpRequest, slug: str) -> HttpResponse:
     here = reverse("web:team", args=[team.slug])
     return _act(
         request,
-        lambda: team_moderate(actor=request.user, team=team, action=request.POST.get("action", ""),
-                              reason=request.POST.get("reason", ""), name=request.POST.get("name", "")),
-        success="Done: recorded in the audit log.", to=here,
-    )  # fmt: skip
+        lambda: team_moderate(
+            actor=request.user,
+            team=team,
+            action=request.POST.get("action", ""),
+            reason=request.POST.get("reason", ""),
+            name=request.POST.get("name", ""),
+        ),
+        success="Done: recorded in the audit log.",
+        to=here,
+    )

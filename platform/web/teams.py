@@ -124,8 +124,11 @@ def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -
     credit = TeamCredit()
     since = since or datetime(9999, 1, 1, tzinfo=UTC)
     params: dict[str, Any] = {
-        "epoch": CREDIT_EPOCH, "half_life": CREDIT_HALF_LIFE.total_seconds(), "team": team_id, "since": since,
-    }  # fmt: skip
+        "epoch": CREDIT_EPOCH,
+        "half_life": CREDIT_HALF_LIFE.total_seconds(),
+        "team": team_id,
+        "since": since,
+    }
     one_team = team_id is not None
     with snapshot():
         live = live_rows()
@@ -136,8 +139,14 @@ def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -
                 credit.add(team, user, m, hour)
             cursor.execute(_PARTS_SQL.format(team_and="AND m.team_id = %(team)s" if one_team else ""), params)
             for _, team, user, sign, hour, accepted, completions, reward in cursor.fetchall():
-                m = Measures(sign * int(accepted), 0, 0, sign * int(completions), sign * float(reward),
-                             sign * _hour_growth(float(reward), hour))  # fmt: skip
+                m = Measures(
+                    sign * int(accepted),
+                    0,
+                    0,
+                    sign * int(completions),
+                    sign * float(reward),
+                    sign * _hour_growth(float(reward), hour),
+                )
                 credit.add(team, user, m, hour if hour >= since else None)
             live_since = _hour_of(live.since or _FAR_PAST)
             node_ids = sorted({node_id for node_id, _ in live.groups.by_node_hour})
@@ -177,13 +186,17 @@ def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int
         memberships = memberships.filter(team_id=team_id)
     rows = (
         Node.objects.filter(
-            connected_filter(now=now), last_seen_at__gte=now - ONLINE_WINDOW, retired_at__isnull=True,
-            banned_at__isnull=True, owner__banned_at__isnull=True, owner__team_memberships__in=memberships,
+            connected_filter(now=now),
+            last_seen_at__gte=now - ONLINE_WINDOW,
+            retired_at__isnull=True,
+            banned_at__isnull=True,
+            owner__banned_at__isnull=True,
+            owner__team_memberships__in=memberships,
         )
         .values("owner__team_memberships__team_id")
         .annotate(n=Count("id"))
         .order_by()
-    )  # fmt: skip
+    )
     return {row["owner__team_memberships__team_id"]: row["n"] for row in rows}
 
 
@@ -208,12 +221,19 @@ def team_figures_all() -> list[TeamFigures]:
         m = credit.get(team.id, Measures())
         out.append(
             TeamFigures(
-                team_id=team.id, name=team.name, slug=team.slug, members=team.members,
-                nodes_online=online.get(team.id, 0), accepted=m.accepted, completions=m.completions,
-                verified_reward=m.reward, recent_credit=recent_average_credit(m.growth, now=now),
-                badges=badges.get(team.id, []), created_at=team.created_at,
+                team_id=team.id,
+                name=team.name,
+                slug=team.slug,
+                members=team.members,
+                nodes_online=online.get(team.id, 0),
+                accepted=m.accepted,
+                completions=m.completions,
+                verified_reward=m.reward,
+                recent_credit=recent_average_credit(m.growth, now=now),
+                badges=badges.get(team.id, []),
+                created_at=team.created_at,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -260,16 +280,29 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
     hours = credit.hours
     m = credit.by_team.get(team.id, Measures())
     figures = TeamFigures(
-        team_id=team.id, name=team.name, slug=team.slug, members=len(members),
-        nodes_online=_nodes_online_by_team(now, team.id).get(team.id, 0), accepted=m.accepted,
-        completions=m.completions, verified_reward=m.reward, recent_credit=recent_average_credit(m.growth, now=now),
+        team_id=team.id,
+        name=team.name,
+        slug=team.slug,
+        members=len(members),
+        nodes_online=_nodes_online_by_team(now, team.id).get(team.id, 0),
+        accepted=m.accepted,
+        completions=m.completions,
+        verified_reward=m.reward,
+        recent_credit=recent_average_credit(m.growth, now=now),
         badges=badges_of_teams([team.id]).get(team.id, []),
-    )  # fmt: skip
+    )
     rows = []
     for membership in members:
         mine = credit.by_member.get((team.id, membership.user_id), Measures())
-        rows.append({"user": membership.user, "joined_at": membership.joined_at, "accepted": mine.accepted,
-                     "verified_reward": mine.reward, "founder": membership.user_id == team.founder_id})  # fmt: skip
+        rows.append(
+            {
+                "user": membership.user,
+                "joined_at": membership.joined_at,
+                "accepted": mine.accepted,
+                "verified_reward": mine.reward,
+                "founder": membership.user_id == team.founder_id,
+            }
+        )
     day_ago = now - timedelta(hours=24)
     last_day = sum(h.reward for (_, hour), h in hours.items() if hour >= day_ago)
     curve = [

@@ -107,10 +107,25 @@ def _build(out_dir: Path) -> Path:
             readme.write_text("# sapo-node\n\nA SAPO swarm node. See the swarm's /download/ page.\n")
         staging = Path(tmp) / "out"
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-             "--disable-pip-version-check", "-q", "-w", str(staging), str(src)],
-            capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                "-q",
+                "-w",
+                str(staging),
+                str(src),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_SECONDS,
+            check=False,
+        )
         wheels = list(staging.glob("sapo_node-*.whl"))
         if result.returncode != 0 or len(wheels) != 1:
             raise ApplicationError(

@@ -21,19 +21,38 @@ from web.stats import stats_rebuild
 def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
     """An accepted, credited group as the pool stores it (no re-verification: the figures are under test)."""
     Rollout.objects.create(
-        id=uuid.uuid4(), node=node, round=1, dataset="basic_arithmetic", seed=1, index=Rollout.objects.count(),
-        question="What is 1 + 1?", answer="2", completions=[f"<answer>{r}</answer>" for r in rewards],
-        completion_count=len(rewards), claimed_rewards=list(rewards), verified_rewards=list(rewards),
-        verdict=Verdict.ACCEPTED, has_variance=True, sampleable=True, sample_seq=Rollout.objects.count() + 1,
+        id=uuid.uuid4(),
+        node=node,
+        round=1,
+        dataset="basic_arithmetic",
+        seed=1,
+        index=Rollout.objects.count(),
+        question="What is 1 + 1?",
+        answer="2",
+        completions=[f"<answer>{r}</answer>" for r in rewards],
+        completion_count=len(rewards),
+        claimed_rewards=list(rewards),
+        verified_rewards=list(rewards),
+        verdict=Verdict.ACCEPTED,
+        has_variance=True,
+        sampleable=True,
+        sample_seq=Rollout.objects.count() + 1,
         created_at=created_at,
-    )  # fmt: skip
+    )
     Node.objects.filter(id=node.id).update(last_seen_at=timezone.now())
 
 
 def test_a_contributor_sets_email_alerts_and_sees_them_listed(live_server, page, user, login, screenshot):
     node = make_node(owner=user, name="laptop")
-    Alert.objects.create(user=user, node=node, condition=Condition.SILENT, detail="Nothing heard from the node for 31 minutes.",
-                         raised_at=timezone.now() - timedelta(hours=1), raised_delivery="email", raised_sent=True)  # fmt: skip
+    Alert.objects.create(
+        user=user,
+        node=node,
+        condition=Condition.SILENT,
+        detail="Nothing heard from the node for 31 minutes.",
+        raised_at=timezone.now() - timedelta(hours=1),
+        raised_delivery="email",
+        raised_sent=True,
+    )
     login(page, user)
     page.goto(live_server.url + "/me/")
     expect(page.locator("#alert-list")).to_contain_text("Nothing heard from the node for 31 minutes.")

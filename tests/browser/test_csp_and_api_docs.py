@@ -14,8 +14,15 @@ document.addEventListener("securitypolicyviolation", (e) => {
 });
 """
 
-ANONYMOUS = ["/", "/swarm/", "/leaderboard/", "/leaderboard/how/", "/download/", "/accounts/login/",
-             "/accounts/signup/"]  # fmt: skip
+ANONYMOUS = [
+    "/",
+    "/swarm/",
+    "/leaderboard/",
+    "/leaderboard/how/",
+    "/download/",
+    "/accounts/login/",
+    "/accounts/signup/",
+]
 CONTRIBUTOR = ["/me/", "/accounts/password/"]
 MODERATOR = ["/moderation/", "/moderation/nodes/", "/moderation/audit/", "/moderation/rules/", "/admin/"]
 

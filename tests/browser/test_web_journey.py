@@ -53,8 +53,15 @@ class WireNode:
         rewards = [score_completion(spec, seed, entry, c) for c in completions]
         if not honest:
             rewards = [1.0, 1.0]  # claims the wrong answer is right: reward_mismatch
-        return {"id": str(uuid.uuid4()), "round": 1, "task": {"dataset": spec.dataset, "seed": seed, "index": self.index},
-                "question": entry["question"], "answer": entry["answer"], "completions": completions, "rewards": rewards}  # fmt: skip
+        return {
+            "id": str(uuid.uuid4()),
+            "round": 1,
+            "task": {"dataset": spec.dataset, "seed": seed, "index": self.index},
+            "question": entry["question"],
+            "answer": entry["answer"],
+            "completions": completions,
+            "rewards": rewards,
+        }
 
     def share(self, groups: list[dict]) -> dict:
         return self.call({"type": "share", "rollouts": groups})
@@ -119,10 +126,20 @@ def test_new_contributor_journey(live_server, page, screenshot, tmp_path: Path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps", "-q",
-         "--disable-pip-version-check", str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     helped = subprocess.run([str(venv / "bin" / "sapo-node"), "--help"], capture_output=True, text=True, check=True)
     assert "usage: sapo-node" in helped.stdout and "run" in helped.stdout
 

@@ -22,11 +22,28 @@ def test_real_node_run_shows_on_me_and_leaderboard(
     _, token = make_node_with_token(owner=user, name="tiny-box")
     sapo_node = str(Path(sys.executable).parent / "sapo-node")  # the shared venv's console script
     run = subprocess.run(
-        [sapo_node, "run", "--server", live_server.ws_url + "/ws/node/", "--rounds", "2", "--questions", "4",
-         "--generations", "4", "--max-new-tokens", "32", "--out", str(tmp_path / "run")],
-        env={**os.environ, "SAPO_TOKEN": token, "SAPO_CACHE": str(tiny_cache_dir)}, capture_output=True, text=True,
-        timeout=400, check=False,
-    )  # fmt: skip
+        [
+            sapo_node,
+            "run",
+            "--server",
+            live_server.ws_url + "/ws/node/",
+            "--rounds",
+            "2",
+            "--questions",
+            "4",
+            "--generations",
+            "4",
+            "--max-new-tokens",
+            "32",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        env={**os.environ, "SAPO_TOKEN": token, "SAPO_CACHE": str(tiny_cache_dir)},
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
     login(page, user)

@@ -31,8 +31,16 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def make_row(config: str, seed: int, node: int, round: int, reward: float) -> dict:
     local, external = parse_config(config)
     row = {name: 0 for name in ROUND_FIELDS}
-    row.update(config=config, local=local, external=external, seed=seed, node=node, round=round,
-               reward_mean=reward, questions=f"basic_arithmetic/{seed * 1000 + node}/{round}")  # fmt: skip
+    row.update(
+        config=config,
+        local=local,
+        external=external,
+        seed=seed,
+        node=node,
+        round=round,
+        reward_mean=reward,
+        questions=f"basic_arithmetic/{seed * 1000 + node}/{round}",
+    )
     return row
 
 

@@ -67,8 +67,10 @@ def test_transfer_is_the_reward_on_the_datasets_a_nodes_warm_start_does_not_know
     rows = []
     for seed, (silo, swarm) in enumerate([(0.0, 0.5), (0.25, 0.75)], start=1):
         for config, other in (("8/0", silo), ("4/4+own", swarm)):
-            for node, (own_ds, other_ds) in ((1, ("basic_arithmetic", "base_conversion")),
-                                             (2, ("fraction_simplification", "calendar_arithmetic"))):  # fmt: skip
+            for node, (own_ds, other_ds) in (
+                (1, ("basic_arithmetic", "base_conversion")),
+                (2, ("fraction_simplification", "calendar_arithmetic")),
+            ):
                 row = make_row(config, seed, node, 1, 0.5)
                 row["questions"] = f"{own_ds}/1/1;{other_ds}/1/2"
                 row["question_rewards"] = f"1.0000;{other:.4f}"  # own tasks: always right, not counted

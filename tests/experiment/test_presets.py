@@ -19,8 +19,12 @@ def test_configurations_are_scaled_to_the_training_groups_per_round():
 def test_gpu_qwen_is_the_papers_setting():
     cfg = preset("gpu-qwen")
     assert (cfg.model, cfg.nodes, cfg.questions, cfg.generations, cfg.catalogue) == (
-        "Qwen/Qwen2.5-0.5B-Instruct", 8, 8, 8, "sapo"
-    )  # fmt: skip
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        8,
+        8,
+        8,
+        "sapo",
+    )
     assert (cfg.device, cfg.dtype) == ("auto", "auto")  # bfloat16 on CUDA (sapo_node.models.resolve_dtype)
 
 

@@ -21,8 +21,17 @@ NODES = 2  # the smoke preset's
 
 
 def experiment(out: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "sapo_node.experiment", "--preset", "smoke", "--out", str(out), "--no-progress",
-            *flags]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "sapo_node.experiment",
+        "--preset",
+        "smoke",
+        "--out",
+        str(out),
+        "--no-progress",
+        *flags,
+    ]
 
 
 def env() -> dict[str, str]:
@@ -40,8 +49,9 @@ def rows(path: Path) -> list[dict[str, str]]:
 def test_ctrl_c_stops_at_a_round_boundary_keeps_the_rounds_and_resume_finishes(tmp_path):
     out = tmp_path / "study"
     flags = ("--configs", "8/0,4/4", "--rounds", "4")
-    proc = subprocess.Popen(experiment(out, *flags), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        experiment(out, *flags), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 600
     while len(rows(out / "rounds.csv")) < NODES and time.monotonic() < deadline:  # round 1 of 8/0 is written
         assert proc.poll() is None, proc.communicate()
@@ -59,8 +69,7 @@ def test_ctrl_c_stops_at_a_round_boundary_keeps_the_rounds_and_resume_finishes(t
     again = subprocess.run(experiment(out, *flags), env=env(), capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr  # a study is never overwritten
 
-    done = subprocess.run(experiment(out, *flags, "--resume"), env=env(), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(experiment(out, *flags, "--resume"), env=env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     final = rows(out / "rounds.csv")
     assert len(final) == 2 * 4 * NODES
@@ -70,8 +79,13 @@ def test_ctrl_c_stops_at_a_round_boundary_keeps_the_rounds_and_resume_finishes(t
 
 def test_parallel_configurations_run_as_processes_and_merge_into_one_study(tmp_path):
     out = tmp_path / "study"
-    done = subprocess.run(experiment(out, "--configs", "8/0,4/4", "--rounds", "2", "--parallel", "2"), env=env(),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        experiment(out, "--configs", "8/0,4/4", "--rounds", "2", "--parallel", "2"),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     merged = rows(out / "rounds.csv")
     assert sorted({r["config"] for r in merged}) == ["4/4", "8/0"] and len(merged) == 2 * 2 * NODES

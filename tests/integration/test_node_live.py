@@ -65,9 +65,19 @@ def policy_copy(policy: tuple[Any, Any]) -> tuple[Any, Any]:
 
 def node_config(out: Path, model: str, seed: int, **overrides: Any) -> NodeConfig:
     base = dict(
-        out=str(out), model=model, seed=seed, rounds=0, questions=4, generations=4, max_new_tokens=16,
-        local=4, external=4, checkpoint_every=0, connect_wait=10, flush_wait=20,
-    )  # fmt: skip
+        out=str(out),
+        model=model,
+        seed=seed,
+        rounds=0,
+        questions=4,
+        generations=4,
+        max_new_tokens=16,
+        local=4,
+        external=4,
+        checkpoint_every=0,
+        connect_wait=10,
+        flush_wait=20,
+    )
     return NodeConfig(**(base | overrides))
 
 
@@ -426,9 +436,33 @@ def test_an_online_run_stopped_with_ctrl_c_resumes_the_round_count(swarm_server,
         return real_score(n, questions, generated)
 
     monkeypatch.setattr(loop, "score_rollouts", score_then_interrupt)
-    argv = ["run", "--server", swarm_server.ws_url + "/ws/node/", "--model", "tiny", "--out", str(out),
-            "--questions", "2", "--generations", "4", "--max-new-tokens", "16", "--local", "2", "--external", "2",
-            "--seed", "7", "--checkpoint-every", "0", "--connect-wait", "10", "--flush-wait", "20"]  # fmt: skip
+    argv = [
+        "run",
+        "--server",
+        swarm_server.ws_url + "/ws/node/",
+        "--model",
+        "tiny",
+        "--out",
+        str(out),
+        "--questions",
+        "2",
+        "--generations",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--local",
+        "2",
+        "--external",
+        "2",
+        "--seed",
+        "7",
+        "--checkpoint-every",
+        "0",
+        "--connect-wait",
+        "10",
+        "--flush-wait",
+        "20",
+    ]
     assert main([*argv, "--rounds", "5"]) == 130
 
     monkeypatch.setattr(loop, "score_rollouts", real_score)

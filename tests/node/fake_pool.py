@@ -114,8 +114,14 @@ class FakePool:
     def _reply(self, frame: dict[str, Any]) -> dict[str, Any] | str | None:
         kind = frame["type"]
         if kind == "hello":
-            return {"type": "welcome", "v": 1, "node_id": 1, "node_name": "laptop",
-                    "catalogue": EASY_CATALOGUE.to_json(), "limits": dict(self.limits)}  # fmt: skip
+            return {
+                "type": "welcome",
+                "v": 1,
+                "node_id": 1,
+                "node_name": "laptop",
+                "catalogue": EASY_CATALOGUE.to_json(),
+                "limits": dict(self.limits),
+            }
         if kind == "share":
             ids = [r["id"] for r in frame["rollouts"]]
             self.share_frames.append(ids)

@@ -53,14 +53,32 @@ def test_assemble_gives_external_groups_the_nodes_baseline_and_own_groups_none()
     spec = EASY_CATALOGUE.get("basic_arithmetic")
     entry = build_entry(spec, 7, 3)
     right, wrong = f" <answer>{entry['answer']}</answer>", " <answer>-999</answer>"
-    peer = Group("ext", 1, TaskRef("basic_arithmetic", 7, 3), entry["question"], entry["answer"],
-                 [right, wrong, right, wrong], [1.0, 0.0, 1.0, 0.0], node="peer")  # fmt: skip
+    peer = Group(
+        "ext",
+        1,
+        TaskRef("basic_arithmetic", 7, 3),
+        entry["question"],
+        entry["answer"],
+        [right, wrong, right, wrong],
+        [1.0, 0.0, 1.0, 0.0],
+        node="peer",
+    )
     baseline = OwnBaseline()
     baseline.observe([_group("basic_arithmetic", [0.0, 0.0, 0.0, 0.25])])
 
     def run(b):
-        return assemble([], [peer], n_local=0, n_external=1, rng=random.Random(0), catalogue=EASY_CATALOGUE,
-                        tokenizer=tok, format_prompt=format_prompt, max_tokens=64, baseline=b)  # fmt: skip
+        return assemble(
+            [],
+            [peer],
+            n_local=0,
+            n_external=1,
+            rng=random.Random(0),
+            catalogue=EASY_CATALOGUE,
+            tokenizer=tok,
+            format_prompt=format_prompt,
+            max_tokens=64,
+            baseline=b,
+        )
 
     (judged,), _ = run(baseline)
     (plain,), _ = run(None)

@@ -47,8 +47,20 @@ def test_offline_run_writes_config_metrics_and_a_checkpoint(tmp_path, capsys):
     )
     rows = _metrics(out)
     assert [r["round"] for r in rows] == [1, 2]
-    for key in ("reward_mean", "reward_std", "zero_advantage_share", "clip_fraction", "loss", "tokens_per_s",
-                "local_offered", "local_kept", "external_offered", "external_kept", "accepted", "rejected"):  # fmt: skip
+    for key in (
+        "reward_mean",
+        "reward_std",
+        "zero_advantage_share",
+        "clip_fraction",
+        "loss",
+        "tokens_per_s",
+        "local_offered",
+        "local_kept",
+        "external_offered",
+        "external_kept",
+        "accepted",
+        "rejected",
+    ):
         assert key in rows[0]
     assert set(rows[0]["seconds"]) >= {"generate", "score", "share", "assemble", "update"}
     assert rows[0]["local_offered"] == 2 and rows[0]["connection"] == "silo"

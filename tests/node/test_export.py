@@ -19,7 +19,20 @@ from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE
 from sapo_node.tiny import evaluate
 
-ROUND = ["--questions", "2", "--generations", "4", "--local", "2", "--max-new-tokens", "8", "--seed", "3", "--threads", "1"]  # fmt: skip
+ROUND = [
+    "--questions",
+    "2",
+    "--generations",
+    "4",
+    "--local",
+    "2",
+    "--max-new-tokens",
+    "8",
+    "--seed",
+    "3",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")

@@ -112,8 +112,20 @@ def test_the_static_path_draws_the_same_tokens_as_the_dropping_loop_greedy_and_s
         results = []
         for static in (False, True):
             torch.manual_seed(11)
-            results.append(_rows(generate_completions(model, tok, prompts, generations=4, max_new_tokens=16,
-                                                      temperature=temperature, static=static, compile=None)))  # fmt: skip
+            results.append(
+                _rows(
+                    generate_completions(
+                        model,
+                        tok,
+                        prompts,
+                        generations=4,
+                        max_new_tokens=16,
+                        temperature=temperature,
+                        static=static,
+                        compile=None,
+                    )
+                )
+            )
         assert results[0] == results[1]
         ids, truncated = results[1]
         if temperature:
@@ -131,8 +143,13 @@ def test_the_static_decode_step_compiles_into_one_graph_with_no_break():
     results = []
     for compile in (None, "eager", "eager"):
         torch.manual_seed(3)
-        results.append(_rows(generate_completions(model, tok, PROMPTS, generations=4, max_new_tokens=6,
-                                                  temperature=1.0, static=True, compile=compile)))  # fmt: skip
+        results.append(
+            _rows(
+                generate_completions(
+                    model, tok, PROMPTS, generations=4, max_new_tokens=6, temperature=1.0, static=True, compile=compile
+                )
+            )
+        )
     assert results[0] == results[1] == results[2]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["graph_break"]

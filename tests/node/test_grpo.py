@@ -277,13 +277,26 @@ def test_the_update_equals_the_per_row_reference(epochs, kl_coef, micro_batch):
     before = copy.deepcopy(model)
     # SGD with lr 1 and no clipping: each step moves the parameters by exactly minus the gradient.
     stats = grpo_update(
-        model, torch.optim.SGD(model.parameters(), lr=1.0), groups, pad_id=tok.pad_token_id, epochs=epochs,
-        micro_batch=micro_batch, kl_coef=kl_coef, reference=reference, max_grad_norm=float("inf"),
-    )  # fmt: skip
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        groups,
+        pad_id=tok.pad_token_id,
+        epochs=epochs,
+        micro_batch=micro_batch,
+        kl_coef=kl_coef,
+        reference=reference,
+        max_grad_norm=float("inf"),
+    )
     loss = _per_row_grpo_update(
-        before, torch.optim.SGD(before.parameters(), lr=1.0), groups, pad_id=tok.pad_token_id, epochs=epochs,
-        micro_batch=micro_batch, kl_coef=kl_coef, reference=reference,
-    )  # fmt: skip
+        before,
+        torch.optim.SGD(before.parameters(), lr=1.0),
+        groups,
+        pad_id=tok.pad_token_id,
+        epochs=epochs,
+        micro_batch=micro_batch,
+        kl_coef=kl_coef,
+        reference=reference,
+    )
     assert stats.loss == pytest.approx(loss, abs=1e-6)
     for a, b in zip(model.parameters(), before.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

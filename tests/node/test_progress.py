@@ -32,8 +32,12 @@ def test_lines_are_spaced_by_every_seconds_and_carry_the_postfix(monkeypatch):
             bar.update(1)
     lines = out.getvalue().splitlines()
     # start, then one line per 10 s of work (after steps 10, 20 and 30); the end adds none
-    assert [line.split(" (")[0] for line in lines] == ["sharing: 0/30 msg", "sharing: 10/30 msg",
-                                                        "sharing: 20/30 msg", "sharing: 30/30 msg"]  # fmt: skip
+    assert [line.split(" (")[0] for line in lines] == [
+        "sharing: 0/30 msg",
+        "sharing: 10/30 msg",
+        "sharing: 20/30 msg",
+        "sharing: 30/30 msg",
+    ]
     assert lines[-1] == "sharing: 30/30 msg (30 s, 1 msg/s) accepted=7"
 
 

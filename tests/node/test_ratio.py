@@ -9,8 +9,14 @@ from sapo_node.tasks import TaskRef
 
 
 def _group(rewards: list[float]) -> Group:
-    return Group.new(round=1, task=TaskRef("basic_arithmetic", 1, 0), question="q", answer="1",
-                     completions=["c"] * len(rewards), rewards=rewards)  # fmt: skip
+    return Group.new(
+        round=1,
+        task=TaskRef("basic_arithmetic", 1, 0),
+        question="q",
+        answer="1",
+        completions=["c"] * len(rewards),
+        rewards=rewards,
+    )
 
 
 MIXED, FAILED = _group([0.0, 1.0]), _group([0.0, 0.0])

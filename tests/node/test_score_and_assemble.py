@@ -77,9 +77,16 @@ def _external(entry, spec, *, claimed, answer=None, question=None, dataset="basi
 
 def _assemble(own, external, tokenizer, n_local=4, n_external=4):
     return assemble(
-        own, external, n_local=n_local, n_external=n_external, rng=random.Random(0), catalogue=EASY_CATALOGUE,
-        tokenizer=tokenizer, format_prompt=format_prompt, max_tokens=64,
-    )  # fmt: skip
+        own,
+        external,
+        n_local=n_local,
+        n_external=n_external,
+        rng=random.Random(0),
+        catalogue=EASY_CATALOGUE,
+        tokenizer=tokenizer,
+        format_prompt=format_prompt,
+        max_tokens=64,
+    )
 
 
 def test_external_groups_are_rescored_and_retokenised_by_the_receiver():
@@ -108,9 +115,16 @@ def test_a_completion_the_sender_cut_off_is_not_taught_to_stop_where_it_was_cut(
     long_text = " " + "9" * 200
     group.completions[1] = long_text
     train, _ = assemble(
-        [], [group], n_local=0, n_external=1, rng=random.Random(0), catalogue=EASY_CATALOGUE, tokenizer=tok,
-        format_prompt=format_prompt, max_tokens=16,
-    )  # fmt: skip
+        [],
+        [group],
+        n_local=0,
+        n_external=1,
+        rng=random.Random(0),
+        catalogue=EASY_CATALOGUE,
+        tokenizer=tok,
+        format_prompt=format_prompt,
+        max_tokens=16,
+    )
     (tg,) = train
     assert tg.completion_ids[2] == cut_ids  # no EOS after the cut
     assert len(tg.completion_ids[1]) == 16 and tok.eos_token_id not in tg.completion_ids[1]  # overlong: cut, no EOS
@@ -138,8 +152,14 @@ def test_zero_advantage_groups_are_dropped_and_counts_respected():
     spec, entry = _question()
 
     def own(rewards, i):
-        g = Group.new(round=1, task=TaskRef("basic_arithmetic", 7, 3), question=entry["question"], answer=entry["answer"],
-                      completions=["x"] * len(rewards), rewards=rewards)  # fmt: skip
+        g = Group.new(
+            round=1,
+            task=TaskRef("basic_arithmetic", 7, 3),
+            question=entry["question"],
+            answer=entry["answer"],
+            completions=["x"] * len(rewards),
+            rewards=rewards,
+        )
         return g, Generated([1, 2], [[3, i]] * len(rewards), ["x"] * len(rewards), [False] * len(rewards))
 
     owns = [own([1.0, 0.0], 1), own([0.0, 0.0], 2), own([1.0, 1.0], 3), own([0.0, 1.0], 4), own([0.5, 0.0], 5)]
@@ -158,13 +178,26 @@ def test_a_task_without_a_single_answer_is_shared_as_null_and_verifies():
         q for q in sample_questions(TaskStream(SAPO_CATALOGUE, 1), 40) if q.ref.dataset == "propositional_logic"
     ][:1]
     assert question.answer is None
-    group = Group.new(round=1, task=question.ref, question=question.question, answer=None,
-                      completions=["<answer>P</answer>", "no"], rewards=[0.0, 0.0])  # fmt: skip
+    group = Group.new(
+        round=1,
+        task=question.ref,
+        question=question.question,
+        answer=None,
+        completions=["<answer>P</answer>", "no"],
+        rewards=[0.0, 0.0],
+    )
     wire = group.to_wire()
     assert wire["answer"] is None and Group.from_wire(wire).answer is None
     _, tok = make_policy("a")
     _, stats = assemble(
-        [], [group], n_local=0, n_external=1, rng=random.Random(0), catalogue=SAPO_CATALOGUE, tokenizer=tok,
-        format_prompt=format_prompt, max_tokens=16,
-    )  # fmt: skip
+        [],
+        [group],
+        n_local=0,
+        n_external=1,
+        rng=random.Random(0),
+        catalogue=SAPO_CATALOGUE,
+        tokenizer=tok,
+        format_prompt=format_prompt,
+        max_tokens=16,
+    )
     assert stats.external_invalid == 0  # re-verified (then dropped only for carrying no signal)

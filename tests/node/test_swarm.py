@@ -29,8 +29,19 @@ def test_two_nodes_with_different_tokenizers_exchange_groups(tmp_path):
     spec = EASY_CATALOGUE.get("basic_arithmetic")
     entry = build_entry(spec, 9, 4)
     right, wrong = f" <answer>{entry['answer']}</answer>", " <answer>-1</answer>"
-    pool.add("c", [Group.new(round=1, task=TaskRef("basic_arithmetic", 9, 4), question=entry["question"], answer=entry["answer"],
-                             completions=[right, wrong, right], rewards=[0.0, 1.0, 0.0])])  # fmt: skip
+    pool.add(
+        "c",
+        [
+            Group.new(
+                round=1,
+                task=TaskRef("basic_arithmetic", 9, 4),
+                question=entry["question"],
+                answer=entry["answer"],
+                completions=[right, wrong, right],
+                rewards=[0.0, 1.0, 0.0],
+            )
+        ],
+    )
 
     # Node B (another tokenizer) takes all three external groups, re-scores and re-tokenises them.
     transport_b = MemoryTransport(pool, "b")
@@ -53,8 +64,19 @@ def test_an_adaptive_node_gives_its_uninformative_slots_to_the_swarm(tmp_path):
     for index in range(3):
         entry = build_entry(spec, 9, index)
         right, wrong = f" <answer>{entry['answer']}</answer>", " <answer>-1</answer>"
-        pool.add("c", [Group.new(round=1, task=TaskRef("basic_arithmetic", 9, index), question=entry["question"],
-                                 answer=entry["answer"], completions=[right, wrong], rewards=[1.0, 0.0])])  # fmt: skip
+        pool.add(
+            "c",
+            [
+                Group.new(
+                    round=1,
+                    task=TaskRef("basic_arithmetic", 9, index),
+                    question=entry["question"],
+                    answer=entry["answer"],
+                    completions=[right, wrong],
+                    rewards=[1.0, 0.0],
+                )
+            ],
+        )
     # An untrained toy model scores 0 on all its own questions: none of its own groups is informative.
     config = _config(tmp_path / "b", seed=2, local=0, external=2, ratio="adaptive")
     row = run(config, MemoryTransport(pool, "b"), policy=make_policy("b")).metrics[0]

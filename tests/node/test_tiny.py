@@ -199,8 +199,17 @@ def test_a_format_phase_build_records_its_recipe(tmp_path, monkeypatch):
 
 def test_the_gpu_model_builds_from_the_papers_tasks_with_no_hub(tmp_path, monkeypatch):
     # "small" at a tiny size, on the CPU: the same code path the gpu-learn preset runs on a GPU.
-    shrunk = dataclasses.replace(VARIANTS["small"], vocab_size=600, tokenizer_examples=6, hidden_size=32,
-                                 num_layers=1, intermediate_size=64, steps=2, format_steps=1, batch_size=2)  # fmt: skip
+    shrunk = dataclasses.replace(
+        VARIANTS["small"],
+        vocab_size=600,
+        tokenizer_examples=6,
+        hidden_size=32,
+        num_layers=1,
+        intermediate_size=64,
+        steps=2,
+        format_steps=1,
+        batch_size=2,
+    )
     monkeypatch.setitem(VARIANTS, "small", shrunk)
     model, tokenizer = load_tiny("small", cache_dir=tmp_path, progress=False, device="cpu")
     info = build_info(tiny_path("small", tmp_path))
@@ -218,8 +227,16 @@ def test_the_gpu_models_warm_start_passes_an_index_reasoning_gym_cannot_build(tm
     # The `small` recipe's own draws (seed, batch of 64, the nine tasks in turn) reach, at step 94, a
     # decimal_arithmetic index that divides by zero; the warm start must draw another one, as the
     # sampler does. Toy width, so the 96 steps are the entry draws and little else.
-    toy = dataclasses.replace(VARIANTS["small"], vocab_size=600, tokenizer_examples=6, hidden_size=16,
-                              num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)  # fmt: skip
+    toy = dataclasses.replace(
+        VARIANTS["small"],
+        vocab_size=600,
+        tokenizer_examples=6,
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=32,
+    )
     spec = SAPO_CATALOGUE.get("decimal_arithmetic")
     with pytest.raises(TaskError, match="275922209"):
         build_entry(spec, tiny.TRAIN_SEED, 275922209)

@@ -27,8 +27,15 @@ HELLO = Hello("sapo-node/test", "tiny", "cpu", 2, 2)
 
 
 def group(i: int, rewards=(1.0, 0.0)) -> Group:
-    return Group(f"00000000-0000-0000-0000-{i:012d}", 1, TaskRef("basic_arithmetic", 7, i), f"q{i}", "a",
-                 ["x"] * len(rewards), list(rewards))  # fmt: skip
+    return Group(
+        f"00000000-0000-0000-0000-{i:012d}",
+        1,
+        TaskRef("basic_arithmetic", 7, i),
+        f"q{i}",
+        "a",
+        ["x"] * len(rewards),
+        list(rewards),
+    )
 
 
 def wait_for(condition, timeout=10.0):

@@ -60,8 +60,17 @@ def payloads(marker) -> dict[str, str]:
 
 
 # Payloads longer than every dataset's cap, or with no closed answer: exactly 0 everywhere.
-ZERO_EVERYWHERE = {"negations_8000", "parentheses_5000", "brackets_5000", "digits_8000", "digits_4000_fraction",
-                   "latex_fraction_huge", "hex_huge", "unclosed_tags", "long_text"}  # fmt: skip
+ZERO_EVERYWHERE = {
+    "negations_8000",
+    "parentheses_5000",
+    "brackets_5000",
+    "digits_8000",
+    "digits_4000_fraction",
+    "latex_fraction_huge",
+    "hex_huge",
+    "unclosed_tags",
+    "long_text",
+}
 # Code, for the dataset whose reasoning-gym scorer evaluated it; an unbounded truth table for logic.
 ZERO_ON = {
     "binary_matrix": {"eval_touch", "eval_touch_in_list", "eval_lambda", "power_tower", "power_tower_in_matrix"},
@@ -126,8 +135,13 @@ def test_a_whole_group_of_pathological_formulas_is_cheap():
     spec = CATALOGUES["sapo"].get("propositional_logic")
     entry = build_entry(spec, 5, 5)
     cap = max_answer_chars("propositional_logic")
-    shapes = ["¬" * (cap - 1) + "P", "(" * (cap // 2 - 1) + "P" + ")" * (cap // 2 - 1), "P∧" * (cap // 2 - 1) + "P",
-              "(P ∨ " * (cap // 5) + "Q" + ")" * (cap // 5), "P→¬" * (cap // 3)]  # fmt: skip
+    shapes = [
+        "¬" * (cap - 1) + "P",
+        "(" * (cap // 2 - 1) + "P" + ")" * (cap // 2 - 1),
+        "P∧" * (cap // 2 - 1) + "P",
+        "(P ∨ " * (cap // 5) + "Q" + ")" * (cap // 5),
+        "P→¬" * (cap // 3),
+    ]
     completions = [f"<answer>{shapes[i % len(shapes)][:cap]}</answer>" for i in range(32)]
     start = time.perf_counter()
     scores = score_completions(spec, 5, entry, completions)

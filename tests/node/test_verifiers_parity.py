@@ -59,8 +59,23 @@ def matrix_forms(rng: random.Random, text: str) -> list[str]:
     rows = [row.split(" ") for row in text.split("\n")]
 
     def item(x: str) -> str:
-        return rng.choice([x, x, x, f"+{x}", f"-{x}" if x == "0" else x, f"({x})", f"'{x}'", f"0x{int(x):x}",
-                           f"0{x}" if x == "0" else x, f"- -{x}", f'"{x}"', f"{x}_0"[: len(x)], f"0b{int(x):b}"])  # fmt: skip
+        return rng.choice(
+            [
+                x,
+                x,
+                x,
+                f"+{x}",
+                f"-{x}" if x == "0" else x,
+                f"({x})",
+                f"'{x}'",
+                f"0x{int(x):x}",
+                f"0{x}" if x == "0" else x,
+                f"- -{x}",
+                f'"{x}"',
+                f"{x}_0"[: len(x)],
+                f"0b{int(x):b}",
+            ]
+        )
 
     def seq(items: list[str], outer: bool) -> str:
         sep = rng.choice([", ", ",", " , ", ",\n ", ",\t"])
@@ -113,9 +128,25 @@ def formula_forms(rng: random.Random, ds, entry) -> list[str]:
 
 
 def number_forms(rng: random.Random, answer: str) -> list[str]:
-    forms = [f"+{answer}", f"0{answer}", f"{answer}.0", f"{answer},", f" {answer} ", answer.upper(), answer.lower(),
-             answer.title(), f"{answer}/1", f"\\frac{{{answer}}}{{2}}", f"${answer}$", f"{answer}e0", "NaN", "-0",
-             "1,000", "1_000", "١٢"]  # fmt: skip
+    forms = [
+        f"+{answer}",
+        f"0{answer}",
+        f"{answer}.0",
+        f"{answer},",
+        f" {answer} ",
+        answer.upper(),
+        answer.lower(),
+        answer.title(),
+        f"{answer}/1",
+        f"\\frac{{{answer}}}{{2}}",
+        f"${answer}$",
+        f"{answer}e0",
+        "NaN",
+        "-0",
+        "1,000",
+        "1_000",
+        "١٢",
+    ]
     try:
         value = int(answer)
         forms += [str(value + 1), str(value - 1), str(-value), f"{value:,}", str(value * 10**30)]
@@ -133,8 +164,15 @@ def answers_for(rng: random.Random, spec, ds, entry, other) -> list[str]:
     if spec.dataset == "propositional_logic":
         return formula_forms(rng, ds, entry)
     answer = str(entry["answer"])
-    forms = [answer, f"The answer is {answer}.", str(other["answer"]), "", " ", answer + answer,
-             mutate(rng, answer, string.digits + string.ascii_letters + " -./\n")]  # fmt: skip
+    forms = [
+        answer,
+        f"The answer is {answer}.",
+        str(other["answer"]),
+        "",
+        " ",
+        answer + answer,
+        mutate(rng, answer, string.digits + string.ascii_letters + " -./\n"),
+    ]
     if spec.dataset == "binary_matrix":
         forms += matrix_forms(rng, answer)
     else:
@@ -155,8 +193,14 @@ def test_our_score_is_reasoning_gyms_on_thousands_of_answers(catalogue, spec):
         except TaskError:  # the rare index reasoning-gym cannot generate
             continue
         for answer in answers_for(rng, spec, ds, entry, previous):
-            completion = rng.choice(["{}", "I think so. <answer>{}</answer>", "<answer>x</answer> <answer>{}</answer>",
-                                     "<answer>\n{} </answer>\n"]).format(answer)  # fmt: skip
+            completion = rng.choice(
+                [
+                    "{}",
+                    "I think so. <answer>{}</answer>",
+                    "<answer>x</answer> <answer>{}</answer>",
+                    "<answer>\n{} </answer>\n",
+                ]
+            ).format(answer)
             ours, theirs = score_completion(spec, seed, entry, completion), rg_score(ds, entry, completion)
             assert ours == theirs, (spec.dataset, entry["question"][-200:], completion)
             compared += 1

@@ -23,8 +23,22 @@ from sapo_node.tasks import CATALOGUES, build_entry, dataset_for, score_completi
 from sapo_node.verifiers import vetted
 
 SPECS = {spec.dataset: spec for catalogue in CATALOGUES.values() for spec in catalogue.tasks}
-CODE_RUNNERS = {"eval", "exec", "compile", "__import__", "literal_eval", "sympify", "parse_expr", "import_module",
-                "run_path", "run_module", "system", "popen", "Popen", "loads"}  # fmt: skip
+CODE_RUNNERS = {
+    "eval",
+    "exec",
+    "compile",
+    "__import__",
+    "literal_eval",
+    "sympify",
+    "parse_expr",
+    "import_module",
+    "run_path",
+    "run_module",
+    "system",
+    "popen",
+    "Popen",
+    "loads",
+}
 # Classes the delegated scorers only read as data (enum members), never call into.
 DATA_CLASSES = {"Weekday", "CalendarTask"}
 

@@ -137,12 +137,25 @@ def test_a_node_drops_an_external_group_whose_scoring_ran_out_of_time(logic_chan
     _, tok = make_policy("a")
     entry = build_entry(LOGIC, 5, 11)
     group = Group(
-        id="ext-slow", round=1, task=TaskRef("propositional_logic", 5, 11), question=entry["question"], answer=None,
-        completions=["<answer>P</answer>", "<answer>" + "¬" * 1000 + "P</answer>"], rewards=[0.0, 0.0], node="peer",
-    )  # fmt: skip
+        id="ext-slow",
+        round=1,
+        task=TaskRef("propositional_logic", 5, 11),
+        question=entry["question"],
+        answer=None,
+        completions=["<answer>P</answer>", "<answer>" + "¬" * 1000 + "P</answer>"],
+        rewards=[0.0, 0.0],
+        node="peer",
+    )
     catalogue = Catalogue("custom", (LOGIC,))
     train, stats = assemble(
-        [], [group], n_local=0, n_external=1, rng=random.Random(0), catalogue=catalogue, tokenizer=tok,
-        format_prompt=format_prompt, max_tokens=16,
-    )  # fmt: skip
+        [],
+        [group],
+        n_local=0,
+        n_external=1,
+        rng=random.Random(0),
+        catalogue=catalogue,
+        tokenizer=tok,
+        format_prompt=format_prompt,
+        max_tokens=16,
+    )
     assert train == [] and stats.external_invalid == 1 and stats.reasons == {"verification_timeout": 1}

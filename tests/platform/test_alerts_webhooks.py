@@ -101,9 +101,21 @@ def test_the_default_guard_refuses_loopback_and_sends_nothing(hook):
 
 @pytest.mark.parametrize(
     "address",
-    ["127.0.0.1", "10.0.0.8", "172.16.5.4", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
-     "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.1", "224.0.0.1"],
-)  # fmt: skip
+    [
+        "127.0.0.1",
+        "10.0.0.8",
+        "172.16.5.4",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "::1",
+        "fe80::1",
+        "fc00::1",
+        "::ffff:127.0.0.1",
+        "224.0.0.1",
+    ],
+)
 def test_non_public_addresses_are_refused(address):
     assert not webhooks.address_is_public(address)
     host = f"[{address}]" if ":" in address else address

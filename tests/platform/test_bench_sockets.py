@@ -7,8 +7,14 @@ from support.bench import run_bench
 
 def test_the_sockets_benchmark_runs_every_phase_and_every_node_comes_back(tmp_path):
     out = run_bench("sockets.py", ["--quick"], "sapo_bench_sockets", tmp_path)
-    for phase in ("(a) welcome, one at a time", "(b) welcome, all at once", "(c) sample, one at a time",
-                  "(d) sample, all at once", "(e) server RSS", "(f) all back after a restart (from the kill)"):  # fmt: skip
+    for phase in (
+        "(a) welcome, one at a time",
+        "(b) welcome, all at once",
+        "(c) sample, one at a time",
+        "(d) sample, all at once",
+        "(e) server RSS",
+        "(f) all back after a restart (from the kill)",
+    ):
         assert f"| {phase} |" in out
     assert "| 50 |" in out  # all 50 sockets measured
     assert "**0 dropped sessions**" in out

@@ -83,8 +83,16 @@ def test_the_privacy_switch_and_public_pages(api_client, user, other_user):
 
 def test_the_community_api_is_in_the_openapi_schema(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").content.decode()
-    for path in ("/api/v1/teams/", "/api/v1/teams/{slug}/", "/api/v1/teams/{slug}/join/", "/api/v1/teams/{slug}/hand-over/", "/api/v1/me/team/",
-                 "/api/v1/me/profile/", "/api/v1/contributors/{username}/", "/api/v1/public/nodes/{node_id}/"):  # fmt: skip
+    for path in (
+        "/api/v1/teams/",
+        "/api/v1/teams/{slug}/",
+        "/api/v1/teams/{slug}/join/",
+        "/api/v1/teams/{slug}/hand-over/",
+        "/api/v1/me/team/",
+        "/api/v1/me/profile/",
+        "/api/v1/contributors/{username}/",
+        "/api/v1/public/nodes/{node_id}/",
+    ):
         assert path in schema, path
     assert '"teams"' in schema  # the leaderboard's teams view
 

@@ -3,12 +3,11 @@ node socket's replies with members already in JSON."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
 import pytest
-
-import json
 
 from common.compact_json import Raw, dumps, dumps_floats, dumps_object, dumps_texts
 
@@ -33,8 +32,13 @@ def test_texts_are_written_as_the_encoder_writes_them(texts):
 def test_floats_are_written_as_the_encoder_writes_them():
     rng = random.Random(5)
     cases = [[], [0.0], [-0.0, 1.0, 0.5], [1e-7, 1e16, 1e22, -2.5e-300, 5e-324, 1.7976931348623157e308], [1, 0.5]]
-    cases += [[rng.choice([rng.random(), rng.uniform(-1e9, 1e9), math.ldexp(rng.random(), rng.randint(-1070, 1020))])
-               for _ in range(rng.randint(1, 16))] for _ in range(2000)]  # fmt: skip
+    cases += [
+        [
+            rng.choice([rng.random(), rng.uniform(-1e9, 1e9), math.ldexp(rng.random(), rng.randint(-1070, 1020))])
+            for _ in range(rng.randint(1, 16))
+        ]
+        for _ in range(2000)
+    ]
     cases += [[1.0, math.nan], [math.inf, 0.0], [-math.inf]]
     for values in cases:
         assert dumps_floats(values) == dumps(values)

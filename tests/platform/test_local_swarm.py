@@ -47,10 +47,27 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     result = subprocess.run(
-        [sys.executable, "manage.py", "sapo_local", "--nodes", "2", "--models", "tiny-mini",
-         "--rounds", "2", "--port", str(_free_port()), "--out", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "manage.py",
+            "sapo_local",
+            "--nodes",
+            "2",
+            "--models",
+            "tiny-mini",
+            "--rounds",
+            "2",
+            "--port",
+            str(_free_port()),
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert "fold: ok" in out and "badges: ok" in out, out[-3000:]  # the scheduled jobs ran beside the site
@@ -93,14 +110,34 @@ def _cache_users(cache: Path) -> list[int]:
 
 def test_ctrl_c_while_a_model_builds_stops_everything_quietly(scratch_database_url, tmp_path):
     cache = tmp_path / "cache"  # empty: the model is built from scratch
-    env = {**os.environ, "DATABASE_URL": scratch_database_url, "SAPO_CACHE": str(cache),
-           "SAPO_REDIS_PREFIX": f"sapolocal{uuid.uuid4().hex[:6]}"}  # fmt: skip
+    env = {
+        **os.environ,
+        "DATABASE_URL": scratch_database_url,
+        "SAPO_CACHE": str(cache),
+        "SAPO_REDIS_PREFIX": f"sapolocal{uuid.uuid4().hex[:6]}",
+    }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "sapo_local", "--nodes", "2", "--models", "tiny-mini",
-         "--port", str(_free_port()), "--out", str(tmp_path / "runs")],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "manage.py",
+            "sapo_local",
+            "--nodes",
+            "2",
+            "--models",
+            "tiny-mini",
+            "--port",
+            str(_free_port()),
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen = []

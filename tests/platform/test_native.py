@@ -105,19 +105,48 @@ def test_a_share_fingerprints_and_length_findings_are_the_same_with_and_without_
 #: Pieces answers are built from: the tags, near misses of them, and whitespace str.strip() removes
 #: (ASCII, NEL, no-break space, em space, ideographic space) or keeps (zero-width space).
 ANSWER_PIECES = [
-    "<answer>", "</answer>", "<answer", "answer>", "</answer", "<ANSWER>", "<", ">", "/",
-    " ", "\n", "\t", "\x85", "\xa0", "\u2003", "\u3000", "\u200b",
-    "42", "x", "é", "数", "\U0001f600", "a b",
-]  # fmt: skip
+    "<answer>",
+    "</answer>",
+    "<answer",
+    "answer>",
+    "</answer",
+    "<ANSWER>",
+    "<",
+    ">",
+    "/",
+    " ",
+    "\n",
+    "\t",
+    "\x85",
+    "\xa0",
+    "\u2003",
+    "\u3000",
+    "\u200b",
+    "42",
+    "x",
+    "é",
+    "数",
+    "\U0001f600",
+    "a b",
+]
 
 
 def test_answers_match_the_node_clients_extract_answer():
     from sapo_node.verifiers.answers import extract_answer
 
     rng = random.Random(15)
-    texts = ["", "<answer>", "</answer>", "<answer></answer>", "<answer>a <answer>b</answer>",
-             "<answer>1</answer></answer>", "<answer> \u3000 </answer>", "no tags at all",
-             "x" * 5000 + "<answer>7</answer>", "<answer>" * 1000]  # fmt: skip
+    texts = [
+        "",
+        "<answer>",
+        "</answer>",
+        "<answer></answer>",
+        "<answer>a <answer>b</answer>",
+        "<answer>1</answer></answer>",
+        "<answer> \u3000 </answer>",
+        "no tags at all",
+        "x" * 5000 + "<answer>7</answer>",
+        "<answer>" * 1000,
+    ]
     for _ in range(3000):  # of every str kind: Latin-1, BMP and astral pieces mixed in
         texts.append("".join(rng.choices(ANSWER_PIECES, k=rng.randint(0, 30))))
     assert sapo_native.answers(texts) == [extract_answer(t) for t in texts]
@@ -132,15 +161,27 @@ def test_a_group_is_verified_the_same_with_and_without_the_extension(settings):
     spec = EASY_CATALOGUE.get("basic_arithmetic")
     entry = build_entry(spec, 3, 5)
     answer = str(entry["answer"])
-    completions = (f"so <answer> {answer} </answer>", f"<answer>{answer}</answer> and <answer>0</answer>",
-                   f"<answer>{answer}\u3000</answer>", "none", f"<answer>x<answer>{answer}</answer>")  # fmt: skip
+    completions = (
+        f"so <answer> {answer} </answer>",
+        f"<answer>{answer}</answer> and <answer>0</answer>",
+        f"<answer>{answer}\u3000</answer>",
+        "none",
+        f"<answer>x<answer>{answer}</answer>",
+    )
     results = []
     for on in (True, False):
         settings.SAPO_NATIVE = on
         rollout = RolloutIn(
-            id=uuid.uuid4(), round=1, dataset="basic_arithmetic", seed=3, index=5, question=entry["question"],
-            answer=answer, completions=completions, rewards=(1.0, 0.0, 1.0, 0.0, 0.1),
-        )  # fmt: skip
+            id=uuid.uuid4(),
+            round=1,
+            dataset="basic_arithmetic",
+            seed=3,
+            index=5,
+            question=entry["question"],
+            answer=answer,
+            completions=completions,
+            rewards=(1.0, 0.0, 1.0, 0.0, 0.1),
+        )
         results.append(verify_rollout(rollout, EASY_CATALOGUE))
     assert results[0] == results[1]
     assert results[0].accepted and results[0].verified_rewards == (1.0, 0.0, 1.0, 0.0, 0.1)  # "x<answer>N": 0.1

@@ -111,8 +111,16 @@ def test_sessions_opened_together_each_get_their_own_answer_and_only_the_good_on
     answers = nodes_sessions_open(requests=list(zip(tokens, connections, strict=True)))
 
     codes = [a.code if isinstance(a, ApplicationError) else a.id for a in answers]
-    assert codes == [node.id, "banned", "unauthenticated", "unauthenticated", node.id, "unauthenticated",
-                     "unauthenticated", other.id]  # fmt: skip
+    assert codes == [
+        node.id,
+        "banned",
+        "unauthenticated",
+        "unauthenticated",
+        node.id,
+        "unauthenticated",
+        "unauthenticated",
+        other.id,
+    ]
     assert presence.connection_counts() == {node.id: 2, other.id: 1}  # the same token twice: two sockets
     for quiet in (banned_node, revoked_node, retired_node):
         quiet.refresh_from_db()

@@ -188,9 +188,16 @@ def test_the_nesting_check_finds_a_deep_value_wherever_it_hides():
 
 @pytest.mark.parametrize(
     ("field", "literal"),
-    [("round", "9" * 401), ("round", "1" * (MAX_INT_DIGITS + 1)), ("loss", "-" + "4" * 5000),
-     ("loss", "1e400"), ("loss", "0." + "1" * 100), ("loss", "Infinity"), ("loss", "NaN")],
-)  # fmt: skip
+    [
+        ("round", "9" * 401),
+        ("round", "1" * (MAX_INT_DIGITS + 1)),
+        ("loss", "-" + "4" * 5000),
+        ("loss", "1e400"),
+        ("loss", "0." + "1" * 100),
+        ("loss", "Infinity"),
+        ("loss", "NaN"),
+    ],
+)
 def test_numbers_out_of_range_are_refused_by_their_field_with_the_ref(field, literal):
     text = '{"type": "report", "v": 1, "ref": "n", "round": 1, "%s": %s}' % (field, literal)  # noqa: UP031
     if field == "round":
@@ -276,9 +283,32 @@ def _edge_frames() -> list[str]:
     rewards = '"rewards": [1.0, 0.0]'
     frames = [base, base.replace('"ref": "e", ', ""), base.replace('"ref": "e"', '"ref": null')]
     for literal in [
-        "-0", "-0.0", "0", "1", "1e2", "1E-400", "0.1", "0." + "1" * 62, "0." + "1" * 63, "1" * 20, "1" * 21,
-        "-" + "9" * 20, "3" * 20, str(2**64), str(2**63 + 1), "9" * 19 + ".5", "1e19", "1e20", "1e300", "1e400", "NaN", "true", '"1"', "[1]", "null",
-    ]:  # fmt: skip
+        "-0",
+        "-0.0",
+        "0",
+        "1",
+        "1e2",
+        "1E-400",
+        "0.1",
+        "0." + "1" * 62,
+        "0." + "1" * 63,
+        "1" * 20,
+        "1" * 21,
+        "-" + "9" * 20,
+        "3" * 20,
+        str(2**64),
+        str(2**63 + 1),
+        "9" * 19 + ".5",
+        "1e19",
+        "1e20",
+        "1e300",
+        "1e400",
+        "NaN",
+        "true",
+        '"1"',
+        "[1]",
+        "null",
+    ]:
         frames.append(base.replace(rewards, f'"rewards": [1.0, {literal}]'))
         frames.append(base.replace(rewards, f'"rewards": [ {literal} , 0.0 ]'))
     for seed in ["-1", str(2**62), str(2**62 + 1), "1" * 21, "1.0", "true", '"1"']:

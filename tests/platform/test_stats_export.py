@@ -58,10 +58,19 @@ def test_the_command_writes_every_file_with_the_documented_columns(swarm, user, 
     assert contributors["schema"] == 1 and contributors["columns"] == export.COLUMNS["contributors"]
     alice = {r["id"]: r for r in contributors["rows"]}[user.id]
     assert alice == {
-        "id": user.id, "name": "Alice", "page": "/contributors/alice/", "team_id": swarm["team"].id,
-        "verified_reward": 2.0, "recent_credit": alice["recent_credit"], "accepted": 1, "rejected": 0, "helped": 0,
-        "nodes": 1, "badges": [], "last_seen_at": alice["last_seen_at"],
-    }  # fmt: skip
+        "id": user.id,
+        "name": "Alice",
+        "page": "/contributors/alice/",
+        "team_id": swarm["team"].id,
+        "verified_reward": 2.0,
+        "recent_credit": alice["recent_credit"],
+        "accepted": 1,
+        "rejected": 0,
+        "helped": 0,
+        "nodes": 1,
+        "badges": [],
+        "last_seen_at": alice["last_seen_at"],
+    }
     # A private profile is in no file; the other contributor is.
     ids = {r["id"] for r in contributors["rows"]}
     assert ids == {user.id, other_user.id}

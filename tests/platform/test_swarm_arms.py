@@ -30,8 +30,16 @@ def test_arm_of_reads_j_and_ignores_what_is_not_a_count():
     assert (
         arm_of({"external": 0}) == SILO and arm_of({"external": 4}) == SHARING and arm_of({"external": 2.0}) == SHARING
     )
-    for figures in (None, {}, {"external": None}, {"external": -1}, {"external": True}, {"external": "4"},
-                    {"external": math.inf}, {"external": math.nan}):  # fmt: skip
+    for figures in (
+        None,
+        {},
+        {"external": None},
+        {"external": -1},
+        {"external": True},
+        {"external": "4"},
+        {"external": math.inf},
+        {"external": math.nan},
+    ):
         assert arm_of(figures) is None
 
 

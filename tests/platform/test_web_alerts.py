@@ -65,11 +65,26 @@ def test_bad_input_is_refused_with_a_message(auth_client, user, fields, message)
 
 def test_alerts_are_listed_with_what_became_of_them(auth_client, user, node):
     now = timezone.now()
-    Alert.objects.create(user=user, node=node, condition=Condition.SILENT, detail="Nothing heard for 31 minutes.",
-                         raised_at=now - timedelta(hours=2), raised_delivery="email", raised_sent=True,
-                         cleared_at=now - timedelta(hours=1), cleared_delivery="email", cleared_sent=True)  # fmt: skip
-    Alert.objects.create(user=user, node=node, condition=Condition.BANNED, detail="<b>banned</b>", raised_at=now,
-                         raised_delivery="capped (daily limit reached)")  # fmt: skip
+    Alert.objects.create(
+        user=user,
+        node=node,
+        condition=Condition.SILENT,
+        detail="Nothing heard for 31 minutes.",
+        raised_at=now - timedelta(hours=2),
+        raised_delivery="email",
+        raised_sent=True,
+        cleared_at=now - timedelta(hours=1),
+        cleared_delivery="email",
+        cleared_sent=True,
+    )
+    Alert.objects.create(
+        user=user,
+        node=node,
+        condition=Condition.BANNED,
+        detail="<b>banned</b>",
+        raised_at=now,
+        raised_delivery="capped (daily limit reached)",
+    )
     page = auth_client.get("/me/").content.decode()
     table = page[page.index('id="alert-list"') :]
     assert "Nothing heard for 31 minutes." in table and "capped (daily limit reached)" in table

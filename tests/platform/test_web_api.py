@@ -73,8 +73,13 @@ def test_inbox_api(api_client, node):
 
 def test_figures_are_in_the_openapi_schema(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").content.decode()
-    for path in ("/api/v1/leaderboard/", "/api/v1/swarm/", "/api/v1/me/nodes/", "/api/v1/me/nodes/{node_id}/curve/",
-                 "/api/v1/me/inbox/"):  # fmt: skip
+    for path in (
+        "/api/v1/leaderboard/",
+        "/api/v1/swarm/",
+        "/api/v1/me/nodes/",
+        "/api/v1/me/nodes/{node_id}/curve/",
+        "/api/v1/me/inbox/",
+    ):
         assert path in schema
 
 

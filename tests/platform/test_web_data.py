@@ -33,13 +33,26 @@ def make_group(
     variance = accepted and len(set(rewards)) > 1
     sampleable = variance and moderation_status == ModerationStatus.OK
     rollout = Rollout.objects.create(
-        id=uuid.uuid4(), node=node, round=round, dataset=dataset, seed=1234, index=Rollout.objects.count(),
-        question=f"What is {len(rewards)} + 1?", answer="2", completions=[f"<answer>{r}</answer>" for r in rewards],
-        completion_count=len(rewards), claimed_rewards=list(rewards), verified_rewards=list(rewards),
-        verdict=verdict, reason="" if accepted else (reason or "reward_mismatch"), moderation_status=moderation_status,
-        has_variance=variance, sampleable=sampleable, sample_seq=Rollout.objects.count() + 1 if sampleable else None,
+        id=uuid.uuid4(),
+        node=node,
+        round=round,
+        dataset=dataset,
+        seed=1234,
+        index=Rollout.objects.count(),
+        question=f"What is {len(rewards)} + 1?",
+        answer="2",
+        completions=[f"<answer>{r}</answer>" for r in rewards],
+        completion_count=len(rewards),
+        claimed_rewards=list(rewards),
+        verified_rewards=list(rewards),
+        verdict=verdict,
+        reason="" if accepted else (reason or "reward_mismatch"),
+        moderation_status=moderation_status,
+        has_variance=variance,
+        sampleable=sampleable,
+        sample_seq=Rollout.objects.count() + 1 if sampleable else None,
         created_at=created_at,
-    )  # fmt: skip
+    )
     if node.last_seen_at is None or node.last_seen_at < created_at:
         Node.objects.filter(id=node.id).update(last_seen_at=created_at)
         node.last_seen_at = created_at

@@ -80,8 +80,12 @@ def test_a_private_profile_is_anonymous_everywhere(client, user, other_user, sha
     assert user.profile_private
     fresh_figures()
     # Pages and API: not found for anyone else, the same answer as for no such contributor.
-    for path in ("/contributors/alice/", f"/nodes/{sharing.id}/", "/api/v1/contributors/alice/",
-                 f"/api/v1/public/nodes/{sharing.id}/"):  # fmt: skip
+    for path in (
+        "/contributors/alice/",
+        f"/nodes/{sharing.id}/",
+        "/api/v1/contributors/alice/",
+        f"/api/v1/public/nodes/{sharing.id}/",
+    ):
         assert client.get(path).status_code == 404, path
     # Rows say "anonymous", without a link; the owner still sees their own page.
     board = client.get("/leaderboard/").content.decode()

@@ -18,7 +18,11 @@ def run_bench(script: str, args: list[str], db_name: str, cwd: Path) -> str:
     env.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     done = subprocess.run(
         [sys.executable, str(BENCH / script), *args, "--db-name", f"{db_name}_{os.getpid()}"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=cwd,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=cwd,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout

@@ -41,8 +41,12 @@ LIST_FIELDS = {"seeds": int, "configs": str}
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     docs = _study_docs()
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-tiny",
-                        help="starting values of every setting below (default: cpu-tiny)")  # fmt: skip
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="cpu-tiny",
+        help="starting values of every setting below (default: cpu-tiny)",
+    )
     for f in dataclasses.fields(StudyConfig):
         if f.name == "preset":
             continue
@@ -58,11 +62,17 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS, help=docs.get(f.name, ""))
     parser.add_argument("--resume", action="store_true", help="continue the study in --out, skipping complete runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--analyze", metavar="DIR[,DIR...]",
-                        help="only redo the analysis of DIR/rounds.csv (no runs); several DIRs are analysed together, "
-                             "written to --out (default: the first DIR)")  # fmt: skip
-    parser.add_argument("--publish", metavar="DIR",
-                        help="then copy table.md/.csv, the PNGs and summary.json to DIR (e.g. docs/experiment)")  # fmt: skip
+    parser.add_argument(
+        "--analyze",
+        metavar="DIR[,DIR...]",
+        help="only redo the analysis of DIR/rounds.csv (no runs); several DIRs are analysed together, "
+        "written to --out (default: the first DIR)",
+    )
+    parser.add_argument(
+        "--publish",
+        metavar="DIR",
+        help="then copy table.md/.csv, the PNGs and summary.json to DIR (e.g. docs/experiment)",
+    )
 
 
 def _comma_list(kind: type) -> Any:
@@ -89,8 +99,9 @@ def _study_docs() -> dict[str, str]:
 
 def add_command(subparsers: Any) -> None:
     """Register `sapo-node experiment` (called by sapo_node.cli)."""
-    parser = subparsers.add_parser("experiment", help=HELP, description=DESCRIPTION,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = subparsers.add_parser(
+        "experiment", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_flags(parser)
     parser.set_defaults(handler=experiment_command)
 
@@ -115,8 +126,15 @@ def saved_study_config(folder: Path, args: argparse.Namespace) -> StudyConfig:
     return StudyConfig(**values)
 
 
-PUBLISHED = ("table.md", "table.csv", "endpoints.md", "rewards.png", "significance.png", "significance.csv",
-             "summary.json")  # fmt: skip
+PUBLISHED = (
+    "table.md",
+    "table.csv",
+    "endpoints.md",
+    "rewards.png",
+    "significance.png",
+    "significance.csv",
+    "summary.json",
+)
 
 
 def experiment_command(args: argparse.Namespace) -> int:
@@ -145,8 +163,7 @@ def experiment_command(args: argparse.Namespace) -> int:
         meta = _saved_meta(folder)
         if out != folder:
             meta = {"analysed_from": [str(f) for f in folders], **meta}
-        summary = analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window,
-                          meta=meta)  # fmt: skip
+        summary = analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta)
     else:
         from sapo_node.experiment.study import out_dir, run_study
 
@@ -155,14 +172,19 @@ def experiment_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"sapo-node experiment: error: {exc}", file=sys.stderr)
             return 2
-        print(f"study ({cfg.preset}): {len(cfg.seeds)} seeds x {len(cfg.configs)} configurations "
-              f"{', '.join(f'{c} as {i}/{j}' for c, i, j in cfg.counts())}; {cfg.nodes} nodes x {cfg.rounds} rounds, "
-              f"B={cfg.questions}, G={cfg.generations}, model {cfg.model}", flush=True)  # fmt: skip
+        print(
+            f"study ({cfg.preset}): {len(cfg.seeds)} seeds x {len(cfg.configs)} configurations "
+            f"{', '.join(f'{c} as {i}/{j}' for c, i, j in cfg.counts())}; {cfg.nodes} nodes x {cfg.rounds} rounds, "
+            f"B={cfg.questions}, G={cfg.generations}, model {cfg.model}",
+            flush=True,
+        )
         try:
             summary = run_study(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
-            print("sapo-node experiment: stopped; the finished rounds are in rounds.csv (--resume continues)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                "sapo-node experiment: stopped; the finished rounds are in rounds.csv (--resume continues)",
+                file=sys.stderr,
+            )
             return 130
         except FileExistsError as exc:
             print(f"sapo-node experiment: error: {exc}", file=sys.stderr)
@@ -194,8 +216,11 @@ def _saved_meta(folder: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sapo_node.experiment", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m sapo_node.experiment",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_flags(parser)
     args = parser.parse_args(argv)
     return experiment_command(args)

@@ -58,8 +58,21 @@ ROUND_FIELDS = (
 )
 #: Columns a rounds.csv written before they existed may lack (read as empty).
 OPTIONAL_FIELDS = {"question_rewards"}
-INT_FIELDS = {"local", "external", "seed", "node", "round", "completions", "local_kept", "external_kept",
-              "external_offered", "external_invalid", "accepted", "rejected", "pending"}  # fmt: skip
+INT_FIELDS = {
+    "local",
+    "external",
+    "seed",
+    "node",
+    "round",
+    "completions",
+    "local_kept",
+    "external_kept",
+    "external_offered",
+    "external_invalid",
+    "accepted",
+    "rejected",
+    "pending",
+}
 FLOAT_FIELDS = {"reward_mean", "reward_std", "zero_advantage_share", "loss", "clip_fraction", "seconds"}
 
 #: The paper's cumulative rewards (Table 1 of arXiv 2509.08721), for the reading in the docs.
@@ -166,8 +179,16 @@ def _fmt_gain(value: float | None) -> str:
 def markdown_table(table: Sequence[TableRow]) -> str:
     """The table as GitHub markdown, ready to paste."""
     seeds = sorted({s for row in table for s in row.per_seed})
-    head = ["config (I/J)", "groups used (I/J)", "cumulative reward, mean ± std", *[f"seed {s}" for s in seeds],
-            "gain vs silo", "paired gain, mean ± std", "paper", "paper gain"]  # fmt: skip
+    head = [
+        "config (I/J)",
+        "groups used (I/J)",
+        "cumulative reward, mean ± std",
+        *[f"seed {s}" for s in seeds],
+        "gain vs silo",
+        "paired gain, mean ± std",
+        "paper",
+        "paper gain",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table:
         paired = (
@@ -193,16 +214,37 @@ def write_table_csv(path: Path, table: Sequence[TableRow]) -> None:
     seeds = sorted({s for row in table for s in row.per_seed})
     with Path(path).open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["config", "local", "external", "cumulative_mean", "cumulative_std",
-                         *[f"seed_{s}" for s in seeds], "gain_pct", "paired_gain_pct_mean", "paired_gain_pct_std",
-                         "paper_cumulative", "paper_gain_pct"])  # fmt: skip
+        writer.writerow(
+            [
+                "config",
+                "local",
+                "external",
+                "cumulative_mean",
+                "cumulative_std",
+                *[f"seed_{s}" for s in seeds],
+                "gain_pct",
+                "paired_gain_pct_mean",
+                "paired_gain_pct_std",
+                "paper_cumulative",
+                "paper_gain_pct",
+            ]
+        )
         for row in table:
-            writer.writerow([
-                row.config, row.local, row.external, f"{row.mean:.4f}", f"{row.std:.4f}",
-                *[f"{row.per_seed[s]:.4f}" if s in row.per_seed else "" for s in seeds],
-                _num(row.gain_pct), _num(row.paired_gain_pct_mean), _num(row.paired_gain_pct_std),
-                _num(row.paper_cumulative), _num(row.paper_gain_pct),
-            ])  # fmt: skip
+            writer.writerow(
+                [
+                    row.config,
+                    row.local,
+                    row.external,
+                    f"{row.mean:.4f}",
+                    f"{row.std:.4f}",
+                    *[f"{row.per_seed[s]:.4f}" if s in row.per_seed else "" for s in seeds],
+                    _num(row.gain_pct),
+                    _num(row.paired_gain_pct_mean),
+                    _num(row.paired_gain_pct_std),
+                    _num(row.paper_cumulative),
+                    _num(row.paper_gain_pct),
+                ]
+            )
 
 
 def _num(value: float | None) -> str:
@@ -329,8 +371,12 @@ def significance(rows: Sequence[dict[str, Any]], *, method: str = "mannwhitney",
         for r in rounds:
             silo_by_node = node_values(rows, base, r, window)
             if method == "wilcoxon":  # pairs: each swarm value with the silo value of its seed and node
-                pairs = [(v, silo_by_node[k]) for c in configs for k, v in node_values(rows, c, r, window).items()
-                         if k in silo_by_node]  # fmt: skip
+                pairs = [
+                    (v, silo_by_node[k])
+                    for c in configs
+                    for k, v in node_values(rows, c, r, window).items()
+                    if k in silo_by_node
+                ]
                 swarm, silo = [a for a, _ in pairs], [b for _, b in pairs]
             else:
                 swarm = [v for c in configs for v in node_values(rows, c, r, window).values()]
@@ -352,11 +398,35 @@ def _mean(values: Sequence[float]) -> float:
 def write_significance_csv(path: Path, sig: Sequence[SigRow]) -> None:
     with Path(path).open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["round", "comparison", "n_swarm", "n_silo", "mean_swarm", "mean_silo", "statistic", "p",
-                         "p_adj", "significant"])  # fmt: skip
+        writer.writerow(
+            [
+                "round",
+                "comparison",
+                "n_swarm",
+                "n_silo",
+                "mean_swarm",
+                "mean_silo",
+                "statistic",
+                "p",
+                "p_adj",
+                "significant",
+            ]
+        )
         for s in sig:
-            writer.writerow([s.round, s.comparison, s.n_swarm, s.n_silo, f"{s.mean_swarm:.6f}", f"{s.mean_silo:.6f}",
-                             f"{s.statistic:.6g}", f"{s.p:.6g}", f"{s.p_adj:.6g}", int(s.significant)])  # fmt: skip
+            writer.writerow(
+                [
+                    s.round,
+                    s.comparison,
+                    s.n_swarm,
+                    s.n_silo,
+                    f"{s.mean_swarm:.6f}",
+                    f"{s.mean_silo:.6f}",
+                    f"{s.statistic:.6g}",
+                    f"{s.p:.6g}",
+                    f"{s.p_adj:.6g}",
+                    int(s.significant),
+                ]
+            )
 
 
 # ---------------------------------------------------------------------------- plots

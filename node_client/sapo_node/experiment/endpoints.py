@@ -64,11 +64,15 @@ def paired_endpoint(rows: Sequence[dict[str, Any]], config: str, baseline: str |
     diff = np.array([totals[config][s] - totals[baseline][s] for s in seeds])
     gain = np.array([100.0 * (totals[config][s] / totals[baseline][s] - 1.0) for s in seeds])
     result: dict[str, Any] = {
-        "config": config, "baseline": baseline, "seeds": seeds,
+        "config": config,
+        "baseline": baseline,
+        "seeds": seeds,
         "gain_pct": {s: float(g) for s, g in zip(seeds, gain, strict=True)},
-        "gain_pct_mean": float(gain.mean()), "seeds_gaining": int((diff > 0).sum()),
-        "ci95_pct": None, "wilcoxon_p": None,
-    }  # fmt: skip
+        "gain_pct_mean": float(gain.mean()),
+        "seeds_gaining": int((diff > 0).sum()),
+        "ci95_pct": None,
+        "wilcoxon_p": None,
+    }
     if len(seeds) >= 2:
         half = float(stats.t.ppf(0.975, len(seeds) - 1) * gain.std(ddof=1) / np.sqrt(len(seeds)))
         result["ci95_pct"] = [float(gain.mean()) - half, float(gain.mean()) + half]
@@ -161,10 +165,11 @@ def transfer(
             a = np.array([runs[config][s]["all"] for s in seeds])
             b = np.array([runs[base][s]["all"] for s in seeds])
             paired: dict[str, Any] = {
-                "seeds": seeds, "seeds_gaining": int((a > b).sum()),
+                "seeds": seeds,
+                "seeds_gaining": int((a > b).sum()),
                 "gain_pct_of_means": float(100.0 * (a.mean() / b.mean() - 1.0)) if b.mean() > 0 else None,
                 "wilcoxon_p": None,
-            }  # fmt: skip
+            }
             if len(seeds) >= 2 and np.any(a != b):
                 paired["wilcoxon_p"] = float(stats.wilcoxon(a - b, alternative="two-sided").pvalue)
             entry["paired"] = paired
@@ -199,16 +204,22 @@ def endpoints_markdown(result: dict[str, Any]) -> str:
         ]
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
     if result["paired"]:
-        lines += ["", "Paired cumulative-reward gain over the silo, seed by seed", "",
-                  "| config | seeds | mean gain | 95% CI | seeds gaining | Wilcoxon p (two-sided) |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Paired cumulative-reward gain over the silo, seed by seed",
+            "",
+            "| config | seeds | mean gain | 95% CI | seeds gaining | Wilcoxon p (two-sided) |",
+            "|---|---|---|---|---|---|",
+        ]
         for config, p in result["paired"].items():
             if p is None:
                 continue
             ci = f"{p['ci95_pct'][0]:+.1f}% .. {p['ci95_pct'][1]:+.1f}%" if p["ci95_pct"] else ""
             pval = f"{p['wilcoxon_p']:.3g}" if p["wilcoxon_p"] is not None else ""
-            lines.append(f"| {config} | {len(p['seeds'])} | {p['gain_pct_mean']:+.1f}% | {ci} | "
-                         f"{p['seeds_gaining']}/{len(p['seeds'])} | {pval} |")  # fmt: skip
+            lines.append(
+                f"| {config} | {len(p['seeds'])} | {p['gain_pct_mean']:+.1f}% | {ci} | "
+                f"{p['seeds_gaining']}/{len(p['seeds'])} | {pval} |"
+            )
     if result["dataset_rewards"]:
         lines += ["", f"Reward per node and dataset (mean over seeds): first {span} rounds -> last {span}", ""]
         datasets = sorted({d for nodes in result["dataset_rewards"].values() for ds in nodes.values() for d in ds})
@@ -224,14 +235,19 @@ def endpoints_markdown(result: dict[str, Any]) -> str:
                 lines.append(f"| {config} | {node} | " + " | ".join(cells) + " |")
     if result.get("transfer"):
         knows = "; ".join(f"node {k}: {', '.join(v)}" for k, v in sorted(result["known"].items()))
-        lines += ["", f"Transfer: mean reward on the datasets a node's warm start does not know ({knows});",
-                  f"per seed: whole run / last {span} rounds", ""]  # fmt: skip
+        lines += [
+            "",
+            f"Transfer: mean reward on the datasets a node's warm start does not know ({knows});",
+            f"per seed: whole run / last {span} rounds",
+            "",
+        ]
         seeds = sorted({s for t in result["transfer"].values() for s in t["runs"]})
         lines += [
-            "| config | " + " | ".join(f"seed {s}" for s in seeds)
+            "| config | "
+            + " | ".join(f"seed {s}" for s in seeds)
             + " | mean, whole run | mean, last rounds | gain over silo (of the means) | seeds gaining | Wilcoxon p |",
             "|---|" + "---|" * (len(seeds) + 5),
-        ]  # fmt: skip
+        ]
         for config, t in result["transfer"].items():
             runs = t["runs"]
             cells = [

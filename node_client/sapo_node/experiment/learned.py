@@ -61,9 +61,21 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"n": args.n, "max_new_tokens": args.max_new_tokens}
     before = {t: format_report(model, tokenizer, temperature=t, **settings) for t in (0.0, 1.0)}
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
-        config = NodeConfig(offline=True, model=args.model, out=out, seed=args.seed, rounds=args.rounds, questions=4,
-                            generations=8, local=4, external=0, max_new_tokens=args.max_new_tokens, lr=args.lr,
-                            checkpoint_every=0, threads=args.threads)  # fmt: skip
+        config = NodeConfig(
+            offline=True,
+            model=args.model,
+            out=out,
+            seed=args.seed,
+            rounds=args.rounds,
+            questions=4,
+            generations=8,
+            local=4,
+            external=0,
+            max_new_tokens=args.max_new_tokens,
+            lr=args.lr,
+            checkpoint_every=0,
+            threads=args.threads,
+        )
         run(config, policy=(model, tokenizer))  # trains `model` in place
     after = {t: format_report(model, tokenizer, temperature=t, **settings) for t in (0.0, 1.0)}
     print(f"{args.model}, silo, seed {args.seed}, {args.rounds} rounds, lr {args.lr:g}; load {os.getloadavg()[0]:.1f}")

@@ -171,61 +171,133 @@ SWARM_LR = 3e-4
 PRESETS: dict[str, dict[str, Any]] = {
     # The tests' end-to-end check: every moving part, two nodes, two rounds, under two minutes.
     "smoke": dict(
-        nodes=2, rounds=2, seeds=[1], questions=4, generations=4, model="tiny-mini", catalogue="easy",
-        max_new_tokens=12, window=2,
+        nodes=2,
+        rounds=2,
+        seeds=[1],
+        questions=4,
+        generations=4,
+        model="tiny-mini",
+        catalogue="easy",
+        max_new_tokens=12,
+        window=2,
     ),
     # The whole study on 2 CPU cores within an hour (measured: docs/experiment.md).
     "cpu-tiny": dict(
-        nodes=4, rounds=30, seeds=[1, 2, 3], questions=4, generations=8, model="tiny", catalogue="easy",
-        max_new_tokens=24, window=5,
+        nodes=4,
+        rounds=30,
+        seeds=[1, 2, 3],
+        questions=4,
+        generations=8,
+        model="tiny",
+        catalogue="easy",
+        max_new_tokens=24,
+        window=5,
     ),
     # A built-in model GRPO improves within tens of rounds (tiny-learn: knows the answers, uses the
     # <answer> format unreliably): a silo node's last 20 rounds >= 1.5x its first 20 (docs/experiment.md).
     # One run of 2 nodes x 80 rounds is about a minute of one core.
     "cpu-learn": dict(
-        nodes=2, rounds=80, seeds=[1, 2], questions=4, generations=8, model="tiny-learn", catalogue="easy",
-        max_new_tokens=16, lr=LEARN_LR, window=10, threads=1,
+        nodes=2,
+        rounds=80,
+        seeds=[1, 2],
+        questions=4,
+        generations=8,
+        model="tiny-learn",
+        catalogue="easy",
+        max_new_tokens=16,
+        lr=LEARN_LR,
+        window=10,
+        threads=1,
     ),
     # Skill transfer: node 1 knows arithmetic and leap years, node 2 base conversion and fractions;
     # 4/4+own judges the peer's completions against the node's own reward (sapo_node.baseline). At
     # cpu-learn's 5e-5 nothing transfers in 80 rounds with either baseline (docs/experiment.md).
     "cpu-skills": dict(
-        nodes=2, rounds=80, seeds=[1, 2, 3, 4, 5, 6, 7, 8], configs=["8/0", "4/4", "4/4+own"], questions=4,
-        generations=8, model="tiny-learn-a,tiny-learn-b", catalogue="easy", max_new_tokens=16, lr=SKILLS_LR,
-        window=10, threads=1,
+        nodes=2,
+        rounds=80,
+        seeds=[1, 2, 3, 4, 5, 6, 7, 8],
+        configs=["8/0", "4/4", "4/4+own"],
+        questions=4,
+        generations=8,
+        model="tiny-learn-a,tiny-learn-b",
+        catalogue="easy",
+        max_new_tokens=16,
+        lr=SKILLS_LR,
+        window=10,
+        threads=1,
     ),
     # The paper's eight nodes on 2 CPU cores: tiny-sparse answers in the <answer> format in 2-8% of its
     # samples, so about nine groups in ten of a node's own score 0 in every completion at the start and
     # an informative group is rare: the regime in which another node's find is worth most. At lr 3e-4 a
     # silo node learns the format within 40 rounds (docs/experiment.md). One run: 8 nodes x 40 rounds.
     "cpu-swarm": dict(
-        nodes=8, rounds=40, seeds=[1, 2, 3, 4, 5, 6], questions=4, generations=8, model="tiny-sparse",
-        catalogue="easy", max_new_tokens=16, lr=SWARM_LR, window=5, threads=1,
+        nodes=8,
+        rounds=40,
+        seeds=[1, 2, 3, 4, 5, 6],
+        questions=4,
+        generations=8,
+        model="tiny-sparse",
+        catalogue="easy",
+        max_new_tokens=16,
+        lr=SWARM_LR,
+        window=5,
+        threads=1,
     ),
     # Eight nodes of two warm starts (odd nodes know arithmetic and leap years, even nodes base
     # conversion and fractions), with the group's and the receiver's own baseline for external groups.
     "cpu-swarm-mixed": dict(
-        nodes=8, rounds=40, seeds=[1, 2, 3, 4, 5, 6], configs=["8/0", "4/4", "4/4+own"], questions=4,
-        generations=8, model="tiny-learn-a,tiny-learn-b", catalogue="easy", max_new_tokens=16, lr=SKILLS_LR,
-        window=5, threads=1,
+        nodes=8,
+        rounds=40,
+        seeds=[1, 2, 3, 4, 5, 6],
+        configs=["8/0", "4/4", "4/4+own"],
+        questions=4,
+        generations=8,
+        model="tiny-learn-a,tiny-learn-b",
+        catalogue="easy",
+        max_new_tokens=16,
+        lr=SKILLS_LR,
+        window=5,
+        threads=1,
     ),
     # The paper's per-round settings on a GPU with no hub: "small" (~26M params) is built on the GPU
     # from reasoning-gym data (tokenizer + supervised warm start on the nine tasks), then 8 nodes.
     # Every run is short so a study goes in steps: --time-limit 540 --resume. Not run yet (no GPU here).
     "gpu-learn": dict(
-        nodes=8, rounds=60, seeds=[1, 2, 3, 4], questions=8, generations=8, groups=8, model="small",
-        catalogue="sapo", max_new_tokens=64, lr=LEARN_LR, device="auto", dtype="auto", micro_batch=64, window=10,
+        nodes=8,
+        rounds=60,
+        seeds=[1, 2, 3, 4],
+        questions=8,
+        generations=8,
+        groups=8,
+        model="small",
+        catalogue="sapo",
+        max_new_tokens=64,
+        lr=LEARN_LR,
+        device="auto",
+        dtype="auto",
+        micro_batch=64,
+        window=10,
         time_limit=540,
     ),
     # The paper's per-round settings, for a GPU machine: 8 Qwen2.5-0.5B nodes, one question from
     # each of 8 of the 9 tasks per round, 8 completions each, 8 training groups, 256 new tokens,
     # lr 1e-5, no KL, clip 0.2/0.28. Its length (rounds, seeds) is our choice. Not run yet (no GPU here).
     "gpu-qwen": dict(
-        nodes=8, rounds=100, seeds=[1, 2], questions=8, generations=8, groups=8,
-        model="Qwen/Qwen2.5-0.5B-Instruct", catalogue="sapo", max_new_tokens=256, device="auto", dtype="auto",
-        micro_batch=16, window=10,
+        nodes=8,
+        rounds=100,
+        seeds=[1, 2],
+        questions=8,
+        generations=8,
+        groups=8,
+        model="Qwen/Qwen2.5-0.5B-Instruct",
+        catalogue="sapo",
+        max_new_tokens=256,
+        device="auto",
+        dtype="auto",
+        micro_batch=16,
+        window=10,
     ),
-}  # fmt: skip
+}
 
 
 def preset(name: str, **overrides: Any) -> StudyConfig:

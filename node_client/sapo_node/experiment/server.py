@@ -87,8 +87,12 @@ class Platform:
         pythonpath = [str(self.root / "platform"), str(self.root / "node_client")]
         if env.get("PYTHONPATH"):
             pythonpath.append(env["PYTHONPATH"])
-        env.update(SERVER_ENV, PYTHONPATH=os.pathsep.join(pythonpath), SAPO_CATALOGUE=self.catalogue,
-                   DJANGO_SETTINGS_MODULE="config.settings")  # fmt: skip
+        env.update(
+            SERVER_ENV,
+            PYTHONPATH=os.pathsep.join(pythonpath),
+            SAPO_CATALOGUE=self.catalogue,
+            DJANGO_SETTINGS_MODULE="config.settings",
+        )
         if database_url:
             env["DATABASE_URL"] = database_url
         return env
@@ -96,8 +100,15 @@ class Platform:
     def manage(self, *args: str, database_url: str | None = None, timeout: float = 300) -> str:
         """Run `manage.py ARGS` in the checkout; returns stdout, raises PlatformError on failure."""
         cmd = [self.python, str(self.root / "manage.py"), *args]
-        result = subprocess.run(cmd, cwd=self.root, env=self._env(database_url), capture_output=True, text=True,
-                                timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        result = subprocess.run(
+            cmd,
+            cwd=self.root,
+            env=self._env(database_url),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         with (self.log_dir / "manage.log").open("a") as log:
             log.write(f"$ manage.py {' '.join(args)}\n{result.stdout}{result.stderr}\n")
         if result.returncode != 0:
@@ -179,8 +190,14 @@ class Platform:
         port = free_port()
         cmd = [self.python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
         with open(log_path, "a") as log:
-            proc = subprocess.Popen(cmd, cwd=self.root / "platform", env=self._env(database_url), stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                cwd=self.root / "platform",
+                env=self._env(database_url),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         try:
             _wait_listening(proc, port, timeout, log_path)
             yield f"ws://127.0.0.1:{port}/ws/node/"

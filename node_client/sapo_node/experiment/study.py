@@ -135,15 +135,25 @@ def run_study(
         initial[model] = policy[0], policy[1]
     names = [node_name(k) for k in range(1, cfg.nodes + 1)]
     platform = Platform(
-        root=Path(cfg.platform_root) if cfg.platform_root else DEFAULT_ROOT, catalogue=cfg.catalogue,
-        log_dir=out / "logs", database_url=cfg.database_url,
-    )  # fmt: skip
+        root=Path(cfg.platform_root) if cfg.platform_root else DEFAULT_ROOT,
+        catalogue=cfg.catalogue,
+        log_dir=out / "logs",
+        database_url=cfg.database_url,
+    )
 
     plan = [(seed, label, local, external) for seed in cfg.seeds for label, local, external in cfg.counts()]
     todo = [p for p in plan if (p[1], p[0]) not in done]
     timings: list[dict[str, Any]] = []
-    runs_bar = progress_bar(total=len(plan), initial=len(plan) - len(todo), desc="runs", unit="run", position=0,
-                    disable=not progress, dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+    runs_bar = progress_bar(
+        total=len(plan),
+        initial=len(plan) - len(todo),
+        desc="runs",
+        unit="run",
+        position=0,
+        disable=not progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
 
     def keep(n: int, round_rows: list[dict[str, Any]]) -> None:
         write_rounds(rounds_csv, round_rows, append=True)
@@ -155,16 +165,30 @@ def run_study(
                     break
                 runs_bar.set_description(f"runs ({label}, seed {seed})")
                 run_started = time.time()
-                rows = run_swarm(cfg, platform, initial, seed=seed, label=label, local=local, external=external,
-                                 out=out, progress=progress, on_round=keep, stop=stop)  # fmt: skip
+                rows = run_swarm(
+                    cfg,
+                    platform,
+                    initial,
+                    seed=seed,
+                    label=label,
+                    local=local,
+                    external=external,
+                    out=out,
+                    progress=progress,
+                    on_round=keep,
+                    stop=stop,
+                )
                 if len(rows) == cfg.nodes * cfg.rounds:
                     timings.append({"config": label, "seed": seed, "seconds": round(time.time() - run_started, 2)})
                     runs_bar.update(1)
     finally:
         runs_bar.close()
     if stop.reason:
-        print(f"stopped ({stop.reason}) at a round boundary; every finished round is in {rounds_csv}; "
-              "--resume runs the cut run again and continues", file=sys.stderr)  # fmt: skip
+        print(
+            f"stopped ({stop.reason}) at a round boundary; every finished round is in {rounds_csv}; "
+            "--resume runs the cut run again and continues",
+            file=sys.stderr,
+        )
 
     meta = {
         "study": cfg.to_json(),
@@ -211,8 +235,7 @@ def analyse_complete(out: Path, cfg: StudyConfig, meta: dict[str, Any]) -> dict[
     if not rows or missing:
         (out / "summary.json").write_text(json.dumps({"meta": meta}, indent=2) + "\n")
         return {"meta": meta}
-    return analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window,
-                   meta=meta)  # fmt: skip
+    return analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta)
 
 
 def part_dir(out: Path, label: str) -> Path:
@@ -235,8 +258,14 @@ def run_parallel(cfg: StudyConfig, *, resume: bool = False, progress: bool = Tru
     stop = Stop(cfg.time_limit)
     waiting, running, told = list(labels), {}, set()
     total = len(cfg.seeds) * len(labels) * cfg.nodes * cfg.rounds
-    bar = progress_bar(total=total, desc=f"{len(labels)} configurations, {cfg.parallel} at a time", unit="node-round",
-                       disable=not progress, dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+    bar = progress_bar(
+        total=total,
+        desc=f"{len(labels)} configurations, {cfg.parallel} at a time",
+        unit="node-round",
+        disable=not progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
 
     def rows_done() -> int:
         return sum(max(0, _line_count(p / "rounds.csv") - 1) for p in parts.values())
@@ -251,8 +280,9 @@ def run_parallel(cfg: StudyConfig, *, resume: bool = False, progress: bool = Tru
                     if proc.poll() is not None:
                         del running[label]
                         if proc.returncode != 0 and not stop.reason:
-                            print(f"configuration {label} exited with {proc.returncode}: see {out}/logs/",
-                                  file=sys.stderr)  # fmt: skip
+                            print(
+                                f"configuration {label} exited with {proc.returncode}: see {out}/logs/", file=sys.stderr
+                            )
                 if stop.reason:
                     for label, proc in running.items():
                         if label not in told and proc.poll() is None:
@@ -272,8 +302,9 @@ def run_parallel(cfg: StudyConfig, *, resume: bool = False, progress: bool = Tru
     rows = [row for p in parts.values() if (p / "rounds.csv").exists() for row in read_rounds(p / "rounds.csv")]
     write_rounds(out / "rounds.csv", rows)
     if stop.reason:
-        print(f"stopped ({stop.reason}); every finished round is in {out}/rounds.csv; --resume continues",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"stopped ({stop.reason}); every finished round is in {out}/rounds.csv; --resume continues", file=sys.stderr
+        )
     part_meta = [_read_json(p / "meta.json") or {} for p in parts.values()]
     meta = {
         "study": cfg.to_json(),
@@ -357,22 +388,51 @@ def run_swarm(
             for k, model in enumerate(cfg.node_models(), start=1):
                 name = node_name(k)
                 config = NodeConfig(
-                    server=url, token=platform.tokens[name], model=model, device=cfg.device, dtype=cfg.dtype,
-                    out=str(run_dir / name), seed=node_seed(seed, k), rounds=cfg.rounds, questions=cfg.questions,
-                    generations=cfg.generations, local=local, external=external, catalogue=cfg.catalogue,
-                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lr=cfg.lr,
-                    micro_batch=cfg.micro_batch, checkpoint_every=0, connect_wait=cfg.connect_wait,
-                    flush_wait=cfg.flush_wait, **options,
-                )  # fmt: skip
+                    server=url,
+                    token=platform.tokens[name],
+                    model=model,
+                    device=cfg.device,
+                    dtype=cfg.dtype,
+                    out=str(run_dir / name),
+                    seed=node_seed(seed, k),
+                    rounds=cfg.rounds,
+                    questions=cfg.questions,
+                    generations=cfg.generations,
+                    local=local,
+                    external=external,
+                    catalogue=cfg.catalogue,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature,
+                    lr=cfg.lr,
+                    micro_batch=cfg.micro_batch,
+                    checkpoint_every=0,
+                    connect_wait=cfg.connect_wait,
+                    flush_wait=cfg.flush_wait,
+                    **options,
+                )
                 (run_dir / name).mkdir(parents=True, exist_ok=True)
-                transport = WebSocketTransport(url, config.token, run_dir / name / OUTBOX_FILE, buffer_size=external,
-                                               max_buffer_size=external, poll_interval=POLL_INTERVAL)  # fmt: skip
+                transport = WebSocketTransport(
+                    url,
+                    config.token,
+                    run_dir / name / OUTBOX_FILE,
+                    buffer_size=external,
+                    max_buffer_size=external,
+                    poll_interval=POLL_INTERVAL,
+                )
                 nodes.append(SwarmNode.start(k, config, transport, clone_policy(initial[model])))
                 if (catalogue := transport.catalogue()) is None or catalogue.name != cfg.catalogue:
                     raise RuntimeError(f"the server does not serve catalogue {cfg.catalogue!r}")
 
-            bar = progress_bar(total=cfg.rounds, desc=f"{label} seed {seed}", unit="round", position=1, leave=False,
-                       disable=not progress, dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+            bar = progress_bar(
+                total=cfg.rounds,
+                desc=f"{label} seed {seed}",
+                unit="round",
+                position=1,
+                leave=False,
+                disable=not progress,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
             try:
                 for n in range(1, cfg.rounds + 1):
                     round_rows = []
@@ -384,8 +444,9 @@ def run_swarm(
                                 f"the server did not acknowledge node {node.index}'s shares within {cfg.flush_wait} s "
                                 f"({node.transport.status}); see {platform.log_dir}"
                             )
-                        round_rows.append(_csv_row(row, label=label, local=local, external=external, seed=seed,
-                                                   node=node.index))  # fmt: skip
+                        round_rows.append(
+                            _csv_row(row, label=label, local=local, external=external, seed=seed, node=node.index)
+                        )
                     rows.extend(round_rows)
                     if on_round is not None:
                         on_round(n, round_rows)

@@ -23,8 +23,14 @@ class Hello:
     external: int
 
     def to_wire(self) -> dict[str, Any]:
-        return protocol.frame(protocol.HELLO, client=self.client, model=self.model, hardware=self.hardware,
-                              local=self.local, external=self.external)  # fmt: skip
+        return protocol.frame(
+            protocol.HELLO,
+            client=self.client,
+            model=self.model,
+            hardware=self.hardware,
+            local=self.local,
+            external=self.external,
+        )
 
 
 @dataclass

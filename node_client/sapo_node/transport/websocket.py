@@ -346,9 +346,13 @@ class WebSocketTransport(Transport):
         ws: ClientConnection | None = None
         try:
             ws = await connect(
-                self.url, additional_headers=headers, open_timeout=self.open_timeout, max_size=None,
-                user_agent_header=f"sapo-node/{__version__}", proxy=None,
-            )  # fmt: skip
+                self.url,
+                additional_headers=headers,
+                open_timeout=self.open_timeout,
+                max_size=None,
+                user_agent_header=f"sapo-node/{__version__}",
+                proxy=None,
+            )
             await self._session(ws)
         except InvalidStatus as exc:  # refused at the HTTP upgrade
             status = exc.response.status_code

@@ -58,10 +58,32 @@ _POLL_SECONDS = 0.02
 
 # Audit events refused while a scorer runs (prefixes).
 _REFUSED_EVENTS = (
-    "compile", "exec", "import", "open", "os.", "subprocess.", "socket.", "shutil.", "ctypes.", "pty.",
-    "resource.", "code.__new__", "function.__new__", "marshal.", "pickle.", "urllib.", "http.",
-    "ftplib.", "smtplib.", "glob.", "tempfile.", "sqlite3.", "mmap.", "webbrowser.", "cpython.",
-)  # fmt: skip
+    "compile",
+    "exec",
+    "import",
+    "open",
+    "os.",
+    "subprocess.",
+    "socket.",
+    "shutil.",
+    "ctypes.",
+    "pty.",
+    "resource.",
+    "code.__new__",
+    "function.__new__",
+    "marshal.",
+    "pickle.",
+    "urllib.",
+    "http.",
+    "ftplib.",
+    "smtplib.",
+    "glob.",
+    "tempfile.",
+    "sqlite3.",
+    "mmap.",
+    "webbrowser.",
+    "cpython.",
+)
 
 
 class CodeRefused(RuntimeError):

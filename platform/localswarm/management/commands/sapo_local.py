@@ -100,9 +100,16 @@ class Command(BaseCommand):
             raise CommandError(f"{', '.join(failed)} failed; see the output above")
 
     def _start(
-        self, swarm: _Swarm, env: dict, *, host: str, port: int, plan: list[tuple[str, str, int | None]], rounds: int,
+        self,
+        swarm: _Swarm,
+        env: dict,
+        *,
+        host: str,
+        port: int,
+        plan: list[tuple[str, str, int | None]],
+        rounds: int,
         out: str,
-    ):  # fmt: skip
+    ):
         # The built-in models are built before their nodes start, side by side and beside the
         # database and site start-up (on a fresh machine "tiny" costs about two CPU-minutes,
         # "tiny-mini" a quarter of that); a node starts as soon as its model is ready. With the
@@ -127,14 +134,29 @@ class Command(BaseCommand):
         # email backend prints the alerts' emails here.
         swarm.scheduler = _spawn(
             [sys.executable, "manage.py", "sapo_scheduled", "--every", str(SCHEDULED_EVERY)],
-            prefix="[jobs]  ", cwd=REPO, env=env,
-        )  # fmt: skip
+            prefix="[jobs]  ",
+            cwd=REPO,
+            env=env,
+        )
 
         for i, (name, model, external) in enumerate(plan):
             node, token = node_provision(username="demo", node_name=name, model_id=model, rotate=True)
             node_out = Path(out) / f"{node.name}-{model}"  # a node that changes model starts afresh
-            cmd = [sys.executable, "-m", "sapo_node", "run", "--server", f"ws://{host}:{port}", "--model", model,
-                   "--seed", str(i + 1), "--out", str(node_out), "--resume"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "sapo_node",
+                "run",
+                "--server",
+                f"ws://{host}:{port}",
+                "--model",
+                model,
+                "--seed",
+                str(i + 1),
+                "--out",
+                str(node_out),
+                "--resume",
+            ]
             if rounds:
                 cmd += ["--rounds", str(rounds)]
             if external is not None:
