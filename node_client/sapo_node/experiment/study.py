@@ -121,10 +121,11 @@ def run_study(
         raise FileExistsError(f"{rounds_csv} exists: give --resume to continue that study, or another --out")
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "study.json")
-    done = complete_runs(read_rounds(rounds_csv), cfg) if resume and rounds_csv.exists() else set()
+    done: set[tuple[str, int]] = set()
     if resume and rounds_csv.exists():  # drop the rows of a run cut short; it is run again
-        kept = [r for r in read_rounds(rounds_csv) if (r["config"], r["seed"]) in done]
-        write_rounds(rounds_csv, kept)
+        rows = read_rounds(rounds_csv)
+        done = complete_runs(rows, cfg)
+        write_rounds(rounds_csv, [r for r in rows if (r["config"], r["seed"]) in done])
 
     torch.set_num_threads(cfg.threads or cpu_threads())
     started = time.time()
