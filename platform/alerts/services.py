@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -258,21 +259,30 @@ def _sent_today(user_id: int, now: datetime) -> int:
 
 
 def _send_all(messages: list[Message], prefs_by_user: dict[int, AlertSettings], now: datetime) -> tuple[int, int, int]:
-    sent = capped = failed = 0
+    """Send the messages not over their contributor's daily cap, SAPO_ALERT_SEND_THREADS at a time (a
+    receiver that takes its webhook's whole deadline holds up no one else's message), and record on each
+    alert how its message went."""
     budget: dict[int, int] = {}
-    for message in messages:
-        alert = message.alert
-        user_id = alert.user_id
+    outgoing: dict[int, _Outgoing] = {}
+    for i, message in enumerate(messages):
+        user_id = message.alert.user_id
         if user_id not in budget:
             budget[user_id] = settings.SAPO_ALERT_DAILY_CAP - _sent_today(user_id, now)
-        if budget[user_id] <= 0:
-            note, ok = "capped (daily limit reached)", False
-            capped += 1
-        else:
-            note, ok = _deliver(message, prefs_by_user[user_id])
+        if budget[user_id] > 0:
             budget[user_id] -= 1
+            outgoing[i] = _outgoing(message, prefs_by_user[user_id])  # here: it reads the database
+    with ThreadPoolExecutor(max_workers=max(1, settings.SAPO_ALERT_SEND_THREADS)) as pool:
+        results = dict(zip(outgoing, pool.map(_transmit, outgoing.values()), strict=True))
+    sent = capped = failed = 0
+    for i, message in enumerate(messages):
+        if i in results:
+            note, ok = results[i]
             sent += ok
             failed += not ok
+        else:
+            note, ok = "capped (daily limit reached)", False
+            capped += 1
+        alert = message.alert
         if message.recovered:
             alert.cleared_delivery, alert.cleared_sent = note[:300], ok
             alert.save(update_fields=["cleared_delivery", "cleared_sent"])
@@ -310,22 +320,38 @@ def alert_payload(alert: Alert, *, recovered: bool) -> bytes:
     ).encode()
 
 
-def _deliver(message: Message, prefs: AlertSettings) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class _Outgoing:
+    """One message as its channels carry it, made before sending (the send threads touch no database)."""
+
+    alert_id: int
+    email: str
+    subject: str
+    text: str
+    webhook_url: str
+    webhook_secret: str
+    payload: bytes
+
+
+def _outgoing(message: Message, prefs: AlertSettings) -> _Outgoing:
+    subject, text = alert_text(message.alert, recovered=message.recovered)
+    payload = alert_payload(message.alert, recovered=message.recovered) if prefs.webhook_url else b""
+    return _Outgoing(message.alert.id, prefs.email, subject, text, prefs.webhook_url, prefs.webhook_secret, payload)
+
+
+def _transmit(out: _Outgoing) -> tuple[str, bool]:
     """Send one message by every channel the contributor set; (what happened, whether any arrived)."""
-    alert, notes, arrived = message.alert, [], False
-    if prefs.email:
-        subject, body = alert_text(alert, recovered=message.recovered)
+    notes, arrived = [], False
+    if out.email:
         try:
-            send_mail(subject, body, None, [prefs.email], fail_silently=False)
+            send_mail(out.subject, out.text, None, [out.email], fail_silently=False)
             notes.append("email")
             arrived = True
         except (OSError, ValueError) as exc:  # smtplib's errors are OSErrors
-            log.warning("alert %s: email failed: %s", alert.id, exc)
+            log.warning("alert %s: email failed: %s", out.alert_id, exc)
             notes.append(f"email failed: {type(exc).__name__}")
-    if prefs.webhook_url:
-        failure = webhooks.deliver(
-            prefs.webhook_url, prefs.webhook_secret, alert_payload(alert, recovered=message.recovered)
-        )
+    if out.webhook_url:
+        failure = webhooks.deliver(out.webhook_url, out.webhook_secret, out.payload)
         notes.append(f"webhook failed: {failure}" if failure else "webhook")
         arrived = arrived or not failure
     return ", ".join(notes), arrived

@@ -6,7 +6,10 @@
   at each delivery, and the connection goes to the address that was checked (a second lookup could
   answer differently: DNS rebinding); https still verifies the certificate against the host name;
 - short timeouts, no redirects (http.client follows none; a 3xx is a failure), bounded retries on
-  connection errors and 5xx answers, the answer's body read to at most 1 KiB.
+  connection errors and 5xx answers, the answer's body read to at most 1 KiB;
+- a deadline for the whole delivery, attempts and pauses included (`SAPO_ALERT_WEBHOOK_DEADLINE`): a
+  socket's timeout bounds each read, not a receiver that drips its answer a byte at a time or holds
+  the connection open, so a watchdog shuts the connection at the deadline.
 
 `settings.SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS` lists networks allowed despite the rule. It is not
 read from the environment: it is empty on every deployment, and only the tests set it (to reach a
@@ -24,7 +27,9 @@ import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -113,7 +118,21 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
     return f"sha256={digest}"
 
 
-class _PinnedHTTPConnection(http.client.HTTPConnection):
+class _Cuttable:
+    """A connection another thread can end: a read or write blocked on it fails at once."""
+
+    _raw: socket.socket | None = None
+    was_cut = False
+
+    def cut(self) -> None:
+        self.was_cut = True
+        raw = self._raw
+        if raw is not None:
+            with suppress(OSError):  # already closed
+                raw.shutdown(socket.SHUT_RDWR)
+
+
+class _PinnedHTTPConnection(_Cuttable, http.client.HTTPConnection):
     """Connects to a checked address; the Host header still names the host."""
 
     def __init__(self, address: str, host: str, port: int, timeout: float) -> None:
@@ -121,10 +140,10 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
         self._address = address
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = self._raw = socket.create_connection((self._address, self.port), self.timeout)
 
 
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+class _PinnedHTTPSConnection(_Cuttable, http.client.HTTPSConnection):
     """Connects to a checked address; TLS verifies the certificate against the host name (SNI too)."""
 
     def __init__(self, address: str, host: str, port: int, timeout: float) -> None:
@@ -133,34 +152,48 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self._address = address
 
     def connect(self) -> None:
-        sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+        self._raw = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = self._tls.wrap_socket(self._raw, server_hostname=self.host)  # the handshake can be cut too
 
 
-def _post_once(target: Target, address: str, headers: dict[str, str], body: bytes, timeout: float) -> int:
+def _post_once(target: Target, address: str, headers: dict[str, str], body: bytes, timeout: float, ends: float) -> int:
+    """One POST to one address, ended by the watchdog at `ends` (time.monotonic()) if still going."""
     kind = _PinnedHTTPSConnection if target.scheme == "https" else _PinnedHTTPConnection
-    conn = kind(address, target.host, target.port, timeout)
+    left = ends - time.monotonic()
+    conn = kind(address, target.host, target.port, max(0.001, min(timeout, left)))
+    watchdog = threading.Timer(max(0.0, left), conn.cut)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         conn.request("POST", target.path, body=body, headers=headers)
         response = conn.getresponse()
         response.read(MAX_BODY_READ)
+        if conn.was_cut:  # a cut answer can parse as a whole one: its headers end where the cut is
+            raise TimeoutError("cut at the deadline")
         return response.status
     finally:
+        watchdog.cancel()
         conn.close()
 
 
 def deliver(url: str, secret: str, body: bytes) -> str:
     """POST `body` to `url`, signed; returns "" on a 2xx answer, else why it failed (after retries).
 
-    A refused target is not retried; nor is a 3xx (not followed) or 4xx answer."""
+    A refused target is not retried; nor is a 3xx (not followed) or 4xx answer. Whatever the receiver
+    does, it ends within SAPO_ALERT_WEBHOOK_DEADLINE seconds of the first connection."""
     try:
         target = resolve_target(url)
     except WebhookRefused as exc:
         return exc.message
     timeout = float(settings.SAPO_ALERT_WEBHOOK_TIMEOUT)
+    deadline = float(settings.SAPO_ALERT_WEBHOOK_DEADLINE)
+    ends = time.monotonic() + deadline
+    out_of_time = f"no answer within the delivery's {deadline:g} s deadline"
     failure = ""
     for attempt in range(len(BACKOFF) + 1):
         if attempt:
+            if time.monotonic() + BACKOFF[attempt - 1] >= ends:
+                return failure or out_of_time
             time.sleep(BACKOFF[attempt - 1])
         timestamp = int(time.time())
         headers = {
@@ -170,10 +203,12 @@ def deliver(url: str, secret: str, body: bytes) -> str:
             "X-Sapo-Signature": sign(secret, timestamp, body),
         }
         for address in target.addresses:
+            if time.monotonic() >= ends:
+                return out_of_time
             try:
-                status = _post_once(target, address, headers, body, timeout)
-            except (OSError, http.client.HTTPException) as exc:  # refused, timed out, TLS, bad answer
-                failure = f"{type(exc).__name__}: {exc}"[:200]
+                status = _post_once(target, address, headers, body, timeout, ends)
+            except (OSError, http.client.HTTPException) as exc:  # refused, timed out, TLS, bad answer, cut
+                failure = out_of_time if time.monotonic() >= ends else f"{type(exc).__name__}: {exc}"[:200]
                 continue
             if 200 <= status < 300:
                 return ""

@@ -399,6 +399,10 @@ DEFAULT_FROM_EMAIL = env_str("SAPO_EMAIL_FROM", "SAPO Swarm <alerts@localhost>")
 SAPO_ALERT_DAILY_CAP = env_int("SAPO_ALERT_DAILY_CAP", 20)
 #: Seconds a webhook delivery may take to connect, and to answer.
 SAPO_ALERT_WEBHOOK_TIMEOUT = env_float("SAPO_ALERT_WEBHOOK_TIMEOUT", 5.0)
+#: Seconds one webhook delivery may take in all, attempts and pauses included (alerts/webhooks.py).
+SAPO_ALERT_WEBHOOK_DEADLINE = env_float("SAPO_ALERT_WEBHOOK_DEADLINE", 20.0)
+#: Messages an alerts check sends at once: a slow receiver holds up only its own.
+SAPO_ALERT_SEND_THREADS = env_int("SAPO_ALERT_SEND_THREADS", 8)
 #: Networks a webhook may reach despite not being public. Empty, and not read from the environment:
 #: only the tests set it, to reach a server of their own on 127.0.0.1 (alerts/webhooks.py).
 SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS: list[str] = []

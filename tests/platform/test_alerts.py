@@ -225,4 +225,7 @@ def test_a_second_check_while_one_runs_does_nothing(settings):
     with psycopg.connect(**dsn, autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", [services._LOCK_KEY])
         assert alerts_check().raised == 0 and not Alert.objects.exists()
+        # Unlocked here, not by closing: a closed session's locks go when its backend has exited, which
+        # the next statement on another connection may come before.
+        other.execute("SELECT pg_advisory_unlock(%s)", [services._LOCK_KEY])
     assert alerts_check().raised == 1

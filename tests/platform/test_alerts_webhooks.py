@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -33,12 +34,14 @@ class Hook:
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
         self.answers: list[int] = [204]
         self.delay = 0.0
+        self.on_request = lambda: None
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 hook.requests.append((self.path, dict(self.headers), body))
+                hook.on_request()
                 time.sleep(hook.delay)
                 status = hook.answers[min(len(hook.requests), len(hook.answers)) - 1]
                 self.send_response(status)
@@ -182,3 +185,76 @@ def test_a_slow_receiver_times_out(hook, loopback_allowed, quick_retries):
     failure = webhooks.deliver(hook.url, "whsec_x", b"{}")
     assert "timed out" in failure
     assert time.monotonic() - started < 3 * (0.5 + 0.2) + 0.5  # three attempts of the 0.5 s timeout
+
+
+class Drip:
+    """A receiver that reads the request, then answers a status line and one header byte every 0.1 s,
+    forever (each read on the socket gets something before its timeout), or, with `silent`, nothing."""
+
+    def __init__(self, silent: bool = False) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        self.silent = silent
+        self.stop = threading.Event()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            if not self.silent:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while not self.stop.wait(0.1):
+                if not self.silent:
+                    try:
+                        conn.sendall(b"a")
+                    except OSError:
+                        return
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def __enter__(self) -> Drip:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
+def test_a_receiver_that_drips_its_answer_is_cut_at_the_deadline(loopback_allowed, quick_retries, settings):
+    """Each read gets a byte before the 0.5 s timeout, so only the delivery's deadline ends it."""
+    settings.SAPO_ALERT_WEBHOOK_DEADLINE = 1.5
+    with Drip() as drip:
+        started = time.monotonic()
+        failure = webhooks.deliver(drip.url, "whsec_x", b"{}")
+        took = time.monotonic() - started
+    assert failure == "no answer within the delivery's 1.5 s deadline"
+    assert 1.4 < took < 2.5
+
+
+def test_a_receiver_that_holds_its_answer_delays_no_one_elses_alert(hook, loopback_allowed, settings):
+    """Two contributors' alerts in one check: the first's receiver never answers; the second's message
+    arrives while the first is still waiting, and both deliveries are recorded."""
+    settings.SAPO_ALERT_WEBHOOK_TIMEOUT = 5.0
+    settings.SAPO_ALERT_WEBHOOK_DEADLINE = 2.0
+    with Drip(silent=True) as held:
+        slow = _silent_node_with_webhook(held.url)
+        quick = _silent_node_with_webhook(hook.url)
+        assert slow.id < quick.id  # the held receiver's message is the first sent
+        started = time.monotonic()
+        arrived: list[float] = []
+        hook.on_request = lambda: arrived.append(time.monotonic() - started)
+        result = alerts_check()
+        took = time.monotonic() - started
+    assert (result.raised, result.sent, result.failed) == (2, 1, 1)
+    assert arrived and arrived[0] < 1.0 < took  # the quick one did not wait for the held one's deadline
+    assert (
+        Alert.objects.get(node=slow).raised_delivery == "webhook failed: no answer within the delivery's 2 s deadline"
+    )
+    assert Alert.objects.get(node=quick).raised_delivery == "webhook"
