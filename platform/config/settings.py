@@ -310,6 +310,7 @@ SAPO_NODE_CREATIONS_PER_HOUR = env_int("SAPO_NODE_CREATIONS_PER_HOUR", 20)
 SAPO_TOKEN_ROTATIONS_PER_HOUR = env_int("SAPO_TOKEN_ROTATIONS_PER_HOUR", 10)
 SAPO_TEAMS_PER_ACCOUNT_PER_MONTH = env_int("SAPO_TEAMS_PER_ACCOUNT_PER_MONTH", 3)
 SAPO_TEAMS_PER_ADDRESS_PER_DAY = env_int("SAPO_TEAMS_PER_ADDRESS_PER_DAY", 5)
+SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY = env_int("SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY", 10)
 
 # --- The daily statistics export (docs/leaderboard.md#daily-statistics-export) ----------------
 # Written by the scheduled job `export` and `manage.py sapo_stats export`; served at /stats/. Every

@@ -263,6 +263,18 @@ def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: A
     return Paginator(rows, TEAM_PAGE_SIZE).get_page(page), sort, descending, len(rows)
 
 
+def _team_credit_cached(*, team_id: int, since: datetime) -> TeamCredit:
+    """One team's credit and curve, cached TEAM_FIGURES_CACHE_SECONDS as the list's: each membership
+    period costs two pool scans (the hours of joining and leaving), so a team of thousands of periods
+    is computed once per interval, not at every view (docs/leaderboard.md#teams)."""
+    key = f"web:team-credit:{team_id}:{since:%Y%m%d%H}"
+    credit = cache.get(key)
+    if credit is None:
+        credit = _team_credit(team_id=team_id, since=since)
+        cache.set(key, credit, TEAM_FIGURES_CACHE_SECONDS)
+    return credit
+
+
 @dataclass
 class TeamDetail:
     team: Team
@@ -276,7 +288,7 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
     """One team's page: its figures, each current member's credit for it, its hourly curve."""
     now = timezone.now()
     start = (now - timedelta(days=TEAM_CURVE_DAYS)).replace(minute=0, second=0, microsecond=0)
-    credit = _team_credit(team_id=team.id, since=start)
+    credit = _team_credit_cached(team_id=team.id, since=start)
     hours = credit.hours
     m = credit.by_team.get(team.id, Measures())
     figures = TeamFigures(
@@ -297,6 +309,7 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
         rows.append(
             {
                 "user": membership.user,
+                "membership_id": membership.id,  # what the hand-over form names a member by: no account id
                 "joined_at": membership.joined_at,
                 "accepted": mine.accepted,
                 "verified_reward": mine.reward,
