@@ -98,6 +98,14 @@ def parse_args() -> argparse.Namespace:
         " comma-separated: each WebSocket path measured with each, in alternation (default: the server's)",
     )
     parser.add_argument(
+        "--synchronous-commit",
+        default="on",
+        choices=["on", "off", "both"],
+        help="the benchmark database's synchronous_commit (ALTER DATABASE, its own database only): on, each"
+        " acknowledged group waits for the disk, as the site runs; off, a crash may lose the last acknowledged"
+        " ones; both: each WebSocket path measured both ways, in alternation (what durability costs ingest)",
+    )
+    parser.add_argument(
         "--trees",
         default="",
         help="source trees the servers run (their platform/ and node_client/), comma-separated: each WebSocket"
@@ -500,16 +508,19 @@ def share_path(
     native: bool = True,
     batch: int | None = None,
     tree: int | None = None,
+    durable: bool = True,
 ) -> str:
     """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes,
     pinned to cores of their own or not, with the C extension's loops or their twins, with the
-    servers' SAPO_SHARE_BATCH or `batch`, running this tree or the `tree`-th of --trees."""
+    servers' SAPO_SHARE_BATCH or `batch`, running this tree or the `tree`-th of --trees, with commits
+    that wait for the disk (`durable`) or not."""
     return (
         f"{moderation}/{workers}"
         + ("/pinned" if pinned else "")
         + ("" if native else "/numpy")
         + ("" if batch is None else f"/batch{batch}")
         + ("" if tree is None else f"/tree{tree}")
+        + ("" if durable else "/async-commit")
     )
 
 
@@ -534,6 +545,7 @@ def path_label(path: str, trees: list[Path] | None = None) -> str:
     moderation, workers, *rest = path.split("/")
     label = f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
     label += (", pinned" if "pinned" in rest else "") + (", without C (SAPO_NATIVE=0)" if "numpy" in rest else "")
+    label += ", synchronous_commit off" if "async-commit" in rest else ""
     batch = path_batch(rest)
     if batch is not None:
         label += ", shares alone" if batch == 1 else f", up to {batch} shares together"
@@ -541,6 +553,19 @@ def path_label(path: str, trees: list[Path] | None = None) -> str:
     if tree is not None:
         label += f", tree {tree}" + (f" ({trees[tree]})" if trees else "")
     return label
+
+
+def set_synchronous_commit(args: argparse.Namespace, value: str) -> None:
+    """The benchmark database's default for the sessions its servers open next (never the server's)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}").format(
+                sql.Identifier(args.db_name), sql.Literal(value)
+            )
+        )
 
 
 def pinned_cores(workers: int) -> tuple[list[int], set[int]]:
@@ -565,18 +590,20 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
     natives = {"on": [True], "off": [False], "both": [True, False]}[args.native]
     batches = [int(b) for b in args.share_batch.split(",")] if args.share_batch else [None]
+    durables = {"on": [True], "off": [False], "both": [True, False]}[args.synchronous_commit]
     trees = server_trees(args)
     for tree in trees:
         if not (tree / "platform" / "config" / "asgi.py").is_file():
             raise SystemExit(f"--trees: {tree} holds no platform/config/asgi.py")
     shares = [
-        share_path(m, w, p, n, b, t)
+        share_path(m, w, p, n, b, t, d)
         for m in moderations
         for w in args.worker_counts
         for p in pins
         for n in natives
         for b in batches
         for t in (range(len(trees)) if trees else [None])
+        for d in durables
     ]
     paths = [*shares, "executemany", "COPY"]
     measures: dict[str, list[dict]] = {p: [] for p in paths}
@@ -593,6 +620,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                 # of four paths) would pass a node's hourly storage budget, 64 MiB, and be refused.
                 NodeStorageHour.objects.all().delete()
                 moderation, workers, *rest = path.split("/")
+                set_synchronous_commit(args, "off" if "async-commit" in rest else "on")
                 pinned = "pinned" in rest
                 ports = [free_port() for _ in range(int(workers))]
                 everywhere = os.sched_getaffinity(0)
