@@ -22,7 +22,7 @@ from common.errors import ApplicationError, NotFound
 from community import selectors
 from community.models import Membership
 from community.services import team_disband, team_edit, team_hand_over, team_join, team_moderate
-from moderation.services import contributor_ban
+from moderation.services import contributor_ban, node_ban
 from web import export, stats
 
 pytestmark = pytest.mark.django_db
@@ -192,3 +192,13 @@ def test_team_figures_are_cached_whatever_the_number_of_periods(client, user, ot
         f" (load average {os.getloadavg()[0]:.2f})"
     )
     assert scans[0] >= 1 and scans[1:] == [0, 0]
+
+
+def test_a_node_ban_leaves_the_published_files_at_once(client, user, published, django_capture_on_commit_callbacks):
+    node = published["node"]
+    assert node.id in [r["id"] for r in _served(client, "nodes.json.gz")["rows"]]
+    with django_capture_on_commit_callbacks(execute=True):
+        node_ban(actor=make_user(is_staff=True), node=node, reason="copies")
+    assert node.id not in [r["id"] for r in _served(client, "nodes.json.gz")["rows"]]
+    assert node.name not in _served(client, "nodes.csv.gz")
+    assert user.id in [r["id"] for r in _served(client, "contributors.json.gz")["rows"]]  # the contributor stays
