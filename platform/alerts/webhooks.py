@@ -1,8 +1,9 @@
 """Webhook delivery to a URL a contributor typed: untrusted, so guarded.
 
 - only http and https, no credentials in the URL, at most WEBHOOK_URL_MAX_LENGTH characters;
-- every address the host name resolves to must be public (`ipaddress.is_global`: no loopback,
-  private, link-local, shared, reserved or multicast range), checked when the URL is saved and again
+- every address the host name resolves to must be public (`address_is_public`: no loopback,
+  private, link-local, shared, reserved or multicast range, and an IPv6 address that carries an IPv4
+  one is judged by the IPv4 one or refused), checked when the URL is saved and again
   at each delivery, and the connection goes to the address that was checked (a second lookup could
   answer differently: DNS rebinding); https still verifies the certificate against the host name;
 - short timeouts, no redirects (http.client follows none; a 3xx is a failure), bounded retries on
@@ -83,13 +84,51 @@ def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     return [ipaddress.ip_network(n) for n in getattr(settings, "SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS", ())]
 
 
+#: Where the internet's IPv6 unicast addresses are (RFC 4291, 2000::/3); anything outside is refused.
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+#: IPv6 forms that carry an IPv4 address where it can be read: the embedded address is checked instead.
+#: Mapped ::ffff:a.b.c.d (RFC 4291), NAT64's well-known prefix (RFC 6052), 6to4 (RFC 3056).
+V4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+SIX_TO_FOUR = ipaddress.ip_network("2002::/16")
+#: IPv6 forms that carry an IPv4 address the site does not unwrap, refused whatever they carry:
+#: IPv4-compatible ::a.b.c.d (deprecated), IPv4-translated ::ffff:0:a.b.c.d (SIIT), local-use NAT64
+#: (RFC 8215: where the IPv4 address sits depends on the operator's prefix length), Teredo (RFC 4380:
+#: reached through a relay), and ranges in 2000::/3 that are no destination (documentation, SRv6).
+REFUSED_V6 = tuple(
+    ipaddress.ip_network(n)
+    for n in ("::/96", "::ffff:0:0:0/96", "64:ff9b:1::/48", "2001::/32", "3fff::/20", "5f00::/16")
+)
+
+
+def _ipv4_is_public(ip: ipaddress.IPv4Address) -> bool:
+    return ip.is_global and not ip.is_multicast
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a mapped, NAT64 (64:ff9b::/96) or 6to4 address carries; None for another form."""
+    if ip in V4_MAPPED:
+        return ip.ipv4_mapped
+    if ip in NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    if ip in SIX_TO_FOUR:
+        return ip.sixtofour
+    return None
+
+
 def address_is_public(address: str) -> bool:
+    """Whether the site may connect to `address`. IPv4: a global, non-multicast address. IPv6: one that
+    carries IPv4 (mapped, NAT64, 6to4) is judged by the IPv4 address it carries; any other must be
+    global unicast (2000::/3, `is_global`) outside REFUSED_V6."""
     ip = ipaddress.ip_address(address.split("%")[0])
     if any(ip in network for network in _allowed_networks()):
         return True
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
+    if isinstance(ip, ipaddress.IPv4Address):
+        return _ipv4_is_public(ip)
+    carried = embedded_ipv4(ip)
+    if carried is not None:
+        return _ipv4_is_public(carried)
+    return ip in GLOBAL_UNICAST_V6 and ip.is_global and not any(ip in network for network in REFUSED_V6)
 
 
 def resolve_target(url: str) -> Target:

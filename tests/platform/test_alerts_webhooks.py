@@ -126,6 +126,53 @@ def test_non_public_addresses_are_refused(address):
         webhooks.resolve_target(f"https://{host}/hook")
 
 
+#: IPv6 spellings that carry a loopback, private, link-local (the cloud metadata address) or otherwise
+#: unwrapped IPv4 address: each is refused when saved through the form and again at delivery.
+EMBEDDED_IPV4 = [
+    "64:ff9b::7f00:1",  # NAT64 well-known prefix, 127.0.0.1
+    "64:ff9b::a9fe:a9fe",  # NAT64, 169.254.169.254 (the metadata address on a NAT64 host)
+    "64:ff9b::a00:8",  # NAT64, 10.0.0.8
+    "64:ff9b:1::7f00:1",  # local-use NAT64: refused whatever it carries
+    "64:ff9b:1:5db8:d822::",  # local-use NAT64 carrying a public address: refused too
+    "2002:7f00:1::1",  # 6to4, 127.0.0.1
+    "2002:a9fe:a9fe::1",  # 6to4, 169.254.169.254
+    "2002:c0a8:101::1",  # 6to4, 192.168.1.1
+    "::7f00:1",  # IPv4-compatible, 127.0.0.1
+    "::a9fe:a9fe",  # IPv4-compatible, 169.254.169.254
+    "::5db8:d822",  # IPv4-compatible (deprecated), public: refused whatever it carries
+    "::ffff:7f00:1",  # IPv4-mapped, 127.0.0.1
+    "::ffff:a9fe:a9fe",  # IPv4-mapped, 169.254.169.254
+    "::ffff:0:7f00:1",  # IPv4-translated, 127.0.0.1
+    "::ffff:0:a9fe:a9fe",  # IPv4-translated, 169.254.169.254
+    "2001:0:a9fe:a9fe::",  # Teredo, server 169.254.169.254
+    "2001:0:5db8:d822::80ff:fffe",  # Teredo, public server, client 127.0.0.1 (obfuscated)
+    "fec0::1",  # site-local (deprecated), which ipaddress calls global
+    "3fff::1",  # documentation (RFC 9637)
+]
+
+
+@pytest.mark.parametrize("address", EMBEDDED_IPV4)
+def test_an_ipv6_form_carrying_a_non_public_address_is_refused_by_the_form(auth_client, user, address):
+    data = {"webhook_url": f"http://[{address}]:8080/hook", "silence_minutes": "30", "min_acceptance": "50"}
+    page = auth_client.post("/me/alerts/", data, follow=True).content.decode()
+    assert "resolves to an address that is not public" in page
+    assert not AlertSettings.objects.filter(user=user).exists()
+
+
+@pytest.mark.parametrize("address", EMBEDDED_IPV4)
+def test_an_ipv6_form_carrying_a_non_public_address_is_refused_at_delivery(address):
+    """A URL stored before the rule covered it is checked again before each delivery: no connection."""
+    node = _silent_node_with_webhook(f"http://[{address}]:8080/hook")
+    assert alerts_check().failed == 1
+    note = Alert.objects.get(node=node).raised_delivery
+    assert note.startswith("webhook failed: The webhook host") and "is not public" in note
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::5db8:d822", "2002:5db8:d822::1", "::ffff:5db8:d822"])
+def test_an_ipv6_form_carrying_a_public_address_passes_the_rule(address):
+    assert webhooks.address_is_public(address)  # 93.184.216.34, reached through NAT64, 6to4, mapped
+
+
 def test_public_addresses_pass_the_rule():
     assert webhooks.address_is_public("93.184.216.34") and webhooks.address_is_public("2606:4700::1111")
 
