@@ -70,3 +70,24 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.condition} on node {self.node_id} at {self.raised_at:%Y-%m-%d %H:%M}"
+
+
+class Channel(models.TextChoices):
+    EMAIL = "email", "Email"
+    WEBHOOK = "webhook", "Webhook POST"
+    CONFIRMATION = "confirmation", "Confirmation email"
+
+
+class Transmission(models.Model):
+    """One email or one webhook POST (a retry is another) sent, or reserved to be sent, to a contributor's
+    address: what the daily caps count (docs/leaderboard.md, "Alerts"). Rows older than a day are pruned."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "channel", "at"], name="alerts_transmission_user")]
+
+    def __str__(self) -> str:
+        return f"{self.channel} to {self.user_id} at {self.at:%Y-%m-%d %H:%M}"

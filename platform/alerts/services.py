@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from alerts import webhooks
-from alerts.models import Alert, AlertSettings, Condition
+from alerts.models import Alert, AlertSettings, Channel, Condition, Transmission
 from common.errors import ApplicationError
 from nodes.models import Node, NodeToken
 from pool.models import NodeVerdictCounts, Rollout, Verdict
@@ -62,7 +62,8 @@ def alert_settings_update(
     """Save the contributor's settings; returns (settings, the new webhook secret or None).
 
     A secret is made when a webhook URL is first set (shown once by the caller); changing the URL
-    keeps it. The URL is checked now (form and resolved addresses) and again at every delivery."""
+    keeps it. The URL is stored in ASCII (webhooks.normalise_url) and checked now (form and resolved
+    addresses) and again at every delivery; a refused one raises WebhookRefused, field webhook_url."""
     email, webhook_url = email.strip(), webhook_url.strip()
     if email:
         try:
@@ -70,6 +71,7 @@ def alert_settings_update(
         except ValidationError as exc:
             raise ApplicationError("email_invalid", "Enter a valid email address, or leave it empty.") from exc
     if webhook_url:
+        webhook_url = webhooks.normalise_url(webhook_url)
         webhooks.resolve_target(webhook_url)
     if not 1 <= silence_minutes <= 24 * 60:
         raise ApplicationError("silence_invalid", "Silence must be between 1 and 1440 minutes.")
@@ -164,21 +166,27 @@ def _conditions(
 def alerts_check(*, now: datetime | None = None) -> CheckResult:
     """Raise and clear alerts for every contributor with alerts on, then send the messages.
 
-    One check at a time (a PostgreSQL advisory lock, held across the deliveries, which run outside
-    any transaction): a second check meanwhile returns at once, so no alert is cleared and announced
-    twice."""
+    One check decides at a time: a PostgreSQL advisory lock is held while it raises and clears alerts
+    and reserves its messages' share of the daily caps (Transmission rows), and released before any
+    message is sent, so a receiver that takes its whole deadline holds no lock; a second check
+    meanwhile returns at once, so no alert is cleared and announced twice."""
+    now = now or timezone.now()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])
         if not cursor.fetchone()[0]:
             return CheckResult(0, 0, 0, 0, 0)
     try:
-        return _check(now or timezone.now())
+        raised, cleared, messages, prefs_by_user = _check(now)
+        outgoing = _reserve(messages, prefs_by_user, now)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+    sent, capped, failed = _send_all(outgoing)
+    return CheckResult(raised, cleared, sent, capped, failed)
 
 
-def _check(now: datetime) -> CheckResult:
+def _check(now: datetime) -> tuple[int, int, list[Message], dict[int, AlertSettings]]:
+    """The alerts raised and cleared now: (raised, cleared, their messages, the settings by user)."""
     prefs_by_user = {
         p.user_id: p for p in AlertSettings.objects.filter(~Q(email="") | ~Q(webhook_url="")).select_related("user")
     }
@@ -230,8 +238,7 @@ def _check(now: datetime) -> CheckResult:
                 current.save(update_fields=["cleared_at"])
                 cleared += 1
                 messages.append(Message(current, recovered=True))
-    sent, capped, failed = _send_all(messages, prefs_by_user, now)
-    return CheckResult(raised, cleared, sent, capped, failed)
+    return raised, cleared, messages, prefs_by_user
 
 
 def _raise(node: Node, condition: str, detail: str, now: datetime) -> Alert | None:
@@ -248,47 +255,67 @@ def _raise(node: Node, condition: str, detail: str, now: datetime) -> Alert | No
 # ---------------------------------------------------------------------------- delivery
 
 
-def _sent_today(user_id: int, now: datetime) -> int:
-    """Messages that reached the contributor in the last 24 hours (a raise and its clearing are two)."""
+def _reserve(messages: list[Message], prefs_by_user: dict[int, AlertSettings], now: datetime) -> list[_Outgoing]:
+    """Each message with what it may send under its contributor's daily caps, reserved as Transmission rows
+    (a concurrent check counts them): an email, and a first POST, for each message in turn while the cap
+    lasts, then retries (up to webhooks.BACKOFF's count each) from what is left."""
+    Transmission.objects.filter(at__lt=now - timedelta(days=1)).delete()
     since = now - timedelta(days=1)
-    alerts = Alert.objects.filter(user_id=user_id)
-    return (
-        alerts.filter(raised_sent=True, raised_at__gte=since).count()
-        + alerts.filter(cleared_sent=True, cleared_at__gte=since).count()
-    )
+    left: dict[tuple[int, str], int] = {}
+
+    def take(user_id: int, channel: str, wanted: int) -> int:
+        key = (user_id, channel)
+        if key not in left:
+            used = Transmission.objects.filter(user_id=user_id, channel=channel, at__gte=since).count()
+            left[key] = max(0, settings.SAPO_ALERT_DAILY_CAP - used)
+        granted = min(wanted, left[key])
+        left[key] -= granted
+        return granted
+
+    plans = []
+    for message in messages:
+        prefs = prefs_by_user[message.alert.user_id]
+        emails = take(prefs.user_id, Channel.EMAIL, 1) if prefs.email else 0
+        posts = take(prefs.user_id, Channel.WEBHOOK, 1) if prefs.webhook_url else 0
+        plans.append([message, prefs, emails, posts])
+    for plan in plans:
+        if plan[3]:
+            plan[3] += take(plan[1].user_id, Channel.WEBHOOK, len(webhooks.BACKOFF))
+    outgoing = []
+    for message, prefs, emails, posts in plans:
+        rows = Transmission.objects.bulk_create(
+            [Transmission(user_id=prefs.user_id, channel=Channel.EMAIL, at=now) for _ in range(emails)]
+            + [Transmission(user_id=prefs.user_id, channel=Channel.WEBHOOK, at=now) for _ in range(posts)]
+        )
+        outgoing.append(_outgoing(message, prefs, emails=emails, posts=posts, reserved=[r.id for r in rows]))
+    return outgoing
 
 
-def _send_all(messages: list[Message], prefs_by_user: dict[int, AlertSettings], now: datetime) -> tuple[int, int, int]:
-    """Send the messages not over their contributor's daily cap, SAPO_ALERT_SEND_THREADS at a time (a
-    receiver that takes its webhook's whole deadline holds up no one else's message), and record on each
-    alert how its message went."""
-    budget: dict[int, int] = {}
-    outgoing: dict[int, _Outgoing] = {}
-    for i, message in enumerate(messages):
-        user_id = message.alert.user_id
-        if user_id not in budget:
-            budget[user_id] = settings.SAPO_ALERT_DAILY_CAP - _sent_today(user_id, now)
-        if budget[user_id] > 0:
-            budget[user_id] -= 1
-            outgoing[i] = _outgoing(message, prefs_by_user[user_id])  # here: it reads the database
+def _send_all(outgoing: list[_Outgoing]) -> tuple[int, int, int]:
+    """Send the messages, SAPO_ALERT_SEND_THREADS at a time (a receiver that takes its webhook's whole
+    deadline holds up no one else's message), record on each alert how its message went, and give back
+    the reservations a message did not use."""
     with ThreadPoolExecutor(max_workers=max(1, settings.SAPO_ALERT_SEND_THREADS)) as pool:
-        results = dict(zip(outgoing, pool.map(_transmit, outgoing.values()), strict=True))
+        results = list(pool.map(_transmit, outgoing))
     sent = capped = failed = 0
-    for i, message in enumerate(messages):
-        if i in results:
-            note, ok = results[i]
-            sent += ok
-            failed += not ok
-        else:
-            note, ok = "capped (daily limit reached)", False
+    unused: list[int] = []
+    for out, result in zip(outgoing, results, strict=True):
+        if not out.emails and not out.posts:
             capped += 1
-        alert = message.alert
-        if message.recovered:
-            alert.cleared_delivery, alert.cleared_sent = note[:300], ok
+        elif result.arrived:
+            sent += 1
+        else:
+            failed += 1
+        emails_reserved, posts_reserved = out.reserved[: out.emails], out.reserved[out.emails :]
+        unused += emails_reserved[result.emails :] + posts_reserved[result.posts :]
+        alert, note = out.message.alert, result.note[:300]
+        if out.message.recovered:
+            alert.cleared_delivery, alert.cleared_sent = note, result.arrived
             alert.save(update_fields=["cleared_delivery", "cleared_sent"])
         else:
-            alert.raised_delivery, alert.raised_sent = note[:300], ok
+            alert.raised_delivery, alert.raised_sent = note, result.arrived
             alert.save(update_fields=["raised_delivery", "raised_sent"])
+    Transmission.objects.filter(id__in=unused).delete()
     return sent, capped, failed
 
 
@@ -322,36 +349,72 @@ def alert_payload(alert: Alert, *, recovered: bool) -> bytes:
 
 @dataclass(frozen=True)
 class _Outgoing:
-    """One message as its channels carry it, made before sending (the send threads touch no database)."""
+    """One message as its channels carry it, made before sending (the send threads touch no database),
+    with what the daily caps let it send: `emails` (0 or 1) and `posts` (webhook POSTs, retries included)."""
 
-    alert_id: int
+    message: Message
     email: str
     subject: str
     text: str
     webhook_url: str
     webhook_secret: str
     payload: bytes
+    emails: int
+    posts: int
+    #: Transmission ids reserved for it: the emails', then the posts'.
+    reserved: list[int]
 
 
-def _outgoing(message: Message, prefs: AlertSettings) -> _Outgoing:
+@dataclass(frozen=True)
+class _Result:
+    note: str
+    arrived: bool
+    emails: int
+    posts: int
+
+
+def _outgoing(message: Message, prefs: AlertSettings, *, emails: int, posts: int, reserved: list[int]) -> _Outgoing:
     subject, text = alert_text(message.alert, recovered=message.recovered)
     payload = alert_payload(message.alert, recovered=message.recovered) if prefs.webhook_url else b""
-    return _Outgoing(message.alert.id, prefs.email, subject, text, prefs.webhook_url, prefs.webhook_secret, payload)
+    return _Outgoing(
+        message, prefs.email, subject, text, prefs.webhook_url, prefs.webhook_secret, payload, emails, posts, reserved
+    )
 
 
-def _transmit(out: _Outgoing) -> tuple[str, bool]:
-    """Send one message by every channel the contributor set; (what happened, whether any arrived)."""
-    notes, arrived = [], False
+def _transmit(out: _Outgoing) -> _Result:
+    """Send one message by every channel the contributor set and the caps allow. Whatever one channel
+    raises is caught and noted here, for this message alone: the others are still sent and recorded."""
+    notes, arrived, emails, posts = [], False, 0, 0
     if out.email:
-        try:
-            send_mail(out.subject, out.text, None, [out.email], fail_silently=False)
-            notes.append("email")
-            arrived = True
-        except (OSError, ValueError) as exc:  # smtplib's errors are OSErrors
-            log.warning("alert %s: email failed: %s", out.alert_id, exc)
-            notes.append(f"email failed: {type(exc).__name__}")
+        if not out.emails:
+            notes.append("email " + webhooks.CAPPED)
+        else:
+            emails = 1
+            try:
+                send_mail(out.subject, out.text, None, [out.email], fail_silently=False)
+                notes.append("email")
+                arrived = True
+            except Exception as exc:  # smtplib's errors, a bad header, anything else: this message's failure
+                log.warning("alert %s: email failed: %s: %s", out.message.alert.id, type(exc).__name__, exc)
+                notes.append(f"email failed: {type(exc).__name__}")
     if out.webhook_url:
-        failure = webhooks.deliver(out.webhook_url, out.webhook_secret, out.payload)
-        notes.append(f"webhook failed: {failure}" if failure else "webhook")
-        arrived = arrived or not failure
-    return ", ".join(notes), arrived
+        if not out.posts:
+            notes.append("webhook " + webhooks.CAPPED)
+        else:
+
+            def may_post() -> bool:
+                nonlocal posts
+                posts += 1
+                return posts <= out.posts
+
+            try:
+                failure = webhooks.deliver(out.webhook_url, out.webhook_secret, out.payload, may_post=may_post)
+            except Exception as exc:  # anything a receiver or a stored URL can provoke: this message's failure
+                log.warning("alert %s: webhook failed: %s: %s", out.message.alert.id, type(exc).__name__, exc)
+                failure = f"{type(exc).__name__}: {exc}"[:200]
+            posts = min(posts, out.posts)
+            notes.append(f"webhook failed: {failure}" if failure else "webhook")
+            arrived = arrived or not failure
+    if not out.emails and not out.posts:
+        return _Result(webhooks.CAPPED, False, 0, 0)
+    return _Result(", ".join(notes), arrived, emails, posts)

@@ -30,9 +30,10 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from django.conf import settings
 
@@ -45,10 +46,10 @@ MAX_BODY_READ = 1024
 
 
 class WebhookRefused(ApplicationError):
-    """The URL is not one the site may call."""
+    """The URL is not one the site may call; `field` names the form field (for the API's JSON too)."""
 
     def __init__(self, message: str, code: str = "webhook_refused") -> None:
-        super().__init__(code, message)
+        super().__init__(code, message, extra={"field": "webhook_url"})
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,17 @@ class Target:
     addresses: tuple[str, ...]
 
 
-def check_url_form(url: str) -> None:
-    """What the URL says by itself: scheme, host, port, no credentials. Raises WebhookRefused."""
+#: Characters a URL's path and query keep as they are; any other (non-ASCII above all) is %-encoded.
+_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"
+
+
+def normalise_url(url: str) -> str:
+    """The URL in ASCII, as it is stored and requested: the host IDNA-encoded, the path and query
+    %-encoded as UTF-8 (a %XX already there is kept), no fragment. Raises WebhookRefused (code
+    webhook_invalid) for a URL the site does not call."""
     if len(url) > WEBHOOK_URL_MAX_LENGTH:
         raise WebhookRefused(f"The webhook URL has more than {WEBHOOK_URL_MAX_LENGTH} characters.", "webhook_invalid")
-    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+    if any(ord(c) < 33 or 127 <= ord(c) < 160 or c in "\u2028\u2029\ufeff" for c in url):
         raise WebhookRefused("The webhook URL contains spaces or control characters.", "webhook_invalid")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
@@ -76,8 +83,26 @@ def check_url_form(url: str) -> None:
         port = parts.port
     except ValueError as exc:
         raise WebhookRefused("The webhook URL's port is not a number from 1 to 65535.", "webhook_invalid") from exc
-    if not parts.hostname or port == 0:
+    host = parts.hostname
+    if not host or port == 0:
         raise WebhookRefused("The webhook URL has no host.", "webhook_invalid")
+    if ":" in host:
+        host = f"[{host}]"
+    elif not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise WebhookRefused("The webhook URL's host is not a valid domain name.", "webhook_invalid") from exc
+    if not host.isascii():
+        raise WebhookRefused("The webhook URL's host is not a valid domain name.", "webhook_invalid")
+    netloc = host + (f":{port}" if port else "")
+    path, query = quote(parts.path, safe=_URL_SAFE), quote(parts.query, safe=_URL_SAFE)
+    normal = urlunsplit((parts.scheme, netloc, path, query, ""))
+    if len(normal) > WEBHOOK_URL_MAX_LENGTH:
+        raise WebhookRefused(
+            f"The webhook URL has more than {WEBHOOK_URL_MAX_LENGTH} characters once encoded.", "webhook_invalid"
+        )
+    return normal
 
 
 def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -132,9 +157,8 @@ def address_is_public(address: str) -> bool:
 
 
 def resolve_target(url: str) -> Target:
-    """The URL's parts and its host's addresses, every one of them public. Raises WebhookRefused."""
-    check_url_form(url)
-    parts = urlsplit(url)
+    """The (normalised) URL's parts and its host's addresses, every one of them public. Raises WebhookRefused."""
+    parts = urlsplit(normalise_url(url))
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
@@ -215,11 +239,16 @@ def _post_once(target: Target, address: str, headers: dict[str, str], body: byte
         conn.close()
 
 
-def deliver(url: str, secret: str, body: bytes) -> str:
+CAPPED = "capped (daily limit reached)"
+
+
+def deliver(url: str, secret: str, body: bytes, *, may_post: Callable[[], bool] = lambda: True) -> str:
     """POST `body` to `url`, signed; returns "" on a 2xx answer, else why it failed (after retries).
 
-    A refused target is not retried; nor is a 3xx (not followed) or 4xx answer. Whatever the receiver
-    does, it ends within SAPO_ALERT_WEBHOOK_DEADLINE seconds of the first connection."""
+    A refused target is not retried; nor is a 3xx (not followed) or 4xx answer. `may_post` is asked
+    before every POST, retries included (the daily cap counts each one): when it says no, the delivery
+    ends there (CAPPED if nothing was posted). Whatever the receiver does, it ends within
+    SAPO_ALERT_WEBHOOK_DEADLINE seconds of the first connection."""
     try:
         target = resolve_target(url)
     except WebhookRefused as exc:
@@ -244,6 +273,8 @@ def deliver(url: str, secret: str, body: bytes) -> str:
         for address in target.addresses:
             if time.monotonic() >= ends:
                 return out_of_time
+            if not may_post():
+                return failure or CAPPED
             try:
                 status = _post_once(target, address, headers, body, timeout, ends)
             except (OSError, http.client.HTTPException) as exc:  # refused, timed out, TLS, bad answer, cut
