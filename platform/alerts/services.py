@@ -19,14 +19,19 @@ still listed on /me/, its delivery "capped").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
+import unicodedata
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
@@ -37,7 +42,7 @@ from django.utils import timezone
 from accounts.models import User
 from alerts import webhooks
 from alerts.models import Alert, AlertSettings, Channel, Condition, Transmission
-from common.errors import ApplicationError
+from common.errors import ApplicationError, RateLimited
 from nodes.models import Node, NodeToken
 from pool.models import NodeVerdictCounts, Rollout, Verdict
 
@@ -57,19 +62,30 @@ _LOCK_KEY = 0x5A90_A1E7  # pg advisory lock id of the alerts check
 
 
 def alert_settings_update(
-    *, user: User, email: str, webhook_url: str, silence_minutes: int, min_acceptance: float
+    *,
+    user: User,
+    email: str,
+    webhook_url: str,
+    silence_minutes: int,
+    min_acceptance: float,
+    confirm_link: Callable[[str], str] | None = None,
 ) -> tuple[AlertSettings, str | None]:
     """Save the contributor's settings; returns (settings, the new webhook secret or None).
 
     A secret is made when a webhook URL is first set (shown once by the caller); changing the URL
     keeps it. The URL is stored in ASCII (webhooks.normalise_url) and checked now (form and resolved
-    addresses) and again at every delivery; a refused one raises WebhookRefused, field webhook_url."""
+    addresses) and again at every delivery; a refused one raises WebhookRefused, field webhook_url.
+    A new email address is unconfirmed: nothing goes to it until the link sent to it (when
+    `confirm_link` builds the page's address from a token, and the limits allow) is followed; the
+    returned row's `email_confirmation_sent_at` says whether one went now."""
     email, webhook_url = email.strip(), webhook_url.strip()
     if email:
         try:
             validate_email(email)
         except ValidationError as exc:
-            raise ApplicationError("email_invalid", "Enter a valid email address, or leave it empty.") from exc
+            raise ApplicationError(
+                "email_invalid", "Enter a valid email address, or leave it empty.", extra={"field": "email"}
+            ) from exc
     if webhook_url:
         webhook_url = webhooks.normalise_url(webhook_url)
         webhooks.resolve_target(webhook_url)
@@ -81,10 +97,104 @@ def alert_settings_update(
     new_secret = None
     if webhook_url and not row.webhook_secret:
         new_secret = row.webhook_secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    if email != row.email:
+        row.email_confirmed_at = row.email_confirmation_sent_at = None
     row.email, row.webhook_url = email, webhook_url
     row.silence_minutes, row.min_acceptance = silence_minutes, min_acceptance
     row.save()
+    if row.email and row.email_confirmed_at is None and row.email_confirmation_sent_at is None and confirm_link:
+        with suppress(RateLimited):  # saved all the same; /me/ offers to send the link again
+            alert_email_confirmation_send(user=user, confirm_link=confirm_link)
+            row.refresh_from_db()
     return row, new_secret
+
+
+# ---------------------------------------------------------------------------- email confirmation
+
+CONFIRM_SALT = "alerts.email-confirmation"
+#: How long a confirmation link works.
+CONFIRM_MAX_AGE = timedelta(hours=48)
+#: Confirmation emails per account, and per address (whatever accounts ask), in 24 hours.
+CONFIRMATIONS_PER_DAY = 3
+
+
+def _address_hash(email: str) -> str:
+    return hashlib.sha256(email.strip().lower().encode()).hexdigest()
+
+
+def confirmation_text(link: str) -> tuple[str, str]:
+    """(subject, body) of the confirmation email: nothing in it comes from the account that asked."""
+    hours = int(CONFIRM_MAX_AGE.total_seconds() // 3600)
+    return (
+        "[SAPO Swarm] Confirm alert emails",
+        "Someone with an account on SAPO Swarm asked for alerts about their nodes to be sent to this "
+        f"address. To receive them, open this link within {hours} hours and confirm:\n\n{link}\n\n"
+        "If it was not you, ignore this email: nothing more is sent to this address unless the link is followed.",
+    )
+
+
+def alert_email_confirmation_send(*, user: User, confirm_link: Callable[[str], str]) -> AlertSettings:
+    """Send a confirmation link to the contributor's unconfirmed address. Raises ApplicationError
+    (no_email, already_confirmed) or RateLimited (CONFIRMATIONS_PER_DAY per account or per address)."""
+    row = AlertSettings.objects.filter(user=user).first()
+    if row is None or not row.email:
+        raise ApplicationError("no_email", "Set an email address first.", extra={"field": "email"})
+    if row.email_confirmed_at is not None:
+        raise ApplicationError("already_confirmed", "This address is confirmed already.")
+    now = timezone.now()
+    since, address = now - timedelta(days=1), _address_hash(row.email)
+    recent = Transmission.objects.filter(channel=Channel.CONFIRMATION, at__gte=since)
+    earliest = [
+        recent.filter(user=user).order_by("at").values_list("at", flat=True)[:CONFIRMATIONS_PER_DAY],
+        recent.filter(address_hash=address).order_by("at").values_list("at", flat=True)[:CONFIRMATIONS_PER_DAY],
+    ]
+    for times in map(list, earliest):
+        if len(times) >= CONFIRMATIONS_PER_DAY:
+            retry = max(1, int((times[0] + timedelta(days=1) - now).total_seconds()))
+            raise RateLimited(
+                f"At most {CONFIRMATIONS_PER_DAY} confirmation emails a day: try again in {retry // 3600 + 1} hours.",
+                retry_after=retry,
+                code="confirmation_limited",
+            )
+    token = signing.dumps({"u": user.pk, "e": row.email}, salt=CONFIRM_SALT)
+    Transmission.objects.create(user=user, channel=Channel.CONFIRMATION, at=now, address_hash=address)
+    subject, body = confirmation_text(confirm_link(token))
+    send_mail(subject, body, None, [row.email], fail_silently=False)
+    row.email_confirmation_sent_at = now
+    row.save(update_fields=["email_confirmation_sent_at", "updated_at"])
+    return row
+
+
+def alert_email_confirmation_read(*, token: str) -> AlertSettings:
+    """The settings a confirmation token is for, while it is valid and the address unchanged.
+    Raises ApplicationError: confirmation_expired, confirmation_invalid."""
+    try:
+        data = signing.loads(token, salt=CONFIRM_SALT, max_age=CONFIRM_MAX_AGE)
+    except signing.SignatureExpired as exc:
+        raise ApplicationError(
+            "confirmation_expired", "This confirmation link has expired: send a new one from your page."
+        ) from exc
+    except signing.BadSignature as exc:
+        raise ApplicationError("confirmation_invalid", "This confirmation link is not valid.") from exc
+    row = (
+        AlertSettings.objects.filter(user_id=data.get("u"), email=data.get("e")).first()
+        if isinstance(data, dict)
+        else None
+    )
+    if row is None or not row.email:
+        raise ApplicationError(
+            "confirmation_invalid", "This confirmation link is for an address no longer set: nothing to confirm."
+        )
+    return row
+
+
+def alert_email_confirm(*, token: str) -> AlertSettings:
+    """Confirm the address the token names (see alert_email_confirmation_read); alerts go to it from now on."""
+    row = alert_email_confirmation_read(token=token)
+    if row.email_confirmed_at is None:
+        row.email_confirmed_at = timezone.now()
+        row.save(update_fields=["email_confirmed_at", "updated_at"])
+    return row
 
 
 def alert_secret_rotate(*, user: User) -> str:
@@ -188,7 +298,10 @@ def alerts_check(*, now: datetime | None = None) -> CheckResult:
 def _check(now: datetime) -> tuple[int, int, list[Message], dict[int, AlertSettings]]:
     """The alerts raised and cleared now: (raised, cleared, their messages, the settings by user)."""
     prefs_by_user = {
-        p.user_id: p for p in AlertSettings.objects.filter(~Q(email="") | ~Q(webhook_url="")).select_related("user")
+        p.user_id: p
+        for p in AlertSettings.objects.filter(
+            Q(email_confirmed_at__isnull=False) & ~Q(email="") | ~Q(webhook_url="")
+        ).select_related("user")
     }
     nodes = list(Node.objects.filter(owner_id__in=prefs_by_user, retired_at__isnull=True).select_related("owner"))
     ids = [n.id for n in nodes]
@@ -275,7 +388,7 @@ def _reserve(messages: list[Message], prefs_by_user: dict[int, AlertSettings], n
     plans = []
     for message in messages:
         prefs = prefs_by_user[message.alert.user_id]
-        emails = take(prefs.user_id, Channel.EMAIL, 1) if prefs.email else 0
+        emails = take(prefs.user_id, Channel.EMAIL, 1) if _confirmed_email(prefs) else 0
         posts = take(prefs.user_id, Channel.WEBHOOK, 1) if prefs.webhook_url else 0
         plans.append([message, prefs, emails, posts])
     for plan in plans:
@@ -319,15 +432,27 @@ def _send_all(outgoing: list[_Outgoing]) -> tuple[int, int, int]:
     return sent, capped, failed
 
 
+#: Characters of a node's name an alert's body keeps.
+NAME_IN_BODY = 40
+
+
+def node_label(node: Node) -> str:
+    """The node's name for an alert's body: printable characters only, one line, at most NAME_IN_BODY."""
+    name = " ".join("".join(c for c in node.name if unicodedata.category(c)[0] not in "CZ" or c == " ").split())
+    return name if len(name) <= NAME_IN_BODY else name[: NAME_IN_BODY - 1] + "…"
+
+
 def alert_text(alert: Alert, *, recovered: bool) -> tuple[str, str]:
-    """(subject, body) of the message about `alert`."""
+    """(subject, body) of the message about `alert`. The subject names the node by its id, never by the
+    name its owner typed; the body gives the name too, cleaned and bounded (node_label)."""
     label = Condition(alert.condition).label.lower()
+    node = f"node {alert.node_id} ({node_label(alert.node)})"
     if recovered:
-        subject = f"[SAPO Swarm] {alert.node.name}: recovered ({label})"
-        body = f"Your node {alert.node.name} recovered: {label} since {alert.raised_at:%Y-%m-%d %H:%M} UTC, cleared {alert.cleared_at:%Y-%m-%d %H:%M} UTC."
+        subject = f"[SAPO Swarm] node {alert.node_id}: recovered ({label})"
+        body = f"Your {node} recovered: {label} since {alert.raised_at:%Y-%m-%d %H:%M} UTC, cleared {alert.cleared_at:%Y-%m-%d %H:%M} UTC."
     else:
-        subject = f"[SAPO Swarm] {alert.node.name}: {label}"
-        body = f"Your node {alert.node.name}: {alert.detail}"
+        subject = f"[SAPO Swarm] node {alert.node_id}: {label}"
+        body = f"Your {node}: {alert.detail}"
     return subject, body + "\n\nAlerts and their settings: your page on the site (/me/)."
 
 
@@ -373,11 +498,17 @@ class _Result:
     posts: int
 
 
+def _confirmed_email(prefs: AlertSettings) -> str:
+    """The address alerts may go to: the contributor's, once confirmed; else none."""
+    return prefs.email if prefs.email and prefs.email_confirmed_at is not None else ""
+
+
 def _outgoing(message: Message, prefs: AlertSettings, *, emails: int, posts: int, reserved: list[int]) -> _Outgoing:
     subject, text = alert_text(message.alert, recovered=message.recovered)
     payload = alert_payload(message.alert, recovered=message.recovered) if prefs.webhook_url else b""
+    email = _confirmed_email(prefs)
     return _Outgoing(
-        message, prefs.email, subject, text, prefs.webhook_url, prefs.webhook_secret, payload, emails, posts, reserved
+        message, email, subject, text, prefs.webhook_url, prefs.webhook_secret, payload, emails, posts, reserved
     )
 
 
