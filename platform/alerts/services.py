@@ -368,6 +368,16 @@ def _raise(node: Node, condition: str, detail: str, now: datetime) -> Alert | No
 # ---------------------------------------------------------------------------- delivery
 
 
+@dataclass
+class _Plan:
+    """What one message may send: `emails` (0 or 1) and `posts` (webhook POSTs, retries included)."""
+
+    message: Message
+    prefs: AlertSettings
+    emails: int
+    posts: int
+
+
 def _reserve(messages: list[Message], prefs_by_user: dict[int, AlertSettings], now: datetime) -> list[_Outgoing]:
     """Each message with what it may send under its contributor's daily caps, reserved as Transmission rows
     (a concurrent check counts them): an email, and a first POST, for each message in turn while the cap
@@ -390,17 +400,20 @@ def _reserve(messages: list[Message], prefs_by_user: dict[int, AlertSettings], n
         prefs = prefs_by_user[message.alert.user_id]
         emails = take(prefs.user_id, Channel.EMAIL, 1) if _confirmed_email(prefs) else 0
         posts = take(prefs.user_id, Channel.WEBHOOK, 1) if prefs.webhook_url else 0
-        plans.append([message, prefs, emails, posts])
+        plans.append(_Plan(message, prefs, emails, posts))
     for plan in plans:
-        if plan[3]:
-            plan[3] += take(plan[1].user_id, Channel.WEBHOOK, len(webhooks.BACKOFF))
+        if plan.posts:
+            plan.posts += take(plan.prefs.user_id, Channel.WEBHOOK, len(webhooks.BACKOFF))
     outgoing = []
-    for message, prefs, emails, posts in plans:
+    for plan in plans:
+        user_id = plan.prefs.user_id
         rows = Transmission.objects.bulk_create(
-            [Transmission(user_id=prefs.user_id, channel=Channel.EMAIL, at=now) for _ in range(emails)]
-            + [Transmission(user_id=prefs.user_id, channel=Channel.WEBHOOK, at=now) for _ in range(posts)]
+            [Transmission(user_id=user_id, channel=Channel.EMAIL, at=now) for _ in range(plan.emails)]
+            + [Transmission(user_id=user_id, channel=Channel.WEBHOOK, at=now) for _ in range(plan.posts)]
         )
-        outgoing.append(_outgoing(message, prefs, emails=emails, posts=posts, reserved=[r.id for r in rows]))
+        outgoing.append(
+            _outgoing(plan.message, plan.prefs, emails=plan.emails, posts=plan.posts, reserved=[r.id for r in rows])
+        )
     return outgoing
 
 
