@@ -164,6 +164,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from sapo_node.checkpoint import CheckpointError
     from sapo_node.loop import run  # torch and transformers load only when a run starts
 
     try:
@@ -173,7 +174,11 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sapo-node run: error: {exc}", file=sys.stderr)
         return 2
-    result = run(config)
+    try:
+        result = run(config)
+    except CheckpointError as exc:
+        print(f"sapo-node run: error: {exc}", file=sys.stderr)
+        return 2
     if result.interrupted:
         print(f"stopped after round {result.last_round}; continue with: sapo-node run --resume --out {result.out}")
         return 130

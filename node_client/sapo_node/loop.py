@@ -28,7 +28,7 @@ import torch
 from sapo_node import __version__
 from sapo_node.assemble import assemble
 from sapo_node.baseline import OwnBaseline
-from sapo_node.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoint, restore_checkpoint, save_checkpoint
 from sapo_node.config import NodeConfig
 from sapo_node.generate import generate_completions, pad_id
 from sapo_node.grpo import grpo_update, make_optimizer
@@ -116,6 +116,9 @@ def start_node(
         reference = copy.deepcopy(model) if policy is not None else load_model(config)[0]
         reference.requires_grad_(False)
     optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
+    # Read (and check) the checkpoint before saying hello: one that cannot be read safely stops here.
+    found = latest_checkpoint(out) if config.resume else None
+    checkpoint = read_checkpoint(found, next(model.parameters()).device) if found is not None else None
 
     # ---- the swarm: say hello, take its catalogue if it answers in time
     owns_transport = transport is None
@@ -128,9 +131,8 @@ def start_node(
 
     last = 0
     if config.resume:
-        found = latest_checkpoint(out)
-        if found is not None:
-            last = load_checkpoint(found, state)
+        if checkpoint is not None:
+            last = restore_checkpoint(checkpoint, state)
         print(
             f"resumed from {found} (round {last})" if found else f"no checkpoint in {out}: starting at round 1",
             flush=True,
