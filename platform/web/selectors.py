@@ -24,6 +24,7 @@ from nodes.presence import connected_among, connected_filter, with_connected
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
+from swarms.models import Swarm
 from web.arms import NodeHourCell, arm_of, compare_arms
 from web.models import DatasetHour, NodeHour, NodeStats
 from web.stats import (
@@ -318,7 +319,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
         node_id__in=active_node_ids(now - recent_window), created_at__gte=now - recent_window
     ).count()
     window = current_limits().sample_window_seconds
-    pool_size = _pool_size(now - timedelta(seconds=window))
+    pool_size = _pool_size(now - timedelta(seconds=window), Swarm.objects.values_list("id", flat=True))
 
     curve_start = (now - timedelta(hours=SWARM_CURVE_HOURS)).replace(minute=0, second=0, microsecond=0)
     accuracy_start = now - timedelta(days=ACCURACY_DAYS)
@@ -395,17 +396,23 @@ def node_arms(node_ids: set[int]) -> dict[int, str | None]:
     return {node_id: arm_of(figures) for node_id, figures in rows.values_list("id", "figures")}
 
 
-def _pool_size(cutoff: datetime) -> int:
-    """Sampleable groups inside the window. Exact (an index count) while the window's range of
-    sample numbers is small; above POOL_COUNT_EXACT_BELOW, that range itself: two index lookups, an
-    upper bound off by the groups moderated out since (their numbers leave holes)."""
-    window = sample_window(cutoff)
-    if window is None:
-        return 0
-    lo, hi = window
-    if hi - lo + 1 > POOL_COUNT_EXACT_BELOW:
-        return hi - lo + 1
-    return Rollout.objects.filter(sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo).count()
+def _pool_size(cutoff: datetime, swarm_ids: Collection[int]) -> int:
+    """Sampleable groups inside the window of these swarms. Per swarm, exact (an index count) while
+    the window's range of sample numbers is small; above POOL_COUNT_EXACT_BELOW, that range itself: two
+    index lookups, an upper bound off by the groups moderated out since (their numbers leave holes)."""
+    size = 0
+    for swarm_id in swarm_ids:
+        window = sample_window(cutoff, swarm_id)
+        if window is None:
+            continue
+        lo, hi = window
+        if hi - lo + 1 > POOL_COUNT_EXACT_BELOW:
+            size += hi - lo + 1
+        else:
+            size += Rollout.objects.filter(
+                swarm_id=swarm_id, sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo
+            ).count()
+    return size
 
 
 def aha_groups(*, limit: int = 10, author_owner_ids: Collection[int] | None = None) -> list[dict[str, Any]]:

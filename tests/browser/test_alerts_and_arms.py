@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 from alerts.models import Alert, Condition
 from nodes.models import Node
 from pool.models import NodeRound, Rollout, Verdict
+from swarms.services import swarm_default_ensure
 from web.selectors import FIGURES_CACHE_SECONDS
 from web.stats import stats_rebuild
 
@@ -23,6 +24,8 @@ def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
     Rollout.objects.create(
         id=uuid.uuid4(),
         node=node,
+        swarm=swarm_default_ensure(),
+        catalogue_version=1,
         round=1,
         dataset="basic_arithmetic",
         seed=1,
@@ -71,8 +74,9 @@ def test_a_contributor_sets_email_alerts_and_sees_them_listed(live_server, page,
 
 def test_the_swarm_page_draws_both_arms(live_server, page, screenshot):
     sharer, loner = make_node(name="sharer"), make_node(name="loner")
-    NodeRound.objects.create(node=sharer, round=1, figures={"external": 4}, used_count=0)
-    NodeRound.objects.create(node=loner, round=1, figures={"external": 0}, used_count=0)
+    swarm = swarm_default_ensure()
+    NodeRound.objects.create(node=sharer, swarm=swarm, round=1, figures={"external": 4}, used_count=0)
+    NodeRound.objects.create(node=loner, swarm=swarm, round=1, figures={"external": 0}, used_count=0)
     for hours in (3, 2, 1, 0):
         when = timezone.now() - timedelta(hours=hours)
         _group(sharer, (1.0, 1.0, 0.0), when)
