@@ -49,9 +49,9 @@ SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR, SWARM_STATE)
 #: What `hello.swarm` may say instead of a swarm's slug: let the server choose (docs/protocol.md).
 ANY_SWARM = "any"
 #: A swarm's states, as `welcome.swarm.state` and `swarm_state.state` say them.
-SWARM_OPEN = "open"
-SWARM_PAUSED = "paused"
-SWARM_RETIRED = "retired"
+STATE_OPEN = "open"
+STATE_PAUSED = "paused"
+STATE_RETIRED = "retired"
 
 # Error codes: an `error` frame's "code" (docs/protocol.md, "Errors"). The frame is refused whole and
 # nothing of it is stored; the socket stays open.

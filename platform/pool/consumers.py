@@ -137,7 +137,7 @@ _HELLO_CLOSES = {
     protocol.UNKNOWN_SWARM: protocol.CLOSE_UNKNOWN_SWARM,
     protocol.SWARM_RETIRED: protocol.CLOSE_SWARM_RETIRED,
 }
-_STATES = (protocol.SWARM_OPEN, protocol.SWARM_PAUSED, protocol.SWARM_RETIRED)
+_STATES = (protocol.STATE_OPEN, protocol.STATE_PAUSED, protocol.STATE_RETIRED)
 
 _announced: dict[tuple[int, Limits], tuple[Any, Raw, dict[str, int]]] = {}
 
@@ -343,7 +343,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         node = self.node
         if isinstance(message, Share):
             place = await self._in_swarm()
-            if place.state == protocol.SWARM_PAUSED:
+            if place.state == protocol.STATE_PAUSED:
                 await self._paused(message.ref)
                 return None
             # A few batches of shares verify and insert at once (one's database wait overlaps another's
@@ -365,7 +365,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
             place = await self._in_swarm()
-            if place.state == protocol.SWARM_PAUSED:
+            if place.state == protocol.STATE_PAUSED:
                 await self._paused(message.ref)
                 return None
             rollouts = await db_call(_sampled_groups, retry_lost=True)(
@@ -454,7 +454,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def _tell_swarm_state(self, message: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):  # the socket may be closing meanwhile
             await self._send(message, None)
-        if message["state"] == protocol.SWARM_RETIRED:
+        if message["state"] == protocol.STATE_RETIRED:
             self.close_for(protocol.CLOSE_SWARM_RETIRED)
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:

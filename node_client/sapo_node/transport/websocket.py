@@ -468,7 +468,7 @@ class WebSocketTransport(Transport):
         self.pacer.configure(self.limits)
         self.node_name = frame.get("node_name")
         self.swarm = frame.get("swarm") if isinstance(frame.get("swarm"), dict) else {}
-        self._paused = self.swarm.get("state") == protocol.SWARM_PAUSED
+        self._paused = self.swarm.get("state") == protocol.STATE_PAUSED
         self._was_welcomed = True
         self._state = "paused" if self._paused else "connected"
         self._welcome.set()
@@ -518,8 +518,8 @@ class WebSocketTransport(Transport):
     def _on_swarm_state(self, frame: dict[str, Any]) -> None:
         """The swarm was paused (train in silo, share nothing), opened again, or retired (the close follows)."""
         state, detail = frame.get("state"), str(frame.get("detail") or "")[:300]
-        self._paused = state == protocol.SWARM_PAUSED
-        if state == protocol.SWARM_RETIRED:
+        self._paused = state == protocol.STATE_PAUSED
+        if state == protocol.STATE_RETIRED:
             self._refusal = detail
         elif self._was_welcomed:
             self._state = "paused" if self._paused else "connected"

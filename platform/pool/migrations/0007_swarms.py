@@ -68,6 +68,23 @@ def add_swarm_columns(apps, schema_editor) -> None:
     )
 
 
+def remove_swarm_columns(apps, schema_editor) -> None:
+    """Back to one pool: the columns go (their constraints and indexes with them), and the default
+    swarm's sequence becomes the pool's again."""
+    Swarm = apps.get_model("swarms", "Swarm")
+    for table, _, _ in _TABLES:
+        _execute(schema_editor, sql.SQL("ALTER TABLE {} DROP COLUMN swarm_id").format(sql.Identifier(table)))
+    _execute(schema_editor, sql.SQL("ALTER TABLE pool_rollout DROP COLUMN catalogue_version"))
+    default = Swarm.objects.filter(is_default=True).first()
+    if default is not None:
+        _execute(
+            schema_editor,
+            sql.SQL("ALTER SEQUENCE {} RENAME TO pool_rollout_sample_seq").format(
+                sql.Identifier(f"swarms_sample_seq_{default.id}")
+            ),
+        )
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("pool", "0006_rollout_node_one_index"),
@@ -114,7 +131,7 @@ class Migration(migrations.Migration):
                     preserve_default=False,
                 ),
             ],
-            database_operations=[migrations.RunPython(add_swarm_columns, migrations.RunPython.noop)],
+            database_operations=[migrations.RunPython(add_swarm_columns, remove_swarm_columns)],
         ),
         migrations.RemoveIndex(model_name="rollout", name="pool_rollout_sample_seq_idx"),
         migrations.RemoveIndex(model_name="rollout", name="pool_rollout_fresh_idx"),
