@@ -37,7 +37,7 @@ def _easy_default_swarm(request) -> None:
     """The servers here serve the `easy` catalogue (SWARM_SETTINGS) to nodes that name no swarm: the
     site's default swarm has it (a default swarm made by a server is made from its SAPO_CATALOGUE; one
     the test database's migration made, from the tests' settings, gets it as its next version)."""
-    if "transactional_db" not in request.fixturenames and "live_server" not in request.fixturenames:
+    if request.node.get_closest_marker("django_db") is None:
         return
     request.getfixturevalue("transactional_db")
     from factories import make_user
