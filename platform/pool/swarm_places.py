@@ -26,7 +26,7 @@ from pool.limits import Limits
 from pool.models import Rollout
 from sapo_node import protocol
 from swarms.models import Swarm, SwarmState
-from swarms.selectors import SwarmPlace, swarm_for_hello, swarm_open_slugs, swarm_place
+from swarms.selectors import MAX_NAMED, SwarmPlace, swarm_for_hello, swarm_open_slugs, swarm_place
 from swarms.services import swarm_default_ensure
 
 #: How long a process keeps a swarm's place before reading it again (a change reaches it sooner, by
@@ -114,7 +114,7 @@ def swarm_changed_broadcast(*, swarm: Swarm, **_: Any) -> None:
                 "swarm_id": swarm_id,
                 "slug": slug,
                 "state": state,
-                "open": swarm_open_slugs(),
+                "open": swarm_open_slugs()[:MAX_NAMED],  # a short frame whatever the site hosts
             }
             async_to_sync(layer.group_send)(CLOSES_GROUP, event)
 

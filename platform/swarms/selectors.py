@@ -71,6 +71,10 @@ def swarm_place(*, swarm: Swarm) -> SwarmPlace:
     )
 
 
+#: Open swarms a refusal names at most (its detail stays short whatever the site hosts).
+MAX_NAMED = 20
+
+
 def swarm_for_hello(*, slug: str | None) -> Swarm:
     """The swarm a hello names (None: the site's default). Raises ApplicationError with the protocol's
     code: "unknown_swarm" (no such swarm, or no default), "swarm_retired"; the detail lists the open
@@ -78,7 +82,9 @@ def swarm_for_hello(*, slug: str | None) -> Swarm:
     swarm = swarm_default() if slug is None else Swarm.objects.filter(slug=slug).first()
     if swarm is not None and swarm.state != SwarmState.RETIRED:
         return swarm
-    open_ = ", ".join(swarm_open_slugs()) or "none"
+    slugs = swarm_open_slugs()
+    open_ = ", ".join(slugs[:MAX_NAMED]) + (f" and {len(slugs) - MAX_NAMED} more" if len(slugs) > MAX_NAMED else "")
+    open_ = open_ or "none"
     if swarm is None:
         named = "the site has no default swarm" if slug is None else f"no swarm named {slug!r}"
         raise ApplicationError(protocol.UNKNOWN_SWARM, f"{named}; open swarms: {open_}", extra={"open": open_})
