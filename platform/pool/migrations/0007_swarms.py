@@ -8,6 +8,8 @@ sequence becomes the default swarm's (its numbers go on where they were); each s
 its own (swarms.services.swarm_create). The sampling indexes lead with the swarm.
 """
 
+import importlib
+
 import django.db.models.deletion
 from django.db import migrations, models
 from psycopg import sql
@@ -25,14 +27,24 @@ def _execute(schema_editor, statement) -> None:
         cursor.execute(statement)
 
 
-def add_swarm_columns(apps, schema_editor) -> None:
+def default_swarm(apps, schema_editor):
+    """The default swarm swarms 0002 made (made again if the table was emptied since)."""
     Swarm = apps.get_model("swarms", "Swarm")
-    default = Swarm.objects.get(is_default=True)
-    sequence = sql.Identifier(f"swarms_sample_seq_{default.id}")
+    if not Swarm.objects.filter(is_default=True).exists():
+        importlib.import_module("swarms.migrations.0002_default_swarm").default_swarm(apps, schema_editor)
+    return Swarm.objects.get(is_default=True)
+
+
+def _exists(schema_editor, name: str) -> bool:
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass('pool_rollout_sample_seq') IS NOT NULL")
-        (pool_sequence,) = cursor.fetchone()
-    if pool_sequence:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+        return cursor.fetchone()[0]
+
+
+def add_swarm_columns(apps, schema_editor) -> None:
+    default = default_swarm(apps, schema_editor)
+    sequence = sql.Identifier(f"swarms_sample_seq_{default.id}")
+    if _exists(schema_editor, "pool_rollout_sample_seq"):
         _execute(schema_editor, sql.SQL("ALTER SEQUENCE pool_rollout_sample_seq RENAME TO {}").format(sequence))
     else:
         _execute(schema_editor, sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(sequence))
@@ -76,13 +88,14 @@ def remove_swarm_columns(apps, schema_editor) -> None:
         _execute(schema_editor, sql.SQL("ALTER TABLE {} DROP COLUMN swarm_id").format(sql.Identifier(table)))
     _execute(schema_editor, sql.SQL("ALTER TABLE pool_rollout DROP COLUMN catalogue_version"))
     default = Swarm.objects.filter(is_default=True).first()
-    if default is not None:
+    sequence = f"swarms_sample_seq_{default.id}" if default is not None else None
+    if sequence is not None and _exists(schema_editor, sequence):
         _execute(
             schema_editor,
-            sql.SQL("ALTER SEQUENCE {} RENAME TO pool_rollout_sample_seq").format(
-                sql.Identifier(f"swarms_sample_seq_{default.id}")
-            ),
+            sql.SQL("ALTER SEQUENCE {} RENAME TO pool_rollout_sample_seq").format(sql.Identifier(sequence)),
         )
+    else:
+        _execute(schema_editor, sql.SQL("CREATE SEQUENCE IF NOT EXISTS pool_rollout_sample_seq"))
 
 
 class Migration(migrations.Migration):

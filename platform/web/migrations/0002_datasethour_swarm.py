@@ -2,13 +2,15 @@
 before are the default swarm's (every group was, pool 0007); the column is added with it as a default,
 which PostgreSQL keeps in the catalogue instead of rewriting the table."""
 
+import importlib
+
 import django.db.models.deletion
 from django.db import migrations, models
 from psycopg import sql
 
 
 def add_swarm(apps, schema_editor) -> None:
-    default = apps.get_model("swarms", "Swarm").objects.get(is_default=True)
+    default = importlib.import_module("pool.migrations.0007_swarms").default_swarm(apps, schema_editor)
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
             sql.SQL("ALTER TABLE web_datasethour ADD COLUMN swarm_id bigint NOT NULL DEFAULT {}").format(
