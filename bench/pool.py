@@ -438,6 +438,8 @@ async def run_clients(
 ROLLOUT_COLUMNS = [
     "id",
     "node_id",
+    "swarm_id",
+    "catalogue_version",
     "round",
     "dataset",
     "seed",
@@ -748,18 +750,18 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
 # --- (b) sampling -----------------------------------------------------------------------------
 
 FILL_SQL = """
-INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
-    completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
+INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index, question, answer,
+    completions, completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
 SELECT md5(%(tag)s || g::text)::uuid,
-       (%(authors)s)[1 + g %% cardinality(%(authors)s)],
+       (%(authors)s)[1 + g %% cardinality(%(authors)s)], %(swarm)s, 1,
        g / 100, 'basic_arithmetic', 7, g,
        'What is ' || g::text || ' + 1? Give the answer in <answer> tags.', (g + 1)::text,
        '["<answer>1</answer>", "<answer>2</answer>", "I think <answer>3</answer>", "<answer>4</answer>"]'::jsonb,
        4, '[1, 0, 0, 0]'::jsonb, '[1, 0, 0, 0]'::jsonb,
        'accepted', '', 'ok',
        (g %% 5 <> 0), (g %% 5 <> 0),
-       CASE WHEN g %% 5 <> 0 THEN nextval('pool_rollout_sample_seq') END,
+       CASE WHEN g %% 5 <> 0 THEN nextval(%(sequence)s::regclass) END,
        now() - make_interval(secs => (%(size)s - g) * %(spacing)s)
 FROM generate_series(%(start)s, %(stop)s) AS g
 """
@@ -771,7 +773,9 @@ def fill_pool(size: int, authors: list[int], window: int) -> None:
     from django.db import connection
 
     from sapo_node.progress import progress_bar
+    from swarms.services import swarm_default_ensure
 
+    swarm = swarm_default_ensure()  # the groups are the default swarm's, where a plain sample draws
     spacing = window * 1.1 / size
     step = 100_000
     with progress_bar(total=size, desc=f"filling to {size:,}", unit="group", leave=False) as bar:
@@ -781,6 +785,8 @@ def fill_pool(size: int, authors: list[int], window: int) -> None:
                 cur.execute(
                     FILL_SQL,
                     {
+                        "swarm": swarm.id,
+                        "sequence": swarm.sample_sequence,
                         "tag": f"s{size}",
                         "authors": authors,
                         "size": size,
@@ -803,6 +809,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
     from pool.consumers import _sampled_groups
     from pool.models import Rollout
     from sapo_node.progress import progress_bar
+    from swarms.services import swarm_default_ensure
 
     window = 86_400
     nodes = make_nodes(20, "author")
@@ -829,8 +836,9 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             fill_pool(size, authors, window)
             fill_s[size] = time.perf_counter() - start
             assert Rollout.objects.count() == size
+            swarm_id = swarm_default_ensure().id  # the same in every copy of the template database
             for _ in range(20):  # warm caches and the connection
-                _sampled_groups(node=asker, n=args.n, window_seconds=window)
+                _sampled_groups(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         got = dict.fromkeys(sizes, 0)
         load_start = load1()
@@ -838,7 +846,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             for size, alias in aliases.items():
                 connections["default"] = connections[alias]
                 t0 = time.perf_counter()
-                drawn = _sampled_groups(node=asker, n=args.n, window_seconds=window)
+                drawn = _sampled_groups(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
                 timings[size].append((time.perf_counter() - t0) * 1000)
                 rows = json.loads(drawn.text)
                 got[size] += len(rows)

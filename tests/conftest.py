@@ -82,6 +82,15 @@ _limit_redis: dict[str, Any] = {}
 
 
 @pytest.fixture(autouse=True)
+def _fresh_swarm_places() -> None:
+    """A process keeps each swarm's place a few seconds (pool.swarm_places): a test's database (rolled
+    back, or emptied after a transactional test) does not hold the previous test's swarms."""
+    from pool.swarm_places import place_forget
+
+    place_forget()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_abuse_limits() -> None:
     """Abuse-limit counters (accounts.limits: log-in failures, sign-ups, node creations, API throttles)
     start at zero in every test, as they would for a new client: the whole run comes from 127.0.0.1 and

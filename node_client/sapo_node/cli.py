@@ -1,6 +1,7 @@
 """The `sapo-node` command line.
 
-    sapo-node run --server wss://HOST/ws/node/ --token TOKEN      # join a swarm
+    sapo-node run --server wss://HOST/ws/node/ --token TOKEN      # join the site's default swarm
+    sapo-node run --server ... --token ... --swarm SLUG           # join one of its swarms (or: any)
     sapo-node run --offline --rounds 20 --out runs/silo           # train alone
     sapo-node run --resume --out runs/silo --rounds 40            # continue a stopped run
     sapo-node export --run runs/silo --out models/silo            # the trained model, as a HF folder
@@ -160,6 +161,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
             )
     config.server = os.environ.get("SAPO_SERVER") or config.server
     config.token = os.environ.get("SAPO_TOKEN") or None
+    config.swarm = os.environ.get("SAPO_SWARM") or config.swarm
     return dataclasses.replace(config, **given)
 
 

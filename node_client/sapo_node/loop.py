@@ -124,7 +124,14 @@ def start_node(
     owns_transport = transport is None
     transport = transport if transport is not None else make_transport(config, out)
     transport.start(
-        Hello(f"sapo-node/{__version__}", config.model, describe_hardware(config.device), config.local, config.external)
+        Hello(
+            f"sapo-node/{__version__}",
+            config.model,
+            describe_hardware(config.device),
+            config.local,
+            config.external,
+            swarm=config.swarm,
+        )
     )
     stream = TaskStream(starting_catalogue(transport, config), config.seed)
     state = TrainingState(model, optimizer, stream, random.Random(config.seed + 1))

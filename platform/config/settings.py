@@ -151,6 +151,7 @@ INSTALLED_APPS = [
     "common",
     "ops",  # /healthz, /readyz, /metrics, the CSP header, deployment checks
     "accounts",
+    "swarms",  # training campaigns: below nodes and the pool (docs/architecture.md)
     "nodes",
     "pool",
     "localswarm",  # `manage.py sapo_local`, what `make run` starts

@@ -31,6 +31,7 @@ from channels.layers import get_channel_layer
 
 from common.loops import per_loop
 from nodes.events import CLOSES_GROUP
+from pool.swarm_places import SWARM_CHANGED, place_forget
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ RECENT_MAX = 100_000
 class Closable(Protocol):
     def close_for(self, code: int) -> None: ...
 
+    def swarm_changed(self, event: dict[str, Any]) -> None: ...
+
 
 class SocketCloses:
     """One event loop's open node sockets, and its membership of CLOSES_GROUP."""
@@ -52,6 +55,8 @@ class SocketCloses:
         self.by_node: dict[int, set[Closable]] = {}
         self.by_contributor: dict[int, set[Closable]] = {}
         self.where: dict[Closable, tuple[int, int]] = {}
+        self.by_swarm: dict[int, set[Closable]] = {}
+        self.swarm_of: dict[Closable, int] = {}
         # (arrived at, node id, contributor id, code), oldest first
         self.recent: collections.deque[tuple[float, int | None, int | None, int]] = collections.deque()
         self.joined: asyncio.Future | None = None
@@ -115,7 +120,11 @@ class SocketCloses:
         task.add_done_callback(self.tasks.discard)
 
     def deliver(self, event: dict[str, Any]) -> None:
-        """A close from nodes.events: close this process's matching sockets, and remember it."""
+        """A close from nodes.events: close this process's matching sockets, and remember it. A swarm's
+        change (pool.swarm_places): tell this process's sockets of that swarm."""
+        if event.get("type") == SWARM_CHANGED:
+            self._swarm_changed(event)
+            return
         code = event.get("code")
         code = code if isinstance(code, int) else 4401
         node_id, contributor_id = event.get("node_id"), event.get("contributor_id")
@@ -145,7 +154,28 @@ class SocketCloses:
         self.by_contributor.setdefault(contributor_id, set()).add(socket)
         return None
 
+    def _swarm_changed(self, event: dict[str, Any]) -> None:
+        swarm_id = event.get("swarm_id")
+        place_forget(swarm_id if isinstance(swarm_id, int) else None)
+        for socket in list(self.by_swarm.get(swarm_id, ())) if isinstance(swarm_id, int) else ():
+            socket.swarm_changed(event)
+
+    def swarm_join(self, socket: Closable, swarm_id: int) -> None:
+        """Count `socket` among its swarm's (a hello naming another swarm moves it)."""
+        self._swarm_leave(socket)
+        self.swarm_of[socket] = swarm_id
+        self.by_swarm.setdefault(swarm_id, set()).add(socket)
+
+    def _swarm_leave(self, socket: Closable) -> None:
+        swarm_id = self.swarm_of.pop(socket, None)
+        members = self.by_swarm.get(swarm_id) if swarm_id is not None else None
+        if members is not None:
+            members.discard(socket)
+            if not members:
+                del self.by_swarm[swarm_id]
+
     def unregister(self, socket: Closable) -> None:
+        self._swarm_leave(socket)
         place = self.where.pop(socket, None)
         if place is None:
             return

@@ -111,12 +111,17 @@ def leaderboard_how(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def swarm(request: HttpRequest) -> HttpResponse:
-    return render(request, "web/swarm.html", {"swarm": selectors.swarm_overview()})
+    """The whole site: every swarm's figures together (each swarm's own page is /swarms/<slug>/)."""
+    return render(request, "web/swarm.html", _site_swarm_context())
 
 
 @require_GET
 def swarm_figures(request: HttpRequest) -> HttpResponse:
-    return render(request, "web/partials/swarm_figures.html", {"swarm": selectors.swarm_overview()})
+    return render(request, "web/partials/swarm_figures.html", _site_swarm_context())
+
+
+def _site_swarm_context() -> dict:
+    return {"swarm": selectors.swarm_overview(), "figures_url": "/swarm/figures/", "api_url": "/api/v1/swarm/"}
 
 
 # ---------------------------------------------------------------------------- my nodes

@@ -16,6 +16,7 @@ from alerts.models import Alert, AlertSettings, Condition
 from alerts.services import CONFIRM_SALT
 from nodes.models import Node
 from pool.models import NodeRound, Rollout, Verdict
+from swarms.services import swarm_default_ensure
 from web.selectors import FIGURES_CACHE_SECONDS
 from web.stats import stats_rebuild
 
@@ -25,6 +26,8 @@ def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
     Rollout.objects.create(
         id=uuid.uuid4(),
         node=node,
+        swarm=swarm_default_ensure(),
+        catalogue_version=1,
         round=1,
         dataset="basic_arithmetic",
         seed=1,
@@ -93,8 +96,9 @@ def test_the_owner_of_an_address_confirms_it_from_the_link(live_server, page, us
 
 def test_the_swarm_page_draws_both_arms(live_server, page, screenshot):
     sharer, loner = make_node(name="sharer"), make_node(name="loner")
-    NodeRound.objects.create(node=sharer, round=1, figures={"external": 4}, used_count=0)
-    NodeRound.objects.create(node=loner, round=1, figures={"external": 0}, used_count=0)
+    swarm = swarm_default_ensure()
+    NodeRound.objects.create(node=sharer, swarm=swarm, round=1, figures={"external": 4}, used_count=0)
+    NodeRound.objects.create(node=loner, swarm=swarm, round=1, figures={"external": 0}, used_count=0)
     for hours in (3, 2, 1, 0):
         when = timezone.now() - timedelta(hours=hours)
         _group(sharer, (1.0, 1.0, 0.0), when)

@@ -125,6 +125,8 @@ class FramePacer:
 REFUSALS = {
     protocol.CLOSE_UNAUTHENTICATED: "the server does not accept this token (4401): check --token / SAPO_TOKEN",
     protocol.CLOSE_BANNED: "this node or its contributor is banned (4403)",
+    protocol.CLOSE_UNKNOWN_SWARM: "the site has no such swarm (4404): check --swarm",
+    protocol.CLOSE_SWARM_RETIRED: "this swarm is retired (4410): pick an open one with --swarm",
 }
 
 #: The limits that shape a frame, the protocol's defaults until the server's `welcome.limits` arrive.
@@ -148,7 +150,7 @@ FATAL_SHARE_ERRORS = {
     protocol.COMPLETION_TOO_LONG,
 }
 #: Errors that mean "not now": the refused frame is sent again after this many seconds.
-BACKOFF_ERRORS = {protocol.RATE_LIMITED: 5.0, protocol.OVER_BUDGET: 60.0}
+BACKOFF_ERRORS = {protocol.RATE_LIMITED: 5.0, protocol.OVER_BUDGET: 60.0, protocol.SWARM_PAUSED: 60.0}
 
 
 def _storable(text: str) -> bool:
@@ -206,6 +208,9 @@ class WebSocketTransport(Transport):
         self._refill_now = False  # take_external drained the buffer: ask before the next poll
         self._catalogue: Catalogue | None = None
         self._hello: Hello | None = None
+        self.swarm: dict[str, Any] = {}  # the welcome's `swarm` (slug, state, catalogue_version, ...)
+        self._paused = False  # the swarm is paused: nothing is shared or sampled until it opens
+        self._refusal = ""  # the server's words for a swarm refusal (the open swarms), shown with its close
         self._buffer: collections.deque[Group] = collections.deque()
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
@@ -316,7 +321,8 @@ class WebSocketTransport(Transport):
                 break
             if code in REFUSALS:
                 self._state = f"refused ({code})"
-                log.error("%s [%s]; not retrying, training goes on in silo", REFUSALS[code], self.last_error)
+                why = self._refusal or self.last_error
+                log.error("%s [%s]; not retrying, training goes on in silo", REFUSALS[code], why)
                 return
             # 4503: the server is up but its database or Redis is not; the pause goes on doubling, so a
             # crowd of nodes does not hammer a server that is recovering.
@@ -418,8 +424,9 @@ class WebSocketTransport(Transport):
         assert self._wake is not None
         while not self._stop.is_set():
             self._wake.clear()
-            await self._send_shares(ws)
-            await self._request_samples(ws)
+            if not self._paused:
+                await self._send_shares(ws)
+                await self._request_samples(ws)
             if self._reports and time.monotonic() >= self._next_share:  # not while backing off
                 await self._send(ws, protocol.frame(protocol.REPORT, **self._merged_report()))
             with contextlib.suppress(TimeoutError):
@@ -460,8 +467,10 @@ class WebSocketTransport(Transport):
         self.limits.update({k: int(v) for k, v in (frame.get("limits") or {}).items() if isinstance(v, (int, float))})
         self.pacer.configure(self.limits)
         self.node_name = frame.get("node_name")
+        self.swarm = frame.get("swarm") if isinstance(frame.get("swarm"), dict) else {}
+        self._paused = self.swarm.get("state") == protocol.STATE_PAUSED
         self._was_welcomed = True
-        self._state = "connected"
+        self._state = "paused" if self._paused else "connected"
         self._welcome.set()
         self._connected.set()
 
@@ -506,9 +515,21 @@ class WebSocketTransport(Transport):
                 self.target = max(self.buffer_size, self.target // 2)
         self._next_sample = time.monotonic() + self.poll_interval * (5 if thin else 1)
 
+    def _on_swarm_state(self, frame: dict[str, Any]) -> None:
+        """The swarm was paused (train in silo, share nothing), opened again, or retired (the close follows)."""
+        state, detail = frame.get("state"), str(frame.get("detail") or "")[:300]
+        self._paused = state == protocol.STATE_PAUSED
+        if state == protocol.STATE_RETIRED:
+            self._refusal = detail
+        elif self._was_welcomed:
+            self._state = "paused" if self._paused else "connected"
+        log.warning("%s", detail)
+
     def _on_error(self, frame: dict[str, Any]) -> None:
         code, ref = str(frame.get("code")), str(frame.get("ref"))
         log.warning("the server answered error %s: %s", code, frame.get("detail"))
+        if code in (protocol.UNKNOWN_SWARM, protocol.SWARM_RETIRED):  # the close that follows says the rest
+            self._refusal = str(frame.get("detail") or "")[:300]
         if code in BACKOFF_ERRORS:  # slow down everything; the refused frame is simply sent again later
             self._next_share = self._next_sample = time.monotonic() + max(BACKOFF_ERRORS[code], self.poll_interval * 5)
         if ref == self._sample_ref:
@@ -527,6 +548,7 @@ class WebSocketTransport(Transport):
         protocol.ACK: _on_ack,
         protocol.SAMPLES: _on_samples,
         protocol.ERROR: _on_error,
+        protocol.SWARM_STATE: _on_swarm_state,
     }
 
     async def _send_shares(self, ws: ClientConnection) -> None:
