@@ -175,11 +175,6 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path
     from django.conf import settings
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-    if log_path is not None:
-        handler = logging.FileHandler(log_path)
-        handler.setLevel(logging.WARNING)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
     # Each server has a presence name of its own (a test that restarts "the same server" names it).
     settings.SAPO_SERVER_NAME = f"test-server-{os.getpid()}"
     for name, value in (settings_overrides or {}).items():
@@ -201,6 +196,11 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path
     from pool.limits import current_limits
 
     follow_frame_limit(current_limits().websocket_max_bytes)  # config.asgi may have been imported before the overrides
+    if log_path is not None:  # after config.asgi: its first import sets logging up afresh (django.setup)
+        handler = logging.FileHandler(log_path)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
     return ASGIStaticFilesHandler(application)
 
 

@@ -4,11 +4,16 @@
 number, python/torch RNG states, the question stream's state and catalogue, the assemble RNG).
 A checkpoint is written to a temporary folder and renamed into place, so a crash mid-save leaves
 the previous one intact. The outbox of unacknowledged shares is on disk already (outbox.sqlite3).
+
+A checkpoint the disk cannot take (full, or failing) is given up softly: its temporary folder is
+removed, the run goes on with the previous checkpoint in place, and the log says so once (and once
+when checkpoints are written again).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from dataclasses import dataclass
@@ -20,6 +25,9 @@ import torch
 from sapo_node.tasks import Catalogue, TaskStream
 
 PREFIX = "round-"
+
+log = logging.getLogger("sapo_node.checkpoint")
+_failing = False  # the last checkpoint could not be written (logged once until one is)
 
 
 @dataclass
@@ -36,11 +44,39 @@ def checkpoint_dir(out: Path) -> Path:
     return Path(out) / "checkpoints"
 
 
-def save_checkpoint(out: Path, round: int, state: TrainingState, keep: int = 2) -> Path:
+def save_checkpoint(out: Path, round: int, state: TrainingState, keep: int = 2) -> Path | None:
+    """Write the checkpoint of `round`; None when the disk could not take it (see the module docstring)."""
+    global _failing
     root = checkpoint_dir(out)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{round:06d}"
     tmp = root / f".tmp-{PREFIX}{round:06d}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _write(tmp, round, state)
+    # torch.save reports a failed write as RuntimeError ("PytorchStreamWriter failed writing file")
+    except (OSError, RuntimeError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _failing:
+            _failing = True
+            log.error(
+                "checkpoint of round %d not written (%s: %s; a full disk?): the run goes on, the previous "
+                "checkpoint stays in place",
+                round,
+                type(exc).__name__,
+                str(exc)[:200],
+            )
+        return None
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    if _failing:
+        _failing = False
+        log.warning("checkpoints are written again (round %d)", round)
+    return final
+
+
+def _write(tmp: Path, round: int, state: TrainingState) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     torch.save(state.model.state_dict(), tmp / "model.pt")
@@ -58,11 +94,6 @@ def save_checkpoint(out: Path, round: int, state: TrainingState, keep: int = 2) 
         },
         tmp / "state.pt",
     )
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def list_checkpoints(out: Path) -> list[Path]:

@@ -20,7 +20,7 @@ from django.utils import timezone
 from accounts.models import User
 from community.selectors import badges_of_users
 from nodes.models import ONLINE_WINDOW, Node
-from nodes.presence import connected_among, connected_filter, with_connected
+from nodes.presence import PresenceUnknown, connected_among, connected_filter, is_connected, with_connected
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
@@ -147,7 +147,7 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
                 contributor=node.owner.public_name,
                 model_id=node.model_id,
                 hardware=node.hardware,
-                status=node.status_at(now, connected=node.id in connected),
+                status=node.status_at(now, connected=is_connected(connected, node.id)),
                 last_seen_at=node.last_seen_at,
                 public=not node.is_banned,
                 username=_page_username(node.owner),
@@ -181,7 +181,7 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
     connected = connected_among(nodes, now=now)
     out = {}
     for node in nodes:
-        status = node.status_at(now, connected=node.id in connected)
+        status = node.status_at(now, connected=is_connected(connected, node.id))
         out[node.id] = known.get(node.id) or NodeFigures(
             node_id=node.id,
             name=node.name,
@@ -306,13 +306,16 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
     figures = [f for f in public if _listed(f)]
     accepted = sum(f.accepted for f in public)
     rejected = sum(f.rejected for f in public)
-    online = Node.objects.filter(
-        connected_filter(now=now),
-        last_seen_at__gte=now - ONLINE_WINDOW,
-        retired_at__isnull=True,
-        banned_at__isnull=True,
-        owner__banned_at__isnull=True,
-    ).count()
+    try:
+        online: int | None = Node.objects.filter(
+            connected_filter(now=now),
+            last_seen_at__gte=now - ONLINE_WINDOW,
+            retired_at__isnull=True,
+            banned_at__isnull=True,
+            owner__banned_at__isnull=True,
+        ).count()
+    except PresenceUnknown:  # shown as unknown, not as 0
+        online = None
     recent_window = timedelta(minutes=10)
     recent_groups = Rollout.objects.filter(
         node_id__in=active_node_ids(now - recent_window), created_at__gte=now - recent_window

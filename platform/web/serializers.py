@@ -109,7 +109,9 @@ class ArmsSerializer(serializers.Serializer):
 
 class SwarmSerializer(serializers.Serializer):
     generated_at = serializers.DateTimeField()
-    nodes_online = serializers.IntegerField()
+    nodes_online = serializers.IntegerField(
+        allow_null=True, help_text="Nodes with an open socket; null while that is unknown (Redis down)."
+    )
     nodes_total = serializers.IntegerField(help_text="Nodes on the leaderboard: not banned, a group accepted.")
     groups_per_minute = serializers.FloatField(help_text="Groups shared per minute, last 10 minutes.")
     pool_size = serializers.IntegerField(help_text="Sampleable groups inside the freshness window.")
