@@ -6,7 +6,8 @@ redis-server started for the test (tests/support/redis_server.py), never the sha
 - a revocation closes an open socket after Redis lost its data (the worker joins the closes group again);
 - a revocation made while Redis is down succeeds, and its close reaches the socket when Redis returns;
 - frames during an outage are answered with their ref, the socket is never closed for the server's own
-  failures, and the outage is one log line when it starts and one when it ends, no traceback;
+  failures, a node connecting meanwhile is welcomed, and the outage is one log line when it starts and
+  one when it ends, no traceback;
 - the public pages and the API answer 200 while Redis is down, presence shown as unknown.
 """
 
@@ -158,6 +159,9 @@ def test_frames_during_an_outage_are_answered_with_their_ref_and_never_close_the
             assert reply.get("ref") == frame["ref"], reply
             if frame["type"] == "share":
                 assert reply["type"] == "ack" and len(reply["accepted"]) == 1, reply
+        # A node (re)connecting meanwhile is welcomed: its presence record is written when Redis is back.
+        _, other_token = make_node_with_token()
+        open_node(server, other_token).close()
         on_redis.start()
         ws.send(json.dumps(share_frame(make_group(index=200), ref="after")))
         reply = json.loads(ws.recv(timeout=TIMEOUT))
