@@ -313,6 +313,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.frame_ref = message.ref
         try:
             reply = await self._dispatch(message)
+            if isinstance(message, Hello):  # the welcome names the pool's epoch: it changes on a restore
+                reply["pool_epoch"] = await current_pool_epoch()
         except ApplicationError as exc:
             await self._error(exc.code, exc.message, message.ref)
             return
@@ -366,15 +368,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         # trust's share of the configured quota (moderation.trust), so the client paces itself to it
         # (a node told the configured 600 while held to 195 was refused by the hundred).
         limits = {**limits, "max_messages_per_minute": int(self.budget.messages)}
-        welcome = {
-            "type": "welcome",
-            "node_id": node.id,
-            "node_name": node.name,
-            "catalogue": catalogue,
-            "limits": limits,
-        }
-        welcome["pool_epoch"] = await current_pool_epoch()  # changes when the database is restored (pool.epoch)
-        return welcome
+        return {"type": "welcome", "node_id": node.id, "node_name": node.name, "catalogue": catalogue, "limits": limits}
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:
         if self.closing:
