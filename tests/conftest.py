@@ -240,6 +240,15 @@ def _isolate_channel_layer() -> None:
             channel_layers.backends.clear()
 
 
+@pytest.fixture(autouse=True)
+def _no_outage_under_way() -> None:
+    """common.outage's state is per process: an outage a test left "under way" must not hide the next
+    test's first log line (or log its end)."""
+    from common.outage import forget_outages
+
+    forget_outages()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_redis_keys() -> None:
     """Redis keys (rate counts, presence, channel layer) apart from other test runs from the start:

@@ -69,6 +69,12 @@ REDIS = Outage("Redis")
 DATABASE = Outage("The database")
 
 
+def forget_outages() -> None:
+    """Every dependency up again, nothing logged (tests: each starts with no outage under way)."""
+    for dependency in (REDIS, DATABASE):
+        dependency.since = None
+
+
 def dependency_failed(exc: BaseException) -> bool:
     """Record `exc` against the dependency that raised it; False when it is no dependency's failure
     (a bug: the caller logs its trace)."""

@@ -127,3 +127,33 @@ def test_over_daphne_a_dependency_down_closes_with_try_again_and_logs_no_error(a
     log = log_path.read_text()
     assert " ERROR " not in log and "Exception inside application" not in log, log[-3000:]
     assert log.count("Redis is unavailable") == 1, log[-3000:]  # one line for the outage, not one per socket
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_servers_own_failures_never_close_a_socket_with_4429(node_token, monkeypatch, caplog):
+    """More frames than max_consecutive_errors fail on the database (as they do while it is down): each
+    is answered internal_error with its ref, none counts against the node, and the log has one line for
+    the outage and one for its end."""
+    import django.db
+
+    from pool import consumers
+
+    def down(**kwargs):
+        raise django.db.OperationalError('connection failed: connection to server at "127.0.0.1" refused')
+
+    socket_ = await open_socket(node_token, hello=True)
+    monkeypatch.setattr(consumers, "_sampled_groups", down)
+    with caplog.at_level(logging.WARNING):
+        for i in range(25):
+            await socket_.send_json_to({"type": "sample", "v": 1, "ref": f"r{i}", "n": 2})
+            reply = await socket_.receive_json_from(timeout=10)
+            assert reply["code"] == protocol.INTERNAL_ERROR and reply["ref"] == f"r{i}", reply
+        monkeypatch.undo()
+        await socket_.send_json_to({"type": "sample", "v": 1, "ref": "back", "n": 2})
+        assert (await socket_.receive_json_from(timeout=10))["type"] == "samples"
+    await socket_.disconnect()
+    assert [r.getMessage()[:26] for r in caplog.records if r.name == "common.outage"] == [
+        "The database is unavailabl",
+        "The database answers again",
+    ]  # one line when it starts, one when it ends
+    assert "Traceback" not in caplog.text
