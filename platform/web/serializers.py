@@ -40,7 +40,7 @@ class TeamFiguresSerializer(serializers.Serializer):
     name = serializers.CharField()
     slug = serializers.CharField(help_text="The team's page: /teams/<slug>/.")
     members = serializers.IntegerField(help_text="Current members.")
-    nodes_online = serializers.IntegerField()
+    nodes_online = serializers.IntegerField(allow_null=True, help_text="Null while unknown (Redis down).")
     verified_reward = serializers.FloatField(help_text="Verified reward its members earned while members.")
     accepted = serializers.IntegerField(help_text="Groups accepted from its members while members.")
     recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life.")

@@ -182,7 +182,7 @@ def test_public_pages_and_the_api_answer_while_redis_is_down(server, on_redis) -
     ws = open_node(server, token)
     try:
         on_redis.stop()
-        for path in ("/", "/leaderboard/", "/swarm/", "/api/v1/swarm/"):
+        for path in ("/", "/leaderboard/", "/swarm/", "/teams/", "/api/v1/swarm/", "/api/v1/teams/"):
             status, body = get(server.url + path)
             assert status == 200, (path, body[:500])
         status, body = get(server.url + "/api/v1/swarm/")
