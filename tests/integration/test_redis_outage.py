@@ -17,6 +17,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -65,13 +66,15 @@ def on_redis(server, redis: RedisServer) -> RedisServer:
     return redis
 
 
-def open_node(server, token: str) -> ClientConnection:
-    ws = connect(
+@contextmanager
+def open_node(server, token: str) -> Iterator[ClientConnection]:
+    """A node socket, welcomed."""
+    with connect(
         f"{server.ws_url}/ws/node/", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=TIMEOUT
-    )
-    ws.send(json.dumps(HELLO))
-    assert json.loads(ws.recv(timeout=TIMEOUT))["type"] == "welcome"
-    return ws
+    ) as ws:
+        ws.send(json.dumps(HELLO))
+        assert json.loads(ws.recv(timeout=TIMEOUT))["type"] == "welcome"
+        yield ws
 
 
 def close_code(ws: ClientConnection, timeout: float) -> int | None:
@@ -97,57 +100,50 @@ def get(url: str) -> tuple[int, bytes]:
 
 def test_readyz_is_200_with_node_sockets_open(server) -> None:
     _, token = make_node_with_token()
-    ws = open_node(server, token)
-    try:
+    with open_node(server, token):
         for _ in range(3):
             status, body = get(server.url + "/readyz")
             assert status == 200, body
             assert json.loads(body) == {"ready": True, "database": "ok", "channel_layer": "ok"}
-    finally:
-        ws.close()
 
 
 def test_readyz_is_503_while_redis_is_down_and_200_when_it_returns(server, on_redis) -> None:
     _, token = make_node_with_token()
-    ws = open_node(server, token)
-    try:
+    with open_node(server, token):
         on_redis.stop()
         status, body = get(server.url + "/readyz")
         assert status == 503 and json.loads(body)["channel_layer"] != "ok"
         on_redis.start()
         status, body = get(server.url + "/readyz")
         assert status == 200, body
-    finally:
-        ws.close()
 
 
 def test_a_revocation_closes_an_open_socket_after_redis_lost_its_data(server, on_redis) -> None:
     from nodes.services import node_token_revoke
 
     node, token = make_node_with_token()
-    ws = open_node(server, token)
-    on_redis.flush()  # what a restart without persistence or a failover to an empty replica leaves
-    time.sleep(7)  # the worker joins the closes group again within 5 s (nodes.events.CLOSES_REJOIN_SECONDS)
-    assert node_token_revoke(node=node) == 1
-    assert close_code(ws, TIMEOUT) == 4401
+    with open_node(server, token) as ws:
+        on_redis.flush()  # what a restart without persistence or a failover to an empty replica leaves
+        time.sleep(7)  # the worker joins the closes group again within 5 s (nodes.events.CLOSES_REJOIN_SECONDS)
+        assert node_token_revoke(node=node) == 1
+        assert close_code(ws, TIMEOUT) == 4401
 
 
 def test_a_revocation_while_redis_is_down_succeeds_and_closes_the_socket_when_redis_returns(server, on_redis) -> None:
     from nodes.services import node_token_revoke
 
     node, token = make_node_with_token()
-    ws = open_node(server, token)
-    on_redis.stop()
-    assert node_token_revoke(node=node) == 1  # in force (committed), and reported as done
-    assert close_code(ws, 3.0) is None  # nothing can carry the close yet
-    on_redis.start()  # empty: the worker's membership is gone too
-    assert close_code(ws, TIMEOUT) == 4401
+    with open_node(server, token) as ws:
+        on_redis.stop()
+        assert node_token_revoke(node=node) == 1  # in force (committed), and reported as done
+        assert close_code(ws, 3.0) is None  # nothing can carry the close yet
+        on_redis.start()  # empty: the worker's membership is gone too
+        assert close_code(ws, TIMEOUT) == 4401
 
 
 def test_frames_during_an_outage_are_answered_with_their_ref_and_never_close_the_socket(server, on_redis) -> None:
     _, token = make_node_with_token()
-    ws = open_node(server, token)
-    try:
+    with open_node(server, token) as ws:
         on_redis.stop()
         # More frames than max_consecutive_errors (20): none of the server's failures counts against the node.
         for i in range(25):
@@ -161,13 +157,12 @@ def test_frames_during_an_outage_are_answered_with_their_ref_and_never_close_the
                 assert reply["type"] == "ack" and len(reply["accepted"]) == 1, reply
         # A node (re)connecting meanwhile is welcomed: its presence record is written when Redis is back.
         _, other_token = make_node_with_token()
-        open_node(server, other_token).close()
+        with open_node(server, other_token):
+            pass
         on_redis.start()
         ws.send(json.dumps(share_frame(make_group(index=200), ref="after")))
         reply = json.loads(ws.recv(timeout=TIMEOUT))
         assert reply["type"] == "ack" and reply["ref"] == "after", reply
-    finally:
-        ws.close()
     deadline = time.monotonic() + 10
     while "answers again" not in server.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -179,8 +174,7 @@ def test_frames_during_an_outage_are_answered_with_their_ref_and_never_close_the
 
 def test_public_pages_and_the_api_answer_while_redis_is_down(server, on_redis) -> None:
     _, token = make_node_with_token()
-    ws = open_node(server, token)
-    try:
+    with open_node(server, token):
         on_redis.stop()
         for path in ("/", "/leaderboard/", "/swarm/", "/teams/", "/api/v1/swarm/", "/api/v1/teams/"):
             status, body = get(server.url + path)
@@ -189,6 +183,4 @@ def test_public_pages_and_the_api_answer_while_redis_is_down(server, on_redis) -
         assert json.loads(body)["nodes_online"] is None  # unknown, not 0
         status, body = get(server.url + "/swarm/")
         assert b"unknown" in body
-    finally:
-        ws.close()
         on_redis.start()
