@@ -11,12 +11,17 @@ so nothing in it is unpickled: the tensors load with `torch.load(weights_only=Tr
 only tensors and plain containers and refuses any other object, and the rest is JSON. A checkpoint
 written before state.json existed has state.pt, read the same restricted way. A file that does not
 load that way raises CheckpointError and runs nothing.
+
+A checkpoint the disk cannot take (full, or failing) is given up softly: its temporary folder is
+removed, the run goes on with the previous checkpoint in place, and the log says so once (and once
+when checkpoints are written again).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import pickle
 import random
 import shutil
@@ -36,6 +41,10 @@ LEGACY_STATE = "state.pt"
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be read safely; the message names the file and what to do."""
+
+
+log = logging.getLogger("sapo_node.checkpoint")
+_failing = False  # the last checkpoint could not be written (logged once until one is)
 
 
 @dataclass
@@ -74,11 +83,39 @@ def _text_tensor(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
 
 
-def save_checkpoint(out: Path, round: int, state: TrainingState, keep: int = 2) -> Path:
+def save_checkpoint(out: Path, round: int, state: TrainingState, keep: int = 2) -> Path | None:
+    """Write the checkpoint of `round`; None when the disk could not take it (see the module docstring)."""
+    global _failing
     root = checkpoint_dir(out)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{round:06d}"
     tmp = root / f".tmp-{PREFIX}{round:06d}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _write(tmp, round, state)
+    # torch.save reports a failed write as RuntimeError ("PytorchStreamWriter failed writing file")
+    except (OSError, RuntimeError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _failing:
+            _failing = True
+            log.error(
+                "checkpoint of round %d not written (%s: %s; a full disk?): the run goes on, the previous "
+                "checkpoint stays in place",
+                round,
+                type(exc).__name__,
+                str(exc)[:200],
+            )
+        return None
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    if _failing:
+        _failing = False
+        log.warning("checkpoints are written again (round %d)", round)
+    return final
+
+
+def _write(tmp: Path, round: int, state: TrainingState) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     torch.save(state.model.state_dict(), tmp / "model.pt")
@@ -94,11 +131,6 @@ def save_checkpoint(out: Path, round: int, state: TrainingState, keep: int = 2) 
         "assemble_rng": state.rng.getstate(),
     }
     (tmp / STATE).write_text(json.dumps(saved))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def list_checkpoints(out: Path) -> list[Path]:

@@ -249,16 +249,16 @@ def play_round(
     node.metrics_log.write(row)
     transport.report(round_report(n, row, train_set, local=config.local, external=config.external))
     if config.checkpoint_every and n % config.checkpoint_every == 0:
-        save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints)
-        node.last_saved = n
+        if save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints) is not None:
+            node.last_saved = n
     return row
 
 
 def finish_node(node: Node) -> None:
     """Checkpoint the last complete round, give pending shares a last chance, close what we opened."""
     if node.last_round > node.last_saved:
-        save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints)
-        node.last_saved = node.last_round
+        if save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints) is not None:
+            node.last_saved = node.last_round
     transport = node.transport
     if not isinstance(transport, SiloTransport) and not transport.flush(node.config.flush_wait):
         print(f"{transport.counts().pending} shared groups still wait for the server; they stay in the outbox")

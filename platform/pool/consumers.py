@@ -46,7 +46,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from redis.exceptions import RedisError
 
-from common import metrics
+from common import metrics, outage
 from common.compact_json import Raw, dumps, dumps_object
 from common.db import db_call
 from common.errors import ApplicationError
@@ -55,6 +55,7 @@ from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
 from nodes.services import node_hello_changed, node_hello_fields
 from pool import ratelimit, turns
 from pool.closes import socket_closes
+from pool.epoch import current_pool_epoch
 from pool.ingest import ShareIn, ShareResult, rollout_share_batch
 from pool.ingest_statement import SwarmOfBatch
 from pool.limits import Limits, current_limits
@@ -203,13 +204,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         try:
             await self._open()
         except Exception as exc:  # keep no half-open state, and tell the node to come back later
-            if isinstance(exc, _DEPENDENCY_DOWN):  # the incident, not a bug: one line, no trace
-                logger.warning(
-                    "opening a node socket failed (%s: %s); closed with %s",
-                    type(exc).__name__,
-                    str(exc).strip(),
-                    CLOSE_TRY_AGAIN,
-                )
+            if isinstance(exc, _DEPENDENCY_DOWN):  # the incident, not a bug: one line per outage, no trace
+                outage.dependency_failed(exc)
             else:
                 logger.exception("opening a node socket failed; closed with %s", CLOSE_TRY_AGAIN)
             await self.disconnect(CLOSE_TRY_AGAIN)
@@ -262,8 +258,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 await db_call(presence.connection_close, retry_lost=True)(
                     node_id=node.id, connection_id=self.connection_id
                 )
-            except Exception:  # the record expires by itself (presence.expires_after_seconds())
-                logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
+            except Exception as exc:  # the record expires by itself (presence.expires_after_seconds())
+                if not outage.dependency_failed(exc):
+                    logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
 
     # Closes (pool.closes) ---------------------------------------------------------------------
 
@@ -291,15 +288,18 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.frame_ref = None
         try:
             await self._answer(text_data if text_data is not None else bytes_data)
-        except Exception:
-            # A bug, or a dependency down (database, Redis): the node gets an answer, the log the trace.
-            logger.exception("node %s: a frame failed", getattr(self.node, "id", None))
+        except Exception as exc:
+            # A bug, or a dependency down (database, Redis): the node gets an answer (with the frame's
+            # ref, so it sends the frame again), the log the trace or, for an outage, one line.
+            if not outage.dependency_failed(exc):
+                logger.exception("node %s: a frame failed", getattr(self.node, "id", None))
             with contextlib.suppress(Exception):
                 await self._error(protocol.INTERNAL_ERROR, "the server failed to handle this frame", self.frame_ref)
 
     async def _answer(self, frame: str | bytes | None) -> None:
         node, budget = self.node, self.budget
         owed, self.owed_cpu_ms = self.owed_cpu_ms, 0
+        self.frame_ref = leading_ref(frame)  # until the frame is parsed: any refusal carries it
         if not await ratelimit.admit(node.id, budget, size=frame_size(frame or ""), cpu_ms=owed):
             # Refused unparsed: a node over its rate costs the server no parsing, whatever it sends. The
             # ref, read from the frame's first characters, tells the node which request to send again.
@@ -327,14 +327,20 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.frame_ref = message.ref
         try:
             reply = await self._dispatch(message)
+            if (
+                isinstance(message, Hello) and reply is not None
+            ):  # the welcome names the pool's epoch: it changes on a restore
+                reply["pool_epoch"] = await current_pool_epoch()
         except ApplicationError as exc:
             await self._error(exc.code, exc.message, message.ref)
             return
-        except Exception:
-            logger.exception("node %s: %s failed", node.id, type(message).__name__)
+        except Exception as exc:
+            if not outage.dependency_failed(exc):
+                logger.exception("node %s: %s failed", node.id, type(message).__name__)
             await self._error(protocol.INTERNAL_ERROR, "the server failed to handle this message", message.ref)
             return
         self.consecutive_errors = 0
+        outage.DATABASE.answered()
         if reply is not None:
             await self._send(reply, message.ref)
         presence.socket_book().seen(node.id)  # written with the others' on the next beat
@@ -466,7 +472,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=dumps_object(payload))
 
     async def _error(self, code: str, detail: str, ref: str | None) -> None:
-        self.consecutive_errors += 1
+        if code != protocol.INTERNAL_ERROR:  # the server's own failures never count against the node
+            self.consecutive_errors += 1
         await self._send({"type": "error", "code": code, "detail": detail}, ref)
         if self.consecutive_errors >= self.limits.max_consecutive_errors:
             await self._shut(CLOSE_TOO_MANY_ERRORS)

@@ -20,7 +20,7 @@ from django.utils import timezone
 from accounts.models import User
 from community.selectors import badges_of_users
 from nodes.models import ONLINE_WINDOW, Node
-from nodes.presence import connected_among, connected_filter, with_connected
+from nodes.presence import PresenceUnknown, connected_among, connected_filter, is_connected, with_connected
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
@@ -148,7 +148,7 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
                 contributor=node.owner.public_name,
                 model_id=node.model_id,
                 hardware=node.hardware,
-                status=node.status_at(now, connected=node.id in connected),
+                status=node.status_at(now, connected=is_connected(connected, node.id)),
                 last_seen_at=node.last_seen_at,
                 public=not node.is_banned,
                 username=_page_username(node.owner),
@@ -182,7 +182,7 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
     connected = connected_among(nodes, now=now)
     out = {}
     for node in nodes:
-        status = node.status_at(now, connected=node.id in connected)
+        status = node.status_at(now, connected=is_connected(connected, node.id))
         out[node.id] = known.get(node.id) or NodeFigures(
             node_id=node.id,
             name=node.name,
@@ -319,13 +319,16 @@ def _swarm_node_ids(swarm_id: int, since: datetime) -> set[int]:
 def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
     swarm_id = None if swarm is None else swarm.id
     public = [f for f in node_figures_all() if f.public]
-    online_nodes = Node.objects.filter(
-        connected_filter(now=now),
-        last_seen_at__gte=now - ONLINE_WINDOW,
-        retired_at__isnull=True,
-        banned_at__isnull=True,
-        owner__banned_at__isnull=True,
-    )
+    try:
+        online_nodes = Node.objects.filter(
+            connected_filter(now=now),
+            last_seen_at__gte=now - ONLINE_WINDOW,
+            retired_at__isnull=True,
+            banned_at__isnull=True,
+            owner__banned_at__isnull=True,
+        )
+    except PresenceUnknown:  # shown as unknown, not as 0
+        online_nodes = None
     recent_window = timedelta(minutes=10)
     recent = Rollout.objects.filter(created_at__gte=now - recent_window)
     if swarm_id is None:
@@ -334,10 +337,11 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
         # A swarm's figures: its own groups, and the nodes active in it (a node may move between swarms).
         in_swarm = _swarm_node_ids(swarm_id, now - SWARM_ACTIVE_WINDOW)
         public = [f for f in public if f.node_id in in_swarm]
-        online_nodes = online_nodes.filter(id__in=in_swarm)
+        if online_nodes is not None:
+            online_nodes = online_nodes.filter(id__in=in_swarm)
         recent = recent.filter(swarm_id=swarm_id)
     figures = [f for f in public if _listed(f)]
-    online = online_nodes.count()
+    online: int | None = None if online_nodes is None else online_nodes.count()
     recent_groups = recent.count()
     window = current_limits().sample_window_seconds
     if swarm is not None and swarm.sample_window_seconds:

@@ -40,7 +40,7 @@ class TeamFiguresSerializer(serializers.Serializer):
     name = serializers.CharField()
     slug = serializers.CharField(help_text="The team's page: /teams/<slug>/.")
     members = serializers.IntegerField(help_text="Current members.")
-    nodes_online = serializers.IntegerField()
+    nodes_online = serializers.IntegerField(allow_null=True, help_text="Null while unknown (Redis down).")
     verified_reward = serializers.FloatField(help_text="Verified reward its members earned while members.")
     accepted = serializers.IntegerField(help_text="Groups accepted from its members while members.")
     recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life.")
@@ -109,7 +109,9 @@ class ArmsSerializer(serializers.Serializer):
 
 class SwarmSerializer(serializers.Serializer):
     generated_at = serializers.DateTimeField()
-    nodes_online = serializers.IntegerField()
+    nodes_online = serializers.IntegerField(
+        allow_null=True, help_text="Nodes with an open socket; null while that is unknown (Redis down)."
+    )
     nodes_total = serializers.IntegerField(help_text="Nodes on the leaderboard: not banned, a group accepted.")
     groups_per_minute = serializers.FloatField(help_text="Groups shared per minute, last 10 minutes.")
     pool_size = serializers.IntegerField(help_text="Sampleable groups inside the freshness window.")

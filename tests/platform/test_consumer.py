@@ -507,7 +507,7 @@ async def test_hundreds_of_sockets_joining_groups_at_once_wait_for_redis_connect
 
 async def test_a_socket_open_longer_than_the_group_expiry_still_receives_its_ban(settings, node, node_token):
     """Channel layers drop a group membership `group_expiry` after it was added (a day by default): the
-    process joins the closes group again every half of it (pool.closes), so a ban still closes a socket
+    process joins the closes group again within half of it (pool.closes), so a ban still closes a socket
     open for days."""
     from channels.layers import channel_layers
 
