@@ -153,10 +153,17 @@ def export_run(
 
 def base_model_line(model: str) -> tuple[str | None, str]:
     """(hub id for the card's metadata or None, how the card names the base model)."""
+    from sapo_node.packaged import PACKAGED
     from sapo_node.tiny import VARIANTS
 
     if model in VARIANTS:
         return None, f"`{model}`, a model built in to sapo-node (made locally by `sapo_node.tiny`, no download)"
+    if model in PACKAGED:
+        spec = PACKAGED[model]
+        return spec.hub_id, (
+            f"[{spec.hub_id}](https://huggingface.co/{spec.hub_id}), read from the {spec.gguf_file} file that"
+            f" the `{spec.distribution}` {spec.version} package ships (dequantised to float32)"
+        )
     if Path(model).exists():
         return None, f"a local model folder (`{Path(model).name}`)"
     return model, f"[{model}](https://huggingface.co/{model})"
