@@ -28,8 +28,11 @@ $(STAMP): requirements/base.txt requirements/dev.txt requirements/lock.txt node_
 	$(PIP) install -q ./native
 	touch $(STAMP)
 
+# Options of manage.py sapo_local, e.g. make run ARGS="--models smollm2-135m" (a real model's swarm).
+ARGS ?=
+
 run: $(STAMP)
-	$(PY) manage.py sapo_local
+	$(PY) manage.py sapo_local $(ARGS)
 
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
