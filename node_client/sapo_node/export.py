@@ -172,11 +172,18 @@ def model_names(model: str) -> tuple[str | None, str]:
 
 def base_model_line(model: str) -> tuple[str | None, str]:
     """(hub id for the card's metadata or None, how the card's table names the base model)."""
+    from sapo_node.packaged import PACKAGED
     from sapo_node.tiny import VARIANTS
 
     hub_id, name = model_names(model)
     if model in VARIANTS:
         return None, f"`{name}`, a model built in to sapo-node (made locally by `sapo_node.tiny`, no download)"
+    if model in PACKAGED:
+        spec = PACKAGED[model]
+        return spec.hub_id, (
+            f"[{spec.hub_id}](https://huggingface.co/{spec.hub_id}), read from the {spec.gguf_file} file that"
+            f" the `{spec.distribution}` {spec.version} package ships (dequantised to float32)"
+        )
     if hub_id is None:
         return None, f"a local model folder (`{name}`)"
     return hub_id, f"[{hub_id}](https://huggingface.co/{hub_id})"

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from sapo_node.packaged import PACKAGED, ensure_converted
 from sapo_node.tiny import VARIANTS, load_tiny
 
 #: The paper's model; any hub id or local folder of a causal LM works the same way.
@@ -57,7 +58,8 @@ def load_policy(
     dtype: str | torch.dtype | None = None,
 ) -> tuple[Any, Any, str]:
     """(model, tokenizer, device) for `model`: the built-in ones (sapo_node.tiny.VARIANTS) are built on
-    first use, on `device`, and cached in `cache_dir`; anything else is a hub id or local folder for from_pretrained."""
+    first use, on `device`, and cached in `cache_dir`; a packaged one (sapo_node.packaged.PACKAGED) is
+    converted into `cache_dir` on first use; anything else is a hub id or local folder for from_pretrained."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(device, dtype)
     if model in VARIANTS:
@@ -67,8 +69,11 @@ def load_policy(
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         hub_cache = str(cache_dir) if cache_dir else None
-        tokenizer = AutoTokenizer.from_pretrained(model, cache_dir=hub_cache)
-        policy = AutoModelForCausalLM.from_pretrained(model, cache_dir=hub_cache, dtype=torch_dtype).to(device)
+        source = model
+        if model in PACKAGED:  # shipped by a package: converted once into the node cache
+            source, hub_cache = str(ensure_converted(model, Path(cache_dir) if cache_dir else None)), None
+        tokenizer = AutoTokenizer.from_pretrained(source, cache_dir=hub_cache)
+        policy = AutoModelForCausalLM.from_pretrained(source, cache_dir=hub_cache, dtype=torch_dtype).to(device)
     prepare_tokenizer(tokenizer)
     if policy.generation_config.pad_token_id is None:
         policy.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -68,3 +68,9 @@ def test_gpu_learn_builds_its_own_model_on_the_papers_tasks():
     cfg = preset("gpu-learn")
     assert (cfg.model, cfg.catalogue, cfg.nodes, cfg.questions, cfg.generations) == ("small", "sapo", 8, 8, 8)
     assert 0 < cfg.time_limit < 600  # each invocation ends within 10 minutes; --resume goes on
+
+
+def test_cpu_real_is_the_packaged_real_model_silo_first_then_four_four():
+    cfg = preset("cpu-real")
+    assert (cfg.model, cfg.catalogue, cfg.nodes, len(cfg.seeds)) == ("smollm2-135m", "easy", 4, 3)
+    assert cfg.counts() == [("8/0", 4, 0), ("4/4", 2, 2)]

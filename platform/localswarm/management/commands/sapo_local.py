@@ -178,6 +178,8 @@ class Command(BaseCommand):
                 cmd += ["--rounds", str(rounds)]
             if external is not None:
                 cmd += ["--external", str(external)]
+            if model not in BUILT_IN_MODELS:
+                cmd += REAL_MODEL_FLAGS
             # Nodes share the machine's cores instead of each taking all of them (torch's default),
             # which on a small machine makes every node slower than one would be alone.
             node_env = {**env, "SAPO_TOKEN": token, "OMP_NUM_THREADS": _threads(len(plan))}
@@ -247,6 +249,10 @@ def demo_alerts_on(*, username: str) -> None:
 
 #: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).
 BUILT_IN_MODELS = ("tiny", "tiny-mini")
+
+#: Node options for any other model (a real one, e.g. smollm2-135m) on a laptop: a GRPO update of 16
+#: sequences of up to 256 new tokens at once held 11 GB for SmolLM2-135M (docs/node.md).
+REAL_MODEL_FLAGS = ["--max-new-tokens", "64", "--micro-batch", "4"]
 
 
 def _threads(processes: int) -> str:
