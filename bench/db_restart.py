@@ -127,13 +127,10 @@ def wait_for_database(url: str) -> None:
 
 
 def start_again(port: int) -> None:
-    """Starts the stopped server on its port, as common.embedded_db does (whose free-port check would
-    refuse it: the port's connections the crash left in TIME_WAIT; PostgreSQL binds with SO_REUSEADDR)."""
+    """Starts the stopped server on its port (common.embedded_db.start_on)."""
     from common import embedded_db
 
-    pgdata = embedded_db.pgdata_dir()
-    options = f"-h {embedded_db.HOST} -p {port} -k {pgdata} -c max_connections=200 -c synchronous_commit=off"
-    embedded_db._pg("pg_ctl", ["-w", "-t", "60", "-l", str(pgdata / "log"), "-o", options, "start"])
+    embedded_db.start_on(port)
 
 
 async def scenario(args, url: str, ws_url: str, tokens: list[str], log_path: Path, catalogue) -> int:

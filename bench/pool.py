@@ -98,6 +98,14 @@ def parse_args() -> argparse.Namespace:
         " comma-separated: each WebSocket path measured with each, in alternation (default: the server's)",
     )
     parser.add_argument(
+        "--synchronous-commit",
+        default="on",
+        choices=["on", "off", "both"],
+        help="the benchmark database's synchronous_commit (ALTER DATABASE, its own database only): on, each"
+        " acknowledged group waits for the disk, as the site runs; off, a crash may lose the last acknowledged"
+        " ones; both: each WebSocket path measured both ways, in alternation (what durability costs ingest)",
+    )
+    parser.add_argument(
         "--trees",
         default="",
         help="source trees the servers run (their platform/ and node_client/), comma-separated: each WebSocket"
@@ -430,6 +438,8 @@ async def run_clients(
 ROLLOUT_COLUMNS = [
     "id",
     "node_id",
+    "swarm_id",
+    "catalogue_version",
     "round",
     "dataset",
     "seed",
@@ -500,16 +510,19 @@ def share_path(
     native: bool = True,
     batch: int | None = None,
     tree: int | None = None,
+    durable: bool = True,
 ) -> str:
     """A WebSocket ingest path: "with" or "without" moderation rules, on `workers` server processes,
     pinned to cores of their own or not, with the C extension's loops or their twins, with the
-    servers' SAPO_SHARE_BATCH or `batch`, running this tree or the `tree`-th of --trees."""
+    servers' SAPO_SHARE_BATCH or `batch`, running this tree or the `tree`-th of --trees, with commits
+    that wait for the disk (`durable`) or not."""
     return (
         f"{moderation}/{workers}"
         + ("/pinned" if pinned else "")
         + ("" if native else "/numpy")
         + ("" if batch is None else f"/batch{batch}")
         + ("" if tree is None else f"/tree{tree}")
+        + ("" if durable else "/async-commit")
     )
 
 
@@ -534,6 +547,7 @@ def path_label(path: str, trees: list[Path] | None = None) -> str:
     moderation, workers, *rest = path.split("/")
     label = f"WebSocket share, {moderation} moderation rules, {workers} worker{'s' * (int(workers) > 1)}"
     label += (", pinned" if "pinned" in rest else "") + (", without C (SAPO_NATIVE=0)" if "numpy" in rest else "")
+    label += ", synchronous_commit off" if "async-commit" in rest else ""
     batch = path_batch(rest)
     if batch is not None:
         label += ", shares alone" if batch == 1 else f", up to {batch} shares together"
@@ -541,6 +555,19 @@ def path_label(path: str, trees: list[Path] | None = None) -> str:
     if tree is not None:
         label += f", tree {tree}" + (f" ({trees[tree]})" if trees else "")
     return label
+
+
+def set_synchronous_commit(args: argparse.Namespace, value: str) -> None:
+    """The benchmark database's default for the sessions its servers open next (never the server's)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}").format(
+                sql.Identifier(args.db_name), sql.Literal(value)
+            )
+        )
 
 
 def pinned_cores(workers: int) -> tuple[list[int], set[int]]:
@@ -565,18 +592,20 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
     natives = {"on": [True], "off": [False], "both": [True, False]}[args.native]
     batches = [int(b) for b in args.share_batch.split(",")] if args.share_batch else [None]
+    durables = {"on": [True], "off": [False], "both": [True, False]}[args.synchronous_commit]
     trees = server_trees(args)
     for tree in trees:
         if not (tree / "platform" / "config" / "asgi.py").is_file():
             raise SystemExit(f"--trees: {tree} holds no platform/config/asgi.py")
     shares = [
-        share_path(m, w, p, n, b, t)
+        share_path(m, w, p, n, b, t, d)
         for m in moderations
         for w in args.worker_counts
         for p in pins
         for n in natives
         for b in batches
         for t in (range(len(trees)) if trees else [None])
+        for d in durables
     ]
     paths = [*shares, "executemany", "COPY"]
     measures: dict[str, list[dict]] = {p: [] for p in paths}
@@ -593,6 +622,7 @@ def bench_ingest(args: argparse.Namespace) -> dict:
                 # of four paths) would pass a node's hourly storage budget, 64 MiB, and be refused.
                 NodeStorageHour.objects.all().delete()
                 moderation, workers, *rest = path.split("/")
+                set_synchronous_commit(args, "off" if "async-commit" in rest else "on")
                 pinned = "pinned" in rest
                 ports = [free_port() for _ in range(int(workers))]
                 everywhere = os.sched_getaffinity(0)
@@ -720,18 +750,18 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
 # --- (b) sampling -----------------------------------------------------------------------------
 
 FILL_SQL = """
-INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
-    completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
+INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index, question, answer,
+    completions, completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
 SELECT md5(%(tag)s || g::text)::uuid,
-       (%(authors)s)[1 + g %% cardinality(%(authors)s)],
+       (%(authors)s)[1 + g %% cardinality(%(authors)s)], %(swarm)s, 1,
        g / 100, 'basic_arithmetic', 7, g,
        'What is ' || g::text || ' + 1? Give the answer in <answer> tags.', (g + 1)::text,
        '["<answer>1</answer>", "<answer>2</answer>", "I think <answer>3</answer>", "<answer>4</answer>"]'::jsonb,
        4, '[1, 0, 0, 0]'::jsonb, '[1, 0, 0, 0]'::jsonb,
        'accepted', '', 'ok',
        (g %% 5 <> 0), (g %% 5 <> 0),
-       CASE WHEN g %% 5 <> 0 THEN nextval('pool_rollout_sample_seq') END,
+       CASE WHEN g %% 5 <> 0 THEN nextval(%(sequence)s::regclass) END,
        now() - make_interval(secs => (%(size)s - g) * %(spacing)s)
 FROM generate_series(%(start)s, %(stop)s) AS g
 """
@@ -743,7 +773,9 @@ def fill_pool(size: int, authors: list[int], window: int) -> None:
     from django.db import connection
 
     from sapo_node.progress import progress_bar
+    from swarms.services import swarm_default_ensure
 
+    swarm = swarm_default_ensure()  # the groups are the default swarm's, where a plain sample draws
     spacing = window * 1.1 / size
     step = 100_000
     with progress_bar(total=size, desc=f"filling to {size:,}", unit="group", leave=False) as bar:
@@ -753,6 +785,8 @@ def fill_pool(size: int, authors: list[int], window: int) -> None:
                 cur.execute(
                     FILL_SQL,
                     {
+                        "swarm": swarm.id,
+                        "sequence": swarm.sample_sequence,
                         "tag": f"s{size}",
                         "authors": authors,
                         "size": size,
@@ -775,6 +809,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
     from pool.consumers import _sampled_groups
     from pool.models import Rollout
     from sapo_node.progress import progress_bar
+    from swarms.services import swarm_default_ensure
 
     window = 86_400
     nodes = make_nodes(20, "author")
@@ -801,8 +836,9 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             fill_pool(size, authors, window)
             fill_s[size] = time.perf_counter() - start
             assert Rollout.objects.count() == size
+            swarm_id = swarm_default_ensure().id  # the same in every copy of the template database
             for _ in range(20):  # warm caches and the connection
-                _sampled_groups(node=asker, n=args.n, window_seconds=window)
+                _sampled_groups(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         got = dict.fromkeys(sizes, 0)
         load_start = load1()
@@ -810,7 +846,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             for size, alias in aliases.items():
                 connections["default"] = connections[alias]
                 t0 = time.perf_counter()
-                drawn = _sampled_groups(node=asker, n=args.n, window_seconds=window)
+                drawn = _sampled_groups(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
                 timings[size].append((time.perf_counter() - t0) * 1000)
                 rows = json.loads(drawn.text)
                 got[size] += len(rows)

@@ -119,10 +119,12 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
 
     from django.db import connection
 
-    from pool.limits import current_catalogue, current_limits
+    from pool.limits import current_limits
     from pool.messages import parse_frame
     from pool.models import Rollout
     from pool.seams import NO_MODERATION, moderation_register
+    from swarms.selectors import swarm_place
+    from swarms.services import swarm_default_ensure
 
     try:
         from pool.ingest import rollout_share
@@ -162,7 +164,7 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     nodes = [node for node, _ in bench_pool.make_nodes(args.connections, "cpu")]
     frames = bench_pool.build_frames(args, seeds=[1000 + i for i in range(args.connections)])
     order = [(c, m) for m in range(args.messages) for c in range(args.connections)]
-    limits, catalogue = current_limits(), current_catalogue()
+    limits, catalogue = current_limits(), swarm_place(swarm=swarm_default_ensure()).catalogue
     connection.ensure_connection()
     pid = connection.connection.info.backend_pid
     backend_pid.append(pid)

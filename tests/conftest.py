@@ -82,6 +82,15 @@ _limit_redis: dict[str, Any] = {}
 
 
 @pytest.fixture(autouse=True)
+def _fresh_swarm_places() -> None:
+    """A process keeps each swarm's place a few seconds (pool.swarm_places): a test's database (rolled
+    back, or emptied after a transactional test) does not hold the previous test's swarms."""
+    from pool.swarm_places import place_forget
+
+    place_forget()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_abuse_limits() -> None:
     """Abuse-limit counters (accounts.limits: log-in failures, sign-ups, node creations, API throttles)
     start at zero in every test, as they would for a new client: the whole run comes from 127.0.0.1 and
@@ -175,11 +184,6 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path
     from django.conf import settings
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-    if log_path is not None:
-        handler = logging.FileHandler(log_path)
-        handler.setLevel(logging.WARNING)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
     # Each server has a presence name of its own (a test that restarts "the same server" names it).
     settings.SAPO_SERVER_NAME = f"test-server-{os.getpid()}"
     for name, value in (settings_overrides or {}).items():
@@ -201,6 +205,11 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path
     from pool.limits import current_limits
 
     follow_frame_limit(current_limits().websocket_max_bytes)  # config.asgi may have been imported before the overrides
+    if log_path is not None:  # after config.asgi: its first import sets logging up afresh (django.setup)
+        handler = logging.FileHandler(log_path)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
     return ASGIStaticFilesHandler(application)
 
 
@@ -238,6 +247,15 @@ def _isolate_channel_layer() -> None:
         if config.get("prefix") != prefix:
             config["prefix"] = prefix
             channel_layers.backends.clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_outage_under_way() -> None:
+    """common.outage's state is per process: an outage a test left "under way" must not hide the next
+    test's first log line (or log its end)."""
+    from common.outage import forget_outages
+
+    forget_outages()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,6 +13,10 @@ from accounts.services import user_create
 from common.errors import ApplicationError
 from nodes.models import Node, NodeToken
 from nodes.services import node_create, node_token_issue
+from sapo_node.tasks import CATALOGUES
+from swarms.catalogue import entries_of_catalogue
+from swarms.models import Swarm
+from swarms.services import swarm_create
 
 DEFAULT_PASSWORD = "a-long-test-passphrase-42"
 _sequence = itertools.count(1)
@@ -64,3 +68,13 @@ def socket_node(token: str | None, connection_id: uuid.UUID | None = None) -> No
     if isinstance(answer, ApplicationError):
         raise answer
     return answer
+
+
+def make_swarm(*, slug: str | None = None, catalogue: str = "easy", actor: User | None = None, **fields) -> Swarm:
+    """An open swarm whose first catalogue version is the named catalogue's tasks (sapo_node.tasks.CATALOGUES)."""
+    n = next(_sequence)
+    actor = actor or make_user(is_staff=True)
+    entries = entries_of_catalogue(CATALOGUES[catalogue])
+    return swarm_create(
+        actor=actor, slug=slug or f"swarm-{n}", title=fields.pop("title", f"Swarm {n}"), entries=entries, **fields
+    )

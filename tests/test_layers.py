@@ -18,6 +18,7 @@ LAYERS = [
     "sapo_node",
     "common",
     "accounts",
+    "swarms",
     "nodes",
     "pool",
     "moderation",

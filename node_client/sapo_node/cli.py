@@ -1,6 +1,7 @@
 """The `sapo-node` command line.
 
-    sapo-node run --server wss://HOST/ws/node/ --token TOKEN      # join a swarm
+    sapo-node run --server wss://HOST/ws/node/ --token TOKEN      # join the site's default swarm
+    sapo-node run --server ... --token ... --swarm SLUG           # join one of its swarms (or: any)
     sapo-node run --offline --rounds 20 --out runs/silo           # train alone
     sapo-node run --resume --out runs/silo --rounds 40            # continue a stopped run
     sapo-node export --run runs/silo --out models/silo            # the trained model, as a HF folder
@@ -160,10 +161,12 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
             )
     config.server = os.environ.get("SAPO_SERVER") or config.server
     config.token = os.environ.get("SAPO_TOKEN") or None
+    config.swarm = os.environ.get("SAPO_SWARM") or config.swarm
     return dataclasses.replace(config, **given)
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from sapo_node.checkpoint import CheckpointError
     from sapo_node.loop import run  # torch and transformers load only when a run starts
 
     try:
@@ -173,7 +176,11 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sapo-node run: error: {exc}", file=sys.stderr)
         return 2
-    result = run(config)
+    try:
+        result = run(config)
+    except CheckpointError as exc:
+        print(f"sapo-node run: error: {exc}", file=sys.stderr)
+        return 2
     if result.interrupted:
         print(f"stopped after round {result.last_round}; continue with: sapo-node run --resume --out {result.out}")
         return 130

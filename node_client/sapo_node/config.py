@@ -29,6 +29,9 @@ class NodeConfig:
     """WebSocket URL of the platform's node endpoint, e.g. wss://sapo.example.org/ws/node/ (also SAPO_SERVER)."""
     token: str | None = None
     """The node's token, sent as `Authorization: Bearer`; also read from SAPO_TOKEN. Never saved."""
+    swarm: str | None = None
+    """The site's swarm to join, by its slug (the site lists them at /swarms/), or `any` to let the server
+    choose the open swarm that needs nodes most; none: the site's default swarm (also SAPO_SWARM)."""
     offline: bool = False
     """Train in silo: no server, no sharing, no external groups (J is then 0 in effect)."""
     model: str = "tiny"

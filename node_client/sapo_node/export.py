@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from sapo_node import __version__
 from sapo_node.config import NodeConfig
@@ -64,9 +66,7 @@ class Evaluation:
 
 def read_run(run: Path) -> TrainedRun:
     """The run's saved config and its latest checkpoint (round, catalogue)."""
-    import torch
-
-    from sapo_node.checkpoint import latest_checkpoint
+    from sapo_node.checkpoint import CheckpointError, latest_checkpoint, read_state
 
     run = Path(run)
     config_path = run / "config.json"
@@ -78,11 +78,11 @@ def read_run(run: Path) -> TrainedRun:
         raise ExportError(
             f"{run} has no checkpoint yet: a run writes one every --checkpoint-every rounds and at Ctrl-C"
         )
-    saved = torch.load(checkpoint / "state.pt", weights_only=False)  # our own file: python RNG tuples
-    from sapo_node.tasks import Catalogue
-
-    catalogue = Catalogue.from_json(json.loads(saved["catalogue"]))
-    return TrainedRun(config, checkpoint, int(saved["round"]), catalogue)
+    try:
+        saved = read_state(checkpoint)
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from exc
+    return TrainedRun(config, checkpoint, saved.round, saved.catalogue)
 
 
 def evaluate_both_ways(model: Any, tokenizer: Any, catalogue: Catalogue, *, n: int, max_new_tokens: int) -> dict:
@@ -108,8 +108,7 @@ def export_run(
     """Evaluate the base model, load the checkpoint into it, evaluate again, write the folder.
 
     The folder is written beside `out` and renamed into place, so a failure leaves no half export."""
-    import torch
-
+    from sapo_node.checkpoint import CheckpointError, load_tensors
     from sapo_node.models import load_policy
     from sapo_node.tiny import quiet_transformers
 
@@ -120,7 +119,10 @@ def export_run(
     config = trained.config.resolved()
     max_new_tokens = max_new_tokens or config.max_new_tokens
     # The checkpoint's tensors keep the dtype the node trained in; the export keeps it too.
-    state_dict = torch.load(trained.checkpoint / "model.pt", map_location="cpu", weights_only=True)
+    try:
+        state_dict = load_tensors(trained.checkpoint / "model.pt")
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from exc
     dtype = next(t.dtype for t in state_dict.values() if t.is_floating_point())
     try:  # the architecture and tokenizer come from the base model, as the run loaded it
         model, tokenizer, _ = load_policy(config.model, device=device, dtype=dtype)
@@ -151,21 +153,41 @@ def export_run(
     return trained, evaluation
 
 
-def base_model_line(model: str) -> tuple[str | None, str]:
-    """(hub id for the card's metadata or None, how the card names the base model)."""
+#: What the hub accepts as a model id: an optional owner and a name, letters, digits, "-", "_", ".".
+HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def model_names(model: str) -> tuple[str | None, str]:
+    """(hub id or None, the name the card gives the base model). A local folder is named by its last
+    component only: its full path (a home folder, a user name) stays on this machine."""
     from sapo_node.tiny import VARIANTS
 
     if model in VARIANTS:
-        return None, f"`{model}`, a model built in to sapo-node (made locally by `sapo_node.tiny`, no download)"
-    if Path(model).exists():
-        return None, f"a local model folder (`{Path(model).name}`)"
-    return model, f"[{model}](https://huggingface.co/{model})"
+        return None, model
+    path = Path(model).expanduser()
+    if path.exists() or not HUB_ID.match(model) or ".." in model:
+        return None, re.split(r"[\\/]", str(path.resolve()))[-1] or "a local folder"
+    return model, model
+
+
+def base_model_line(model: str) -> tuple[str | None, str]:
+    """(hub id for the card's metadata or None, how the card's table names the base model)."""
+    from sapo_node.tiny import VARIANTS
+
+    hub_id, name = model_names(model)
+    if model in VARIANTS:
+        return None, f"`{name}`, a model built in to sapo-node (made locally by `sapo_node.tiny`, no download)"
+    if hub_id is None:
+        return None, f"a local model folder (`{name}`)"
+    return hub_id, f"[{hub_id}](https://huggingface.co/{hub_id})"
 
 
 def swarm_line(config: NodeConfig) -> str:
     if config.offline or not config.server:
         return "none: the node trained alone (silo), on its own rollouts only"
-    return f"the swarm at `{config.server}`"
+    parts = urlsplit(config.server)  # a user name, password or query in the URL stays on this machine
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return f"the swarm at `{parts._replace(netloc=host, query='', fragment='').geturl()}`"
 
 
 def model_card(trained: TrainedRun, evaluation: Evaluation) -> str:
@@ -186,7 +208,7 @@ def model_card(trained: TrainedRun, evaluation: Evaluation) -> str:
     lines = [
         *front,
         "",
-        f"# {config.model} trained with SAPO",
+        f"# {model_names(config.model)[1]} trained with SAPO",
         "",
         f"Post-trained with GRPO on verifiable reasoning-gym tasks by a SAPO node (sapo-node {__version__}): "
         "each round it trains on I groups of its own rollouts and J groups shared by other nodes of its swarm.",

@@ -28,7 +28,7 @@ import torch
 from sapo_node import __version__
 from sapo_node.assemble import assemble
 from sapo_node.baseline import OwnBaseline
-from sapo_node.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoint, restore_checkpoint, save_checkpoint
 from sapo_node.config import NodeConfig
 from sapo_node.generate import generate_completions, pad_id
 from sapo_node.grpo import grpo_update, make_optimizer
@@ -116,21 +116,30 @@ def start_node(
         reference = copy.deepcopy(model) if policy is not None else load_model(config)[0]
         reference.requires_grad_(False)
     optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
+    # Read (and check) the checkpoint before saying hello: one that cannot be read safely stops here.
+    found = latest_checkpoint(out) if config.resume else None
+    checkpoint = read_checkpoint(found, next(model.parameters()).device) if found is not None else None
 
     # ---- the swarm: say hello, take its catalogue if it answers in time
     owns_transport = transport is None
     transport = transport if transport is not None else make_transport(config, out)
     transport.start(
-        Hello(f"sapo-node/{__version__}", config.model, describe_hardware(config.device), config.local, config.external)
+        Hello(
+            f"sapo-node/{__version__}",
+            config.model,
+            describe_hardware(config.device),
+            config.local,
+            config.external,
+            swarm=config.swarm,
+        )
     )
     stream = TaskStream(starting_catalogue(transport, config), config.seed)
     state = TrainingState(model, optimizer, stream, random.Random(config.seed + 1))
 
     last = 0
     if config.resume:
-        found = latest_checkpoint(out)
-        if found is not None:
-            last = load_checkpoint(found, state)
+        if checkpoint is not None:
+            last = restore_checkpoint(checkpoint, state)
         print(
             f"resumed from {found} (round {last})" if found else f"no checkpoint in {out}: starting at round 1",
             flush=True,
@@ -240,16 +249,16 @@ def play_round(
     node.metrics_log.write(row)
     transport.report(round_report(n, row, train_set, local=config.local, external=config.external))
     if config.checkpoint_every and n % config.checkpoint_every == 0:
-        save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints)
-        node.last_saved = n
+        if save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints) is not None:
+            node.last_saved = n
     return row
 
 
 def finish_node(node: Node) -> None:
     """Checkpoint the last complete round, give pending shares a last chance, close what we opened."""
     if node.last_round > node.last_saved:
-        save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints)
-        node.last_saved = node.last_round
+        if save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints) is not None:
+            node.last_saved = node.last_round
     transport = node.transport
     if not isinstance(transport, SiloTransport) and not transport.flush(node.config.flush_wait):
         print(f"{transport.counts().pending} shared groups still wait for the server; they stay in the outbox")

@@ -4,6 +4,8 @@ tqdm line (reward mean, groups kept, verdicts on shares, tokens/s, connection st
 from __future__ import annotations
 
 import json
+import logging
+import os
 import statistics
 import sys
 import time
@@ -17,6 +19,8 @@ from sapo_node.groups import Group, TrainGroup
 from sapo_node.grpo import UpdateStats
 from sapo_node.progress import is_terminal, progress_bar
 from sapo_node.transport.base import TransportCounts
+
+log = logging.getLogger("sapo_node.metrics")
 
 PHASES = ("sample", "generate", "score", "share", "assemble", "update")
 
@@ -117,14 +121,36 @@ def round_report(
 
 
 class MetricsLog:
-    """Appends one JSON line per round to metrics.jsonl (a resumed run appends to the same file)."""
+    """Appends one JSON line per round to metrics.jsonl (a resumed run appends to the same file). A
+    line the disk cannot take (full) is left out whole, the run goes on, and the log says so once."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.failing = False
 
     def write(self, row: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        data = (json.dumps(row) + "\n").encode()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                except OSError:
+                    os.ftruncate(fd, start)  # no half line for a reader to trip on
+                    raise
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self.failing:
+                self.failing = True
+                log.error("metrics.jsonl cannot be written (%s); rounds go on unrecorded until it can", exc)
+            return
+        if self.failing:
+            self.failing = False
+            log.warning("metrics.jsonl is written again")
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():

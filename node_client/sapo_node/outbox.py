@@ -5,6 +5,11 @@ until the server acknowledges it, accepted or rejected; after a lost connection 
 is sent again, and since the server treats a resent id idempotently, each group is stored once by
 the pool. A rejected group keeps its reason and is never sent again. sqlite3 (stdlib) gives atomic
 commits, so a crash between two writes loses nothing that was committed.
+
+An accepted group keeps its text for ACK_RETENTION_SECONDS after its acknowledgement (then only its
+id and verdict stay): if the server's database is restored from a backup older than that, the
+groups it lost are sent again (`requeue_acknowledged`, when the pool's epoch in `welcome` changes:
+platform/pool/epoch.py). The epoch last seen is kept here too (`epoch`, `set_epoch`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ from pathlib import Path
 from typing import Any
 
 PENDING, ACCEPTED, REJECTED = "pending", "accepted", "rejected"
+
+#: Seconds an accepted group's text is kept after its acknowledgement, to be sent again to a server
+#: restored from a backup (docs/deploy.md, "Backups and restore": longer than the time between backups).
+ACK_RETENTION_SECONDS = 3 * 86_400
+#: Seconds between two clean-ups of the texts past the retention.
+PRUNE_EVERY_SECONDS = 3600.0
 
 
 class Outbox:
@@ -33,6 +44,8 @@ class Outbox:
             " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, payload TEXT,"
             " state TEXT NOT NULL, reason TEXT, created REAL NOT NULL, done REAL)"
         )
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._pruned_at = 0.0
 
     def put(self, rollouts: list[dict[str, Any]]) -> None:
         """Queue wire-form rollouts; an id already queued is left as it is."""
@@ -42,6 +55,12 @@ class Outbox:
                 "INSERT OR IGNORE INTO outbox (id, payload, state, created) VALUES (?, ?, ?, ?)",
                 [(r["id"], json.dumps(r), PENDING, now) for r in rollouts],
             )
+            if now - self._pruned_at > PRUNE_EVERY_SECONDS:
+                self._pruned_at = now
+                self._db.execute(
+                    "UPDATE outbox SET payload = NULL WHERE state = ? AND payload IS NOT NULL AND done < ?",
+                    (ACCEPTED, now - ACK_RETENTION_SECONDS),
+                )
 
     def pending(self, limit: int = 1000, exclude: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
         """The oldest pending rollouts (wire form), skipping ids in `exclude` (those in flight)."""
@@ -52,13 +71,36 @@ class Outbox:
         return [json.loads(payload) for id_, payload in rows if id_ not in exclude][:limit]
 
     def mark(self, id_: str, state: str, reason: str | None = None) -> bool:
-        """Record the server's verdict on a pending group (its text is dropped); False if not pending."""
+        """Record the server's verdict on a pending group (a rejected group's text is dropped, an
+        accepted one's kept for ACK_RETENTION_SECONDS); False if not pending."""
         with self._lock, self._db:
             cur = self._db.execute(
-                "UPDATE outbox SET state = ?, reason = ?, payload = NULL, done = ? WHERE id = ? AND state = ?",
-                (state, reason, time.time(), id_, PENDING),
+                "UPDATE outbox SET state = ?, reason = ?, done = ?,"
+                " payload = CASE WHEN ? = ? THEN payload END WHERE id = ? AND state = ?",
+                (state, reason, time.time(), state, ACCEPTED, id_, PENDING),
             )
         return cur.rowcount == 1
+
+    def requeue_acknowledged(self, since: float) -> int:
+        """Make the accepted groups acknowledged at or after `since` (Unix time) that still have their
+        text pending again (sent again); returns how many."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "UPDATE outbox SET state = ?, reason = NULL, done = NULL"
+                " WHERE state = ? AND payload IS NOT NULL AND done >= ?",
+                (PENDING, ACCEPTED, since),
+            )
+        return cur.rowcount
+
+    def epoch(self) -> str | None:
+        """The pool epoch this node last saw (None: none yet)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'pool_epoch'").fetchone()
+        return row[0] if row else None
+
+    def set_epoch(self, epoch: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('pool_epoch', ?)", (epoch,))
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -42,7 +42,16 @@ WELCOME = "welcome"
 ACK = "ack"
 SAMPLES = "samples"
 ERROR = "error"
-SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR)
+#: The node's swarm was opened, paused or retired while it was connected ("state", "swarm", "detail").
+SWARM_STATE = "swarm_state"
+SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR, SWARM_STATE)
+
+#: What `hello.swarm` may say instead of a swarm's slug: let the server choose (docs/protocol.md).
+ANY_SWARM = "any"
+#: A swarm's states, as `welcome.swarm.state` and `swarm_state.state` say them.
+STATE_OPEN = "open"
+STATE_PAUSED = "paused"
+STATE_RETIRED = "retired"
 
 # Error codes: an `error` frame's "code" (docs/protocol.md, "Errors"). The frame is refused whole and
 # nothing of it is stored; the socket stays open.
@@ -59,6 +68,9 @@ TOO_MANY_USED = "too_many_used"  # report.used over max_used_per_report
 RATE_LIMITED = "rate_limited"  # over the node's message, byte or CPU budget: not now, later
 OVER_BUDGET = "over_budget"  # the hourly storage budget of the node or its contributor is used up
 INTERNAL_ERROR = "internal_error"  # the server failed while handling the frame
+UNKNOWN_SWARM = "unknown_swarm"  # hello names no swarm of this site (then closed with CLOSE_UNKNOWN_SWARM)
+SWARM_RETIRED = "swarm_retired"  # hello names a retired swarm (then closed with CLOSE_SWARM_RETIRED)
+SWARM_PAUSED = "swarm_paused"  # a share or sample while the node's swarm is paused: train in silo meanwhile
 ERROR_CODES = (
     INVALID_JSON,
     UNSUPPORTED_VERSION,
@@ -73,6 +85,9 @@ ERROR_CODES = (
     RATE_LIMITED,
     OVER_BUDGET,
     INTERNAL_ERROR,
+    UNKNOWN_SWARM,
+    SWARM_RETIRED,
+    SWARM_PAUSED,
 )
 
 # WebSocket close codes the server uses (and HTTP statuses at the upgrade map onto the first two).
@@ -80,10 +95,19 @@ CLOSE_UNAUTHENTICATED = 4401  # no/bad token, tokens revoked, node retired: retr
 CLOSE_BANNED = 4403  # the node or its contributor is banned
 CLOSE_TOO_MANY_ERRORS = 4429  # max_consecutive_errors error replies in a row
 CLOSE_TRY_AGAIN = 4503  # the server could not open the session now (its database or Redis failed): retry later
+CLOSE_UNKNOWN_SWARM = 4404  # hello named no swarm of this site: retrying cannot help
+CLOSE_SWARM_RETIRED = 4410  # the node's swarm is retired (at hello, or while connected): retrying cannot help
 #: Every close code the server sends itself. An application may send only 1000 or 3000-4999 (RFC 6455
 #: 7.4.2; autobahn, under daphne, raises on any other, e.g. 1011, and the node then gets daphne's
 #: own 1011 for an unhandled exception instead); tests/platform/test_close_codes.py holds them to it.
-SERVER_CLOSE_CODES = (CLOSE_UNAUTHENTICATED, CLOSE_BANNED, CLOSE_TOO_MANY_ERRORS, CLOSE_TRY_AGAIN)
+SERVER_CLOSE_CODES = (
+    CLOSE_UNAUTHENTICATED,
+    CLOSE_BANNED,
+    CLOSE_TOO_MANY_ERRORS,
+    CLOSE_TRY_AGAIN,
+    CLOSE_UNKNOWN_SWARM,
+    CLOSE_SWARM_RETIRED,
+)
 #: HTTP answers to the upgrade after which retrying cannot help. Not 403: daphne answers 403 to a
 #: handshake its application did not accept within --websocket_connect_timeout (a server busy with a
 #: crowd of reconnecting nodes), and the platform refuses a banned node after accepting (close 4403).

@@ -34,6 +34,9 @@ class Catalogue:
 
     name: str
     tasks: tuple[TaskSpec, ...]
+    #: Each task's share of a node's draws, in the order of `tasks`; empty: all alike. A swarm's
+    #: catalogue sets them (the server's `welcome`); the named catalogues below leave them empty.
+    weights: tuple[float, ...] = ()
 
     def get(self, dataset: str) -> TaskSpec | None:
         for spec in self.tasks:
@@ -46,14 +49,20 @@ class Catalogue:
         return [spec.dataset for spec in self.tasks]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "tasks": [spec.to_json() for spec in self.tasks]}
+        tasks = [spec.to_json() for spec in self.tasks]
+        for task, weight in zip(tasks, self.weights, strict=False):
+            task["weight"] = weight
+        return {"name": self.name, "tasks": tasks}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Catalogue:
         tasks = tuple(TaskSpec(t["dataset"], dict(t.get("config") or {})) for t in data["tasks"])
         if not tasks:
             raise ValueError("a catalogue needs at least one task")
-        return cls(name=str(data.get("name", "custom")), tasks=tasks)
+        weights = tuple(float(t["weight"]) for t in data["tasks"] if "weight" in t)
+        if weights and (len(weights) != len(tasks) or not all(w > 0 for w in weights)):
+            weights = ()  # a weight missing or not positive: draw alike rather than guess
+        return cls(name=str(data.get("name", "custom")), tasks=tasks, weights=weights)
 
 
 # The nine specialties of the SAPO paper's demo, with its configurations (shared/SAPO.md).
@@ -246,7 +255,7 @@ class TaskRef:
 class TaskStream:
     """A node's own stream of questions, deterministic in the node's seed.
 
-    Each draw picks a dataset uniformly from the catalogue and a fresh index, so two nodes with
+    Each draw picks a dataset from the catalogue (by its weights, if it has any, else uniformly) and a fresh index, so two nodes with
     different seeds see different questions and a resumed node can restore the stream's state.
     """
 
@@ -257,8 +266,12 @@ class TaskStream:
 
     def draw(self, n: int) -> list[TaskRef]:
         refs = []
+        weights = self.catalogue.weights
         for _ in range(n):
-            spec = self._rng.choice(self.catalogue.tasks)
+            if weights:
+                (spec,) = self._rng.choices(self.catalogue.tasks, weights=weights)
+            else:
+                spec = self._rng.choice(self.catalogue.tasks)
             refs.append(TaskRef(spec.dataset, self.seed, self._rng.randrange(MAX_INDEX)))
         return refs
 

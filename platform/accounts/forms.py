@@ -8,7 +8,8 @@ from django.contrib.auth.forms import AuthenticationForm
 from accounts.backends import LOCKED_ATTR
 from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
 from accounts.passwords import MAX_PASSWORD_LENGTH
-from accounts.services import display_name_is_taken
+from accounts.services import display_name_clean, display_name_is_taken
+from common.errors import ApplicationError
 
 LOCKED_MESSAGE = (
     "Too many failed log-ins for this account or from your network. Log-in is locked for %(minutes)s more "
@@ -73,9 +74,10 @@ class SignupForm(forms.Form):
         return username
 
     def clean_display_name(self) -> str:
-        display_name = " ".join(self.cleaned_data["display_name"].split())
-        if not display_name:
-            raise forms.ValidationError("A display name is required.")
+        try:
+            display_name = display_name_clean(self.cleaned_data["display_name"])
+        except ApplicationError as exc:
+            raise forms.ValidationError(exc.message, code=exc.code) from None
         if display_name_is_taken(display_name):
             raise forms.ValidationError("This display name is taken.")
         return display_name

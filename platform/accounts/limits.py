@@ -9,7 +9,9 @@ clock boundary (a fixed-minute window would let 2N through across one).
 Where counts live: in Redis when REDIS_URL is set (one key per counter: SET NX EX, INCR and TTL in one
 MULTI, so the key never loses its expiry), else in PostgreSQL (one `LimitCounter` row per counter,
 upserted). Both are shared by every server process; process memory is not, so there is no in-process
-fallback: a limit counted per process multiplies by the number of workers.
+fallback: a limit counted per process multiplies by the number of workers. While Redis is down the
+counters go to PostgreSQL (one log line per outage, common.outage): the API, the log-in and the limits
+keep working, their windows starting afresh there.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from accounts.models import LimitCounter
+from common import outage
 from common.errors import RateLimited
 from common.redis_client import redis_client
 
@@ -49,12 +53,17 @@ def hit(name: str, ident: str, *, window: int) -> Count:
     """Count one hit on counter (name, ident), opening a `window`-second window if none is open."""
     key = _key(name, ident)
     if settings.REDIS_URL:
-        with redis_client().pipeline(transaction=True) as pipe:
-            pipe.set(_redis_key(key), 0, ex=window, nx=True)
-            pipe.incr(_redis_key(key))
-            pipe.ttl(_redis_key(key))
-            _, count, ttl = pipe.execute()
-        return Count(int(count), max(int(ttl), 1))
+        try:
+            with redis_client().pipeline(transaction=True) as pipe:
+                pipe.set(_redis_key(key), 0, ex=window, nx=True)
+                pipe.incr(_redis_key(key))
+                pipe.ttl(_redis_key(key))
+                _, count, ttl = pipe.execute()
+        except RedisError as exc:  # counted in PostgreSQL while Redis is down (one log line)
+            outage.REDIS.failed(exc)
+        else:
+            outage.REDIS.answered()
+            return Count(int(count), max(int(ttl), 1))
     now = timezone.now()
     table = LimitCounter._meta.db_table
     # Raw SQL: one atomic INSERT ... ON CONFLICT increments the row or reopens an expired window;
@@ -89,11 +98,15 @@ def peek(name: str, ident: str) -> Count:
     """The counter as it stands, without counting."""
     key = _key(name, ident)
     if settings.REDIS_URL:
-        with redis_client().pipeline(transaction=True) as pipe:
-            pipe.get(_redis_key(key))
-            pipe.ttl(_redis_key(key))
-            count, ttl = pipe.execute()
-        return Count(int(count), max(int(ttl), 1)) if count is not None and ttl != -2 else Count(0, 0)
+        try:
+            with redis_client().pipeline(transaction=True) as pipe:
+                pipe.get(_redis_key(key))
+                pipe.ttl(_redis_key(key))
+                count, ttl = pipe.execute()
+        except RedisError as exc:  # what hit() counted in PostgreSQL meanwhile
+            outage.REDIS.failed(exc)
+        else:
+            return Count(int(count), max(int(ttl), 1)) if count is not None and ttl != -2 else Count(0, 0)
     now = timezone.now()
     row = LimitCounter.objects.filter(key=key, expires_at__gt=now).values_list("count", "expires_at").first()
     if row is None:
@@ -105,9 +118,12 @@ def clear(name: str, ident: str) -> None:
     """Close the counter's window (its next hit opens a new one)."""
     key = _key(name, ident)
     if settings.REDIS_URL:
-        redis_client().delete(_redis_key(key))
-    else:
-        LimitCounter.objects.filter(key=key).delete()
+        try:
+            redis_client().delete(_redis_key(key))
+            return
+        except RedisError as exc:  # what hit() counted in PostgreSQL meanwhile
+            outage.REDIS.failed(exc)
+    LimitCounter.objects.filter(key=key).delete()
 
 
 def consume(name: str, ident: str, *, limit: int, window: int, what: str) -> None:

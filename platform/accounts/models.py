@@ -22,6 +22,12 @@ class User(AbstractUser):
         blank=True,
         help_text="Public name shown on the leaderboard. Unique, case-insensitively.",
     )
+    display_name_skeleton = models.CharField(
+        max_length=10 * DISPLAY_NAME_MAX_LENGTH,
+        blank=True,
+        db_index=True,
+        help_text="The display name's confusable skeleton (common.names): no two accounts share one.",
+    )
     banned_at = models.DateTimeField(null=True, blank=True)
     profile_private = models.BooleanField(
         default=False, help_text='Shown as "anonymous" to others; public pages answer 404 to them.'

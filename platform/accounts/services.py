@@ -3,25 +3,42 @@ from __future__ import annotations
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
-from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
+from accounts import events
+from accounts.models import ANONYMOUS, DISPLAY_NAME_MAX_LENGTH, User
+from common import names
 from common.errors import ApplicationError
 
 
 def display_name_is_taken(display_name: str, *, exclude_user_id: int | None = None) -> bool:
-    queryset = User.objects.filter(display_name__iexact=display_name)
+    """Whether another account's display name reads the same (case and look-alike letters aside)."""
+    queryset = User.objects.filter(
+        Q(display_name__iexact=display_name) | names.skeleton_filter("display_name_skeleton", display_name)
+    )
     if exclude_user_id is not None:
         queryset = queryset.exclude(id=exclude_user_id)
     return queryset.exists()
 
 
-def _clean_display_name(display_name: str) -> str:
-    display_name = " ".join(display_name.split())
+def display_name_clean(display_name: object) -> str:
+    """The display name with its whitespace collapsed. Raises ApplicationError (field "display_name"):
+    invalid_display_name (empty, too long, invisible characters, look-alike scripts: common.names),
+    display_name_reserved ("anonymous" in any spelling that looks like it)."""
+    display_name = " ".join(str(display_name or "").split())
+    field = {"field": "display_name"}
     if not display_name:
-        raise ApplicationError("invalid_display_name", "A display name is required.")
+        raise ApplicationError("invalid_display_name", "A display name is required.", extra=field)
     if len(display_name) > DISPLAY_NAME_MAX_LENGTH:
         raise ApplicationError(
-            "invalid_display_name", f"A display name has at most {DISPLAY_NAME_MAX_LENGTH} characters."
+            "invalid_display_name", f"A display name has at most {DISPLAY_NAME_MAX_LENGTH} characters.", extra=field
+        )
+    problem = names.name_problem(display_name)
+    if problem is not None:
+        raise ApplicationError("invalid_display_name", f"The display name {problem}.", extra=field)
+    if names.looks_like(display_name, ANONYMOUS):
+        raise ApplicationError(
+            "display_name_reserved", f"The display name {ANONYMOUS!r} is reserved for private profiles.", extra=field
         )
     return display_name
 
@@ -29,10 +46,15 @@ def _clean_display_name(display_name: str) -> str:
 def user_create(*, username: str, display_name: str, password: str | None) -> User:
     """Create a contributor. `password=None` gives an unusable password (accounts made by commands).
 
-    Raises ApplicationError: username_taken, display_name_taken, invalid_display_name, invalid_password.
+    Raises ApplicationError: username_taken, display_name_taken, invalid_display_name, display_name_reserved,
+    invalid_password.
     """
-    display_name = _clean_display_name(display_name)
-    user = User(username=User.normalize_username(username), display_name=display_name)
+    display_name = display_name_clean(display_name)
+    user = User(
+        username=User.normalize_username(username),
+        display_name=display_name,
+        display_name_skeleton=names.skeleton(display_name),
+    )
     if password is None:
         user.set_unusable_password()
     else:
@@ -54,7 +76,11 @@ def user_create(*, username: str, display_name: str, password: str | None) -> Us
 
 
 def profile_set_private(*, user: User, private: bool) -> User:
-    """Make the contributor's public profile private (anonymous everywhere, pages 404 to others) or public."""
-    user.profile_private = bool(private)
-    user.save(update_fields=["profile_private"])
+    """Make the contributor's public profile private (anonymous everywhere, pages 404 to others) or public.
+    Turning private withdraws them from what was published about them at once (accounts.events)."""
+    with transaction.atomic():
+        user.profile_private = bool(private)
+        user.save(update_fields=["profile_private"])
+        if user.profile_private:
+            events.contributor_withdrawn_on_commit(user_id=user.id)
     return user

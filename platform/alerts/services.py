@@ -19,14 +19,19 @@ still listed on /me/, its delivery "capped").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
+import unicodedata
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
@@ -36,8 +41,8 @@ from django.utils import timezone
 
 from accounts.models import User
 from alerts import webhooks
-from alerts.models import Alert, AlertSettings, Condition
-from common.errors import ApplicationError
+from alerts.models import Alert, AlertSettings, Channel, Condition, Transmission
+from common.errors import ApplicationError, RateLimited
 from nodes.models import Node, NodeToken
 from pool.models import NodeVerdictCounts, Rollout, Verdict
 
@@ -57,19 +62,32 @@ _LOCK_KEY = 0x5A90_A1E7  # pg advisory lock id of the alerts check
 
 
 def alert_settings_update(
-    *, user: User, email: str, webhook_url: str, silence_minutes: int, min_acceptance: float
+    *,
+    user: User,
+    email: str,
+    webhook_url: str,
+    silence_minutes: int,
+    min_acceptance: float,
+    confirm_link: Callable[[str], str] | None = None,
 ) -> tuple[AlertSettings, str | None]:
     """Save the contributor's settings; returns (settings, the new webhook secret or None).
 
     A secret is made when a webhook URL is first set (shown once by the caller); changing the URL
-    keeps it. The URL is checked now (form and resolved addresses) and again at every delivery."""
+    keeps it. The URL is stored in ASCII (webhooks.normalise_url) and checked now (form and resolved
+    addresses) and again at every delivery; a refused one raises WebhookRefused, field webhook_url.
+    A new email address is unconfirmed: nothing goes to it until the link sent to it (when
+    `confirm_link` builds the page's address from a token, and the limits allow) is followed; the
+    returned row's `email_confirmation_sent_at` says whether one went now."""
     email, webhook_url = email.strip(), webhook_url.strip()
     if email:
         try:
             validate_email(email)
         except ValidationError as exc:
-            raise ApplicationError("email_invalid", "Enter a valid email address, or leave it empty.") from exc
+            raise ApplicationError(
+                "email_invalid", "Enter a valid email address, or leave it empty.", extra={"field": "email"}
+            ) from exc
     if webhook_url:
+        webhook_url = webhooks.normalise_url(webhook_url)
         webhooks.resolve_target(webhook_url)
     if not 1 <= silence_minutes <= 24 * 60:
         raise ApplicationError("silence_invalid", "Silence must be between 1 and 1440 minutes.")
@@ -79,10 +97,104 @@ def alert_settings_update(
     new_secret = None
     if webhook_url and not row.webhook_secret:
         new_secret = row.webhook_secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    if email != row.email:
+        row.email_confirmed_at = row.email_confirmation_sent_at = None
     row.email, row.webhook_url = email, webhook_url
     row.silence_minutes, row.min_acceptance = silence_minutes, min_acceptance
     row.save()
+    if row.email and row.email_confirmed_at is None and row.email_confirmation_sent_at is None and confirm_link:
+        with suppress(RateLimited):  # saved all the same; /me/ offers to send the link again
+            alert_email_confirmation_send(user=user, confirm_link=confirm_link)
+            row.refresh_from_db()
     return row, new_secret
+
+
+# ---------------------------------------------------------------------------- email confirmation
+
+CONFIRM_SALT = "alerts.email-confirmation"
+#: How long a confirmation link works.
+CONFIRM_MAX_AGE = timedelta(hours=48)
+#: Confirmation emails per account, and per address (whatever accounts ask), in 24 hours.
+CONFIRMATIONS_PER_DAY = 3
+
+
+def _address_hash(email: str) -> str:
+    return hashlib.sha256(email.strip().lower().encode()).hexdigest()
+
+
+def confirmation_text(link: str) -> tuple[str, str]:
+    """(subject, body) of the confirmation email: nothing in it comes from the account that asked."""
+    hours = int(CONFIRM_MAX_AGE.total_seconds() // 3600)
+    return (
+        "[SAPO Swarm] Confirm alert emails",
+        "Someone with an account on SAPO Swarm asked for alerts about their nodes to be sent to this "
+        f"address. To receive them, open this link within {hours} hours and confirm:\n\n{link}\n\n"
+        "If it was not you, ignore this email: nothing more is sent to this address unless the link is followed.",
+    )
+
+
+def alert_email_confirmation_send(*, user: User, confirm_link: Callable[[str], str]) -> AlertSettings:
+    """Send a confirmation link to the contributor's unconfirmed address. Raises ApplicationError
+    (no_email, already_confirmed) or RateLimited (CONFIRMATIONS_PER_DAY per account or per address)."""
+    row = AlertSettings.objects.filter(user=user).first()
+    if row is None or not row.email:
+        raise ApplicationError("no_email", "Set an email address first.", extra={"field": "email"})
+    if row.email_confirmed_at is not None:
+        raise ApplicationError("already_confirmed", "This address is confirmed already.")
+    now = timezone.now()
+    since, address = now - timedelta(days=1), _address_hash(row.email)
+    recent = Transmission.objects.filter(channel=Channel.CONFIRMATION, at__gte=since)
+    earliest = [
+        recent.filter(user=user).order_by("at").values_list("at", flat=True)[:CONFIRMATIONS_PER_DAY],
+        recent.filter(address_hash=address).order_by("at").values_list("at", flat=True)[:CONFIRMATIONS_PER_DAY],
+    ]
+    for times in map(list, earliest):
+        if len(times) >= CONFIRMATIONS_PER_DAY:
+            retry = max(1, int((times[0] + timedelta(days=1) - now).total_seconds()))
+            raise RateLimited(
+                f"At most {CONFIRMATIONS_PER_DAY} confirmation emails a day: try again in {retry // 3600 + 1} hours.",
+                retry_after=retry,
+                code="confirmation_limited",
+            )
+    token = signing.dumps({"u": user.pk, "e": row.email}, salt=CONFIRM_SALT)
+    Transmission.objects.create(user=user, channel=Channel.CONFIRMATION, at=now, address_hash=address)
+    subject, body = confirmation_text(confirm_link(token))
+    send_mail(subject, body, None, [row.email], fail_silently=False)
+    row.email_confirmation_sent_at = now
+    row.save(update_fields=["email_confirmation_sent_at", "updated_at"])
+    return row
+
+
+def alert_email_confirmation_read(*, token: str) -> AlertSettings:
+    """The settings a confirmation token is for, while it is valid and the address unchanged.
+    Raises ApplicationError: confirmation_expired, confirmation_invalid."""
+    try:
+        data = signing.loads(token, salt=CONFIRM_SALT, max_age=CONFIRM_MAX_AGE)
+    except signing.SignatureExpired as exc:
+        raise ApplicationError(
+            "confirmation_expired", "This confirmation link has expired: send a new one from your page."
+        ) from exc
+    except signing.BadSignature as exc:
+        raise ApplicationError("confirmation_invalid", "This confirmation link is not valid.") from exc
+    row = (
+        AlertSettings.objects.filter(user_id=data.get("u"), email=data.get("e")).first()
+        if isinstance(data, dict)
+        else None
+    )
+    if row is None or not row.email:
+        raise ApplicationError(
+            "confirmation_invalid", "This confirmation link is for an address no longer set: nothing to confirm."
+        )
+    return row
+
+
+def alert_email_confirm(*, token: str) -> AlertSettings:
+    """Confirm the address the token names (see alert_email_confirmation_read); alerts go to it from now on."""
+    row = alert_email_confirmation_read(token=token)
+    if row.email_confirmed_at is None:
+        row.email_confirmed_at = timezone.now()
+        row.save(update_fields=["email_confirmed_at", "updated_at"])
+    return row
 
 
 def alert_secret_rotate(*, user: User) -> str:
@@ -164,23 +276,32 @@ def _conditions(
 def alerts_check(*, now: datetime | None = None) -> CheckResult:
     """Raise and clear alerts for every contributor with alerts on, then send the messages.
 
-    One check at a time (a PostgreSQL advisory lock, held across the deliveries, which run outside
-    any transaction): a second check meanwhile returns at once, so no alert is cleared and announced
-    twice."""
+    One check decides at a time: a PostgreSQL advisory lock is held while it raises and clears alerts
+    and reserves its messages' share of the daily caps (Transmission rows), and released before any
+    message is sent, so a receiver that takes its whole deadline holds no lock; a second check
+    meanwhile returns at once, so no alert is cleared and announced twice."""
+    now = now or timezone.now()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])
         if not cursor.fetchone()[0]:
             return CheckResult(0, 0, 0, 0, 0)
     try:
-        return _check(now or timezone.now())
+        raised, cleared, messages, prefs_by_user = _check(now)
+        outgoing = _reserve(messages, prefs_by_user, now)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+    sent, capped, failed = _send_all(outgoing)
+    return CheckResult(raised, cleared, sent, capped, failed)
 
 
-def _check(now: datetime) -> CheckResult:
+def _check(now: datetime) -> tuple[int, int, list[Message], dict[int, AlertSettings]]:
+    """The alerts raised and cleared now: (raised, cleared, their messages, the settings by user)."""
     prefs_by_user = {
-        p.user_id: p for p in AlertSettings.objects.filter(~Q(email="") | ~Q(webhook_url="")).select_related("user")
+        p.user_id: p
+        for p in AlertSettings.objects.filter(
+            Q(email_confirmed_at__isnull=False) & ~Q(email="") | ~Q(webhook_url="")
+        ).select_related("user")
     }
     nodes = list(Node.objects.filter(owner_id__in=prefs_by_user, retired_at__isnull=True).select_related("owner"))
     ids = [n.id for n in nodes]
@@ -230,8 +351,7 @@ def _check(now: datetime) -> CheckResult:
                 current.save(update_fields=["cleared_at"])
                 cleared += 1
                 messages.append(Message(current, recovered=True))
-    sent, capped, failed = _send_all(messages, prefs_by_user, now)
-    return CheckResult(raised, cleared, sent, capped, failed)
+    return raised, cleared, messages, prefs_by_user
 
 
 def _raise(node: Node, condition: str, detail: str, now: datetime) -> Alert | None:
@@ -248,59 +368,104 @@ def _raise(node: Node, condition: str, detail: str, now: datetime) -> Alert | No
 # ---------------------------------------------------------------------------- delivery
 
 
-def _sent_today(user_id: int, now: datetime) -> int:
-    """Messages that reached the contributor in the last 24 hours (a raise and its clearing are two)."""
+@dataclass
+class _Plan:
+    """What one message may send: `emails` (0 or 1) and `posts` (webhook POSTs, retries included)."""
+
+    message: Message
+    prefs: AlertSettings
+    emails: int
+    posts: int
+
+
+def _reserve(messages: list[Message], prefs_by_user: dict[int, AlertSettings], now: datetime) -> list[_Outgoing]:
+    """Each message with what it may send under its contributor's daily caps, reserved as Transmission rows
+    (a concurrent check counts them): an email, and a first POST, for each message in turn while the cap
+    lasts, then retries (up to webhooks.BACKOFF's count each) from what is left."""
+    Transmission.objects.filter(at__lt=now - timedelta(days=1)).delete()
     since = now - timedelta(days=1)
-    alerts = Alert.objects.filter(user_id=user_id)
-    return (
-        alerts.filter(raised_sent=True, raised_at__gte=since).count()
-        + alerts.filter(cleared_sent=True, cleared_at__gte=since).count()
-    )
+    left: dict[tuple[int, str], int] = {}
+
+    def take(user_id: int, channel: str, wanted: int) -> int:
+        key = (user_id, channel)
+        if key not in left:
+            used = Transmission.objects.filter(user_id=user_id, channel=channel, at__gte=since).count()
+            left[key] = max(0, settings.SAPO_ALERT_DAILY_CAP - used)
+        granted = min(wanted, left[key])
+        left[key] -= granted
+        return granted
+
+    plans = []
+    for message in messages:
+        prefs = prefs_by_user[message.alert.user_id]
+        emails = take(prefs.user_id, Channel.EMAIL, 1) if _confirmed_email(prefs) else 0
+        posts = take(prefs.user_id, Channel.WEBHOOK, 1) if prefs.webhook_url else 0
+        plans.append(_Plan(message, prefs, emails, posts))
+    for plan in plans:
+        if plan.posts:
+            plan.posts += take(plan.prefs.user_id, Channel.WEBHOOK, len(webhooks.BACKOFF))
+    outgoing = []
+    for plan in plans:
+        user_id = plan.prefs.user_id
+        rows = Transmission.objects.bulk_create(
+            [Transmission(user_id=user_id, channel=Channel.EMAIL, at=now) for _ in range(plan.emails)]
+            + [Transmission(user_id=user_id, channel=Channel.WEBHOOK, at=now) for _ in range(plan.posts)]
+        )
+        outgoing.append(
+            _outgoing(plan.message, plan.prefs, emails=plan.emails, posts=plan.posts, reserved=[r.id for r in rows])
+        )
+    return outgoing
 
 
-def _send_all(messages: list[Message], prefs_by_user: dict[int, AlertSettings], now: datetime) -> tuple[int, int, int]:
-    """Send the messages not over their contributor's daily cap, SAPO_ALERT_SEND_THREADS at a time (a
-    receiver that takes its webhook's whole deadline holds up no one else's message), and record on each
-    alert how its message went."""
-    budget: dict[int, int] = {}
-    outgoing: dict[int, _Outgoing] = {}
-    for i, message in enumerate(messages):
-        user_id = message.alert.user_id
-        if user_id not in budget:
-            budget[user_id] = settings.SAPO_ALERT_DAILY_CAP - _sent_today(user_id, now)
-        if budget[user_id] > 0:
-            budget[user_id] -= 1
-            outgoing[i] = _outgoing(message, prefs_by_user[user_id])  # here: it reads the database
+def _send_all(outgoing: list[_Outgoing]) -> tuple[int, int, int]:
+    """Send the messages, SAPO_ALERT_SEND_THREADS at a time (a receiver that takes its webhook's whole
+    deadline holds up no one else's message), record on each alert how its message went, and give back
+    the reservations a message did not use."""
     with ThreadPoolExecutor(max_workers=max(1, settings.SAPO_ALERT_SEND_THREADS)) as pool:
-        results = dict(zip(outgoing, pool.map(_transmit, outgoing.values()), strict=True))
+        results = list(pool.map(_transmit, outgoing))
     sent = capped = failed = 0
-    for i, message in enumerate(messages):
-        if i in results:
-            note, ok = results[i]
-            sent += ok
-            failed += not ok
-        else:
-            note, ok = "capped (daily limit reached)", False
+    unused: list[int] = []
+    for out, result in zip(outgoing, results, strict=True):
+        if not out.emails and not out.posts:
             capped += 1
-        alert = message.alert
-        if message.recovered:
-            alert.cleared_delivery, alert.cleared_sent = note[:300], ok
+        elif result.arrived:
+            sent += 1
+        else:
+            failed += 1
+        emails_reserved, posts_reserved = out.reserved[: out.emails], out.reserved[out.emails :]
+        unused += emails_reserved[result.emails :] + posts_reserved[result.posts :]
+        alert, note = out.message.alert, result.note[:300]
+        if out.message.recovered:
+            alert.cleared_delivery, alert.cleared_sent = note, result.arrived
             alert.save(update_fields=["cleared_delivery", "cleared_sent"])
         else:
-            alert.raised_delivery, alert.raised_sent = note[:300], ok
+            alert.raised_delivery, alert.raised_sent = note, result.arrived
             alert.save(update_fields=["raised_delivery", "raised_sent"])
+    Transmission.objects.filter(id__in=unused).delete()
     return sent, capped, failed
 
 
+#: Characters of a node's name an alert's body keeps.
+NAME_IN_BODY = 40
+
+
+def node_label(node: Node) -> str:
+    """The node's name for an alert's body: printable characters only, one line, at most NAME_IN_BODY."""
+    name = " ".join("".join(c for c in node.name if unicodedata.category(c)[0] not in "CZ" or c == " ").split())
+    return name if len(name) <= NAME_IN_BODY else name[: NAME_IN_BODY - 1] + "…"
+
+
 def alert_text(alert: Alert, *, recovered: bool) -> tuple[str, str]:
-    """(subject, body) of the message about `alert`."""
+    """(subject, body) of the message about `alert`. The subject names the node by its id, never by the
+    name its owner typed; the body gives the name too, cleaned and bounded (node_label)."""
     label = Condition(alert.condition).label.lower()
+    node = f"node {alert.node_id} ({node_label(alert.node)})"
     if recovered:
-        subject = f"[SAPO Swarm] {alert.node.name}: recovered ({label})"
-        body = f"Your node {alert.node.name} recovered: {label} since {alert.raised_at:%Y-%m-%d %H:%M} UTC, cleared {alert.cleared_at:%Y-%m-%d %H:%M} UTC."
+        subject = f"[SAPO Swarm] node {alert.node_id}: recovered ({label})"
+        body = f"Your {node} recovered: {label} since {alert.raised_at:%Y-%m-%d %H:%M} UTC, cleared {alert.cleared_at:%Y-%m-%d %H:%M} UTC."
     else:
-        subject = f"[SAPO Swarm] {alert.node.name}: {label}"
-        body = f"Your node {alert.node.name}: {alert.detail}"
+        subject = f"[SAPO Swarm] node {alert.node_id}: {label}"
+        body = f"Your {node}: {alert.detail}"
     return subject, body + "\n\nAlerts and their settings: your page on the site (/me/)."
 
 
@@ -322,36 +487,78 @@ def alert_payload(alert: Alert, *, recovered: bool) -> bytes:
 
 @dataclass(frozen=True)
 class _Outgoing:
-    """One message as its channels carry it, made before sending (the send threads touch no database)."""
+    """One message as its channels carry it, made before sending (the send threads touch no database),
+    with what the daily caps let it send: `emails` (0 or 1) and `posts` (webhook POSTs, retries included)."""
 
-    alert_id: int
+    message: Message
     email: str
     subject: str
     text: str
     webhook_url: str
     webhook_secret: str
     payload: bytes
+    emails: int
+    posts: int
+    #: Transmission ids reserved for it: the emails', then the posts'.
+    reserved: list[int]
 
 
-def _outgoing(message: Message, prefs: AlertSettings) -> _Outgoing:
+@dataclass(frozen=True)
+class _Result:
+    note: str
+    arrived: bool
+    emails: int
+    posts: int
+
+
+def _confirmed_email(prefs: AlertSettings) -> str:
+    """The address alerts may go to: the contributor's, once confirmed; else none."""
+    return prefs.email if prefs.email and prefs.email_confirmed_at is not None else ""
+
+
+def _outgoing(message: Message, prefs: AlertSettings, *, emails: int, posts: int, reserved: list[int]) -> _Outgoing:
     subject, text = alert_text(message.alert, recovered=message.recovered)
     payload = alert_payload(message.alert, recovered=message.recovered) if prefs.webhook_url else b""
-    return _Outgoing(message.alert.id, prefs.email, subject, text, prefs.webhook_url, prefs.webhook_secret, payload)
+    email = _confirmed_email(prefs)
+    return _Outgoing(
+        message, email, subject, text, prefs.webhook_url, prefs.webhook_secret, payload, emails, posts, reserved
+    )
 
 
-def _transmit(out: _Outgoing) -> tuple[str, bool]:
-    """Send one message by every channel the contributor set; (what happened, whether any arrived)."""
-    notes, arrived = [], False
+def _transmit(out: _Outgoing) -> _Result:
+    """Send one message by every channel the contributor set and the caps allow. Whatever one channel
+    raises is caught and noted here, for this message alone: the others are still sent and recorded."""
+    notes, arrived, emails, posts = [], False, 0, 0
     if out.email:
-        try:
-            send_mail(out.subject, out.text, None, [out.email], fail_silently=False)
-            notes.append("email")
-            arrived = True
-        except (OSError, ValueError) as exc:  # smtplib's errors are OSErrors
-            log.warning("alert %s: email failed: %s", out.alert_id, exc)
-            notes.append(f"email failed: {type(exc).__name__}")
+        if not out.emails:
+            notes.append("email " + webhooks.CAPPED)
+        else:
+            emails = 1
+            try:
+                send_mail(out.subject, out.text, None, [out.email], fail_silently=False)
+                notes.append("email")
+                arrived = True
+            except Exception as exc:  # smtplib's errors, a bad header, anything else: this message's failure
+                log.warning("alert %s: email failed: %s: %s", out.message.alert.id, type(exc).__name__, exc)
+                notes.append(f"email failed: {type(exc).__name__}")
     if out.webhook_url:
-        failure = webhooks.deliver(out.webhook_url, out.webhook_secret, out.payload)
-        notes.append(f"webhook failed: {failure}" if failure else "webhook")
-        arrived = arrived or not failure
-    return ", ".join(notes), arrived
+        if not out.posts:
+            notes.append("webhook " + webhooks.CAPPED)
+        else:
+
+            def may_post() -> bool:
+                nonlocal posts
+                posts += 1
+                return posts <= out.posts
+
+            try:
+                failure = webhooks.deliver(out.webhook_url, out.webhook_secret, out.payload, may_post=may_post)
+            except Exception as exc:  # anything a receiver or a stored URL can provoke: this message's failure
+                log.warning("alert %s: webhook failed: %s: %s", out.message.alert.id, type(exc).__name__, exc)
+                failure = f"{type(exc).__name__}: {exc}"[:200]
+            posts = min(posts, out.posts)
+            notes.append(f"webhook failed: {failure}" if failure else "webhook")
+            arrived = arrived or not failure
+    if not out.emails and not out.posts:
+        return _Result(webhooks.CAPPED, False, 0, 0)
+    return _Result(", ".join(notes), arrived, emails, posts)

@@ -1,8 +1,9 @@
 """Webhook delivery to a URL a contributor typed: untrusted, so guarded.
 
 - only http and https, no credentials in the URL, at most WEBHOOK_URL_MAX_LENGTH characters;
-- every address the host name resolves to must be public (`ipaddress.is_global`: no loopback,
-  private, link-local, shared, reserved or multicast range), checked when the URL is saved and again
+- every address the host name resolves to must be public (`address_is_public`: no loopback,
+  private, link-local, shared, reserved or multicast range, and an IPv6 address that carries an IPv4
+  one is judged by the IPv4 one or refused), checked when the URL is saved and again
   at each delivery, and the connection goes to the address that was checked (a second lookup could
   answer differently: DNS rebinding); https still verifies the certificate against the host name;
 - short timeouts, no redirects (http.client follows none; a 3xx is a failure), bounded retries on
@@ -29,9 +30,10 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from django.conf import settings
 
@@ -44,10 +46,10 @@ MAX_BODY_READ = 1024
 
 
 class WebhookRefused(ApplicationError):
-    """The URL is not one the site may call."""
+    """The URL is not one the site may call; `field` names the form field (for the API's JSON too)."""
 
     def __init__(self, message: str, code: str = "webhook_refused") -> None:
-        super().__init__(code, message)
+        super().__init__(code, message, extra={"field": "webhook_url"})
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,17 @@ class Target:
     addresses: tuple[str, ...]
 
 
-def check_url_form(url: str) -> None:
-    """What the URL says by itself: scheme, host, port, no credentials. Raises WebhookRefused."""
+#: Characters a URL's path and query keep as they are; any other (non-ASCII above all) is %-encoded.
+_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"
+
+
+def normalise_url(url: str) -> str:
+    """The URL in ASCII, as it is stored and requested: the host IDNA-encoded, the path and query
+    %-encoded as UTF-8 (a %XX already there is kept), no fragment. Raises WebhookRefused (code
+    webhook_invalid) for a URL the site does not call."""
     if len(url) > WEBHOOK_URL_MAX_LENGTH:
         raise WebhookRefused(f"The webhook URL has more than {WEBHOOK_URL_MAX_LENGTH} characters.", "webhook_invalid")
-    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+    if any(ord(c) < 33 or 127 <= ord(c) < 160 or c in "\u2028\u2029\ufeff" for c in url):
         raise WebhookRefused("The webhook URL contains spaces or control characters.", "webhook_invalid")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
@@ -75,27 +83,82 @@ def check_url_form(url: str) -> None:
         port = parts.port
     except ValueError as exc:
         raise WebhookRefused("The webhook URL's port is not a number from 1 to 65535.", "webhook_invalid") from exc
-    if not parts.hostname or port == 0:
+    host = parts.hostname
+    if not host or port == 0:
         raise WebhookRefused("The webhook URL has no host.", "webhook_invalid")
+    if ":" in host:
+        host = f"[{host}]"
+    elif not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise WebhookRefused("The webhook URL's host is not a valid domain name.", "webhook_invalid") from exc
+    if not host.isascii():
+        raise WebhookRefused("The webhook URL's host is not a valid domain name.", "webhook_invalid")
+    netloc = host + (f":{port}" if port else "")
+    path, query = quote(parts.path, safe=_URL_SAFE), quote(parts.query, safe=_URL_SAFE)
+    normal = urlunsplit((parts.scheme, netloc, path, query, ""))
+    if len(normal) > WEBHOOK_URL_MAX_LENGTH:
+        raise WebhookRefused(
+            f"The webhook URL has more than {WEBHOOK_URL_MAX_LENGTH} characters once encoded.", "webhook_invalid"
+        )
+    return normal
 
 
 def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     return [ipaddress.ip_network(n) for n in getattr(settings, "SAPO_ALERT_WEBHOOK_ALLOWED_NETWORKS", ())]
 
 
-def address_is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%")[0])
-    if any(ip in network for network in _allowed_networks()):
-        return True
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+#: Where the internet's IPv6 unicast addresses are (RFC 4291, 2000::/3); anything outside is refused.
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+#: IPv6 forms that carry an IPv4 address where it can be read: the embedded address is checked instead.
+#: Mapped ::ffff:a.b.c.d (RFC 4291), NAT64's well-known prefix (RFC 6052), 6to4 (RFC 3056).
+V4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+SIX_TO_FOUR = ipaddress.ip_network("2002::/16")
+#: IPv6 forms that carry an IPv4 address the site does not unwrap, refused whatever they carry:
+#: IPv4-compatible ::a.b.c.d (deprecated), IPv4-translated ::ffff:0:a.b.c.d (SIIT), local-use NAT64
+#: (RFC 8215: where the IPv4 address sits depends on the operator's prefix length), Teredo (RFC 4380:
+#: reached through a relay), and ranges in 2000::/3 that are no destination (documentation, SRv6).
+REFUSED_V6 = tuple(
+    ipaddress.ip_network(n)
+    for n in ("::/96", "::ffff:0:0:0/96", "64:ff9b:1::/48", "2001::/32", "3fff::/20", "5f00::/16")
+)
+
+
+def _ipv4_is_public(ip: ipaddress.IPv4Address) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a mapped, NAT64 (64:ff9b::/96) or 6to4 address carries; None for another form."""
+    if ip in V4_MAPPED:
+        return ip.ipv4_mapped
+    if ip in NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    if ip in SIX_TO_FOUR:
+        return ip.sixtofour
+    return None
+
+
+def address_is_public(address: str) -> bool:
+    """Whether the site may connect to `address`. IPv4: a global, non-multicast address. IPv6: one that
+    carries IPv4 (mapped, NAT64, 6to4) is judged by the IPv4 address it carries; any other must be
+    global unicast (2000::/3, `is_global`) outside REFUSED_V6."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if any(ip in network for network in _allowed_networks()):
+        return True
+    if isinstance(ip, ipaddress.IPv4Address):
+        return _ipv4_is_public(ip)
+    carried = embedded_ipv4(ip)
+    if carried is not None:
+        return _ipv4_is_public(carried)
+    return ip in GLOBAL_UNICAST_V6 and ip.is_global and not any(ip in network for network in REFUSED_V6)
+
+
 def resolve_target(url: str) -> Target:
-    """The URL's parts and its host's addresses, every one of them public. Raises WebhookRefused."""
-    check_url_form(url)
-    parts = urlsplit(url)
+    """The (normalised) URL's parts and its host's addresses, every one of them public. Raises WebhookRefused."""
+    parts = urlsplit(normalise_url(url))
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
@@ -176,11 +239,16 @@ def _post_once(target: Target, address: str, headers: dict[str, str], body: byte
         conn.close()
 
 
-def deliver(url: str, secret: str, body: bytes) -> str:
+CAPPED = "capped (daily limit reached)"
+
+
+def deliver(url: str, secret: str, body: bytes, *, may_post: Callable[[], bool] = lambda: True) -> str:
     """POST `body` to `url`, signed; returns "" on a 2xx answer, else why it failed (after retries).
 
-    A refused target is not retried; nor is a 3xx (not followed) or 4xx answer. Whatever the receiver
-    does, it ends within SAPO_ALERT_WEBHOOK_DEADLINE seconds of the first connection."""
+    A refused target is not retried; nor is a 3xx (not followed) or 4xx answer. `may_post` is asked
+    before every POST, retries included (the daily cap counts each one): when it says no, the delivery
+    ends there (CAPPED if nothing was posted). Whatever the receiver does, it ends within
+    SAPO_ALERT_WEBHOOK_DEADLINE seconds of the first connection."""
     try:
         target = resolve_target(url)
     except WebhookRefused as exc:
@@ -205,6 +273,8 @@ def deliver(url: str, secret: str, body: bytes) -> str:
         for address in target.addresses:
             if time.monotonic() >= ends:
                 return out_of_time
+            if not may_post():
+                return failure or CAPPED
             try:
                 status = _post_once(target, address, headers, body, timeout, ends)
             except (OSError, http.client.HTTPException) as exc:  # refused, timed out, TLS, bad answer, cut

@@ -33,6 +33,7 @@ from django.db import connection, connections, transaction
 from psycopg import _queries as _psycopg_queries
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
+from psycopg_pool import PoolTimeout
 
 from common.native import native
 from common.pg_lost import finish_if_lost
@@ -224,7 +225,9 @@ def _retrying_lost(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except _CONNECTION_ERRORS:
+        except _CONNECTION_ERRORS as exc:
+            if no_connection_to_be_had(exc):  # the database is down: a second try waits as long again
+                raise
             # Lost: the connection is broken now, or gone (a transaction's rollback failed on it, and
             # Django dropped it).
             lost = connection.connection is None or _drop_lost({})
@@ -233,6 +236,17 @@ def _retrying_lost(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(*args, **kwargs)
 
     return call
+
+
+def no_connection_to_be_had(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps: Django re-raises psycopg's errors as its own) is the pool's
+    timeout: no connection came within SAPO_DB_POOL_TIMEOUT, so a node socket opening closes with 4503
+    within that time rather than after a retry as long again."""
+    while exc is not None:
+        if isinstance(exc, PoolTimeout):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _succeed(future: asyncio.Future, result: Any) -> None:

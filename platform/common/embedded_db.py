@@ -216,10 +216,19 @@ def _free_port() -> int:
 
 
 def _start() -> None:
+    start_on(_free_port())
+
+
+def start_on(port: int) -> None:
+    """Start the (stopped) server on `port`. Commits wait for the disk (synchronous_commit on, the
+    default): the site acknowledges a node's group only once it is stored, and a crash must not lose
+    it (docs/protocol.md); bookkeeping writes turn it off for their own transactions
+    (common.db.bookkeeping_transaction). A restart on the port the server had skips the free-port
+    check, which the port's connections left in TIME_WAIT would fail (PostgreSQL binds with
+    SO_REUSEADDR)."""
     pgdata = pgdata_dir()
-    port = _free_port()
     logger.info("starting embedded PostgreSQL on %s:%s (%s)", HOST, port, pgdata)
-    options = f"-h {HOST} -p {port} -k {pgdata} -c max_connections=200 -c synchronous_commit=off"
+    options = f"-h {HOST} -p {port} -k {pgdata} -c max_connections=200"
     _pg("pg_ctl", ["-w", "-t", "60", "-l", str(pgdata / "log"), "-o", options, "start"])
 
 

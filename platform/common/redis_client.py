@@ -10,6 +10,10 @@ Both are given the client's name and version once (`_connection_options`): redis
 own package metadata (importlib.metadata, parsing the METADATA file) for every connection it opens,
 and a crowd of sockets opening at once grows a worker's pool to 64 connections, a large part of the
 rate limit's Redis time in that burst (docs/benchmarks.md, "Sockets").
+
+Every client retries a command that meets a dead connection (`_retry_options`): after Redis restarts,
+each pooled connection is stale, and without a retry each one failed one more frame or page before
+the pool replaced it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,28 @@ REDIS_MAX_CONNECTIONS = 64
 REDIS_WAIT_SECONDS = 30
 
 
+#: Retries of a command whose connection failed (a stale one after a restart, or Redis briefly down),
+#: with exponential backoff from RETRY_BASE_SECONDS up to RETRY_CAP_SECONDS between them.
+REDIS_RETRIES = 3
+RETRY_BASE_SECONDS = 0.05
+RETRY_CAP_SECONDS = 0.5
+
+
+def _retry_options(*, asyncio: bool) -> dict[str, Any]:
+    """redis-py's Retry for a connection: ConnectionError and TimeoutError retried with backoff."""
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    if asyncio:
+        from redis.asyncio.retry import Retry
+    else:
+        from redis.retry import Retry
+    return {
+        "retry": Retry(ExponentialBackoff(cap=RETRY_CAP_SECONDS, base=RETRY_BASE_SECONDS), REDIS_RETRIES),
+        "retry_on_error": [ConnectionError, TimeoutError],
+    }
+
+
 @functools.cache
 def _connection_options() -> dict[str, Any]:
     """What each new connection would otherwise work out again: the client's name and version (for
@@ -47,7 +73,10 @@ def async_pool(url: str, **options: Any) -> Any:
     import redis.asyncio as aioredis
 
     return aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_WAIT_SECONDS, **{**_connection_options(), **options}
+        url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=REDIS_WAIT_SECONDS,
+        **{**_connection_options(), **_retry_options(asyncio=True), **options},
     )
 
 
@@ -58,5 +87,7 @@ def redis_client() -> Any:
     key = (os.getpid(), settings.REDIS_URL)
     client = _clients.get(key)
     if client is None:
-        client = _clients[key] = redis.Redis.from_url(settings.REDIS_URL, **_connection_options())
+        client = _clients[key] = redis.Redis.from_url(
+            settings.REDIS_URL, **_connection_options(), **_retry_options(asyncio=False)
+        )
     return client

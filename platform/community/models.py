@@ -20,9 +20,19 @@ TEAM_URL_MAX_LENGTH = 200
 
 class Team(models.Model):
     """A team of contributors. `founder` holds the team's rights (edit, hand over, disband); the
-    founder can hand them to another member. Staff can rename or hide a team (audited)."""
+        founder can hand them to another member. Staff can rename (which locks the name) or hide a team
+    (audited)."""
 
     name = models.CharField(max_length=TEAM_NAME_MAX_LENGTH)
+    name_skeleton = models.CharField(
+        max_length=10 * TEAM_NAME_MAX_LENGTH,
+        blank=True,
+        db_index=True,
+        help_text="The name's confusable skeleton (common.names): no two teams in the lists share one.",
+    )
+    name_locked_at = models.DateTimeField(
+        null=True, blank=True, help_text="Renamed by staff: the founder can no longer change the name."
+    )
     slug = models.SlugField(max_length=64, unique=True, help_text="The team's address: /teams/<slug>/. Never reused.")
     description = models.CharField(max_length=TEAM_DESCRIPTION_MAX_LENGTH, blank=True)
     url = models.CharField(max_length=TEAM_URL_MAX_LENGTH, blank=True, help_text="An http(s) address (community.text).")

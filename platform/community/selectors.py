@@ -14,10 +14,11 @@ TEAM_SEARCH_MAX_LENGTH = 64
 
 
 def team_list(*, q: str = "") -> QuerySet[Team]:
-    """Listed teams (neither hidden nor disbanded), with `members` (current) annotated; `q` searches names."""
-    queryset = Team.objects.filter(hidden_at__isnull=True, disbanded_at__isnull=True).annotate(
-        members=Count("memberships", filter=Q(memberships__left_at__isnull=True))
-    )
+    """Listed teams (neither hidden nor disbanded, and their founder not banned: a banned founder's team
+    is unlisted until staff lift the ban), with `members` (current) annotated; `q` searches names."""
+    queryset = Team.objects.filter(
+        hidden_at__isnull=True, disbanded_at__isnull=True, founder__banned_at__isnull=True
+    ).annotate(members=Count("memberships", filter=Q(memberships__left_at__isnull=True)))
     q = " ".join(str(q or "").split())[:TEAM_SEARCH_MAX_LENGTH]
     if q:
         queryset = queryset.filter(name__icontains=q)
@@ -26,11 +27,11 @@ def team_list(*, q: str = "") -> QuerySet[Team]:
 
 def team_get(*, slug: str, viewer: User | None = None) -> Team:
     """The team at /teams/<slug>/ as `viewer` may see it: a disbanded team is gone, a hidden one is
-    seen by staff and its own members only. Raises NotFound."""
+    seen by staff and its own members only, and so is one whose founder is banned. Raises NotFound."""
     team = Team.objects.select_related("founder").filter(slug=slug, disbanded_at__isnull=True).first()
     if team is None:
         raise NotFound("No such team.")
-    if team.hidden_at is not None:
+    if team.hidden_at is not None or team.founder.banned_at is not None:
         authenticated = viewer is not None and viewer.is_authenticated
         if not authenticated or not (
             viewer.is_staff or Membership.objects.filter(team=team, user=viewer, left_at__isnull=True).exists()
@@ -46,6 +47,16 @@ def team_members(*, team: Team) -> list[Membership]:
     )
 
 
+def team_member_user_id(*, team: Team, membership_id: int) -> int | None:
+    """The account of a current member of `team`, named by their membership (the hand-over form names
+    members so, not by account id, which a private member's page would not reveal)."""
+    return (
+        Membership.objects.filter(id=membership_id, team=team, left_at__isnull=True)
+        .values_list("user_id", flat=True)
+        .first()
+    )
+
+
 def membership_current(*, user: User) -> Membership | None:
     if not user.is_authenticated:
         return None
@@ -55,7 +66,10 @@ def membership_current(*, user: User) -> Membership | None:
 def current_teams_of(user_ids: Iterable[int]) -> dict[int, Team]:
     """Each contributor's current listed team (those in none, or in a hidden one, are left out)."""
     rows = Membership.objects.filter(
-        user_id__in=list(user_ids), left_at__isnull=True, team__hidden_at__isnull=True
+        user_id__in=list(user_ids),
+        left_at__isnull=True,
+        team__hidden_at__isnull=True,
+        team__founder__banned_at__isnull=True,
     ).select_related("team")
     return {m.user_id: m.team for m in rows}
 

@@ -15,6 +15,7 @@ from django.utils.text import slugify
 
 from accounts import limits
 from accounts.models import User
+from common import names
 from common.errors import ApplicationError, NotFound
 from community.models import Membership, Team
 from community.text import clean_team_description, clean_team_name, clean_team_url
@@ -37,8 +38,31 @@ def _lock_team(team: Team) -> Team:
 
 
 def _ensure_not_banned(user: User) -> None:
-    if user.banned_at is not None:
+    """From the stored row: a ban made since the request loaded `user` counts."""
+    if user.banned_at is not None or User.objects.filter(id=user.id, banned_at__isnull=False).exists():
         raise ApplicationError("banned", "Your account is banned from the swarm.", status=403)
+
+
+def _moves_consume(user: User) -> None:
+    """Joining and leaving count against one per-account limit: each period is figures to compute."""
+    limits.consume(
+        "team-move",
+        str(user.id),
+        limit=settings.SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY,
+        window=86400,
+        what="team joins and leaves today",
+    )
+
+
+def _ensure_name_free(name: str, team_id: int | None = None) -> None:
+    """No other listed or hidden team's name reads the same (common.names: case and look-alikes)."""
+    others = Team.objects.filter(names.skeleton_filter("name_skeleton", name), disbanded_at__isnull=True)
+    if team_id is not None:
+        others = others.exclude(id=team_id)
+    if others.exists():
+        raise ApplicationError(
+            "team_name_taken", f"A team with a name that reads as {name!r} exists.", status=409, extra={"field": "name"}
+        )
 
 
 def _ensure_founder(actor: User, team: Team) -> None:
@@ -74,15 +98,19 @@ def team_found(*, founder: User, name: str, description: str = "", url: str = ""
     teams founded by the account in FOUNDING_WINDOW, SAPO_TEAMS_PER_ADDRESS_PER_DAY from one address
     (`address`: accounts.limits.client_address).
 
-    Raises ApplicationError: banned (403), invalid_team_name, invalid_team_description, invalid_team_url,
-    text_blocked, already_in_team (409), too_many_teams (429), rate_limited (429), team_name_taken (409).
+    Raises ApplicationError: banned (403), invalid_team_name, team_name_reserved, invalid_team_description,
+    invalid_team_url, text_blocked, already_in_team (409), too_many_teams (429), rate_limited (429),
+    team_name_taken (409).
     """
     _ensure_not_banned(founder)
     name = clean_team_name(name)  # a mistyped name costs nothing against the limits
+    skeleton = names.skeleton(name)
     description = clean_team_description(description)
     url = clean_team_url(url)
     with transaction.atomic():
         _lock_user(founder)
+        _ensure_not_banned(founder)
+        _ensure_name_free(name)
         if _open_membership(founder) is not None:
             raise ApplicationError("already_in_team", "Leave your team before founding another.", status=409)
         cap = settings.SAPO_TEAMS_PER_ACCOUNT_PER_MONTH
@@ -98,7 +126,13 @@ def team_found(*, founder: User, name: str, description: str = "", url: str = ""
             what="teams founded from your network today",
         )
         team = Team(
-            name=name, slug=_unique_slug(name), description=description, url=url, founder=founder, created_by=founder
+            name=name,
+            name_skeleton=skeleton,
+            slug=_unique_slug(name),
+            description=description,
+            url=url,
+            founder=founder,
+            created_by=founder,
         )
         try:
             with transaction.atomic():
@@ -112,13 +146,14 @@ def team_found(*, founder: User, name: str, description: str = "", url: str = ""
 def team_join(*, user: User, team: Team) -> Membership:
     """Join a listed team (already a member of it: the open membership). Credit counts from now on.
 
-    Raises ApplicationError: banned (403), not_found (404: disbanded or hidden), already_in_team (409).
+    Raises ApplicationError: banned (403), not_found (404: disbanded, hidden, or its founder banned),
+    already_in_team (409), rate_limited (429: SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY joins and leaves).
     """
     _ensure_not_banned(user)
     with transaction.atomic():
         _lock_user(user)
         team = _lock_team(team)
-        if team.hidden_at is not None:
+        if team.hidden_at is not None or User.objects.filter(id=team.founder_id, banned_at__isnull=False).exists():
             raise NotFound("No such team.")
         current = _open_membership(user)
         if current is not None:
@@ -127,13 +162,15 @@ def team_join(*, user: User, team: Team) -> Membership:
             raise ApplicationError(
                 "already_in_team", f"You are in team {current.team.name!r}: leave it first.", status=409
             )
+        _moves_consume(user)
         return Membership.objects.create(team=team, user=user)
 
 
 def team_leave(*, user: User) -> Membership:
     """Leave the current team; credit earned so far stays with it.
 
-    Raises ApplicationError: not_in_team (409), founder_must_hand_over (409).
+    Raises ApplicationError: not_in_team (409), founder_must_hand_over (409), rate_limited (429:
+    SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY joins and leaves).
     """
     with transaction.atomic():
         _lock_user(user)
@@ -144,34 +181,55 @@ def team_leave(*, user: User) -> Membership:
             raise ApplicationError(
                 "founder_must_hand_over", "You founded this team: hand it over or disband it.", status=409
             )
+        _moves_consume(user)
         current.left_at = timezone.now()
         current.save(update_fields=["left_at"])
         return current
 
 
 def team_edit(*, actor: User, team: Team, name: str, description: str, url: str) -> Team:
-    """The founder changes the team's name, description or address (the slug stays).
+    """The founder changes the team's name, description or address (the slug stays). The name stays
+    as it is once staff renamed the team, and while staff hide it.
 
-    Raises ApplicationError: not_found, not_founder (403), invalid_team_*, text_blocked, team_name_taken (409).
+    Raises ApplicationError: banned (403), not_found, not_founder (403), team_name_locked (403),
+    team_hidden (403), invalid_team_*, team_name_reserved, text_blocked, team_name_taken (409).
     """
+    _ensure_not_banned(actor)
     name, description, url = clean_team_name(name), clean_team_description(description), clean_team_url(url)
     with transaction.atomic():
+        _lock_user(actor)
+        _ensure_not_banned(actor)
         team = _lock_team(team)
         _ensure_founder(actor, team)
+        if name != team.name:
+            if team.name_locked_at is not None:
+                raise ApplicationError(
+                    "team_name_locked", "Staff renamed this team: its name can no longer be changed.", status=403
+                )
+            if team.hidden_at is not None:
+                raise ApplicationError("team_hidden", "Staff hid this team: it cannot be renamed.", status=403)
+            team.name_skeleton = names.skeleton(name)
+            _ensure_name_free(name, team.id)
         team.name, team.description, team.url = name, description, url
-        _save_name(team, ["name", "description", "url"])
+        _save_name(team, ["name", "name_skeleton", "description", "url"])
     return team
 
 
 def team_hand_over(*, actor: User, team: Team, to_user_id: int) -> Team:
     """The founder hands the team's rights to another current member.
 
-    Raises ApplicationError: not_found, not_founder (403), not_a_member (400).
+    Raises ApplicationError: banned (403), not_found, not_founder (403), not_a_member (400: nor to a
+    banned member).
     """
+    _ensure_not_banned(actor)
     with transaction.atomic():
+        _lock_user(actor)
+        _ensure_not_banned(actor)
         team = _lock_team(team)
         _ensure_founder(actor, team)
-        member = Membership.objects.filter(team=team, user_id=to_user_id, left_at__isnull=True).exclude(user=actor)
+        member = Membership.objects.filter(
+            team=team, user_id=to_user_id, left_at__isnull=True, user__banned_at__isnull=True
+        ).exclude(user=actor)
         if not member.exists():
             raise ApplicationError("not_a_member", "Hand the team over to one of its other members.")
         team.founder_id = to_user_id
@@ -181,8 +239,11 @@ def team_hand_over(*, actor: User, team: Team, to_user_id: int) -> Team:
 
 def team_disband(*, actor: User, team: Team) -> Team:
     """The founder disbands the team: every membership ends now, the team leaves the lists (its slug
-    is never given to another team). Raises ApplicationError: not_found, not_founder (403)."""
+    is never given to another team). Raises ApplicationError: banned (403), not_found, not_founder (403)."""
+    _ensure_not_banned(actor)
     with transaction.atomic():
+        _lock_user(actor)
+        _ensure_not_banned(actor)
         team = _lock_team(team)
         _ensure_founder(actor, team)
         now = timezone.now()
@@ -197,7 +258,8 @@ TEAM_MODERATION = {"rename": AuditAction.TEAM_RENAME, "hide": AuditAction.TEAM_H
 
 def team_moderate(*, actor: User, team: Team, action: str, reason: str, name: str = "") -> Team:
     """Staff rename, hide or show a team again; each action is an audit log entry with its reason.
-    Staff renames pass the same name checks (the blocklist included).
+    Staff renames pass the same name checks (the blocklist included) and lock the name: the founder
+    can no longer change it (the audit entry says so).
 
     Raises ApplicationError: forbidden (403), invalid_action, reason_required, reason_too_long,
     not_found, invalid_team_name, text_blocked, team_name_taken (409).
@@ -211,9 +273,11 @@ def team_moderate(*, actor: User, team: Team, action: str, reason: str, name: st
         team = _lock_team(team)
         details = {"name": team.name}
         if action == "rename":
-            details["new_name"] = new_name
-            team.name = new_name
-            _save_name(team, ["name"])
+            details.update(new_name=new_name, name_locked=True)
+            skeleton = names.skeleton(new_name)
+            _ensure_name_free(new_name, team.id)
+            team.name, team.name_skeleton, team.name_locked_at = new_name, skeleton, timezone.now()
+            _save_name(team, ["name", "name_skeleton", "name_locked_at"])
         else:
             team.hidden_at = timezone.now() if action == "hide" else None
             team.save(update_fields=["hidden_at"])

@@ -2,7 +2,9 @@
 
 The moderation app's blocklist rule applies to them as to shared groups (when staff switched it on);
 control and format characters (bidirectional overrides, zero-width joiners) are refused outright, as
-they serve only to disguise a name.
+they serve only to disguise a name. Names are checked for look-alikes and invisible characters, and
+"anonymous" is reserved (common.names); an address's host may not imitate another (common.names.host_problem)
+and is stored punycoded when it is not ASCII.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 
+from accounts.models import ANONYMOUS
+from common import names
 from common.errors import ApplicationError
 from community.models import (
     TEAM_DESCRIPTION_MAX_LENGTH,
@@ -40,7 +44,7 @@ def _screen(texts: list[str], what: str) -> None:
 
 
 def clean_team_name(name: object) -> str:
-    """Raises ApplicationError: invalid_team_name, text_blocked."""
+    """Raises ApplicationError: invalid_team_name, team_name_reserved, text_blocked."""
     raw = str(name or "")
     text = " ".join(raw.split())
     if (
@@ -52,6 +56,14 @@ def clean_team_name(name: object) -> str:
             "invalid_team_name",
             f"A team name has {TEAM_NAME_MIN_LENGTH}-{TEAM_NAME_MAX_LENGTH} characters: letters, digits, spaces and "
             "simple punctuation, starting with a letter or digit.",
+            extra={"field": "name"},
+        )
+    problem = names.name_problem(text)
+    if problem is not None:
+        raise ApplicationError("invalid_team_name", f"The team name {problem}.", extra={"field": "name"})
+    if names.looks_like(text, ANONYMOUS):
+        raise ApplicationError(
+            "team_name_reserved", f"The team name {ANONYMOUS!r} is reserved.", extra={"field": "name"}
         )
     _screen([text], "team name")
     return text
@@ -87,7 +99,20 @@ def clean_team_url(url: object) -> str:
         _URL(text)
     except ValidationError:
         raise error from None
-    if "@" in urlsplit(text).netloc:
+    parts = urlsplit(text)
+    if "@" in parts.netloc or not parts.hostname:
         raise error
+    problem = names.host_problem(parts.hostname)
+    if problem is not None:
+        raise ApplicationError("invalid_team_url", f"The team address's host {problem}.", extra={"field": "url"})
+    if not parts.hostname.isascii():  # shown as the browser would resolve it, never as a look-alike
+        try:
+            ascii_host = parts.hostname.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise error from None
+        netloc = ascii_host if parts.port is None else f"{ascii_host}:{parts.port}"
+        text = parts._replace(netloc=netloc).geturl()
+        if len(text) > TEAM_URL_MAX_LENGTH:
+            raise error
     _screen([text], "address")
     return text

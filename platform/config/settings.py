@@ -151,6 +151,7 @@ INSTALLED_APPS = [
     "common",
     "ops",  # /healthz, /readyz, /metrics, the CSP header, deployment checks
     "accounts",
+    "swarms",  # training campaigns: below nodes and the pool (docs/architecture.md)
     "nodes",
     "pool",
     "localswarm",  # `manage.py sapo_local`, what `make run` starts
@@ -216,6 +217,12 @@ if SAPO_DB_POOL_SIZE < 3:
     raise EnvError(f"SAPO_DB_POOL_SIZE must be at least 3 (2 kept for pages), got {SAPO_DB_POOL_SIZE}")
 #: Threads running node sockets' database calls (common.db.db_call); each holds at most one connection.
 SAPO_DB_THREADS = SAPO_DB_POOL_SIZE - 2
+#: How long a request or a socket's call waits for a database connection before it fails (a socket
+#: opening then closes with 4503): while the database is down, every call waits this long.
+SAPO_DB_POOL_TIMEOUT = env_float("SAPO_DB_POOL_TIMEOUT", 30.0)
+#: While the database is down, the pool tries to reconnect at most this many seconds apart
+#: (config.pg_backend): the site serves again within about this long of the database's return.
+SAPO_DB_RECONNECT_SECONDS = env_float("SAPO_DB_RECONNECT_SECONDS", 1.0)
 #: Prepare the statements every share runs (common.db.prepare_hot); off behind a pooler that drops them.
 SAPO_DB_PREPARE = env_bool("SAPO_DB_PREPARE", True)
 #: The per-item loops of a share in C (the sapo_native extension, native/; common.native) when it is
@@ -238,7 +245,7 @@ else:
     # min_size: connections kept open while idle; timeout: how long a call waits for a free one. No
     # health check (with the pool it is a round trip on every borrow): a connection a PostgreSQL
     # restart broke fails its one call and the pool replaces it.
-    _default_db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": SAPO_DB_POOL_SIZE, "timeout": 30}
+    _default_db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": SAPO_DB_POOL_SIZE, "timeout": SAPO_DB_POOL_TIMEOUT}
     _default_db["CONN_HEALTH_CHECKS"] = False
 if SAPO_DB_PREPARE:
     # psycopg ignores `prepare=True` while the threshold is None (Django's default, for poolers); a
@@ -310,6 +317,7 @@ SAPO_NODE_CREATIONS_PER_HOUR = env_int("SAPO_NODE_CREATIONS_PER_HOUR", 20)
 SAPO_TOKEN_ROTATIONS_PER_HOUR = env_int("SAPO_TOKEN_ROTATIONS_PER_HOUR", 10)
 SAPO_TEAMS_PER_ACCOUNT_PER_MONTH = env_int("SAPO_TEAMS_PER_ACCOUNT_PER_MONTH", 3)
 SAPO_TEAMS_PER_ADDRESS_PER_DAY = env_int("SAPO_TEAMS_PER_ADDRESS_PER_DAY", 5)
+SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY = env_int("SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY", 10)
 
 # --- The daily statistics export (docs/leaderboard.md#daily-statistics-export) ----------------
 # Written by the scheduled job `export` and `manage.py sapo_stats export`; served at /stats/. Every

@@ -8,7 +8,9 @@ class ModerationConfig(AppConfig):
 
     def ready(self) -> None:
         # The pool calls moderation only through its seam (pool.seams): plug in here.
-        from moderation.hooks import MODERATION
+        from moderation.hooks import MODERATION, SWARM_OVERSIGHT
         from pool.seams import moderation_register
+        from swarms.seams import oversight_register
 
         moderation_register(MODERATION)
+        oversight_register(SWARM_OVERSIGHT)

@@ -56,13 +56,14 @@ class QueueFilterForm(FilterForm):
         choices=[(ANY, "Flagged or not"), ("any", "Any flag"), ("none", "No flag")]
         + [(key, spec.title) for key, spec in RULES.items() if key not in ("verification", "trust", "outlier")],
     )
+    swarm = forms.SlugField(required=False, max_length=40, label="Swarm (slug)")
     dataset = forms.CharField(required=False, max_length=64)
     node = forms.IntegerField(required=False, min_value=1, label="Node id")
     contributor = forms.CharField(required=False, max_length=150, label="Contributor (username)")
     since = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
 
-    FIELDS = ("status", "reason", "flag", "dataset", "node", "contributor", "since", "until")
+    FIELDS = ("status", "reason", "flag", "swarm", "dataset", "node", "contributor", "since", "until")
 
     def filters(self) -> dict[str, Any]:
         """As FilterForm's; with no status given (an unbound form too), held groups: the default view."""

@@ -34,6 +34,12 @@ class AuditAction(models.TextChoices):
     TEAM_RENAME = "team_rename", "Rename team"
     TEAM_HIDE = "team_hide", "Hide team"
     TEAM_SHOW = "team_show", "Show team again"
+    SWARM_CREATE = "swarm_create", "Create swarm"
+    SWARM_EDIT = "swarm_edit", "Edit swarm"
+    SWARM_CATALOGUE = "swarm_catalogue", "New catalogue version"
+    SWARM_OPEN = "swarm_open", "Open swarm"
+    SWARM_PAUSE = "swarm_pause", "Pause swarm"
+    SWARM_RETIRE = "swarm_retire", "Retire swarm"
 
 
 class TargetType(models.TextChoices):
@@ -43,6 +49,7 @@ class TargetType(models.TextChoices):
     CONTRIBUTOR = "contributor", "Contributor"
     RULE = "rule", "Rule"
     TEAM = "team", "Team"
+    SWARM = "swarm", "Swarm"
 
 
 class AuditEntryQuerySet(models.QuerySet):

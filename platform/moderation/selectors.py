@@ -22,7 +22,8 @@ def rollout_queue_base(*, filters: dict[str, Any]) -> QuerySet[Rollout]:
     """The groups a queue filter matches (no joins loaded: also what bulk actions and counts use).
 
     filters: status ("any" or a moderation status), reason ("accepted" or a verdict reason), flag ("any",
-    "none" or a rule key: open flags only), dataset, node (id), contributor (username), since, until.
+    "none" or a rule key: open flags only), swarm (slug), dataset, node (id), contributor (username), since,
+    until.
     """
     queryset = Rollout.objects.all()
     status = filters.get("status")
@@ -42,6 +43,8 @@ def rollout_queue_base(*, filters: dict[str, Any]) -> QuerySet[Rollout]:
             queryset = queryset.filter(Exists(open_flags))
         else:
             queryset = queryset.filter(Exists(open_flags.filter(rule=flag)))
+    if filters.get("swarm"):
+        queryset = queryset.filter(swarm__slug=filters["swarm"])
     if filters.get("dataset"):
         queryset = queryset.filter(dataset=filters["dataset"])
     if filters.get("node"):

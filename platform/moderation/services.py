@@ -15,6 +15,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from accounts.events import contributor_withdrawn_on_commit, node_withdrawn_on_commit
 from accounts.models import User
 from common.errors import ApplicationError
 from moderation.models import (
@@ -212,6 +213,7 @@ class _Bannable:
     label: str  # in the quarantine decisions' reason
     name_key: str  # its name's key in the audit entries' details
     disconnect: Callable[[int], None]  # on commit, with CLOSE_BANNED
+    withdraw: Callable[[int], None]  # on commit: out of what the site published (accounts.events)
 
 
 _NODE = _Bannable(
@@ -223,6 +225,7 @@ _NODE = _Bannable(
     label="node",
     name_key="node",
     disconnect=lambda node_id: node_disconnect_on_commit(node_id=node_id, code=CLOSE_BANNED, reason="banned"),
+    withdraw=lambda node_id: node_withdrawn_on_commit(node_id=node_id),
 )
 _CONTRIBUTOR = _Bannable(
     model=User,
@@ -233,12 +236,14 @@ _CONTRIBUTOR = _Bannable(
     label="contributor",
     name_key="username",
     disconnect=lambda user_id: contributor_disconnect_on_commit(user_id=user_id, code=CLOSE_BANNED, reason="banned"),
+    withdraw=lambda user_id: contributor_withdrawn_on_commit(user_id=user_id),
 )
 
 
 def _ban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reason: str) -> None:
-    """Set `target`'s ban, quarantine its groups (one bulk decision), audit, and close its sockets on
-    commit. `reason` is already clean; the caller holds the transaction."""
+    """Set `target`'s ban, quarantine its groups (one bulk decision), audit, and close its sockets and
+    withdraw it from the published export on commit. `reason` is already clean; the caller holds the
+    transaction."""
     now = timezone.now()
     kind.model.objects.filter(id=target.id).update(banned_at=now)
     target.banned_at = now
@@ -258,6 +263,7 @@ def _ban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reason
         details={"batch": str(batch), kind.name_key: name},
     )
     kind.disconnect(target.id)
+    kind.withdraw(target.id)
 
 
 def _unban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reason: str, restore_groups: bool) -> None:

@@ -21,6 +21,7 @@ class NodeStatus(models.TextChoices):
     OFFLINE = "offline", "Offline"
     BANNED = "banned", "Banned"
     RETIRED = "retired", "Retired"
+    UNKNOWN = "unknown", "Unknown"  # presence cannot be read now (Redis does not answer)
 
 
 class Node(models.Model):
@@ -67,12 +68,15 @@ class Node(models.Model):
     def is_retired(self) -> bool:
         return self.retired_at is not None
 
-    def status_at(self, now: datetime, *, connected: bool) -> str:
-        """The status at `now`, given whether the node has an open socket (nodes.presence says)."""
+    def status_at(self, now: datetime, *, connected: bool | None) -> str:
+        """The status at `now`, given whether the node has an open socket (nodes.presence says; None:
+        presence is unknown now)."""
         if self.is_banned:
             return NodeStatus.BANNED
         if self.is_retired:
             return NodeStatus.RETIRED
+        if connected is None:
+            return NodeStatus.UNKNOWN
         if not connected or self.last_seen_at is None:
             return NodeStatus.OFFLINE
         silence = now - self.last_seen_at

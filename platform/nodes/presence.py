@@ -37,7 +37,9 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from common import outage
 from common.db import bookkeeping_transaction, db_call
 from common.loops import per_loop
 from common.redis_client import redis_client
@@ -139,14 +141,24 @@ def presence_server_start() -> int:
     return deleted
 
 
+class PresenceUnknown(Exception):
+    """Redis, which holds the records, did not answer: who is connected is unknown (not "nobody")."""
+
+
 def connection_counts(node_ids: Iterable[int] | None = None, *, now: datetime | None = None) -> dict[int, int]:
-    """Open, unexpired sockets per node (nodes without one are left out); all nodes when node_ids is None."""
+    """Open, unexpired sockets per node (nodes without one are left out); all nodes when node_ids is None.
+    Raises PresenceUnknown when Redis does not answer."""
     now = _now(now)
     wanted = None if node_ids is None else {int(i) for i in node_ids}
     if wanted is not None and not wanted:
         return {}
     if settings.REDIS_URL:
-        members = redis_client().zrangebyscore(_redis_key(), f"({now.timestamp()}", "+inf")
+        try:
+            members = redis_client().zrangebyscore(_redis_key(), f"({now.timestamp()}", "+inf")
+        except RedisError as exc:
+            outage.REDIS.failed(exc)
+            raise PresenceUnknown from exc
+        outage.REDIS.answered()
         counts = Counter(int(m.split(b"|", 1)[0]) for m in members)
         return {n: c for n, c in counts.items() if wanted is None or n in wanted}
     rows = NodeConnection.objects.filter(expires_at__gt=now)
@@ -177,19 +189,27 @@ def with_connected(nodes: QuerySet[Node], *, now: datetime | None = None) -> Que
     return nodes.annotate(**{_CONNECTED: _connected_exists(_now(now))})
 
 
-def connected_among(nodes: Iterable[Node], *, now: datetime | None = None) -> set[int]:
+def connected_among(nodes: Iterable[Node], *, now: datetime | None = None) -> set[int] | None:
     """The ids of `nodes` with an open, unexpired socket, asked once for all of them. Nodes read through
     `with_connected` answer from their rows, as of when they were read (no query); otherwise one Redis
-    call or one query."""
+    call or one query. None when it is unknown (Redis does not answer): statuses are then "unknown"."""
     nodes = list(nodes)
     if not settings.REDIS_URL and all(hasattr(node, _CONNECTED) for node in nodes):
         return {node.id for node in nodes if getattr(node, _CONNECTED)}
-    return connected_node_ids([node.id for node in nodes], now=now)
+    try:
+        return connected_node_ids([node.id for node in nodes], now=now)
+    except PresenceUnknown:
+        return None
+
+
+def is_connected(connected: set[int] | None, node_id: int) -> bool | None:
+    """Whether `node_id` is among `connected` (connected_among's answer); None when that is unknown."""
+    return None if connected is None else node_id in connected
 
 
 def connected_filter(*, now: datetime | None = None) -> Q:
     """A filter on nodes: those with an open, unexpired socket. In the database an EXISTS inside the
-    filtering query; with Redis the ids it holds (one call)."""
+    filtering query; with Redis the ids it holds (one call; PresenceUnknown when it does not answer)."""
     now = _now(now)
     if settings.REDIS_URL:
         return Q(id__in=connected_node_ids(now=now))
@@ -263,8 +283,9 @@ class SocketBook:
         if renew and self.sockets:
             try:
                 await db_call(connections_renew)(connections=dict(self.sockets))
-            except Exception:
-                logger.exception("presence heartbeat of %d sockets failed", len(self.sockets))
+            except Exception as exc:
+                if not outage.dependency_failed(exc):
+                    logger.exception("presence heartbeat of %d sockets failed", len(self.sockets))
 
 
 _books = per_loop(SocketBook)

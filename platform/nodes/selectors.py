@@ -8,7 +8,7 @@ from django.utils import timezone
 from accounts.models import User
 from common.errors import NotFound
 from nodes.models import Node, NodeToken
-from nodes.presence import connected_among, with_connected
+from nodes.presence import connected_among, is_connected, with_connected
 
 
 def _with_details(queryset: QuerySet[Node]) -> QuerySet[Node]:
@@ -35,7 +35,7 @@ def node_statuses(nodes: Iterable[Node]) -> dict[int, str]:
     nodes = list(nodes)
     now = timezone.now()
     connected = connected_among(nodes, now=now) if nodes else set()
-    return {node.id: node.status_at(now, connected=node.id in connected) for node in nodes}
+    return {node.id: node.status_at(now, connected=is_connected(connected, node.id)) for node in nodes}
 
 
 def node_status(node: Node) -> str:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from contextlib import nullcontext
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from common import outage
 from common.db import server_binding_cursor
 from common.errors import ApplicationError
 from nodes import presence
@@ -100,11 +100,12 @@ def nodes_sessions_open(*, requests: Sequence[tuple[str | None, uuid.UUID]]) -> 
         "expires": now + timedelta(seconds=presence.expires_after_seconds()),
         "in_database": not settings.REDIS_URL,
     }
-    # With Redis the presence records are written there, after the statement: a transaction around
-    # both takes the statement's writes back if Redis fails (as the sockets then fail to open).
+    # With Redis the presence records are written there, after the statement. While Redis is down the
+    # sockets open without their records (common.outage): presence is unknown meanwhile anyway, and the
+    # process's heartbeat (presence.SocketBook) writes them once Redis answers.
     # Parameters bound by the server, not quoted into the SQL text by Django's cursor (the quoting was
     # most of this call's CPU after the statement itself).
-    with transaction.atomic() if settings.REDIS_URL else nullcontext(), server_binding_cursor() as cursor:
+    with server_binding_cursor() as cursor:
         cursor.execute(_SESSIONS_OPEN_SQL, params)
         opened: dict[uuid.UUID, int] = {}
         for n, retired, banned, seen, *columns in cursor.fetchall():
@@ -119,5 +120,8 @@ def nodes_sessions_open(*, requests: Sequence[tuple[str | None, uuid.UUID]]) -> 
             answers[i] = node
             opened[requests[i][1]] = node.id
         if settings.REDIS_URL:
-            presence.connections_renew(connections=opened, now=now)
+            try:
+                presence.connections_renew(connections=opened, now=now)
+            except RedisError as exc:  # the sockets open unseen; the heartbeat writes them when Redis answers
+                outage.REDIS.failed(exc)
     return answers

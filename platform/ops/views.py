@@ -24,6 +24,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
+from common.loops import per_loop
+from common.redis_client import async_pool
 from ops.collectors import PoolCollector
 
 #: Seconds each readiness check may take before it counts as failed.
@@ -42,8 +44,25 @@ def _database() -> None:
         cursor.fetchone()
 
 
+def _new_redis():
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis(connection_pool=async_pool(settings.REDIS_URL))
+
+
+#: A client of the channel layer's Redis, on a pool of its own, per event loop.
+_redis = per_loop(_new_redis)
+
+
 async def _channel_layer() -> None:
-    """A message through the layer and back (Redis when REDIS_URL is set)."""
+    """With REDIS_URL, Redis answers a PING on a connection of the probe's own. (A message through the
+    layer would queue behind the closes listener: channels_redis lets one `receive` through per layer at
+    a time, and pool.closes waits in one for as long as the process serves node sockets.) Without,
+    a message through the in-memory layer and back."""
+    if settings.REDIS_URL:
+        if not await _redis().ping():
+            raise RuntimeError("Redis did not answer PONG")
+        return
     layer = get_channel_layer()
     channel = await layer.new_channel("readyz.")
     await layer.send(channel, {"type": "readyz.ping"})

@@ -2,9 +2,12 @@
 
 nodes.events sends a close (a token revoked, a node retired, a ban) as one message to CLOSES_GROUP.
 Each process (each event loop) has one `SocketCloses`: it joins that group once, before its first
-node socket counts as open, joins it again every half of the layer's group expiry (a layer forgets a
-membership a day after it was added), and keeps its open sockets by node and by contributor; a close
-that arrives closes the matching sockets of this process.
+node socket counts as open, joins it again every REJOIN_SECONDS, and keeps its open sockets by node
+and by contributor; a close that arrives closes the matching sockets of this process. The membership
+lives only in Redis, which can lose it (a restart without persistence, a failover to an empty replica,
+eviction; the layer itself forgets it a day after it was added): re-joined every few seconds, a worker
+misses closes for at most that long after Redis forgot it. A close sent while Redis is down is kept
+and sent when it answers again (nodes.events).
 
 A socket opening is authenticated by one database call (pool.opening: shared with the sockets opening
 with it, nodes.sessions.nodes_sessions_open) and then registered here, on the event loop, with no
@@ -29,8 +32,10 @@ from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 
+from common import outage
 from common.loops import per_loop
-from nodes.events import CLOSES_GROUP
+from nodes.events import CLOSES_GROUP, CLOSES_REJOIN_SECONDS
+from pool.swarm_places import SWARM_CHANGED, place_forget
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +44,15 @@ logger = logging.getLogger(__name__)
 RECENT_SECONDS = 600.0
 #: At most this many closes are remembered (a burst of bans cannot grow it without bound).
 RECENT_MAX = 100_000
+#: Seconds between two joins of CLOSES_GROUP (one ZADD to Redis: the longest a close can go unheard
+#: after Redis lost the membership).
+REJOIN_SECONDS = CLOSES_REJOIN_SECONDS
 
 
 class Closable(Protocol):
     def close_for(self, code: int) -> None: ...
+
+    def swarm_changed(self, event: dict[str, Any]) -> None: ...
 
 
 class SocketCloses:
@@ -52,6 +62,8 @@ class SocketCloses:
         self.by_node: dict[int, set[Closable]] = {}
         self.by_contributor: dict[int, set[Closable]] = {}
         self.where: dict[Closable, tuple[int, int]] = {}
+        self.by_swarm: dict[int, set[Closable]] = {}
+        self.swarm_of: dict[Closable, int] = {}
         # (arrived at, node id, contributor id, code), oldest first
         self.recent: collections.deque[tuple[float, int | None, int | None, int]] = collections.deque()
         self.joined: asyncio.Future | None = None
@@ -91,8 +103,9 @@ class SocketCloses:
                 event = await layer.receive(channel)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the layer is down: try again in a moment
-                logger.exception("receiving socket closes failed")
+            except Exception as exc:  # the layer is down: try again in a moment
+                if not outage.dependency_failed(exc):
+                    logger.exception("receiving socket closes failed")
                 await asyncio.sleep(1.0)
                 continue
             try:
@@ -101,13 +114,17 @@ class SocketCloses:
                 logger.exception("a socket close could not be delivered: %r", event)
 
     async def _keep_joined(self, layer: Any, channel: str) -> None:
-        every = max(1.0, getattr(layer, "group_expiry", 86_400) / 2)
+        # Within half the layer's group expiry too (a layer forgets a membership that long after it was added).
+        every = min(REJOIN_SECONDS, max(1.0, getattr(layer, "group_expiry", 86_400) / 2))
         while True:
             await asyncio.sleep(every)
             try:
                 await layer.group_add(CLOSES_GROUP, channel)
-            except Exception:  # the layer is down: again at the next turn
-                logger.exception("joining %s again failed", CLOSES_GROUP)
+            except Exception as exc:  # the layer is down: again at the next turn
+                if not outage.dependency_failed(exc):
+                    logger.exception("joining %s again failed", CLOSES_GROUP)
+            else:
+                outage.REDIS.answered()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -115,7 +132,11 @@ class SocketCloses:
         task.add_done_callback(self.tasks.discard)
 
     def deliver(self, event: dict[str, Any]) -> None:
-        """A close from nodes.events: close this process's matching sockets, and remember it."""
+        """A close from nodes.events: close this process's matching sockets, and remember it. A swarm's
+        change (pool.swarm_places): tell this process's sockets of that swarm."""
+        if event.get("type") == SWARM_CHANGED:
+            self._swarm_changed(event)
+            return
         code = event.get("code")
         code = code if isinstance(code, int) else 4401
         node_id, contributor_id = event.get("node_id"), event.get("contributor_id")
@@ -145,7 +166,28 @@ class SocketCloses:
         self.by_contributor.setdefault(contributor_id, set()).add(socket)
         return None
 
+    def _swarm_changed(self, event: dict[str, Any]) -> None:
+        swarm_id = event.get("swarm_id")
+        place_forget(swarm_id if isinstance(swarm_id, int) else None)
+        for socket in list(self.by_swarm.get(swarm_id, ())) if isinstance(swarm_id, int) else ():
+            socket.swarm_changed(event)
+
+    def swarm_join(self, socket: Closable, swarm_id: int) -> None:
+        """Count `socket` among its swarm's (a hello naming another swarm moves it)."""
+        self._swarm_leave(socket)
+        self.swarm_of[socket] = swarm_id
+        self.by_swarm.setdefault(swarm_id, set()).add(socket)
+
+    def _swarm_leave(self, socket: Closable) -> None:
+        swarm_id = self.swarm_of.pop(socket, None)
+        members = self.by_swarm.get(swarm_id) if swarm_id is not None else None
+        if members is not None:
+            members.discard(socket)
+            if not members:
+                del self.by_swarm[swarm_id]
+
     def unregister(self, socket: Closable) -> None:
+        self._swarm_leave(socket)
         place = self.where.pop(socket, None)
         if place is None:
             return

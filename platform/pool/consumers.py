@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -45,7 +46,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from redis.exceptions import RedisError
 
-from common import metrics
+from common import metrics, outage
 from common.compact_json import Raw, dumps, dumps_object
 from common.db import db_call
 from common.errors import ApplicationError
@@ -54,14 +55,18 @@ from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
 from nodes.services import node_hello_changed, node_hello_fields
 from pool import ratelimit, turns
 from pool.closes import socket_closes
+from pool.epoch import current_pool_epoch
 from pool.ingest import ShareIn, ShareResult, rollout_share_batch
-from pool.limits import Limits, current_catalogue, current_limits
+from pool.ingest_statement import SwarmOfBatch
+from pool.limits import Limits, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.opening import session_opens
 from pool.selectors import rollout_sample_json
 from pool.services import node_round_report, rollout_served_record
+from pool.swarm_places import place_limits, place_of_hello, swarm_state_message
 from sapo_node import protocol
 from sapo_node.tasks import Catalogue
+from swarms.selectors import SwarmPlace
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +97,13 @@ def _cpu_timed(fn: Any) -> Any:
 
 @dataclass(frozen=True)
 class _ShareItem:
-    """A socket's share waiting for its turn (pool.turns), with the socket's limits and catalogue (the
-    same for every socket of a process: batch-mates have the same)."""
+    """A socket's share waiting for its turn (pool.turns), with the socket's limits, catalogue and swarm
+    (batches are made by them: batch-mates have the same)."""
 
     share: ShareIn
     limits: Limits
     catalogue: Catalogue
+    swarm: SwarmOfBatch
 
 
 async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, float] | Exception]:
@@ -106,7 +112,7 @@ async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, f
     shares = [item.share for item in items]
     metrics.SHARES_TOGETHER.observe(len(shares))
     results, cpu = await db_call(_cpu_timed(rollout_share_batch), retry_lost=True)(
-        shares=shares, catalogue=items[0].catalogue, limits=items[0].limits
+        shares=shares, catalogue=items[0].catalogue, limits=items[0].limits, swarm=items[0].swarm
     )
     groups = sum(len(share.rollouts) for share in shares) or 1
     return [
@@ -115,17 +121,24 @@ async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, f
     ]
 
 
-def _sampled_groups(*, node: Any, n: int, window_seconds: int) -> Raw:
+def _sampled_groups(*, node: Any, n: int, window_seconds: int, swarm_id: int) -> Raw:
     """What a `sample` answers: the groups drawn, as the JSON list of the reply's member "rollouts",
     each group's JSON made from its row (pool.payloads.sampled_group_json); the groups sent are
     recorded as served to the node (credit needs it)."""
     with metrics.SAMPLE_SECONDS.time():
-        drawn = rollout_sample_json(node=node, n=n, window_seconds=window_seconds)
+        drawn = rollout_sample_json(node=node, n=n, window_seconds=window_seconds, swarm_id=swarm_id)
     rollout_served_record(node=node, rollout_ids=[rollout_id for rollout_id, _ in drawn])
     return Raw("[" + ",".join(text for _, text in drawn) + "]")
 
 
 _closing_tasks: set[asyncio.Task] = set()  # closes under way (a task nobody holds may be collected)
+
+#: A hello's refusals and the close that follows each.
+_HELLO_CLOSES = {
+    protocol.UNKNOWN_SWARM: protocol.CLOSE_UNKNOWN_SWARM,
+    protocol.SWARM_RETIRED: protocol.CLOSE_SWARM_RETIRED,
+}
+_STATES = (protocol.STATE_OPEN, protocol.STATE_PAUSED, protocol.STATE_RETIRED)
 
 _announced: dict[tuple[int, Limits], tuple[Any, Raw, dict[str, int]]] = {}
 
@@ -146,6 +159,9 @@ def _catalogue_and_limits(catalogue: Catalogue, limits: Limits) -> tuple[Raw, di
 class NodeConsumer(AsyncWebsocketConsumer):
     node = None
     closing = False  # set once the server has decided to close: nothing more is sent
+    #: The node's swarm, from its hello (before any hello: the site's default, taken at the first frame
+    #: that needs it). Its state follows the swarm's through pool.closes.
+    place: SwarmPlace | None = None
     frame_ref: str | None = None  # the ref of the frame being answered, once read
 
     async def __call__(self, scope, receive, send) -> None:
@@ -188,13 +204,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         try:
             await self._open()
         except Exception as exc:  # keep no half-open state, and tell the node to come back later
-            if isinstance(exc, _DEPENDENCY_DOWN):  # the incident, not a bug: one line, no trace
-                logger.warning(
-                    "opening a node socket failed (%s: %s); closed with %s",
-                    type(exc).__name__,
-                    str(exc).strip(),
-                    CLOSE_TRY_AGAIN,
-                )
+            if isinstance(exc, _DEPENDENCY_DOWN):  # the incident, not a bug: one line per outage, no trace
+                outage.dependency_failed(exc)
             else:
                 logger.exception("opening a node socket failed; closed with %s", CLOSE_TRY_AGAIN)
             await self.disconnect(CLOSE_TRY_AGAIN)
@@ -206,8 +217,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         try:
             await closes.listen()  # this process's one membership for closes (the first socket waits for it)
             since = closes.clock()
-            self.limits = current_limits()
-            self.catalogue = current_catalogue()
+            self.limits = self.site_limits = current_limits()
             self.consecutive_errors = 0
             self.connection_id = uuid.uuid4()
             node, self.rate_limit = await session_opens().open(
@@ -248,8 +258,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 await db_call(presence.connection_close, retry_lost=True)(
                     node_id=node.id, connection_id=self.connection_id
                 )
-            except Exception:  # the record expires by itself (presence.expires_after_seconds())
-                logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
+            except Exception as exc:  # the record expires by itself (presence.expires_after_seconds())
+                if not outage.dependency_failed(exc):
+                    logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
 
     # Closes (pool.closes) ---------------------------------------------------------------------
 
@@ -277,15 +288,18 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.frame_ref = None
         try:
             await self._answer(text_data if text_data is not None else bytes_data)
-        except Exception:
-            # A bug, or a dependency down (database, Redis): the node gets an answer, the log the trace.
-            logger.exception("node %s: a frame failed", getattr(self.node, "id", None))
+        except Exception as exc:
+            # A bug, or a dependency down (database, Redis): the node gets an answer (with the frame's
+            # ref, so it sends the frame again), the log the trace or, for an outage, one line.
+            if not outage.dependency_failed(exc):
+                logger.exception("node %s: a frame failed", getattr(self.node, "id", None))
             with contextlib.suppress(Exception):
                 await self._error(protocol.INTERNAL_ERROR, "the server failed to handle this frame", self.frame_ref)
 
     async def _answer(self, frame: str | bytes | None) -> None:
         node, budget = self.node, self.budget
         owed, self.owed_cpu_ms = self.owed_cpu_ms, 0
+        self.frame_ref = leading_ref(frame)  # until the frame is parsed: any refusal carries it
         if not await ratelimit.admit(node.id, budget, size=frame_size(frame or ""), cpu_ms=owed):
             # Refused unparsed: a node over its rate costs the server no parsing, whatever it sends. The
             # ref, read from the frame's first characters, tells the node which request to send again.
@@ -313,43 +327,74 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.frame_ref = message.ref
         try:
             reply = await self._dispatch(message)
+            if (
+                isinstance(message, Hello) and reply is not None
+            ):  # the welcome names the pool's epoch: it changes on a restore
+                reply["pool_epoch"] = await current_pool_epoch()
         except ApplicationError as exc:
             await self._error(exc.code, exc.message, message.ref)
             return
-        except Exception:
-            logger.exception("node %s: %s failed", node.id, type(message).__name__)
+        except Exception as exc:
+            if not outage.dependency_failed(exc):
+                logger.exception("node %s: %s failed", node.id, type(message).__name__)
             await self._error(protocol.INTERNAL_ERROR, "the server failed to handle this message", message.ref)
             return
         self.consecutive_errors = 0
-        await self._send(reply, message.ref)
+        outage.DATABASE.answered()
+        if reply is not None:
+            await self._send(reply, message.ref)
         presence.socket_book().seen(node.id)  # written with the others' on the next beat
 
-    async def _dispatch(self, message: Hello | Share | Sample | Report) -> dict[str, Any]:
+    async def _dispatch(self, message: Hello | Share | Sample | Report) -> dict[str, Any] | None:
         node = self.node
         if isinstance(message, Share):
+            place = await self._in_swarm()
+            if place.state == protocol.STATE_PAUSED:
+                await self._paused(message.ref)
+                return None
             # A few batches of shares verify and insert at once (one's database wait overlaps another's
             # verification); the others wait their turn, the nodes that cost the least lately first,
-            # and shares of other nodes waiting at once go together (pool.turns).
+            # and shares of other nodes of the same swarm waiting at once go together (pool.turns).
             share_turns = turns.share_turns()
             item = _ShareItem(
-                ShareIn(node=node, rollouts=message.rollouts, stored=self.stored), self.limits, self.catalogue
+                ShareIn(node=node, rollouts=message.rollouts, stored=self.stored),
+                self.limits,
+                place.catalogue,
+                SwarmOfBatch(place.swarm_id, place.catalogue_version),
             )
-            result, cpu = await share_turns.share(node.id, item, _shares_together, key=(self.limits, self.catalogue))
+            key = (self.limits, place.catalogue, place.swarm_id)
+            result, cpu = await share_turns.share(node.id, item, _shares_together, key=key)
             self.stored = result.stored
             share_turns.spent(node.id, self.frame_cpu + cpu)
             self.frame_cpu += cpu
             metrics.share_answered(result)
             return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
         if isinstance(message, Sample):
+            place = await self._in_swarm()
+            if place.state == protocol.STATE_PAUSED:
+                await self._paused(message.ref)
+                return None
             rollouts = await db_call(_sampled_groups, retry_lost=True)(
-                node=node, n=message.n, window_seconds=self.limits.sample_window_seconds
+                node=node, n=message.n, window_seconds=self.limits.sample_window_seconds, swarm_id=place.swarm_id
             )
             return {"type": "samples", "rollouts": rollouts}
         if isinstance(message, Report):
-            await db_call(node_round_report)(node=node, report=message, limits=self.limits)
+            place = await self._in_swarm()
+            await db_call(node_round_report)(node=node, report=message, limits=self.limits, swarm_id=place.swarm_id)
             return {"type": "ack", "for": "report", "round": message.round}
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
             assert_never(message)
+        try:
+            place = await db_call(place_of_hello, retry_lost=True)(slug=message.swarm)
+        except ApplicationError as exc:
+            if exc.code not in _HELLO_CLOSES:
+                raise
+            # Retrying cannot help: the node is told why in the error, then closed with the code that
+            # says so (its client stops and keeps its run directory).
+            await self._error(exc.code, exc.message, message.ref)
+            await self._shut(_HELLO_CLOSES[exc.code])
+            return None
+        self._join(place)
         # What the node says about itself is written with the process's next beat (presence.SocketBook,
         # one statement for every node that said something new), not by a call per hello; a node
         # reconnecting says the same again, and nothing is written. (Its last seen was written when
@@ -359,12 +404,64 @@ class NodeConsumer(AsyncWebsocketConsumer):
             for name, value in said.items():
                 setattr(node, name, value)
             presence.socket_book().said(node.id, said)
-        catalogue, limits = _catalogue_and_limits(self.catalogue, self.limits)
+        catalogue, limits = _catalogue_and_limits(place.catalogue, self.limits)
         # The limits announced are what the server will hold this node to: max_messages_per_minute is its
         # trust's share of the configured quota (moderation.trust), so the client paces itself to it
         # (a node told the configured 600 while held to 195 was refused by the hundred).
         limits = {**limits, "max_messages_per_minute": int(self.budget.messages)}
-        return {"type": "welcome", "node_id": node.id, "node_name": node.name, "catalogue": catalogue, "limits": limits}
+        return {
+            "type": "welcome",
+            "node_id": node.id,
+            "node_name": node.name,
+            "catalogue": catalogue,
+            "limits": limits,
+            "swarm": {
+                "slug": place.slug,
+                "state": place.state,
+                "catalogue_version": place.catalogue_version,
+                "recommended_models": list(place.recommended_models),
+                "local": place.default_local,
+                "external": place.default_external,
+            },
+        }
+
+    # Swarms (pool.swarm_places) -------------------------------------------------------------
+
+    async def _in_swarm(self) -> SwarmPlace:
+        """The socket's swarm: the site's default until a hello names one."""
+        if self.place is None:
+            self._join(await db_call(place_of_hello, retry_lost=True)(slug=None))
+        assert self.place is not None
+        return self.place
+
+    def _join(self, place: SwarmPlace) -> None:
+        self.place = place
+        self.limits = place_limits(self.site_limits, place)
+        socket_closes().swarm_join(self, place.swarm_id)
+
+    async def _paused(self, ref: str | None) -> None:
+        # Not an error of the node's: it does not count towards max_consecutive_errors.
+        assert self.place is not None
+        detail = f"swarm {self.place.slug!r} is paused: train in silo, share again when it opens"
+        await self._send({"type": "error", "code": protocol.SWARM_PAUSED, "detail": detail}, ref)
+
+    def swarm_changed(self, event: dict[str, Any]) -> None:
+        """The socket's swarm changed state (pool.closes, on the event loop): tell the node; a retired
+        swarm's sockets are closed with protocol.CLOSE_SWARM_RETIRED."""
+        place, state = self.place, event.get("state")
+        if place is None or self.closing or state == place.state or state not in _STATES:
+            return
+        self.place = dataclasses.replace(place, state=state)
+        message = swarm_state_message(slug=place.slug, state=state, open_swarms=list(event.get("open") or []))
+        task = asyncio.get_running_loop().create_task(self._tell_swarm_state(message))
+        _closing_tasks.add(task)
+        task.add_done_callback(_closing_tasks.discard)
+
+    async def _tell_swarm_state(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):  # the socket may be closing meanwhile
+            await self._send(message, None)
+        if message["state"] == protocol.STATE_RETIRED:
+            self.close_for(protocol.CLOSE_SWARM_RETIRED)
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:
         if self.closing:
@@ -375,7 +472,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=dumps_object(payload))
 
     async def _error(self, code: str, detail: str, ref: str | None) -> None:
-        self.consecutive_errors += 1
+        if code != protocol.INTERNAL_ERROR:  # the server's own failures never count against the node
+            self.consecutive_errors += 1
         await self._send({"type": "error", "code": code, "detail": detail}, ref)
         if self.consecutive_errors >= self.limits.max_consecutive_errors:
             await self._shut(CLOSE_TOO_MANY_ERRORS)

@@ -25,13 +25,14 @@ from django.db import DatabaseError, connection, transaction
 from common import metrics
 from common.errors import ApplicationError
 from pool.budgets import StoredBytes, storage_check
-from pool.ingest_statement import ScreenedShare, insert_batch
+from pool.ingest_statement import ScreenedShare, SwarmOfBatch, insert_batch
 from pool.limits import Limits, current_limits
 from pool.messages import RolloutIn
 from pool.models import Rollout, Verdict
 from pool.seams import ShareToScreen, moderation
 from pool.verification import Verification, verify_rollout
 from sapo_node.tasks import Catalogue
+from swarms.services import swarm_default_ensure
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ def rollout_share(
     catalogue: Catalogue,
     limits: Limits | None = None,
     stored: StoredBytes | None = None,
+    swarm: SwarmOfBatch | None = None,
 ) -> ShareResult:
     """Verify and store a node's shared groups; answer a verdict per group, in the order sent.
 
@@ -72,10 +74,14 @@ def rollout_share(
     contributor has used this hour's storage budget (`storage_check`; against `stored`, the previous
     share's ShareResult.stored on the same socket, when it is of this hour: one query less per share).
 
+    The groups are stored in `swarm` (None: the site's default swarm, its current catalogue version),
+    verified against `catalogue`, that swarm's catalogue of that version: a dataset outside it gets
+    the verdict `unknown_task`.
+
     A batch of one of `rollout_share_batch`.
     """
     (result,) = rollout_share_batch(
-        shares=[ShareIn(node=node, rollouts=rollouts, stored=stored)], catalogue=catalogue, limits=limits
+        shares=[ShareIn(node=node, rollouts=rollouts, stored=stored)], catalogue=catalogue, limits=limits, swarm=swarm
     )
     if isinstance(result, Exception):
         raise result
@@ -83,7 +89,11 @@ def rollout_share(
 
 
 def rollout_share_batch(
-    *, shares: Sequence[ShareIn], catalogue: Catalogue, limits: Limits | None = None
+    *,
+    shares: Sequence[ShareIn],
+    catalogue: Catalogue,
+    limits: Limits | None = None,
+    swarm: SwarmOfBatch | None = None,
 ) -> list[ShareResult | Exception]:
     """`rollout_share` for several shares at once: what each would have answered alone, in order (a
     ShareResult, or what it would have raised: ApplicationError, the DatabaseError of a share whose
@@ -100,6 +110,9 @@ def rollout_share_batch(
     and with its batch-mates' ahead of it, as if the shares were stored one after the other
     (docs/moderation.md, "Copies")."""
     limits = limits or current_limits()
+    if swarm is None:
+        default = swarm_default_ensure()
+        swarm = SwarmOfBatch(default.id, default.catalogue_version)
     results: list[ShareResult | Exception | None] = [None] * len(shares)
     batch: list[int] = []
     nodes: set[int] = set()
@@ -107,12 +120,12 @@ def rollout_share_batch(
     for i, share in enumerate(shares):
         share_ids = {r.id for r in share.rollouts}
         if share.node.id in nodes or not ids.isdisjoint(share_ids):
-            _ingest_batch(shares, batch, catalogue, limits, results)
+            _ingest_batch(shares, batch, catalogue, limits, swarm, results)
             batch, nodes, ids = [], set(), set()
         batch.append(i)
         nodes.add(share.node.id)
         ids |= share_ids
-    _ingest_batch(shares, batch, catalogue, limits, results)
+    _ingest_batch(shares, batch, catalogue, limits, swarm, results)
     return results  # type: ignore[return-value]: every place is filled
 
 
@@ -121,6 +134,7 @@ def _ingest_batch(
     batch: list[int],
     catalogue: Catalogue,
     limits: Limits,
+    swarm: SwarmOfBatch,
     results: list[ShareResult | Exception | None],
 ) -> None:
     """Share `shares[i]` for each i of `batch` (different nodes, no id twice) into `results[i]`: the
@@ -132,14 +146,14 @@ def _ingest_batch(
     if not verified:
         return
     try:
-        _screen_store_answer(shares, verified, results)
+        _screen_store_answer(shares, verified, swarm, results)
     except DatabaseError as exc:
         if len(verified) == 1:
             results[verified[0][0]] = exc
             return
         for one in verified:
             try:
-                _screen_store_answer(shares, [one], results)
+                _screen_store_answer(shares, [one], swarm, results)
             except DatabaseError as alone:
                 results[one[0]] = alone
 
@@ -179,6 +193,7 @@ def _verify(
 def _screen_store_answer(
     shares: Sequence[ShareIn],
     verified: list[tuple[int, dict[uuid.UUID, Verification]]],
+    swarm: SwarmOfBatch,
     results: list[ShareResult | Exception | None],
 ) -> None:
     """3. screen, 4. store, 5. answer, for verified shares (`shares[i]` with its checks): one
@@ -196,7 +211,7 @@ def _screen_store_answer(
     # 4. The groups, the counters and moderation's record, in one statement.
     record = seam.rollouts_record_part(screenings=screenings)
     with transaction.atomic() if connection.in_atomic_block else nullcontext():
-        inserted, stored_now = insert_batch(screened, record)
+        inserted, stored_now = insert_batch(screened, swarm, record)
     seam.rollouts_recorded(screenings=screenings, inserted=inserted)
     # 5. A verdict per group, in the order sent.
     existing = _stored_before(screened, inserted)

@@ -17,6 +17,7 @@ from pool.budgets import ROW_OVERHEAD_BYTES, StoredBytes, hour_of, owner_hour_by
 from pool.messages import RolloutIn
 from pool.seams import INSERT_CTE_NAMES, INSERT_PARAM_NAMES, RecordPart, record_sql_check, sql_names
 from pool.verification import Verification, has_variance
+from swarms.models import sample_sequence_name
 
 #: A rejected group is kept for the contributor's inbox and the audit, not for training: its question,
 #: answer and first REJECTED_KEEP_COMPLETIONS completions are stored cut to REJECTED_KEEP_CHARS
@@ -25,9 +26,9 @@ REJECTED_KEEP_CHARS = 256
 REJECTED_KEEP_COMPLETIONS = 4
 
 
-# One statement per batch of shares (a share alone is a batch of one; rollout_share_batch): arrays in,
-# one row per group with its node, ON CONFLICT for concurrent replays, and a sample number drawn only
-# for rows that become sampleable; then each node's verdict counts and stored bytes, a row per node
+# One statement per batch of shares (a share alone is a batch of one; rollout_share_batch), all of one
+# swarm and catalogue version (pool.turns batches by them): arrays in, one row per group with its node, ON CONFLICT for concurrent replays, and a sample number drawn only
+# for rows that become sampleable, from the swarm's own sequence; then each node's verdict counts and stored bytes, a row per node
 # (a node appears once in a batch), upserted in node order so that concurrent batches lock those rows
 # in one order. Parameters are bound server-side (psycopg's default) rather than quoted into the SQL
 # text as Django's cursor does: quoting the completions was most of the ORM bulk_create's cost
@@ -47,13 +48,13 @@ REJECTED_KEEP_COMPLETIONS = 4
 # (tests/platform/test_pool_schema.py checks the length).
 _INSERT_SQL = f"""
 WITH inserted AS (
-INSERT INTO pool_rollout (id, node_id, round, dataset, seed, index, question, answer, completions,
-    completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
+INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index, question, answer,
+    completions, completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
-SELECT u.id, u.node, u.round, u.dataset, u.seed, u.index, u.question, u.answer, u.completions::jsonb,
-       u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
+SELECT u.id, u.node, %(swarm)s, %(catalogue_version)s, u.round, u.dataset, u.seed, u.index, u.question, u.answer,
+       u.completions::jsonb, u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
        CASE WHEN u.held THEN 'held' ELSE 'ok' END, u.has_variance, u.sampleable,
-       CASE WHEN u.sampleable THEN nextval('pool_rollout_sample_seq') END, %(now)s
+       CASE WHEN u.sampleable THEN nextval(%(sequence)s::regclass) END, %(now)s
 FROM unnest(%(id)b::uuid[], %(node)b::bigint[], %(round)b::int[], %(dataset)b::text[], %(seed)b::bigint[],
             %(index)b::bigint[], %(question)b::text[], %(answer)b::text[], %(completions)b::text[],
             %(count)b::int[], %(claimed)b::text[], %(verified)b::text[], %(verdict)b::text[], %(reason)b::text[],
@@ -138,8 +139,16 @@ class ScreenedShare:
     held: set[uuid.UUID]
 
 
+@dataclass(frozen=True)
+class SwarmOfBatch:
+    """The swarm a batch is stored in, and the catalogue version its groups were verified under."""
+
+    swarm_id: int
+    catalogue_version: int
+
+
 def insert_batch(
-    shares: Sequence[ScreenedShare], record: RecordPart | None = None
+    shares: Sequence[ScreenedShare], swarm: SwarmOfBatch, record: RecordPart | None = None
 ) -> tuple[set[uuid.UUID], dict[int, StoredBytes]]:
     """Insert the groups of several nodes' shares (one share per node), count their verdicts
     (NodeVerdictCounts, an id another node stored counting as a rejection) and the bytes stored this
@@ -177,6 +186,9 @@ def insert_batch(
     params = {
         "now": now,
         "hour": hour,
+        "swarm": swarm.swarm_id,
+        "catalogue_version": swarm.catalogue_version,
+        "sequence": sample_sequence_name(swarm.swarm_id),
         "nodes": binary_array("int8", [share.node.id for share in shares]),
         "owners": binary_array("int8", [share.node.owner_id for share in shares]),
         "sent": binary_array("int4", [len(share.rollouts) for share in shares]),

@@ -1,9 +1,10 @@
-"""The protocol's limits and the pool's catalogue, from the settings.
+"""The protocol's limits, from the settings.
 
 Every limit has an environment variable (docs/protocol.md, "Limits"), read once by config/settings.py
-into `settings.SAPO_LIMITS` (a dict of the names set; the others keep the defaults below), and the
-catalogue's name into `settings.SAPO_CATALOGUE`. This module reads settings only. Values are taken
-when a connection opens, so a settings override (tests) applies to new connections.
+into `settings.SAPO_LIMITS` (a dict of the names set; the others keep the defaults below). This module
+reads settings only. Values are taken when a connection opens, so a settings override (tests) applies
+to new connections; a swarm overrides some for its nodes (pool.swarm_places.place_limits). Each swarm
+has its catalogue (swarms.SwarmCatalogue).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from sapo_node.protocol import DEFAULT_LIMITS, LIMIT_NAMES
-from sapo_node.tasks import CATALOGUES, Catalogue
 
 #: See Limits.websocket_max_bytes.
 WEBSOCKET_HEADROOM_BYTES = 64 * 1024
@@ -90,12 +90,3 @@ def current_limits() -> Limits:
     limits = Limits(**values)
     _made = (dict(overrides), limits)
     return limits
-
-
-def current_catalogue() -> Catalogue:
-    """This deployment's catalogue: settings.SAPO_CATALOGUE ("sapo" by default)."""
-    name = getattr(settings, "SAPO_CATALOGUE", None) or "sapo"
-    try:
-        return CATALOGUES[name]
-    except KeyError as exc:
-        raise ImproperlyConfigured(f"SAPO_CATALOGUE={name!r}: choose one of {sorted(CATALOGUES)}") from exc

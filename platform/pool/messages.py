@@ -33,6 +33,8 @@ PROTOCOL_VERSION = protocol.VERSION
 MAX_REF_CHARS = 64
 MAX_DATASET_CHARS = 64
 MAX_HELLO_CHARS = 200
+MAX_SWARM_CHARS = 40
+_SWARM_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_FIGURES = 32
 MAX_FIGURE_NAME_CHARS = 64
 #: Arrays and objects inside each other; a valid frame needs 4 (share > rollouts > group > task).
@@ -80,6 +82,8 @@ class Hello:
     hardware: str
     local: int | None
     external: int | None
+    #: The swarm's slug, protocol.ANY_SWARM, or None: the site's default swarm.
+    swarm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -326,10 +330,14 @@ def _parse_hello(data: dict[str, Any], ref: str | None, limits: Limits) -> Hello
     for key in ("client", "model", "hardware"):
         value = data.get(key, "")
         texts[key] = "" if value is None else _text(value, key, MAX_HELLO_CHARS, protocol.INVALID_MESSAGE)
+    swarm = data.get("swarm")
+    if swarm is not None and (not isinstance(swarm, str) or not _SWARM_RE.fullmatch(swarm)):
+        raise _invalid("swarm", f"expected a swarm's slug (1-{MAX_SWARM_CHARS} lowercase letters, digits, hyphens)")
     return Hello(
         ref=ref,
         local=_int(data, "local", "", 0, 10_000, required=False),
         external=_int(data, "external", "", 0, 10_000, required=False),
+        swarm=swarm,
         **texts,
     )
 

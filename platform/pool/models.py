@@ -36,15 +36,15 @@ class RejectReason(models.TextChoices):
     VERIFICATION_TIMEOUT = "verification_timeout", "A completion's scorer ran out of time"
 
 
-# The sequence that numbers sampleable groups densely (see ingest.rollout_share and selectors.rollout_sample_json).
-SAMPLE_SEQUENCE = "pool_rollout_sample_seq"
-
-
 class Rollout(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, help_text="Chosen by the node; idempotency key.")
     # No index of its own: pool_rollout_node_idx (node, -created_at) serves every lookup by node, and
     # a second index on the same column cost every inserted group one more index entry.
     node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="rollouts", db_index=False)
+    # The column a distributed PostgreSQL would distribute the pool by (docs/architecture.md, "Swarms").
+    # No index of its own: the sampling indexes lead with it.
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+", db_index=False)
+    catalogue_version = models.PositiveIntegerField(help_text="The swarm's catalogue version it was verified under.")
     round = models.PositiveIntegerField()
     dataset = models.CharField(max_length=64)
     seed = models.BigIntegerField()
@@ -66,14 +66,20 @@ class Rollout(models.Model):
     has_variance = models.BooleanField(help_text="Verified rewards not all equal.")
     sampleable = models.BooleanField(help_text="accepted and moderation ok and has_variance; kept by services.")
     sample_seq = models.BigIntegerField(
-        null=True, blank=True, help_text="Dense number given when the group first becomes sampleable."
+        null=True,
+        blank=True,
+        help_text="Dense number in its swarm (the swarm's own sequence), given when it first becomes sampleable.",
     )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         indexes = [
-            models.Index(fields=["sample_seq"], condition=Q(sampleable=True), name="pool_rollout_sample_seq_idx"),
-            models.Index(fields=["created_at"], condition=Q(sampleable=True), name="pool_rollout_fresh_idx"),
+            models.Index(
+                fields=["swarm", "sample_seq"], condition=Q(sampleable=True), name="pool_rollout_swarm_seq_idx"
+            ),
+            models.Index(
+                fields=["swarm", "created_at"], condition=Q(sampleable=True), name="pool_rollout_swarm_fresh_idx"
+            ),
             models.Index(fields=["node", "-created_at"], name="pool_rollout_node_idx"),
         ]
         constraints = [
@@ -113,6 +119,7 @@ class NodeRound(models.Model):
     """What a node reported about one training round (self-reported; shown as such)."""
 
     node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="rounds")
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+")
     round = models.PositiveIntegerField()
     figures = models.JSONField(default=dict, help_text="reward_mean, reward_std, groups_local, ... as sent.")
     used_count = models.PositiveIntegerField(default=0)
@@ -137,6 +144,7 @@ class Consumption(models.Model):
         related_name="consumed_by_others",
         help_text="rollout.node, denormalised.",
     )
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+", help_text="rollout.swarm.")
     round = models.PositiveIntegerField()
     created_at = models.DateTimeField(default=timezone.now)
 

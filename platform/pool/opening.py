@@ -11,15 +11,24 @@ they are busy waits for the next one, which takes every socket waiting by then (
 Alone, a socket's call starts at once. Each socket gets its own answer: its node and
 quota, or its refusal (ApplicationError, raised in that socket's `open`); a call that fails (the
 database is down) fails every socket it carried, as each one's own call would have.
+
+While the database is down, each call waits the pool's timeout (SAPO_DB_POOL_TIMEOUT) for a
+connection, and a call that waited for one of common.db's threads meanwhile would then wait it again:
+its sockets would close twice as late. So a call that finds, once its thread takes it, that another
+call found no connection after it was submitted fails at once, as that one did (4503 within the
+pool's timeout; docs/protocol.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
-from common.db import db_call
+from django.db import OperationalError
+
+from common.db import db_call, no_connection_to_be_had
 from common.errors import ApplicationError
 from common.loops import per_loop
 from nodes.sessions import nodes_sessions_open
@@ -45,6 +54,7 @@ class SessionOpens:
         self._waiting: list[tuple[str | None, uuid.UUID, int, asyncio.Future]] = []
         self._calls: set[asyncio.Task] = set()
         self.batches: list[int] = []  # sockets per call, the latest few (tests and benchmarks read it)
+        self.unreachable_at = float("-inf")  # when a call last found no database connection (monotonic)
 
     async def open(self, *, token: str | None, connection_id: uuid.UUID, base_quota: int) -> tuple[Any, int]:
         """(node, message quota) for a socket that opened with `token`. Raises ApplicationError
@@ -66,8 +76,21 @@ class SessionOpens:
 
     async def _open(self, batch: list[tuple[str | None, uuid.UUID, int, asyncio.Future]], base: int) -> None:
         self.batches = [*self.batches[-99:], len(batch)]
+        submitted = time.monotonic()
+
+        def open_sessions(**kwargs: Any) -> list[Any]:
+            # On the database thread: read when it takes the call, written before it takes the next.
+            if self.unreachable_at > submitted:
+                raise OperationalError("no database connection came within the pool's timeout (another call)")
+            try:
+                return _open_sessions(**kwargs)
+            except Exception as exc:
+                if no_connection_to_be_had(exc):
+                    self.unreachable_at = time.monotonic()
+                raise
+
         try:
-            answers = await db_call(_open_sessions, retry_lost=True)(
+            answers = await db_call(open_sessions, retry_lost=True)(
                 requests=[(t, c) for t, c, _, _ in batch], base_quota=base
             )
             for (*_, future), answer in zip(batch, answers, strict=True):

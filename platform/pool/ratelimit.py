@@ -19,6 +19,8 @@ With REDIS_URL set (a multi-process deployment: the channel layer is Redis too) 
 Redis, one hash per node updated by one script (one round trip a frame), so they hold across
 connections and server processes. Without REDIS_URL the deployment is one process (the in-memory
 channel layer cannot span processes), and an in-process table with the same arithmetic is exact.
+While Redis is down, each process counts in that table instead (a node's allowance then holds per
+process, not across them): the server's outage never refuses a node's frame.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from redis.exceptions import RedisError
 
+from common import outage
 from common.loops import per_loop
 from common.redis_client import async_pool
 
@@ -123,7 +127,12 @@ async def _account(node_id: int, budget: Budget, costs: tuple[int, int, int], no
         args = [repr(now)]
         for allowance, cost in zip(allowances, costs, strict=True):
             args += [allowance, cost]
-        refused = await _script()(keys=[_key(node_id)], args=[*args, KEEP_SECONDS])
+        try:
+            refused = await _script()(keys=[_key(node_id)], args=[*args, KEEP_SECONDS])
+        except RedisError as exc:  # Redis down: this process's own buckets meanwhile (one log line)
+            outage.REDIS.failed(exc)
+            return _admit_local(node_id, now, allowances, costs)
+        outage.REDIS.answered()
         return not int(refused)
     return _admit_local(node_id, now, allowances, costs)
 

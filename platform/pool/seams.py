@@ -74,6 +74,9 @@ INSERT_PARAM_NAMES = frozenset(
         "has_variance",
         "sampleable",
         "held",
+        "swarm",
+        "catalogue_version",
+        "sequence",
     }
 )
 #: What of the statement a RecordSql's CTEs may read.

@@ -17,6 +17,7 @@ from common.errors import NotFound
 from pool.models import ModerationStatus, Rollout, Verdict
 from pool.payloads import SampledGroup, sampled_group_json
 from pool.seams import moderation
+from swarms.services import swarm_default_ensure
 
 # When the window's range of sample numbers is this small, list the eligible groups and pick from
 # them; above it, probe random numbers (rejection sampling), a few index lookups per group drawn.
@@ -30,10 +31,12 @@ STATS_CACHE_SECONDS = 10
 # Rows come back for every number drawn, with NULL group columns for a miss. The groups of one share
 # have the same created_at: `lo` is the smallest number among the oldest ones (ordering by created_at
 # alone picked any of them, and the window then lost the others).
+# Everything is within one swarm: its numbers come from its own sequence, and both indexes lead with
+# swarm_id, so a draw's cost depends on neither the number of swarms nor the size of the others.
 _WINDOW_SQL = """
-SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND created_at >= %(cutoff)s
+SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND swarm_id = %(swarm)s AND created_at >= %(cutoff)s
         ORDER BY created_at, sample_seq LIMIT 1) AS lo,
-       (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable) AS hi
+       (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable AND swarm_id = %(swarm)s) AS hi
 """
 
 #: The draw's columns for a group, in SampledGroup's order (the row is read by position).
@@ -66,18 +69,19 @@ SELECT b.lo, b.hi, d.k, """
 FROM bounds b
 LEFT JOIN draws d ON true
 LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
-       ON r.sample_seq = d.k AND r.sampleable AND r.node_id <> %(node)s AND r.created_at >= %(cutoff)s
+       ON r.swarm_id = %(swarm)s AND r.sample_seq = d.k AND r.sampleable AND r.node_id <> %(node)s
+          AND r.created_at >= %(cutoff)s
 """
 )
 
 
-def sample_window(cutoff: datetime) -> tuple[int, int] | None:
-    """The window's range (lo, hi) of sample numbers: from its oldest sampleable group created at or
-    after `cutoff` to the newest sampleable group; None when the window is empty. Two index lookups.
+def sample_window(cutoff: datetime, swarm_id: int) -> tuple[int, int] | None:
+    """The swarm's window's range (lo, hi) of sample numbers: from its oldest sampleable group created
+    at or after `cutoff` to the newest sampleable group; None when the window is empty. Two index lookups.
     Every sampleable group of the window has a number in it; numbers of groups moderated out since
     leave holes."""
     with connection.cursor() as cursor:
-        cursor.execute(_WINDOW_SQL, {"cutoff": cutoff})
+        cursor.execute(_WINDOW_SQL, {"cutoff": cutoff, "swarm": swarm_id})
         lo, hi = cursor.fetchone()
     if lo is None or hi is None or hi < lo:
         return None
@@ -93,11 +97,13 @@ class _Hit(NamedTuple):
     group: SampledGroup
 
 
-def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int | None, set[int], list[_Hit]]:
+def _first_draw(
+    node_id: int, swarm_id: int, cutoff: datetime, k: int
+) -> tuple[int | None, int | None, set[int], list[_Hit]]:
     """Run _DRAW_SQL: (lo, hi, numbers drawn, groups hit). A row is (lo, hi, k, then _GROUP_COLUMNS,
     NULL for a miss)."""
     with connection.cursor() as cursor:
-        cursor.execute(_DRAW_SQL.format(k=int(k)), {"cutoff": cutoff, "node": node_id})
+        cursor.execute(_DRAW_SQL.format(k=int(k)), {"cutoff": cutoff, "node": node_id, "swarm": swarm_id})
         rows = cursor.fetchall()
     lo, hi = rows[0][0], rows[0][1]
     drawn = {row[2] for row in rows if row[2] is not None}
@@ -105,24 +111,37 @@ def _first_draw(node_id: int, cutoff: datetime, k: int) -> tuple[int | None, int
 
 
 def rollout_sample_json(
-    *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
+    *,
+    node: Any,
+    n: int,
+    window_seconds: int,
+    swarm_id: int | None = None,
+    now: datetime | None = None,
+    rng: random.Random | None = None,
 ) -> list[tuple[uuid.UUID, str]]:
     """`_sample_drawn`'s groups as (group id, the group's protocol JSON) pairs, for the node socket's
     `samples` reply (pool.payloads.sampled_group_json)."""
     return [
         (hit.group.id, sampled_group_json(hit.group))
-        for hit in _sample_drawn(node=node, n=n, window_seconds=window_seconds, now=now, rng=rng)
+        for hit in _sample_drawn(node=node, n=n, window_seconds=window_seconds, swarm_id=swarm_id, now=now, rng=rng)
     ]
 
 
 def _sample_drawn(
-    *, node: Any, n: int, window_seconds: int, now: datetime | None = None, rng: random.Random | None = None
+    *,
+    node: Any,
+    n: int,
+    window_seconds: int,
+    swarm_id: int | None = None,
+    now: datetime | None = None,
+    rng: random.Random | None = None,
 ) -> list[_Hit]:
-    """Up to `n` distinct groups drawn uniformly at random among the sampleable groups of the window
-    that `node` did not write. Cost does not grow with the pool (no ORDER BY random()).
+    """Up to `n` distinct groups drawn uniformly at random among the sampleable groups of the swarm's
+    window (`swarm_id`; None: the site's default swarm) that `node` did not write. Cost grows neither
+    with the pool nor with the number of swarms (no ORDER BY random()).
 
-    Sampleable groups carry unique numbers from one sequence (`sample_seq`, given when they become
-    sampleable). The window is the range [lo, hi] of those numbers from its oldest fresh group to the
+    A swarm's sampleable groups carry unique numbers from its own sequence (`sample_seq`, given when
+    they become sampleable). The window is the range [lo, hi] of those numbers from its oldest fresh group to the
     newest. The draw picks distinct uniform numbers in that range and keeps those naming an eligible
     group (rejection sampling), in rounds until it has `n`, then keeps a uniform `n` of the hits. The
     procedure treats every eligible group alike whatever the gaps, so the result is an exactly
@@ -134,7 +153,9 @@ def _sample_drawn(
     rng = rng or random.SystemRandom()
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=window_seconds)
-    lo, hi, tried, hits = _first_draw(node.id, cutoff, math.ceil(n * 1.3) + 4)
+    if swarm_id is None:
+        swarm_id = swarm_default_ensure().id
+    lo, hi, tried, hits = _first_draw(node.id, swarm_id, cutoff, math.ceil(n * 1.3) + 4)
     if lo is None or hi is None or hi < lo:
         return []
     chosen: list[_Hit] = _keep(hits, tried, rng)
@@ -156,7 +177,9 @@ def _sample_drawn(
         # planner cannot prefer a scan of the whole window.
         found = [
             _Hit(r.sample_seq, SampledGroup.of_rollout(r))
-            for r in Rollout.objects.filter(sampleable=True, sample_seq__in=draws).select_related("node")
+            for r in Rollout.objects.filter(swarm_id=swarm_id, sampleable=True, sample_seq__in=draws).select_related(
+                "node"
+            )
             if r.node_id != node.id and r.created_at >= cutoff
         ]
         hit_rate = max(len(found) / len(draws), 0.02)
@@ -166,7 +189,7 @@ def _sample_drawn(
         # out): the eligible groups not drawn yet are all equally likely to come next, so take a
         # uniform pick among them.
         eligible = Rollout.objects.filter(
-            sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo, sample_seq__lte=hi
+            swarm_id=swarm_id, sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo, sample_seq__lte=hi
         ).exclude(node_id=node.id)
         chosen_ids = [hit.group.id for hit in chosen]
         rest = list(eligible.exclude(id__in=chosen_ids).values_list("id", "node_id"))

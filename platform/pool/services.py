@@ -28,7 +28,6 @@ from pool.budgets import ROW_OVERHEAD_BYTES, hour_of, storage_charge, storage_ch
 from pool.limits import Limits, current_limits
 from pool.messages import Report
 from pool.models import (
-    SAMPLE_SEQUENCE,
     Consumption,
     ModerationStatus,
     NodeRound,
@@ -38,6 +37,8 @@ from pool.models import (
     Verdict,
 )
 from pool.signals import rollouts_moderation_changing
+from swarms.models import SAMPLE_SEQUENCE_PREFIX
+from swarms.services import swarm_default_ensure
 
 #: Served-group rows live this long past the sampling window: a node reports what it used within
 #: minutes of sampling it.
@@ -70,7 +71,10 @@ def _set_moderation(queryset: QuerySet[Rollout], status: str) -> int:
         sample_seq=Case(
             When(
                 eligible & Q(sample_seq__isnull=True),
-                then=RawSQL("nextval(%s)", [SAMPLE_SEQUENCE], output_field=BigIntegerField()),
+                # The row's own swarm's sequence (swarms.models.sample_sequence_name).
+                then=RawSQL(
+                    "nextval((%s || swarm_id)::regclass)", [SAMPLE_SEQUENCE_PREFIX], output_field=BigIntegerField()
+                ),
             ),
             default=F("sample_seq"),
             output_field=BigIntegerField(),
@@ -79,7 +83,9 @@ def _set_moderation(queryset: QuerySet[Rollout], status: str) -> int:
     )
 
 
-def node_round_report(*, node: Any, report: Report, limits: Limits | None = None) -> NodeRound:
+def node_round_report(
+    *, node: Any, report: Report, limits: Limits | None = None, swarm_id: int | None = None
+) -> NodeRound:
     """Store a node's round report (a resent round replaces the figures) and credit what it used.
 
     Credit is earned, not claimed: an id in `used` becomes a Consumption row (one per consumer and
@@ -88,13 +94,19 @@ def node_round_report(*, node: Any, report: Report, limits: Limits | None = None
     (unknown, own, rejected, never served, a sibling node's) is ignored: a contributor cannot credit
     its own groups from its other nodes, nor anyone's groups it never sampled.
 
-    The report's bytes count against the storage budgets; raises "over_budget" past them.
+    The report's bytes count against the storage budgets; raises "over_budget" past them. The round is
+    the swarm's the node is in (`swarm_id`; None: the site's default swarm); a consumption is the
+    swarm's of the group consumed.
     """
     storage_check(node=node, limits=limits or current_limits())
+    if swarm_id is None:
+        swarm_id = swarm_default_ensure().id
     now = timezone.now()
     with transaction.atomic():
         node_round, _ = NodeRound.objects.update_or_create(
-            node=node, round=report.round, defaults={"figures": report.figures, "used_count": len(report.used)}
+            node=node,
+            round=report.round,
+            defaults={"figures": report.figures, "used_count": len(report.used), "swarm_id": swarm_id},
         )
         candidates = 0
         if report.used:
@@ -102,9 +114,12 @@ def node_round_report(*, node: Any, report: Report, limits: Limits | None = None
             authors = (
                 Rollout.objects.filter(id__in=served, verdict=Verdict.ACCEPTED)
                 .exclude(node__owner_id=node.owner_id)
-                .values_list("id", "node_id")
+                .values_list("id", "node_id", "swarm_id")
             )
-            rows = [Consumption(consumer=node, rollout_id=r, author_id=a, round=report.round) for r, a in authors]
+            rows = [
+                Consumption(consumer=node, rollout_id=r, author_id=a, swarm_id=s, round=report.round)
+                for r, a, s in authors
+            ]
             Consumption.objects.bulk_create(rows, ignore_conflicts=True)
             candidates = len(rows)
         storage_charge(node.id, ROW_OVERHEAD_BYTES * (1 + candidates) + utf8_len(dumps(report.figures)), now)

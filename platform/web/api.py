@@ -17,6 +17,7 @@ from community.selectors import membership_current, team_get, team_members
 from community.services import team_disband, team_edit, team_found, team_hand_over, team_join, team_leave
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
+from swarms.selectors import swarm_catalogue, swarm_get
 from web import profiles, selectors, teams
 from web.serializers import (
     ContributorFiguresSerializer,
@@ -28,6 +29,8 @@ from web.serializers import (
     NodeFiguresSerializer,
     ProfilePrivacySerializer,
     ProfileSerializer,
+    SwarmDetailSerializer,
+    SwarmListItemSerializer,
     SwarmSerializer,
     TeamDetailSerializer,
     TeamEditInputSerializer,
@@ -36,6 +39,7 @@ from web.serializers import (
     TeamHandOverInputSerializer,
     TeamRefSerializer,
 )
+from web.swarm_views import swarms_with_figures
 
 _BOARD_PARAMS = [
     OpenApiParameter("view", OpenApiTypes.STR, enum=list(selectors.VIEWS), description="Default contributors."),
@@ -87,6 +91,34 @@ class SwarmApi(APIView):
     @extend_schema(responses=SwarmSerializer, summary="Swarm status: the swarm page's figures and charts")
     def get(self, request: Request) -> Response:
         return Response(SwarmSerializer(selectors.swarm_overview()).data)
+
+
+class SwarmListApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=SwarmListItemSerializer(many=True), summary="The site's swarms, open first")
+    def get(self, request: Request) -> Response:
+        rows = [
+            {"swarm": s, "nodes_online": f["nodes_online"], "groups_per_minute": f["groups_per_minute"]}
+            for s, f in swarms_with_figures()
+        ]
+        return Response(SwarmListItemSerializer(rows, many=True).data)
+
+
+class SwarmDetailApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=SwarmDetailSerializer, summary="One swarm: its settings, catalogue and figures")
+    def get(self, request: Request, slug: str) -> Response:
+        swarm = swarm_get(slug=slug)
+        body = {
+            "swarm": swarm,
+            "catalogue": swarm_catalogue(swarm=swarm).entries,
+            "figures": selectors.swarm_overview(swarm=swarm),
+        }
+        return Response(SwarmDetailSerializer(body).data)
 
 
 class MyNodesApi(APIView):

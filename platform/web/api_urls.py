@@ -5,6 +5,8 @@ from web import api
 urlpatterns = [
     path("leaderboard/", api.LeaderboardApi.as_view(), name="api-leaderboard"),
     path("swarm/", api.SwarmApi.as_view(), name="api-swarm"),
+    path("swarms/", api.SwarmListApi.as_view(), name="api-swarms"),
+    path("swarms/<slug:slug>/", api.SwarmDetailApi.as_view(), name="api-swarm-one"),
     path("contributors/<str:username>/", api.ContributorApi.as_view(), name="api-contributor"),
     path("public/nodes/<int:node_id>/", api.PublicNodeApi.as_view(), name="api-node-public"),
     path("teams/", api.TeamListApi.as_view(), name="api-teams"),

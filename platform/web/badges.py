@@ -5,20 +5,33 @@ above ACTIVE_RECENT_CREDIT), the threshold of the top p% is the recent credit fo
 floor(n * (100 - p) / 100) of their recent credits in ascending order; every subject with any credit
 holds the best rank badge whose threshold it reaches, and no other. Recomputed on every run: a
 subject that falls behind loses it. Milestones are awarded once and kept.
+
+Only *established* subjects rank, in the percentiles and for the badges: an account (a team) at least
+BADGE_MIN_AGE old with at least BADGE_MIN_VERIFIED_REWARD verified reward in all. Otherwise cheap
+accounts, each just above the activity line, would fill the bottom of the percentiles and push real
+contributors into higher badges; each such account must first exist for BADGE_MIN_AGE and earn its
+floor of verified work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.utils import timezone
 
+from accounts.models import User
 from community.models import MILESTONE_BADGES, RANK_BADGES, Badge, BadgeKind
 from web.selectors import contributor_figures_all
 from web.teams import team_figures_all
 
 #: Recent credit (verified reward per day) above which a subject counts in the percentiles.
 ACTIVE_RECENT_CREDIT = 0.1
+#: An account or team this young, or with less verified reward in all, holds no rank badge and does
+#: not count in the percentiles (docs/leaderboard.md#badges).
+BADGE_MIN_AGE = timedelta(days=14)
+BADGE_MIN_VERIFIED_REWARD = 20.0
 RANK_PERCENTS = ((BadgeKind.TOP_1, 1), (BadgeKind.TOP_5, 5), (BadgeKind.TOP_25, 25))
 MILESTONE_GROUPS = ((BadgeKind.FIRST_GROUP, 1), (BadgeKind.GROUPS_1K, 1_000), (BadgeKind.GROUPS_10K, 10_000))
 
@@ -44,6 +57,17 @@ def rank_badges(subjects: dict[int, tuple[float, float]]) -> dict[int, str]:
                 out[subject] = kind
                 break
     return out
+
+
+def established(subjects: dict[int, tuple[float, float]], since: dict[int, datetime], now: datetime) -> dict:
+    """The subjects that rank: at least BADGE_MIN_AGE old (`since`: account joined, team founded) with at
+    least BADGE_MIN_VERIFIED_REWARD verified reward in all."""
+    oldest = now - BADGE_MIN_AGE
+    return {
+        subject: figures
+        for subject, figures in subjects.items()
+        if figures[0] >= BADGE_MIN_VERIFIED_REWARD and subject in since and since[subject] <= oldest
+    }
 
 
 def _apply(holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, str]]) -> tuple[int, int]:
@@ -74,13 +98,21 @@ def _apply(holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, s
 
 def badges_assign() -> dict[str, tuple[int, int]]:
     """Assign every badge now: {"contributors": (rank badges, new milestones), "teams": (...)}."""
+    now = timezone.now()
     contributors = contributor_figures_all()
-    ranks = rank_badges({c.owner_id: (c.verified_reward, c.recent_credit) for c in contributors})
+    joined = dict(User.objects.filter(id__in=[c.owner_id for c in contributors]).values_list("id", "date_joined"))
+    ranks = rank_badges(
+        established({c.owner_id: (c.verified_reward, c.recent_credit) for c in contributors}, joined, now)
+    )
     milestones = [(c.owner_id, kind) for c in contributors for kind, n in MILESTONE_GROUPS if c.accepted >= n]
     milestones += [(c.owner_id, BadgeKind.FIRST_HELPED) for c in contributors if c.helped > 0]
     result = {"contributors": _apply("user", ranks, milestones)}
     teams = team_figures_all()
-    result["teams"] = _apply("team", rank_badges({t.team_id: (t.verified_reward, t.recent_credit) for t in teams}), [])
+    founded = {t.team_id: t.created_at for t in teams if t.created_at is not None}
+    team_ranks = rank_badges(
+        established({t.team_id: (t.verified_reward, t.recent_credit) for t in teams}, founded, now)
+    )
+    result["teams"] = _apply("team", team_ranks, [])
     return result
 
 

@@ -7,18 +7,25 @@ Written by the scheduled job `export` when the last export is EXPORT_EVERY old, 
 or an index naming a file not yet there. Identifiers are database ids: a contributor, team or node
 keeps its id for good (never reused), whatever its name becomes. Private profiles and banned
 contributors and nodes are left out; a team's figures still include what they earned for it.
+
+A contributor who turns private or is banned, and a banned node, leave the published files at once,
+not at the next export: `export_withdraw` (connected to accounts.events.withdrawn) rewrites the files
+without their rows. It and the export hold one lock on the folder, so an export that read the
+tables before the withdrawal cannot write its rows back after it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import gzip
 import hashlib
 import io
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -27,12 +34,15 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from community.models import Team
 from community.selectors import badges_of_teams, badges_of_users, current_teams_of
 from web.selectors import contributor_figures_all, listed_node_figures
 from web.teams import team_figures_all
 
 SCHEMA_VERSION = 1
 EXPORT_EVERY = timedelta(days=1)
+#: How long a browser or proxy may keep a served file: a withdrawal reaches readers within this.
+EXPORT_CACHE_SECONDS = 60
 INDEX = "index.json"
 
 #: Table -> its columns, in file order (CSV header, JSON keys).
@@ -197,17 +207,26 @@ class ExportIndex:
     files: list[dict[str, Any]]  # name, table, format, rows, bytes, sha256
 
 
-def stats_export(*, directory: Path | None = None, now: datetime | None = None) -> ExportIndex:
-    """Write every file and the index now."""
-    directory = directory or export_dir()
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """The folder's lock (every process on the host): one export or withdrawal at a time. Its file sits
+    beside the folder, which holds the published files only."""
     directory.mkdir(parents=True, exist_ok=True)
-    generated_at = now or timezone.now()
+    with open(directory.parent / f".{directory.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_tables(directory: Path, tables: dict[str, list[dict[str, Any]]], generated_at: datetime) -> ExportIndex:
     files = []
     encoders: dict[str, Callable[[str, list], bytes]] = {
         "json": lambda table, rows: _json_bytes(table, rows, generated_at),
         "csv": _csv_bytes,
     }
-    for table, rows in _rows().items():
+    for table, rows in tables.items():
         for fmt, encode in encoders.items():
             name = f"{table}.{fmt}.gz"
             data = gzip.compress(encode(table, rows), mtime=int(generated_at.timestamp()))
@@ -225,6 +244,47 @@ def stats_export(*, directory: Path | None = None, now: datetime | None = None) 
     index = {"schema": SCHEMA_VERSION, "generated_at": generated_at.isoformat(), "files": files}
     _write_atomic(directory / INDEX, json.dumps(index, indent=1).encode("utf-8"))
     return ExportIndex(generated_at, files)
+
+
+def stats_export(*, directory: Path | None = None, now: datetime | None = None) -> ExportIndex:
+    """Write every file and the index now."""
+    directory = directory or export_dir()
+    with _locked(directory):
+        return _write_tables(directory, _rows(), now or timezone.now())
+
+
+def export_withdraw(*, user_id: int | None = None, node_id: int | None = None, **_: Any) -> int:
+    """Rewrite the published files without a contributor (their row, their nodes' rows, and the teams
+    they found while banned: a banned founder's team is unlisted) or without a node. The receiver of
+    accounts.events.withdrawn. Returns how many rows went."""
+    directory = export_dir()
+    if not (directory / INDEX).is_file():
+        return 0
+    with _locked(directory):
+        last = export_index(directory)
+        if last is None:
+            return 0
+        tables = {}
+        for table in COLUMNS:
+            try:
+                body = json.loads(gzip.decompress((directory / f"{table}.json.gz").read_bytes()))
+            except (OSError, ValueError):
+                return 0  # a broken export is replaced by the next one; nothing to rewrite here
+            tables[table] = body["rows"]
+        before = sum(len(rows) for rows in tables.values())
+        if user_id is not None:
+            led = set(
+                Team.objects.filter(founder_id=user_id, founder__banned_at__isnull=False).values_list("id", flat=True)
+            )
+            tables["contributors"] = [r for r in tables["contributors"] if r["id"] != user_id]
+            tables["nodes"] = [r for r in tables["nodes"] if r["contributor_id"] != user_id]
+            tables["teams"] = [r for r in tables["teams"] if r["id"] not in led]
+        if node_id is not None:
+            tables["nodes"] = [r for r in tables["nodes"] if r["id"] != node_id]
+        gone = before - sum(len(rows) for rows in tables.values())
+        if gone:
+            _write_tables(directory, tables, last.generated_at)
+        return gone
 
 
 def export_index(directory: Path | None = None) -> ExportIndex | None:

@@ -24,7 +24,7 @@ def stats_index(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@cache_control(public=True, max_age=3600)
+@cache_control(public=True, max_age=export.EXPORT_CACHE_SECONDS)
 def stats_file(request: HttpRequest, name: str) -> FileResponse:
     path = export.export_file(name)
     if path is None:

@@ -61,8 +61,10 @@ class NodeHour(models.Model):
 
 
 class DatasetHour(models.Model):
-    """The whole swarm's groups per hour and dataset: the swarm page's charts."""
+    """A swarm's groups per hour and dataset: the swarm pages' charts (a site's total is the sum over
+    its swarms)."""
 
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+", db_index=False)
     hour = models.DateTimeField()
     dataset = models.CharField(max_length=64)
     accepted_groups = models.PositiveIntegerField(default=0)
@@ -71,7 +73,9 @@ class DatasetHour(models.Model):
     verified_reward = models.FloatField(default=0.0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["hour", "dataset"], name="web_datasethour_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["swarm", "hour", "dataset"], name="web_datasethour_swarm_unique")
+        ]
 
     def __str__(self) -> str:
-        return f"{self.dataset} at {self.hour:%Y-%m-%d %H}h"
+        return f"{self.dataset} of swarm {self.swarm_id} at {self.hour:%Y-%m-%d %H}h"

@@ -14,16 +14,17 @@ from typing import Any
 
 from django.core.cache import cache
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, JSONField, OuterRef, Subquery
+from django.db.models import Count, JSONField, OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from accounts.models import User
 from community.selectors import badges_of_users
 from nodes.models import ONLINE_WINDOW, Node
-from nodes.presence import connected_among, connected_filter, with_connected
+from nodes.presence import PresenceUnknown, connected_among, connected_filter, is_connected, with_connected
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
+from swarms.models import Swarm
 from web.arms import NodeHourCell, arm_of, compare_arms
 from web.models import DatasetHour, NodeHour, NodeStats
 from web.stats import (
@@ -147,7 +148,7 @@ def _compute_node_figures(now: datetime) -> list[NodeFigures]:
                 contributor=node.owner.public_name,
                 model_id=node.model_id,
                 hardware=node.hardware,
-                status=node.status_at(now, connected=node.id in connected),
+                status=node.status_at(now, connected=is_connected(connected, node.id)),
                 last_seen_at=node.last_seen_at,
                 public=not node.is_banned,
                 username=_page_username(node.owner),
@@ -181,7 +182,7 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
     connected = connected_among(nodes, now=now)
     out = {}
     for node in nodes:
-        status = node.status_at(now, connected=node.id in connected)
+        status = node.status_at(now, connected=is_connected(connected, node.id))
         out[node.id] = known.get(node.id) or NodeFigures(
             node_id=node.id,
             name=node.name,
@@ -292,40 +293,81 @@ def _rate(reward: float, completions: int) -> float | None:
     return reward / completions if completions else None
 
 
-def swarm_overview() -> dict[str, Any]:
-    """The swarm page's figures (cached a few seconds)."""
-    cached = cache.get("web:swarm")
+def swarm_overview(*, swarm: Swarm | None = None) -> dict[str, Any]:
+    """The swarm page's figures, of the whole site or of one swarm (cached a few seconds)."""
+    key = "web:swarm" if swarm is None else f"web:swarm:{swarm.id}"
+    cached = cache.get(key)
     if cached is None:
-        cached = _compute_swarm(timezone.now())
-        cache.set("web:swarm", cached, FIGURES_CACHE_SECONDS)
+        cached = _compute_swarm(timezone.now(), swarm)
+        cache.set(key, cached, FIGURES_CACHE_SECONDS)
     return cached
 
 
-def _compute_swarm(now: datetime) -> dict[str, Any]:
+#: A node counts among a swarm's nodes online when it is online and its groups or round reports
+#: entered that swarm this recently (a socket's swarm is not recorded in presence).
+SWARM_ACTIVE_WINDOW = timedelta(minutes=10)
+
+
+def _swarm_node_ids(swarm_id: int, since: datetime) -> set[int]:
+    """Nodes with groups or round reports in the swarm since `since` (index ranges: the groups'
+    (swarm_id, created_at) partial index, and the rounds' swarm_id index)."""
+    shared = Rollout.objects.filter(swarm_id=swarm_id, created_at__gte=since).values_list("node_id", flat=True)
+    reported = NodeRound.objects.filter(swarm_id=swarm_id, updated_at__gte=since).values_list("node_id", flat=True)
+    return set(shared.distinct()) | set(reported.distinct())
+
+
+def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
+    swarm_id = None if swarm is None else swarm.id
     public = [f for f in node_figures_all() if f.public]
-    figures = [f for f in public if _listed(f)]
-    accepted = sum(f.accepted for f in public)
-    rejected = sum(f.rejected for f in public)
-    online = Node.objects.filter(
-        connected_filter(now=now),
-        last_seen_at__gte=now - ONLINE_WINDOW,
-        retired_at__isnull=True,
-        banned_at__isnull=True,
-        owner__banned_at__isnull=True,
-    ).count()
+    try:
+        online_nodes = Node.objects.filter(
+            connected_filter(now=now),
+            last_seen_at__gte=now - ONLINE_WINDOW,
+            retired_at__isnull=True,
+            banned_at__isnull=True,
+            owner__banned_at__isnull=True,
+        )
+    except PresenceUnknown:  # shown as unknown, not as 0
+        online_nodes = None
     recent_window = timedelta(minutes=10)
-    recent_groups = Rollout.objects.filter(
-        node_id__in=active_node_ids(now - recent_window), created_at__gte=now - recent_window
-    ).count()
+    recent = Rollout.objects.filter(created_at__gte=now - recent_window)
+    if swarm_id is None:
+        recent = recent.filter(node_id__in=active_node_ids(now - recent_window))
+    else:
+        # A swarm's figures: its own groups, and the nodes active in it (a node may move between swarms).
+        in_swarm = _swarm_node_ids(swarm_id, now - SWARM_ACTIVE_WINDOW)
+        public = [f for f in public if f.node_id in in_swarm]
+        if online_nodes is not None:
+            online_nodes = online_nodes.filter(id__in=in_swarm)
+        recent = recent.filter(swarm_id=swarm_id)
+    figures = [f for f in public if _listed(f)]
+    online: int | None = None if online_nodes is None else online_nodes.count()
+    recent_groups = recent.count()
     window = current_limits().sample_window_seconds
-    pool_size = _pool_size(now - timedelta(seconds=window))
+    if swarm is not None and swarm.sample_window_seconds:
+        window = swarm.sample_window_seconds
+    swarm_ids = [swarm_id] if swarm_id is not None else list(Swarm.objects.values_list("id", flat=True))
+    pool_size = _pool_size(now - timedelta(seconds=window), swarm_ids)
 
     curve_start = (now - timedelta(hours=SWARM_CURVE_HOURS)).replace(minute=0, second=0, microsecond=0)
     accuracy_start = now - timedelta(days=ACCURACY_DAYS)
+    dataset_hours = DatasetHour.objects.all() if swarm_id is None else DatasetHour.objects.filter(swarm_id=swarm_id)
     with snapshot():
         live = live_rows()
-        hours = list(DatasetHour.objects.filter(hour__gte=min(curve_start, accuracy_start)))
+        hours = list(dataset_hours.filter(hour__gte=min(curve_start, accuracy_start)))
         node_hours = list(NodeHour.objects.filter(hour__gte=curve_start))
+        if swarm_id is None:
+            accepted = sum(f.accepted for f in public)
+            rejected = sum(f.rejected for f in public)
+            verified = sum(f.verified_reward for f in public)
+        else:  # all time, from the folded hours and the live rows
+            totals = dataset_hours.aggregate(
+                a=Sum("accepted_groups"), r=Sum("rejected_groups"), v=Sum("verified_reward")
+            )
+            accepted, rejected, verified = totals["a"] or 0, totals["r"] or 0, totals["v"] or 0.0
+            for (s, _, _), m in live.groups.by_dataset_hour.items():
+                if s == swarm_id:
+                    accepted, rejected, verified = accepted + m.accepted, rejected + m.rejected, verified + m.reward
     per_hour: dict[datetime, Measures] = {}
     per_dataset: dict[str, Measures] = {}
     buckets = [
@@ -336,7 +378,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
         )
         for h in hours
     ]
-    buckets += [(d, h, m) for (d, h), m in live.groups.by_dataset_hour.items()]
+    buckets += [(d, h, m) for (s, d, h), m in live.groups.by_dataset_hour.items() if swarm_id in (None, s)]
     for dataset, hour, m in buckets:
         if hour >= curve_start:
             per_hour.setdefault(hour, Measures()).add(m)
@@ -352,7 +394,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
         "accepted_groups": accepted,
         "rejected_groups": rejected,
         "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else None,
-        "verified_reward": sum(f.verified_reward for f in public),
+        "verified_reward": verified,
         "reward_curve": [
             {"hour": hour, "mean_reward": _rate(m.reward, m.completions), "groups": m.accepted + m.rejected}
             for hour, m in sorted(per_hour.items())
@@ -366,7 +408,7 @@ def _compute_swarm(now: datetime) -> dict[str, Any]:
             }
             for d, m in sorted(per_dataset.items())
         ],
-        "aha": aha_groups(),
+        "aha": aha_groups(swarm_id=swarm_id),
         "arms": _swarm_arms(node_hours, live.groups.by_node_hour, {f.node_id for f in public}, curve_start),
     }
 
@@ -395,23 +437,31 @@ def node_arms(node_ids: set[int]) -> dict[int, str | None]:
     return {node_id: arm_of(figures) for node_id, figures in rows.values_list("id", "figures")}
 
 
-def _pool_size(cutoff: datetime) -> int:
-    """Sampleable groups inside the window. Exact (an index count) while the window's range of
-    sample numbers is small; above POOL_COUNT_EXACT_BELOW, that range itself: two index lookups, an
-    upper bound off by the groups moderated out since (their numbers leave holes)."""
-    window = sample_window(cutoff)
-    if window is None:
-        return 0
-    lo, hi = window
-    if hi - lo + 1 > POOL_COUNT_EXACT_BELOW:
-        return hi - lo + 1
-    return Rollout.objects.filter(sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo).count()
+def _pool_size(cutoff: datetime, swarm_ids: Collection[int]) -> int:
+    """Sampleable groups inside the window of these swarms. Per swarm, exact (an index count) while
+    the window's range of sample numbers is small; above POOL_COUNT_EXACT_BELOW, that range itself: two
+    index lookups, an upper bound off by the groups moderated out since (their numbers leave holes)."""
+    size = 0
+    for swarm_id in swarm_ids:
+        window = sample_window(cutoff, swarm_id)
+        if window is None:
+            continue
+        lo, hi = window
+        if hi - lo + 1 > POOL_COUNT_EXACT_BELOW:
+            size += hi - lo + 1
+        else:
+            size += Rollout.objects.filter(
+                swarm_id=swarm_id, sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo
+            ).count()
+    return size
 
 
-def aha_groups(*, limit: int = 10, author_owner_ids: Collection[int] | None = None) -> list[dict[str, Any]]:
+def aha_groups(
+    *, limit: int = 10, author_owner_ids: Collection[int] | None = None, swarm_id: int | None = None
+) -> list[dict[str, Any]]:
     """Recent groups that several other nodes trained on, most used first (from the latest
     AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids); `author_owner_ids`
-    keeps the groups of those contributors' nodes (a team's members)."""
+    keeps the groups of those contributors' nodes (a team's members), `swarm_id` one swarm's groups."""
     recent = Consumption.objects.order_by("-id").values_list("id", flat=True)[
         AHA_RECENT_CONSUMPTIONS - 1 : AHA_RECENT_CONSUMPTIONS
     ]
@@ -419,6 +469,8 @@ def aha_groups(*, limit: int = 10, author_owner_ids: Collection[int] | None = No
     consumptions = Consumption.objects.filter(id__gte=floor)
     if author_owner_ids is not None:
         consumptions = consumptions.filter(author__owner_id__in=list(author_owner_ids))
+    if swarm_id is not None:
+        consumptions = consumptions.filter(swarm_id=swarm_id)
     rows = list(
         consumptions.values("rollout_id")
         .annotate(nodes=Count("consumer_id", distinct=True))

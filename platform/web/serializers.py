@@ -40,7 +40,7 @@ class TeamFiguresSerializer(serializers.Serializer):
     name = serializers.CharField()
     slug = serializers.CharField(help_text="The team's page: /teams/<slug>/.")
     members = serializers.IntegerField(help_text="Current members.")
-    nodes_online = serializers.IntegerField()
+    nodes_online = serializers.IntegerField(allow_null=True, help_text="Null while unknown (Redis down).")
     verified_reward = serializers.FloatField(help_text="Verified reward its members earned while members.")
     accepted = serializers.IntegerField(help_text="Groups accepted from its members while members.")
     recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life.")
@@ -109,7 +109,9 @@ class ArmsSerializer(serializers.Serializer):
 
 class SwarmSerializer(serializers.Serializer):
     generated_at = serializers.DateTimeField()
-    nodes_online = serializers.IntegerField()
+    nodes_online = serializers.IntegerField(
+        allow_null=True, help_text="Nodes with an open socket; null while that is unknown (Redis down)."
+    )
     nodes_total = serializers.IntegerField(help_text="Nodes on the leaderboard: not banned, a group accepted.")
     groups_per_minute = serializers.FloatField(help_text="Groups shared per minute, last 10 minutes.")
     pool_size = serializers.IntegerField(help_text="Sampleable groups inside the freshness window.")
@@ -122,6 +124,39 @@ class SwarmSerializer(serializers.Serializer):
     accuracy = DatasetAccuracySerializer(many=True)
     aha = AhaGroupSerializer(many=True)
     arms = ArmsSerializer(help_text="Swarm against silo, last 48 hours (docs/leaderboard.md).")
+
+
+class SwarmRefSerializer(serializers.Serializer):
+    """A swarm of the site (swarms.Swarm) and its headline figures."""
+
+    slug = serializers.SlugField(help_text="What `sapo-node run --swarm SLUG` names.")
+    title = serializers.CharField()
+    description = serializers.CharField()
+    state = serializers.ChoiceField(choices=["open", "paused", "retired"])
+    is_default = serializers.BooleanField(help_text="Where a node that names no swarm goes.")
+    catalogue_version = serializers.IntegerField()
+    recommended_models = serializers.ListField(child=serializers.CharField(), help_text="Empty: any model.")
+    local = serializers.IntegerField(source="default_local", help_text="Recommended I.")
+    external = serializers.IntegerField(source="default_external", help_text="Recommended J.")
+    created_at = serializers.DateTimeField()
+
+
+class SwarmListItemSerializer(serializers.Serializer):
+    swarm = SwarmRefSerializer()
+    nodes_online = serializers.IntegerField(help_text="Online nodes with groups or reports in the swarm, 10 minutes.")
+    groups_per_minute = serializers.FloatField(help_text="Groups shared per minute, last 10 minutes.")
+
+
+class CatalogueEntrySerializer(serializers.Serializer):
+    dataset = serializers.CharField(help_text="A reasoning-gym dataset.")
+    config = serializers.DictField(help_text="Its keyword configuration.")
+    weight = serializers.FloatField(help_text="Its share of a node's draws.")
+
+
+class SwarmDetailSerializer(serializers.Serializer):
+    swarm = SwarmRefSerializer()
+    catalogue = CatalogueEntrySerializer(many=True, help_text="The current version's entries.")
+    figures = SwarmSerializer(help_text="The swarm page's figures and charts, of this swarm.")
 
 
 class MyNodeSerializer(NodeFiguresSerializer):

@@ -49,7 +49,7 @@ MODERATED_OUT = ("quarantined", "rejected")
 # moderation; its reward is the sum of its verified rewards. The decay is computed in float8: extract()
 # gives numeric, whose power() costs ~40 times as much (docs/leaderboard.md, "Cost").
 _GROUPS_SQL = """
-SELECT r.node_id, date_trunc('hour', r.created_at) AS hour, r.dataset,
+SELECT r.node_id, date_trunc('hour', r.created_at) AS hour, r.dataset, r.swarm_id,
        count(*) FILTER (WHERE r.verdict = 'accepted') AS accepted,
        count(*) FILTER (WHERE r.verdict = 'rejected') AS rejected,
        count(*) FILTER (WHERE r.verdict = 'accepted' AND NOT c.credited) AS moderated,
@@ -66,7 +66,7 @@ CROSS JOIN LATERAL (
               ) AS x) AS reward
 ) c
 WHERE r.created_at >= %(start)s AND r.created_at < %(end)s {node_filter}
-GROUP BY 1, 2, 3
+GROUP BY 1, 2, 3, 4
 """
 
 
@@ -96,7 +96,8 @@ class GroupRows:
 
     by_node: dict[int, Measures] = field(default_factory=dict)
     by_node_hour: dict[tuple[int, datetime], Measures] = field(default_factory=dict)
-    by_dataset_hour: dict[tuple[str, datetime], Measures] = field(default_factory=dict)
+    #: (swarm id, dataset, hour)
+    by_dataset_hour: dict[tuple[int, str, datetime], Measures] = field(default_factory=dict)
 
 
 def _group_rows(*, start: datetime | None, end: datetime | None, node_ids: Sequence[int] | None) -> GroupRows:
@@ -113,13 +114,13 @@ def _group_rows(*, start: datetime | None, end: datetime | None, node_ids: Seque
     sql = _GROUPS_SQL.format(node_filter="" if node_ids is None else "AND r.node_id = ANY(%(nodes)s)")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        for node_id, hour, dataset, *values in cursor.fetchall():
+        for node_id, hour, dataset, swarm_id, *values in cursor.fetchall():
             m = Measures(
                 int(values[0]), int(values[1]), int(values[2]), int(values[3]), float(values[4]), float(values[5])
             )
             rows.by_node.setdefault(node_id, Measures()).add(m)
             rows.by_node_hour.setdefault((node_id, hour), Measures()).add(m)
-            rows.by_dataset_hour.setdefault((dataset, hour), Measures()).add(m)
+            rows.by_dataset_hour.setdefault((swarm_id, dataset, hour), Measures()).add(m)
     return rows
 
 
@@ -228,11 +229,11 @@ def _write(groups: GroupRows, helped: dict[int, int], rounds: dict[int, int]) ->
     )
     _upsert_add(
         "web_datasethour",
-        ["hour", "dataset"],
+        ["swarm_id", "hour", "dataset"],
         hour_columns,
         [
-            (h, d, m.accepted, m.rejected, m.completions, m.reward)
-            for (d, h), m in sorted(groups.by_dataset_hour.items())
+            (s, h, d, m.accepted, m.rejected, m.completions, m.reward)
+            for (s, d, h), m in sorted(groups.by_dataset_hour.items())
         ],
     )
 
@@ -311,7 +312,14 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     changing = [
         r
         for r in queryset.filter(verdict="accepted", created_at__lt=cursor_row.folded_until).only(
-            "id", "node_id", "dataset", "created_at", "completion_count", "verified_rewards", "moderation_status"
+            "id",
+            "node_id",
+            "swarm_id",
+            "dataset",
+            "created_at",
+            "completion_count",
+            "verified_rewards",
+            "moderation_status",
         )
         if (r.moderation_status not in MODERATED_OUT) != credited_after
     ]
@@ -319,13 +327,13 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     half_life = CREDIT_HALF_LIFE.total_seconds()
     totals: dict[int, list] = {}
     node_hours: dict[tuple[int, datetime], list] = {}
-    dataset_hours: dict[tuple[datetime, str], list] = {}
+    dataset_hours: dict[tuple[int, datetime, str], list] = {}
     for r in changing:
         reward = sum(float(x) for x in (r.verified_rewards or []))
         growth = reward * 2.0 ** ((r.created_at - CREDIT_EPOCH).total_seconds() / half_life)
         hour = r.created_at.replace(minute=0, second=0, microsecond=0)
         t = totals.setdefault(r.node_id, [0, 0, 0.0, 0.0])
-        for key, bucket in (((r.node_id, hour), node_hours), ((hour, r.dataset), dataset_hours)):
+        for key, bucket in (((r.node_id, hour), node_hours), ((r.swarm_id, hour, r.dataset), dataset_hours)):
             b = bucket.setdefault(key, [0, 0.0])
             b[0] += sign * r.completion_count
             b[1] += sign * reward
@@ -342,7 +350,12 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     )
     columns = ["credited_completions", "verified_reward"]
     _update_add("web_nodehour", ["node_id", "hour"], columns, [(*v, *key) for key, v in sorted(node_hours.items())])
-    _update_add("web_datasethour", ["hour", "dataset"], columns, [(*v, *k) for k, v in sorted(dataset_hours.items())])
+    _update_add(
+        "web_datasethour",
+        ["swarm_id", "hour", "dataset"],
+        columns,
+        [(*v, *k) for k, v in sorted(dataset_hours.items())],
+    )
     return len(changing)
 
 

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.limits import client_address
-from common.errors import ApplicationError, NotFound
+from common.errors import ApplicationError, NotFound, RateLimited
 from community import selectors as community
 from community.models import Team
 from community.services import (
@@ -78,9 +78,14 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 def _act(request: HttpRequest, action, *, success: str, to: str) -> HttpResponse:
-    """Run a team service; a typed error becomes a message on the page it came from."""
+    """Run a team service; a typed error becomes a message on the page it came from, except a limit
+    reached: a 429 page that says which limit and when it lets through again."""
     try:
         result = action()
+    except RateLimited as exc:
+        response = render(request, "429.html", {"message": exc.message, "back": to}, status=429)
+        response["Retry-After"] = str(exc.retry_after)
+        return response
     except ApplicationError as exc:
         messages.error(request, exc.message)
         return redirect(to)
@@ -143,8 +148,10 @@ def team_hand_over_view(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
     here = reverse("web:team", args=[team.slug])
     try:
-        to_user_id = int(request.POST.get("to", ""))
+        to_user_id = community.team_member_user_id(team=team, membership_id=int(request.POST.get("member", "")))
     except ValueError:
+        to_user_id = None
+    if to_user_id is None:
         messages.error(request, "Choose a member to hand the team over to.")
         return redirect(here)
     return _act(

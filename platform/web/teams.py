@@ -27,7 +27,7 @@ from django.utils import timezone
 from community.models import Membership, Team
 from community.selectors import badges_of_teams, team_list
 from nodes.models import ONLINE_WINDOW, Node
-from nodes.presence import connected_filter
+from nodes.presence import PresenceUnknown, connected_filter
 from web.stats import CREDIT_EPOCH, CREDIT_HALF_LIFE, Measures, live_rows, recent_average_credit, snapshot
 
 TEAM_FIGURES_CACHE_SECONDS = 15
@@ -170,7 +170,7 @@ class TeamFigures:
     name: str
     slug: str
     members: int
-    nodes_online: int = 0
+    nodes_online: int | None = 0  # None: unknown (presence cannot be read now)
     accepted: int = 0
     completions: int = 0
     verified_reward: float = 0.0
@@ -179,14 +179,18 @@ class TeamFigures:
     created_at: datetime | None = None
 
 
-def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int, int]:
-    """Online nodes of each team's current members, one grouped query."""
+def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int, int] | None:
+    """Online nodes of each team's current members, one grouped query; None when presence is unknown."""
+    try:
+        connected = connected_filter(now=now)
+    except PresenceUnknown:
+        return None
     memberships = Membership.objects.filter(left_at__isnull=True)
     if team_id is not None:
         memberships = memberships.filter(team_id=team_id)
     rows = (
         Node.objects.filter(
-            connected_filter(now=now),
+            connected,
             last_seen_at__gte=now - ONLINE_WINDOW,
             retired_at__isnull=True,
             banned_at__isnull=True,
@@ -200,7 +204,7 @@ def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int
     return {row["owner__team_memberships__team_id"]: row["n"] for row in rows}
 
 
-def _credit_and_online() -> tuple[dict[int, Measures], dict[int, int]]:
+def _credit_and_online() -> tuple[dict[int, Measures], dict[int, int] | None]:
     """Each team's measures and nodes online: the costly part, cached TEAM_FIGURES_CACHE_SECONDS."""
     cached = cache.get("web:team-credit")
     if cached is None:
@@ -225,7 +229,7 @@ def team_figures_all() -> list[TeamFigures]:
                 name=team.name,
                 slug=team.slug,
                 members=team.members,
-                nodes_online=online.get(team.id, 0),
+                nodes_online=None if online is None else online.get(team.id, 0),
                 accepted=m.accepted,
                 completions=m.completions,
                 verified_reward=m.reward,
@@ -242,7 +246,7 @@ TEAM_SORTS = {
     "recent": lambda f: f.recent_credit,
     "accepted": lambda f: f.accepted,
     "members": lambda f: f.members,
-    "online": lambda f: f.nodes_online,
+    "online": lambda f: f.nodes_online or 0,
     "name": lambda f: f.name.lower(),
 }
 
@@ -263,6 +267,18 @@ def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: A
     return Paginator(rows, TEAM_PAGE_SIZE).get_page(page), sort, descending, len(rows)
 
 
+def _team_credit_cached(*, team_id: int, since: datetime) -> TeamCredit:
+    """One team's credit and curve, cached TEAM_FIGURES_CACHE_SECONDS as the list's: each membership
+    period costs two pool scans (the hours of joining and leaving), so a team of thousands of periods
+    is computed once per interval, not at every view (docs/leaderboard.md#teams)."""
+    key = f"web:team-credit:{team_id}:{since:%Y%m%d%H}"
+    credit = cache.get(key)
+    if credit is None:
+        credit = _team_credit(team_id=team_id, since=since)
+        cache.set(key, credit, TEAM_FIGURES_CACHE_SECONDS)
+    return credit
+
+
 @dataclass
 class TeamDetail:
     team: Team
@@ -276,7 +292,7 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
     """One team's page: its figures, each current member's credit for it, its hourly curve."""
     now = timezone.now()
     start = (now - timedelta(days=TEAM_CURVE_DAYS)).replace(minute=0, second=0, microsecond=0)
-    credit = _team_credit(team_id=team.id, since=start)
+    credit = _team_credit_cached(team_id=team.id, since=start)
     hours = credit.hours
     m = credit.by_team.get(team.id, Measures())
     figures = TeamFigures(
@@ -284,7 +300,7 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
         name=team.name,
         slug=team.slug,
         members=len(members),
-        nodes_online=_nodes_online_by_team(now, team.id).get(team.id, 0),
+        nodes_online=None if (online := _nodes_online_by_team(now, team.id)) is None else online.get(team.id, 0),
         accepted=m.accepted,
         completions=m.completions,
         verified_reward=m.reward,
@@ -297,6 +313,7 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
         rows.append(
             {
                 "user": membership.user,
+                "membership_id": membership.id,  # what the hand-over form names a member by: no account id
                 "joined_at": membership.joined_at,
                 "accepted": mine.accepted,
                 "verified_reward": mine.reward,

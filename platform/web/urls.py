@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from web import export_views, profile_views, team_views, views
+from web import export_views, profile_views, swarm_views, team_views, views
 
 app_name = "web"
 
@@ -13,6 +13,11 @@ urlpatterns = [
     path("leaderboard/how/", views.leaderboard_how, name="leaderboard-how"),
     path("swarm/", views.swarm, name="swarm"),
     path("swarm/figures/", views.swarm_figures, name="swarm-figures"),
+    path("swarms/", swarm_views.swarm_list_view, name="swarms"),
+    path("swarms/new/", swarm_views.swarm_new_view, name="swarm-new"),
+    path("swarms/<slug:slug>/", swarm_views.swarm_view, name="swarm-one"),
+    path("swarms/<slug:slug>/figures/", swarm_views.swarm_figures_view, name="swarm-one-figures"),
+    path("swarms/<slug:slug>/manage/", swarm_views.swarm_manage_view, name="swarm-manage"),
     path("contributors/<str:username>/", profile_views.contributor_view, name="contributor"),
     path("nodes/<int:node_id>/", profile_views.node_view, name="node-public"),
     path("me/privacy/", profile_views.privacy_view, name="me-privacy"),
@@ -32,6 +37,8 @@ urlpatterns = [
     path("me/nodes/add/", views.node_add, name="node-add"),
     path("me/alerts/", views.alerts_save, name="alerts-save"),
     path("me/alerts/secret/", views.alerts_secret_rotate, name="alerts-secret"),
+    path("me/alerts/confirmation/", views.alerts_confirmation_resend, name="alerts-confirmation"),
+    path("alerts/confirm/<str:token>/", views.alerts_confirm, name="alerts-confirm"),
     path("me/nodes/<int:node_id>/", views.node_card, name="node-card"),
     path("me/nodes/<int:node_id>/rename/", views.node_rename_view, name="node-rename"),
     path("me/nodes/<int:node_id>/rotate/", views.node_rotate_view, name="node-rotate"),

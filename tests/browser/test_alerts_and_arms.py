@@ -6,14 +6,17 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+from django.core import signing
 from django.core.cache import cache
 from django.utils import timezone
 from factories import make_node
 from playwright.sync_api import expect
 
-from alerts.models import Alert, Condition
+from alerts.models import Alert, AlertSettings, Condition
+from alerts.services import CONFIRM_SALT
 from nodes.models import Node
 from pool.models import NodeRound, Rollout, Verdict
+from swarms.services import swarm_default_ensure
 from web.selectors import FIGURES_CACHE_SECONDS
 from web.stats import stats_rebuild
 
@@ -23,6 +26,8 @@ def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
     Rollout.objects.create(
         id=uuid.uuid4(),
         node=node,
+        swarm=swarm_default_ensure(),
+        catalogue_version=1,
         round=1,
         dataset="basic_arithmetic",
         seed=1,
@@ -60,6 +65,8 @@ def test_a_contributor_sets_email_alerts_and_sees_them_listed(live_server, page,
     page.get_by_label("Silent for (minutes)").fill("10")
     page.get_by_role("button", name="Save alerts").click()
     expect(page.locator(".messages")).to_contain_text("Alert settings saved.")
+    expect(page.locator(".messages")).to_contain_text("A confirmation link was sent to ada@example.org")
+    expect(page.locator("#alert-email-unconfirmed")).to_have_text("Not confirmed")
     expect(page.get_by_label("Email")).to_have_value("ada@example.org")
     expect(page.get_by_label("Silent for (minutes)")).to_have_value("10")
 
@@ -69,10 +76,29 @@ def test_a_contributor_sets_email_alerts_and_sees_them_listed(live_server, page,
     screenshot(page, "me-alerts")
 
 
+def test_the_owner_of_an_address_confirms_it_from_the_link(live_server, page, user, screenshot):
+    """The page the emailed link opens, in a browser that is not logged in: opening it confirms nothing;
+    the button does; the same link shows the address confirmed afterwards."""
+    AlertSettings.objects.create(user=user, email="ada@example.org")
+    link = (
+        live_server.url + f"/alerts/confirm/{signing.dumps({'u': user.pk, 'e': 'ada@example.org'}, salt=CONFIRM_SALT)}/"
+    )
+    page.goto(link)
+    expect(page.get_by_role("heading", name="Send node alerts to ada@example.org?")).to_be_visible()
+    assert AlertSettings.objects.get(user=user).email_confirmed_at is None
+    screenshot(page, "alerts-confirm")
+    page.get_by_role("button", name="Confirm this address").click()
+    expect(page.locator("#confirm-done")).to_contain_text("Confirmed: alerts about the account's nodes now go to")
+    assert AlertSettings.objects.get(user=user).email_confirmed_at is not None
+    page.goto(live_server.url + "/alerts/confirm/forged-token/")
+    expect(page.locator("#confirm-error")).to_have_text("This confirmation link is not valid.")
+
+
 def test_the_swarm_page_draws_both_arms(live_server, page, screenshot):
     sharer, loner = make_node(name="sharer"), make_node(name="loner")
-    NodeRound.objects.create(node=sharer, round=1, figures={"external": 4}, used_count=0)
-    NodeRound.objects.create(node=loner, round=1, figures={"external": 0}, used_count=0)
+    swarm = swarm_default_ensure()
+    NodeRound.objects.create(node=sharer, swarm=swarm, round=1, figures={"external": 4}, used_count=0)
+    NodeRound.objects.create(node=loner, swarm=swarm, round=1, figures={"external": 0}, used_count=0)
     for hours in (3, 2, 1, 0):
         when = timezone.now() - timedelta(hours=hours)
         _group(sharer, (1.0, 1.0, 0.0), when)

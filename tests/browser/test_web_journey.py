@@ -23,8 +23,9 @@ from playwright.sync_api import expect
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from pool.limits import current_catalogue
 from sapo_node.tasks import build_entry, score_completion
+from swarms.selectors import swarm_place
+from swarms.services import swarm_default_ensure
 
 pytestmark = pytest.mark.browser
 
@@ -35,7 +36,7 @@ class WireNode:
     def __init__(self, stack: ExitStack, ws_url: str, token: str) -> None:
         headers = {"Authorization": f"Bearer {token}"}
         self.ws = stack.enter_context(connect(ws_url + "/ws/node/", additional_headers=headers))
-        self.catalogue = current_catalogue()
+        self.catalogue = swarm_place(swarm=swarm_default_ensure()).catalogue  # what its hello gets
         self.index = 0
 
     def call(self, frame: dict) -> dict:

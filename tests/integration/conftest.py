@@ -32,6 +32,27 @@ SWARM_SETTINGS = {
 FAST = {"backoff_min": 0.05, "backoff_max": 0.3, "poll_interval": 0.1, "open_timeout": 5.0}
 
 
+@pytest.fixture(autouse=True)
+def _easy_default_swarm(request) -> None:
+    """The servers here serve the `easy` catalogue (SWARM_SETTINGS) to nodes that name no swarm: the
+    site's default swarm has it (a default swarm made by a server is made from its SAPO_CATALOGUE; one
+    the test database's migration made, from the tests' settings, gets it as its next version)."""
+    if request.node.get_closest_marker("django_db") is None:
+        return
+    request.getfixturevalue("transactional_db")
+    from factories import make_user
+
+    from sapo_node.tasks import CATALOGUES
+    from swarms.catalogue import entries_of_catalogue
+    from swarms.selectors import swarm_catalogue
+    from swarms.services import swarm_catalogue_set, swarm_default_ensure
+
+    swarm = swarm_default_ensure()
+    easy = entries_of_catalogue(CATALOGUES[SWARM_SETTINGS["SAPO_CATALOGUE"]])
+    if swarm_catalogue(swarm=swarm).entries != easy:
+        swarm_catalogue_set(actor=make_user(is_staff=True), swarm=swarm, entries=easy, reason="the tests' catalogue")
+
+
 @pytest.fixture(scope="session")
 def swarm_server(asgi_server):
     with asgi_server(settings=SWARM_SETTINGS) as server:

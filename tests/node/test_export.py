@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sapo_node.checkpoint import latest_checkpoint
 from sapo_node.cli import main
+from sapo_node.export import model_names, swarm_line
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE
 from sapo_node.tiny import evaluate
@@ -139,3 +140,45 @@ def test_push_to_hub_fails_clearly_and_keeps_the_folder(exported, tmp_path, monk
     expected = {"offline": "HF_HUB_OFFLINE", "no token": "no Hugging Face token", "unreachable": "could not push to"}
     assert expected[case] in err and f"The folder {out} is kept" in err
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+
+
+def test_a_local_base_model_is_named_by_its_folder_only(tiny_mini_policy, tiny_cache_dir, tmp_path, monkeypatch):
+    """The card, its metadata and every other file of the export leave out the folder's full path."""
+    model, tokenizer = tiny_mini_policy
+    base = tmp_path / "home" / "alice-private" / "models" / "my-base"
+    model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    run, folder = tmp_path / "run", tmp_path / "exported"
+    monkeypatch.setenv("SAPO_CACHE", str(tiny_cache_dir))
+    assert main(["run", "--offline", "--model", str(base), "--rounds", "1", "--out", str(run), *ROUND]) == 0
+    assert main(["export", "--run", str(run), "--out", str(folder), "-n", "1"]) == 0
+    card = (folder / "README.md").read_text()
+    assert "# my-base trained with SAPO" in card and "| base model | a local model folder (`my-base`) |" in card
+    assert "base_model:" not in card
+    for path in folder.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert b"alice-private" not in data and str(tmp_path).encode() not in data, path.name
+
+
+@pytest.mark.parametrize(
+    ("model", "names"),
+    [
+        ("Qwen/Qwen2.5-0.5B-Instruct", ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")),
+        ("gpt2", ("gpt2", "gpt2")),
+        ("tiny-mini", (None, "tiny-mini")),
+        ("/home/alice/models/base", (None, "base")),
+        ("~/models/base", (None, "base")),
+        ("../models/base", (None, "base")),
+        ("C:\\Users\\alice\\base", (None, "base")),
+    ],
+)
+def test_the_card_names_a_hub_id_whole_and_a_path_by_its_last_folder(model, names):
+    assert model_names(model) == names
+
+
+def test_the_card_names_the_swarm_without_credentials():
+    from sapo_node.config import NodeConfig
+
+    config = NodeConfig(server="wss://bob:hunter2@sapo.example.org:8443/ws/node/?token=t", offline=False)
+    assert swarm_line(config) == "the swarm at `wss://sapo.example.org:8443/ws/node/`"

@@ -26,7 +26,13 @@ pytestmark = pytest.mark.django_db
 def _watched(*, silence: int = 30, min_acceptance: float = 0.5, email: str = "ada@example.org"):
     """A contributor with email alerts on and a node that has shared (and has a token)."""
     user = make_user()
-    AlertSettings.objects.create(user=user, email=email, silence_minutes=silence, min_acceptance=min_acceptance)
+    AlertSettings.objects.create(
+        user=user,
+        email=email,
+        email_confirmed_at=timezone.now(),
+        silence_minutes=silence,
+        min_acceptance=min_acceptance,
+    )
     node = make_node(owner=user, name="laptop")
     make_node_token(node=node)
     NodeVerdictCounts.objects.create(node=node, accepted_groups=1)
@@ -50,7 +56,7 @@ def test_a_silent_node_raises_one_alert_and_one_recovery():
     assert alert.condition == Condition.SILENT and alert.cleared_at is None
     assert alert.raised_delivery == "email" and alert.raised_sent
     (message,) = mail.outbox
-    assert message.to == ["ada@example.org"] and "laptop: silent" in message.subject
+    assert message.to == ["ada@example.org"] and message.subject == f"[SAPO Swarm] node {node.id}: silent"
     assert "Nothing heard from the node for 31 minutes" in message.body
 
     # still silent: nothing new, however often the job runs
@@ -63,7 +69,7 @@ def test_a_silent_node_raises_one_alert_and_one_recovery():
     assert (result.raised, result.cleared, result.sent) == (0, 1, 1)
     alert.refresh_from_db()
     assert alert.cleared_at is not None and alert.cleared_delivery == "email"
-    assert "laptop: recovered (silent)" in mail.outbox[1].subject
+    assert mail.outbox[1].subject == f"[SAPO Swarm] node {node.id}: recovered (silent)"
 
     # silent again later: a new alert (the first one is closed)
     assert alerts_check(now=now + timedelta(minutes=800)).raised == 1
@@ -204,11 +210,11 @@ def test_the_scheduled_command_prints_the_alert_with_the_console_backend(setting
     call_command("sapo_scheduled", only=["alerts"])
     out = capsys.readouterr().out
     assert "alerts: ok" in out and "alerts raised 1, cleared 0; messages sent 1" in out
-    assert "To: demo@localhost" in out and "Subject: [SAPO Swarm] laptop: silent" in out
+    assert "To: demo@localhost" in out and f"Subject: [SAPO Swarm] node {node.id}: silent" in out
     _seen(node, timezone.now())
     call_command("sapo_scheduled", only=["alerts"])
     out = capsys.readouterr().out
-    assert "alerts raised 0, cleared 1; messages sent 1" in out and "laptop: recovered (silent)" in out
+    assert "alerts raised 0, cleared 1; messages sent 1" in out and f"node {node.id}: recovered (silent)" in out
 
 
 def test_a_second_check_while_one_runs_does_nothing(settings):

@@ -14,7 +14,8 @@ from test_web_data import fresh_figures, make_consumption, make_group
 
 from community.models import Badge, Membership
 from web import stats
-from web.badges import ACTIVE_RECENT_CREDIT, rank_badges, rank_thresholds
+from web.badges import ACTIVE_RECENT_CREDIT, badges_assign, rank_badges, rank_thresholds
+from web.selectors import contributor_figures_all
 
 pytestmark = pytest.mark.django_db
 
@@ -46,10 +47,13 @@ def test_each_subject_holds_its_best_rank_badge_only():
 
 
 def test_the_scheduled_command_assigns_and_recomputes(user, other_user, capsys):
-    found(user, "Night Owls")
+    team = found(user, "Night Owls")
     Membership.objects.filter(user=user).update(joined_at=timezone.now() - timedelta(days=1))
+    _age(user)
+    _age(other_user)
+    type(team).objects.filter(id=team.id).update(created_at=timezone.now() - timedelta(days=30))  # established
     node, other = make_node(owner=user), make_node(owner=other_user)
-    for _ in range(3):
+    for _ in range(10):  # 20 verified reward: established (web.badges.BADGE_MIN_VERIFIED_REWARD)
         make_group(node, rewards=(1.0, 1.0))
     make_consumption(other, make_group(node))  # bob's node trained on alice's group
     make_group(other, rewards=(1.0, 0.0), created_at=timezone.now() - timedelta(days=60))
@@ -76,7 +80,10 @@ def test_the_scheduled_command_assigns_and_recomputes(user, other_user, capsys):
 
 
 def test_badges_show_on_rows_and_pages(client, user):
-    make_group(make_node(owner=user), rewards=(1.0, 1.0))
+    _age(user)
+    node = make_node(owner=user)
+    for _ in range(10):
+        make_group(node, rewards=(1.0, 1.0))
     stats.stats_fold()
     call_command("sapo_scheduled", "--only", "badges")
     fresh_figures()
@@ -99,3 +106,37 @@ def test_badge_assignment_costs_the_same_for_more_contributors(django_assert_max
     fresh_figures()
     with django_assert_max_num_queries(len(few.captured_queries)):
         badges_assign()
+
+
+def _age(user, days: int = 30) -> None:
+    type(user).objects.filter(id=user.id).update(date_joined=timezone.now() - timedelta(days=days))
+
+
+@pytest.mark.parametrize("sybils", [0, 40])
+def test_forty_cheap_accounts_move_no_real_contributors_badge(sybils):
+    """Ten established contributors earning 1..10 a day for 30 days, alone or beside 40 accounts earning
+    0.2 a day (above the activity line) for as long: the real ones hold the same badges either way,
+    the cheap ones none."""
+    days = 30
+    real = []
+    for i in range(1, 11):
+        owner = make_user()
+        _age(owner, 60)
+        node = make_node(owner=owner)
+        for day in range(0, days, 3):
+            make_group(node, rewards=(1.5 * i, 1.5 * i), created_at=timezone.now() - timedelta(days=day, hours=1))
+        real.append(owner)
+    cheap = set()
+    for _ in range(sybils):
+        owner = make_user()
+        _age(owner, 60)
+        node = make_node(owner=owner)
+        for day in range(0, days, 3):
+            make_group(node, rewards=(0.3, 0.3), created_at=timezone.now() - timedelta(days=day, hours=1))
+        cheap.add(owner.id)
+    stats.stats_fold()
+    fresh_figures()
+    assert len([c for c in contributor_figures_all() if c.owner_id in cheap and 0.1 < c.recent_credit < 0.3]) == sybils
+    badges_assign()
+    ranks = dict(Badge.objects.filter(kind__startswith="top", user__isnull=False).values_list("user_id", "kind"))
+    assert ranks == {real[9].id: "top1", real[8].id: "top25", real[7].id: "top25"}  # positions 9, 9, 7 of 10

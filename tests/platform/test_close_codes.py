@@ -91,7 +91,7 @@ async def test_a_socket_whose_opening_fails_on_the_database_is_told_to_try_again
     with caplog.at_level(logging.WARNING):
         socket_ = await open_socket(node_token)
         assert await close_code(socket_) == protocol.CLOSE_TRY_AGAIN
-    assert [r.levelname for r in caplog.records if r.name == "pool.consumers"] == ["WARNING"]
+    assert [r.levelname for r in caplog.records if r.name == "common.outage"] == ["WARNING"]
     assert "Traceback" not in caplog.text  # one line for an incident, not a bug's trace
 
 
@@ -104,7 +104,7 @@ def _dead_port() -> int:
 @pytest.mark.django_db(transaction=True)
 def test_over_daphne_a_dependency_down_closes_with_try_again_and_logs_no_error(asgi_server, node_token, tmp_path):
     """The channel layer's Redis is down (nothing listens on its port): every socket opens, is closed
-    with 4503, and the server logs a warning per socket, no ERROR."""
+    with 4503, and the server logs one warning for the outage, no ERROR."""
     dead_redis = {
         "default": {
             "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",
@@ -126,4 +126,34 @@ def test_over_daphne_a_dependency_down_closes_with_try_again_and_logs_no_error(a
         assert asyncio.run(codes(server.ws_url + "/ws/node/")) == [protocol.CLOSE_TRY_AGAIN] * 3
     log = log_path.read_text()
     assert " ERROR " not in log and "Exception inside application" not in log, log[-3000:]
-    assert log.count("closed with 4503") == 3, log[-3000:]
+    assert log.count("Redis is unavailable") == 1, log[-3000:]  # one line for the outage, not one per socket
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_servers_own_failures_never_close_a_socket_with_4429(node_token, monkeypatch, caplog):
+    """More frames than max_consecutive_errors fail on the database (as they do while it is down): each
+    is answered internal_error with its ref, none counts against the node, and the log has one line for
+    the outage and one for its end."""
+    import django.db
+
+    from pool import consumers
+
+    def down(**kwargs):
+        raise django.db.OperationalError('connection failed: connection to server at "127.0.0.1" refused')
+
+    socket_ = await open_socket(node_token, hello=True)
+    monkeypatch.setattr(consumers, "_sampled_groups", down)
+    with caplog.at_level(logging.WARNING):
+        for i in range(25):
+            await socket_.send_json_to({"type": "sample", "v": 1, "ref": f"r{i}", "n": 2})
+            reply = await socket_.receive_json_from(timeout=10)
+            assert reply["code"] == protocol.INTERNAL_ERROR and reply["ref"] == f"r{i}", reply
+        monkeypatch.undo()
+        await socket_.send_json_to({"type": "sample", "v": 1, "ref": "back", "n": 2})
+        assert (await socket_.receive_json_from(timeout=10))["type"] == "samples"
+    await socket_.disconnect()
+    assert [r.getMessage()[:26] for r in caplog.records if r.name == "common.outage"] == [
+        "The database is unavailabl",
+        "The database answers again",
+    ]  # one line when it starts, one when it ends
+    assert "Traceback" not in caplog.text

@@ -208,7 +208,7 @@ def test_staff_rename_and_hide_are_audited(user, other_user):
         ("team_rename", staff.id, "offensive name"),
         ("team_hide", staff.id, "spam team"),
     ]
-    assert entries[0].details == {"name": "Night Owls", "new_name": "Renamed Team"}
+    assert entries[0].details == {"name": "Night Owls", "new_name": "Renamed Team", "name_locked": True}
     # Hidden: off the lists, not found by others, not joinable; its members and staff still see it.
     assert not selectors.team_list().filter(id=team.id).exists()
     with pytest.raises(NotFound):

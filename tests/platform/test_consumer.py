@@ -9,6 +9,7 @@ import pytest
 from channels.db import database_sync_to_async as sync_to_async
 from channels.layers import get_channel_layer
 from django.utils import timezone
+from factories import make_swarm, make_user
 from node_sockets import ask, close_code, open_socket
 from support.pool import make_group, share_frame
 
@@ -19,6 +20,9 @@ from nodes.presence import connection_counts, socket_book
 from nodes.services import node_token_revoke
 from pool.models import Consumption, NodeRound, NodeStorageHour, NodeVerdictCounts, Rollout
 from pool.seams import moderation
+from sapo_node.tasks import CATALOGUES, EASY_CATALOGUE
+from swarms.catalogue import entries_of_catalogue
+from swarms.services import swarm_catalogue_set
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 
@@ -83,13 +87,23 @@ async def test_presence_counts_open_sockets(node, node_token):
 # Messages ---------------------------------------------------------------------------------------
 
 
-async def test_hello_gets_welcome_with_catalogue_and_limits(node, node_token, settings):
-    settings.SAPO_CATALOGUE = "easy"
+async def test_hello_gets_welcome_with_catalogue_and_limits(node, node_token):
+    await sync_to_async(make_swarm)(slug="easy", catalogue="easy", recommended_models=["tiny-mini"])
     socket = await open_socket(node_token)
-    reply = await ask(socket, {"type": "hello", "v": 1, "ref": "h1", "client": "sapo-node/0.1", "model": "tiny"})
+    hello = {"type": "hello", "v": 1, "ref": "h1", "client": "sapo-node/0.1", "model": "tiny", "swarm": "easy"}
+    reply = await ask(socket, hello)
     assert reply["type"] == "welcome" and reply["ref"] == "h1"
     assert (reply["node_id"], reply["node_name"]) == (node.id, "laptop")
-    assert reply["catalogue"]["name"] == "easy"
+    assert reply["catalogue"]["name"] == "easy@1"
+    assert [t["dataset"] for t in reply["catalogue"]["tasks"]] == EASY_CATALOGUE.datasets
+    assert reply["swarm"] == {
+        "slug": "easy",
+        "state": "open",
+        "catalogue_version": 1,
+        "recommended_models": ["tiny-mini"],
+        "local": 4,
+        "external": 4,
+    }
     assert reply["limits"]["max_groups_per_message"] == 64
     await socket_book().beat(renew=False)  # what the node said is written with the process's next beat
     assert (await sync_to_async(Node.objects.get)(id=node.id)).client_version == "sapo-node/0.1"
@@ -122,20 +136,24 @@ async def test_what_nodes_say_in_hello_is_written_in_one_statement_per_beat(user
 
 
 async def test_welcome_follows_the_catalogue_and_limits_in_force(node, node_token, settings):
-    """The welcome's catalogue and limits are serialised once per process: a change of either shows in
-    the next socket's welcome."""
+    """The welcome's catalogue and limits are serialised once per process: a new catalogue version or
+    a change of limits shows in the next socket's welcome."""
+    swarm = await sync_to_async(make_swarm)(slug="easy", catalogue="easy")
+    staff = await sync_to_async(make_user)(is_staff=True)
     replies = []
-    for catalogue, groups in (("easy", 64), ("sapo", 64), ("sapo", 5), ("easy", 5)):
-        settings.SAPO_CATALOGUE = catalogue
+    for catalogue, groups in ((None, 64), ("sapo", 64), (None, 5), ("easy", 5)):
+        if catalogue is not None:  # a new version
+            entries = entries_of_catalogue(CATALOGUES[catalogue])
+            await sync_to_async(swarm_catalogue_set)(actor=staff, swarm=swarm, entries=entries)
         settings.SAPO_LIMITS = {"max_groups_per_message": groups}
         socket = await open_socket(node_token)
-        replies.append(await ask(socket, {"type": "hello", "v": 1}))
+        replies.append(await ask(socket, {"type": "hello", "v": 1, "swarm": "easy"}))
         await socket.disconnect()
     assert [(r["catalogue"]["name"], r["limits"]["max_groups_per_message"]) for r in replies] == [
-        ("easy", 64),
-        ("sapo", 64),
-        ("sapo", 5),
-        ("easy", 5),
+        ("easy@1", 64),
+        ("easy@2", 64),
+        ("easy@2", 5),
+        ("easy@3", 5),
     ]
 
 
@@ -489,7 +507,7 @@ async def test_hundreds_of_sockets_joining_groups_at_once_wait_for_redis_connect
 
 async def test_a_socket_open_longer_than_the_group_expiry_still_receives_its_ban(settings, node, node_token):
     """Channel layers drop a group membership `group_expiry` after it was added (a day by default): the
-    process joins the closes group again every half of it (pool.closes), so a ban still closes a socket
+    process joins the closes group again within half of it (pool.closes), so a ban still closes a socket
     open for days."""
     from channels.layers import channel_layers
 

@@ -234,6 +234,7 @@ def test_pool_size_is_exact_when_small_and_a_bound_when_large(node, monkeypatch)
     make_group(node, rewards=(1.0, 1.0))  # no variance: never sampleable
     last = make_group(node, rewards=(0.0, 1.0))
     cutoff = timezone.now() - timedelta(hours=1)
-    assert selectors._pool_size(cutoff) == 2
+    swarms = [first.swarm_id]
+    assert selectors._pool_size(cutoff, swarms) == 2
     monkeypatch.setattr(selectors, "POOL_COUNT_EXACT_BELOW", 1)
-    assert selectors._pool_size(cutoff) == last.sample_seq - first.sample_seq + 1
+    assert selectors._pool_size(cutoff, swarms) == last.sample_seq - first.sample_seq + 1

@@ -168,3 +168,27 @@ def test_frames_are_unmasked_by_websockets_the_same_as_by_autobahn_chunk_after_c
             assert ours.pointer() == b
         ours.reset()
         assert ours.pointer() == 0 and ours.process(data) == create_xor_masker(mask, size).process(data)
+
+
+def test_the_pools_reconnection_waits_are_capped():
+    """psycopg_pool doubles its wait between reconnection attempts (1, 2, 4, ... s, up to its reconnect
+    timeout): capped, a database that comes back is tried within the cap."""
+    from psycopg_pool.base import AttemptWithBackoff
+
+    previous = getattr(AttemptWithBackoff, "SAPO_MAX_DELAY", None)
+    try:
+        psycopg_pool.cap_reconnect_backoff(1.5)
+        attempt, now = AttemptWithBackoff(timeout=300.0), 0.0
+        waits = []
+        for _ in range(10):
+            attempt.update_delay(now)
+            waits.append(attempt.delay)
+            now += attempt.delay
+        assert max(waits) == 1.5 and waits[0] <= 1.1 and sum(waits) > 10
+        psycopg_pool.cap_reconnect_backoff(0.5)  # installed once; the cap can change
+        attempt.update_delay(now)
+        assert attempt.delay == 0.5
+    finally:
+        from django.conf import settings
+
+        psycopg_pool.cap_reconnect_backoff(previous if previous is not None else settings.SAPO_DB_RECONNECT_SECONDS)

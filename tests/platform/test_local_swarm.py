@@ -83,6 +83,10 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
             "SELECT n.name, r.verdict, count(*) FROM pool_rollout r JOIN nodes_node n ON n.id = r.node_id "
             "GROUP BY n.name, r.verdict"
         ).fetchall()
+        swarms = conn.execute(
+            "SELECT s.slug, s.is_default, count(r.id) FROM swarms_swarm s LEFT JOIN pool_rollout r ON r.swarm_id = s.id"
+            " GROUP BY s.slug, s.is_default"
+        ).fetchall()
         arms = conn.execute(
             "SELECT n.name, (r.figures->>'external')::float FROM pool_noderound r JOIN nodes_node n ON n.id = r.node_id "
             "WHERE r.round = 2"
@@ -91,6 +95,8 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     # Each node shared its own groups of both rounds (8 questions a round) and the server accepted them;
     # the silo node shares too, it only trains on none of the others' groups.
     assert counts == {("local-1", "accepted"): 16, ("local-2", "accepted"): 16, ("silo-1", "accepted"): 16}
+    # Two swarms: the default one, which the local nodes joined, and the paper's, with no node.
+    assert sorted(swarms) == [("main", True, 48), ("paper", False, 0)]
     # and each reports its J: the swarm page's two arms
     assert dict(arms) == {"local-1": 4.0, "local-2": 4.0, "silo-1": 0.0}
 
@@ -162,3 +168,22 @@ def test_ctrl_c_while_a_model_builds_stops_everything_quietly(scratch_database_u
     assert "[build tiny-mini]" in out and "Node local-" not in out  # no node starts without its model
     assert _cache_users(cache) == []  # the builder is gone
     assert list(cache.glob("*/build.json")) == []  # and it left no model a later run could take for finished
+
+
+@pytest.mark.django_db
+def test_make_run_opens_two_swarms_once_and_audits_them():
+    from localswarm.management.commands.sapo_local import PAPER_SLUG, local_swarms
+
+    from moderation.models import AuditEntry
+    from sapo_node.tasks import CATALOGUES
+    from swarms.models import Swarm
+    from swarms.selectors import swarm_catalogue
+
+    local = local_swarms(catalogue="easy")
+    again = local_swarms(catalogue="easy")  # a second start changes nothing
+    assert local.id == again.id and local.is_default
+    assert sorted(Swarm.objects.values_list("slug", flat=True)) == sorted([local.slug, PAPER_SLUG])
+    assert [e["dataset"] for e in swarm_catalogue(swarm=local).entries] == CATALOGUES["easy"].datasets
+    paper = Swarm.objects.get(slug=PAPER_SLUG)
+    assert [e["dataset"] for e in swarm_catalogue(swarm=paper).entries] == CATALOGUES["sapo"].datasets
+    assert set(AuditEntry.objects.filter(target_type="swarm").values_list("actor__username", flat=True)) == {"operator"}

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.db.utils import ProgrammingError
 from django.urls import reverse
-from factories import make_node, make_user
+from factories import make_node, make_swarm, make_user
 from support.moderation import group, share, staff
 from support.pool import sampled
 
@@ -16,6 +16,7 @@ from moderation.models import AuditEntry, ModerationDecision
 from moderation.rules import rules_current, rules_forget
 from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Rollout
+from swarms.services import swarm_default_ensure
 
 pytestmark = pytest.mark.django_db
 
@@ -130,6 +131,11 @@ def test_the_queue_defaults_to_held_groups_and_filters(mod_client):
     assert listed(status="any", reason="reward_mismatch") == {str(bad.id)}
     assert listed(status="any", reason="accepted", dataset="basic_arithmetic") == {str(r.id) for r in [*a_rows, b_row]}
     assert listed(status="any", since="2000-01-01T00:00", until="2001-01-01T00:00") == set()
+    # by swarm: the groups of one swarm only
+    other = make_swarm(slug="other")
+    Rollout.objects.filter(id=b_row.id).update(swarm=other)
+    assert listed(status="any", swarm="other") == {str(b_row.id)}
+    assert listed(status="any", swarm=swarm_default_ensure().slug) == {str(r.id) for r in [*a_rows, bad]}
 
 
 def test_the_queue_page_costs_a_fixed_number_of_queries(mod_client, django_assert_max_num_queries):

@@ -56,6 +56,7 @@ def test_readyz_is_503_when_the_channel_layer_is_unreachable(client, settings):
     from channels.layers import channel_layers
 
     # A Redis that is not there (nothing listens on port 1): what a lost Redis looks like to the site.
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",

@@ -78,3 +78,17 @@ def test_the_node_client_reacts_to_the_protocols_codes_and_handles_every_server_
     assert not websocket.FATAL_SHARE_ERRORS & set(websocket.BACKOFF_ERRORS)
     assert set(websocket.WebSocketTransport._ON_SERVER_MESSAGE) == set(protocol.SERVER_MESSAGES)
     assert websocket.DEFAULT_LIMITS == {name: protocol.DEFAULT_LIMITS[name] for name in websocket.SHAPE_LIMITS}
+
+
+def test_the_protocol_module_names_each_constant_once():
+    """A name assigned twice (a swarm's state and an error code both called SWARM_PAUSED) silently
+    gives both sides the second value."""
+    tree = ast.parse(Path(protocol.__file__).read_text())
+    names = [
+        t.id
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Name)
+    ]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []

@@ -28,3 +28,35 @@ async def test_new_connections_reuse_the_version_resolved_once(redis_url, monkey
         await stock.disconnect()
     finally:
         await pool.disconnect()
+
+
+def test_the_sync_client_retries_a_connection_redis_closed_when_it_restarted(settings) -> None:
+    """After a restart every pooled connection is stale: the next command on each is retried on a new
+    connection instead of failing (a frame or page each, before the retry)."""
+    from support.redis_server import redis_server
+
+    with redis_server() as redis:
+        settings.REDIS_URL = redis.url
+        client = redis_client.redis_client()
+        try:
+            assert client.ping()
+            redis.restart()
+            assert client.set("after-restart", 1) and client.get("after-restart") == b"1"
+        finally:
+            client.close()
+            redis_client._clients.clear()
+
+
+async def test_the_asyncio_pools_retry_a_connection_redis_closed_when_it_restarted() -> None:
+    import redis.asyncio as aioredis
+    from support.redis_server import redis_server
+
+    with redis_server() as redis:
+        pool = redis_client.async_pool(redis.url)
+        client = aioredis.Redis(connection_pool=pool)
+        try:
+            assert await asyncio.gather(*(client.ping() for _ in range(4))) == [True] * 4  # 4 pooled connections
+            await asyncio.to_thread(redis.restart)
+            assert await asyncio.gather(*(client.ping() for _ in range(4))) == [True] * 4
+        finally:
+            await pool.disconnect()

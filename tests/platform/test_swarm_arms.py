@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from test_web_data import fresh_figures, make_group
 
 from pool.models import NodeRound
+from swarms.services import swarm_default_ensure
 from web import selectors, stats
 from web.arms import SHARING, SILO, NodeHourCell, arm_of, compare_arms, t975, welch_interval
 
@@ -91,7 +92,9 @@ def test_one_arm_alone_has_no_gain():
 
 
 def _report(node, round: int, **figures) -> NodeRound:
-    return NodeRound.objects.create(node=node, round=round, figures={"reward_mean": 0.5, **figures}, used_count=0)
+    return NodeRound.objects.create(
+        node=node, swarm=swarm_default_ensure(), round=round, figures={"reward_mean": 0.5, **figures}, used_count=0
+    )
 
 
 @pytest.fixture

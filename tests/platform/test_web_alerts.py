@@ -93,4 +93,6 @@ def test_alerts_are_listed_with_what_became_of_them(auth_client, user, node):
 
 def test_alert_forms_need_a_login_and_a_post(client, auth_client):
     assert client.post("/me/alerts/", {}).status_code == 302
+    assert client.post("/me/alerts/confirmation/").status_code == 302
     assert auth_client.get("/me/alerts/").status_code == 405
+    assert auth_client.get("/me/alerts/confirmation/").status_code == 405

@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from nodes.models import Node
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout, Verdict
+from swarms.models import Swarm
+from swarms.services import swarm_default_ensure
 
 
 def make_group(
@@ -26,8 +28,10 @@ def make_group(
     moderation_status: str = ModerationStatus.OK,
     created_at: datetime | None = None,
     round: int = 1,
+    swarm: Swarm | None = None,
 ) -> Rollout:
-    """One stored group of `node`; marks the node seen at that time, as sharing does."""
+    """One stored group of `node` (in `swarm`; none: the default); marks the node seen at that time, as
+    sharing does."""
     created_at = created_at or timezone.now()
     accepted = verdict == Verdict.ACCEPTED
     variance = accepted and len(set(rewards)) > 1
@@ -35,6 +39,8 @@ def make_group(
     rollout = Rollout.objects.create(
         id=uuid.uuid4(),
         node=node,
+        swarm=swarm or swarm_default_ensure(),
+        catalogue_version=1,
         round=round,
         dataset=dataset,
         seed=1234,
@@ -61,11 +67,19 @@ def make_group(
 
 def make_consumption(consumer: Node, rollout: Rollout, *, round: int = 1) -> Consumption:
     Node.objects.filter(id=consumer.id).update(last_seen_at=timezone.now())
-    return Consumption.objects.create(consumer=consumer, rollout=rollout, author_id=rollout.node_id, round=round)
+    return Consumption.objects.create(
+        consumer=consumer, rollout=rollout, author_id=rollout.node_id, swarm_id=rollout.swarm_id, round=round
+    )
 
 
-def make_report(node: Node, *, round: int = 1, reward_mean: float = 0.5) -> NodeRound:
-    return NodeRound.objects.create(node=node, round=round, figures={"reward_mean": reward_mean}, used_count=0)
+def make_report(node: Node, *, round: int = 1, reward_mean: float = 0.5, swarm: Swarm | None = None) -> NodeRound:
+    return NodeRound.objects.create(
+        node=node,
+        swarm=swarm or swarm_default_ensure(),
+        round=round,
+        figures={"reward_mean": reward_mean},
+        used_count=0,
+    )
 
 
 def fresh_figures() -> None:

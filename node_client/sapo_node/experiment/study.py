@@ -30,6 +30,7 @@ from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
 from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.experiment.server import DEFAULT_ROOT, Platform
 from sapo_node.progress import progress_bar
+from sapo_node.tasks import CATALOGUES
 
 #: Node k's seed in the run of study seed s: the same in every configuration.
 NODE_SEED_STRIDE = 1000
@@ -421,7 +422,9 @@ def run_swarm(
                     poll_interval=POLL_INTERVAL,
                 )
                 nodes.append(SwarmNode.start(k, config, transport, clone_policy(initial[model])))
-                if (catalogue := transport.catalogue()) is None or catalogue.name != cfg.catalogue:
+                # The server's default swarm serves it (named after the swarm and its version): same tasks.
+                served = transport.catalogue()
+                if served is None or served.tasks != CATALOGUES[cfg.catalogue].tasks:
                     raise RuntimeError(f"the server does not serve catalogue {cfg.catalogue!r}")
 
             bar = progress_bar(

@@ -21,8 +21,11 @@ class Hello:
     hardware: str
     local: int
     external: int
+    #: The swarm's slug, protocol.ANY_SWARM, or None (the site's default swarm: the field is left out).
+    swarm: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"swarm": self.swarm} if self.swarm is not None else {}
         return protocol.frame(
             protocol.HELLO,
             client=self.client,
@@ -30,6 +33,7 @@ class Hello:
             hardware=self.hardware,
             local=self.local,
             external=self.external,
+            **fields,
         )
 
 

@@ -20,6 +20,10 @@ so a node that trains fast (a small model on a fast machine makes a round in a f
 sends fewer, larger share frames and one report for the rounds it made meanwhile, instead of being
 refused with `rate_limited` (refusals count against the budget too, and `max_consecutive_errors` of
 them close the socket with 4429).
+
+A full disk (the outbox cannot be written): groups the loop shares and verdicts the server sends are
+kept in memory (`_unwritten`, `_verdicts`) and written when the outbox can be written again; meanwhile
+the node goes on sharing and sampling. The log says so once when it starts and once when it ends.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 import json
 import logging
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +46,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 
 from sapo_node import __version__, protocol
 from sapo_node.groups import Group
-from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
+from sapo_node.outbox import ACCEPTED, ACK_RETENTION_SECONDS, PENDING, REJECTED, Outbox
 from sapo_node.tasks import Catalogue
 from sapo_node.transport.base import Hello, Transport, TransportCounts
 
@@ -125,6 +130,8 @@ class FramePacer:
 REFUSALS = {
     protocol.CLOSE_UNAUTHENTICATED: "the server does not accept this token (4401): check --token / SAPO_TOKEN",
     protocol.CLOSE_BANNED: "this node or its contributor is banned (4403)",
+    protocol.CLOSE_UNKNOWN_SWARM: "the site has no such swarm (4404): check --swarm",
+    protocol.CLOSE_SWARM_RETIRED: "this swarm is retired (4410): pick an open one with --swarm",
 }
 
 #: The limits that shape a frame, the protocol's defaults until the server's `welcome.limits` arrive.
@@ -148,7 +155,16 @@ FATAL_SHARE_ERRORS = {
     protocol.COMPLETION_TOO_LONG,
 }
 #: Errors that mean "not now": the refused frame is sent again after this many seconds.
-BACKOFF_ERRORS = {protocol.RATE_LIMITED: 5.0, protocol.OVER_BUDGET: 60.0}
+BACKOFF_ERRORS = {
+    protocol.RATE_LIMITED: 5.0,
+    protocol.OVER_BUDGET: 60.0,
+    protocol.SWARM_PAUSED: 60.0,
+    protocol.INTERNAL_ERROR: 5.0,
+}
+#: What writing to the outbox raises on a full (or failing) disk.
+DISK_ERRORS = (sqlite3.Error, OSError)
+#: At most this many groups wait in memory for a disk that cannot take them (the oldest are dropped).
+MAX_UNWRITTEN = 10_000
 
 
 def _storable(text: str) -> bool:
@@ -206,6 +222,9 @@ class WebSocketTransport(Transport):
         self._refill_now = False  # take_external drained the buffer: ask before the next poll
         self._catalogue: Catalogue | None = None
         self._hello: Hello | None = None
+        self.swarm: dict[str, Any] = {}  # the welcome's `swarm` (slug, state, catalogue_version, ...)
+        self._paused = False  # the swarm is paused: nothing is shared or sampled until it opens
+        self._refusal = ""  # the server's words for a swarm refusal (the open swarms), shown with its close
         self._buffer: collections.deque[Group] = collections.deque()
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
@@ -216,6 +235,10 @@ class WebSocketTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+        self._unwritten: list[dict[str, Any]] = []  # shared groups the outbox could not take yet (under _lock)
+        self._verdicts: dict[str, tuple[str, str | None]] = {}  # verdicts it could not record yet
+        self._disk_failing = False
+        self._last_counts = TransportCounts()
 
     # ------------------------------------------------------------------ the training thread's side
     def start(self, hello: Hello) -> None:
@@ -225,11 +248,51 @@ class WebSocketTransport(Transport):
         self._thread.start()
 
     def share(self, groups: list[Group]) -> None:
-        try:
-            self.outbox.put([g.to_wire() for g in groups])
-        except Exception:  # a full disk must not stop training; the groups are simply not shared
-            log.exception("could not write %d groups to the outbox", len(groups))
+        with self._lock:
+            self._unwritten.extend(g.to_wire() for g in groups)
+            if len(self._unwritten) > MAX_UNWRITTEN:
+                log.warning("dropping %d groups the full disk could not take", len(self._unwritten) - MAX_UNWRITTEN)
+                del self._unwritten[:-MAX_UNWRITTEN]
+        self._write_back(verdicts=False)  # a full disk must not stop training: the groups wait in memory
         self._poke()
+
+    def _write_back(self, *, verdicts: bool = True) -> None:
+        """Write what waits in memory (groups, then verdicts: only the network thread touches those) to
+        the outbox; on a disk error it waits on."""
+        try:
+            with self._lock:
+                if self._unwritten:
+                    self.outbox.put(self._unwritten)
+                    self._unwritten = []
+            for id_, (state, reason) in list(self._verdicts.items()) if verdicts else ():
+                self.outbox.mark(id_, state, reason)
+                del self._verdicts[id_]
+        except DISK_ERRORS as exc:
+            self._disk_failed(exc)
+            return
+        if self._disk_failing and not self._unwritten and not (verdicts and self._verdicts):
+            self._disk_failing = False
+            log.warning("the outbox can be written again: what waited in memory is written, sharing goes on")
+
+    def _disk_failed(self, exc: BaseException) -> None:
+        if not self._disk_failing:
+            self._disk_failing = True
+            log.error(
+                "the outbox cannot be written (%s: %s; a full disk?): groups and verdicts wait in memory, "
+                "and are written once it can be",
+                type(exc).__name__,
+                exc,
+            )
+
+    def _mark(self, id_: str, state: str, reason: str | None = None) -> bool:
+        """Record a verdict (outbox.mark), in memory when the disk cannot take it."""
+        if not self._verdicts:
+            try:
+                return self.outbox.mark(id_, state, reason)
+            except DISK_ERRORS as exc:
+                self._disk_failed(exc)
+        self._verdicts[id_] = (state, reason)
+        return True
 
     def take_external(self, max_n: int) -> list[Group]:
         with self._lock:
@@ -257,8 +320,12 @@ class WebSocketTransport(Transport):
         return self._catalogue
 
     def counts(self) -> TransportCounts:
-        c = self.outbox.counts()
-        return TransportCounts(accepted=c[ACCEPTED], rejected=c[REJECTED], pending=c[PENDING])
+        try:
+            c = self.outbox.counts()
+        except DISK_ERRORS:  # the last counts read, while the disk fails
+            return self._last_counts
+        self._last_counts = TransportCounts(accepted=c[ACCEPTED], rejected=c[REJECTED], pending=c[PENDING])
+        return self._last_counts
 
     def wait_connected(self, timeout: float) -> bool:
         return self._connected.wait(timeout)
@@ -267,7 +334,7 @@ class WebSocketTransport(Transport):
         deadline = time.monotonic() + timeout
         # Shares until the pool has answered them; reports until they are written, while connected
         # (a report is best effort: it is not kept for a later connection).
-        while self.outbox.counts()[PENDING] or (self._reports and self._state == "connected"):
+        while self.counts().pending or self._unwritten or (self._reports and self._state == "connected"):
             if time.monotonic() >= deadline or self._state.startswith("refused"):
                 return False
             self._poke()
@@ -316,11 +383,12 @@ class WebSocketTransport(Transport):
                 break
             if code in REFUSALS:
                 self._state = f"refused ({code})"
-                log.error("%s [%s]; not retrying, training goes on in silo", REFUSALS[code], self.last_error)
+                why = self._refusal or self.last_error
+                log.error("%s [%s]; not retrying, training goes on in silo", REFUSALS[code], why)
                 return
             # 4503: the server is up but its database or Redis is not; the pause goes on doubling, so a
             # crowd of nodes does not hammer a server that is recovering.
-            if self._was_welcomed and code != protocol.CLOSE_TRY_AGAIN:
+            if self._was_welcomed:  # a session opened: the next pause starts short again
                 delay = self.backoff_min
             self._state = "retrying"
             pause = retry_pause(delay)
@@ -358,7 +426,7 @@ class WebSocketTransport(Transport):
             status = exc.response.status_code
             self.last_error = f"HTTP {status}"
             return protocol.HTTP_REFUSALS.get(status)
-        except (OSError, TimeoutError, WebSocketException, ValueError) as exc:
+        except (OSError, TimeoutError, WebSocketException, ValueError, sqlite3.Error) as exc:
             self.last_error = exc.__class__.__name__ + (f": {exc}" if str(exc) else "")
         finally:
             if ws is not None:
@@ -418,8 +486,11 @@ class WebSocketTransport(Transport):
         assert self._wake is not None
         while not self._stop.is_set():
             self._wake.clear()
-            await self._send_shares(ws)
-            await self._request_samples(ws)
+            if self._unwritten or self._verdicts:
+                self._write_back()
+            if not self._paused:
+                await self._send_shares(ws)
+                await self._request_samples(ws)
             if self._reports and time.monotonic() >= self._next_share:  # not while backing off
                 await self._send(ws, protocol.frame(protocol.REPORT, **self._merged_report()))
             with contextlib.suppress(TimeoutError):
@@ -460,10 +531,33 @@ class WebSocketTransport(Transport):
         self.limits.update({k: int(v) for k, v in (frame.get("limits") or {}).items() if isinstance(v, (int, float))})
         self.pacer.configure(self.limits)
         self.node_name = frame.get("node_name")
+        self.swarm = frame.get("swarm") if isinstance(frame.get("swarm"), dict) else {}
+        self._paused = self.swarm.get("state") == protocol.STATE_PAUSED
+        self._on_pool_epoch(frame.get("pool_epoch"))
         self._was_welcomed = True
-        self._state = "connected"
+        self._state = "paused" if self._paused else "connected"
         self._welcome.set()
         self._connected.set()
+
+    def _on_pool_epoch(self, epoch: Any) -> None:
+        """A new epoch: the server's database was restored from a backup (platform/pool/epoch.py), and may
+        have lost groups it acknowledged; those of the retention period are sent again."""
+        if not isinstance(epoch, str) or not epoch:
+            return
+        try:
+            known = self.outbox.epoch()
+            if known is not None and known != epoch:
+                again = self.outbox.requeue_acknowledged(time.time() - ACK_RETENTION_SECONDS)
+                log.warning(
+                    "the pool was restored from a backup (its epoch changed): sending again the %d groups it "
+                    "acknowledged in the last %d days",
+                    again,
+                    ACK_RETENTION_SECONDS // 86_400,
+                )
+            if known != epoch:
+                self.outbox.set_epoch(epoch)
+        except DISK_ERRORS as exc:  # tried again at the next welcome
+            self._disk_failed(exc)
 
     def _on_ack(self, frame: dict[str, Any]) -> None:
         """An ack of a share settles its groups; an ack of a report carries nothing to act on."""
@@ -472,9 +566,9 @@ class WebSocketTransport(Transport):
 
     def _on_share_ack(self, frame: dict[str, Any]) -> None:
         for id_ in frame.get("accepted") or []:
-            self.outbox.mark(str(id_), ACCEPTED)
+            self._mark(str(id_), ACCEPTED)
         for item in frame.get("rejected") or []:
-            if isinstance(item, dict) and self.outbox.mark(str(item.get("id")), REJECTED, str(item.get("reason"))):
+            if isinstance(item, dict) and self._mark(str(item.get("id")), REJECTED, str(item.get("reason"))):
                 log.warning("the pool rejected group %s: %s", item.get("id"), item.get("reason"))
         self._inflight.pop(str(frame.get("ref")), None)
 
@@ -506,9 +600,21 @@ class WebSocketTransport(Transport):
                 self.target = max(self.buffer_size, self.target // 2)
         self._next_sample = time.monotonic() + self.poll_interval * (5 if thin else 1)
 
+    def _on_swarm_state(self, frame: dict[str, Any]) -> None:
+        """The swarm was paused (train in silo, share nothing), opened again, or retired (the close follows)."""
+        state, detail = frame.get("state"), str(frame.get("detail") or "")[:300]
+        self._paused = state == protocol.STATE_PAUSED
+        if state == protocol.STATE_RETIRED:
+            self._refusal = detail
+        elif self._was_welcomed:
+            self._state = "paused" if self._paused else "connected"
+        log.warning("%s", detail)
+
     def _on_error(self, frame: dict[str, Any]) -> None:
         code, ref = str(frame.get("code")), str(frame.get("ref"))
         log.warning("the server answered error %s: %s", code, frame.get("detail"))
+        if code in (protocol.UNKNOWN_SWARM, protocol.SWARM_RETIRED):  # the close that follows says the rest
+            self._refusal = str(frame.get("detail") or "")[:300]
         if code in BACKOFF_ERRORS:  # slow down everything; the refused frame is simply sent again later
             self._next_share = self._next_sample = time.monotonic() + max(BACKOFF_ERRORS[code], self.poll_interval * 5)
         if ref == self._sample_ref:
@@ -519,7 +625,7 @@ class WebSocketTransport(Transport):
         if len(ids) > 1:
             self._solo.update(ids)  # find the culprit: resend one by one
         elif code in FATAL_SHARE_ERRORS:
-            self.outbox.mark(ids[0], REJECTED, code)
+            self._mark(ids[0], REJECTED, code)
 
     #: What each server message does: every type of protocol.SERVER_MESSAGES, checked below the class.
     _ON_SERVER_MESSAGE: ClassVar[dict[str, Callable[[WebSocketTransport, dict[str, Any]], None]]] = {
@@ -527,20 +633,26 @@ class WebSocketTransport(Transport):
         protocol.ACK: _on_ack,
         protocol.SAMPLES: _on_samples,
         protocol.ERROR: _on_error,
+        protocol.SWARM_STATE: _on_swarm_state,
     }
 
     async def _send_shares(self, ws: ClientConnection) -> None:
         if time.monotonic() < self._next_share:
             return
-        inflight = {i for ids in self._inflight.values() for i in ids}
+        inflight = {i for ids in self._inflight.values() for i in ids} | set(self._verdicts)
         max_groups = max(1, self.limits["max_groups_per_message"])
         max_bytes = self.limits["max_frame_bytes"] - 256
         batch: list[dict[str, Any]] = []
         size = 0
-        for rollout in self.outbox.pending(limit=max_groups * 4, exclude=inflight):
+        try:
+            pending = self.outbox.pending(limit=max_groups * 4, exclude=inflight)
+        except DISK_ERRORS as exc:
+            self._disk_failed(exc)
+            return
+        for rollout in pending:
             reason = self._local_reason(rollout)
             if reason is not None:
-                self.outbox.mark(rollout["id"], REJECTED, reason)
+                self._mark(rollout["id"], REJECTED, reason)
                 log.warning("not sharing group %s: %s", rollout["id"], reason)
                 continue
             n = len(json.dumps(rollout)) + 2

@@ -6,11 +6,16 @@ database was back. The pool throws away one whose server has hung up before hand
 (common.pg_lost: a poll() of its socket, no round trip). Django gives psycopg's pool a `check` of its
 own only with CONN_HEALTH_CHECKS, which also costs a round trip per call of a kept connection, so
 the check is set on the pool Django made (common.library_patches.psycopg_pool).
+
+While the database is down, the pool retries at most every SAPO_DB_RECONNECT_SECONDS (psycopg_pool
+doubles its wait without a cap below five minutes): the site serves again within about that long of
+the database's return (docs/deploy.md#database-outages).
 """
 
+from django.conf import settings
 from django.db.backends.postgresql import base
 
-from common.library_patches.psycopg_pool import check_each_connection
+from common.library_patches.psycopg_pool import cap_reconnect_backoff, check_each_connection
 from common.pg_lost import pool_check
 
 
@@ -20,4 +25,5 @@ class DatabaseWrapper(base.DatabaseWrapper):
         pool = super().pool
         if pool is not None:
             check_each_connection(pool, pool_check)
+            cap_reconnect_backoff(settings.SAPO_DB_RECONNECT_SECONDS)
         return pool

@@ -1,9 +1,11 @@
 """`python manage.py sapo_local`: the site plus a local swarm of nodes, on embedded defaults.
 
 This is what `make run` starts. It migrates the database (the embedded PostgreSQL when no
-DATABASE_URL is set), makes a `demo` contributor with one token per node, serves the site and the
-WebSocket endpoint with daphne, and starts the nodes as separate `sapo-node run` processes, the
-way a contributor would. Ctrl-C stops everything.
+DATABASE_URL is set), opens two swarms (the site's default one, on the `--catalogue` tasks, which the
+local nodes join, and `paper`, the SAPO paper's nine tasks, with no node: a newcomer sees the list at
+/swarms/ and picks one), makes a `demo` contributor with one token per node, serves the site and the
+WebSocket endpoint with daphne, and starts the nodes as separate `sapo-node run --swarm ...`
+processes, the way a contributor would. Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from accounts.models import User
+from accounts.services import user_create
 from alerts.models import AlertSettings
 from nodes.services import node_provision
+from sapo_node.tasks import CATALOGUES
+from swarms.catalogue import entries_of_catalogue
+from swarms.models import DEFAULT_TITLE, Swarm
+from swarms.selectors import swarm_catalogue
+from swarms.services import swarm_catalogue_set, swarm_create, swarm_default_ensure, swarm_update
 
 REPO = Path(settings.BASE_DIR)
 
@@ -123,13 +132,19 @@ class Command(BaseCommand):
             )
 
         call_command("migrate", interactive=False, verbosity=0)
+        local = local_swarms(catalogue=env["SAPO_CATALOGUE"])
         swarm.server = _spawn(
             [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"],
             prefix="[site]  ",
             cwd=REPO / "platform",
             env=env,
         )
-        self.stdout.write(self.style.SUCCESS(f"Site: http://{host}:{port}/  (catalogue: {env['SAPO_CATALOGUE']})"))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Site: http://{host}:{port}/  (swarms at /swarms/: {local.slug!r} with the local nodes, "
+                f"catalogue {env['SAPO_CATALOGUE']}; {PAPER_SLUG!r} with the paper's nine tasks)"
+            )
+        )
         # The site's scheduled jobs (figures, badges, the daily export, alerts), every SCHEDULED_EVERY seconds; the console
         # email backend prints the alerts' emails here.
         swarm.scheduler = _spawn(
@@ -156,6 +171,8 @@ class Command(BaseCommand):
                 "--out",
                 str(node_out),
                 "--resume",
+                "--swarm",
+                local.slug,
             ]
             if rounds:
                 cmd += ["--rounds", str(rounds)]
@@ -176,16 +193,56 @@ class Command(BaseCommand):
         )
 
 
+#: The second swarm of a local site: the SAPO paper's nine tasks, for GPU nodes, none started here.
+PAPER_SLUG = "paper"
+
+
+def local_swarms(*, catalogue: str) -> Swarm:
+    """The local site's two swarms, made on its first start and kept after (by a staff account of its
+    own, `operator`, so the audit log names who did it): the default swarm, on `catalogue`'s tasks,
+    which the local nodes join; and PAPER_SLUG. Returns the first."""
+    operator = User.objects.filter(username="operator").first()
+    if operator is None:
+        operator = user_create(username="operator", display_name="Local operator", password=None)
+        operator.is_staff = True
+        operator.save(update_fields=["is_staff"])
+    local = swarm_default_ensure()
+    entries = entries_of_catalogue(CATALOGUES[catalogue])
+    if swarm_catalogue(swarm=local).entries != entries:
+        swarm_catalogue_set(actor=operator, swarm=local, entries=entries, reason=f"make run: the {catalogue} tasks")
+    if local.title == DEFAULT_TITLE:
+        local = swarm_update(
+            actor=operator,
+            swarm=local,
+            title=f"Local swarm ({catalogue} tasks)",
+            description="The nodes `make run` starts on this machine train here.",
+            recommended_models=["tiny-mini", "tiny"],
+            reason="make run",
+        )
+    if not Swarm.objects.filter(slug=PAPER_SLUG).exists():
+        swarm_create(
+            actor=operator,
+            slug=PAPER_SLUG,
+            title="The paper's nine tasks",
+            description="The SAPO paper's nine reasoning-gym specialties, for real models on GPUs.",
+            entries=entries_of_catalogue(CATALOGUES["sapo"]),
+            recommended_models=["Qwen/Qwen2.5-0.5B-Instruct"],
+            reason="make run",
+        )
+    return local
+
+
 #: Seconds between two runs of the scheduled jobs.
 SCHEDULED_EVERY = 60
 
 
 def demo_alerts_on(*, username: str) -> None:
     """Email alerts for the demo contributor (to demo@localhost, printed by the console backend),
-    unless they already chose their settings."""
+    unless they already chose their settings. The address is a local one of this machine's own demo
+    account, so it is set confirmed (every other address confirms through its link)."""
     user = User.objects.filter(username=username).first()
     if user is not None and not AlertSettings.objects.filter(user=user).exists():
-        AlertSettings.objects.create(user=user, email=f"{username}@localhost")
+        AlertSettings.objects.create(user=user, email=f"{username}@localhost", email_confirmed_at=timezone.now())
 
 
 #: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).

@@ -1,0 +1,93 @@
+"""One log line when a dependency (Redis, the database) starts failing and one when it answers again,
+not a traceback per frame, page or heartbeat that meets the outage.
+
+A 60 s Redis outage under 16 nodes logged 1,041 tracebacks: every frame, heartbeat and closes-listener
+retry wrote its own. Code that meets a dependency's failure and carries on (degrades, retries later)
+calls `failed(exc)`; code that used it successfully calls `answered()` (a no-op while it is up, so a
+hot path may call it for every frame). Per process: each process logs its own view of the outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class Outage:
+    """The state of one dependency as this process sees it: up, or down since a moment."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.since: float | None = None  # time.monotonic() of the first failure of the current outage
+        self.failures = 0
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """A use of the dependency failed: the first failure of an outage is logged, the rest counted."""
+        with self._lock:
+            if self.pid != os.getpid():  # a forked process: its own outage, not its parent's
+                self.pid, self.since = os.getpid(), None
+            first = self.since is None
+            if first:
+                self.since = time.monotonic()
+                self.failures = 0
+            self.failures += 1
+        if first:
+            logger.warning(
+                "%s is unavailable (%s: %s); degrading until it answers again (failures meanwhile are not logged)",
+                self.name,
+                type(exc).__name__,
+                str(exc).strip()[:300],
+            )
+
+    def answered(self) -> None:
+        """A use of the dependency succeeded: the end of an outage is logged."""
+        if self.since is None:
+            return
+        with self._lock:
+            since, self.since = self.since, None
+            failures = self.failures
+        if since is not None:
+            logger.warning(
+                "%s answers again after %.1f s unavailable (%d failures meanwhile)",
+                self.name,
+                time.monotonic() - since,
+                failures,
+            )
+
+
+REDIS = Outage("Redis")
+DATABASE = Outage("The database")
+
+
+def forget_outages() -> None:
+    """Every dependency up again, nothing logged (tests: each starts with no outage under way)."""
+    for dependency in (REDIS, DATABASE):
+        dependency.since = None
+
+
+def dependency_failed(exc: BaseException) -> bool:
+    """Record `exc` against the dependency that raised it; False when it is no dependency's failure
+    (a bug: the caller logs its trace)."""
+    import django.db
+    import psycopg
+    from redis.exceptions import RedisError
+
+    if isinstance(exc, RedisError):
+        REDIS.failed(exc)
+    elif isinstance(exc, (django.db.Error, psycopg.Error)):
+        DATABASE.failed(exc)
+    elif isinstance(exc, OSError):  # a refused or reset connection to either
+        REDIS.failed(exc)
+    else:
+        return False
+    return True

@@ -1,0 +1,121 @@
+"""Which swarm a node socket is in, and telling sockets when their swarm changes.
+
+A socket's swarm comes from its `hello` (`place_of_hello`; none named: the site's default), read at
+most once per PLACE_SECONDS per process and swarm (a crowd of nodes saying hello at once costs one
+query per swarm). A staff change of a swarm (swarms.signals.swarm_changed) becomes, once committed,
+one message to every server process (nodes.events.CLOSES_GROUP, which pool.closes already listens
+to); each process forgets its copy and tells its sockets of that swarm (pool.consumers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from common.errors import ApplicationError
+from nodes.events import CLOSES_GROUP
+from pool.limits import Limits
+from pool.models import Rollout
+from sapo_node import protocol
+from swarms.models import Swarm, SwarmState
+from swarms.selectors import MAX_NAMED, SwarmPlace, swarm_for_hello, swarm_open_slugs, swarm_place
+from swarms.services import swarm_default_ensure
+
+#: How long a process keeps a swarm's place before reading it again (a change reaches it sooner, by
+#: the message above).
+PLACE_SECONDS = 5.0
+#: `--swarm any`: the open swarm with the fewest nodes whose groups entered its pool this long ago or since.
+ACTIVE_WINDOW = timedelta(minutes=10)
+#: The channel-layer message type of a swarm's change.
+SWARM_CHANGED = "swarm.changed"
+
+_places: dict[str | None, tuple[float, SwarmPlace]] = {}
+
+
+def place_forget(swarm_id: int | None = None) -> None:
+    """Drop this process's copies (of one swarm, or all)."""
+    for key, (_, place) in list(_places.items()):
+        if swarm_id is None or place.swarm_id == swarm_id:
+            _places.pop(key, None)
+
+
+def place_of_hello(*, slug: str | None) -> SwarmPlace:
+    """The place of the swarm a hello names: its slug, protocol.ANY_SWARM (`swarm_needing_nodes`), or
+    None (the site's default). Raises ApplicationError "unknown_swarm" or "swarm_retired"."""
+    if slug == protocol.ANY_SWARM:
+        return swarm_place(swarm=swarm_needing_nodes())
+    cached = _places.get(slug)
+    if cached is not None and time.monotonic() - cached[0] < PLACE_SECONDS:
+        return cached[1]
+    if slug is None:
+        swarm_default_ensure()
+    place = swarm_place(swarm=swarm_for_hello(slug=slug))
+    _places[slug] = (time.monotonic(), place)
+    return place
+
+
+def swarm_needing_nodes() -> Swarm:
+    """The open swarm that needs nodes most: the fewest distinct nodes with groups stored in its pool
+    over the last ACTIVE_WINDOW (an index range per swarm: pool_rollout_swarm_fresh_idx); ties go to
+    the default swarm, then the oldest. Raises "unknown_swarm" when no swarm is open."""
+    open_swarms = list(Swarm.objects.filter(state=SwarmState.OPEN).order_by("-is_default", "id"))
+    if not open_swarms:
+        raise ApplicationError(protocol.UNKNOWN_SWARM, "no swarm of this site is open")
+    since = timezone.now() - ACTIVE_WINDOW
+    active = dict(
+        Rollout.objects.filter(swarm_id__in=[s.id for s in open_swarms], sampleable=True, created_at__gte=since)
+        .values("swarm_id")
+        .annotate(nodes=Count("node_id", distinct=True))
+        .values_list("swarm_id", "nodes")
+    )
+    return min(open_swarms, key=lambda s: active.get(s.id, 0))  # min keeps the first of equals
+
+
+def place_limits(site: Limits, place: SwarmPlace) -> Limits:
+    """The site's limits with the swarm's overrides."""
+    overrides: dict[str, Any] = {}
+    if place.sample_window_seconds is not None:
+        overrides["sample_window_seconds"] = place.sample_window_seconds
+    if place.max_stored_bytes_per_node_hour is not None:
+        overrides["max_stored_bytes_per_node_hour"] = place.max_stored_bytes_per_node_hour
+    return dataclasses.replace(site, **overrides) if overrides else site
+
+
+def swarm_state_message(*, slug: str, state: str, open_swarms: list[str]) -> dict[str, Any]:
+    """The `swarm_state` frame a socket gets when its swarm changes state (docs/protocol.md)."""
+    others = ", ".join(s for s in open_swarms if s != slug) or "none"
+    detail = {
+        SwarmState.OPEN: f"swarm {slug!r} is open again: sharing resumes",
+        SwarmState.PAUSED: f"swarm {slug!r} is paused by its operators: train in silo, nothing is shared until it opens",
+        SwarmState.RETIRED: f"swarm {slug!r} is retired; open swarms: {others}",
+    }[state]
+    return {"type": protocol.SWARM_STATE, "swarm": slug, "state": state, "detail": detail, "open": open_swarms}
+
+
+def swarm_changed_broadcast(*, swarm: Swarm, **_: Any) -> None:
+    """swarms.signals.swarm_changed's receiver (PoolConfig.ready()): once the change commits, every
+    server process hears of it."""
+    swarm_id, slug, state = swarm.id, swarm.slug, swarm.state
+
+    def send() -> None:
+        place_forget(swarm_id)
+        layer = get_channel_layer()
+        if layer is not None:
+            event = {
+                "type": SWARM_CHANGED,
+                "swarm_id": swarm_id,
+                "slug": slug,
+                "state": state,
+                "open": swarm_open_slugs()[:MAX_NAMED],  # a short frame whatever the site hosts
+            }
+            async_to_sync(layer.group_send)(CLOSES_GROUP, event)
+
+    transaction.on_commit(send)

@@ -1,0 +1,186 @@
+"""The site and its node sockets against a Redis of their own that is flushed, stopped and restarted
+(docs/deploy.md, "When Redis fails"): a live daphne server (tests/conftest.py's asgi_server) on a
+redis-server started for the test (tests/support/redis_server.py), never the shared one.
+
+- /readyz answers 200 with node sockets open (its check does not queue behind the closes listener);
+- a revocation closes an open socket after Redis lost its data (the worker joins the closes group again);
+- a revocation made while Redis is down succeeds, and its close reaches the socket when Redis returns;
+- frames during an outage are answered with their ref, the socket is never closed for the server's own
+  failures, a node connecting meanwhile is welcomed, and the outage is one log line when it starts and
+  one when it ends, no traceback;
+- the public pages and the API answer 200 while Redis is down, presence shown as unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from factories import make_node_with_token
+from support.pool import make_group, share_frame
+from support.redis_server import RedisServer, redis_server
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+
+HELLO = {"type": "hello", "v": 1, "client": "outage-test", "model": "m", "hardware": "h"}
+TIMEOUT = 20.0
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def server(asgi_server, redis: RedisServer, settings, tmp_path: Path):
+    """A site process on `redis`, and this test process (which revokes tokens: its closes go through the
+    channel layer) on it too."""
+    from channels.layers import channel_layers
+
+    from common import redis_client
+
+    log = tmp_path / "server.log"
+    on_redis = redis.server_settings(f"outage{redis.port}")
+    with asgi_server(settings={**on_redis, "SAPO_PRESENCE_HEARTBEAT_SECONDS": 2}, log_path=log) as live:
+        for name, value in on_redis.items():  # after asgi_server, which sets this process's prefix
+            setattr(settings, name, value)
+        channel_layers.backends.clear()
+        live.log = log
+        try:
+            yield live
+        finally:
+            channel_layers.backends.clear()
+            redis_client._clients.clear()
+
+
+@pytest.fixture
+def on_redis(server, redis: RedisServer) -> RedisServer:
+    return redis
+
+
+@contextmanager
+def open_node(server, token: str) -> Iterator[ClientConnection]:
+    """A node socket, welcomed."""
+    with connect(
+        f"{server.ws_url}/ws/node/", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=TIMEOUT
+    ) as ws:
+        ws.send(json.dumps(HELLO))
+        assert json.loads(ws.recv(timeout=TIMEOUT))["type"] == "welcome"
+        yield ws
+
+
+def close_code(ws: ClientConnection, timeout: float) -> int | None:
+    """The code the server closes `ws` with within `timeout` seconds (None: still open)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+    except TimeoutError:
+        return None
+    except ConnectionClosed:
+        return ws.close_code
+    return None
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_readyz_is_200_with_node_sockets_open(server) -> None:
+    _, token = make_node_with_token()
+    with open_node(server, token):
+        for _ in range(3):
+            status, body = get(server.url + "/readyz")
+            assert status == 200, body
+            assert json.loads(body) == {"ready": True, "database": "ok", "channel_layer": "ok"}
+
+
+def test_readyz_is_503_while_redis_is_down_and_200_when_it_returns(server, on_redis) -> None:
+    _, token = make_node_with_token()
+    with open_node(server, token):
+        on_redis.stop()
+        status, body = get(server.url + "/readyz")
+        assert status == 503 and json.loads(body)["channel_layer"] != "ok"
+        on_redis.start()
+        status, body = get(server.url + "/readyz")
+        assert status == 200, body
+
+
+def test_a_revocation_closes_an_open_socket_after_redis_lost_its_data(server, on_redis) -> None:
+    from nodes.services import node_token_revoke
+
+    node, token = make_node_with_token()
+    with open_node(server, token) as ws:
+        on_redis.flush()  # what a restart without persistence or a failover to an empty replica leaves
+        time.sleep(7)  # the worker joins the closes group again within 5 s (nodes.events.CLOSES_REJOIN_SECONDS)
+        assert node_token_revoke(node=node) == 1
+        assert close_code(ws, TIMEOUT) == 4401
+
+
+def test_a_revocation_while_redis_is_down_succeeds_and_closes_the_socket_when_redis_returns(server, on_redis) -> None:
+    from nodes.services import node_token_revoke
+
+    node, token = make_node_with_token()
+    with open_node(server, token) as ws:
+        on_redis.stop()
+        assert node_token_revoke(node=node) == 1  # in force (committed), and reported as done
+        assert close_code(ws, 3.0) is None  # nothing can carry the close yet
+        on_redis.start()  # empty: the worker's membership is gone too
+        assert close_code(ws, TIMEOUT) == 4401
+
+
+def test_frames_during_an_outage_are_answered_with_their_ref_and_never_close_the_socket(server, on_redis) -> None:
+    _, token = make_node_with_token()
+    with open_node(server, token) as ws:
+        on_redis.stop()
+        # More frames than max_consecutive_errors (20): none of the server's failures counts against the node.
+        for i in range(25):
+            frame = share_frame(make_group(index=100 + i), ref=f"s{i}") if i % 2 else {"type": "sample", "v": 1, "n": 2}
+            if not i % 2:
+                frame["ref"] = f"q{i}"
+            ws.send(json.dumps(frame))
+            reply = json.loads(ws.recv(timeout=TIMEOUT))
+            assert reply.get("ref") == frame["ref"], reply
+            if frame["type"] == "share":
+                assert reply["type"] == "ack" and len(reply["accepted"]) == 1, reply
+        # A node (re)connecting meanwhile is welcomed: its presence record is written when Redis is back.
+        _, other_token = make_node_with_token()
+        with open_node(server, other_token):
+            pass
+        on_redis.start()
+        ws.send(json.dumps(share_frame(make_group(index=200), ref="after")))
+        reply = json.loads(ws.recv(timeout=TIMEOUT))
+        assert reply["type"] == "ack" and reply["ref"] == "after", reply
+    deadline = time.monotonic() + 10
+    while "answers again" not in server.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = server.log.read_text()
+    assert "Traceback" not in log, log
+    assert log.count("Redis is unavailable") == 1, log
+    assert log.count("Redis answers again") == 1, log
+
+
+def test_public_pages_and_the_api_answer_while_redis_is_down(server, on_redis) -> None:
+    _, token = make_node_with_token()
+    with open_node(server, token):
+        on_redis.stop()
+        for path in ("/", "/leaderboard/", "/swarm/", "/teams/", "/api/v1/swarm/", "/api/v1/teams/"):
+            status, body = get(server.url + path)
+            assert status == 200, (path, body[:500])
+        status, body = get(server.url + "/api/v1/swarm/")
+        assert json.loads(body)["nodes_online"] is None  # unknown, not 0
+        status, body = get(server.url + "/swarm/")
+        assert b"unknown" in body
+        on_redis.start()

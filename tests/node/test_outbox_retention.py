@@ -1,0 +1,36 @@
+"""sapo_node.outbox: an accepted group's text is kept for ACK_RETENTION_SECONDS, to be sent again to a
+server restored from a backup (docs/deploy.md, "Backups and restore"); a rejected one's is dropped."""
+
+from __future__ import annotations
+
+import time
+
+from sapo_node import outbox as outbox_module
+from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
+
+
+def rollout(i: int) -> dict:
+    return {"id": f"g{i}", "round": 1, "question": "q", "answer": "a", "completions": ["x"], "rewards": [1.0]}
+
+
+def test_accepted_groups_are_sent_again_within_the_retention_and_dropped_after_it(tmp_path, monkeypatch) -> None:
+    box = Outbox(tmp_path / "o.sqlite3")
+    box.put([rollout(1), rollout(2), rollout(3)])
+    assert box.mark("g1", ACCEPTED) and box.mark("g2", REJECTED, "wrong") and box.mark("g3", ACCEPTED)
+    assert box.pending() == []
+    assert box.epoch() is None
+    box.set_epoch("a")
+    assert box.epoch() == "a"
+
+    assert box.requeue_acknowledged(time.time() - outbox_module.ACK_RETENTION_SECONDS) == 2
+    assert [r["id"] for r in box.pending()] == ["g1", "g3"]  # the rejected one is not sent again
+    assert box.counts()[PENDING] == 2
+
+    box.mark("g1", ACCEPTED)
+    box.mark("g3", ACCEPTED)
+    later = time.time() + outbox_module.ACK_RETENTION_SECONDS + 10
+    monkeypatch.setattr(outbox_module.time, "time", lambda: later)
+    box.put([rollout(4)])  # a put cleans up the texts past the retention
+    assert box.requeue_acknowledged(0) == 0
+    assert [r["id"] for r in box.pending()] == ["g4"]
+    box.close()
