@@ -277,6 +277,8 @@ def _serve_asgi(
         connections.close_all()  # the forked server must not share the parent's sockets
         for connection in connections.all(initialized_only=True):
             connection.close_pool()  # nor the pool's (the parent opens a new pool when it needs one)
+        # Each test empties the database, the default swarm with it: a server reads swarms anew.
+        settings = {"SAPO_SWARM_PLACE_SECONDS": 0.0, **(settings or {})}
         process = DaphneProcess(
             host="127.0.0.1", port=port, get_application=lambda: _asgi_application(settings, log_path)
         )

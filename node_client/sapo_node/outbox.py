@@ -9,7 +9,9 @@ commits, so a crash between two writes loses nothing that was committed.
 An accepted group keeps its text for ACK_RETENTION_SECONDS after its acknowledgement (then only its
 id and verdict stay): if the server's database is restored from a backup older than that, the
 groups it lost are sent again (`requeue_acknowledged`, when the pool's epoch in `welcome` changes:
-platform/pool/epoch.py). The epoch last seen is kept here too (`epoch`, `set_epoch`).
+platform/pool/epoch.py). The epoch last seen is kept here too, with the server it came from
+(`epoch`, `set_epoch`): a node pointed at another server meets another epoch, and that is no
+restore, so nothing is sent again for it.
 """
 
 from __future__ import annotations
@@ -92,15 +94,22 @@ class Outbox:
             )
         return cur.rowcount
 
-    def epoch(self) -> str | None:
-        """The pool epoch this node last saw (None: none yet)."""
+    def epoch(self, server: str) -> str | None:
+        """The pool epoch this node last saw at `server` (None: none yet, or it last saw another server)."""
         with self._lock:
             row = self._db.execute("SELECT value FROM meta WHERE key = 'pool_epoch'").fetchone()
-        return row[0] if row else None
+        if row is None:
+            return None
+        try:
+            seen = json.loads(row[0])
+        except ValueError:  # the bare epoch an older client wrote: its server is unknown
+            return None
+        return seen.get("epoch") if isinstance(seen, dict) and seen.get("server") == server else None
 
-    def set_epoch(self, epoch: str) -> None:
+    def set_epoch(self, server: str, epoch: str) -> None:
+        value = json.dumps({"server": server, "epoch": epoch})
         with self._lock, self._db:
-            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('pool_epoch', ?)", (epoch,))
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('pool_epoch', ?)", (value,))
 
     def counts(self) -> dict[str, int]:
         with self._lock:

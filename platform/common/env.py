@@ -18,13 +18,6 @@ def env_str(name: str, default: str | None = None) -> str | None:
     return default if value is None else value
 
 
-def env_required(name: str) -> str:
-    value = os.environ.get(name, "")
-    if not value:
-        raise EnvError(f"environment variable {name} is required")
-    return value
-
-
 def env_bool(name: str, default: bool = False) -> bool:
     value = os.environ.get(name)
     if value is None:

@@ -77,14 +77,19 @@ def forget_outages() -> None:
 
 def dependency_failed(exc: BaseException) -> bool:
     """Record `exc` against the dependency that raised it; False when it is no dependency's failure
-    (a bug: the caller logs its trace)."""
+    (a bug: the caller logs its trace). Only what a dependency that is down or unreachable raises
+    counts: a constraint violation or a bad statement is a bug, whatever library raised it."""
     import django.db
     import psycopg
-    from redis.exceptions import RedisError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ReadOnlyError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    if isinstance(exc, RedisError):
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, ReadOnlyError)):
         REDIS.failed(exc)
-    elif isinstance(exc, (django.db.Error, psycopg.Error)):
+    elif isinstance(
+        exc, (django.db.OperationalError, django.db.InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+    ):
         DATABASE.failed(exc)
     elif isinstance(exc, OSError):  # a refused or reset connection to either
         REDIS.failed(exc)

@@ -262,6 +262,10 @@ SAPO_LIMITS = {
     name: env_int(f"SAPO_{name.upper()}", 0) for name in LIMIT_NAMES if (env_str(f"SAPO_{name.upper()}") or "").strip()
 }
 SAPO_CATALOGUE = env_str("SAPO_CATALOGUE", "") or "sapo"
+# How long a server process keeps a swarm's settings before reading them again (pool.swarm_places; a
+# staff change reaches every process at once regardless). Tests whose database is emptied between
+# them set 0, so no process keeps a swarm that no longer exists.
+SAPO_SWARM_PLACE_SECONDS = env_float("SAPO_SWARM_PLACE_SECONDS", 5.0)
 
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")

@@ -234,15 +234,6 @@ def rollout_get_public(*, rollout_id: uuid.UUID) -> Rollout:
     return rollout
 
 
-def rollout_list_for_node(*, node: Any, verdict: str | None = None, limit: int = 50) -> list[Rollout]:
-    """A node's latest groups, newest first, optionally of one verdict. (The contributor's inbox, with
-    moderation's reasons too, is moderation.selectors.rollout_inbox_list.)"""
-    queryset = Rollout.objects.filter(node=node).order_by("-created_at")
-    if verdict:
-        queryset = queryset.filter(verdict=verdict)
-    return list(queryset[:limit])
-
-
 def pool_stats(*, use_cache: bool = True) -> dict[str, Any]:
     """Counts over the whole pool (cached for a few seconds: they scan the table)."""
     if use_cache:

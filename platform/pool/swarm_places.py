@@ -1,7 +1,7 @@
 """Which swarm a node socket is in, and telling sockets when their swarm changes.
 
 A socket's swarm comes from its `hello` (`place_of_hello`; none named: the site's default), read at
-most once per PLACE_SECONDS per process and swarm (a crowd of nodes saying hello at once costs one
+most once per settings.SAPO_SWARM_PLACE_SECONDS per process and swarm (a crowd of nodes saying hello at once costs one
 query per swarm). A staff change of a swarm (swarms.signals.swarm_changed) becomes, once committed,
 one message to every server process (nodes.events.CLOSES_GROUP, which pool.closes already listens
 to); each process forgets its copy and tells its sockets of that swarm (pool.consumers).
@@ -16,6 +16,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
@@ -29,9 +30,6 @@ from swarms.models import Swarm, SwarmState
 from swarms.selectors import MAX_NAMED, SwarmPlace, swarm_for_hello, swarm_open_slugs, swarm_place
 from swarms.services import swarm_default_ensure
 
-#: How long a process keeps a swarm's place before reading it again (a change reaches it sooner, by
-#: the message above).
-PLACE_SECONDS = 5.0
 #: `--swarm any`: the open swarm with the fewest nodes whose groups entered its pool this long ago or since.
 ACTIVE_WINDOW = timedelta(minutes=10)
 #: The channel-layer message type of a swarm's change.
@@ -41,9 +39,10 @@ _places: dict[str | None, tuple[float, SwarmPlace]] = {}
 
 
 def place_forget(swarm_id: int | None = None) -> None:
-    """Drop this process's copies (of one swarm, or all)."""
+    """Drop this process's copies (of one swarm, or all), and always the default's: a change of any
+    swarm may be a change of which swarm is the default."""
     for key, (_, place) in list(_places.items()):
-        if swarm_id is None or place.swarm_id == swarm_id:
+        if swarm_id is None or place.swarm_id == swarm_id or key is None:
             _places.pop(key, None)
 
 
@@ -53,7 +52,7 @@ def place_of_hello(*, slug: str | None) -> SwarmPlace:
     if slug == protocol.ANY_SWARM:
         return swarm_place(swarm=swarm_needing_nodes())
     cached = _places.get(slug)
-    if cached is not None and time.monotonic() - cached[0] < PLACE_SECONDS:
+    if cached is not None and time.monotonic() - cached[0] < settings.SAPO_SWARM_PLACE_SECONDS:
         return cached[1]
     if slug is None:
         swarm_default_ensure()

@@ -18,9 +18,9 @@ def test_accepted_groups_are_sent_again_within_the_retention_and_dropped_after_i
     box.put([rollout(1), rollout(2), rollout(3)])
     assert box.mark("g1", ACCEPTED) and box.mark("g2", REJECTED, "wrong") and box.mark("g3", ACCEPTED)
     assert box.pending() == []
-    assert box.epoch() is None
-    box.set_epoch("a")
-    assert box.epoch() == "a"
+    assert box.epoch("wss://a.example/ws/node/") is None
+    box.set_epoch("wss://a.example/ws/node/", "a")
+    assert box.epoch("wss://a.example/ws/node/") == "a"
 
     assert box.requeue_acknowledged(time.time() - outbox_module.ACK_RETENTION_SECONDS) == 2
     assert [r["id"] for r in box.pending()] == ["g1", "g3"]  # the rejected one is not sent again
@@ -33,4 +33,15 @@ def test_accepted_groups_are_sent_again_within_the_retention_and_dropped_after_i
     box.put([rollout(4)])  # a put cleans up the texts past the retention
     assert box.requeue_acknowledged(0) == 0
     assert [r["id"] for r in box.pending()] == ["g4"]
+    box.close()
+
+
+def test_an_epoch_is_known_for_the_server_it_came_from_only(tmp_path) -> None:
+    """A node pointed at another server meets another epoch: no restore, so nothing is sent again."""
+    box = Outbox(tmp_path / "o.sqlite3")
+    box.set_epoch("wss://a.example/ws/node/", "a")
+    assert box.epoch("wss://b.example/ws/node/") is None
+    box.set_epoch("wss://b.example/ws/node/", "b")
+    assert box.epoch("wss://a.example/ws/node/") is None
+    assert box.epoch("wss://b.example/ws/node/") == "b"
     box.close()

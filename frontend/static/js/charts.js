@@ -7,6 +7,8 @@
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
   var W = 640, H = 270, PAD = { left: 44, right: 12, top: 16, bottom: 64 };
+  var TICKS = 4, LABEL_GAP = 6;
+  var measurer = null;
 
   function el(name, attrs, text) {
     var node = document.createElementNS(NS, name);
@@ -30,16 +32,36 @@
     return label.length > 18 ? label.slice(0, 17) + "…" : label;
   }
 
-  function yText(v, format) {
-    return format === "pct" ? (v * 100).toFixed(0) + "%" : (Math.abs(v) >= 10 ? v.toFixed(0) : v.toFixed(2));
+  function yText(v, format, scale) {
+    // `scale` (the axis maximum) gives every label of an axis the same decimals; thousands are
+    // grouped ("12,345"), so a large figure reads at a glance and keeps every digit.
+    if (format === "pct") return (v * 100).toFixed(0) + "%";
+    var digits = Math.abs(scale === undefined ? v : scale) >= 10 ? 0 : 2;
+    return v.toLocaleString("en", { minimumFractionDigits: digits, maximumFractionDigits: digits });
   }
 
-  function frame(svg, yMax) {
-    for (var i = 0; i <= 4; i++) {
-      var v = (yMax * i) / 4;
-      var y = PAD.top + (H - PAD.top - PAD.bottom) * (1 - i / 4);
+  function textWidth(box, text) {
+    // Measured in the font the chart's labels are drawn in, so no label is cut by the left margin.
+    // (11px: site.css's `.chart text`; the family is inherited from the chart's box.)
+    if (!measurer) measurer = document.createElement("canvas").getContext("2d");
+    measurer.font = "11px " + getComputedStyle(box).fontFamily;
+    return measurer.measureText(text).width;
+  }
+
+  function yAxis(box, yMax, format) {
+    // The labels first, then the left margin wide enough for the widest of them.
+    var labels = [];
+    for (var i = 0; i <= TICKS; i++) labels.push(yText((yMax * i) / TICKS, format, yMax));
+    var widest = Math.max.apply(null, labels.map(function (t) { return textWidth(box, t); }));
+    PAD.left = Math.max(44, Math.ceil(widest) + LABEL_GAP + 4);
+    return labels;
+  }
+
+  function frame(svg, labels) {
+    for (var i = 0; i <= TICKS; i++) {
+      var y = PAD.top + (H - PAD.top - PAD.bottom) * (1 - i / TICKS);
       svg.appendChild(el("line", { "class": "grid-line", x1: PAD.left, x2: W - PAD.right, y1: y, y2: y }));
-      svg.appendChild(el("text", { x: PAD.left - 6, y: y + 4, "text-anchor": "end" }, v.toFixed(2)));
+      svg.appendChild(el("text", { "class": "y-label", x: PAD.left - LABEL_GAP, y: y + 4, "text-anchor": "end" }, labels[i]));
     }
     svg.appendChild(el("line", { "class": "axis", x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom }));
   }
@@ -54,8 +76,9 @@
       return;
     }
     var yMax = opts.yMax || Math.max.apply(null, points.map(function (p) { return p[opts.y]; })) || 1;
+    var labels = yAxis(box, yMax, opts.format);
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
-    frame(svg, yMax);
+    frame(svg, labels);
     var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
     function yPos(v) { return PAD.top + plotH * (1 - Math.min(v, yMax) / yMax); }
     var n = points.length, every = Math.max(1, Math.ceil(n / 8));
@@ -107,8 +130,9 @@
     var all = [];
     points.forEach(function (p) { keys.forEach(function (k) { if (p[k] !== null && p[k] !== undefined) all.push(p[k]); }); });
     var yMax = opts.yMax || Math.max.apply(null, all) || 1;
+    var labels = yAxis(box, yMax, opts.format);
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
-    frame(svg, yMax);
+    frame(svg, labels);
     var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
     var times = points.map(function (p) { return new Date(p[opts.x]).getTime(); });
     var t0 = Math.min.apply(null, times), span = Math.max.apply(null, times) - t0;

@@ -545,7 +545,7 @@ class WebSocketTransport(Transport):
         if not isinstance(epoch, str) or not epoch:
             return
         try:
-            known = self.outbox.epoch()
+            known = self.outbox.epoch(self.url)
             if known is not None and known != epoch:
                 again = self.outbox.requeue_acknowledged(time.time() - ACK_RETENTION_SECONDS)
                 log.warning(
@@ -555,7 +555,7 @@ class WebSocketTransport(Transport):
                     ACK_RETENTION_SECONDS // 86_400,
                 )
             if known != epoch:
-                self.outbox.set_epoch(epoch)
+                self.outbox.set_epoch(self.url, epoch)
         except DISK_ERRORS as exc:  # tried again at the next welcome
             self._disk_failed(exc)
 

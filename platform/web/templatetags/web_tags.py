@@ -6,6 +6,7 @@ from urllib.parse import urlencode
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
@@ -73,14 +74,26 @@ def get_item(mapping, key):
     return mapping.get(key) if mapping else None
 
 
-@register.filter
-def ago(value) -> str:
+def _ago(value) -> str:
     """ "just now", "5 minutes ago", "2 days ago" (the largest unit only)."""
-    if value is None:
-        return "never"
     if (timezone.now() - value).total_seconds() < 60:
         return "just now"
     return f"{timesince(value, depth=1)} ago"
+
+
+@register.simple_tag
+def seen(when) -> str:
+    """`{% seen when %}`: a <time> reading "5 minutes ago" (the exact time on hover), or "never".
+    A tag, not an included template: an include ends with its file's newline, which sets a space
+    before the punctuation that follows it in a sentence."""
+    if when is None:
+        return "never"
+    return format_html(
+        '<time datetime="{}" title="{} UTC">{}</time>',
+        when.isoformat(),
+        when.strftime("%Y-%m-%d %H:%M:%S"),
+        _ago(when),
+    )
 
 
 _BADGE_HELP = {
