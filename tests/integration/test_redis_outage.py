@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from factories import make_node_with_token
-from support.pool import make_group, share_frame
+from support.pool import EASY, make_group, share_frame
 from support.redis_server import RedisServer, redis_server
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -147,7 +147,11 @@ def test_frames_during_an_outage_are_answered_with_their_ref_and_never_close_the
         on_redis.stop()
         # More frames than max_consecutive_errors (20): none of the server's failures counts against the node.
         for i in range(25):
-            frame = share_frame(make_group(index=100 + i), ref=f"s{i}") if i % 2 else {"type": "sample", "v": 1, "n": 2}
+            frame = (
+                share_frame(make_group(index=100 + i, catalogue=EASY), ref=f"s{i}")
+                if i % 2
+                else {"type": "sample", "v": 1, "n": 2}
+            )
             if not i % 2:
                 frame["ref"] = f"q{i}"
             ws.send(json.dumps(frame))
@@ -160,7 +164,7 @@ def test_frames_during_an_outage_are_answered_with_their_ref_and_never_close_the
         with open_node(server, other_token):
             pass
         on_redis.start()
-        ws.send(json.dumps(share_frame(make_group(index=200), ref="after")))
+        ws.send(json.dumps(share_frame(make_group(index=200, catalogue=EASY), ref="after")))
         reply = json.loads(ws.recv(timeout=TIMEOUT))
         assert reply["type"] == "ack" and reply["ref"] == "after", reply
     deadline = time.monotonic() + 10

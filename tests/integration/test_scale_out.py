@@ -35,7 +35,7 @@ import pytest
 from django.conf import settings
 from factories import DEFAULT_PASSWORD, make_node_with_token, make_user
 from prometheus_client.parser import text_string_to_metric_families
-from support.pool import make_group, share_frame
+from support.pool import EASY, make_group, share_frame
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
@@ -189,7 +189,8 @@ class NodeSocket:
 
     def share(self, *indexes: int, seed: int) -> list[str]:
         """Share honest groups (basic_arithmetic #index of `seed`); the ids the worker accepted."""
-        groups = [make_group(seed=seed, index=i, right=2, wrong=2) for i in indexes]
+        # The integration servers' default swarm serves the easy catalogue (tests/integration/conftest.py).
+        groups = [make_group(seed=seed, index=i, right=2, wrong=2, catalogue=EASY) for i in indexes]
         ack = self.ask(share_frame(*groups))
         assert ack["type"] == "ack" and ack["rejected"] == [], ack
         return ack["accepted"]

@@ -76,9 +76,9 @@
       return;
     }
     var yMax = opts.yMax || Math.max.apply(null, points.map(function (p) { return p[opts.y]; })) || 1;
-    var labels = yAxis(box, yMax, opts.format);
+    var yLabels = yAxis(box, yMax, opts.format);
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
-    frame(svg, labels);
+    frame(svg, yLabels);
     var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
     function yPos(v) { return PAD.top + plotH * (1 - Math.min(v, yMax) / yMax); }
     var n = points.length, every = Math.max(1, Math.ceil(n / 8));
@@ -130,9 +130,9 @@
     var all = [];
     points.forEach(function (p) { keys.forEach(function (k) { if (p[k] !== null && p[k] !== undefined) all.push(p[k]); }); });
     var yMax = opts.yMax || Math.max.apply(null, all) || 1;
-    var labels = yAxis(box, yMax, opts.format);
+    var yLabels = yAxis(box, yMax, opts.format);
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
-    frame(svg, labels);
+    frame(svg, yLabels);
     var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
     var times = points.map(function (p) { return new Date(p[opts.x]).getTime(); });
     var t0 = Math.min.apply(null, times), span = Math.max.apply(null, times) - t0;
