@@ -22,7 +22,8 @@ cleans the socket's state up and closes with protocol.CLOSE_TRY_AGAIN (an applic
 
 Presence (nodes.presence): each accepted socket is one record, renewed by the process's heartbeat
 (presence.SocketBook) while the socket is open and removed in `disconnect()`; a record whose server
-died expires on its own.
+died expires on its own. The record carries the socket's swarm once its hello (or its first frame,
+the site's default) placed it.
 
 Closes (a token revoked, a node retired, a ban): the socket registers with its process's
 pool.closes.SocketCloses once authenticated, which closes it when nodes.events says so
@@ -208,7 +209,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 logger.exception("node %s: charging its last frame failed", node.id)
             try:
                 await db_call(presence.connection_close, retry_lost=True)(
-                    node_id=node.id, connection_id=self.connection_id
+                    node_id=node.id,
+                    connection_id=self.connection_id,
+                    swarm_id=None if self.place is None else self.place.swarm_id,
                 )
             except Exception as exc:  # the record expires by itself (presence.expires_after_seconds())
                 if not outage.dependency_failed(exc):
@@ -390,6 +393,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.place = place
         self.limits = place_limits(self.site_limits, place)
         socket_closes().swarm_join(self, place.swarm_id)
+        presence.socket_book().joined(self.connection_id, place.swarm_id)  # written with the next beat
 
     async def _paused(self, ref: str | None) -> None:
         # Not an error of the node's: it does not count towards max_consecutive_errors.
