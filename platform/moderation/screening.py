@@ -44,7 +44,7 @@ from moderation.models import (
     ModerationFlag,
     TargetType,
 )
-from moderation.rules import Rule, rules_current
+from moderation.rules import Rule, rules_current, swarm_rules_current
 from moderation.trust import (
     TRUST_PARAM_NAMES,
     TRUST_VERDICTS_CTES,
@@ -73,6 +73,7 @@ class Screening:
     node_id: int
     rollouts: Sequence[RolloutIn]
     checks: Mapping[uuid.UUID, Verification]
+    swarm_id: int | None = None
     findings: list[Finding] = field(default_factory=list)
     fingerprints: dict[uuid.UUID, tuple[str, filters.Fingerprint]] = field(default_factory=dict)
 
@@ -119,13 +120,14 @@ LEFT JOIN (
 
 
 def _screening_reads(
-    questions: Mapping[int, set[str]], rules: dict[str, Rule], now: datetime
+    questions: Mapping[int, set[str]], rules: dict[str, Rule], now: datetime, *, trust_wanted: bool = False
 ) -> dict[int, tuple[filters.CopyIndex, float]]:
     """Per node (node id -> the question hashes of its accepted groups): other nodes' recent
-    fingerprints for those questions, indexed, and the node's trust (1.0 when the low-trust rule is
-    off). One query for the whole batch, none when neither is wanted."""
+    fingerprints for those questions, indexed, and the node's trust (1.0 when no low-trust rule, the
+    site's or, `trust_wanted`, a swarm's, is on). One query for the whole batch, none when neither is
+    wanted."""
     active = [r for r in (rules["duplicate_exact"], rules["duplicate_near"]) if r.enabled]
-    want_trust = rules["low_trust"].enabled
+    want_trust = rules["low_trust"].enabled or trust_wanted
     if not want_trust and (not active or not any(questions.values())):
         return {node: (filters.CopyIndex(), 1.0) for node in questions}
     hashes, owners = [], []
@@ -268,7 +270,11 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
     neither is stored when the other reads.)"""
     now = now or timezone.now()
     rules = rules_current()
-    screenings = [Screening(node_id=s.node_id, rollouts=s.rollouts, checks=s.checks) for s in shares]
+    screenings = [
+        Screening(node_id=s.node_id, rollouts=s.rollouts, checks=s.checks, swarm_id=s.swarm_id) for s in shares
+    ]
+    # Each share's swarm's own rules, applied besides the site's (a batch is of one swarm).
+    own = [swarm_rules_current(s.swarm_id) for s in shares]
     accepted = [[r for r in s.rollouts if s.checks[r.id].accepted] for s in shares]
     every = [r for share in accepted for r in share]
     if not every:
@@ -288,7 +294,7 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         if share:
             wanted.setdefault(screening.node_id, set()).update(questions[start:end])
         start = end
-    reads = _screening_reads(wanted, rules, now)
+    reads = _screening_reads(wanted, rules, now, trust_wanted=any("low_trust" in o for o in own))
     copies = rules["duplicate_exact"].enabled or rules["duplicate_near"].enabled
     for k, (screening, share, (first, end)) in enumerate(zip(screenings, accepted, spans, strict=True)):
         if not share:
@@ -309,6 +315,8 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         screening.findings = _findings(
             share, fingerprints[first:end], length_hits[first:end] if length.enabled else [], index, trust, rules
         )
+        if own[k]:
+            screening.findings += _swarm_findings(share, screening.findings, trust, own[k], screening.swarm_id)
     return screenings
 
 
@@ -344,6 +352,37 @@ def _findings(
         if low_trust.enabled and trust < low_trust["threshold"]:
             found.append((low_trust, f"node trust {trust:.2f} is below {low_trust['threshold']:.2f}", {}))
         findings += [Finding(r.id, rule.key, detail, rule.holds, data) for rule, detail, data in found]
+    return findings
+
+
+def _swarm_findings(
+    accepted: Sequence[RolloutIn], found: Sequence[Finding], trust: float, own: dict[str, Rule], swarm_id: int | None
+) -> list[Finding]:
+    """What a swarm's own rules (`own`, enabled ones, by key) find in one share's accepted groups,
+    besides what the site's rules found (`found`): a group the site's rule of a key caught already is
+    not reported again for that key."""
+    caught = {(f.rollout_id, f.rule) for f in found}
+    data = {"swarm": swarm_id}
+    length = own.get("length")
+    length_hits = filters.length_findings([r.completions for r in accepted], length) if length else []
+    findings = []
+    for n, r in enumerate(accepted):
+        hits: list[tuple[Rule, str]] = []
+        if length is not None and length_hits[n]:
+            hits.append((length, length_hits[n]))
+        blocklist = own.get("blocklist")
+        if blocklist is not None and blocklist["patterns"]:
+            detail = filters.blocklist_finding([r.question, r.answer or "", *r.completions], blocklist)
+            if detail:
+                hits.append((blocklist, detail))
+        low_trust = own.get("low_trust")
+        if low_trust is not None and trust < low_trust["threshold"]:
+            hits.append((low_trust, f"node trust {trust:.2f} is below {low_trust['threshold']:.2f}"))
+        findings += [
+            Finding(r.id, rule.key, detail, rule.holds, dict(data))
+            for rule, detail in hits
+            if (r.id, rule.key) not in caught
+        ]
     return findings
 
 

@@ -34,6 +34,7 @@ from nodes.events import CLOSE_BANNED, contributor_disconnect_on_commit, node_di
 from nodes.models import Node
 from pool.models import ModerationStatus, Rollout
 from pool.services import rollout_set_moderation
+from swarms.models import Swarm
 
 #: Queue actions and the moderation status each sets.
 ACTIONS = {
@@ -327,11 +328,17 @@ def contributor_unban(*, actor: User, user: User, reason: str, restore_groups: b
 
 
 @transaction.atomic
-def rule_update(*, actor: User, key: str, enabled: bool, action: str, params: dict[str, Any]) -> ModerationRule:
-    """Switch or tune an automatic rule. Raises ApplicationError: unknown_rule (404), invalid_rule."""
+def rule_update(
+    *, actor: User, key: str, enabled: bool, action: str, params: dict[str, Any], swarm: Swarm | None = None
+) -> ModerationRule:
+    """Switch or tune an automatic rule: the site's (`swarm` None), or a swarm's own, which applies to
+    that swarm's shares besides the site's (only the keys RuleSpec.per_swarm allows). Raises
+    ApplicationError: unknown_rule (404), invalid_rule."""
     spec = RULES.get(key)
     if spec is None:
         raise ApplicationError("unknown_rule", f"No rule {key!r}.", status=404)
+    if swarm is not None and not spec.per_swarm:
+        raise ApplicationError("invalid_rule", f"The rule {key!r} is the site's only; a swarm cannot have its own.")
     if not isinstance(params, dict):
         raise ApplicationError("invalid_rule", "Parameters must be a JSON object.")
     try:
@@ -340,8 +347,10 @@ def rule_update(*, actor: User, key: str, enabled: bool, action: str, params: di
         raise ApplicationError("invalid_rule", str(exc)) from exc
     if action not in ("flag", "hold"):
         raise ApplicationError("invalid_rule", "The action is 'flag' or 'hold'.")
-    row, _ = ModerationRule.objects.select_for_update().get_or_create(key=key)
-    before = {"enabled": row.enabled, "action": row.action, "params": row.params}
+    row, created = ModerationRule.objects.select_for_update().get_or_create(key=key, swarm=swarm)
+    before = (
+        None if created and swarm is not None else {"enabled": row.enabled, "action": row.action, "params": row.params}
+    )
     row.enabled = bool(enabled) if spec.switchable else True
     row.action = action if spec.has_action else spec.action
     row.params = cleaned
@@ -349,13 +358,16 @@ def rule_update(*, actor: User, key: str, enabled: bool, action: str, params: di
     row.updated_by = actor
     row.save()
     after = {"enabled": row.enabled, "action": row.action, "params": row.params}
+    details: dict[str, Any] = {"before": before, "after": after}
+    if swarm is not None:
+        details["swarm"] = swarm.slug
     _audit(
         actor=actor,
         action=AuditAction.RULE_CHANGE,
         target_type=TargetType.RULE,
         target_id=key,
-        reason="rule settings changed",
-        details={"before": before, "after": after},
+        reason="rule settings changed" if swarm is None else f"rule settings of swarm {swarm.slug} changed",
+        details=details,
     )
     transaction.on_commit(rules_forget)
     return row
