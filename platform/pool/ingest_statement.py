@@ -34,8 +34,8 @@ REJECTED_KEEP_COMPLETIONS = 4
 # (a node appears once in a batch), upserted in node order so that concurrent batches lock those rows
 # in one order. Parameters are bound server-side (psycopg's default) rather than quoted into the SQL
 # text as Django's cursor does: quoting the completions was most of the ORM bulk_create's cost
-# (docs/benchmarks.md, "Pool"). The arrays go in binary (binary placeholders, common.composed.placeholders): text format escapes every element
-# with a regular expression. The parts, after the INSERT:
+# (docs/benchmarks.md, "Pool"). The arrays go in binary (`placeholders(binary=...)`): text format
+# escapes every element with a regular expression. The parts, after the INSERT:
 # - counts: per node, its groups inserted, accepted and rejected;
 # - conflicts: per node, the ids another node stored already (the statement's snapshot: rows inserted
 #   above are not seen), counted as rejections each time they are sent; looked up only when some id

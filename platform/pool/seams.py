@@ -11,11 +11,12 @@ plain message rate).
   decides which groups are held: the INSERT writes them "held" and not sampleable in the same
   statement, so no sample can ever see them. What moderation records of the batch (audit, flags,
   fingerprints, trust) is a `RecordPart`: data-modifying CTEs the pool runs inside its INSERT
-  statement (declared once as a `RecordSql` of composed CTEs, whose declared names are checked against
-  the statement's when moderation registers), one statement and so one transaction for everything (three round trips and a
-  transaction's BEGIN and COMMIT fewer than a statement of its own: docs/benchmarks.md, "How
-  ingest is made fast"). `rollouts_recorded` follows the statement, with the ids really inserted (work that
-  need not be atomic with the INSERT, such as an outlier scan now and then).
+  statement (declared once as a `RecordSql` of composed CTEs, whose declared names are checked
+  against the statement's when moderation registers), one statement and so one transaction for
+  everything (three round trips and a transaction's BEGIN and COMMIT fewer than a statement of its
+  own: docs/benchmarks.md, "How ingest is made fast"). `rollouts_recorded` follows the statement,
+  with the ids really inserted (work that need not be atomic with the INSERT, such as an outlier scan
+  now and then).
 - `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample_json, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.
 - `node_message_quotas`: pool.opening, when sockets open (those opening together in one call).
