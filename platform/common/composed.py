@@ -39,10 +39,8 @@ def cte_list(ctes: Mapping[str, sql.Composable], materialized: Iterable[str] = (
 
 
 def _parts(query: sql.Composable) -> Iterator[sql.Composable]:
-    # psycopg keeps a Composed's parts in `_obj` (a list) and a Placeholder's name there too; it has no
-    # public accessor for either. tests/platform/test_sql_composed.py pins this.
-    if isinstance(query, sql.Composed):
-        for part in query._obj:
+    if isinstance(query, sql.Composed):  # iterable over its parts
+        for part in query:
             yield from _parts(part)
     else:
         yield query
@@ -50,16 +48,18 @@ def _parts(query: sql.Composable) -> Iterator[sql.Composable]:
 
 def placeholder_names(query: sql.Composable) -> set[str]:
     """The names of the `sql.Placeholder` parameters a composed statement takes, read from its
-    structure. Raises ValueError for a positional placeholder, or for a `%(` written into an `sql.SQL`
-    text part, which would take a parameter no structure declares."""
+    structure (a placeholder renders alone as `%(name)s` or `%(name)b`). Raises ValueError for a
+    positional placeholder, or for a `%(` written into an `sql.SQL` text part, which would take a
+    parameter no structure declares."""
     names = set()
     for part in _parts(query):
         if isinstance(part, sql.Placeholder):
-            if not part._obj:
+            alone = part.as_string(None)
+            if not alone.startswith("%("):
                 raise ValueError("a positional placeholder where names are declared")
-            names.add(part._obj)
-        elif isinstance(part, sql.SQL) and "%(" in part._obj:
-            raise ValueError(f"a parameter written into SQL text, not a Placeholder: {part._obj[:80]!r}")
+            names.add(alone[2:-2])
+        elif isinstance(part, sql.SQL) and "%(" in part.as_string(None):
+            raise ValueError(f"a parameter written into SQL text, not a Placeholder: {part.as_string(None)[:80]!r}")
     return names
 
 

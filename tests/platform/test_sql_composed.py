@@ -188,15 +188,18 @@ def test_composed_statements_and_messages_are_not_found(source):
     assert sql_from_text(source) == []
 
 
-def test_the_finder_reads_psycopgs_composed_structure():
-    """common.composed.placeholder_names walks a Composed's parts through psycopg's private `_obj`:
-    if psycopg renames it, this fails here rather than letting a record's check pass empty."""
+def test_placeholder_names_are_read_from_the_composed_structure():
+    """common.composed.placeholder_names, which RecordSql's check uses: a Composed's parts, nested, and
+    each Placeholder's name; a parameter hidden in a text part is refused."""
     from psycopg import sql
 
     from common.composed import placeholder_names, placeholders
 
-    query = sql.SQL("SELECT {a} FROM t WHERE b = {b}").format(**placeholders("a", binary=("b",)))
+    inner = sql.SQL("b = {b}").format(**placeholders(binary=("b",)))
+    query = sql.SQL("SELECT {a} FROM t WHERE {inner}").format(inner=inner, **placeholders("a"))
     assert placeholder_names(query) == {"a", "b"}
     assert query.as_string(None) == "SELECT %(a)s FROM t WHERE b = %(b)b"
     with pytest.raises(ValueError, match="written into SQL text"):
         placeholder_names(sql.SQL("SELECT %(a)s"))
+    with pytest.raises(ValueError, match="positional"):
+        placeholder_names(sql.SQL("SELECT {}").format(sql.Placeholder()))
