@@ -28,6 +28,7 @@ from psycopg import sql
 
 from common import metrics
 from common.compact_json import RawList
+from common.composed import placeholders, rendered
 from pool.models import Rollout
 from pool.payloads import SampledGroup, sampled_group_json
 from pool.seams import moderation
@@ -63,23 +64,22 @@ _DRAW = sql.SQL(
     """
 WITH bounds AS ({window}), draws AS (
     SELECT DISTINCT b.lo + floor(random() * (b.hi - b.lo + 1))::bigint AS k
-    FROM bounds b, generate_series(1, %(k)s) WHERE b.hi >= b.lo
+    FROM bounds b, generate_series(1, {k}) WHERE b.hi >= b.lo
 )
 SELECT b.lo, b.hi, d.k, {columns}
 FROM bounds b
 LEFT JOIN draws d ON true
 LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
-       ON r.swarm_id = %(swarm)s AND r.sample_seq = d.k AND r.sampleable AND r.node_id <> %(node)s
-          AND r.created_at >= %(cutoff)s
+       ON r.swarm_id = {swarm} AND r.sample_seq = d.k AND r.sampleable AND r.node_id <> {node}
+          AND r.created_at >= {cutoff}
 """
 ).format(
     window=SAMPLE_WINDOW,
     columns=sql.SQL(", ").join(sql.Identifier(table, column) for table, column in _GROUP_COLUMNS.values()),
+    **placeholders("k", "swarm", "node", "cutoff"),
 )
-
-# Run on every `sample`: rendered once, as the composition writes it (composing it again for each call
-# costs tens of microseconds).
-_DRAW_TEXT = _DRAW.as_string()
+# Run on every `sample`: rendered once (common.composed).
+_DRAW_TEXT = rendered(_DRAW)
 
 
 def rollout_sample(

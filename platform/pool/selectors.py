@@ -12,6 +12,7 @@ from django.db import connection
 from django.db.models import Count, Q, Sum
 from psycopg import sql
 
+from common.composed import placeholders, rendered
 from common.errors import NotFound
 from pool.models import ModerationStatus, Rollout, Verdict
 
@@ -23,10 +24,11 @@ STATS_CACHE_SECONDS = 10
 # are within one swarm: its numbers come from its own sequence, and both indexes lead with swarm_id,
 # so a draw's cost depends on neither the number of swarms nor the size of the others.
 SAMPLE_WINDOW = sql.SQL(
-    """SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND swarm_id = %(swarm)s AND created_at >= %(cutoff)s
+    """SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND swarm_id = {swarm} AND created_at >= {cutoff}
         ORDER BY created_at, sample_seq LIMIT 1) AS lo,
-       (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable AND swarm_id = %(swarm)s) AS hi"""
-)
+       (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable AND swarm_id = {swarm}) AS hi"""
+).format(**placeholders("swarm", "cutoff"))
+_SAMPLE_WINDOW_TEXT = rendered(SAMPLE_WINDOW)
 
 
 def sample_window(cutoff: datetime, swarm_id: int) -> tuple[int, int] | None:
@@ -35,7 +37,7 @@ def sample_window(cutoff: datetime, swarm_id: int) -> tuple[int, int] | None:
     Every sampleable group of the window has a number in it; numbers of groups moderated out since
     leave holes."""
     with connection.cursor() as cursor:
-        cursor.execute(SAMPLE_WINDOW, {"cutoff": cutoff, "swarm": swarm_id})
+        cursor.execute(_SAMPLE_WINDOW_TEXT, {"cutoff": cutoff, "swarm": swarm_id})
         lo, hi = cursor.fetchone()
     if lo is None or hi is None or hi < lo:
         return None
