@@ -23,7 +23,8 @@
     only when the load average was at most 1.5 when the ingest part started (exit status 3 otherwise,
     unless --force).
 (b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
-    `rollout_sample_json` (the selector behind the `sample` message, with its JSON payload) is timed.
+    `pool.sampling.rollout_sample` (what the `sample` message calls: the draw, the groups' JSON, the
+    served record) is timed.
 
 Runs in its own database (`--db-name`, dropped at the end unless --keep-db) on DATABASE_URL's server.
 """
@@ -806,8 +807,8 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
     from django.conf import settings
     from django.db import connections
 
-    from pool.consumers import _sampled_groups
     from pool.models import Rollout
+    from pool.sampling import rollout_sample
     from sapo_node.progress import progress_bar
     from swarms.services import swarm_default_ensure
 
@@ -838,7 +839,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             assert Rollout.objects.count() == size
             swarm_id = swarm_default_ensure().id  # the same in every copy of the template database
             for _ in range(20):  # warm caches and the connection
-                _sampled_groups(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
+                rollout_sample(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         got = dict.fromkeys(sizes, 0)
         load_start = load1()
@@ -846,9 +847,9 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             for size, alias in aliases.items():
                 connections["default"] = connections[alias]
                 t0 = time.perf_counter()
-                drawn = _sampled_groups(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
+                drawn = rollout_sample(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
                 timings[size].append((time.perf_counter() - t0) * 1000)
-                rows = json.loads(drawn.text)
+                rows = [json.loads(text) for text in drawn.texts]
                 got[size] += len(rows)
                 if any(r["node"] == asker.name for r in rows):
                     raise SystemExit("sampled the asker's own group")

@@ -1,5 +1,5 @@
 """Compact JSON text: for values bound into SQL (jsonb columns written in one statement), and for the
-node socket's replies, whose members may already be JSON (`Raw`, `dumps_object`)."""
+node socket's replies, whose members may already be JSON (`Raw`, `RawList`, `dumps_object`)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,17 @@ class Raw:
         self.text = text
 
 
+class RawList:
+    """A member's value that is a list whose items are JSON text already (a `samples` reply's groups,
+    each written once by pool.payloads), written by `dumps_object` as the list of those texts in order.
+    Like Raw, refused anywhere else (TypeError)."""
+
+    __slots__ = ("texts",)
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self.texts = texts
+
+
 #: Replies escape non-ASCII: a reply may echo a node's text, and a JSON escape such as "\ud800" in what
 #: a node sent decodes to a lone surrogate, which a UTF-8 text frame cannot carry.
 _dumps_ascii = json.JSONEncoder(separators=(",", ":")).encode
@@ -54,16 +65,19 @@ _dumps_ascii = json.JSONEncoder(separators=(",", ":")).encode
 
 def dumps_object(members: Mapping[str, Any]) -> str:
     """`members` as one JSON object, in their order, ASCII only, where a `Raw` value is written as its
-    text: what `json.dumps` would write for the object with each Raw parsed in its place. Runs of the
-    other members are encoded together, so an object without Raw costs one encoder call."""
+    text and a `RawList` as the list of its texts: what `json.dumps` would write for the object with
+    each parsed in its place. Runs of the other members are encoded together, so an object without
+    either costs one encoder call."""
     parts: list[str] = []
     run: dict[str, Any] = {}
     for key, value in members.items():
-        if type(value) is Raw:
+        kind = type(value)
+        if kind is Raw or kind is RawList:
             if run:
                 parts.append(_dumps_ascii(run)[1:-1])
                 run = {}
-            parts.append(f"{_dumps_ascii(key)}:{value.text}")
+            text = value.text if kind is Raw else "[" + ",".join(value.texts) + "]"
+            parts.append(f"{_dumps_ascii(key)}:{text}")
         else:
             run[key] = value
     if not parts:

@@ -44,6 +44,8 @@ CLOSES_REJOIN_SECONDS = 5.0
 RESEND_SECONDS = 1.0
 #: At most this many unsent closes are kept (the oldest are dropped past it).
 UNSENT_MAX = 10_000
+#: A close's type on the channel layer (a message between server processes, not a node protocol frame).
+CLOSE_EVENT = "node.disconnect"
 
 _unsent: collections.deque[dict] = collections.deque(maxlen=UNSENT_MAX)
 _unsent_lock = threading.Lock()
@@ -55,7 +57,7 @@ def close_event(*, code: int, reason: str, node_id: int | None = None, contribut
     if (node_id is None) == (contributor_id is None):
         raise ValueError("a close names a node or a contributor")
     return {
-        "type": "node.disconnect",
+        "type": CLOSE_EVENT,
         "code": code,
         "reason": reason,
         "node_id": node_id,

@@ -95,6 +95,11 @@ class NodeConnection(models.Model):
     id = models.UUIDField(primary_key=True, help_text="Chosen by the server for the socket.")
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
     server = models.CharField(max_length=100, help_text="SAPO_SERVER_NAME of the process holding the socket.")
+    # A plain id, not a foreign key: the record lives a minute, and the heartbeat's upsert checks no
+    # constraint.
+    swarm_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The swarm the socket is in (its hello's); null until it is known."
+    )
     opened_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
 

@@ -12,9 +12,13 @@ it renews the records of all the process's open sockets in one Redis pipeline or
 every SEEN_EVERY_SECONDS it writes the nodes that sent frames since (Node.last_seen_at) in one UPDATE.
 A frame therefore costs no database or Redis round trip for bookkeeping (docs/benchmarks.md, "Sockets").
 
+Each record carries the swarm its socket is in once its hello named one (`SocketBook.joined`, written
+with the next beat), so a swarm's nodes online are read from presence (`connected_filter(swarm_id=)`).
+
 Storage: Redis when REDIS_URL is set (one sorted set `<SAPO_REDIS_PREFIX>:presence`, member
-"<node id>|<server>|<connection id>", score = expiry as a Unix time), else the database
-(nodes.NodeConnection rows). The functions are synchronous: the consumer calls them through
+"<node id>|<server>|<connection id>", score = expiry as a Unix time, and the same members in one
+sorted set per swarm, `<SAPO_REDIS_PREFIX>:presence:swarm:<swarm id>`), else the database
+(nodes.NodeConnection rows, with their swarm_id). The functions are synchronous: the consumer calls them through
 common.db.db_call, pages and selectors directly.
 
 Listings ask once for all their nodes, whatever their length: `with_connected` on the node queryset,
@@ -75,8 +79,11 @@ def _now(now: datetime | None) -> datetime:
 # ---------------------------------------------------------------------------- Redis
 
 
-def _redis_key() -> str:
-    return f"{settings.SAPO_REDIS_PREFIX}:presence"
+def _redis_key(swarm_id: int | None = None) -> str:
+    """The sorted set of every record, or of the records of one swarm's sockets."""
+    if swarm_id is None:
+        return f"{settings.SAPO_REDIS_PREFIX}:presence"
+    return f"{settings.SAPO_REDIS_PREFIX}:presence:swarm:{int(swarm_id)}"
 
 
 def _member(node_id: int, connection_id: uuid.UUID) -> str:
@@ -86,10 +93,17 @@ def _member(node_id: int, connection_id: uuid.UUID) -> str:
 # ---------------------------------------------------------------------------- API
 
 
-def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
-    """Forget a socket that closed."""
+def connection_close(*, node_id: int, connection_id: uuid.UUID, swarm_id: int | None = None) -> None:
+    """Forget a socket that closed (`swarm_id`: the swarm it was in, if any)."""
     if settings.REDIS_URL:
-        redis_client().zrem(_redis_key(), _member(node_id, connection_id))
+        member = _member(node_id, connection_id)
+        if swarm_id is None:
+            redis_client().zrem(_redis_key(), member)
+            return
+        with redis_client().pipeline(transaction=False) as pipe:
+            pipe.zrem(_redis_key(), member)
+            pipe.zrem(_redis_key(swarm_id), member)
+            pipe.execute()
         return
     # Raw SQL: the ORM's delete() collects related rows first, several times this statement's CPU
     # (docs/benchmarks.md, "Sockets"); nothing refers to a NodeConnection. Like the record's writes,
@@ -102,29 +116,44 @@ def connection_close(*, node_id: int, connection_id: uuid.UUID) -> None:
         )
 
 
-def connections_renew(*, connections: dict[uuid.UUID, int], now: datetime | None = None) -> None:
-    """Renew the records of these sockets (connection id -> node id) all at once: the heartbeat.
+def connections_renew(
+    *, connections: dict[uuid.UUID, int], swarms: dict[uuid.UUID, int] | None = None, now: datetime | None = None
+) -> None:
+    """Renew the records of these sockets (connection id -> node id) all at once: the heartbeat. A
+    socket in `swarms` (connection id -> swarm id) is recorded in that swarm.
 
     A socket that closes while its renewal is on the way may get its record back; it then expires
     after expires_after_seconds() like a crashed server's (renewing only existing records would instead
-    lose a record for good if Redis forgot it)."""
+    lose a record for good if Redis forgot it). A socket's record in a swarm it left (a socket whose
+    first frame came before its hello) is no longer renewed and expires the same way."""
     if not connections:
         return
     now = _now(now)
+    swarms = swarms or {}
     expires = now + timedelta(seconds=expires_after_seconds())
     if settings.REDIS_URL:
+        by_swarm: dict[int, dict[str, float]] = {}
+        for c, n in connections.items():
+            if c in swarms:
+                by_swarm.setdefault(swarms[c], {})[_member(n, c)] = expires.timestamp()
         with redis_client().pipeline(transaction=False) as pipe:
             pipe.zadd(_redis_key(), {_member(n, c): expires.timestamp() for c, n in connections.items()})
             pipe.zremrangebyscore(_redis_key(), "-inf", now.timestamp())
+            for swarm_id, members in by_swarm.items():
+                pipe.zadd(_redis_key(swarm_id), members)
+                pipe.zremrangebyscore(_redis_key(swarm_id), "-inf", now.timestamp())
             pipe.execute()
         return
     server = server_name()
     with bookkeeping_transaction():
         NodeConnection.objects.bulk_create(
-            [NodeConnection(id=c, node_id=n, server=server, expires_at=expires) for c, n in connections.items()],
+            [
+                NodeConnection(id=c, node_id=n, server=server, expires_at=expires, swarm_id=swarms.get(c))
+                for c, n in connections.items()
+            ],
             update_conflicts=True,
             unique_fields=["id"],
-            update_fields=["expires_at"],
+            update_fields=["expires_at", "swarm_id"],
         )
         NodeConnection.objects.filter(expires_at__lt=now).delete()
 
@@ -136,6 +165,9 @@ def presence_server_start() -> int:
     if settings.REDIS_URL:
         client = redis_client()
         mine = [m for m in client.zrange(_redis_key(), 0, -1) if m.decode().split("|")[1:2] == [name]]
+        if mine:
+            for key in client.scan_iter(match=f"{settings.SAPO_REDIS_PREFIX}:presence:swarm:*"):
+                client.zrem(key, *mine)
         return client.zrem(_redis_key(), *mine) if mine else 0
     deleted, _ = NodeConnection.objects.filter(server=name).delete()
     return deleted
@@ -145,16 +177,19 @@ class PresenceUnknown(Exception):
     """Redis, which holds the records, did not answer: who is connected is unknown (not "nobody")."""
 
 
-def connection_counts(node_ids: Iterable[int] | None = None, *, now: datetime | None = None) -> dict[int, int]:
-    """Open, unexpired sockets per node (nodes without one are left out); all nodes when node_ids is None.
-    Raises PresenceUnknown when Redis does not answer."""
+def connection_counts(
+    node_ids: Iterable[int] | None = None, *, now: datetime | None = None, swarm_id: int | None = None
+) -> dict[int, int]:
+    """Open, unexpired sockets per node (nodes without one are left out); all nodes when node_ids is None;
+    only the sockets in the swarm `swarm_id` when given. Raises PresenceUnknown when Redis does not
+    answer."""
     now = _now(now)
     wanted = None if node_ids is None else {int(i) for i in node_ids}
     if wanted is not None and not wanted:
         return {}
     if settings.REDIS_URL:
         try:
-            members = redis_client().zrangebyscore(_redis_key(), f"({now.timestamp()}", "+inf")
+            members = redis_client().zrangebyscore(_redis_key(swarm_id), f"({now.timestamp()}", "+inf")
         except RedisError as exc:
             outage.REDIS.failed(exc)
             raise PresenceUnknown from exc
@@ -162,22 +197,28 @@ def connection_counts(node_ids: Iterable[int] | None = None, *, now: datetime | 
         counts = Counter(int(m.split(b"|", 1)[0]) for m in members)
         return {n: c for n, c in counts.items() if wanted is None or n in wanted}
     rows = NodeConnection.objects.filter(expires_at__gt=now)
+    if swarm_id is not None:
+        rows = rows.filter(swarm_id=swarm_id)
     if wanted is not None:
         rows = rows.filter(node_id__in=wanted)
     return dict(rows.values("node_id").annotate(n=Count("id")).values_list("node_id", "n"))
 
 
-def connected_node_ids(node_ids: Iterable[int] | None = None, *, now: datetime | None = None) -> set[int]:
-    """The nodes (of node_ids, or all) with at least one open, unexpired socket."""
-    return set(connection_counts(node_ids, now=now))
+def connected_node_ids(
+    node_ids: Iterable[int] | None = None, *, now: datetime | None = None, swarm_id: int | None = None
+) -> set[int]:
+    """The nodes (of node_ids, or all) with at least one open, unexpired socket (in the swarm `swarm_id`
+    when given)."""
+    return set(connection_counts(node_ids, now=now, swarm_id=swarm_id))
 
 
 # The attribute with_connected annotates (database presence only).
 _CONNECTED = "presence_connected"
 
 
-def _connected_exists(now: datetime) -> Exists:
-    return Exists(NodeConnection.objects.filter(node_id=OuterRef("pk"), expires_at__gt=now))
+def _connected_exists(now: datetime, swarm_id: int | None = None) -> Exists:
+    records = NodeConnection.objects.filter(node_id=OuterRef("pk"), expires_at__gt=now)
+    return Exists(records if swarm_id is None else records.filter(swarm_id=swarm_id))
 
 
 def with_connected(nodes: QuerySet[Node], *, now: datetime | None = None) -> QuerySet[Node]:
@@ -207,13 +248,14 @@ def is_connected(connected: set[int] | None, node_id: int) -> bool | None:
     return None if connected is None else node_id in connected
 
 
-def connected_filter(*, now: datetime | None = None) -> Q:
-    """A filter on nodes: those with an open, unexpired socket. In the database an EXISTS inside the
-    filtering query; with Redis the ids it holds (one call; PresenceUnknown when it does not answer)."""
+def connected_filter(*, now: datetime | None = None, swarm_id: int | None = None) -> Q:
+    """A filter on nodes: those with an open, unexpired socket (in the swarm `swarm_id` when given). In
+    the database an EXISTS inside the filtering query; with Redis the ids it holds (one call;
+    PresenceUnknown when it does not answer)."""
     now = _now(now)
     if settings.REDIS_URL:
-        return Q(id__in=connected_node_ids(now=now))
-    return Q(_connected_exists(now))
+        return Q(id__in=connected_node_ids(now=now, swarm_id=swarm_id))
+    return Q(_connected_exists(now, swarm_id))
 
 
 # ---------------------------------------------------------------------------- this process's sockets
@@ -224,11 +266,14 @@ class SocketBook:
     since the last write. One task renews and writes them all (see the module's docstring); it runs
     while the book holds a socket.
 
-    The consumer calls `opened` once the socket's record is written (nodes.sessions), `seen` for
-    each frame, and `closed` before it removes the record (connection_close)."""
+    The consumer calls `opened` once the socket's record is written (nodes.sessions), `joined` when
+    it learns the socket's swarm, `seen` for each frame, and `closed` before it removes the record
+    (connection_close)."""
 
     def __init__(self) -> None:
         self.sockets: dict[uuid.UUID, int] = {}
+        self.swarms: dict[uuid.UUID, int] = {}  # connection id -> its swarm, once known
+        self.moved: set[uuid.UUID] = set()  # sockets whose swarm is not written yet
         self.seen_nodes: set[int] = set()
         self.hellos: dict[int, dict[str, str]] = {}  # node id -> what it said (nodes.services.node_hello_fields)
         self.task: asyncio.Task | None = None
@@ -237,6 +282,13 @@ class SocketBook:
         self.sockets[connection_id] = node_id
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def joined(self, connection_id: uuid.UUID, swarm_id: int) -> None:
+        """The socket is in this swarm (its hello named it): its record says so from the next beat, within
+        SEEN_EVERY_SECONDS."""
+        if connection_id in self.sockets and self.swarms.get(connection_id) != swarm_id:
+            self.swarms[connection_id] = swarm_id
+            self.moved.add(connection_id)
 
     def seen(self, node_id: int) -> None:
         self.seen_nodes.add(node_id)
@@ -248,6 +300,8 @@ class SocketBook:
 
     def closed(self, connection_id: uuid.UUID) -> None:
         self.sockets.pop(connection_id, None)
+        self.swarms.pop(connection_id, None)
+        self.moved.discard(connection_id)
         if not self.sockets and self.task is not None:
             self.task.cancel()  # nothing left to renew (frames of the last 10 s stay unwritten)
             self.task = None
@@ -265,11 +319,12 @@ class SocketBook:
             await self.beat(renew=renew)
 
     async def beat(self, *, renew: bool) -> None:
-        """Write the nodes seen and the hellos said since the last beat and, with `renew`, renew every
-        socket's record.
+        """Write the nodes seen, the hellos said and the swarms joined since the last beat and, with
+        `renew`, renew every socket's record.
         A failure is logged and tried again next beat (a record lasts three heartbeats)."""
         seen, self.seen_nodes = self.seen_nodes, set()
         hellos, self.hellos = self.hellos, {}
+        moved, self.moved = self.moved, set()
         if hellos:
             try:
                 await db_call(nodes_record_hellos)(hellos=hellos)
@@ -280,12 +335,14 @@ class SocketBook:
                 await db_call(nodes_mark_seen)(node_ids=seen)
             except Exception:
                 logger.exception("recording %d nodes as seen failed", len(seen))
-        if renew and self.sockets:
+        renewed = dict(self.sockets) if renew else {c: self.sockets[c] for c in moved if c in self.sockets}
+        if renewed:
             try:
-                await db_call(connections_renew)(connections=dict(self.sockets))
+                await db_call(connections_renew)(connections=renewed, swarms=dict(self.swarms))
             except Exception as exc:
+                self.moved |= moved & set(self.sockets)  # their swarm is written with a later beat
                 if not outage.dependency_failed(exc):
-                    logger.exception("presence heartbeat of %d sockets failed", len(self.sockets))
+                    logger.exception("presence heartbeat of %d sockets failed", len(renewed))
 
 
 _books = per_loop(SocketBook)

@@ -36,6 +36,7 @@ from common import outage
 from common.loops import per_loop
 from nodes.events import CLOSES_GROUP, CLOSES_REJOIN_SECONDS
 from pool.swarm_places import SWARM_CHANGED, place_forget
+from sapo_node import protocol
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class SocketCloses:
             self._swarm_changed(event)
             return
         code = event.get("code")
-        code = code if isinstance(code, int) else 4401
+        code = code if isinstance(code, int) else protocol.CLOSE_UNAUTHENTICATED
         node_id, contributor_id = event.get("node_id"), event.get("contributor_id")
         now = self.clock()
         self.recent.append((now, node_id, contributor_id, code))

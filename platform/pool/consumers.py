@@ -1,5 +1,8 @@
-"""The node WebSocket, `/ws/node/` (docs/protocol.md). Thin: authenticate, validate a frame with
-pool.messages, call a service or selector through common.db.db_call, send the reply.
+"""The node WebSocket, `/ws/node/` (docs/protocol.md). A dispatcher: authenticate, parse a frame with
+pool.messages, make one call per request type, send the reply (its message type and codes are
+sapo_node.protocol's names). A share is one call into its pipeline, pool.ingest (which waits for the
+share's turn and runs the batch on a database thread); a sample, report or hello is one call to
+pool.sampling, pool.services or pool.swarm_places through common.db.db_call.
 
 Database calls run on db_call's threads, in parallel across sockets, each thread keeping its
 connection (not on Channels' one shared thread): opening a socket is one call (authenticate and open
@@ -19,11 +22,12 @@ cleans the socket's state up and closes with protocol.CLOSE_TRY_AGAIN (an applic
 
 Presence (nodes.presence): each accepted socket is one record, renewed by the process's heartbeat
 (presence.SocketBook) while the socket is open and removed in `disconnect()`; a record whose server
-died expires on its own.
+died expires on its own. The record carries the socket's swarm once its hello (or its first frame,
+the site's default) placed it.
 
 Closes (a token revoked, a node retired, a ban): the socket registers with its process's
-pool.closes.SocketCloses once authenticated, which closes it when nodes.events says so (4401 or
-4403); it joins no channel-layer group of its own, and has no channel: the consumer reads only its
+pool.closes.SocketCloses once authenticated, which closes it when nodes.events says so
+(protocol.CLOSE_UNAUTHENTICATED or CLOSE_BANNED); it joins no channel-layer group of its own, and has no channel: the consumer reads only its
 own socket (`__call__`), with no task per frame.
 """
 
@@ -36,7 +40,6 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, assert_never
 
 import django.db
@@ -51,18 +54,17 @@ from common.compact_json import Raw, dumps, dumps_object
 from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
-from nodes.events import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
 from nodes.services import node_hello_changed, node_hello_fields
-from pool import ratelimit, turns
+from pool import ratelimit
 from pool.closes import socket_closes
 from pool.epoch import current_pool_epoch
-from pool.ingest import ShareIn, ShareResult, rollout_share_batch
+from pool.ingest import ShareIn, rollout_share_in_turn
 from pool.ingest_statement import SwarmOfBatch
 from pool.limits import Limits, current_limits
 from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
 from pool.opening import session_opens
-from pool.selectors import rollout_sample_json
-from pool.services import node_round_report, rollout_served_record
+from pool.sampling import rollout_sample
+from pool.services import node_round_report
 from pool.swarm_places import place_limits, place_of_hello, swarm_state_message
 from sapo_node import protocol
 from sapo_node.tasks import Catalogue
@@ -70,8 +72,6 @@ from swarms.selectors import SwarmPlace
 
 logger = logging.getLogger(__name__)
 
-CLOSE_TOO_MANY_ERRORS = protocol.CLOSE_TOO_MANY_ERRORS
-CLOSE_TRY_AGAIN = protocol.CLOSE_TRY_AGAIN
 #: What a database or Redis that is down (or restarting) raises.
 _DEPENDENCY_DOWN = (django.db.Error, psycopg.Error, RedisError, OSError)
 
@@ -82,53 +82,6 @@ def _bearer_token(scope: dict[str, Any]) -> str | None:
             scheme, _, token = value.decode("latin-1").strip().partition(" ")
             return token.strip() if scheme.lower() == "bearer" and token.strip() else None
     return None
-
-
-def _cpu_timed(fn: Any) -> Any:
-    """fn(**kwargs) -> (its result, the CPU seconds its thread spent in it)."""
-
-    def timed(**kwargs: Any) -> tuple[Any, float]:
-        started = time.thread_time()
-        result = fn(**kwargs)
-        return result, time.thread_time() - started
-
-    return timed
-
-
-@dataclass(frozen=True)
-class _ShareItem:
-    """A socket's share waiting for its turn (pool.turns), with the socket's limits, catalogue and swarm
-    (batches are made by them: batch-mates have the same)."""
-
-    share: ShareIn
-    limits: Limits
-    catalogue: Catalogue
-    swarm: SwarmOfBatch
-
-
-async def _shares_together(items: list[_ShareItem]) -> list[tuple[ShareResult, float] | Exception]:
-    """Several sockets' shares stored together on a database thread: per share, its result and its part
-    of the thread's CPU (by groups), or what it raised."""
-    shares = [item.share for item in items]
-    metrics.SHARES_TOGETHER.observe(len(shares))
-    results, cpu = await db_call(_cpu_timed(rollout_share_batch), retry_lost=True)(
-        shares=shares, catalogue=items[0].catalogue, limits=items[0].limits, swarm=items[0].swarm
-    )
-    groups = sum(len(share.rollouts) for share in shares) or 1
-    return [
-        result if isinstance(result, Exception) else (result, cpu * len(share.rollouts) / groups)
-        for share, result in zip(shares, results, strict=True)
-    ]
-
-
-def _sampled_groups(*, node: Any, n: int, window_seconds: int, swarm_id: int) -> Raw:
-    """What a `sample` answers: the groups drawn, as the JSON list of the reply's member "rollouts",
-    each group's JSON made from its row (pool.payloads.sampled_group_json); the groups sent are
-    recorded as served to the node (credit needs it)."""
-    with metrics.SAMPLE_SECONDS.time():
-        drawn = rollout_sample_json(node=node, n=n, window_seconds=window_seconds, swarm_id=swarm_id)
-    rollout_served_record(node=node, rollout_ids=[rollout_id for rollout_id, _ in drawn])
-    return Raw("[" + ",".join(text for _, text in drawn) + "]")
 
 
 _closing_tasks: set[asyncio.Task] = set()  # closes under way (a task nobody holds may be collected)
@@ -207,9 +160,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
             if isinstance(exc, _DEPENDENCY_DOWN):  # the incident, not a bug: one line per outage, no trace
                 outage.dependency_failed(exc)
             else:
-                logger.exception("opening a node socket failed; closed with %s", CLOSE_TRY_AGAIN)
-            await self.disconnect(CLOSE_TRY_AGAIN)
-            await self.close(code=CLOSE_TRY_AGAIN)
+                logger.exception("opening a node socket failed; closed with %s", protocol.CLOSE_TRY_AGAIN)
+            await self.disconnect(protocol.CLOSE_TRY_AGAIN)
+            await self.close(code=protocol.CLOSE_TRY_AGAIN)
 
     async def _open(self) -> None:
         token = _bearer_token(self.scope)
@@ -231,7 +184,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (pool.ratelimit)
             self.stored = None  # the bytes the last share left stored this hour (its budgets' next check)
         except ApplicationError as exc:
-            await self.close(code=CLOSE_BANNED if exc.code == "banned" else CLOSE_UNAUTHENTICATED)
+            await self.close(code=protocol.CLOSE_BANNED if exc.code == "banned" else protocol.CLOSE_UNAUTHENTICATED)
             return
         self.node = node
         metrics.socket_opened()  # paired with socket_closed() in disconnect(), which runs once self.node is set
@@ -256,7 +209,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 logger.exception("node %s: charging its last frame failed", node.id)
             try:
                 await db_call(presence.connection_close, retry_lost=True)(
-                    node_id=node.id, connection_id=self.connection_id
+                    node_id=node.id,
+                    connection_id=self.connection_id,
+                    swarm_id=None if self.place is None else self.place.swarm_id,
                 )
             except Exception as exc:  # the record expires by itself (presence.expires_after_seconds())
                 if not outage.dependency_failed(exc):
@@ -352,36 +307,36 @@ class NodeConsumer(AsyncWebsocketConsumer):
             if place.state == protocol.STATE_PAUSED:
                 await self._paused(message.ref)
                 return None
-            # A few batches of shares verify and insert at once (one's database wait overlaps another's
-            # verification); the others wait their turn, the nodes that cost the least lately first,
-            # and shares of other nodes of the same swarm waiting at once go together (pool.turns).
-            share_turns = turns.share_turns()
-            item = _ShareItem(
-                ShareIn(node=node, rollouts=message.rollouts, stored=self.stored),
-                self.limits,
-                place.catalogue,
-                SwarmOfBatch(place.swarm_id, place.catalogue_version),
+            # The share waits for its turn, behind the nodes that cost the least lately, and goes with
+            # other nodes' shares of the same swarm waiting at once (pool.ingest, step 0).
+            result, cpu = await rollout_share_in_turn(
+                share=ShareIn(node=node, rollouts=message.rollouts, stored=self.stored),
+                limits=self.limits,
+                catalogue=place.catalogue,
+                swarm=SwarmOfBatch(place.swarm_id, place.catalogue_version),
+                frame_cpu=self.frame_cpu,
             )
-            key = (self.limits, place.catalogue, place.swarm_id)
-            result, cpu = await share_turns.share(node.id, item, _shares_together, key=key)
             self.stored = result.stored
-            share_turns.spent(node.id, self.frame_cpu + cpu)
             self.frame_cpu += cpu
-            metrics.share_answered(result)
-            return {"type": "ack", "for": "share", "accepted": result.accepted, "rejected": result.rejected}
+            return {
+                "type": protocol.ACK,
+                "for": protocol.SHARE,
+                "accepted": result.accepted,
+                "rejected": result.rejected,
+            }
         if isinstance(message, Sample):
             place = await self._in_swarm()
             if place.state == protocol.STATE_PAUSED:
                 await self._paused(message.ref)
                 return None
-            rollouts = await db_call(_sampled_groups, retry_lost=True)(
+            rollouts = await db_call(rollout_sample, retry_lost=True)(
                 node=node, n=message.n, window_seconds=self.limits.sample_window_seconds, swarm_id=place.swarm_id
             )
-            return {"type": "samples", "rollouts": rollouts}
+            return {"type": protocol.SAMPLES, "rollouts": rollouts}
         if isinstance(message, Report):
             place = await self._in_swarm()
             await db_call(node_round_report)(node=node, report=message, limits=self.limits, swarm_id=place.swarm_id)
-            return {"type": "ack", "for": "report", "round": message.round}
+            return {"type": protocol.ACK, "for": protocol.REPORT, "round": message.round}
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
             assert_never(message)
         try:
@@ -410,7 +365,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         # (a node told the configured 600 while held to 195 was refused by the hundred).
         limits = {**limits, "max_messages_per_minute": int(self.budget.messages)}
         return {
-            "type": "welcome",
+            "type": protocol.WELCOME,
             "node_id": node.id,
             "node_name": node.name,
             "catalogue": catalogue,
@@ -438,12 +393,13 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.place = place
         self.limits = place_limits(self.site_limits, place)
         socket_closes().swarm_join(self, place.swarm_id)
+        presence.socket_book().joined(self.connection_id, place.swarm_id)  # written with the next beat
 
     async def _paused(self, ref: str | None) -> None:
         # Not an error of the node's: it does not count towards max_consecutive_errors.
         assert self.place is not None
         detail = f"swarm {self.place.slug!r} is paused: train in silo, share again when it opens"
-        await self._send({"type": "error", "code": protocol.SWARM_PAUSED, "detail": detail}, ref)
+        await self._send({"type": protocol.ERROR, "code": protocol.SWARM_PAUSED, "detail": detail}, ref)
 
     def swarm_changed(self, event: dict[str, Any]) -> None:
         """The socket's swarm changed state (pool.closes, on the event loop): tell the node; a retired
@@ -474,6 +430,6 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def _error(self, code: str, detail: str, ref: str | None) -> None:
         if code != protocol.INTERNAL_ERROR:  # the server's own failures never count against the node
             self.consecutive_errors += 1
-        await self._send({"type": "error", "code": code, "detail": detail}, ref)
+        await self._send({"type": protocol.ERROR, "code": code, "detail": detail}, ref)
         if self.consecutive_errors >= self.limits.max_consecutive_errors:
-            await self._shut(CLOSE_TOO_MANY_ERRORS)
+            await self._shut(protocol.CLOSE_TOO_MANY_ERRORS)

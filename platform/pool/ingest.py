@@ -1,6 +1,8 @@
-"""A share's server path, top to bottom (docs/protocol.md, "share"): what the node socket calls when a
-share's turn comes (pool.consumers through pool.turns, on a database thread), in order:
+"""A share's server path, top to bottom (docs/protocol.md, "share"): what the node socket calls for a
+`share` (pool.consumers), in order:
 
+0. turn: the share waits for its turn (pool.turns), then goes, with the shares of other nodes that
+   waited at the same time, as one batch on a database thread (`rollout_share_in_turn`);
 1. budgets: the node's and its contributor's hourly storage budgets (pool.budgets), before any work;
 2. verify: every group rebuilt from its task and every completion scored again (pool.verification);
 3. screen: moderation's rules decide what is held (pool.seams, implemented by moderation), before
@@ -8,12 +10,13 @@ share's turn comes (pool.consumers through pool.turns, on a database thread), in
 4. store: one INSERT statement for the batch, moderation's record part of it (pool.ingest_statement);
 5. answer: a verdict per group, in the order sent.
 
-Shares of different nodes that waited for a turn together go through it as one batch
+Shares of different nodes that waited for a turn together go through steps 1-5 as one batch
 (`rollout_share_batch`), each answered as it would have been alone.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -23,7 +26,9 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 
 from common import metrics
+from common.db import db_call
 from common.errors import ApplicationError
+from pool import turns
 from pool.budgets import StoredBytes, storage_check
 from pool.ingest_statement import ScreenedShare, SwarmOfBatch, insert_batch
 from pool.limits import Limits, current_limits
@@ -50,6 +55,57 @@ class ShareResult:
     accepted: list[str] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)  # [{"id", "reason"}]
     stored: StoredBytes | None = None  # after this share (the one given to rollout_share if it stored nothing)
+
+
+@dataclass(frozen=True)
+class _InTurn:
+    """A share waiting for its turn, with its socket's limits, catalogue and swarm (batch-mates have the
+    same: they are the turn's key)."""
+
+    share: ShareIn
+    limits: Limits
+    catalogue: Catalogue
+    swarm: SwarmOfBatch
+
+
+async def rollout_share_in_turn(
+    *, share: ShareIn, limits: Limits, catalogue: Catalogue, swarm: SwarmOfBatch, frame_cpu: float = 0.0
+) -> tuple[ShareResult, float]:
+    """0. turn: `rollout_share` of a node socket's share, once its turn comes (pool.turns: behind the
+    shares of nodes that cost less CPU lately, together with other nodes' shares of the same limits,
+    catalogue and swarm that wait at the same time), on a database thread. Returns the result and the
+    share's part of its batch's CPU seconds; the node's recent CPU, which orders its next turns, grows
+    by that and by `frame_cpu` (what the frame cost before: parsing it). Raises what rollout_share
+    raises."""
+    share_turns = turns.share_turns()
+    waiting = _InTurn(share, limits, catalogue, swarm)
+    result, cpu = await share_turns.share(share.node.id, waiting, _batch_in_turn, key=(limits, catalogue, swarm))
+    share_turns.spent(share.node.id, frame_cpu + cpu)
+    metrics.share_answered(result)
+    return result, cpu
+
+
+async def _batch_in_turn(batch: list[_InTurn]) -> list[tuple[ShareResult, float] | Exception]:
+    """The shares whose turn came, stored together on a database thread: per share, its result and its
+    part of the thread's CPU (by groups), or what it raised."""
+    shares = [waiting.share for waiting in batch]
+    metrics.SHARES_TOGETHER.observe(len(shares))
+    first = batch[0]
+    results, cpu = await db_call(_share_batch_timed, retry_lost=True)(
+        shares=shares, catalogue=first.catalogue, limits=first.limits, swarm=first.swarm
+    )
+    groups = sum(len(share.rollouts) for share in shares) or 1
+    return [
+        result if isinstance(result, Exception) else (result, cpu * len(share.rollouts) / groups)
+        for share, result in zip(shares, results, strict=True)
+    ]
+
+
+def _share_batch_timed(**kwargs: Any) -> tuple[list[ShareResult | Exception], float]:
+    """`rollout_share_batch(**kwargs)`, and the CPU seconds its thread spent in it."""
+    started = time.thread_time()
+    results = rollout_share_batch(**kwargs)
+    return results, time.thread_time() - started
 
 
 def rollout_share(

@@ -11,7 +11,7 @@ from pool.models import Rollout
 
 class SampledGroup(NamedTuple):
     """A group drawn for a `samples` reply, as the reply carries it: from the draw's row
-    (pool.selectors) or from a Rollout (its later rounds). `completions` and `rewards` are JSON text
+    (pool.sampling) or from a Rollout (its later rounds). `completions` and `rewards` are JSON text
     as PostgreSQL wrote the jsonb (the draw's raw cursor), or the values (a Rollout's)."""
 
     id: uuid.UUID

@@ -1,8 +1,9 @@
 """Writes to the pool besides sharing (pool.ingest): moderation status, round reports, what was
-served, and pruning.
+served (pool.sampling's last step), and the pruning of served records and past hours' storage counts.
 
-Every function is synchronous and runs its own transaction; consumers call them through
-`database_sync_to_async`. Side effects on the channel layer happen on commit only.
+Every function is synchronous and commits its own writes (inside a caller's transaction, they are
+part of it); the node socket calls them on a database thread (common.db.db_call). None sends
+anything to the channel layer.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from django.utils import timezone
 from common.compact_json import dumps
 from common.errors import ApplicationError
 from pool.budgets import ROW_OVERHEAD_BYTES, hour_of, storage_charge, storage_check, utf8_len
-
-# pool.consumers takes the share path's entry point and its types from here.
 from pool.limits import Limits, current_limits
 from pool.messages import Report
 from pool.models import (
@@ -52,7 +51,8 @@ def rollout_set_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID],
     Announces the change first (pool.signals.rollouts_moderation_changing, same transaction: the
     leaderboard's folded figures move the groups' credit while the old status is still readable).
     Moving a group back to "ok" makes it sampleable again if it was accepted and has variance; a group
-    sampleable for the first time gets a new sample number (drawn from the same sequence).
+    sampleable for the first time gets a sample number from its swarm's sequence; a group it already
+    had keeps it. Any other status takes the groups out of sampling.
     """
     if status not in ModerationStatus.values:
         raise ApplicationError("invalid_status", f"unknown moderation status {status!r}")
@@ -128,9 +128,10 @@ def node_round_report(
 
 def rollout_served_record(*, node: Any, rollout_ids: Sequence[uuid.UUID], now: datetime | None = None) -> None:
     """Remember that these groups were sent to the node in a `samples` reply (what makes a later
-    `report.used` of them count). One statement. A group served again keeps its first time: a group is
-    sampleable for the sampling window after it was shared, so a record kept for the window and a day
-    after it was first served outlives every report that can name it."""
+    `report.used` of them count): one statement, then, at most every PRUNE_EVERY_SECONDS across the
+    processes, the pruning of records past their use (`_prune_if_due`). A group served again keeps its
+    first time: a group is sampleable for the sampling window after it was shared, so a record kept
+    for the window and a day after it was first served outlives every report that can name it."""
     if not rollout_ids:
         return
     now = now or timezone.now()

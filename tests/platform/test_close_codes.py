@@ -44,8 +44,8 @@ def test_every_close_code_of_the_protocol_can_be_sent(code):
 
 
 def _close_codes_in_platform() -> list[tuple[str, object]]:
-    """(where, the code) of every close call in platform/: an int literal as it is, a name as the
-    protocol constant it must be (any other expression is a variable carrying one of those)."""
+    """(where, the code) of every close call in platform/: an int literal as it is, a name (or
+    protocol.<name>) as the protocol constant it must be (any other expression is a variable carrying one of those)."""
     found = []
     for path in PLATFORM.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -64,6 +64,8 @@ def _close_codes_in_platform() -> list[tuple[str, object]]:
                     found.append((where, arg.value))
                 elif isinstance(arg, ast.Name) and arg.id.startswith("CLOSE_"):
                     found.append((where, getattr(protocol, arg.id, arg.id)))
+                elif isinstance(arg, ast.Attribute) and arg.attr.startswith("CLOSE_"):  # protocol.CLOSE_...
+                    found.append((where, getattr(protocol, arg.attr, arg.attr)))
     return found
 
 
@@ -142,7 +144,7 @@ async def test_the_servers_own_failures_never_close_a_socket_with_4429(node_toke
         raise django.db.OperationalError('connection failed: connection to server at "127.0.0.1" refused')
 
     socket_ = await open_socket(node_token, hello=True)
-    monkeypatch.setattr(consumers, "_sampled_groups", down)
+    monkeypatch.setattr(consumers, "rollout_sample", down)
     with caplog.at_level(logging.WARNING):
         for i in range(25):
             await socket_.send_json_to({"type": "sample", "v": 1, "ref": f"r{i}", "n": 2})

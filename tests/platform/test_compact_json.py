@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from common.compact_json import Raw, dumps, dumps_floats, dumps_object, dumps_texts
+from common.compact_json import Raw, RawList, dumps, dumps_floats, dumps_object, dumps_texts
 
 
 @pytest.mark.parametrize(
@@ -65,24 +65,35 @@ def _value(rng: random.Random, depth: int = 0):
     return {f"k{i}": _value(rng, depth + 1) for i in range(rng.randint(0, 3))}
 
 
+def _already_json(value, rng: random.Random):
+    """`value` given as JSON text: a Raw of its text, or, for a list, a RawList of its items' texts."""
+    if isinstance(value, list) and rng.random() < 0.5:
+        return RawList([json.dumps(item, ensure_ascii=False) for item in value])
+    return Raw(json.dumps(value, ensure_ascii=False))
+
+
 def test_an_object_with_members_already_in_json_is_the_object_json_would_write():
-    """dumps_object: the same object, member order kept, whichever members come as Raw text (none, some
-    in runs, all), with keys and texts JSON must escape; without Raw, json's own text."""
+    """dumps_object: the same object, member order kept, whichever members come as Raw text or as a
+    RawList of their items' texts (none, some in runs, all; lists empty, of one, of several), with keys
+    and texts JSON must escape; without either, json's own text."""
     rng = random.Random(11)
+    lists = 0
     for _ in range(3000):
         members = {
             rng.choice(["type", "ref", 'k"ey', "ключ", f"m{rng.randint(0, 99)}"]): _value(rng)
             for _ in range(rng.randint(0, 6))
         }
+        if rng.random() < 0.3:  # a reply's list of groups: objects of their own, or nothing
+            members[rng.choice(["rollouts", "m0"])] = [_value(rng) for _ in range(rng.randint(0, 4))]
         raw = {key for key in members if rng.random() < 0.4}
-        given = {
-            key: Raw(json.dumps(value, ensure_ascii=False)) if key in raw else value for key, value in members.items()
-        }
+        given = {key: _already_json(value, rng) if key in raw else value for key, value in members.items()}
+        lists += sum(type(value) is RawList for value in given.values())
         text = dumps_object(given)
         assert json.loads(text) == members
         assert list(json.loads(text)) == list(members)
         if not raw:
             assert text == json.dumps(members, separators=(",", ":")) and text.isascii()
+    assert lists > 300  # the RawList members were many, of every length drawn
 
 
 def test_a_raw_value_anywhere_but_a_member_is_refused_not_quoted():
@@ -90,3 +101,7 @@ def test_a_raw_value_anywhere_but_a_member_is_refused_not_quoted():
         dumps_object({"outer": {"inner": Raw("[1]")}})
     with pytest.raises(TypeError):
         dumps({"outer": Raw("[1]")})
+    with pytest.raises(TypeError):
+        dumps_object({"outer": [RawList(["1"])]})
+    with pytest.raises(TypeError):
+        dumps({"outer": RawList(["1"])})

@@ -65,12 +65,40 @@ def test_a_record_nobody_renews_expires_and_the_heartbeat_keeps_it(store, node):
 
 def test_a_restarted_server_forgets_its_own_sockets_not_other_servers(store, node, settings):
     other = make_node(name="desktop")
-    presence.connections_renew(connections={uuid.uuid4(): node.id})
+    presence.connections_renew(connections={uuid.uuid4(): node.id}, swarms={})
+    mine_in_a_swarm = uuid.uuid4()
+    presence.connections_renew(connections={mine_in_a_swarm: node.id}, swarms={mine_in_a_swarm: 7})
     settings.SAPO_SERVER_NAME = "elsewhere"
-    presence.connections_renew(connections={uuid.uuid4(): other.id})
+    theirs = uuid.uuid4()
+    presence.connections_renew(connections={theirs: other.id}, swarms={theirs: 7})
     settings.SAPO_SERVER_NAME = "here"
-    assert presence.presence_server_start() == 1
+    assert presence.presence_server_start() == 2
     assert presence.connected_node_ids() == {other.id}
+    assert presence.connected_node_ids(swarm_id=7) == {other.id}
+
+
+def test_a_sockets_record_carries_the_swarm_it_is_in(store, node):
+    """The swarm's nodes online read presence: each record says its socket's swarm once known, for the
+    counts, the node filter and a close alike; a socket not placed yet counts in no swarm."""
+    other, third = make_node(name="desktop"), make_node(name="gpu")
+    easy, paper, unplaced = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    presence.connections_renew(
+        connections={easy: node.id, paper: other.id, unplaced: third.id}, swarms={easy: 1, paper: 2}
+    )
+    assert presence.connected_node_ids() == {node.id, other.id, third.id}
+    assert presence.connected_node_ids(swarm_id=1) == {node.id}
+    assert presence.connection_counts(swarm_id=2) == {other.id: 1}
+    assert presence.connected_node_ids(swarm_id=3) == set()
+    in_paper = Node.objects.filter(presence.connected_filter(swarm_id=2)).values_list("id", flat=True)
+    assert list(in_paper) == [other.id]
+    # The unplaced socket's hello named swarm 1: its next renewal moves it there.
+    presence.connections_renew(connections={unplaced: third.id}, swarms={unplaced: 1})
+    assert presence.connected_node_ids(swarm_id=1) == {node.id, third.id}
+    presence.connection_close(node_id=other.id, connection_id=paper, swarm_id=2)
+    assert presence.connected_node_ids(swarm_id=2) == set()
+    assert presence.connected_node_ids() == {node.id, third.id}
+    later = timezone.now() + timedelta(seconds=presence.expires_after_seconds() + 1)
+    assert presence.connected_node_ids(swarm_id=1, now=later) == set()
 
 
 def test_status_reads_presence_and_last_seen(store, node):

@@ -1,8 +1,9 @@
-"""Uniform sampling from the pool (pool.selectors.rollout_sample_json) and what is never sampled."""
+"""Uniform sampling from the pool (pool.sampling.rollout_sample) and what is never sampled."""
 
 from __future__ import annotations
 
 import random
+import uuid
 from collections import Counter
 from datetime import timedelta
 
@@ -10,10 +11,12 @@ import pytest
 from factories import make_node
 from support.pool import EASY, make_group, sampled, to_rollout_in
 
-from pool import selectors
+from common.compact_json import dumps_object
+from pool import sampling
 from pool.ingest import rollout_share
-from pool.models import Rollout
+from pool.models import Rollout, ServedGroup
 from pool.services import rollout_set_moderation
+from sapo_node import protocol
 
 pytestmark = pytest.mark.django_db
 DAY = 86_400
@@ -35,7 +38,7 @@ def sampled_ids(node, n=50, **kwargs) -> set[str]:
 def path(request, monkeypatch):
     """Run each test through both draws: listing a small window, and probing random numbers."""
     if request.param == "probe":
-        monkeypatch.setattr(selectors, "ENUMERATE_BELOW", 0)
+        monkeypatch.setattr(sampling, "ENUMERATE_BELOW", 0)
     return request.param
 
 
@@ -99,7 +102,7 @@ def test_a_held_group_first_released_gets_a_sample_number():
 def test_draws_are_uniform_despite_holes_in_the_numbering(monkeypatch):
     """Chi-square check: with half the numbers unusable (own groups, moderated), every eligible
     group is drawn equally often."""
-    monkeypatch.setattr(selectors, "ENUMERATE_BELOW", 0)
+    monkeypatch.setattr(sampling, "ENUMERATE_BELOW", 0)
     asker, author = make_node(), make_node()
     groups = [easy_group(i) for i in range(40)]
     share(author, *groups[:20])
@@ -158,7 +161,7 @@ def test_completions_are_compressed_with_lz4_where_the_server_has_it_and_read_ba
 
 
 def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> None:
-    """rollout_sample_json (the node socket's `samples`) writes each group's JSON by hand
+    """rollout_sample (the node socket's `samples`) writes each group's JSON by hand
     (pool.payloads.sampled_group_json): the same object as the stored group's fields encoded by json,
     texts with quotes, backslashes, line breaks and non-ASCII characters included, through both draws."""
     import json
@@ -181,8 +184,12 @@ def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> N
     for group in groups[::2]:  # two wrong completions (reward 0) with texts JSON must escape
         group["completions"][2:] = odd[:2] if group is groups[0] else odd[1:]
     share(author, *groups)
-    drawn = selectors.rollout_sample_json(node=asker, n=8, window_seconds=DAY, rng=random.Random(3))
-    assert len(drawn) == 8
-    stored = {r.id: r for r in Rollout.objects.select_related("node").filter(id__in=[i for i, _ in drawn])}
-    for rollout_id, text in drawn:
-        assert json.loads(text) == json.loads(json.dumps(protocol_object(stored[rollout_id])))
+    drawn = sampling.rollout_sample(node=asker, n=8, window_seconds=DAY, rng=random.Random(3))
+    reply = json.loads(dumps_object({"type": protocol.SAMPLES, "rollouts": drawn}))  # as the socket sends it
+    assert [json.loads(text) for text in drawn.texts] == reply["rollouts"] and len(reply["rollouts"]) == 8
+    ids = [uuid.UUID(group["id"]) for group in reply["rollouts"]]
+    stored = {r.id: r for r in Rollout.objects.select_related("node").filter(id__in=ids)}
+    for rollout_id, group in zip(ids, reply["rollouts"], strict=True):
+        assert group == json.loads(json.dumps(protocol_object(stored[rollout_id])))
+    # The groups sent are the node's to report as used (and only those).
+    assert set(ServedGroup.objects.filter(node=asker).values_list("rollout_id", flat=True)) == set(ids)

@@ -21,7 +21,6 @@ PLATFORM = Path(__file__).resolve().parents[2] / "platform"
 #: builds SQL from text (or no longer exists), so the set cannot keep a path it no longer needs.
 PENDING_OTHER_BRANCHES = frozenset(
     {
-        "platform/pool/selectors.py",
         "platform/web/stats.py",
         "platform/web/teams.py",
     }

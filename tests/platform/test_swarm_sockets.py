@@ -11,6 +11,7 @@ from factories import make_node_with_token, make_swarm, make_user
 from node_sockets import ask, close_code, open_socket
 from support.pool import EASY, SAPO, make_group, share_frame
 
+from nodes import presence
 from pool.models import NodeRound, Rollout
 from sapo_node import protocol
 from swarms.services import swarm_default_ensure, swarm_state_set
@@ -52,6 +53,28 @@ async def test_nodes_of_two_swarms_share_and_sample_only_their_own_swarms_groups
         assert [g["id"] for g in reply["rollouts"]] == [shared[partner[0].id]]
     for socket in sockets.values():
         await socket.disconnect()
+
+
+async def test_a_connected_nodes_presence_carries_the_swarm_its_hello_named():
+    """What the swarm's nodes online read: each open socket's presence record is in the swarm its hello
+    named (written with the process's next beat), and leaves it when the socket closes."""
+    easy = await sync_to_async(make_swarm)(slug="easy", catalogue="easy")
+    paper = await sync_to_async(make_swarm)(slug="paper", catalogue="sapo")
+    easy_node, easy_token = await sync_to_async(make_node_with_token)(name="easy-node")
+    paper_node, paper_token = await sync_to_async(make_node_with_token)(name="paper-node")
+    easy_socket, _ = await joined(easy_token, "easy")
+    paper_socket, _ = await joined(paper_token, "paper")
+    await presence.socket_book().beat(renew=False)  # the beat that follows within SEEN_EVERY_SECONDS
+
+    def online_in(swarm) -> set[int]:
+        return presence.connected_node_ids([easy_node.id, paper_node.id], swarm_id=swarm.id)
+
+    assert await sync_to_async(online_in)(easy) == {easy_node.id}
+    assert await sync_to_async(online_in)(paper) == {paper_node.id}
+    await paper_socket.disconnect()
+    assert await sync_to_async(online_in)(paper) == set()
+    assert await sync_to_async(online_in)(easy) == {easy_node.id}
+    await easy_socket.disconnect()
 
 
 async def test_a_dataset_outside_the_nodes_swarm_is_rejected_with_unknown_task():

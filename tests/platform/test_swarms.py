@@ -3,14 +3,17 @@ one default swarm, and sampling that stays index lookups in one swarm's numbers.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import IntegrityError, connection, transaction
 from factories import make_node, make_swarm, make_user
+from psycopg import sql
 
 from common.errors import ApplicationError
 from moderation.models import AuditEntry, ModerationRule
 from moderation.rules import rules_forget
-from pool import selectors
+from pool import sampling
 from pool.models import Rollout
 from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue
@@ -197,9 +200,9 @@ FROM generate_series(1, %(n)s) AS g
 """
 
 
-def _plan(sql: str, params: dict) -> str:
+def _plan(statement: str, params: dict) -> str:
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + sql, params)
+        cursor.execute(sql.SQL("EXPLAIN {}").format(sql.SQL(statement)), params)
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
@@ -214,10 +217,10 @@ def test_sampling_with_two_swarms_is_index_lookups_in_the_askers_swarm(staff):
     with connection.cursor() as cursor:
         cursor.execute("SELECT swarm_id, min(sample_seq), max(sample_seq) FROM pool_rollout GROUP BY 1 ORDER BY 1")
         assert cursor.fetchall() == [(first.id, 1, 20_000), (second.id, 1, 20_000)]
-    params = {"cutoff": "-infinity", "node": asker.id, "swarm": first.id}
-    plan = _plan(selectors._DRAW_SQL.format(k=12), params)
+    params = {"cutoff": "-infinity", "node": asker.id, "swarm": first.id, "k": 12}
+    plan = _plan(sampling._DRAW_TEXT, params)  # the statement a `sample` runs
     assert "Seq Scan" not in plan and "Bitmap Heap Scan on pool_rollout" not in plan, plan
     assert "pool_rollout_swarm_seq_idx" in plan and "pool_rollout_swarm_fresh_idx" in plan, plan
-    drawn = selectors.rollout_sample_json(node=asker, n=8, window_seconds=10**6, swarm_id=second.id)
-    ids = [i for i, _ in drawn]
+    drawn = sampling.rollout_sample(node=asker, n=8, window_seconds=10**6, swarm_id=second.id)
+    ids = [json.loads(text)["id"] for text in drawn.texts]
     assert len(ids) == 8 and set(Rollout.objects.filter(id__in=ids).values_list("swarm_id", flat=True)) == {second.id}

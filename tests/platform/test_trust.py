@@ -150,9 +150,9 @@ def test_sample_acceptance_is_linear_between_the_floor_and_one():
 def test_trust_weighted_sampling_prefers_trusted_authors(monkeypatch, enumerate_below):
     import random
 
-    import pool.selectors
+    import pool.sampling
 
-    monkeypatch.setattr(pool.selectors, "ENUMERATE_BELOW", enumerate_below)
+    monkeypatch.setattr(pool.sampling, "ENUMERATE_BELOW", enumerate_below)
     trusted, fresh, asker = make_node(), make_node(), make_node()
     share(trusted, *[group(i) for i in range(100, 110)])
     share(fresh, *[group(i) for i in range(200, 210)])

@@ -67,10 +67,8 @@ DEFAULT_LIMITS = Limits()
 
 
 def sampled(node, n: int, *, window_seconds: int = 86_400, **kwargs) -> list[dict[str, Any]]:
-    """The groups a `sample` of `n` by `node` is answered with, as the node reads them: the selector
-    behind the reply (pool.selectors.rollout_sample_json), each group's protocol JSON parsed."""
-    from pool.selectors import rollout_sample_json
+    """The groups a `sample` of `n` by `node` is answered with, as the node reads them: what the socket
+    calls for the reply (pool.sampling.rollout_sample), each group's protocol JSON parsed."""
+    from pool.sampling import rollout_sample
 
-    return [
-        json.loads(text) for _, text in rollout_sample_json(node=node, n=n, window_seconds=window_seconds, **kwargs)
-    ]
+    return [json.loads(text) for text in rollout_sample(node=node, n=n, window_seconds=window_seconds, **kwargs).texts]

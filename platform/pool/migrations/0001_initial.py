@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        # Dense numbers for sampleable groups (pool.selectors.rollout_sample_json); holes left by rolled
+        # Dense numbers for sampleable groups (pool.sampling.rollout_sample); holes left by rolled
         # back inserts or moderation are harmless (the draw skips them).
         migrations.RunSQL(
             "CREATE SEQUENCE IF NOT EXISTS pool_rollout_sample_seq AS bigint START 1",
