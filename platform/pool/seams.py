@@ -17,7 +17,7 @@ plain message rate).
   own: docs/benchmarks.md, "How ingest is made fast"). `rollouts_recorded` follows the statement,
   with the ids really inserted (work that need not be atomic with the INSERT, such as an outlier scan
   now and then).
-- `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample_json, on its uniform draws; both return
+- `sample_keep` / `weighted_pick`: pool.sampling.rollout_sample, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.
 - `node_message_quotas`: pool.opening, when sockets open (those opening together in one call).
 """
