@@ -1,7 +1,7 @@
 """Teams, their membership periods, and badges (docs/leaderboard.md#teams, #badges).
 
 A team's credit is what its members earned *while members*: a `Membership` row is one period
-(joined_at, left_at), never deleted, so the figures (web.teams) can count each period's hours and
+(joined_at, left_at), never deleted, so the figures (figures.teams) can count each period's hours and
 nothing else. One open period per contributor: at most one team at a time.
 """
 

@@ -1,4 +1,4 @@
-"""Reads of teams, memberships and badges (the figures themselves are web.teams')."""
+"""Reads of teams, memberships and badges (the figures themselves are figures.teams')."""
 
 from __future__ import annotations
 

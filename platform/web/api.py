@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from figures import leaderboard, teams
 from rest_framework import status
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
@@ -18,7 +19,7 @@ from community.services import team_disband, team_edit, team_found, team_hand_ov
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from swarms.selectors import swarm_catalogue, swarm_get
-from web import profiles, selectors, teams
+from web import profiles, selectors
 from web.serializers import (
     ContributorFiguresSerializer,
     CurvePointSerializer,
@@ -42,15 +43,15 @@ from web.serializers import (
 from web.swarm_views import swarms_with_figures
 
 _BOARD_PARAMS = [
-    OpenApiParameter("view", OpenApiTypes.STR, enum=list(selectors.VIEWS), description="Default contributors."),
+    OpenApiParameter("view", OpenApiTypes.STR, enum=list(leaderboard.VIEWS), description="Default contributors."),
     OpenApiParameter(
         "sort",
         OpenApiTypes.STR,
-        enum=sorted({k for sorts in selectors.BOARD_SORTS.values() for k in sorts}),
+        enum=sorted({k for sorts in leaderboard.BOARD_SORTS.values() for k in sorts}),
         description="Default reward; a key the view does not sort by falls back to it.",
     ),
     OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
-    OpenApiParameter("page", OpenApiTypes.INT, description=f"{selectors.PAGE_SIZE} rows a page."),
+    OpenApiParameter("page", OpenApiTypes.INT, description=f"{leaderboard.PAGE_SIZE} rows a page."),
 ]
 
 
@@ -60,7 +61,7 @@ class LeaderboardApi(APIView):
 
     @extend_schema(parameters=_BOARD_PARAMS, responses=LeaderboardSerializer, summary="The public leaderboard")
     def get(self, request: Request) -> Response:
-        board = selectors.leaderboard(
+        board = leaderboard.leaderboard(
             view=request.query_params.get("view", "contributors"),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
@@ -125,7 +126,7 @@ class MyNodesApi(APIView):
     @extend_schema(responses=MyNodeSerializer(many=True), summary="My nodes with their figures")
     def get(self, request: Request) -> Response:
         nodes = list(node_list(owner=request.user))
-        figures = selectors.node_figures_for(nodes)
+        figures = leaderboard.node_figures_for(nodes)
         reports = selectors.last_reports(nodes=nodes)
         rows = []
         for node in nodes:

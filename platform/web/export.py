@@ -33,11 +33,11 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from figures.leaderboard import contributor_figures_all, listed_node_figures
+from figures.teams import team_figures_all
 
 from community.models import Team
 from community.selectors import badges_of_teams, badges_of_users, current_teams_of
-from web.selectors import contributor_figures_all, listed_node_figures
-from web.teams import team_figures_all
 
 SCHEMA_VERSION = 1
 EXPORT_EVERY = timedelta(days=1)

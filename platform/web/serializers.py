@@ -250,7 +250,7 @@ class TeamCurvePointSerializer(serializers.Serializer):
 
 
 class TeamDetailSerializer(serializers.Serializer):
-    """A team's page (web.teams.TeamDetail)."""
+    """A team's page (figures.teams.TeamDetail)."""
 
     name = serializers.CharField(source="team.name")
     slug = serializers.SlugField(source="team.slug")

@@ -1,5 +1,5 @@
 """Team pages: /teams/ (list, search, sort, found one) and /teams/<slug>/ (figures, members, actions).
-Thin, as web.views: validate -> community service or selector -> web.teams figures -> render."""
+Thin, as web.views: validate -> community service or selector -> figures.teams -> render."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
+from figures import teams
 
 from accounts.limits import client_address
 from common.errors import ApplicationError, NotFound, RateLimited
@@ -23,7 +24,7 @@ from community.services import (
     team_leave,
     team_moderate,
 )
-from web import selectors, teams
+from web import selectors
 
 
 def _team_or_404(request: HttpRequest, slug: str) -> Team:

@@ -13,6 +13,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from figures import credit, stats
+from figures import leaderboard as boards
 
 from alerts.selectors import alert_list, alert_settings_get
 from alerts.services import (
@@ -74,7 +76,7 @@ def download_file(request: HttpRequest, build_id: str, filename: str) -> HttpRes
 
 
 def _leaderboard_context(request: HttpRequest) -> dict:
-    board = selectors.leaderboard(
+    board = boards.leaderboard(
         view=request.GET.get("view", "contributors"),
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
@@ -96,15 +98,13 @@ def leaderboard_table(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def leaderboard_how(request: HttpRequest) -> HttpResponse:
-    from web import stats
-
     return render(
         request,
         "web/leaderboard_how.html",
         {
-            "half_life_days": stats.CREDIT_HALF_LIFE.days,
+            "half_life_days": credit.CREDIT_HALF_LIFE.days,
             "fold_lag_minutes": int(stats.FOLD_LAG.total_seconds() // 60),
-            "cache_seconds": selectors.FIGURES_CACHE_SECONDS,
+            "cache_seconds": boards.FIGURES_CACHE_SECONDS,
         },
     )
 
@@ -131,7 +131,7 @@ def _me_context(request: HttpRequest) -> dict:
     nodes = list(node_list(owner=request.user))
     return {
         "nodes": nodes,
-        "figures": selectors.node_figures_for(nodes),
+        "figures": boards.node_figures_for(nodes),
         "reports": selectors.last_reports(nodes=nodes),
     }
 
@@ -195,7 +195,7 @@ def _node_card(request: HttpRequest, node_id: int, **extra) -> HttpResponse:
     node = _access(request, node_id)
     context = {
         "node": node,
-        "figure": selectors.node_figures_for([node])[node.id],
+        "figure": boards.node_figures_for([node])[node.id],
         "report": selectors.last_reports(nodes=[node]).get(node.id),
         **extra,
     }

@@ -10,6 +10,8 @@ from django.core import signing
 from django.core.cache import cache
 from django.utils import timezone
 from factories import make_node
+from figures.leaderboard import FIGURES_CACHE_SECONDS
+from figures.stats import stats_rebuild
 from playwright.sync_api import expect
 
 from alerts.models import Alert, AlertSettings, Condition
@@ -17,8 +19,6 @@ from alerts.services import CONFIRM_SALT
 from nodes.models import Node
 from pool.models import NodeRound, Rollout, Verdict
 from swarms.services import swarm_default_ensure
-from web.selectors import FIGURES_CACHE_SECONDS
-from web.stats import stats_rebuild
 
 
 def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:

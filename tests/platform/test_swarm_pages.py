@@ -8,6 +8,7 @@ import json
 
 import pytest
 from factories import make_node, make_swarm, make_user
+from figures import stats
 from test_web_data import fresh_figures, make_group
 
 from moderation.models import AuditEntry
@@ -15,7 +16,6 @@ from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue
 from swarms.models import Swarm
 from swarms.services import swarm_state_set
-from web import stats
 
 pytestmark = pytest.mark.django_db
 

@@ -8,11 +8,11 @@ import re
 import pytest
 from django.urls import reverse
 from factories import make_node, make_node_token, make_user
+from figures import stats
 from test_web_data import fresh_figures, make_group
 
 from nodes.models import Node
 from pool.models import Verdict
-from web import stats
 
 pytestmark = pytest.mark.django_db
 

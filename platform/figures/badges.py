@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from accounts.models import User
 from community.models import MILESTONE_BADGES, RANK_BADGES, Badge, BadgeKind
-from web.selectors import contributor_figures_all
-from web.teams import team_figures_all
+from figures.leaderboard import contributor_figures_all
+from figures.teams import team_figures_all
 
 #: Recent credit (verified reward per day) above which a subject counts in the percentiles.
 ACTIVE_RECENT_CREDIT = 0.1

@@ -1,5 +1,5 @@
 """Team figures: what members earned while members, from the folded per-hour table (NodeHour) plus
-the live rows the fold has not counted yet, read in one snapshot (web.stats). docs/leaderboard.md#teams.
+the live rows the fold has not counted yet, read in one snapshot (figures.stats). docs/leaderboard.md#teams.
 
 A membership period [joined_at, left_at) counts, for each of the member's nodes:
 - the whole hours from the hour of joining up to (not including) the hour of leaving, from the hour
@@ -23,65 +23,64 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
+from psycopg import sql
 
 from community.models import Membership, Team
 from community.selectors import badges_of_teams, team_list
+from figures import credit
+from figures.stats import Measures, live_rows, snapshot
 from nodes.models import ONLINE_WINDOW, Node
 from nodes.presence import PresenceUnknown, connected_filter
-from web.stats import CREDIT_EPOCH, CREDIT_HALF_LIFE, Measures, live_rows, recent_average_credit, snapshot
 
 TEAM_FIGURES_CACHE_SECONDS = 15
 TEAM_CURVE_DAYS = 7
 TEAM_PAGE_SIZE = 25
 
 # The members' nodes of each period; banned nodes and contributors earn their team nothing.
-_PERIOD_NODES = """
+_PERIOD_NODES = sql.SQL("""
 FROM community_membership m
 JOIN accounts_user u ON u.id = m.user_id AND u.banned_at IS NULL
 JOIN nodes_node n ON n.owner_id = m.user_id AND n.banned_at IS NULL
-"""
+""")
 
-# Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it.
-_HOURS_SQL = (
-    """
+
+def _hours_sql(team_filter: sql.Composable) -> sql.Composed:
+    """Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it.
+    Each hour's reward decays from the start of the hour."""
+    return sql.SQL("""
 SELECT m.id, m.team_id, m.user_id, CASE WHEN h.hour >= %(since)s THEN h.hour END AS hour,
-       sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward),
-       sum(h.verified_reward * power(2.0::float8, extract(epoch FROM h.hour - %(epoch)s)::float8 / %(half_life)s))
-"""
-    + _PERIOD_NODES
-    + """
+       sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward), sum({growth})
+{period_nodes}
 JOIN web_nodehour h ON h.node_id = n.id AND h.hour >= date_trunc('hour', m.joined_at)
      AND (m.left_at IS NULL OR h.hour < date_trunc('hour', m.left_at))
-{team_filter}
+WHERE {team_filter}
 GROUP BY 1, 2, 3, 4
-"""
-)
+""").format(
+        growth=credit.growth(sql.SQL("h.verified_reward"), sql.SQL("h.hour")),
+        period_nodes=_PERIOD_NODES,
+        team_filter=team_filter,
+    )
 
-# The groups of the hour of joining before joining (sign -1) and of the hour of leaving before
-# leaving (sign +1), from the pool, with the fold's definition of a credited group.
-_PARTS_SQL = (
-    """
-SELECT m.id, m.team_id, m.user_id, p.sign, p.lo,
-       count(*) FILTER (WHERE r.verdict = 'accepted'),
-       coalesce(sum(r.completion_count) FILTER (WHERE c.credited), 0),
-       coalesce(sum(c.reward) FILTER (WHERE c.credited), 0)
-"""
-    + _PERIOD_NODES
-    + """
+
+def _parts_sql(team_filter: sql.Composable) -> sql.Composed:
+    """The groups of the hour of joining before joining (sign -1) and of the hour of leaving before
+    leaving (sign +1), from the pool, with the fold's figures (figures.credit)."""
+    return sql.SQL("""
+SELECT m.id, m.team_id, m.user_id, p.sign, p.lo, {measures}
+{period_nodes}
 CROSS JOIN LATERAL (VALUES (-1, date_trunc('hour', m.joined_at), m.joined_at),
                            (1, date_trunc('hour', m.left_at), m.left_at)) AS p(sign, lo, hi)
 JOIN pool_rollout r ON r.node_id = n.id AND r.created_at >= p.lo AND r.created_at < p.hi
-CROSS JOIN LATERAL (
-    SELECT r.verdict = 'accepted' AND r.moderation_status NOT IN ('quarantined', 'rejected') AS credited,
-           (SELECT coalesce(sum(x::float8), 0)
-              FROM jsonb_array_elements_text(
-                   CASE WHEN jsonb_typeof(r.verified_rewards) = 'array' THEN r.verified_rewards ELSE '[]' END
-              ) AS x) AS reward
-) c
-WHERE p.hi IS NOT NULL {team_and}
+{lateral}
+WHERE p.hi IS NOT NULL AND {team_filter}
 GROUP BY 1, 2, 3, 4, 5
-"""
-)
+""").format(
+        measures=credit.measures(["accepted", "completions", "reward"]),
+        period_nodes=_PERIOD_NODES,
+        lateral=credit.credit_lateral(),
+        team_filter=team_filter,
+    )
+
 
 # The periods of the owners of some nodes that may cover hours of the live rows.
 _PERIODS_SQL = """
@@ -115,29 +114,21 @@ class TeamCredit:
             self.hours.setdefault((team_id, hour), Measures()).add(m)
 
 
-def _hour_growth(reward: float, hour: datetime) -> float:
-    return reward * 2.0 ** ((hour - CREDIT_EPOCH).total_seconds() / CREDIT_HALF_LIFE.total_seconds())
-
-
 def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -> TeamCredit:
     """Every team's credit (or one team's); with `since`, its hours from then on (the curve)."""
     credit = TeamCredit()
     since = since or datetime(9999, 1, 1, tzinfo=UTC)
-    params: dict[str, Any] = {
-        "epoch": CREDIT_EPOCH,
-        "half_life": CREDIT_HALF_LIFE.total_seconds(),
-        "team": team_id,
-        "since": since,
-    }
+    params: dict[str, Any] = {"team": team_id, "since": since}
     one_team = team_id is not None
+    team_filter = sql.SQL("m.team_id = %(team)s") if one_team else sql.SQL("TRUE")
     with snapshot():
         live = live_rows()
         with connection.cursor() as cursor:
-            cursor.execute(_HOURS_SQL.format(team_filter="WHERE m.team_id = %(team)s" if one_team else ""), params)
+            cursor.execute(_hours_sql(team_filter), params)
             for _, team, user, hour, accepted, completions, reward, growth in cursor.fetchall():
                 m = Measures(int(accepted), 0, 0, int(completions), float(reward), float(growth))
                 credit.add(team, user, m, hour)
-            cursor.execute(_PARTS_SQL.format(team_and="AND m.team_id = %(team)s" if one_team else ""), params)
+            cursor.execute(_parts_sql(team_filter), params)
             for _, team, user, sign, hour, accepted, completions, reward in cursor.fetchall():
                 m = Measures(
                     sign * int(accepted),
@@ -145,7 +136,7 @@ def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -
                     0,
                     sign * int(completions),
                     sign * float(reward),
-                    sign * _hour_growth(float(reward), hour),
+                    sign * credit.growth_of(float(reward), hour),
                 )
                 credit.add(team, user, m, hour if hour >= since else None)
             live_since = _hour_of(live.since or _FAR_PAST)
@@ -159,7 +150,7 @@ def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -
     for (node_id, hour), m in live.groups.by_node_hour.items():
         for team, user, joined_at, left_at in periods.get(node_id, ()):
             if _hour_of(joined_at) <= hour and (left_at is None or hour < _hour_of(left_at)):
-                counted = Measures(m.accepted, 0, 0, m.completions, m.reward, _hour_growth(m.reward, hour))
+                counted = Measures(m.accepted, 0, 0, m.completions, m.reward, credit.growth_of(m.reward, hour))
                 credit.add(team, user, counted, hour if hour >= since else None)
     return credit
 
@@ -206,10 +197,10 @@ def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int
 
 def _credit_and_online() -> tuple[dict[int, Measures], dict[int, int] | None]:
     """Each team's measures and nodes online: the costly part, cached TEAM_FIGURES_CACHE_SECONDS."""
-    cached = cache.get("web:team-credit")
+    cached = cache.get("figures:team-credit")
     if cached is None:
         cached = (_team_credit().by_team, _nodes_online_by_team(timezone.now()))
-        cache.set("web:team-credit", cached, TEAM_FIGURES_CACHE_SECONDS)
+        cache.set("figures:team-credit", cached, TEAM_FIGURES_CACHE_SECONDS)
     return cached
 
 
@@ -233,7 +224,7 @@ def team_figures_all() -> list[TeamFigures]:
                 accepted=m.accepted,
                 completions=m.completions,
                 verified_reward=m.reward,
-                recent_credit=recent_average_credit(m.growth, now=now),
+                recent_credit=credit.recent_average_credit(m.growth, now=now),
                 badges=badges.get(team.id, []),
                 created_at=team.created_at,
             )
@@ -271,7 +262,7 @@ def _team_credit_cached(*, team_id: int, since: datetime) -> TeamCredit:
     """One team's credit and curve, cached TEAM_FIGURES_CACHE_SECONDS as the list's: each membership
     period costs two pool scans (the hours of joining and leaving), so a team of thousands of periods
     is computed once per interval, not at every view (docs/leaderboard.md#teams)."""
-    key = f"web:team-credit:{team_id}:{since:%Y%m%d%H}"
+    key = f"figures:team-credit:{team_id}:{since:%Y%m%d%H}"
     credit = cache.get(key)
     if credit is None:
         credit = _team_credit(team_id=team_id, since=since)
@@ -304,7 +295,7 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
         accepted=m.accepted,
         completions=m.completions,
         verified_reward=m.reward,
-        recent_credit=recent_average_credit(m.growth, now=now),
+        recent_credit=credit.recent_average_credit(m.growth, now=now),
         badges=badges_of_teams([team.id]).get(team.id, []),
     )
     rows = []
