@@ -233,16 +233,19 @@ def listed(f: NodeFigures) -> bool:
 
 
 def listed_node_figures(*, swarm: Swarm | None = None) -> list[NodeFigures]:
-    """The nodes the public leaderboard lists (`listed`), with their figures (in `swarm`, or in all)."""
-    return [f for f in node_figures_all(swarm=swarm) if listed(f)]
+    """The nodes the public leaderboard lists (`listed`, on their figures over all swarms), with their
+    figures in `swarm` (or in all). Listing is decided on the totals, so a listed node's rows over the
+    swarms add up to its total row, the groups of a swarm where it has no accepted group included."""
+    if swarm is None:
+        return [f for f in node_figures_all() if listed(f)]
+    ids = {f.node_id for f in node_figures_all() if listed(f)}
+    return [f for f in node_figures_all(swarm=swarm) if f.node_id in ids]
 
 
 def contributor_figures_all(*, swarm: Swarm | None = None) -> list[ContributorFigures]:
     """Each contributor's listed nodes added up (in `swarm`, or in all)."""
     by_owner: dict[int, ContributorFigures] = {}
-    for f in node_figures_all(swarm=swarm):
-        if not listed(f):
-            continue
+    for f in listed_node_figures(swarm=swarm):
         c = by_owner.setdefault(
             f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor, username=f.username)
         )

@@ -27,7 +27,7 @@ from psycopg import sql
 
 from community.models import Membership, Team
 from community.selectors import badges_of_teams, team_list
-from figures import credit
+from figures import credit as rule
 from figures.stats import Measures, live_rows, snapshot
 from nodes.models import ONLINE_WINDOW, Node
 from nodes.presence import PresenceUnknown, connected_filter
@@ -56,7 +56,7 @@ JOIN web_nodehour h ON h.node_id = n.id AND h.hour >= date_trunc('hour', m.joine
 WHERE {team_filter}
 GROUP BY 1, 2, 3, 4
 """).format(
-        growth=credit.growth(sql.SQL("h.verified_reward"), sql.SQL("h.hour")),
+        growth=rule.growth(sql.SQL("h.verified_reward"), sql.SQL("h.hour")),
         period_nodes=_PERIOD_NODES,
         team_filter=team_filter,
     )
@@ -75,9 +75,9 @@ JOIN pool_rollout r ON r.node_id = n.id AND r.created_at >= p.lo AND r.created_a
 WHERE p.hi IS NOT NULL AND {team_filter}
 GROUP BY 1, 2, 3, 4, 5
 """).format(
-        measures=credit.measures(["accepted", "completions", "reward"]),
+        measures=rule.measures(["accepted", "completions", "reward"]),
         period_nodes=_PERIOD_NODES,
-        lateral=credit.credit_lateral(),
+        lateral=rule.credit_lateral(),
         team_filter=team_filter,
     )
 
@@ -136,7 +136,7 @@ def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -
                     0,
                     sign * int(completions),
                     sign * float(reward),
-                    sign * credit.growth_of(float(reward), hour),
+                    sign * rule.growth_of(float(reward), hour),
                 )
                 credit.add(team, user, m, hour if hour >= since else None)
             live_since = _hour_of(live.since or _FAR_PAST)
@@ -150,7 +150,7 @@ def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -
     for (node_id, hour), m in live.groups.by_node_hour.items():
         for team, user, joined_at, left_at in periods.get(node_id, ()):
             if _hour_of(joined_at) <= hour and (left_at is None or hour < _hour_of(left_at)):
-                counted = Measures(m.accepted, 0, 0, m.completions, m.reward, credit.growth_of(m.reward, hour))
+                counted = Measures(m.accepted, 0, 0, m.completions, m.reward, rule.growth_of(m.reward, hour))
                 credit.add(team, user, counted, hour if hour >= since else None)
     return credit
 
@@ -224,7 +224,7 @@ def team_figures_all() -> list[TeamFigures]:
                 accepted=m.accepted,
                 completions=m.completions,
                 verified_reward=m.reward,
-                recent_credit=credit.recent_average_credit(m.growth, now=now),
+                recent_credit=rule.recent_average_credit(m.growth, now=now),
                 badges=badges.get(team.id, []),
                 created_at=team.created_at,
             )
@@ -295,7 +295,7 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
         accepted=m.accepted,
         completions=m.completions,
         verified_reward=m.reward,
-        recent_credit=credit.recent_average_credit(m.growth, now=now),
+        recent_credit=rule.recent_average_credit(m.growth, now=now),
         badges=badges_of_teams([team.id]).get(team.id, []),
     )
     rows = []

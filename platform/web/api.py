@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from figures import leaderboard, teams
 from rest_framework import status
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
@@ -16,6 +15,7 @@ from accounts.services import profile_set_private
 from common.errors import NotFound
 from community.selectors import membership_current, team_get, team_members
 from community.services import team_disband, team_edit, team_found, team_hand_over, team_join, team_leave
+from figures import leaderboard, teams
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from swarms.selectors import swarm_catalogue, swarm_get
@@ -41,6 +41,7 @@ from web.serializers import (
     TeamRefSerializer,
 )
 from web.swarm_views import swarms_with_figures
+from web.views import figures_swarm
 
 _BOARD_PARAMS = [
     OpenApiParameter("view", OpenApiTypes.STR, enum=list(leaderboard.VIEWS), description="Default contributors."),
@@ -52,6 +53,11 @@ _BOARD_PARAMS = [
     ),
     OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
     OpenApiParameter("page", OpenApiTypes.INT, description=f"{leaderboard.PAGE_SIZE} rows a page."),
+    OpenApiParameter(
+        "swarm",
+        OpenApiTypes.STR,
+        description="A swarm's slug: that swarm's figures (contributors and nodes views). Default: the whole site.",
+    ),
 ]
 
 
@@ -66,9 +72,11 @@ class LeaderboardApi(APIView):
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
             page=request.query_params.get("page", 1),
+            swarm=figures_swarm(request.query_params.get("swarm")),
         )
         rows = list(board.page.object_list)
         body = {
+            "swarm": board.swarm.slug if board.swarm else None,
             "view": board.view,
             "sort": board.sort,
             "order": "desc" if board.descending else "asc",

@@ -13,15 +13,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
-from figures.datasets import datasets_by_day
-from figures.leaderboard import NodeFigures, node_figures_for
-from figures.models import NodeHour
-from figures.stats import Measures, live_rows, snapshot
 
 from accounts.models import User
 from common.errors import NotFound
 from community.models import Team
 from community.selectors import badges_of_users, current_teams_of
+from figures.datasets import datasets_by_day
+from figures.leaderboard import NodeFigures, node_figures_for
+from figures.models import NodeHour
+from figures.stats import Measures, live_rows, snapshot
 from nodes.models import Node
 from nodes.presence import with_connected
 from web.selectors import NODE_CURVE_DAYS

@@ -12,10 +12,10 @@ from typing import Any
 from django.core.cache import cache
 from django.db.models import Count, JSONField, OuterRef, Subquery, Sum
 from django.utils import timezone
+
 from figures.leaderboard import FIGURES_CACHE_SECONDS, listed, node_figures_all
 from figures.models import DatasetHour, NodeHour
 from figures.stats import Measures, active_node_ids, live_rows, snapshot
-
 from nodes.models import ONLINE_WINDOW, Node
 from nodes.presence import PresenceUnknown, connected_filter
 from pool.limits import current_limits

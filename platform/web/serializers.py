@@ -48,6 +48,7 @@ class TeamFiguresSerializer(serializers.Serializer):
 
 
 class LeaderboardSerializer(serializers.Serializer):
+    swarm = serializers.CharField(allow_null=True, help_text="The swarm whose figures these are; null: the whole site.")
     view = serializers.ChoiceField(choices=["contributors", "nodes", "teams"])
     sort = serializers.CharField()
     order = serializers.ChoiceField(choices=["asc", "desc"])

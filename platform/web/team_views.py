@@ -9,7 +9,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
-from figures import teams
 
 from accounts.limits import client_address
 from common.errors import ApplicationError, NotFound, RateLimited
@@ -24,6 +23,7 @@ from community.services import (
     team_leave,
     team_moderate,
 )
+from figures import teams
 from web import selectors
 
 

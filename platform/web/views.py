@@ -13,8 +13,6 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from figures import credit, stats
-from figures import leaderboard as boards
 
 from alerts.selectors import alert_list, alert_settings_get
 from alerts.services import (
@@ -25,9 +23,13 @@ from alerts.services import (
     alert_settings_update,
 )
 from common.errors import ApplicationError, NotFound
+from figures import credit, stats
+from figures import leaderboard as boards
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
+from swarms.models import Swarm
+from swarms.selectors import swarm_get, swarm_list
 from web import selectors
 from web.wheel import wheel_find, wheel_get
 
@@ -75,14 +77,26 @@ def download_file(request: HttpRequest, build_id: str, filename: str) -> HttpRes
     return response
 
 
+def figures_swarm(slug: str | None) -> Swarm | None:
+    """The swarm a `?swarm=` selector names; None (the whole site) when empty. An unknown slug raises
+    NotFound: figures shown under a swarm's name must be that swarm's."""
+    slug = str(slug or "").strip()[:64]
+    return swarm_get(slug=slug) if slug else None
+
+
 def _leaderboard_context(request: HttpRequest) -> dict:
+    try:
+        swarm = figures_swarm(request.GET.get("swarm"))
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
     board = boards.leaderboard(
         view=request.GET.get("view", "contributors"),
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
         page=request.GET.get("page", 1),
+        swarm=swarm,
     )
-    return {"board": board}
+    return {"board": board, "swarms": swarm_list()}
 
 
 @require_GET

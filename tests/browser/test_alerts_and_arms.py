@@ -10,12 +10,12 @@ from django.core import signing
 from django.core.cache import cache
 from django.utils import timezone
 from factories import make_node
-from figures.leaderboard import FIGURES_CACHE_SECONDS
-from figures.stats import stats_rebuild
 from playwright.sync_api import expect
 
 from alerts.models import Alert, AlertSettings, Condition
 from alerts.services import CONFIRM_SALT
+from figures.leaderboard import FIGURES_CACHE_SECONDS
+from figures.stats import stats_rebuild
 from nodes.models import Node
 from pool.models import NodeRound, Rollout, Verdict
 from swarms.services import swarm_default_ensure

@@ -9,13 +9,13 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 from factories import make_node, make_user
-from figures import stats
-from figures.badges import ACTIVE_RECENT_CREDIT, badges_assign, rank_badges, rank_thresholds
-from figures.leaderboard import contributor_figures_all
 from test_community_teams import found
 from test_web_data import fresh_figures, make_consumption, make_group
 
 from community.models import Badge, Membership
+from figures import stats
+from figures.badges import ACTIVE_RECENT_CREDIT, badges_assign, rank_badges, rank_thresholds
+from figures.leaderboard import contributor_figures_all
 
 pytestmark = pytest.mark.django_db
 

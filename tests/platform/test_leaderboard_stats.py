@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 from factories import make_node, make_user
+from test_web_data import fresh_figures, make_consumption, make_group, make_report
+
 from figures import credit, stats
 from figures import leaderboard as boards
 from figures.models import DatasetHour, NodeHour, NodeStats, StatsCursor
-from test_web_data import fresh_figures, make_consumption, make_group, make_report
-
 from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Verdict
 from web import selectors

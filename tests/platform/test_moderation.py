@@ -446,9 +446,9 @@ def test_moderating_a_folded_group_moves_its_leaderboard_credit(moderator):
     from datetime import timedelta
 
     from django.utils import timezone
+
     from figures import stats
     from figures.models import NodeStats
-
     from moderation.services import node_ban, rollout_moderate
 
     node = make_node()

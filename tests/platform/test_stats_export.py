@@ -14,11 +14,11 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 from factories import make_node, make_user
-from figures import stats
 from test_community_teams import found
 from test_web_data import fresh_figures, make_group
 
 from community.models import Membership
+from figures import stats
 from web import export
 
 pytestmark = pytest.mark.django_db

@@ -8,9 +8,9 @@ import json
 
 import pytest
 from factories import make_node, make_swarm, make_user
-from figures import stats
 from test_web_data import fresh_figures, make_group
 
+from figures import stats
 from moderation.models import AuditEntry
 from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue

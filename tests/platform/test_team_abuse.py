@@ -15,7 +15,6 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from factories import make_node, make_user
-from figures import stats
 from test_community_teams import found
 from test_web_data import fresh_figures, make_group
 
@@ -23,6 +22,7 @@ from common.errors import ApplicationError, NotFound
 from community import selectors
 from community.models import Membership
 from community.services import team_disband, team_edit, team_hand_over, team_join, team_moderate
+from figures import stats
 from moderation.services import contributor_ban, node_ban
 from web import export
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from factories import make_node, make_user
-from figures import leaderboard as boards
 from rest_framework.test import APIClient
 from test_web_data import fresh_figures, make_consumption, make_group, make_report
 
+from figures import leaderboard as boards
 from pool.models import Verdict
 
 pytestmark = pytest.mark.django_db

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from factories import make_node
-from figures import stats
 from support.moderation import group, long_reasoning, share, staff
 from test_web_data import fresh_figures, make_group
 
+from figures import stats
 from moderation.rules import rules_forget
 from moderation.services import rollout_moderate
 from pool.models import ModerationStatus, Verdict

@@ -9,11 +9,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 from factories import make_node
-from figures import stats
 from test_community_teams import found
 from test_web_data import fresh_figures, make_consumption, make_group
 
 from community.services import team_join
+from figures import stats
 
 pytestmark = pytest.mark.django_db
 

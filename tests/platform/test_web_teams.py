@@ -9,12 +9,12 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 from factories import make_node, make_user
-from figures import stats, teams
 from test_community_teams import found
 from test_web_data import fresh_figures, make_group
 
 from community.models import Membership
 from community.services import team_join, team_leave, team_moderate
+from figures import stats, teams
 
 pytestmark = pytest.mark.django_db
 

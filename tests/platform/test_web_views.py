@@ -8,9 +8,9 @@ import re
 import pytest
 from django.urls import reverse
 from factories import make_node, make_node_token, make_user
-from figures import stats
 from test_web_data import fresh_figures, make_group
 
+from figures import stats
 from nodes.models import Node
 from pool.models import Verdict
 

@@ -48,6 +48,8 @@ def board_url(board, **changes) -> str:
         "order": "desc" if board.descending else "asc",
         "page": board.page.number,
     }
+    if board.swarm is not None:
+        params["swarm"] = board.swarm.slug
     params.update({k: v for k, v in changes.items() if v is not None})
     return "?" + urlencode(params)
 
