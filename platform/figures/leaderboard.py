@@ -300,3 +300,69 @@ def leaderboard(
         for f in page_rows.object_list:
             f.badges = badges.get(f.owner_id, [])
     return Leaderboard(view, sort, descending, page_rows, len(rows), swarm)
+
+
+@dataclass
+class SwarmFigures(_Judged):
+    """Some nodes' figures in one swarm (a public page's "by swarm" table)."""
+
+    swarm: Swarm
+    accepted: int = 0
+    rejected: int = 0
+    completions: int = 0
+    verified_reward: float = 0.0
+    helped: int = 0
+    rounds: int = 0
+    recent_credit: float = 0.0
+
+
+def swarm_figures_of(*, node_ids: list[int]) -> list[SwarmFigures]:
+    """These nodes' figures together in each swarm they have any in (folded NodeSwarmStats rows plus
+    live rows, one snapshot), in the swarms' order; they add up to the nodes' figures in total."""
+    if not node_ids:
+        return []
+    now = timezone.now()
+    stats_fold_if_due()
+    measures: dict[int, Measures] = {}
+    counts: dict[int, list[int]] = {}
+    with snapshot():
+        live = live_rows(node_ids=node_ids)
+        for s in NodeSwarmStats.objects.filter(node_id__in=node_ids):
+            measures.setdefault(s.swarm_id, Measures()).add(
+                Measures(
+                    s.accepted_groups,
+                    s.rejected_groups,
+                    s.moderated_groups,
+                    s.credited_completions,
+                    s.verified_reward,
+                    s.credit_growth,
+                )
+            )
+            c = counts.setdefault(s.swarm_id, [0, 0])
+            c[0], c[1] = c[0] + s.helped, c[1] + s.rounds
+    wanted = set(node_ids)
+    for (node_id, swarm_id), m in live.groups.by_node_swarm.items():
+        if node_id in wanted:
+            measures.setdefault(swarm_id, Measures()).add(m)
+    for i, live_counts in enumerate((live.helped, live.rounds)):
+        for (node_id, swarm_id), n in live_counts.items():
+            if node_id in wanted:
+                counts.setdefault(swarm_id, [0, 0])[i] += n
+    swarm_ids = set(measures) | set(counts)
+    out = []
+    for swarm in Swarm.objects.filter(id__in=swarm_ids):
+        m = measures.get(swarm.id, Measures())
+        helped, rounds = counts.get(swarm.id, [0, 0])
+        out.append(
+            SwarmFigures(
+                swarm=swarm,
+                accepted=m.accepted,
+                rejected=m.rejected,
+                completions=m.completions,
+                verified_reward=m.reward,
+                helped=helped,
+                rounds=rounds,
+                recent_credit=credit.recent_average_credit(m.growth, now=now),
+            )
+        )
+    return out

@@ -19,7 +19,7 @@ from common.errors import NotFound
 from community.models import Team
 from community.selectors import badges_of_users, current_teams_of
 from figures.datasets import datasets_by_day
-from figures.leaderboard import NodeFigures, node_figures_for
+from figures.leaderboard import NodeFigures, SwarmFigures, node_figures_for, swarm_figures_of
 from figures.models import NodeHour
 from figures.stats import Measures, live_rows, snapshot
 from nodes.models import Node
@@ -121,6 +121,7 @@ class Profile:
     datasets: list[dict[str, Any]]
     badges: list[str] = field(default_factory=list)
     team: Team | None = None
+    swarms: list[SwarmFigures] = field(default_factory=list)
     accepted: int = 0
     rejected: int = 0
     verified_reward: float = 0.0
@@ -148,6 +149,7 @@ def _profile(owner: User, nodes: list[Node]) -> Profile:
         datasets=_datasets(ids, start),
         badges=badges_of_users([owner.id]).get(owner.id, []),
         team=current_teams_of([owner.id]).get(owner.id),
+        swarms=swarm_figures_of(node_ids=ids),
     )
     for f in profile.nodes:
         profile.accepted += f.accepted

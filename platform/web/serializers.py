@@ -218,6 +218,17 @@ class PublicNodeSerializer(serializers.Serializer):
     recent_credit = serializers.FloatField()
 
 
+class SwarmFiguresSerializer(serializers.Serializer):
+    """Figures in one swarm; a page's rows over its swarms add up to its totals."""
+
+    swarm = serializers.SlugField(source="swarm.slug")
+    verified_reward = serializers.FloatField()
+    accepted = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    helped = serializers.IntegerField()
+    recent_credit = serializers.FloatField()
+
+
 class ProfileSerializer(serializers.Serializer):
     """A public page's figures (web.profiles.Profile)."""
 
@@ -234,6 +245,7 @@ class ProfileSerializer(serializers.Serializer):
     nodes = PublicNodeSerializer(many=True)
     curve = ProfileCurvePointSerializer(many=True, help_text="Verified reward per hour, 7 days.")
     datasets = ProfileDatasetDaySerializer(many=True, help_text="Per dataset and day, 7 days.")
+    swarms = SwarmFiguresSerializer(many=True, help_text="The same figures in each swarm with any.")
 
 
 class TeamMemberSerializer(serializers.Serializer):

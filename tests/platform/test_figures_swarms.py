@@ -159,3 +159,19 @@ def test_the_stats_export_has_per_swarm_rows_that_sum_to_the_totals(client, two_
     export.export_withdraw(user_id=alice.id)
     for swarm_table in ("contributor_swarms", "node_swarms"):
         assert alice.id not in {r["contributor_id"] for r in _stats_file(client, f"{swarm_table}.json.gz")["rows"]}
+
+
+def test_public_pages_show_each_swarm_and_the_rows_add_up(client, two_swarms):
+    body = client.get("/api/v1/contributors/alice/").json()
+    rows = {r["swarm"]: r for r in body["swarms"]}
+    assert set(rows) == {"main", "hard"}
+    for figure in ("accepted", "rejected", "helped", "verified_reward"):
+        assert sum(r[figure] for r in rows.values()) == body[figure], figure
+    assert rows["hard"]["verified_reward"] == 1.5 + 2.0 and rows["main"]["verified_reward"] == 2.5
+    page = client.get("/contributors/alice/").content.decode()
+    assert 'id="profile-swarms"' in page and 'data-swarm="hard"' in page
+    # A node in one swarm: one row, no table on its page.
+    only_hard = two_swarms["groups"]["hard-old-2"].node_id
+    node = client.get(f"/api/v1/public/nodes/{only_hard}/").json()
+    assert [r["swarm"] for r in node["swarms"]] == ["hard"]
+    assert 'id="profile-swarms"' not in client.get(f"/nodes/{only_hard}/").content.decode()
