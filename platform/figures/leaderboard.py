@@ -277,20 +277,18 @@ class Leaderboard:
 def leaderboard(
     *, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1, swarm: Swarm | None = None
 ) -> Leaderboard:
-    """One sorted page of the public leaderboard, of the whole site or of one swarm (teams: the whole
-    site only); unknown parameters fall back to the defaults."""
+    """One sorted page of the public leaderboard, of the whole site or of one swarm; unknown parameters
+    fall back to the defaults."""
     view = view if view in VIEWS else "contributors"
     sorts = BOARD_SORTS[view]
     sort = sort if sort in sorts else "reward"
     descending = order != "asc"
-    if view == "teams":
-        swarm = None
     if view == "contributors":
         rows: list[Any] = contributor_figures_all(swarm=swarm)
     elif view == "nodes":
         rows = listed_node_figures(swarm=swarm)
     else:
-        rows = team_figures_all()
+        rows = team_figures_all(swarm=swarm)
     # Ties broken by name, so the order is stable between polls.
     rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
     rows.sort(key=sorts[sort], reverse=descending)

@@ -91,6 +91,24 @@ class NodeHour(models.Model):
         return f"node {self.node_id} at {self.hour:%Y-%m-%d %H}h"
 
 
+class NodeSwarmHour(models.Model):
+    """A node's groups per hour in one swarm: a team's figures in that swarm (figures.teams)."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_index=False)
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+")
+    hour = models.DateTimeField()
+    accepted_groups = models.PositiveIntegerField(default=0)
+    rejected_groups = models.PositiveIntegerField(default=0)
+    credited_completions = models.PositiveIntegerField(default=0)
+    verified_reward = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "swarm", "hour"], name="figures_nodeswarmhour_unique")]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} in swarm {self.swarm_id} at {self.hour:%Y-%m-%d %H}h"
+
+
 class DatasetHour(models.Model):
     """A swarm's groups per hour and dataset: the swarm pages' charts (a site's total is the sum over
     its swarms)."""

@@ -39,7 +39,13 @@ ACTIVITY_MARGIN = timedelta(minutes=5)
 _LOCK_KEY = 0x5A90_57A7  # pg advisory lock id of the fold
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 _MEASURES = ("accepted", "rejected", "moderated", "completions", "reward", "growth")
-_FOLDED_TABLES = ("web_nodestats", "figures_nodeswarmstats", "web_nodehour", "web_datasethour")
+_FOLDED_TABLES = (
+    "web_nodestats",
+    "figures_nodeswarmstats",
+    "web_nodehour",
+    "figures_nodeswarmhour",
+    "web_datasethour",
+)
 
 
 def _groups_sql(where: sql.Composable) -> sql.Composed:
@@ -73,11 +79,13 @@ class Measures:
 
 @dataclass
 class GroupRows:
-    """Groups of a time range, grouped four ways."""
+    """Groups of a time range, grouped five ways."""
 
     by_node: dict[int, Measures] = field(default_factory=dict)
     by_node_swarm: dict[tuple[int, int], Measures] = field(default_factory=dict)
     by_node_hour: dict[tuple[int, datetime], Measures] = field(default_factory=dict)
+    #: (node id, swarm id, hour)
+    by_node_swarm_hour: dict[tuple[int, int, datetime], Measures] = field(default_factory=dict)
     #: (swarm id, dataset, hour)
     by_dataset_hour: dict[tuple[int, str, datetime], Measures] = field(default_factory=dict)
 
@@ -103,6 +111,7 @@ def _group_rows(*, start: datetime | None, end: datetime | None, node_ids: Seque
             rows.by_node.setdefault(node_id, Measures()).add(m)
             rows.by_node_swarm.setdefault((node_id, swarm_id), Measures()).add(m)
             rows.by_node_hour.setdefault((node_id, hour), Measures()).add(m)
+            rows.by_node_swarm_hour.setdefault((node_id, swarm_id, hour), Measures()).add(m)
             rows.by_dataset_hour.setdefault((swarm_id, dataset, hour), Measures()).add(m)
     return rows
 
@@ -232,6 +241,16 @@ def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[t
         ],
     )
     _upsert_add(
+        "figures_nodeswarmhour",
+        ["node_id", "swarm_id", "hour"],
+        _HOUR_COLUMNS,
+        [
+            (n, s, h, m.accepted, m.rejected, m.completions, m.reward)
+            for (n, s, h), m in sorted(groups.by_node_swarm_hour.items())
+            if n in existing
+        ],
+    )
+    _upsert_add(
         "web_datasethour",
         ["swarm_id", "hour", "dataset"],
         _HOUR_COLUMNS,
@@ -329,7 +348,8 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     ]
     totals: dict[tuple[int, ...], list] = {}
     per_swarm: dict[tuple[int, ...], list] = {}
-    node_hours: dict[tuple[int, datetime], list] = {}
+    node_hours: dict[tuple[int, ...], list] = {}
+    node_swarm_hours: dict[tuple[int, ...], list] = {}
     dataset_hours: dict[tuple[int, datetime, str], list] = {}
     for r in changing:
         sign = 1 if credit.is_credited(r.verdict, status) else -1
@@ -341,7 +361,11 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
             t[1] += sign * r.completion_count
             t[2] += sign * reward
             t[3] += sign * credit.growth_of(reward, r.created_at)
-        for key, bucket in (((r.node_id, hour), node_hours), ((r.swarm_id, hour, r.dataset), dataset_hours)):
+        for key, bucket in (
+            ((r.node_id, hour), node_hours),
+            ((r.node_id, r.swarm_id, hour), node_swarm_hours),
+            ((r.swarm_id, hour, r.dataset), dataset_hours),
+        ):
             b = bucket.setdefault(key, [0, 0.0])
             b[0] += sign * r.completion_count
             b[1] += sign * reward
@@ -353,6 +377,12 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     )
     columns = ["credited_completions", "verified_reward"]
     _update_add("web_nodehour", ["node_id", "hour"], columns, [(*v, *key) for key, v in sorted(node_hours.items())])
+    _update_add(
+        "figures_nodeswarmhour",
+        ["node_id", "swarm_id", "hour"],
+        columns,
+        [(*v, *key) for key, v in sorted(node_swarm_hours.items())],
+    )
     _update_add(
         "web_datasethour",
         ["swarm_id", "hour", "dataset"],

@@ -43,6 +43,9 @@ from web.serializers import (
 from web.swarm_views import swarms_with_figures
 from web.views import figures_swarm
 
+_SWARM_PARAM = OpenApiParameter(
+    "swarm", OpenApiTypes.STR, description="A swarm's slug: the figures in that swarm. Default: the whole site."
+)
 _BOARD_PARAMS = [
     OpenApiParameter("view", OpenApiTypes.STR, enum=list(leaderboard.VIEWS), description="Default contributors."),
     OpenApiParameter(
@@ -53,11 +56,7 @@ _BOARD_PARAMS = [
     ),
     OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
     OpenApiParameter("page", OpenApiTypes.INT, description=f"{leaderboard.PAGE_SIZE} rows a page."),
-    OpenApiParameter(
-        "swarm",
-        OpenApiTypes.STR,
-        description="A swarm's slug: that swarm's figures (contributors and nodes views). Default: the whole site.",
-    ),
+    _SWARM_PARAM,
 ]
 
 
@@ -188,6 +187,7 @@ class TeamListApi(APIView):
             OpenApiParameter("q", OpenApiTypes.STR, description="Part of the name."),
             OpenApiParameter("sort", OpenApiTypes.STR, enum=sorted(teams.TEAM_SORTS), description="Default reward."),
             OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
+            _SWARM_PARAM,
         ],
         responses=TeamFiguresSerializer(many=True),
         summary="Listed teams with their figures",
@@ -197,6 +197,7 @@ class TeamListApi(APIView):
             q=request.query_params.get("q", ""),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
+            swarm=figures_swarm(request.query_params.get("swarm")),
         )
         return Response(TeamFiguresSerializer(rows, many=True).data)
 
@@ -216,10 +217,14 @@ class TeamDetailApi(APIView):
     def get_permissions(self):
         return [AllowAny()] if self.request.method == "GET" else [IsAuthenticated()]
 
-    @extend_schema(responses=TeamDetailSerializer, summary="A team's page: figures, members, curve")
+    @extend_schema(
+        parameters=[_SWARM_PARAM], responses=TeamDetailSerializer, summary="A team's page: figures, members, curve"
+    )
     def get(self, request: Request, slug: str) -> Response:
         team = team_get(slug=slug, viewer=request.user)
-        return Response(TeamDetailSerializer(teams.team_detail(team=team, members=team_members(team=team))).data)
+        swarm = figures_swarm(request.query_params.get("swarm"))
+        detail = teams.team_detail(team=team, members=team_members(team=team), swarm=swarm)
+        return Response(TeamDetailSerializer(detail).data)
 
     @extend_schema(request=TeamEditInputSerializer, responses=TeamRefSerializer, summary="Edit a team (its founder)")
     def put(self, request: Request, slug: str) -> Response:

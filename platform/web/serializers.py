@@ -265,6 +265,9 @@ class TeamCurvePointSerializer(serializers.Serializer):
 class TeamDetailSerializer(serializers.Serializer):
     """A team's page (figures.teams.TeamDetail)."""
 
+    swarm = serializers.SlugField(
+        source="swarm.slug", allow_null=True, default=None, help_text="The swarm of these figures; null: every swarm."
+    )
     name = serializers.CharField(source="team.name")
     slug = serializers.SlugField(source="team.slug")
     description = serializers.CharField(source="team.description")

@@ -24,7 +24,17 @@ from community.services import (
     team_moderate,
 )
 from figures import teams
+from swarms.models import Swarm
+from swarms.selectors import swarm_list
 from web import selectors
+from web.views import figures_swarm
+
+
+def _swarm_or_404(request: HttpRequest) -> Swarm | None:
+    try:
+        return figures_swarm(request.GET.get("swarm"))
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
 
 
 def _team_or_404(request: HttpRequest, slug: str) -> Team:
@@ -37,11 +47,13 @@ def _team_or_404(request: HttpRequest, slug: str) -> Team:
 @require_GET
 def team_list_view(request: HttpRequest) -> HttpResponse:
     q = request.GET.get("q", "")
+    swarm = _swarm_or_404(request)
     page, sort, descending, total = teams.team_page(
         q=q,
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
         page=request.GET.get("page", 1),
+        swarm=swarm,
     )
     return render(
         request,
@@ -52,6 +64,8 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
             "descending": descending,
             "total": total,
             "q": q[:64],
+            "swarm": swarm,
+            "swarms": swarm_list(),
             "membership": community.membership_current(user=request.user),
         },
     )
@@ -61,7 +75,8 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
 def team_view(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
     members = community.team_members(team=team)
-    detail = teams.team_detail(team=team, members=members)
+    swarm = _swarm_or_404(request)
+    detail = teams.team_detail(team=team, members=members, swarm=swarm)
     user = request.user
     mine = community.membership_current(user=user)
     return render(
@@ -70,6 +85,7 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
         {
             "team": team,
             "detail": detail,
+            "swarms": swarm_list(),
             "membership": mine,
             "is_member": mine is not None and mine.team_id == team.id,
             "is_founder": user.is_authenticated and team.founder_id == user.id,

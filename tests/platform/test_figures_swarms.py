@@ -11,8 +11,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 from factories import make_node, make_swarm, make_user
+from test_community_teams import found
 from test_web_data import fresh_figures, make_consumption, make_group, make_report
 
+from community.models import Membership
+from community.services import team_join
 from figures import stats
 from pool.models import ModerationStatus, Verdict
 from pool.services import rollout_set_moderation
@@ -118,8 +121,8 @@ def test_per_swarm_leaderboard_figures_sum_to_the_totals(client, two_swarms):
 
 def test_the_leaderboard_page_has_a_swarm_selector_and_answers_404_for_an_unknown_swarm(client, two_swarms):
     page = client.get("/leaderboard/", {"view": "nodes", "swarm": "hard"}).content.decode()
-    assert 'id="board-swarms"' in page
-    assert 'href="?view=nodes&amp;swarm=hard" aria-current="page"' in page
+    assert 'id="swarm-picker"' in page
+    assert 'href="?view=nodes&amp;swarm=hard" data-swarm="hard" aria-current="page"' in page
     assert '<strong id="board-swarm">Hard tasks</strong>' in page
     assert "only-hard" in page
     assert "only-hard" not in client.get("/leaderboard/", {"view": "nodes", "swarm": "main"}).content.decode()
@@ -175,3 +178,44 @@ def test_public_pages_show_each_swarm_and_the_rows_add_up(client, two_swarms):
     node = client.get(f"/api/v1/public/nodes/{only_hard}/").json()
     assert [r["swarm"] for r in node["swarms"]] == ["hard"]
     assert 'id="profile-swarms"' not in client.get(f"/nodes/{only_hard}/").content.decode()
+
+
+def test_team_figures_per_swarm_sum_to_the_totals_exact_to_the_group(client, two_swarms):
+    alice, bob = two_swarms["alice"], two_swarms["bob"]
+    team = found(bob, "Night Owls")
+    team_join(user=alice, team=team)
+    old = two_swarms["groups"]["main-old"].created_at
+    Membership.objects.filter(user=bob).update(joined_at=timezone.now() - timedelta(days=1))
+    # Alice joined a minute after her folded groups: they are not the team's; her live group is.
+    Membership.objects.filter(user=alice).update(joined_at=old + timedelta(minutes=1))
+    fresh_figures()
+
+    def figures(swarm: str | None) -> dict:
+        fresh_figures()
+        query = {"swarm": swarm} if swarm else {}
+        listed = {t["slug"]: t for t in client.get("/api/v1/teams/", query).json()}
+        detail = client.get(f"/api/v1/teams/{team.slug}/", query).json()
+        assert detail["swarm"] == swarm
+        assert detail["figures"]["verified_reward"] == listed[team.slug]["verified_reward"]
+        return detail
+
+    total, main, hard = figures(None), figures("main"), figures("hard")
+    assert total["figures"]["verified_reward"] == 1.0 + 0.5 + 1.125
+    assert (main["figures"]["verified_reward"], hard["figures"]["verified_reward"]) == (1.5, 1.125)
+    for figure in ("accepted", "verified_reward"):
+        assert main["figures"][figure] + hard["figures"][figure] == total["figures"][figure], figure
+    assert main["figures"]["recent_credit"] + hard["figures"]["recent_credit"] == pytest.approx(
+        total["figures"]["recent_credit"]
+    )
+    members = {m["contributor"]: m for m in total["members"]}
+    for name, mine in members.items():
+        parts = [{m["contributor"]: m for m in d["members"]}[name]["verified_reward"] for d in (main, hard)]
+        assert sum(parts) == mine["verified_reward"], name
+    board = client.get("/api/v1/leaderboard/", {"view": "teams", "swarm": "hard"}).json()
+    assert board["swarm"] == "hard" and board["teams"][0]["verified_reward"] == 1.125
+    page = client.get(f"/teams/{team.slug}/", {"swarm": "hard"}).content.decode()
+    assert '<strong id="team-swarm">Hard tasks</strong>' in page
+    assert f"/api/v1/teams/{team.slug}/?swarm=hard" in page
+    assert client.get(f"/teams/{team.slug}/", {"swarm": "nope"}).status_code == 404
+    listing = client.get("/teams/", {"swarm": "hard", "sort": "accepted"}).content.decode()
+    assert '<strong id="teams-swarm">Hard tasks</strong>' in listing and "swarm=hard&sort=" in listing

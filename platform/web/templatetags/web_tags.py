@@ -54,6 +54,18 @@ def board_url(board, **changes) -> str:
     return "?" + urlencode(params)
 
 
+@register.simple_tag(takes_context=True)
+def swarm_url(context, slug: str = "") -> str:
+    """This page's query string with the swarm selector set to `slug` (empty: the whole site), back on
+    its first page; the other parameters (view, sort, search) are kept."""
+    params = context["request"].GET.copy()
+    params.pop("page", None)
+    params.pop("swarm", None)
+    if slug:
+        params["swarm"] = slug
+    return "?" + params.urlencode()
+
+
 @register.simple_tag
 def sort_url(board, key: str) -> str:
     """Sort by `key`: descending first, flipping the order when it is already the sort key."""

@@ -1,4 +1,4 @@
-"""Each node's totals per swarm. The folded tables are emptied and the cursor forgotten, so the next
+"""Each node's totals and hours per swarm. The folded tables are emptied and the cursor forgotten, so the next
 fold (a page's, the scheduled job's, or `manage.py sapo_stats fold`) counts the whole pool again into
 every table at once: the per-swarm rows and the totals come from the same rows (as `sapo_stats rebuild`)."""
 
@@ -47,6 +47,35 @@ class Migration(migrations.Migration):
             options={
                 "constraints": [
                     models.UniqueConstraint(fields=("node", "swarm"), name="figures_nodeswarmstats_unique")
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="NodeSwarmHour",
+            fields=[
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("hour", models.DateTimeField()),
+                ("accepted_groups", models.PositiveIntegerField(default=0)),
+                ("rejected_groups", models.PositiveIntegerField(default=0)),
+                ("credited_completions", models.PositiveIntegerField(default=0)),
+                ("verified_reward", models.FloatField(default=0.0)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="nodes.node",
+                    ),
+                ),
+                (
+                    "swarm",
+                    models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name="+", to="swarms.swarm"),
+                ),
+            ],
+            options={
+                "constraints": [
+                    models.UniqueConstraint(fields=("node", "swarm", "hour"), name="figures_nodeswarmhour_unique")
                 ],
             },
         ),
