@@ -294,7 +294,9 @@ def leaderboard(
     rows.sort(key=sorts[sort], reverse=descending)
     page_rows = Paginator(rows, PAGE_SIZE).get_page(page)
     if view == "contributors":
-        badges = badges_of_users(f.owner_id for f in page_rows.object_list)
+        badges = badges_of_users(
+            (f.owner_id for f in page_rows.object_list), swarm_id=None if swarm is None else swarm.id
+        )
         for f in page_rows.object_list:
             f.badges = badges.get(f.owner_id, [])
     return Leaderboard(view, sort, descending, page_rows, len(rows), swarm)

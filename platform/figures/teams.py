@@ -231,7 +231,7 @@ def team_figures_all(*, swarm: Swarm | None = None) -> list[TeamFigures]:
     now = timezone.now()
     credit, online = _credit_and_online(swarm)
     teams = list(team_list())
-    badges = badges_of_teams(t.id for t in teams)
+    badges = badges_of_teams((t.id for t in teams), swarm_id=None if swarm is None else swarm.id)
     out = []
     for team in teams:
         m = credit.get(team.id, Measures())
@@ -322,7 +322,7 @@ def team_detail(*, team: Team, members: list[Membership], swarm: Swarm | None = 
         completions=m.completions,
         verified_reward=m.reward,
         recent_credit=rule.recent_average_credit(m.growth, now=now),
-        badges=badges_of_teams([team.id]).get(team.id, []),
+        badges=badges_of_teams([team.id], swarm_id=None if swarm is None else swarm.id).get(team.id, []),
     )
     rows = []
     for membership in members:

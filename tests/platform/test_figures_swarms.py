@@ -219,3 +219,28 @@ def test_team_figures_per_swarm_sum_to_the_totals_exact_to_the_group(client, two
     assert client.get(f"/teams/{team.slug}/", {"swarm": "nope"}).status_code == 404
     listing = client.get("/teams/", {"swarm": "hard", "sort": "accepted"}).content.decode()
     assert '<strong id="teams-swarm">Hard tasks</strong>' in listing and "swarm=hard&sort=" in listing
+
+
+def test_rank_badges_are_earned_per_swarm_too(client):
+    from community.models import Badge
+    from figures.badges import badges_assign
+    from figures.leaderboard import leaderboard
+
+    main, hard = swarm_default_ensure(), make_swarm(slug="hard", title="Hard tasks")
+    alice, bob = make_user(username="alice"), make_user(username="bob")
+    type(alice).objects.filter(id__in=[alice.id, bob.id]).update(date_joined=timezone.now() - timedelta(days=30))
+    alices, bobs = make_node(owner=alice), make_node(owner=bob)
+    for _ in range(15):
+        make_group(alices, rewards=(1.0, 1.0), swarm=main)
+    for _ in range(13):
+        make_group(bobs, rewards=(1.0, 1.0), swarm=hard)
+    fresh_figures()
+    badges_assign()
+    ranks = {(b.user_id, b.swarm_id): b.kind for b in Badge.objects.filter(kind__startswith="top", user__isnull=False)}
+    # On the whole site Alice leads; each leads the swarm they worked in.
+    assert ranks == {(alice.id, None): "top1", (alice.id, main.id): "top1", (bob.id, hard.id): "top1"}
+    fresh_figures()
+    rows = {r.owner_id: r.badges for r in leaderboard(swarm=hard).page.object_list}
+    assert rows == {bob.id: ["top1"]}
+    assert "top1" not in {r.owner_id: r.badges for r in leaderboard().page.object_list}[bob.id]
+    assert "Top 1%" in client.get("/leaderboard/", {"swarm": "hard"}).content.decode()
