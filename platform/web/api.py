@@ -41,7 +41,6 @@ from web.serializers import (
     TeamRefSerializer,
 )
 from web.swarm_views import swarms_with_figures
-from web.views import figures_swarm
 
 _SWARM_PARAM = OpenApiParameter(
     "swarm", OpenApiTypes.STR, description="A swarm's slug: the figures in that swarm. Default: the whole site."
@@ -71,7 +70,7 @@ class LeaderboardApi(APIView):
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
             page=request.query_params.get("page", 1),
-            swarm=figures_swarm(request.query_params.get("swarm")),
+            swarm=selectors.figures_swarm(request.query_params.get("swarm")),
         )
         rows = list(board.page.object_list)
         body = {
@@ -197,7 +196,7 @@ class TeamListApi(APIView):
             q=request.query_params.get("q", ""),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
-            swarm=figures_swarm(request.query_params.get("swarm")),
+            swarm=selectors.figures_swarm(request.query_params.get("swarm")),
         )
         return Response(TeamFiguresSerializer(rows, many=True).data)
 
@@ -222,7 +221,7 @@ class TeamDetailApi(APIView):
     )
     def get(self, request: Request, slug: str) -> Response:
         team = team_get(slug=slug, viewer=request.user)
-        swarm = figures_swarm(request.query_params.get("swarm"))
+        swarm = selectors.figures_swarm(request.query_params.get("swarm"))
         detail = teams.team_detail(team=team, members=team_members(team=team), swarm=swarm)
         return Response(TeamDetailSerializer(detail).data)
 

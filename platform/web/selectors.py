@@ -22,6 +22,7 @@ from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
 from swarms.models import Swarm
+from swarms.selectors import swarm_get
 from web.arms import NodeHourCell, arm_of, compare_arms
 
 SWARM_CURVE_HOURS = 48
@@ -30,6 +31,13 @@ NODE_CURVE_DAYS = 7
 AHA_RECENT_CONSUMPTIONS = 5000
 AHA_MIN_NODES = 2
 POOL_COUNT_EXACT_BELOW = 100_000
+
+
+def figures_swarm(slug: str | None) -> Swarm | None:
+    """The swarm a `?swarm=` selector names; None (the whole site) when empty. An unknown slug raises
+    NotFound: figures shown under a swarm's name must be that swarm's."""
+    slug = str(slug or "").strip()[:64]
+    return swarm_get(slug=slug) if slug else None
 
 
 # ---------------------------------------------------------------------------- swarm

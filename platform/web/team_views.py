@@ -27,12 +27,11 @@ from figures import teams
 from swarms.models import Swarm
 from swarms.selectors import swarm_list
 from web import selectors
-from web.views import figures_swarm
 
 
 def _swarm_or_404(request: HttpRequest) -> Swarm | None:
     try:
-        return figures_swarm(request.GET.get("swarm"))
+        return selectors.figures_swarm(request.GET.get("swarm"))
     except NotFound as exc:
         raise Http404(exc.message) from exc
 

@@ -28,8 +28,7 @@ from figures import leaderboard as boards
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
-from swarms.models import Swarm
-from swarms.selectors import swarm_get, swarm_list
+from swarms.selectors import swarm_list
 from web import selectors
 from web.wheel import wheel_find, wheel_get
 
@@ -77,16 +76,9 @@ def download_file(request: HttpRequest, build_id: str, filename: str) -> HttpRes
     return response
 
 
-def figures_swarm(slug: str | None) -> Swarm | None:
-    """The swarm a `?swarm=` selector names; None (the whole site) when empty. An unknown slug raises
-    NotFound: figures shown under a swarm's name must be that swarm's."""
-    slug = str(slug or "").strip()[:64]
-    return swarm_get(slug=slug) if slug else None
-
-
 def _leaderboard_context(request: HttpRequest) -> dict:
     try:
-        swarm = figures_swarm(request.GET.get("swarm"))
+        swarm = selectors.figures_swarm(request.GET.get("swarm"))
     except NotFound as exc:
         raise Http404(exc.message) from exc
     board = boards.leaderboard(
