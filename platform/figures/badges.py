@@ -142,8 +142,6 @@ def badges_assign() -> dict[str, tuple[int, int]]:
     result["teams"] = _apply("team", team_ranks, [])
     swarms = swarm_list()
     in_swarms = sum(_swarm_ranks(s, joined, founded, now) for s in swarms) if len(swarms) > 1 else 0
-    if len(swarms) <= 1:
-        Badge.objects.filter(swarm__isnull=False).delete()  # a site back to one swarm
     result["swarms"] = (in_swarms, 0)
     return result
 
