@@ -26,10 +26,12 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest
 from django.utils import timezone
+from psycopg import sql
 from redis.exceptions import RedisError
 
 from accounts.models import LimitCounter
 from common import outage
+from common.composed import rendered
 from common.errors import RateLimited
 from common.redis_client import redis_client
 
@@ -65,7 +67,6 @@ def hit(name: str, ident: str, *, window: int) -> Count:
             outage.REDIS.answered()
             return Count(int(count), max(int(ttl), 1))
     now = timezone.now()
-    table = LimitCounter._meta.db_table
     # Raw SQL: one atomic INSERT ... ON CONFLICT increments the row or reopens an expired window;
     # the ORM has no upsert that adds to the stored value, and read-then-write would lose hits
     # between server processes. When the hit opens a window, the same statement sweeps the closed
@@ -74,24 +75,30 @@ def hit(name: str, ident: str, *, window: int) -> Count:
     # both parts of one statement see the table as it was before it.
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            WITH hit AS (
-                INSERT INTO {table} (key, count, expires_at) VALUES (%s, 1, %s)
-                ON CONFLICT (key) DO UPDATE SET
-                    count = CASE WHEN {table}.expires_at <= %s THEN 1 ELSE {table}.count + 1 END,
-                    expires_at = CASE WHEN {table}.expires_at <= %s THEN EXCLUDED.expires_at
-                                      ELSE {table}.expires_at END
-                RETURNING count, expires_at
-            ), swept AS (
-                DELETE FROM {table}
-                WHERE expires_at < %s AND key <> %s AND EXISTS (SELECT 1 FROM hit WHERE count = 1)
-            )
-            SELECT count, expires_at FROM hit
-            """,
+            _HIT_SQL,
             [key, now + timedelta(seconds=window), now, now, now, key],
         )
         count, expires_at = cursor.fetchone()
     return Count(count, max(math.ceil((expires_at - now).total_seconds()), 1))
+
+
+# The counter's upsert and sweep (hit(), above), composed once.
+_HIT_SQL = rendered(
+    sql.SQL("""
+WITH hit AS (
+    INSERT INTO {table} (key, count, expires_at) VALUES (%s, 1, %s)
+    ON CONFLICT (key) DO UPDATE SET
+        count = CASE WHEN {table}.expires_at <= %s THEN 1 ELSE {table}.count + 1 END,
+        expires_at = CASE WHEN {table}.expires_at <= %s THEN EXCLUDED.expires_at
+                          ELSE {table}.expires_at END
+    RETURNING count, expires_at
+), swept AS (
+    DELETE FROM {table}
+    WHERE expires_at < %s AND key <> %s AND EXISTS (SELECT 1 FROM hit WHERE count = 1)
+)
+SELECT count, expires_at FROM hit
+""").format(table=sql.Identifier(LimitCounter._meta.db_table))
+)
 
 
 def peek(name: str, ident: str) -> Count:

@@ -42,13 +42,16 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 class ModerationRuleForm(forms.ModelForm):
     class Meta:
         model = ModerationRule
-        fields = ("key", "enabled", "action", "params")
+        fields = ("key", "swarm", "enabled", "action", "params")
 
     def clean(self) -> dict:
         data = super().clean()
         key = data.get("key") or self.instance.key
         if key not in RULES:
             raise forms.ValidationError(f"Unknown rule {key!r}; one of {', '.join(RULES)}.")
+        swarm = data.get("swarm") if "swarm" in data else self.instance.swarm
+        if swarm is not None and not RULES[key].per_swarm:
+            self.add_error("swarm", f"The rule {key!r} is the site's only; a swarm cannot have its own.")
         try:
             data["params"] = clean_params(key, data.get("params") or {})
         except RuleError as exc:
@@ -58,14 +61,16 @@ class ModerationRuleForm(forms.ModelForm):
 
 @admin.register(ModerationRule)
 class ModerationRuleAdmin(admin.ModelAdmin):
-    """Edits go through moderation.services.rule_update: validated and audited like the staff page's."""
+    """Edits go through moderation.services.rule_update: validated and audited like the staff page's.
+    A rule with no swarm is the site's; with one, that swarm's own (applied besides the site's)."""
 
     form = ModerationRuleForm
-    list_display = ("key", "enabled", "action", "updated_at", "updated_by")
+    list_display = ("key", "swarm", "enabled", "action", "updated_at", "updated_by")
+    list_filter = ("swarm",)
     readonly_fields = ("updated_at", "updated_by")
 
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> tuple:  # noqa: ANN001
-        return (*self.readonly_fields, "key") if obj else self.readonly_fields
+        return (*self.readonly_fields, "key", "swarm") if obj else self.readonly_fields
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:  # noqa: ANN001
         return False
@@ -73,7 +78,15 @@ class ModerationRuleAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change) -> None:  # noqa: ANN001
         from moderation.services import rule_update
 
-        rule_update(actor=request.user, key=obj.key, enabled=obj.enabled, action=obj.action, params=obj.params or {})
+        row = rule_update(
+            actor=request.user,
+            key=obj.key,
+            enabled=obj.enabled,
+            action=obj.action,
+            params=obj.params or {},
+            swarm=obj.swarm,
+        )
+        obj.pk = row.pk
         obj.refresh_from_db()
 
 

@@ -120,9 +120,14 @@ class ModerationRule(models.Model):
     """One automatic rule or trust setting, switched and tuned by staff at run time (moderation.rules).
 
     `params` hold the rule's knobs; their names, types and bounds are in moderation.rules.RULES.
+    `swarm` empty: the site's rule, applied to every share; set: a rule of that swarm only, applied to
+    its shares besides the site's (the keys RuleSpec.per_swarm allows). One row per key and swarm.
     """
 
-    key = models.CharField(max_length=32, primary_key=True)
+    key = models.CharField(max_length=32)
+    swarm = models.ForeignKey(
+        "swarms.Swarm", on_delete=models.CASCADE, null=True, blank=True, related_name="moderation_rules"
+    )
     enabled = models.BooleanField(default=True)
     action = models.CharField(max_length=8, choices=RuleAction.choices, default=RuleAction.HOLD)
     params = models.JSONField(default=dict, blank=True)
@@ -132,10 +137,19 @@ class ModerationRule(models.Model):
     )
 
     class Meta:
-        ordering = ["key"]
+        ordering = ["key", "swarm_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key"], condition=models.Q(swarm__isnull=True), name="moderation_rule_site_key"
+            ),
+            models.UniqueConstraint(
+                fields=["swarm", "key"], condition=models.Q(swarm__isnull=False), name="moderation_rule_swarm_key"
+            ),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.key} ({'on' if self.enabled else 'off'}, {self.action})"
+        where = f" in swarm {self.swarm_id}" if self.swarm_id else ""
+        return f"{self.key}{where} ({'on' if self.enabled else 'off'}, {self.action})"
 
 
 class ModerationDecision(models.Model):

@@ -1,6 +1,7 @@
 """The automatic rules' definitions and their current settings (switchable, tunable, briefly cached).
 
-Each rule is a row of `ModerationRule` (key, enabled, action, params). Staff edit them on
+Each rule is a row of `ModerationRule` (key, enabled, action, params; a swarm's own rule also names
+its swarm and applies to its shares besides the site's). Staff edit them on
 /moderation/rules/ or in the admin; `rules_current()` reads them at most every CACHE_SECONDS per
 process, so a change applies everywhere within that time, without a deploy. The copy is kept as the
 Rule objects themselves, in the process (not in Django's cache: the local-memory cache pickles every
@@ -38,6 +39,9 @@ class RuleSpec:
     action: str = "hold"
     switchable: bool = True
     has_action: bool = True
+    #: A swarm may have a rule of this key of its own (ModerationRule.swarm), applied to its shares
+    #: besides the site's: the rules that judge a group by its own text or its node's trust.
+    per_swarm: bool = False
 
 
 RULES: dict[str, RuleSpec] = {
@@ -84,6 +88,7 @@ RULES: dict[str, RuleSpec] = {
                 "max_repeat_share": Param(float, 0.6, 0.0, 1.0, "Characters equal to the one before them."),
                 "min_chars_for_shares": Param(int, 20, 0, 100_000, "Shares apply to completions this long or longer."),
             },
+            per_swarm=True,
         ),
         RuleSpec(
             "blocklist",
@@ -93,6 +98,7 @@ RULES: dict[str, RuleSpec] = {
                 "patterns": Param(list, [], None, None, "One pattern per line; case-insensitive."),
             },
             enabled=False,
+            per_swarm=True,
         ),
         RuleSpec(
             "outlier",
@@ -117,6 +123,7 @@ RULES: dict[str, RuleSpec] = {
             "Groups of a node whose trust is below the threshold.",
             {"threshold": Param(float, 0.15, 0.0, 1.0, "Trust below this triggers the rule.")},
             enabled=False,
+            per_swarm=True,
         ),
         RuleSpec(
             "trust",
@@ -196,33 +203,49 @@ def clean_params(key: str, raw: dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def _load() -> dict[str, Rule]:
+#: The keys a swarm may have rules of its own for.
+PER_SWARM_KEYS = tuple(key for key, spec in RULES.items() if spec.per_swarm)
+
+
+def rule_of_row(row: Any, fallback: Rule) -> Rule:
+    spec = RULES[row.key]
+    try:
+        params = clean_params(row.key, row.params or {})
+    except RuleError:
+        params = fallback.params  # a hand-edited bad row falls back to defaults
+    return Rule(
+        row.key,
+        row.enabled if spec.switchable else True,
+        row.action if spec.has_action and row.action in ("flag", "hold") else spec.action,
+        params,
+    )
+
+
+@dataclass(frozen=True)
+class _Rules:
+    site: dict[str, Rule]
+    #: swarm id -> its own enabled rules by key (per-swarm keys only; a swarm without any is absent).
+    swarms: dict[int, dict[str, Rule]]
+
+
+def _load() -> _Rules:
     from moderation.models import ModerationRule
 
     rules = {key: default_rule(key) for key in RULES}
+    swarms: dict[int, dict[str, Rule]] = {}
     for row in ModerationRule.objects.filter(key__in=list(RULES)):
-        spec = RULES[row.key]
-        try:
-            params = clean_params(row.key, row.params or {})
-        except RuleError:
-            params = rules[row.key].params  # a hand-edited bad row falls back to defaults
-        rules[row.key] = Rule(
-            row.key,
-            row.enabled if spec.switchable else True,
-            row.action if spec.has_action and row.action in ("flag", "hold") else spec.action,
-            params,
-        )
-    return rules
+        if row.swarm_id is None:
+            rules[row.key] = rule_of_row(row, rules[row.key])
+        elif row.key in PER_SWARM_KEYS and row.enabled:
+            swarms.setdefault(row.swarm_id, {})[row.key] = rule_of_row(row, default_rule(row.key))
+    return _Rules(rules, swarms)
 
 
 #: (monotonic time it expires, the rules): this process's copy. Rules are frozen; callers only read them.
-_current: tuple[float, dict[str, Rule]] | None = None
+_current: tuple[float, _Rules] | None = None
 
 
-def rules_current(*, use_cache: bool = True) -> dict[str, Rule]:
-    """The rules in force, keyed by rule key (this process's copy, at most CACHE_SECONDS old).
-
-    The dict is shared by every caller until it expires: read it, never change it."""
+def _rules(use_cache: bool) -> _Rules:
     global _current
     now = time.monotonic()
     if use_cache and _current is not None and now < _current[0]:
@@ -230,6 +253,21 @@ def rules_current(*, use_cache: bool = True) -> dict[str, Rule]:
     rules = _load()
     _current = (now + CACHE_SECONDS, rules)
     return rules
+
+
+def rules_current(*, use_cache: bool = True) -> dict[str, Rule]:
+    """The site's rules in force, keyed by rule key (this process's copy, at most CACHE_SECONDS old).
+
+    The dict is shared by every caller until it expires: read it, never change it."""
+    return _rules(use_cache).site
+
+
+def swarm_rules_current(swarm_id: int | None, *, use_cache: bool = True) -> dict[str, Rule]:
+    """The enabled rules of a swarm of its own, by key (empty: none), applied to its shares besides the
+    site's; read from the same copy as `rules_current`. Read it, never change it."""
+    if swarm_id is None:
+        return {}
+    return _rules(use_cache).swarms.get(swarm_id, {})
 
 
 def rules_forget() -> None:

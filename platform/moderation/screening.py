@@ -32,8 +32,10 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
+from psycopg import sql
 
 from common.compact_json import dumps
+from common.composed import placeholders, rendered
 from common.db import binary_array, prepare_hot, server_binding_cursor
 from moderation import filters
 from moderation.models import (
@@ -42,9 +44,8 @@ from moderation.models import (
     ModerationFlag,
     TargetType,
 )
-from moderation.rules import Rule, rules_current
+from moderation.rules import Rule, rules_current, swarm_rules_current
 from moderation.trust import (
-    TRUST_CTE_NAMES,
     TRUST_PARAM_NAMES,
     TRUST_VERDICTS_CTES,
     trust_judged_params,
@@ -72,6 +73,7 @@ class Screening:
     node_id: int
     rollouts: Sequence[RolloutIn]
     checks: Mapping[uuid.UUID, Verification]
+    swarm_id: int | None = None
     findings: list[Finding] = field(default_factory=list)
     fingerprints: dict[uuid.UUID, tuple[str, filters.Fingerprint]] = field(default_factory=dict)
 
@@ -90,37 +92,42 @@ class Screening:
 # simhashes; filters.CopyIndex), in the order the rules read them (question, then latest
 # first): at 50 groups per question, ~13,000 completions, a JSON document would cost the server more
 # to decode and index than the rest of the share, and PostgreSQL more to build.
-_CANDIDATE_ORDER = "ORDER BY q.n, f.created_at DESC"
-_SCREENING_READS_SQL = f"""
+_SCREENING_READS_SQL = rendered(
+    sql.SQL("""
 SELECT n.node, c.ids, c.counts, c.exact, c.simhash,
        (SELECT streak FROM moderation_trustrecord WHERE node_id = n.node)
-FROM unnest(%(nodes)b::bigint[]) AS n(node)
+FROM unnest({nodes}::bigint[]) AS n(node)
 LEFT JOIN (
     SELECT q.node,
-           string_agg(uuid_send(f.rollout_id), ''::bytea {_CANDIDATE_ORDER}) AS ids,
-           string_agg(int4send(octet_length(f.simhash) / 8), ''::bytea {_CANDIDATE_ORDER}) AS counts,
-           string_agg(f.exact, ''::bytea {_CANDIDATE_ORDER}) AS exact,
-           string_agg(f.simhash, ''::bytea {_CANDIDATE_ORDER}) AS simhash
-    FROM unnest(%(questions)b::text[], %(question_nodes)b::bigint[]) WITH ORDINALITY AS q(hash, node, n)
+           string_agg(uuid_send(f.rollout_id), ''::bytea {order}) AS ids,
+           string_agg(int4send(octet_length(f.simhash) / 8), ''::bytea {order}) AS counts,
+           string_agg(f.exact, ''::bytea {order}) AS exact,
+           string_agg(f.simhash, ''::bytea {order}) AS simhash
+    FROM unnest({questions}::text[], {question_nodes}::bigint[]) WITH ORDINALITY AS q(hash, node, n)
     CROSS JOIN LATERAL (
         SELECT rollout_id, exact, simhash, created_at FROM moderation_rolloutfingerprint
-        WHERE question_hash = q.hash AND created_at >= %(cutoff)s AND node_id <> q.node
+        WHERE question_hash = q.hash AND created_at >= {cutoff} AND node_id <> q.node
         ORDER BY created_at DESC
-        LIMIT %(per)s
+        LIMIT {per}
     ) AS f
     GROUP BY q.node
 ) AS c ON c.node = n.node
-"""
+""").format(
+        order=sql.SQL("ORDER BY q.n, f.created_at DESC"),
+        **placeholders("cutoff", "per", binary=("nodes", "questions", "question_nodes")),
+    )
+)
 
 
 def _screening_reads(
-    questions: Mapping[int, set[str]], rules: dict[str, Rule], now: datetime
+    questions: Mapping[int, set[str]], rules: dict[str, Rule], now: datetime, *, trust_wanted: bool = False
 ) -> dict[int, tuple[filters.CopyIndex, float]]:
     """Per node (node id -> the question hashes of its accepted groups): other nodes' recent
-    fingerprints for those questions, indexed, and the node's trust (1.0 when the low-trust rule is
-    off). One query for the whole batch, none when neither is wanted."""
+    fingerprints for those questions, indexed, and the node's trust (1.0 when no low-trust rule, the
+    site's or, `trust_wanted`, a swarm's, is on). One query for the whole batch, none when neither is
+    wanted."""
     active = [r for r in (rules["duplicate_exact"], rules["duplicate_near"]) if r.enabled]
-    want_trust = rules["low_trust"].enabled
+    want_trust = rules["low_trust"].enabled or trust_wanted
     if not want_trust and (not active or not any(questions.values())):
         return {node: (filters.CopyIndex(), 1.0) for node in questions}
     hashes, owners = [], []
@@ -156,39 +163,66 @@ def _screening_reads(
 # the trust upsert, for every share of the batch (a node per row), each about the groups the
 # statement really inserted (its CTE `inserted`) and no other. No statement, BEGIN or COMMIT of its own: three round trips fewer a batch
 # (docs/benchmarks.md, "How ingest is made fast").
-_RECORD_CTES = (
-    """decisions AS (
+_P = placeholders(
+    "now",
+    "held_status",
+    "audit_target",
+    binary=(
+        "held_id",
+        "held_reason",
+        "held_rule",
+        "fp_id",
+        "fp_node",
+        "fp_qh",
+        "fp_exact",
+        "fp_simhash",
+        "flag_id",
+        "flag_node",
+        "flag_rule",
+        "flag_detail",
+        "flag_data",
+        "audit_rule",
+        "audit_action",
+        "audit_id",
+        "audit_reason",
+        "audit_details",
+    ),
+)
+_RECORD_CTES: dict[str, sql.Composable] = {
+    "decisions": sql.SQL("""
     INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
-    SELECT u.id, %(held_status)s, u.reason, u.rule, NULL, gen_random_uuid(), %(now)s
-    FROM unnest(%(held_id)b::uuid[], %(held_reason)b::text[], %(held_rule)b::text[]) AS u(id, reason, rule)
+    SELECT u.id, {held_status}, u.reason, u.rule, NULL, gen_random_uuid(), {now}
+    FROM unnest({held_id}::uuid[], {held_reason}::text[], {held_rule}::text[]) AS u(id, reason, rule)
     WHERE u.id IN (SELECT id FROM inserted)
     ON CONFLICT (rollout_id) DO NOTHING
-), fingerprints AS (
+""").format(**_P),
+    "fingerprints": sql.SQL("""
     INSERT INTO moderation_rolloutfingerprint (rollout_id, node_id, question_hash, exact, simhash, created_at)
-    SELECT u.id, u.node, u.qh, u.exact, u.simhash, %(now)s
-    FROM unnest(%(fp_id)b::uuid[], %(fp_node)b::bigint[], %(fp_qh)b::text[], %(fp_exact)b::bytea[],
-                %(fp_simhash)b::bytea[]) AS u(id, node, qh, exact, simhash)
+    SELECT u.id, u.node, u.qh, u.exact, u.simhash, {now}
+    FROM unnest({fp_id}::uuid[], {fp_node}::bigint[], {fp_qh}::text[], {fp_exact}::bytea[],
+                {fp_simhash}::bytea[]) AS u(id, node, qh, exact, simhash)
     WHERE u.id IN (SELECT id FROM inserted)
     ON CONFLICT (rollout_id) DO NOTHING
-), flags AS (
+""").format(**_P),
+    "flags": sql.SQL("""
     INSERT INTO moderation_moderationflag (rollout_id, node_id, rule, detail, data, created_at, resolved_at)
-    SELECT u.id, u.node, u.rule, u.detail, u.data::jsonb, %(now)s, NULL
-    FROM unnest(%(flag_id)b::uuid[], %(flag_node)b::bigint[], %(flag_rule)b::text[], %(flag_detail)b::text[],
-                %(flag_data)b::text[]) AS u(id, node, rule, detail, data)
+    SELECT u.id, u.node, u.rule, u.detail, u.data::jsonb, {now}, NULL
+    FROM unnest({flag_id}::uuid[], {flag_node}::bigint[], {flag_rule}::text[], {flag_detail}::text[],
+                {flag_data}::text[]) AS u(id, node, rule, detail, data)
     WHERE u.id IN (SELECT id FROM inserted)
-), audit AS (
+""").format(**_P),
+    "audit": sql.SQL("""
     INSERT INTO moderation_auditentry
         (created_at, actor_id, rule, action, target_type, target_id, count, reason, details)
-    SELECT %(now)s, NULL, u.rule, u.action, %(audit_target)s, u.id::text, 1, u.reason, u.details::jsonb
-    FROM unnest(%(audit_rule)b::text[], %(audit_action)b::text[], %(audit_id)b::uuid[], %(audit_reason)b::text[],
-                %(audit_details)b::text[]) AS u(rule, action, id, reason, details)
+    SELECT {now}, NULL, u.rule, u.action, {audit_target}, u.id::text, 1, u.reason, u.details::jsonb
+    FROM unnest({audit_rule}::text[], {audit_action}::text[], {audit_id}::uuid[], {audit_reason}::text[],
+                {audit_details}::text[]) AS u(rule, action, id, reason, details)
     WHERE u.id IN (SELECT id FROM inserted)
-), """
-    + TRUST_VERDICTS_CTES
-)
+""").format(**_P),
+    **TRUST_VERDICTS_CTES,
+}
 RECORD_SQL = RecordSql(
     ctes=_RECORD_CTES,
-    cte_names=frozenset({"decisions", "fingerprints", "flags", "audit", *TRUST_CTE_NAMES}),
     param_names=frozenset(
         {
             "held_status",
@@ -236,7 +270,11 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
     neither is stored when the other reads.)"""
     now = now or timezone.now()
     rules = rules_current()
-    screenings = [Screening(node_id=s.node_id, rollouts=s.rollouts, checks=s.checks) for s in shares]
+    screenings = [
+        Screening(node_id=s.node_id, rollouts=s.rollouts, checks=s.checks, swarm_id=s.swarm_id) for s in shares
+    ]
+    # Each share's swarm's own rules, applied besides the site's (a batch is of one swarm).
+    own = [swarm_rules_current(s.swarm_id) for s in shares]
     accepted = [[r for r in s.rollouts if s.checks[r.id].accepted] for s in shares]
     every = [r for share in accepted for r in share]
     if not every:
@@ -256,7 +294,7 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         if share:
             wanted.setdefault(screening.node_id, set()).update(questions[start:end])
         start = end
-    reads = _screening_reads(wanted, rules, now)
+    reads = _screening_reads(wanted, rules, now, trust_wanted=any("low_trust" in o for o in own))
     copies = rules["duplicate_exact"].enabled or rules["duplicate_near"].enabled
     for k, (screening, share, (first, end)) in enumerate(zip(screenings, accepted, spans, strict=True)):
         if not share:
@@ -277,6 +315,8 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         screening.findings = _findings(
             share, fingerprints[first:end], length_hits[first:end] if length.enabled else [], index, trust, rules
         )
+        if own[k]:
+            screening.findings += _swarm_findings(share, screening.findings, trust, own[k], screening.swarm_id)
     return screenings
 
 
@@ -312,6 +352,37 @@ def _findings(
         if low_trust.enabled and trust < low_trust["threshold"]:
             found.append((low_trust, f"node trust {trust:.2f} is below {low_trust['threshold']:.2f}", {}))
         findings += [Finding(r.id, rule.key, detail, rule.holds, data) for rule, detail, data in found]
+    return findings
+
+
+def _swarm_findings(
+    accepted: Sequence[RolloutIn], found: Sequence[Finding], trust: float, own: dict[str, Rule], swarm_id: int | None
+) -> list[Finding]:
+    """What a swarm's own rules (`own`, enabled ones, by key) find in one share's accepted groups,
+    besides what the site's rules found (`found`): a group the site's rule of a key caught already is
+    not reported again for that key."""
+    caught = {(f.rollout_id, f.rule) for f in found}
+    data = {"swarm": swarm_id}
+    length = own.get("length")
+    length_hits = filters.length_findings([r.completions for r in accepted], length) if length else []
+    findings = []
+    for n, r in enumerate(accepted):
+        hits: list[tuple[Rule, str]] = []
+        if length is not None and length_hits[n]:
+            hits.append((length, length_hits[n]))
+        blocklist = own.get("blocklist")
+        if blocklist is not None and blocklist["patterns"]:
+            detail = filters.blocklist_finding([r.question, r.answer or "", *r.completions], blocklist)
+            if detail:
+                hits.append((blocklist, detail))
+        low_trust = own.get("low_trust")
+        if low_trust is not None and trust < low_trust["threshold"]:
+            hits.append((low_trust, f"node trust {trust:.2f} is below {low_trust['threshold']:.2f}"))
+        findings += [
+            Finding(r.id, rule.key, detail, rule.holds, dict(data))
+            for rule, detail in hits
+            if (r.id, rule.key) not in caught
+        ]
     return findings
 
 

@@ -11,11 +11,12 @@ from django.db.models.functions import Coalesce
 
 from accounts.models import User
 from moderation.models import AuditEntry, ModerationFlag, ModerationRule, TrustRecord
-from moderation.rules import RULES, rules_current
+from moderation.rules import PER_SWARM_KEYS, RULES, Rule, default_rule, rule_of_row, rules_current
 from moderation.trust import trust_value
 from nodes.models import Node
 from nodes.presence import with_connected
 from pool.models import ModerationStatus, RejectReason, Rollout, Verdict
+from swarms.models import Swarm
 
 
 def rollout_queue_base(*, filters: dict[str, Any]) -> QuerySet[Rollout]:
@@ -149,11 +150,21 @@ def node_moderation_list(*, filters: dict[str, Any]) -> QuerySet[Node]:
     return queryset.order_by("-created_at", "-id")
 
 
-def rule_list() -> list[dict[str, Any]]:
-    """Every rule with its spec, current settings and last change."""
-    rows = {r.key: r for r in ModerationRule.objects.select_related("updated_by")}
-    current = rules_current(use_cache=False)
-    return [{"spec": spec, "rule": current[key], "row": rows.get(key)} for key, spec in RULES.items()]
+def rule_list(*, swarm: Swarm | None = None) -> list[dict[str, Any]]:
+    """The site's rules (`swarm` None), each with its spec, current settings and last change; or a
+    swarm's own (the keys a swarm may have), its settings where it has a row, else the rule's defaults
+    switched off (not applied)."""
+    rows = {r.key: r for r in ModerationRule.objects.filter(swarm=swarm).select_related("updated_by")}
+    if swarm is None:
+        current = rules_current(use_cache=False)
+        return [{"spec": spec, "rule": current[key], "row": rows.get(key)} for key, spec in RULES.items()]
+    items = []
+    for key in PER_SWARM_KEYS:
+        row = rows.get(key)
+        rule = default_rule(key)
+        rule = Rule(key, False, rule.action, rule.params) if row is None else rule_of_row(row, rule)
+        items.append({"spec": RULES[key], "rule": rule, "row": row})
+    return items
 
 
 # --- the contributor's rejection inbox -------------------------------------------------------------

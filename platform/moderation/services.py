@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
+from psycopg import sql
 
 from accounts.events import contributor_withdrawn_on_commit, node_withdrawn_on_commit
 from accounts.models import User
@@ -33,6 +34,7 @@ from nodes.events import CLOSE_BANNED, contributor_disconnect_on_commit, node_di
 from nodes.models import Node
 from pool.models import ModerationStatus, Rollout
 from pool.services import rollout_set_moderation
+from swarms.models import Swarm
 
 #: Queue actions and the moderation status each sets.
 ACTIONS = {
@@ -102,6 +104,15 @@ def audit_staff_action(
     )
 
 
+_DECIDE_SQL = sql.SQL("""
+INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
+SELECT s.id, %s, %s, '', %s, %s, %s FROM ({matched}) AS s
+ON CONFLICT (rollout_id) DO UPDATE SET
+    status = EXCLUDED.status, reason = EXCLUDED.reason, rule = '', actor_id = EXCLUDED.actor_id,
+    batch = EXCLUDED.batch, decided_at = EXCLUDED.decided_at
+""")
+
+
 def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: User) -> tuple[uuid.UUID, int]:
     """Record a decision on every group the queryset matches and set their status, in 3 statements:
     upsert the decisions (INSERT ... SELECT, tagged with a fresh batch id), then the pool's own
@@ -112,15 +123,10 @@ def _decide(*, rollouts: QuerySet[Rollout], status: str, reason: str, actor: Use
     now = timezone.now()
     sub_sql, sub_params = rollouts.order_by().values("id").query.sql_with_params()
     with connection.cursor() as cursor:
+        # Django's compiled query is a part of the statement (its own %s placeholders, bound with
+        # sub_params), composed, not pasted into text.
         cursor.execute(
-            f"""
-            INSERT INTO moderation_moderationdecision (rollout_id, status, reason, rule, actor_id, batch, decided_at)
-            SELECT s.id, %s, %s, '', %s, %s, %s FROM ({sub_sql}) AS s
-            ON CONFLICT (rollout_id) DO UPDATE SET
-                status = EXCLUDED.status, reason = EXCLUDED.reason, rule = '', actor_id = EXCLUDED.actor_id,
-                batch = EXCLUDED.batch, decided_at = EXCLUDED.decided_at
-            """,  # noqa: S608 - sub_sql is Django's compiled SQL; values are parameters
-            [status, reason, actor.id, batch, now, *sub_params],
+            _DECIDE_SQL.format(matched=sql.SQL(sub_sql)), [status, reason, actor.id, batch, now, *sub_params]
         )
         count = cursor.rowcount
     decided = Rollout.objects.filter(id__in=ModerationDecision.objects.filter(batch=batch).values("rollout_id"))
@@ -322,11 +328,17 @@ def contributor_unban(*, actor: User, user: User, reason: str, restore_groups: b
 
 
 @transaction.atomic
-def rule_update(*, actor: User, key: str, enabled: bool, action: str, params: dict[str, Any]) -> ModerationRule:
-    """Switch or tune an automatic rule. Raises ApplicationError: unknown_rule (404), invalid_rule."""
+def rule_update(
+    *, actor: User, key: str, enabled: bool, action: str, params: dict[str, Any], swarm: Swarm | None = None
+) -> ModerationRule:
+    """Switch or tune an automatic rule: the site's (`swarm` None), or a swarm's own, which applies to
+    that swarm's shares besides the site's (only the keys RuleSpec.per_swarm allows). Raises
+    ApplicationError: unknown_rule (404), invalid_rule."""
     spec = RULES.get(key)
     if spec is None:
         raise ApplicationError("unknown_rule", f"No rule {key!r}.", status=404)
+    if swarm is not None and not spec.per_swarm:
+        raise ApplicationError("invalid_rule", f"The rule {key!r} is the site's only; a swarm cannot have its own.")
     if not isinstance(params, dict):
         raise ApplicationError("invalid_rule", "Parameters must be a JSON object.")
     try:
@@ -335,8 +347,10 @@ def rule_update(*, actor: User, key: str, enabled: bool, action: str, params: di
         raise ApplicationError("invalid_rule", str(exc)) from exc
     if action not in ("flag", "hold"):
         raise ApplicationError("invalid_rule", "The action is 'flag' or 'hold'.")
-    row, _ = ModerationRule.objects.select_for_update().get_or_create(key=key)
-    before = {"enabled": row.enabled, "action": row.action, "params": row.params}
+    row, created = ModerationRule.objects.select_for_update().get_or_create(key=key, swarm=swarm)
+    before = (
+        None if created and swarm is not None else {"enabled": row.enabled, "action": row.action, "params": row.params}
+    )
     row.enabled = bool(enabled) if spec.switchable else True
     row.action = action if spec.has_action else spec.action
     row.params = cleaned
@@ -344,13 +358,16 @@ def rule_update(*, actor: User, key: str, enabled: bool, action: str, params: di
     row.updated_by = actor
     row.save()
     after = {"enabled": row.enabled, "action": row.action, "params": row.params}
+    details: dict[str, Any] = {"before": before, "after": after}
+    if swarm is not None:
+        details["swarm"] = swarm.slug
     _audit(
         actor=actor,
         action=AuditAction.RULE_CHANGE,
         target_type=TargetType.RULE,
         target_id=key,
-        reason="rule settings changed",
-        details={"before": before, "after": after},
+        reason="rule settings changed" if swarm is None else f"rule settings of swarm {swarm.slug} changed",
+        details=details,
     )
     transaction.on_commit(rules_forget)
     return row

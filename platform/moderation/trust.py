@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 from django.db import connection
 from django.utils import timezone
+from psycopg import sql
 
+from common.composed import placeholders
 from common.db import binary_array
 from moderation.rules import rules_current
 
@@ -32,24 +34,26 @@ def _half_streak() -> int:
     return rules_current()["trust"]["half_streak"]
 
 
-#: Counting nodes' newly judged groups into their records, as common table expressions of the pool's
+#: Counting nodes' newly judged groups into their records, as common table expressions (by name) of the pool's
 #: INSERT statement (moderation.screening.RECORD_SQL): the groups judged, in the order judged, each
 #: with its node and verdict (`trust_judged_params`), those the statement really inserted counted (the
 #: pool's CTE `inserted`), one upsert with a row per node, in node order (concurrent batches lock the
 #: records in one order). The row's `streak` is the node's new streak if the batch rejected something
 #: (the accepted groups after its last rejection), else its accepted groups, which the update adds to
 #: the streak it had: `verdict_counts`, in SQL (tests/platform/test_trust.py holds them together).
-TRUST_VERDICTS_CTES = """
-trust_judged AS (
+_P = placeholders("now", binary=("trust_id", "trust_node", "trust_ok"))
+TRUST_VERDICTS_CTES: dict[str, sql.Composable] = {
+    "trust_judged": sql.SQL("""
     SELECT u.node, u.ok, u.ord,
            coalesce(max(u.ord) FILTER (WHERE NOT u.ok) OVER (PARTITION BY u.node), 0) AS last_rejected
-    FROM unnest(%(trust_id)b::uuid[], %(trust_node)b::bigint[], %(trust_ok)b::bool[])
+    FROM unnest({trust_id}::uuid[], {trust_node}::bigint[], {trust_ok}::bool[])
          WITH ORDINALITY AS u(id, node, ok, ord)
     WHERE u.id IN (SELECT id FROM inserted)
-), trust AS (
+""").format(**_P),
+    "trust": sql.SQL("""
     INSERT INTO moderation_trustrecord AS t (node_id, streak, accepted, rejected, last_rejected_at, updated_at)
     SELECT j.node, count(*) FILTER (WHERE j.ok AND j.ord > j.last_rejected), count(*) FILTER (WHERE j.ok),
-           count(*) FILTER (WHERE NOT j.ok), CASE WHEN bool_or(NOT j.ok) THEN %(now)s END, %(now)s
+           count(*) FILTER (WHERE NOT j.ok), CASE WHEN bool_or(NOT j.ok) THEN {now} END, {now}
     FROM trust_judged j GROUP BY j.node ORDER BY j.node
     ON CONFLICT (node_id) DO UPDATE SET
         streak = CASE WHEN EXCLUDED.rejected > 0 THEN EXCLUDED.streak ELSE t.streak + EXCLUDED.accepted END,
@@ -57,9 +61,10 @@ trust_judged AS (
         rejected = t.rejected + EXCLUDED.rejected,
         last_rejected_at = COALESCE(EXCLUDED.last_rejected_at, t.last_rejected_at),
         updated_at = EXCLUDED.updated_at
-)"""
+""").format(**_P),
+}
 #: TRUST_VERDICTS_CTES's names, for moderation.screening.RECORD_SQL's declaration.
-TRUST_CTE_NAMES = frozenset({"trust_judged", "trust"})
+TRUST_CTE_NAMES = frozenset(TRUST_VERDICTS_CTES)
 TRUST_PARAM_NAMES = frozenset({"trust_id", "trust_node", "trust_ok"})
 
 

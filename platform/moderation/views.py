@@ -27,6 +27,7 @@ from moderation.forms import AuditFilterForm, FilterForm, InvalidFilter, NodeFil
 from moderation.rules import RULES
 from nodes.models import Node
 from nodes.selectors import node_status, node_statuses
+from swarms.models import Swarm
 
 QUEUE_PAGE_SIZE = 20
 AUDIT_PAGE_SIZE = 50
@@ -264,10 +265,31 @@ def audit(request: HttpRequest) -> HttpResponse:
     return render(request, "moderation/audit.html", context, status=status)
 
 
+def _rules_swarm(slug: str | None) -> Swarm | None:
+    """The swarm a rules page or form names by slug (None: the site's rules); ApplicationError
+    unknown_swarm (404) for a slug no swarm has."""
+    if not slug:
+        return None
+    swarm = Swarm.objects.filter(slug=slug[:64]).first()
+    if swarm is None:
+        raise ApplicationError("unknown_swarm", "No such swarm.", status=404)
+    return swarm
+
+
 @require_GET
 @staff_required
 def rules(request: HttpRequest) -> HttpResponse:
-    return render(request, "moderation/rules.html", {"rules": selectors.rule_list(), "section": "rules"})
+    try:
+        swarm = _rules_swarm(request.GET.get("swarm"))
+    except ApplicationError as exc:
+        return _error(request, exc)
+    context = {
+        "rules": selectors.rule_list(swarm=swarm),
+        "swarm": swarm,
+        "swarms": Swarm.objects.only("slug", "title", "state"),
+        "section": "rules",
+    }
+    return render(request, "moderation/rules.html", context)
 
 
 @require_POST
@@ -275,6 +297,10 @@ def rules(request: HttpRequest) -> HttpResponse:
 def rule_update(request: HttpRequest, key: str) -> HttpResponse:
     if key not in RULES:
         return _error(request, ApplicationError("unknown_rule", "No such rule.", status=404))
+    try:
+        swarm = _rules_swarm(request.POST.get("swarm"))
+    except ApplicationError as exc:
+        return _error(request, exc)
     error = None
     try:
         params = json.loads(request.POST.get("params") or "{}")
@@ -288,13 +314,19 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
                 enabled=request.POST.get("enabled") == "on",
                 action=request.POST.get("action") or RULES[key].action,
                 params=params,
+                swarm=swarm,
             )
         except ApplicationError as exc:
             error = exc
-    item = next(i for i in selectors.rule_list() if i["spec"].key == key)
+    item = next((i for i in selectors.rule_list(swarm=swarm) if i["spec"].key == key), None)
+    if item is None:  # a key a swarm cannot have: the error above says so
+        return _error(request, error or ApplicationError("invalid_rule", "No such rule for a swarm."))
     status = error.status if error else 200
     if not request.htmx:
-        return redirect("moderation:rules") if error is None else _error(request, error)
-    return render(
-        request, "moderation/partials/rule.html", {"item": item, "error": error, "saved": error is None}, status=status
-    )
+        if error is not None:
+            return _error(request, error)
+        return redirect(
+            f"{reverse('moderation:rules')}?{urlencode({'swarm': swarm.slug})}" if swarm else "moderation:rules"
+        )
+    context = {"item": item, "swarm": swarm, "error": error, "saved": error is None}
+    return render(request, "moderation/partials/rule.html", context, status=status)

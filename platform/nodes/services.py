@@ -12,9 +12,11 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.utils import timezone
+from psycopg import sql
 
 from accounts import limits
 from accounts.models import User
+from common.composed import rendered
 from common.errors import ApplicationError
 from nodes.events import CLOSE_UNAUTHENTICATED, node_disconnect_on_commit
 from nodes.models import NODE_NAME_MAX_LENGTH, Node, NodeToken
@@ -212,7 +214,26 @@ def node_hello_changed(*, node: Node, fields: dict[str, str]) -> bool:
 # WHERE id IN (SELECT id FROM locked)`, the ids as the first parameter): two such statements (these,
 # nodes.sessions's) then never wait on each other in a cycle (a deadlock PostgreSQL breaks after a
 # second by failing one).
-_LOCKED_IN_ID_ORDER = "locked AS (SELECT id FROM nodes_node WHERE id = ANY(%s::bigint[]) ORDER BY id FOR NO KEY UPDATE)"
+_LOCKED_IN_ID_ORDER = sql.SQL(
+    "locked AS (SELECT id FROM nodes_node WHERE id = ANY(%s::bigint[]) ORDER BY id FOR NO KEY UPDATE)"
+)
+_HELLOS_SQL = rendered(
+    sql.SQL("""
+WITH {locked}
+UPDATE nodes_node n
+SET client_version = v.client_version, model_id = v.model_id, hardware = v.hardware
+FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS v(id, client_version, model_id, hardware),
+     (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE n.id = v.id AND n.id IN (SELECT id FROM locked)
+""").format(locked=_LOCKED_IN_ID_ORDER)
+)
+_SEEN_SQL = rendered(
+    sql.SQL("""
+WITH {locked}
+UPDATE nodes_node SET last_seen_at = %s
+WHERE id IN (SELECT id FROM locked) AND (last_seen_at IS NULL OR last_seen_at < %s)
+""").format(locked=_LOCKED_IN_ID_ORDER)
+)
 
 
 def nodes_record_hellos(*, hellos: dict[int, dict[str, str]]) -> int:
@@ -225,14 +246,7 @@ def nodes_record_hellos(*, hellos: dict[int, dict[str, str]]) -> int:
     ids = list(hellos)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            WITH {_LOCKED_IN_ID_ORDER}
-            UPDATE nodes_node n
-            SET client_version = v.client_version, model_id = v.model_id, hardware = v.hardware
-            FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS v(id, client_version, model_id, hardware),
-                 (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-            WHERE n.id = v.id AND n.id IN (SELECT id FROM locked)
-            """,
+            _HELLOS_SQL,
             [
                 ids,
                 ids,
@@ -250,19 +264,16 @@ def nodes_mark_seen(*, node_ids: Iterable[int], now: datetime | None = None) -> 
     now = now or timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            WITH {_LOCKED_IN_ID_ORDER}
-            UPDATE nodes_node SET last_seen_at = %s
-            WHERE id IN (SELECT id FROM locked) AND (last_seen_at IS NULL OR last_seen_at < %s)
-            """,
+            _SEEN_SQL,
             [sorted(set(node_ids)), now, now - SEEN_WRITE_INTERVAL],
         )
         return cursor.rowcount
 
 
-def node_select_columns(alias: str) -> str:
-    """The SQL select list of every Node column, in the model's field order, for `node_from_row`."""
-    return ", ".join(f"{alias}.{field.column}" for field in Node._meta.concrete_fields)
+def node_select_columns(alias: str) -> sql.Composed:
+    """The select list of every Node column of the table named `alias`, in the model's field order,
+    for `node_from_row`."""
+    return sql.SQL(", ").join(sql.Identifier(alias, field.column) for field in Node._meta.concrete_fields)
 
 
 def node_from_row(values: Sequence[object]) -> Node:

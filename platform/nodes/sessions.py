@@ -17,9 +17,11 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
+from psycopg import sql
 from redis.exceptions import RedisError
 
 from common import outage
+from common.composed import rendered
 from common.db import server_binding_cursor
 from common.errors import ApplicationError
 from nodes import presence
@@ -34,11 +36,12 @@ from nodes.services import SEEN_WRITE_INTERVAL, node_from_row, node_select_colum
 # row), and nothing else is written for a request unless its node was. The node rows are locked in id
 # order first (`locked`), as every statement that updates several of them does: two such statements
 # never wait on each other in a cycle.
-_SESSIONS_OPEN_SQL = f"""
+_SESSIONS_OPEN_SQL = rendered(
+    sql.SQL("""
 WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)),
 auth AS (
     SELECT r.n, r.connection, t.id AS token_id, n.retired_at IS NOT NULL AS retired,
-           n.banned_at IS NOT NULL OR u.banned_at IS NOT NULL AS banned, {node_select_columns("n")}
+           n.banned_at IS NOT NULL OR u.banned_at IS NOT NULL AS banned, {auth_columns}
     FROM unnest(%(hash)s::text[], %(connection)s::uuid[]) WITH ORDINALITY AS r(hash, connection, n)
     JOIN nodes_nodetoken t ON t.token_hash = r.hash AND t.revoked_at IS NULL
     JOIN nodes_node n ON n.id = t.node_id JOIN accounts_user u ON u.id = n.owner_id
@@ -65,9 +68,10 @@ present AS (
     WHERE id IN (SELECT id FROM seen) AND %(in_database)s
     ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
 )
-SELECT a.n, a.retired, a.banned, a.id IN (SELECT id FROM seen), {node_select_columns("a")}
+SELECT a.n, a.retired, a.banned, a.id IN (SELECT id FROM seen), {answer_columns}
 FROM auth a, relaxed
-"""
+""").format(auth_columns=node_select_columns("n"), answer_columns=node_select_columns("a"))
+)
 
 
 def _unauthenticated() -> ApplicationError:

@@ -12,7 +12,9 @@ from typing import Any
 
 from django.db import connection
 from django.utils import timezone
+from psycopg import sql
 
+from common.composed import rendered
 from common.errors import ApplicationError
 from pool.limits import Limits
 from sapo_node import protocol
@@ -32,13 +34,13 @@ class StoredBytes:
     owner: int
 
 
-def owner_hour_bytes_sql(owner: str) -> str:
+def owner_hour_bytes_sql(owner: sql.Composable) -> sql.Composed:
     """The bytes a contributor's nodes stored in an hour (the contributor's storage budget), summed over
-    its nodes' rows, `owner` being the SQL that names the contributor; the pool's INSERT leaves the
-    storing node's row out (it adds that row's new total itself)."""
-    return f"""
+    its nodes' rows, `owner` being what names the contributor (a column or a parameter); the pool's
+    INSERT leaves the storing node's row out (it adds that row's new total itself)."""
+    return sql.SQL("""
 SELECT coalesce(sum(o.bytes), 0) FROM pool_nodestoragehour o JOIN nodes_node n ON n.id = o.node_id
-WHERE n.owner_id = {owner} AND o.hour = %(hour)s"""
+WHERE n.owner_id = {owner} AND o.hour = {hour}""").format(owner=owner, hour=sql.Placeholder("hour"))
 
 
 def hour_of(now: datetime) -> datetime:
@@ -52,10 +54,14 @@ def utf8_len(text: str | None) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-_BUDGET_SQL = f"""
-SELECT coalesce((SELECT bytes FROM pool_nodestoragehour WHERE node_id = %(node)s AND hour = %(hour)s), 0),
-       ({owner_hour_bytes_sql("%(owner)s")})
-"""
+_BUDGET_SQL = rendered(
+    sql.SQL("""
+SELECT coalesce((SELECT bytes FROM pool_nodestoragehour WHERE node_id = {node} AND hour = {hour}), 0),
+       ({owner})
+""").format(
+        node=sql.Placeholder("node"), hour=sql.Placeholder("hour"), owner=owner_hour_bytes_sql(sql.Placeholder("owner"))
+    )
+)
 
 
 def storage_check(*, node: Any, limits: Limits, now: datetime | None = None, known: StoredBytes | None = None) -> None:

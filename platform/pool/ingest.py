@@ -202,7 +202,7 @@ def _screen_store_answer(
     seam = moderation()
     # 3. Screening decides before the INSERT: what a hold rule caught is stored held, never sampleable.
     screenings = seam.rollouts_screen(
-        shares=[ShareToScreen(shares[i].node.id, shares[i].rollouts, checks) for i, checks in verified]
+        shares=[ShareToScreen(shares[i].node.id, shares[i].rollouts, checks, swarm.swarm_id) for i, checks in verified]
     )
     screened = [
         ScreenedShare(shares[i].node, shares[i].rollouts, checks, set(screening.held))

@@ -10,12 +10,14 @@ from typing import Any
 
 from django.db import connection
 from django.utils import timezone
+from psycopg import sql
 
 from common.compact_json import dumps, dumps_floats, dumps_texts
+from common.composed import cte_list, placeholder_names, placeholders, rendered
 from common.db import binary_array, prepare_hot, server_binding_cursor
 from pool.budgets import ROW_OVERHEAD_BYTES, StoredBytes, hour_of, owner_hour_bytes_sql, utf8_len
 from pool.messages import RolloutIn
-from pool.seams import INSERT_CTE_NAMES, INSERT_PARAM_NAMES, RecordPart, record_sql_check, sql_names
+from pool.seams import INSERT_CTE_NAMES, INSERT_PARAM_NAMES, RecordPart, RecordSql, record_sql_check
 from pool.verification import Verification, has_variance
 from swarms.models import sample_sequence_name
 
@@ -32,8 +34,8 @@ REJECTED_KEEP_COMPLETIONS = 4
 # (a node appears once in a batch), upserted in node order so that concurrent batches lock those rows
 # in one order. Parameters are bound server-side (psycopg's default) rather than quoted into the SQL
 # text as Django's cursor does: quoting the completions was most of the ORM bulk_create's cost
-# (docs/benchmarks.md, "Pool"). The arrays go in binary (%(...)b): text format escapes every element
-# with a regular expression. The parts, after the INSERT:
+# (docs/benchmarks.md, "Pool"). The arrays go in binary (`placeholders(binary=...)`): text format
+# escapes every element with a regular expression. The parts, after the INSERT:
 # - counts: per node, its groups inserted, accepted and rejected;
 # - conflicts: per node, the ids another node stored already (the statement's snapshot: rows inserted
 #   above are not seen), counted as rejections each time they are sent; looked up only when some id
@@ -46,38 +48,51 @@ REJECTED_KEEP_COMPLETIONS = 4
 # No comments in the SQL itself: psycopg parses a statement longer than 4,096 bytes
 # (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH) afresh at every execution, with a regular expression
 # (tests/platform/test_pool_schema.py checks the length).
-_INSERT_SQL = f"""
-WITH inserted AS (
+_P = placeholders(
+    "now",
+    "hour",
+    "swarm",
+    "catalogue_version",
+    "sequence",
+    binary=INSERT_PARAM_NAMES - {"now", "hour", "swarm", "catalogue_version", "sequence"},
+)
+# The parts a CTE takes: the parameters, and the contributor's bytes this hour (pool.budgets).
+_F = {**_P, "owner_bytes": owner_hour_bytes_sql(sql.Identifier("w", "owner"))}
+_INSERT_CTES: dict[str, sql.Composable] = {
+    "inserted": sql.SQL("""
 INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index, question, answer,
     completions, completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
-SELECT u.id, u.node, %(swarm)s, %(catalogue_version)s, u.round, u.dataset, u.seed, u.index, u.question, u.answer,
+SELECT u.id, u.node, {swarm}, {catalogue_version}, u.round, u.dataset, u.seed, u.index, u.question, u.answer,
        u.completions::jsonb, u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
        CASE WHEN u.held THEN 'held' ELSE 'ok' END, u.has_variance, u.sampleable,
-       CASE WHEN u.sampleable THEN nextval(%(sequence)s::regclass) END, %(now)s
-FROM unnest(%(id)b::uuid[], %(node)b::bigint[], %(round)b::int[], %(dataset)b::text[], %(seed)b::bigint[],
-            %(index)b::bigint[], %(question)b::text[], %(answer)b::text[], %(completions)b::text[],
-            %(count)b::int[], %(claimed)b::text[], %(verified)b::text[], %(verdict)b::text[], %(reason)b::text[],
-            %(has_variance)b::bool[], %(sampleable)b::bool[], %(held)b::bool[])
+       CASE WHEN u.sampleable THEN nextval({sequence}::regclass) END, {now}
+FROM unnest({id}::uuid[], {node}::bigint[], {round}::int[], {dataset}::text[], {seed}::bigint[],
+            {index}::bigint[], {question}::text[], {answer}::text[], {completions}::text[],
+            {count}::int[], {claimed}::text[], {verified}::text[], {verdict}::text[], {reason}::text[],
+            {has_variance}::bool[], {sampleable}::bool[], {held}::bool[])
      AS u(id, node, round, dataset, seed, index, question, answer, completions, completion_count, claimed,
           verified, verdict, reason, has_variance, sampleable, held)
 ON CONFLICT (id) DO NOTHING
 RETURNING id, node_id, verdict
-), counts AS MATERIALIZED (
+""").format(**_F),
+    "counts": sql.SQL("""
     SELECT node_id AS node, count(*) AS n,
            count(*) FILTER (WHERE verdict = 'accepted') AS a,
            count(*) FILTER (WHERE verdict <> 'accepted') AS r
     FROM inserted GROUP BY node_id
-), conflicts AS MATERIALIZED (
+""").format(**_F),
+    "conflicts": sql.SQL("""
     SELECT u.node, count(*) AS c
-    FROM unnest(%(id)b::uuid[], %(node)b::bigint[]) AS u(id, node)
+    FROM unnest({id}::uuid[], {node}::bigint[]) AS u(id, node)
     JOIN pool_rollout p ON p.id = u.id AND p.node_id <> u.node
-    WHERE (SELECT coalesce(sum(n), 0) FROM counts) < cardinality(%(id)b::uuid[])
+    WHERE (SELECT coalesce(sum(n), 0) FROM counts) < cardinality({id}::uuid[])
     GROUP BY u.node
-), verdict_counts AS (
+""").format(**_F),
+    "verdict_counts": sql.SQL("""
     INSERT INTO pool_nodeverdictcounts AS t (node_id, accepted_groups, rejected_groups, updated_at)
     SELECT w.node, coalesce(c.a, 0), coalesce(c.r, 0) + coalesce(x.c, 0), now()
-    FROM unnest(%(nodes)b::bigint[]) AS w(node)
+    FROM unnest({nodes}::bigint[]) AS w(node)
     LEFT JOIN counts c ON c.node = w.node
     LEFT JOIN conflicts x ON x.node = w.node
     WHERE c.node IS NOT NULL OR x.node IS NOT NULL
@@ -86,40 +101,57 @@ RETURNING id, node_id, verdict
         accepted_groups = t.accepted_groups + EXCLUDED.accepted_groups,
         rejected_groups = t.rejected_groups + EXCLUDED.rejected_groups,
         updated_at = now()
-), storage AS (
+""").format(**_F),
+    "storage": sql.SQL("""
     INSERT INTO pool_nodestoragehour AS s (node_id, hour, bytes)
-    SELECT c.node, %(hour)s, CASE WHEN c.n = w.sent THEN w.total_bytes ELSE (
-        SELECT sum(b.bytes) FROM inserted i JOIN unnest(%(id)b::uuid[], %(bytes)b::bigint[]) AS b(id, bytes)
+    SELECT c.node, {hour}, CASE WHEN c.n = w.sent THEN w.total_bytes ELSE (
+        SELECT sum(b.bytes) FROM inserted i JOIN unnest({id}::uuid[], {bytes}::bigint[]) AS b(id, bytes)
         ON b.id = i.id WHERE i.node_id = c.node
     ) END
-    FROM counts c JOIN unnest(%(nodes)b::bigint[], %(sent)b::int[], %(total_bytes)b::bigint[])
+    FROM counts c JOIN unnest({nodes}::bigint[], {sent}::int[], {total_bytes}::bigint[])
          AS w(node, sent, total_bytes) ON w.node = c.node
     ORDER BY c.node
     ON CONFLICT (node_id, hour) DO UPDATE SET bytes = s.bytes + EXCLUDED.bytes
     RETURNING node_id, bytes
-), totals AS MATERIALIZED (  -- one owner sum per node, not one per inserted row
-    SELECT st.node_id, st.bytes, st.bytes + ({owner_hour_bytes_sql("w.owner")} AND o.node_id <> st.node_id
+""").format(**_F),
+    # One owner sum per node, not one per inserted row.
+    "totals": sql.SQL("""
+    SELECT st.node_id, st.bytes, st.bytes + ({owner_bytes} AND o.node_id <> st.node_id
     ) AS owner_bytes
-    FROM storage st JOIN unnest(%(nodes)b::bigint[], %(owners)b::bigint[]) AS w(node, owner) ON w.node = st.node_id
-){{record}}
-SELECT i.id, i.node_id, t.bytes, t.owner_bytes FROM inserted i JOIN totals t ON t.node_id = i.node_id
-"""
+    FROM storage st JOIN unnest({nodes}::bigint[], {owners}::bigint[]) AS w(node, owner) ON w.node = st.node_id
+""").format(**_F),
+}
+_INSERT_MATERIALIZED = ("counts", "conflicts", "totals")
+_INSERT_ANSWER = sql.SQL(
+    "SELECT i.id, i.node_id, t.bytes, t.owner_bytes FROM inserted i JOIN totals t ON t.node_id = i.node_id"
+)
 
-assert sql_names(_INSERT_SQL) == (set(INSERT_CTE_NAMES), set(INSERT_PARAM_NAMES)), "pool.seams declares these names"
+assert set(_INSERT_CTES) == INSERT_CTE_NAMES, "pool.seams declares these CTEs"
+assert set().union(*map(placeholder_names, _INSERT_CTES.values())) == INSERT_PARAM_NAMES, "and these parameters"
 
-#: The INSERT statement with a moderation's RecordSql (its CTEs after the pool's), by the record's
-#: text: one text per moderation, so each is prepared once per connection.
-_insert_sql: dict[str, str] = {}
+
+def _insert_composed(record: RecordSql | None) -> sql.Composed:
+    """The INSERT statement: the pool's CTEs, then the record's (they may read `inserted`), then the answer."""
+    ctes = cte_list(_INSERT_CTES, materialized=_INSERT_MATERIALIZED)
+    if record is not None:
+        ctes = sql.SQL(",\n").join([ctes, cte_list(record.ctes)])
+    return sql.SQL("WITH {ctes}\n{answer}\n").format(ctes=ctes, answer=_INSERT_ANSWER)
+
+
+#: The INSERT statement's text, by moderation's RecordSql (None: no record), composed and rendered at
+#: its first use: one text per moderation, so each is prepared once per connection, and psycopg's
+#: text caches work as for a literal (common.composed).
+_insert_sql: dict[RecordSql | None, str] = {}
 
 
 def insert_statement(record: RecordPart | None) -> str:
-    ctes = record.sql.ctes if record is not None else ""
-    sql = _insert_sql.get(ctes)
-    if sql is None:
-        if record is not None:
-            record_sql_check(record.sql)  # registered ones were checked at start-up; any other here
-        sql = _insert_sql[ctes] = _INSERT_SQL.replace("{record}", f", {ctes}" if ctes else "")
-    return sql
+    key = record.sql if record is not None else None
+    text = _insert_sql.get(key)
+    if text is None:
+        if key is not None:
+            record_sql_check(key)  # registered ones were checked at start-up; any other here
+        text = _insert_sql[key] = rendered(_insert_composed(key))
+    return text
 
 
 def kept_text(text: str | None) -> str | None:

@@ -11,11 +11,12 @@ plain message rate).
   decides which groups are held: the INSERT writes them "held" and not sampleable in the same
   statement, so no sample can ever see them. What moderation records of the batch (audit, flags,
   fingerprints, trust) is a `RecordPart`: data-modifying CTEs the pool runs inside its INSERT
-  statement (declared once as a `RecordSql`, whose names are checked against the statement's when
-  moderation registers), one statement and so one transaction for everything (three round trips and a
-  transaction's BEGIN and COMMIT fewer than a statement of its own: docs/benchmarks.md, "How
-  ingest is made fast"). `rollouts_recorded` follows the statement, with the ids really inserted (work that
-  need not be atomic with the INSERT, such as an outlier scan now and then).
+  statement (declared once as a `RecordSql` of composed CTEs, whose declared names are checked
+  against the statement's when moderation registers), one statement and so one transaction for
+  everything (three round trips and a transaction's BEGIN and COMMIT fewer than a statement of its
+  own: docs/benchmarks.md, "How ingest is made fast"). `rollouts_recorded` follows the statement,
+  with the ids really inserted (work that need not be atomic with the INSERT, such as an outlier scan
+  now and then).
 - `sample_keep` / `weighted_pick`: pool.selectors.rollout_sample_json, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.
 - `node_message_quotas`: pool.opening, when sockets open (those opening together in one call).
@@ -24,12 +25,14 @@ plain message rate).
 from __future__ import annotations
 
 import random
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from psycopg import sql
+
+from common.composed import placeholder_names
 from pool.messages import RolloutIn
 from pool.verification import Verification
 
@@ -41,10 +44,12 @@ class ShareToScreen:
     node_id: int
     rollouts: Sequence[RolloutIn]
     checks: Mapping[uuid.UUID, Verification]
+    #: The swarm the share is stored in (a swarm's own rules apply to it besides the site's).
+    swarm_id: int | None = None
 
 
-#: The names of the pool's INSERT statement (pool.ingest_statement._INSERT_SQL, which asserts it uses exactly
-#: these): its common table expressions and its parameters. A RecordSql may read the CTE `inserted`
+#: The names of the pool's INSERT statement (pool.ingest_statement, which asserts its composed statement
+#: uses exactly these): its common table expressions and its parameters. A RecordSql may read the CTE `inserted`
 #: (id, node_id, verdict: the groups this statement really inserted, an id already stored left out)
 #: and the parameter `now` (the statement's time); it may name nothing else of these.
 INSERT_CTE_NAMES = frozenset({"inserted", "counts", "conflicts", "verdict_counts", "storage", "totals"})
@@ -83,50 +88,49 @@ INSERT_PARAM_NAMES = frozenset(
 RECORD_READS_CTES = frozenset({"inserted"})
 RECORD_READS_PARAMS = frozenset({"now"})
 
-#: `name AS (` or `name AS MATERIALIZED (` opening a CTE (first, after WITH, or after the previous
-#: one's closing parenthesis and comma); a parameter.
-_CTE_NAME = re.compile(r"(?:\A|\),|\bWITH)\s*(\w+) AS (?:(?:NOT )?MATERIALIZED )?\(")
-_PARAM_NAME = re.compile(r"%\((\w+)\)[sb]")
-
 
 class RecordContractError(ValueError):
-    """A RecordSql whose text and declaration disagree, or that names what the pool's statement uses."""
+    """A RecordSql whose parts and declaration disagree, or that names what the pool's statement uses."""
 
 
-def sql_names(sql: str) -> tuple[set[str], set[str]]:
-    """(the CTE names, the parameter names) a statement or list of CTEs uses."""
-    return set(_CTE_NAME.findall(sql)), set(_PARAM_NAME.findall(sql))
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RecordSql:
-    """What moderation writes about a batch, declared once: `ctes`, one or more common table
-    expressions (`name AS (...)`, comma-separated) that the pool appends to its INSERT statement's
-    `WITH` list, with the names of those CTEs (`cte_names`) and of the parameters they take
-    (`param_names`). They may read the pool's CTE `inserted` and parameter `now` (RECORD_READS_*) and
-    must write nothing about a group that is not in `inserted`. The text is the same for every batch
-    (the statement is prepared once per connection).
+    """What moderation writes about a batch, declared once: `ctes`, common table expressions by name,
+    each the composed statement inside its `name AS (...)` (psycopg's `sql` module), which the pool
+    appends to its INSERT statement's `WITH` list in this order, and the names of the parameters they
+    take (`param_names`, as `sql.Placeholder`s). They may read the pool's CTE `inserted` and
+    parameter `now` (RECORD_READS_*) and must write nothing about a group that is not in `inserted`.
+    The statement is the same for every batch (prepared once per connection); a RecordSql is
+    compared by identity, the pool keeping its rendered statement per RecordSql.
 
-    Checked when made: the text names exactly the declared CTEs and parameters (besides what it may
-    read of the pool's). Checked when registered (`moderation_register`) and when the pool first builds
-    its statement with it (`record_sql_check`): no declared name is one the pool's statement uses, so
-    a collision fails at start-up, not as a wrong row."""
+    Checked when made: the placeholders in the CTEs' structure are exactly the declared parameters
+    (besides what they may read of the pool's). Checked when registered (`moderation_register`) and
+    when the pool first builds its statement with it (`record_sql_check`): no CTE or parameter name is
+    one the pool's statement uses, so a collision fails at start-up, not as a wrong row."""
 
-    ctes: str
-    cte_names: frozenset[str]
+    ctes: Mapping[str, sql.Composable]
     param_names: frozenset[str]
 
     def __post_init__(self) -> None:
-        ctes, params = sql_names(self.ctes)
-        if ctes != self.cte_names:
-            raise RecordContractError(
-                f"the record's text names the CTEs {sorted(ctes)}, declared {sorted(self.cte_names)}"
-            )
+        if not self.ctes:
+            raise RecordContractError("a record with no CTEs: register none instead")
+        params: set[str] = set()
+        for name, body in self.ctes.items():
+            if not isinstance(body, sql.Composable):
+                raise RecordContractError(f"the CTE {name!r} is {type(body).__name__}, not a composed statement")
+            try:
+                params |= placeholder_names(body)
+            except ValueError as exc:
+                raise RecordContractError(f"the CTE {name!r}: {exc}") from None
         if params - RECORD_READS_PARAMS != self.param_names:
             raise RecordContractError(
-                f"the record's text takes the parameters {sorted(params - RECORD_READS_PARAMS)}, "
+                f"the record's CTEs take the parameters {sorted(params - RECORD_READS_PARAMS)}, "
                 f"declared {sorted(self.param_names)}"
             )
+
+    @property
+    def cte_names(self) -> frozenset[str]:
+        return frozenset(self.ctes)
 
     def part(self, params: Mapping[str, object]) -> RecordPart:
         """This SQL with a batch's values: exactly the declared parameters (a missing one would fail in
@@ -147,10 +151,12 @@ class RecordPart:
     params: Mapping[str, object]
 
 
-def record_sql_check(sql: RecordSql) -> None:
-    """Raise RecordContractError when `sql` names a CTE or a parameter of the pool's INSERT statement."""
-    clash_ctes = sql.cte_names & INSERT_CTE_NAMES
-    clash_params = sql.param_names & INSERT_PARAM_NAMES
+def record_sql_check(record: RecordSql) -> None:
+    """Raise RecordContractError when `record` declares a CTE or a parameter of the pool's INSERT
+    statement (its declared names: the CTEs' keys and `param_names`, which its parts were checked
+    against when it was made)."""
+    clash_ctes = record.cte_names & INSERT_CTE_NAMES
+    clash_params = record.param_names & INSERT_PARAM_NAMES
     if clash_ctes or clash_params:
         raise RecordContractError(
             f"the record names what the pool's INSERT uses: CTEs {sorted(clash_ctes)}, parameters {sorted(clash_params)}"
