@@ -22,8 +22,6 @@ PLATFORM = Path(__file__).resolve().parents[2] / "platform"
 PENDING_OTHER_BRANCHES = frozenset(
     {
         "platform/pool/selectors.py",
-        "platform/web/stats.py",
-        "platform/web/teams.py",
     }
 )
 
