@@ -24,6 +24,7 @@ LAYERS = [
     "moderation",
     "community",
     "alerts",
+    "figures",
     "web",
     "ops",
     "localswarm",
@@ -132,6 +133,6 @@ def test_the_checks_see_what_they_must_refuse():
     graph, _ = _graph()
     assert "sapo_node.protocol" in graph["pool.messages"]
     assert "pool.seams" in graph["moderation.apps"]
-    assert "pool.signals" in graph["web.stats"]
+    assert "pool.signals" in graph["figures.stats"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

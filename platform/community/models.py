@@ -1,7 +1,7 @@
 """Teams, their membership periods, and badges (docs/leaderboard.md#teams, #badges).
 
 A team's credit is what its members earned *while members*: a `Membership` row is one period
-(joined_at, left_at), never deleted, so the figures (web.teams) can count each period's hours and
+(joined_at, left_at), never deleted, so the figures (figures.teams) can count each period's hours and
 nothing else. One open period per contributor: at most one team at a time.
 """
 
@@ -113,6 +113,10 @@ class Badge(models.Model):
     )
     team = models.ForeignKey(Team, on_delete=models.CASCADE, null=True, blank=True, related_name="badges")
     kind = models.CharField(max_length=16, choices=BadgeKind.choices)
+    #: Earned on the figures of one swarm (a rank badge there); none: on the whole site's.
+    swarm = models.ForeignKey(
+        "swarms.Swarm", on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False
+    )
     awarded_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -121,13 +125,27 @@ class Badge(models.Model):
                 condition=models.Q(user__isnull=True) ^ models.Q(team__isnull=True), name="community_badge_one_holder"
             ),
             models.UniqueConstraint(
-                fields=["user", "kind"], condition=models.Q(user__isnull=False), name="community_badge_user_unique"
+                fields=["user", "kind"],
+                condition=models.Q(user__isnull=False, swarm__isnull=True),
+                name="community_badge_user_unique",
             ),
             models.UniqueConstraint(
-                fields=["team", "kind"], condition=models.Q(team__isnull=False), name="community_badge_team_unique"
+                fields=["team", "kind"],
+                condition=models.Q(team__isnull=False, swarm__isnull=True),
+                name="community_badge_team_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["user", "kind", "swarm"],
+                condition=models.Q(user__isnull=False, swarm__isnull=False),
+                name="community_badge_user_swarm_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["team", "kind", "swarm"],
+                condition=models.Q(team__isnull=False, swarm__isnull=False),
+                name="community_badge_team_swarm_unique",
             ),
         ]
 
     def __str__(self) -> str:
         holder = f"user {self.user_id}" if self.user_id else f"team {self.team_id}"
-        return f"{self.kind} of {holder}"
+        return f"{self.kind} of {holder}" + (f" in swarm {self.swarm_id}" if self.swarm_id else "")

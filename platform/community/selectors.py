@@ -1,4 +1,4 @@
-"""Reads of teams, memberships and badges (the figures themselves are web.teams')."""
+"""Reads of teams, memberships and badges (the figures themselves are figures.teams')."""
 
 from __future__ import annotations
 
@@ -74,15 +74,27 @@ def current_teams_of(user_ids: Iterable[int]) -> dict[int, Team]:
     return {m.user_id: m.team for m in rows}
 
 
-def badges_of_users(user_ids: Iterable[int]) -> dict[int, list[str]]:
+def badges_of_users(user_ids: Iterable[int], *, swarm_id: int | None = None) -> dict[int, list[str]]:
+    """Each contributor's badges of the whole site, or (`swarm_id`) the rank badges earned in that swarm."""
     out: dict[int, list[str]] = {}
-    for user_id, kind in Badge.objects.filter(user_id__in=list(user_ids)).values_list("user_id", "kind"):
+    rows = (
+        Badge.objects.filter(user_id__in=list(user_ids), swarm_id=swarm_id)
+        if swarm_id
+        else Badge.objects.filter(user_id__in=list(user_ids), swarm__isnull=True)
+    )
+    for user_id, kind in rows.values_list("user_id", "kind"):
         out.setdefault(user_id, []).append(kind)
     return out
 
 
-def badges_of_teams(team_ids: Iterable[int]) -> dict[int, list[str]]:
+def badges_of_teams(team_ids: Iterable[int], *, swarm_id: int | None = None) -> dict[int, list[str]]:
+    """Each team's badges of the whole site, or (`swarm_id`) the rank badges earned in that swarm."""
     out: dict[int, list[str]] = {}
-    for team_id, kind in Badge.objects.filter(team_id__in=list(team_ids)).values_list("team_id", "kind"):
+    rows = (
+        Badge.objects.filter(team_id__in=list(team_ids), swarm_id=swarm_id)
+        if swarm_id
+        else Badge.objects.filter(team_id__in=list(team_ids), swarm__isnull=True)
+    )
+    for team_id, kind in rows.values_list("team_id", "kind"):
         out.setdefault(team_id, []).append(kind)
     return out

@@ -159,6 +159,7 @@ INSTALLED_APPS = [
     "moderation",
     "community",  # teams and badges: between moderation and web (docs/architecture.md)
     "alerts",  # after moderation, before web (tests/test_layers.py)
+    "figures",  # statistics and the credit rule: above the pool and community, below web
     "web",
 ]
 

@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)
 
 #: (name, "module.function"), in the order they run.
 JOBS: list[tuple[str, str]] = [
-    ("fold", "web.stats.stats_fold_job"),
-    ("badges", "web.badges.badges_assign_job"),
+    ("fold", "figures.stats.stats_fold_job"),
+    ("badges", "figures.badges.badges_assign_job"),
     ("export", "web.export.stats_export_job"),
     ("alerts", "alerts.jobs.run"),
 ]

@@ -15,10 +15,11 @@ from accounts.services import profile_set_private
 from common.errors import NotFound
 from community.selectors import membership_current, team_get, team_members
 from community.services import team_disband, team_edit, team_found, team_hand_over, team_join, team_leave
+from figures import leaderboard, teams
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from swarms.selectors import swarm_catalogue, swarm_get
-from web import profiles, selectors, teams
+from web import profiles, selectors
 from web.serializers import (
     ContributorFiguresSerializer,
     CurvePointSerializer,
@@ -41,16 +42,20 @@ from web.serializers import (
 )
 from web.swarm_views import swarms_with_figures
 
+_SWARM_PARAM = OpenApiParameter(
+    "swarm", OpenApiTypes.STR, description="A swarm's slug: the figures in that swarm. Default: the whole site."
+)
 _BOARD_PARAMS = [
-    OpenApiParameter("view", OpenApiTypes.STR, enum=list(selectors.VIEWS), description="Default contributors."),
+    OpenApiParameter("view", OpenApiTypes.STR, enum=list(leaderboard.VIEWS), description="Default contributors."),
     OpenApiParameter(
         "sort",
         OpenApiTypes.STR,
-        enum=sorted({k for sorts in selectors.BOARD_SORTS.values() for k in sorts}),
+        enum=sorted({k for sorts in leaderboard.BOARD_SORTS.values() for k in sorts}),
         description="Default reward; a key the view does not sort by falls back to it.",
     ),
     OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
-    OpenApiParameter("page", OpenApiTypes.INT, description=f"{selectors.PAGE_SIZE} rows a page."),
+    OpenApiParameter("page", OpenApiTypes.INT, description=f"{leaderboard.PAGE_SIZE} rows a page."),
+    _SWARM_PARAM,
 ]
 
 
@@ -60,14 +65,16 @@ class LeaderboardApi(APIView):
 
     @extend_schema(parameters=_BOARD_PARAMS, responses=LeaderboardSerializer, summary="The public leaderboard")
     def get(self, request: Request) -> Response:
-        board = selectors.leaderboard(
+        board = leaderboard.leaderboard(
             view=request.query_params.get("view", "contributors"),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
             page=request.query_params.get("page", 1),
+            swarm=selectors.figures_swarm(request.query_params.get("swarm")),
         )
         rows = list(board.page.object_list)
         body = {
+            "swarm": board.swarm.slug if board.swarm else None,
             "view": board.view,
             "sort": board.sort,
             "order": "desc" if board.descending else "asc",
@@ -125,7 +132,7 @@ class MyNodesApi(APIView):
     @extend_schema(responses=MyNodeSerializer(many=True), summary="My nodes with their figures")
     def get(self, request: Request) -> Response:
         nodes = list(node_list(owner=request.user))
-        figures = selectors.node_figures_for(nodes)
+        figures = leaderboard.node_figures_for(nodes)
         reports = selectors.last_reports(nodes=nodes)
         rows = []
         for node in nodes:
@@ -179,6 +186,7 @@ class TeamListApi(APIView):
             OpenApiParameter("q", OpenApiTypes.STR, description="Part of the name."),
             OpenApiParameter("sort", OpenApiTypes.STR, enum=sorted(teams.TEAM_SORTS), description="Default reward."),
             OpenApiParameter("order", OpenApiTypes.STR, enum=["asc", "desc"], description="Default desc."),
+            _SWARM_PARAM,
         ],
         responses=TeamFiguresSerializer(many=True),
         summary="Listed teams with their figures",
@@ -188,6 +196,7 @@ class TeamListApi(APIView):
             q=request.query_params.get("q", ""),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
+            swarm=selectors.figures_swarm(request.query_params.get("swarm")),
         )
         return Response(TeamFiguresSerializer(rows, many=True).data)
 
@@ -207,10 +216,14 @@ class TeamDetailApi(APIView):
     def get_permissions(self):
         return [AllowAny()] if self.request.method == "GET" else [IsAuthenticated()]
 
-    @extend_schema(responses=TeamDetailSerializer, summary="A team's page: figures, members, curve")
+    @extend_schema(
+        parameters=[_SWARM_PARAM], responses=TeamDetailSerializer, summary="A team's page: figures, members, curve"
+    )
     def get(self, request: Request, slug: str) -> Response:
         team = team_get(slug=slug, viewer=request.user)
-        return Response(TeamDetailSerializer(teams.team_detail(team=team, members=team_members(team=team))).data)
+        swarm = selectors.figures_swarm(request.query_params.get("swarm"))
+        detail = teams.team_detail(team=team, members=team_members(team=team), swarm=swarm)
+        return Response(TeamDetailSerializer(detail).data)
 
     @extend_schema(request=TeamEditInputSerializer, responses=TeamRefSerializer, summary="Edit a team (its founder)")
     def put(self, request: Request, slug: str) -> Response:

@@ -36,8 +36,9 @@ from django.utils import timezone
 
 from community.models import Team
 from community.selectors import badges_of_teams, badges_of_users, current_teams_of
-from web.selectors import contributor_figures_all, listed_node_figures
-from web.teams import team_figures_all
+from figures.leaderboard import contributor_figures_all, listed_node_figures
+from figures.teams import team_figures_all
+from swarms.selectors import swarm_list
 
 SCHEMA_VERSION = 1
 EXPORT_EVERY = timedelta(days=1)
@@ -86,6 +87,26 @@ COLUMNS: dict[str, list[str]] = {
         "model_id",
         "hardware",
         "last_seen_at",
+    ],
+    # One row per contributor (node) and swarm it has figures in: its rows add up to its row above.
+    "contributor_swarms": [
+        "contributor_id",
+        "swarm",
+        "verified_reward",
+        "recent_credit",
+        "accepted",
+        "rejected",
+        "helped",
+    ],
+    "node_swarms": [
+        "node_id",
+        "contributor_id",
+        "swarm",
+        "verified_reward",
+        "recent_credit",
+        "accepted",
+        "rejected",
+        "helped",
     ],
 }
 FILES = [f"{table}.{fmt}.gz" for table in COLUMNS for fmt in ("json", "csv")]
@@ -158,6 +179,44 @@ def _rows() -> dict[str, list[dict[str, Any]]]:
             for f in sorted(listed_node_figures(), key=lambda f: f.node_id)
             if f.owner_id in public_owners
         ],
+        **_swarm_rows(public_owners),
+    }
+
+
+def _swarm_rows(public_owners: set[int]) -> dict[str, list[dict[str, Any]]]:
+    """The per-swarm tables: each swarm's figures of the contributors and nodes of the total tables."""
+    contributors, nodes = [], []
+    for swarm in swarm_list():
+        for c in contributor_figures_all(swarm=swarm):
+            if c.owner_id in public_owners:
+                contributors.append(
+                    {
+                        "contributor_id": c.owner_id,
+                        "swarm": swarm.slug,
+                        "verified_reward": round(c.verified_reward, 6),
+                        "recent_credit": round(c.recent_credit, 6),
+                        "accepted": c.accepted,
+                        "rejected": c.rejected,
+                        "helped": c.helped,
+                    }
+                )
+        for f in listed_node_figures(swarm=swarm):
+            if f.owner_id in public_owners:
+                nodes.append(
+                    {
+                        "node_id": f.node_id,
+                        "contributor_id": f.owner_id,
+                        "swarm": swarm.slug,
+                        "verified_reward": round(f.verified_reward, 6),
+                        "recent_credit": round(f.recent_credit, 6),
+                        "accepted": f.accepted,
+                        "rejected": f.rejected,
+                        "helped": f.helped,
+                    }
+                )
+    return {
+        "contributor_swarms": sorted(contributors, key=lambda r: (r["contributor_id"], r["swarm"])),
+        "node_swarms": sorted(nodes, key=lambda r: (r["node_id"], r["swarm"])),
     }
 
 
@@ -266,6 +325,8 @@ def export_withdraw(*, user_id: int | None = None, node_id: int | None = None, *
             return 0
         tables = {}
         for table in COLUMNS:
+            if not (directory / f"{table}.json.gz").is_file() and table.endswith("_swarms"):
+                continue  # an export written before the per-swarm tables existed
             try:
                 body = json.loads(gzip.decompress((directory / f"{table}.json.gz").read_bytes()))
             except (OSError, ValueError):
@@ -279,8 +340,13 @@ def export_withdraw(*, user_id: int | None = None, node_id: int | None = None, *
             tables["contributors"] = [r for r in tables["contributors"] if r["id"] != user_id]
             tables["nodes"] = [r for r in tables["nodes"] if r["contributor_id"] != user_id]
             tables["teams"] = [r for r in tables["teams"] if r["id"] not in led]
+            for table in ("contributor_swarms", "node_swarms"):
+                if table in tables:
+                    tables[table] = [r for r in tables[table] if r["contributor_id"] != user_id]
         if node_id is not None:
             tables["nodes"] = [r for r in tables["nodes"] if r["id"] != node_id]
+            if "node_swarms" in tables:
+                tables["node_swarms"] = [r for r in tables["node_swarms"] if r["node_id"] != node_id]
         gone = before - sum(len(rows) for rows in tables.values())
         if gone:
             _write_tables(directory, tables, last.generated_at)

@@ -12,42 +12,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
 from django.utils import timezone
 
 from accounts.models import User
 from common.errors import NotFound
 from community.models import Team
 from community.selectors import badges_of_users, current_teams_of
+from figures.datasets import datasets_by_day
+from figures.leaderboard import NodeFigures, SwarmFigures, node_figures_for, swarm_figures_of
+from figures.models import NodeHour
+from figures.stats import Measures, live_rows, snapshot
 from nodes.models import Node
 from nodes.presence import with_connected
-from web.models import NodeHour
-from web.selectors import NODE_CURVE_DAYS, NodeFigures, node_figures_for
-from web.stats import Measures, live_rows, snapshot
+from web.selectors import NODE_CURVE_DAYS
 
 #: The per-dataset figures read the newest groups of the last NODE_CURVE_DAYS days, at most this many
 #: (the pool's (node, created_at) index): a bounded read, whatever the contributor's volume.
 DATASET_GROUPS_MAX = 20_000
-
-_DATASETS_SQL = """
-SELECT r.dataset, date_trunc('day', r.created_at) AS day,
-       count(*) FILTER (WHERE r.verdict = 'accepted') AS accepted,
-       coalesce(sum(r.completion_count) FILTER (WHERE c.credited), 0) AS completions,
-       coalesce(sum(c.reward) FILTER (WHERE c.credited), 0) AS reward
-FROM (
-    SELECT * FROM pool_rollout WHERE node_id = ANY(%(nodes)s) AND created_at >= %(since)s
-    ORDER BY created_at DESC LIMIT %(limit)s
-) r
-CROSS JOIN LATERAL (
-    SELECT r.verdict = 'accepted' AND r.moderation_status NOT IN ('quarantined', 'rejected') AS credited,
-           (SELECT coalesce(sum(x::float8), 0)
-              FROM jsonb_array_elements_text(
-                   CASE WHEN jsonb_typeof(r.verified_rewards) = 'array' THEN r.verified_rewards ELSE '[]' END
-              ) AS x) AS reward
-) c
-GROUP BY 1, 2
-ORDER BY 1, 2
-"""
 
 
 def _may_see(owner: User, viewer: User | None) -> bool:
@@ -97,11 +78,7 @@ def _curve(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
 
 def _datasets(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
     """Per dataset and day since `start`: accepted groups, verified reward, reward per completion."""
-    if not node_ids:
-        return []
-    with connection.cursor() as cursor:
-        cursor.execute(_DATASETS_SQL, {"nodes": node_ids, "since": start, "limit": DATASET_GROUPS_MAX})
-        rows = cursor.fetchall()
+    rows = datasets_by_day(node_ids=node_ids, since=start, limit=DATASET_GROUPS_MAX)
     return [
         {
             "dataset": dataset,
@@ -144,6 +121,7 @@ class Profile:
     datasets: list[dict[str, Any]]
     badges: list[str] = field(default_factory=list)
     team: Team | None = None
+    swarms: list[SwarmFigures] = field(default_factory=list)
     accepted: int = 0
     rejected: int = 0
     verified_reward: float = 0.0
@@ -171,6 +149,7 @@ def _profile(owner: User, nodes: list[Node]) -> Profile:
         datasets=_datasets(ids, start),
         badges=badges_of_users([owner.id]).get(owner.id, []),
         team=current_teams_of([owner.id]).get(owner.id),
+        swarms=swarm_figures_of(node_ids=ids),
     )
     for f in profile.nodes:
         profile.accepted += f.accepted

@@ -1,44 +1,30 @@
-"""Reads behind every page and API figure of the web app (the same functions feed both).
-
-Per-node figures come from web.stats (folded totals plus live rows, one snapshot) and are cached
-for FIGURES_CACHE_SECONDS, so a busy leaderboard costs one computation per few seconds whatever
-its traffic. docs/leaderboard.md says how each figure is computed.
+"""Reads behind the swarm pages, a contributor's own nodes and the public pages' extras (the same
+functions feed the pages and the JSON API). Per-node and leaderboard figures are figures.leaderboard's;
+docs/leaderboard.md says how each figure is computed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.core.paginator import Page, Paginator
 from django.db.models import Count, JSONField, OuterRef, Subquery, Sum
 from django.utils import timezone
 
-from accounts.models import User
-from community.selectors import badges_of_users
+from figures.leaderboard import FIGURES_CACHE_SECONDS, listed, node_figures_all
+from figures.models import DatasetHour, NodeHour
+from figures.stats import Measures, active_node_ids, live_rows, snapshot
 from nodes.models import ONLINE_WINDOW, Node
-from nodes.presence import PresenceUnknown, connected_among, connected_filter, is_connected, with_connected
+from nodes.presence import PresenceUnknown, connected_filter
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
 from swarms.models import Swarm
+from swarms.selectors import swarm_get
 from web.arms import NodeHourCell, arm_of, compare_arms
-from web.models import DatasetHour, NodeHour, NodeStats
-from web.stats import (
-    Measures,
-    active_node_ids,
-    live_rows,
-    recent_average_credit,
-    snapshot,
-    stats_fold_if_due,
-)
-from web.teams import TEAM_SORTS, team_figures_all
 
-FIGURES_CACHE_SECONDS = 5
-PAGE_SIZE = 25
 SWARM_CURVE_HOURS = 48
 ACCURACY_DAYS = 7
 NODE_CURVE_DAYS = 7
@@ -47,243 +33,11 @@ AHA_MIN_NODES = 2
 POOL_COUNT_EXACT_BELOW = 100_000
 
 
-class _Judged:
-    """The verdict counts' derived figures, for a node's and a contributor's rows alike."""
-
-    accepted: int
-    rejected: int
-
-    @property
-    def judged(self) -> int:
-        return self.accepted + self.rejected
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.judged if self.judged else None
-
-
-@dataclass
-class NodeFigures(_Judged):
-    """One node's leaderboard figures. Self-reported: model_id, hardware, rounds."""
-
-    node_id: int
-    name: str
-    owner_id: int
-    contributor: str
-    model_id: str
-    hardware: str
-    status: str
-    last_seen_at: datetime | None
-    public: bool  # neither the node nor its contributor is banned
-    username: str = ""  # for the contributor's page; empty when their profile is private
-    accepted: int = 0
-    rejected: int = 0
-    moderated: int = 0
-    completions: int = 0
-    verified_reward: float = 0.0
-    helped: int = 0
-    rounds: int = 0
-    recent_credit: float = 0.0
-
-    @property
-    def mean_reward(self) -> float | None:
-        return self.verified_reward / self.completions if self.completions else None
-
-
-@dataclass
-class ContributorFigures(_Judged):
-    owner_id: int
-    contributor: str
-    username: str = ""  # for the contributor's page; empty when their profile is private
-    badges: list[str] = field(default_factory=list)  # set for the rows of a page (leaderboard)
-    nodes: int = 0
-    models: list[str] = field(default_factory=list)
-    last_seen_at: datetime | None = None
-    accepted: int = 0
-    rejected: int = 0
-    completions: int = 0
-    verified_reward: float = 0.0
-    helped: int = 0
-    rounds: int = 0
-    recent_credit: float = 0.0
-
-
-def _page_username(owner: User) -> str:
-    return "" if owner.profile_private else owner.username
-
-
-def _compute_node_figures(now: datetime) -> list[NodeFigures]:
-    stats_fold_if_due()
-    with snapshot():
-        live = live_rows()
-        folded = {s.node_id: s for s in NodeStats.objects.all()}
-        ids = set(folded) | set(live.groups.by_node) | set(live.helped) | set(live.rounds)
-        nodes = list(with_connected(Node.objects.filter(id__in=ids).select_related("owner"), now=now))
-    connected = connected_among(nodes, now=now)
-    figures = []
-    for node in nodes:
-        m = Measures()
-        helped = rounds = 0
-        if (s := folded.get(node.id)) is not None:
-            m.add(
-                Measures(
-                    s.accepted_groups,
-                    s.rejected_groups,
-                    s.moderated_groups,
-                    s.credited_completions,
-                    s.verified_reward,
-                    s.credit_growth,
-                )
-            )
-            helped, rounds = s.helped, s.rounds
-        if (extra := live.groups.by_node.get(node.id)) is not None:
-            m.add(extra)
-        helped += live.helped.get(node.id, 0)
-        rounds += live.rounds.get(node.id, 0)
-        figures.append(
-            NodeFigures(
-                node_id=node.id,
-                name=node.name,
-                owner_id=node.owner_id,
-                contributor=node.owner.public_name,
-                model_id=node.model_id,
-                hardware=node.hardware,
-                status=node.status_at(now, connected=is_connected(connected, node.id)),
-                last_seen_at=node.last_seen_at,
-                public=not node.is_banned,
-                username=_page_username(node.owner),
-                accepted=m.accepted,
-                rejected=m.rejected,
-                moderated=m.moderated,
-                completions=m.completions,
-                verified_reward=m.reward,
-                helped=helped,
-                rounds=rounds,
-                recent_credit=recent_average_credit(m.growth, now=now),
-            )
-        )
-    return figures
-
-
-def node_figures_all() -> list[NodeFigures]:
-    """Every node that has shared, been used or reported, with its figures (cached a few seconds)."""
-    cached = cache.get("web:node-figures")
-    if cached is None:
-        cached = _compute_node_figures(timezone.now())
-        cache.set("web:node-figures", cached, FIGURES_CACHE_SECONDS)
-    return cached
-
-
-def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
-    """Figures of the given nodes (a contributor's own), empty figures for those without any. Read them
-    with nodes.presence.with_connected (nodes.selectors does) and their status costs no query."""
-    now = timezone.now()
-    known = {f.node_id: f for f in node_figures_all()}
-    connected = connected_among(nodes, now=now)
-    out = {}
-    for node in nodes:
-        status = node.status_at(now, connected=is_connected(connected, node.id))
-        out[node.id] = known.get(node.id) or NodeFigures(
-            node_id=node.id,
-            name=node.name,
-            owner_id=node.owner_id,
-            contributor=node.owner.public_name,
-            model_id=node.model_id,
-            hardware=node.hardware,
-            status=status,
-            last_seen_at=node.last_seen_at,
-            public=not node.is_banned,
-            username=_page_username(node.owner),
-        )
-        # Name, status and self-description change faster than the cache: take them from the row.
-        fig = out[node.id]
-        fig.name, fig.status, fig.last_seen_at = node.name, status, node.last_seen_at
-        fig.model_id, fig.hardware = node.model_id, node.hardware
-    return out
-
-
-# ---------------------------------------------------------------------------- leaderboard
-
-NODE_SORTS = {
-    "reward": lambda f: f.verified_reward,
-    "recent": lambda f: f.recent_credit,
-    "helped": lambda f: f.helped,
-    "accepted": lambda f: f.accepted,
-    "rejected": lambda f: f.rejected,
-    "rate": lambda f: -1.0 if f.acceptance_rate is None else f.acceptance_rate,
-    "rounds": lambda f: f.rounds,
-    "seen": lambda f: f.last_seen_at.timestamp() if f.last_seen_at else 0.0,
-    "name": lambda f: f.name.lower(),
-}
-CONTRIBUTOR_SORTS = {**NODE_SORTS, "name": lambda f: f.contributor.lower(), "nodes": lambda f: f.nodes}
-VIEWS = ("contributors", "nodes", "teams")
-BOARD_SORTS = {"contributors": CONTRIBUTOR_SORTS, "nodes": NODE_SORTS, "teams": TEAM_SORTS}
-
-
-def _listed(f: NodeFigures) -> bool:
-    """On the public leaderboard and in the swarm's node count: not banned, and at least one group the
-    verifier accepted (a node that only reports, or only shares junk, earns no row)."""
-    return f.public and f.accepted > 0
-
-
-def listed_node_figures() -> list[NodeFigures]:
-    """The nodes the public leaderboard lists (`_listed`), with their figures."""
-    return [f for f in node_figures_all() if _listed(f)]
-
-
-def contributor_figures_all() -> list[ContributorFigures]:
-    by_owner: dict[int, ContributorFigures] = {}
-    for f in node_figures_all():
-        if not _listed(f):
-            continue
-        c = by_owner.setdefault(
-            f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor, username=f.username)
-        )
-        c.nodes += 1
-        if f.model_id and f.model_id not in c.models:
-            c.models.append(f.model_id)
-        if f.last_seen_at and (c.last_seen_at is None or f.last_seen_at > c.last_seen_at):
-            c.last_seen_at = f.last_seen_at
-        c.accepted += f.accepted
-        c.rejected += f.rejected
-        c.completions += f.completions
-        c.verified_reward += f.verified_reward
-        c.helped += f.helped
-        c.rounds += f.rounds
-        c.recent_credit += f.recent_credit
-    return list(by_owner.values())
-
-
-@dataclass
-class Leaderboard:
-    view: str
-    sort: str
-    descending: bool
-    page: Page
-    total: int
-
-
-def leaderboard(*, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1) -> Leaderboard:
-    """One sorted page of the public leaderboard; unknown parameters fall back to the defaults."""
-    view = view if view in VIEWS else "contributors"
-    sorts = BOARD_SORTS[view]
-    sort = sort if sort in sorts else "reward"
-    descending = order != "asc"
-    if view == "contributors":
-        rows: list[Any] = contributor_figures_all()
-    elif view == "nodes":
-        rows = listed_node_figures()
-    else:
-        rows = team_figures_all()
-    # Ties broken by name, so the order is stable between polls.
-    rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
-    rows.sort(key=sorts[sort], reverse=descending)
-    page_rows = Paginator(rows, PAGE_SIZE).get_page(page)
-    if view == "contributors":
-        badges = badges_of_users(f.owner_id for f in page_rows.object_list)
-        for f in page_rows.object_list:
-            f.badges = badges.get(f.owner_id, [])
-    return Leaderboard(view, sort, descending, page_rows, len(rows))
+def figures_swarm(slug: str | None) -> Swarm | None:
+    """The swarm a `?swarm=` selector names; None (the whole site) when empty. An unknown slug raises
+    NotFound: figures shown under a swarm's name must be that swarm's."""
+    slug = str(slug or "").strip()[:64]
+    return swarm_get(slug=slug) if slug else None
 
 
 # ---------------------------------------------------------------------------- swarm
@@ -340,7 +94,7 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
         if online_nodes is not None:
             online_nodes = online_nodes.filter(id__in=in_swarm)
         recent = recent.filter(swarm_id=swarm_id)
-    figures = [f for f in public if _listed(f)]
+    figures = [f for f in public if listed(f)]
     online: int | None = None if online_nodes is None else online_nodes.count()
     recent_groups = recent.count()
     window = current_limits().sample_window_seconds

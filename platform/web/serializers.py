@@ -48,6 +48,7 @@ class TeamFiguresSerializer(serializers.Serializer):
 
 
 class LeaderboardSerializer(serializers.Serializer):
+    swarm = serializers.CharField(allow_null=True, help_text="The swarm whose figures these are; null: the whole site.")
     view = serializers.ChoiceField(choices=["contributors", "nodes", "teams"])
     sort = serializers.CharField()
     order = serializers.ChoiceField(choices=["asc", "desc"])
@@ -217,6 +218,17 @@ class PublicNodeSerializer(serializers.Serializer):
     recent_credit = serializers.FloatField()
 
 
+class SwarmFiguresSerializer(serializers.Serializer):
+    """Figures in one swarm; a page's rows over its swarms add up to its totals."""
+
+    swarm = serializers.SlugField(source="swarm.slug")
+    verified_reward = serializers.FloatField()
+    accepted = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    helped = serializers.IntegerField()
+    recent_credit = serializers.FloatField()
+
+
 class ProfileSerializer(serializers.Serializer):
     """A public page's figures (web.profiles.Profile)."""
 
@@ -233,6 +245,7 @@ class ProfileSerializer(serializers.Serializer):
     nodes = PublicNodeSerializer(many=True)
     curve = ProfileCurvePointSerializer(many=True, help_text="Verified reward per hour, 7 days.")
     datasets = ProfileDatasetDaySerializer(many=True, help_text="Per dataset and day, 7 days.")
+    swarms = SwarmFiguresSerializer(many=True, help_text="The same figures in each swarm with any.")
 
 
 class TeamMemberSerializer(serializers.Serializer):
@@ -250,8 +263,11 @@ class TeamCurvePointSerializer(serializers.Serializer):
 
 
 class TeamDetailSerializer(serializers.Serializer):
-    """A team's page (web.teams.TeamDetail)."""
+    """A team's page (figures.teams.TeamDetail)."""
 
+    swarm = serializers.SlugField(
+        source="swarm.slug", allow_null=True, default=None, help_text="The swarm of these figures; null: every swarm."
+    )
     name = serializers.CharField(source="team.name")
     slug = serializers.SlugField(source="team.slug")
     description = serializers.CharField(source="team.description")

@@ -1,5 +1,5 @@
 """Team pages: /teams/ (list, search, sort, found one) and /teams/<slug>/ (figures, members, actions).
-Thin, as web.views: validate -> community service or selector -> web.teams figures -> render."""
+Thin, as web.views: validate -> community service or selector -> figures.teams -> render."""
 
 from __future__ import annotations
 
@@ -23,7 +23,17 @@ from community.services import (
     team_leave,
     team_moderate,
 )
-from web import selectors, teams
+from figures import teams
+from swarms.models import Swarm
+from swarms.selectors import swarm_list
+from web import selectors
+
+
+def _swarm_or_404(request: HttpRequest) -> Swarm | None:
+    try:
+        return selectors.figures_swarm(request.GET.get("swarm"))
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
 
 
 def _team_or_404(request: HttpRequest, slug: str) -> Team:
@@ -36,11 +46,13 @@ def _team_or_404(request: HttpRequest, slug: str) -> Team:
 @require_GET
 def team_list_view(request: HttpRequest) -> HttpResponse:
     q = request.GET.get("q", "")
+    swarm = _swarm_or_404(request)
     page, sort, descending, total = teams.team_page(
         q=q,
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
         page=request.GET.get("page", 1),
+        swarm=swarm,
     )
     return render(
         request,
@@ -51,6 +63,8 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
             "descending": descending,
             "total": total,
             "q": q[:64],
+            "swarm": swarm,
+            "swarms": swarm_list(),
             "membership": community.membership_current(user=request.user),
         },
     )
@@ -60,7 +74,8 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
 def team_view(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
     members = community.team_members(team=team)
-    detail = teams.team_detail(team=team, members=members)
+    swarm = _swarm_or_404(request)
+    detail = teams.team_detail(team=team, members=members, swarm=swarm)
     user = request.user
     mine = community.membership_current(user=user)
     return render(
@@ -69,6 +84,7 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
         {
             "team": team,
             "detail": detail,
+            "swarms": swarm_list(),
             "membership": mine,
             "is_member": mine is not None and mine.team_id == team.id,
             "is_founder": user.is_authenticated and team.founder_id == user.id,

@@ -23,9 +23,12 @@ from alerts.services import (
     alert_settings_update,
 )
 from common.errors import ApplicationError, NotFound
+from figures import credit, stats
+from figures import leaderboard as boards
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
+from swarms.selectors import swarm_list
 from web import selectors
 from web.wheel import wheel_find, wheel_get
 
@@ -74,13 +77,18 @@ def download_file(request: HttpRequest, build_id: str, filename: str) -> HttpRes
 
 
 def _leaderboard_context(request: HttpRequest) -> dict:
-    board = selectors.leaderboard(
+    try:
+        swarm = selectors.figures_swarm(request.GET.get("swarm"))
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    board = boards.leaderboard(
         view=request.GET.get("view", "contributors"),
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
         page=request.GET.get("page", 1),
+        swarm=swarm,
     )
-    return {"board": board}
+    return {"board": board, "swarms": swarm_list()}
 
 
 @require_GET
@@ -96,15 +104,13 @@ def leaderboard_table(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def leaderboard_how(request: HttpRequest) -> HttpResponse:
-    from web import stats
-
     return render(
         request,
         "web/leaderboard_how.html",
         {
-            "half_life_days": stats.CREDIT_HALF_LIFE.days,
+            "half_life_days": credit.CREDIT_HALF_LIFE.days,
             "fold_lag_minutes": int(stats.FOLD_LAG.total_seconds() // 60),
-            "cache_seconds": selectors.FIGURES_CACHE_SECONDS,
+            "cache_seconds": boards.FIGURES_CACHE_SECONDS,
         },
     )
 
@@ -131,7 +137,7 @@ def _me_context(request: HttpRequest) -> dict:
     nodes = list(node_list(owner=request.user))
     return {
         "nodes": nodes,
-        "figures": selectors.node_figures_for(nodes),
+        "figures": boards.node_figures_for(nodes),
         "reports": selectors.last_reports(nodes=nodes),
     }
 
@@ -195,7 +201,7 @@ def _node_card(request: HttpRequest, node_id: int, **extra) -> HttpResponse:
     node = _access(request, node_id)
     context = {
         "node": node,
-        "figure": selectors.node_figures_for([node])[node.id],
+        "figure": boards.node_figures_for([node])[node.id],
         "report": selectors.last_reports(nodes=[node]).get(node.id),
         **extra,
     }

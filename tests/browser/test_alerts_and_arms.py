@@ -14,11 +14,11 @@ from playwright.sync_api import expect
 
 from alerts.models import Alert, AlertSettings, Condition
 from alerts.services import CONFIRM_SALT
+from figures.leaderboard import FIGURES_CACHE_SECONDS
+from figures.stats import stats_rebuild
 from nodes.models import Node
 from pool.models import NodeRound, Rollout, Verdict
 from swarms.services import swarm_default_ensure
-from web.selectors import FIGURES_CACHE_SECONDS
-from web.stats import stats_rebuild
 
 
 def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:

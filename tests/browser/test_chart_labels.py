@@ -30,7 +30,7 @@ def _y_labels(page, selector: str) -> list[dict]:
 
 
 def test_hourly_chart_labels_keep_every_digit_of_figures_over_ten_thousand(live_server, page):
-    from web.models import NodeHour
+    from figures.models import NodeHour
 
     owner = make_user(username="erin", display_name="Erin")
     node = make_node(owner=owner, name="big-box", last_seen_at=timezone.now())

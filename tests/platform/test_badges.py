@@ -13,9 +13,9 @@ from test_community_teams import found
 from test_web_data import fresh_figures, make_consumption, make_group
 
 from community.models import Badge, Membership
-from web import stats
-from web.badges import ACTIVE_RECENT_CREDIT, badges_assign, rank_badges, rank_thresholds
-from web.selectors import contributor_figures_all
+from figures import stats
+from figures.badges import ACTIVE_RECENT_CREDIT, badges_assign, rank_badges, rank_thresholds
+from figures.leaderboard import contributor_figures_all
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +53,7 @@ def test_the_scheduled_command_assigns_and_recomputes(user, other_user, capsys):
     _age(other_user)
     type(team).objects.filter(id=team.id).update(created_at=timezone.now() - timedelta(days=30))  # established
     node, other = make_node(owner=user), make_node(owner=other_user)
-    for _ in range(10):  # 20 verified reward: established (web.badges.BADGE_MIN_VERIFIED_REWARD)
+    for _ in range(10):  # 20 verified reward: established (figures.badges.BADGE_MIN_VERIFIED_REWARD)
         make_group(node, rewards=(1.0, 1.0))
     make_consumption(other, make_group(node))  # bob's node trained on alice's group
     make_group(other, rewards=(1.0, 0.0), created_at=timezone.now() - timedelta(days=60))
@@ -96,7 +96,7 @@ def test_badges_show_on_rows_and_pages(client, user):
 def test_badge_assignment_costs_the_same_for_more_contributors(django_assert_max_num_queries):
     for _ in range(2):
         make_group(make_node(), rewards=(1.0, 1.0))
-    from web.badges import badges_assign
+    from figures.badges import badges_assign
 
     fresh_figures()
     with django_assert_max_num_queries(40) as few:

@@ -10,10 +10,12 @@ from django.utils import timezone
 from factories import make_node, make_user
 from test_web_data import fresh_figures, make_consumption, make_group, make_report
 
+from figures import credit, stats
+from figures import leaderboard as boards
+from figures.models import DatasetHour, NodeHour, NodeStats, StatsCursor
 from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Verdict
-from web import selectors, stats
-from web.models import DatasetHour, NodeHour, NodeStats, StatsCursor
+from web import selectors
 
 pytestmark = pytest.mark.django_db
 
@@ -25,9 +27,9 @@ def _clear_cache():
     fresh_figures()
 
 
-def _figures(node) -> selectors.NodeFigures:
+def _figures(node) -> boards.NodeFigures:
     fresh_figures()
-    return {f.node_id: f for f in selectors.node_figures_all()}[node.id]
+    return {f.node_id: f for f in boards.node_figures_all()}[node.id]
 
 
 def test_verified_reward_counts_accepted_groups_not_moderated_out(node):
@@ -94,21 +96,21 @@ def test_helpfulness_counts_each_consuming_node_and_group_once(node):
 
 def test_recent_credit_halves_every_seven_days(node):
     now = timezone.now()
-    assert stats.recent_average_credit(0.0, now=now) == 0.0
+    assert credit.recent_average_credit(0.0, now=now) == 0.0
     make_group(node, rewards=(1.0, 1.0), created_at=now - timedelta(days=7))
-    growth = 2.0 * 2 ** ((now - timedelta(days=7) - stats.CREDIT_EPOCH) / stats.CREDIT_HALF_LIFE)
+    growth = 2.0 * 2 ** ((now - timedelta(days=7) - credit.CREDIT_EPOCH) / credit.CREDIT_HALF_LIFE)
     expected = 2.0 * 0.5 * math.log(2) / 7
-    assert stats.recent_average_credit(growth, now=now) == pytest.approx(expected)
+    assert credit.recent_average_credit(growth, now=now) == pytest.approx(expected)
     assert _figures(node).recent_credit == pytest.approx(expected, rel=1e-3)
 
 
 def test_steady_rate_converges_to_that_rate():
     # A twenty-fourth of a unit every hour for a year reads as one unit per day.
-    now = stats.CREDIT_EPOCH + timedelta(days=400)
+    now = credit.CREDIT_EPOCH + timedelta(days=400)
     growth = sum(
-        2 ** ((now - timedelta(hours=h) - stats.CREDIT_EPOCH) / stats.CREDIT_HALF_LIFE) / 24 for h in range(365 * 24)
+        2 ** ((now - timedelta(hours=h) - credit.CREDIT_EPOCH) / credit.CREDIT_HALF_LIFE) / 24 for h in range(365 * 24)
     )
-    assert stats.recent_average_credit(growth, now=now) == pytest.approx(1.0, rel=0.01)
+    assert credit.recent_average_credit(growth, now=now) == pytest.approx(1.0, rel=0.01)
 
 
 def test_rounds_are_self_reported_counts(node):
@@ -127,11 +129,11 @@ def test_contributors_sum_their_nodes_and_banned_ones_are_hidden():
     make_group(make_node(owner=banned), rewards=(1.0, 1.0, 1.0))
     banned.banned_at = timezone.now()
     banned.save(update_fields=["banned_at"])
-    board = selectors.leaderboard(view="contributors")
+    board = boards.leaderboard(view="contributors")
     rows = list(board.page.object_list)
     assert [r.contributor for r in rows] == ["Alice A"]
     assert rows[0].verified_reward == pytest.approx(3.0) and rows[0].nodes == 2
-    nodes = selectors.leaderboard(view="nodes", sort="reward")
+    nodes = boards.leaderboard(view="nodes", sort="reward")
     assert [r.node_id for r in nodes.page.object_list] == [desktop.id, laptop.id]
 
 
@@ -144,22 +146,22 @@ def test_only_nodes_with_accepted_groups_get_a_leaderboard_row(node):
     make_group(junk, verdict=Verdict.REJECTED)
     fresh_figures()
     assert _figures(reporter).rounds == 3  # its owner still sees its figures (/me/)
-    assert [r.node_id for r in selectors.leaderboard(view="nodes").page.object_list] == [node.id]
-    assert [r.owner_id for r in selectors.leaderboard(view="contributors").page.object_list] == [node.owner_id]
+    assert [r.node_id for r in boards.leaderboard(view="nodes").page.object_list] == [node.id]
+    assert [r.owner_id for r in boards.leaderboard(view="contributors").page.object_list] == [node.owner_id]
     swarm = selectors.swarm_overview()
     assert swarm["nodes_total"] == 1
     assert swarm["acceptance_rate"] == pytest.approx(0.5)  # the junk node's rejection still counts
 
 
 def test_leaderboard_sorts_and_paginates():
-    for i in range(selectors.PAGE_SIZE + 3):
+    for i in range(boards.PAGE_SIZE + 3):
         make_group(make_node(name=f"n{i:02d}"), rewards=(1.0,) * (i % 5 + 1))
-    board = selectors.leaderboard(view="nodes", sort="name", order="asc", page=2)
-    assert board.total == selectors.PAGE_SIZE + 3
+    board = boards.leaderboard(view="nodes", sort="name", order="asc", page=2)
+    assert board.total == boards.PAGE_SIZE + 3
     assert [r.name for r in board.page.object_list] == ["n25", "n26", "n27"]
-    top = selectors.leaderboard(view="nodes", sort="reward")
+    top = boards.leaderboard(view="nodes", sort="reward")
     assert list(top.page.object_list)[0].verified_reward == 5.0
-    odd = selectors.leaderboard(view="bogus", sort="bogus", page="x")
+    odd = boards.leaderboard(view="bogus", sort="bogus", page="x")
     assert (odd.view, odd.sort, odd.page.number) == ("contributors", "reward", 1)
 
 

@@ -447,9 +447,9 @@ def test_moderating_a_folded_group_moves_its_leaderboard_credit(moderator):
 
     from django.utils import timezone
 
+    from figures import stats
+    from figures.models import NodeStats
     from moderation.services import node_ban, rollout_moderate
-    from web import stats
-    from web.models import NodeStats
 
     node = make_node()
     old, other = share(node, group(1), group(2))

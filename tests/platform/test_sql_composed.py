@@ -16,16 +16,6 @@ import pytest
 
 PLATFORM = Path(__file__).resolve().parents[2] / "platform"
 
-#: Modules other branches are recomposing at the time of writing, with the paths they have now. Empty
-#: this set when those branches are merged: the test fails for a path listed here that no longer
-#: builds SQL from text (or no longer exists), so the set cannot keep a path it no longer needs.
-PENDING_OTHER_BRANCHES = frozenset(
-    {
-        "platform/web/stats.py",
-        "platform/web/teams.py",
-    }
-)
-
 #: A string part reads as SQL when it holds a statement's or a clause's keyword, upper case as this
 #: project writes SQL (a sentence such as "Select a swarm from the list" does not match).
 _SQL_WORDS = re.compile(
@@ -134,15 +124,8 @@ def _offenders() -> dict[str, list[tuple[int, str]]]:
 
 
 def test_no_sql_in_platform_is_built_from_text():
-    offenders = {path: hits for path, hits in _offenders().items() if path not in PENDING_OTHER_BRANCHES}
-    assert offenders == {}, "compose these with psycopg's sql module (common.composed) or the ORM"
-
-
-def test_the_pending_modules_are_still_pending():
-    """PENDING_OTHER_BRANCHES holds only modules that still build SQL from text: one recomposed (or
-    moved) comes off the set, so the set empties as the branches are merged."""
     offenders = _offenders()
-    assert sorted(PENDING_OTHER_BRANCHES - set(offenders)) == []
+    assert offenders == {}, "compose these with psycopg's sql module (common.composed) or the ORM"
 
 
 @pytest.mark.parametrize(

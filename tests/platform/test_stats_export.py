@@ -18,7 +18,8 @@ from test_community_teams import found
 from test_web_data import fresh_figures, make_group
 
 from community.models import Membership
-from web import export, stats
+from figures import stats
+from web import export
 
 pytestmark = pytest.mark.django_db
 

@@ -12,9 +12,10 @@ from factories import make_node, make_user
 from rest_framework.test import APIClient
 from test_web_data import fresh_figures, make_group
 
+from figures import stats
 from pool.models import NodeRound
 from swarms.services import swarm_default_ensure
-from web import selectors, stats
+from web import selectors
 from web.arms import SHARING, SILO, NodeHourCell, arm_of, compare_arms, t975, welch_interval
 
 H0 = datetime(2026, 11, 20, 10, tzinfo=UTC)

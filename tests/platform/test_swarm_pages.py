@@ -10,12 +10,12 @@ import pytest
 from factories import make_node, make_swarm, make_user
 from test_web_data import fresh_figures, make_group
 
+from figures import stats
 from moderation.models import AuditEntry
 from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue
 from swarms.models import Swarm
 from swarms.services import swarm_state_set
-from web import stats
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,8 @@ from factories import make_node, make_user
 from rest_framework.test import APIClient
 from test_web_data import fresh_figures, make_consumption, make_group, make_report
 
+from figures import leaderboard as boards
 from pool.models import Verdict
-from web import selectors
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +27,7 @@ def test_leaderboard_api_matches_the_selector(node):
     body = APIClient().get("/api/v1/leaderboard/?view=nodes").json()
     assert body["view"] == "nodes" and body["total"] == 1 and body["pages"] == 1
     row = body["nodes"][0]
-    figures = next(f for f in selectors.node_figures_all() if f.node_id == node.id)
+    figures = next(f for f in boards.node_figures_all() if f.node_id == node.id)
     assert row["verified_reward"] == figures.verified_reward == 3.0
     assert (row["accepted"], row["rejected"], row["helped"]) == (2, 1, 1)
     assert row["acceptance_rate"] == pytest.approx(2 / 3)

@@ -8,10 +8,10 @@ from factories import make_node
 from support.moderation import group, long_reasoning, share, staff
 from test_web_data import fresh_figures, make_group
 
+from figures import stats
 from moderation.rules import rules_forget
 from moderation.services import rollout_moderate
 from pool.models import ModerationStatus, Verdict
-from web import stats
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from test_community_teams import found
 from test_web_data import fresh_figures, make_consumption, make_group
 
 from community.services import team_join
-from web import stats
+from figures import stats
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from test_web_data import fresh_figures, make_group
 
 from community.models import Membership
 from community.services import team_join, team_leave, team_moderate
-from web import stats, teams
+from figures import stats, teams
 
 pytestmark = pytest.mark.django_db
 

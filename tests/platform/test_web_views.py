@@ -10,9 +10,9 @@ from django.urls import reverse
 from factories import make_node, make_node_token, make_user
 from test_web_data import fresh_figures, make_group
 
+from figures import stats
 from nodes.models import Node
 from pool.models import Verdict
-from web import stats
 
 pytestmark = pytest.mark.django_db
 

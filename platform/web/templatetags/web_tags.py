@@ -48,8 +48,22 @@ def board_url(board, **changes) -> str:
         "order": "desc" if board.descending else "asc",
         "page": board.page.number,
     }
+    if board.swarm is not None:
+        params["swarm"] = board.swarm.slug
     params.update({k: v for k, v in changes.items() if v is not None})
     return "?" + urlencode(params)
+
+
+@register.simple_tag(takes_context=True)
+def swarm_url(context, slug: str = "") -> str:
+    """This page's query string with the swarm selector set to `slug` (empty: the whole site), back on
+    its first page; the other parameters (view, sort, search) are kept."""
+    params = context["request"].GET.copy()
+    params.pop("page", None)
+    params.pop("swarm", None)
+    if slug:
+        params["swarm"] = slug
+    return "?" + params.urlencode()
 
 
 @register.simple_tag

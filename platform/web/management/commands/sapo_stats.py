@@ -4,8 +4,8 @@ statistics export now (web.export; the scheduled job writes it once a day)."""
 
 from django.core.management.base import BaseCommand
 
+from figures.stats import stats_fold, stats_rebuild
 from web.export import export_dir, stats_export
-from web.stats import stats_fold, stats_rebuild
 
 
 class Command(BaseCommand):

@@ -1,5 +1,5 @@
 """Team figures: what members earned while members, from the folded per-hour table (NodeHour) plus
-the live rows the fold has not counted yet, read in one snapshot (web.stats). docs/leaderboard.md#teams.
+the live rows the fold has not counted yet, read in one snapshot (figures.stats). docs/leaderboard.md#teams.
 
 A membership period [joined_at, left_at) counts, for each of the member's nodes:
 - the whole hours from the hour of joining up to (not including) the hour of leaving, from the hour
@@ -23,65 +23,74 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
+from psycopg import sql
 
 from community.models import Membership, Team
 from community.selectors import badges_of_teams, team_list
+from figures import credit as rule
+from figures.stats import Measures, live_rows, snapshot
 from nodes.models import ONLINE_WINDOW, Node
 from nodes.presence import PresenceUnknown, connected_filter
-from web.stats import CREDIT_EPOCH, CREDIT_HALF_LIFE, Measures, live_rows, recent_average_credit, snapshot
+from swarms.models import Swarm
 
 TEAM_FIGURES_CACHE_SECONDS = 15
 TEAM_CURVE_DAYS = 7
 TEAM_PAGE_SIZE = 25
 
 # The members' nodes of each period; banned nodes and contributors earn their team nothing.
-_PERIOD_NODES = """
+_PERIOD_NODES = sql.SQL("""
 FROM community_membership m
 JOIN accounts_user u ON u.id = m.user_id AND u.banned_at IS NULL
 JOIN nodes_node n ON n.owner_id = m.user_id AND n.banned_at IS NULL
-"""
+""")
 
-# Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it.
-_HOURS_SQL = (
-    """
+
+def _hours_sql(team_filter: sql.Composable, swarm_id: int | None) -> sql.Composed:
+    """Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it;
+    of every swarm (web_nodehour) or of one (figures_nodeswarmhour, the same rows narrowed to it).
+    Each hour's reward decays from the start of the hour."""
+    if swarm_id is None:
+        hours, swarm_filter = sql.Identifier("web_nodehour"), sql.SQL("")
+    else:
+        hours, swarm_filter = sql.Identifier("figures_nodeswarmhour"), sql.SQL("AND h.swarm_id = %(swarm)s")
+    return sql.SQL("""
 SELECT m.id, m.team_id, m.user_id, CASE WHEN h.hour >= %(since)s THEN h.hour END AS hour,
-       sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward),
-       sum(h.verified_reward * power(2.0::float8, extract(epoch FROM h.hour - %(epoch)s)::float8 / %(half_life)s))
-"""
-    + _PERIOD_NODES
-    + """
-JOIN web_nodehour h ON h.node_id = n.id AND h.hour >= date_trunc('hour', m.joined_at)
+       sum(h.accepted_groups), sum(h.credited_completions), sum(h.verified_reward), sum({growth})
+{period_nodes}
+JOIN {hours} h ON h.node_id = n.id {swarm_filter} AND h.hour >= date_trunc('hour', m.joined_at)
      AND (m.left_at IS NULL OR h.hour < date_trunc('hour', m.left_at))
-{team_filter}
+WHERE {team_filter}
 GROUP BY 1, 2, 3, 4
-"""
-)
+""").format(
+        growth=rule.growth(sql.SQL("h.verified_reward"), sql.SQL("h.hour")),
+        period_nodes=_PERIOD_NODES,
+        hours=hours,
+        swarm_filter=swarm_filter,
+        team_filter=team_filter,
+    )
 
-# The groups of the hour of joining before joining (sign -1) and of the hour of leaving before
-# leaving (sign +1), from the pool, with the fold's definition of a credited group.
-_PARTS_SQL = (
-    """
-SELECT m.id, m.team_id, m.user_id, p.sign, p.lo,
-       count(*) FILTER (WHERE r.verdict = 'accepted'),
-       coalesce(sum(r.completion_count) FILTER (WHERE c.credited), 0),
-       coalesce(sum(c.reward) FILTER (WHERE c.credited), 0)
-"""
-    + _PERIOD_NODES
-    + """
+
+def _parts_sql(team_filter: sql.Composable, swarm_id: int | None) -> sql.Composed:
+    """The groups of the hour of joining before joining (sign -1) and of the hour of leaving before
+    leaving (sign +1), from the pool, with the fold's figures (figures.credit); of one swarm or all."""
+    swarm_filter = sql.SQL("") if swarm_id is None else sql.SQL("AND r.swarm_id = %(swarm)s")
+    return sql.SQL("""
+SELECT m.id, m.team_id, m.user_id, p.sign, p.lo, {measures}
+{period_nodes}
 CROSS JOIN LATERAL (VALUES (-1, date_trunc('hour', m.joined_at), m.joined_at),
                            (1, date_trunc('hour', m.left_at), m.left_at)) AS p(sign, lo, hi)
-JOIN pool_rollout r ON r.node_id = n.id AND r.created_at >= p.lo AND r.created_at < p.hi
-CROSS JOIN LATERAL (
-    SELECT r.verdict = 'accepted' AND r.moderation_status NOT IN ('quarantined', 'rejected') AS credited,
-           (SELECT coalesce(sum(x::float8), 0)
-              FROM jsonb_array_elements_text(
-                   CASE WHEN jsonb_typeof(r.verified_rewards) = 'array' THEN r.verified_rewards ELSE '[]' END
-              ) AS x) AS reward
-) c
-WHERE p.hi IS NOT NULL {team_and}
+JOIN pool_rollout r ON r.node_id = n.id AND r.created_at >= p.lo AND r.created_at < p.hi {swarm_filter}
+{lateral}
+WHERE p.hi IS NOT NULL AND {team_filter}
 GROUP BY 1, 2, 3, 4, 5
-"""
-)
+""").format(
+        measures=rule.measures(["accepted", "completions", "reward"]),
+        period_nodes=_PERIOD_NODES,
+        lateral=rule.credit_lateral(),
+        swarm_filter=swarm_filter,
+        team_filter=team_filter,
+    )
+
 
 # The periods of the owners of some nodes that may cover hours of the live rows.
 _PERIODS_SQL = """
@@ -115,29 +124,24 @@ class TeamCredit:
             self.hours.setdefault((team_id, hour), Measures()).add(m)
 
 
-def _hour_growth(reward: float, hour: datetime) -> float:
-    return reward * 2.0 ** ((hour - CREDIT_EPOCH).total_seconds() / CREDIT_HALF_LIFE.total_seconds())
-
-
-def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -> TeamCredit:
-    """Every team's credit (or one team's); with `since`, its hours from then on (the curve)."""
+def _team_credit(
+    *, team_id: int | None = None, since: datetime | None = None, swarm_id: int | None = None
+) -> TeamCredit:
+    """Every team's credit (or one team's), in every swarm or in one; with `since`, its hours from
+    then on (the curve)."""
     credit = TeamCredit()
     since = since or datetime(9999, 1, 1, tzinfo=UTC)
-    params: dict[str, Any] = {
-        "epoch": CREDIT_EPOCH,
-        "half_life": CREDIT_HALF_LIFE.total_seconds(),
-        "team": team_id,
-        "since": since,
-    }
+    params: dict[str, Any] = {"team": team_id, "since": since, "swarm": swarm_id}
     one_team = team_id is not None
+    team_filter = sql.SQL("m.team_id = %(team)s") if one_team else sql.SQL("TRUE")
     with snapshot():
         live = live_rows()
         with connection.cursor() as cursor:
-            cursor.execute(_HOURS_SQL.format(team_filter="WHERE m.team_id = %(team)s" if one_team else ""), params)
+            cursor.execute(_hours_sql(team_filter, swarm_id), params)
             for _, team, user, hour, accepted, completions, reward, growth in cursor.fetchall():
                 m = Measures(int(accepted), 0, 0, int(completions), float(reward), float(growth))
                 credit.add(team, user, m, hour)
-            cursor.execute(_PARTS_SQL.format(team_and="AND m.team_id = %(team)s" if one_team else ""), params)
+            cursor.execute(_parts_sql(team_filter, swarm_id), params)
             for _, team, user, sign, hour, accepted, completions, reward in cursor.fetchall():
                 m = Measures(
                     sign * int(accepted),
@@ -145,21 +149,25 @@ def _team_credit(*, team_id: int | None = None, since: datetime | None = None) -
                     0,
                     sign * int(completions),
                     sign * float(reward),
-                    sign * _hour_growth(float(reward), hour),
+                    sign * rule.growth_of(float(reward), hour),
                 )
                 credit.add(team, user, m, hour if hour >= since else None)
             live_since = _hour_of(live.since or _FAR_PAST)
-            node_ids = sorted({node_id for node_id, _ in live.groups.by_node_hour})
+            if swarm_id is None:
+                live_hours = live.groups.by_node_hour
+            else:
+                live_hours = {(n, h): m for (n, s, h), m in live.groups.by_node_swarm_hour.items() if s == swarm_id}
+            node_ids = sorted({node_id for node_id, _ in live_hours})
             periods: dict[int, list[tuple]] = {}
             if node_ids:
                 cursor.execute(_PERIODS_SQL, {"nodes": node_ids, "since": live_since})
                 for node_id, team, user, joined_at, left_at in cursor.fetchall():
                     if not one_team or team == team_id:
                         periods.setdefault(node_id, []).append((team, user, joined_at, left_at))
-    for (node_id, hour), m in live.groups.by_node_hour.items():
+    for (node_id, hour), m in live_hours.items():
         for team, user, joined_at, left_at in periods.get(node_id, ()):
             if _hour_of(joined_at) <= hour and (left_at is None or hour < _hour_of(left_at)):
-                counted = Measures(m.accepted, 0, 0, m.completions, m.reward, _hour_growth(m.reward, hour))
+                counted = Measures(m.accepted, 0, 0, m.completions, m.reward, rule.growth_of(m.reward, hour))
                 credit.add(team, user, counted, hour if hour >= since else None)
     return credit
 
@@ -204,22 +212,26 @@ def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int
     return {row["owner__team_memberships__team_id"]: row["n"] for row in rows}
 
 
-def _credit_and_online() -> tuple[dict[int, Measures], dict[int, int] | None]:
-    """Each team's measures and nodes online: the costly part, cached TEAM_FIGURES_CACHE_SECONDS."""
-    cached = cache.get("web:team-credit")
+def _credit_and_online(swarm: Swarm | None) -> tuple[dict[int, Measures], dict[int, int] | None]:
+    """Each team's measures (in every swarm or in one) and nodes online: the costly part, cached
+    TEAM_FIGURES_CACHE_SECONDS."""
+    key = "figures:team-credit" if swarm is None else f"figures:team-credit:swarm:{swarm.id}"
+    cached = cache.get(key)
     if cached is None:
-        cached = (_team_credit().by_team, _nodes_online_by_team(timezone.now()))
-        cache.set("web:team-credit", cached, TEAM_FIGURES_CACHE_SECONDS)
+        credit = _team_credit(swarm_id=None if swarm is None else swarm.id)
+        cached = (credit.by_team, _nodes_online_by_team(timezone.now()))
+        cache.set(key, cached, TEAM_FIGURES_CACHE_SECONDS)
     return cached
 
 
-def team_figures_all() -> list[TeamFigures]:
-    """Every listed team with its figures. The list, names, members and badges are read on every call
-    (a team founded, renamed, hidden or joined shows at once); credit and nodes online are cached."""
+def team_figures_all(*, swarm: Swarm | None = None) -> list[TeamFigures]:
+    """Every listed team with its figures, in every swarm or in `swarm` (nodes online are the site's:
+    presence does not know a socket's swarm). The list, names, members and badges are read on every
+    call (a team founded, renamed, hidden or joined shows at once); credit and nodes online are cached."""
     now = timezone.now()
-    credit, online = _credit_and_online()
+    credit, online = _credit_and_online(swarm)
     teams = list(team_list())
-    badges = badges_of_teams(t.id for t in teams)
+    badges = badges_of_teams((t.id for t in teams), swarm_id=None if swarm is None else swarm.id)
     out = []
     for team in teams:
         m = credit.get(team.id, Measures())
@@ -233,7 +245,7 @@ def team_figures_all() -> list[TeamFigures]:
                 accepted=m.accepted,
                 completions=m.completions,
                 verified_reward=m.reward,
-                recent_credit=recent_average_credit(m.growth, now=now),
+                recent_credit=rule.recent_average_credit(m.growth, now=now),
                 badges=badges.get(team.id, []),
                 created_at=team.created_at,
             )
@@ -251,30 +263,33 @@ TEAM_SORTS = {
 }
 
 
-def team_rows(*, q: str = "", sort: str = "reward", order: str = "desc") -> tuple[list[TeamFigures], str, bool]:
-    """Listed teams sorted (and searched by name); unknown parameters fall back to the defaults."""
+def team_rows(
+    *, q: str = "", sort: str = "reward", order: str = "desc", swarm: Swarm | None = None
+) -> tuple[list[TeamFigures], str, bool]:
+    """Listed teams sorted (and searched by name), with their figures in every swarm or in `swarm`;
+    unknown parameters fall back to the defaults."""
     sort = sort if sort in TEAM_SORTS else "reward"
     descending = order != "asc"
     needle = " ".join(str(q or "").split())[:64].lower()
-    rows = [f for f in team_figures_all() if needle in f.name.lower()]
+    rows = [f for f in team_figures_all(swarm=swarm) if needle in f.name.lower()]
     rows.sort(key=lambda f: f.name.lower())
     rows.sort(key=TEAM_SORTS[sort], reverse=descending)
     return rows, sort, descending
 
 
-def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: Any = 1):
-    rows, sort, descending = team_rows(q=q, sort=sort, order=order)
+def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: Any = 1, swarm: Swarm | None = None):
+    rows, sort, descending = team_rows(q=q, sort=sort, order=order, swarm=swarm)
     return Paginator(rows, TEAM_PAGE_SIZE).get_page(page), sort, descending, len(rows)
 
 
-def _team_credit_cached(*, team_id: int, since: datetime) -> TeamCredit:
+def _team_credit_cached(*, team_id: int, since: datetime, swarm: Swarm | None) -> TeamCredit:
     """One team's credit and curve, cached TEAM_FIGURES_CACHE_SECONDS as the list's: each membership
     period costs two pool scans (the hours of joining and leaving), so a team of thousands of periods
     is computed once per interval, not at every view (docs/leaderboard.md#teams)."""
-    key = f"web:team-credit:{team_id}:{since:%Y%m%d%H}"
+    key = f"figures:team-credit:{team_id}:{since:%Y%m%d%H}:{'' if swarm is None else swarm.id}"
     credit = cache.get(key)
     if credit is None:
-        credit = _team_credit(team_id=team_id, since=since)
+        credit = _team_credit(team_id=team_id, since=since, swarm_id=None if swarm is None else swarm.id)
         cache.set(key, credit, TEAM_FIGURES_CACHE_SECONDS)
     return credit
 
@@ -286,13 +301,15 @@ class TeamDetail:
     members: list[dict[str, Any]]
     reward_per_hour: float
     curve: list[dict[str, Any]]
+    swarm: Swarm | None = None  # None: every swarm
 
 
-def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
-    """One team's page: its figures, each current member's credit for it, its hourly curve."""
+def team_detail(*, team: Team, members: list[Membership], swarm: Swarm | None = None) -> TeamDetail:
+    """One team's page: its figures, each current member's credit for it, its hourly curve; in every
+    swarm or in `swarm`."""
     now = timezone.now()
     start = (now - timedelta(days=TEAM_CURVE_DAYS)).replace(minute=0, second=0, microsecond=0)
-    credit = _team_credit_cached(team_id=team.id, since=start)
+    credit = _team_credit_cached(team_id=team.id, since=start, swarm=swarm)
     hours = credit.hours
     m = credit.by_team.get(team.id, Measures())
     figures = TeamFigures(
@@ -304,8 +321,8 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
         accepted=m.accepted,
         completions=m.completions,
         verified_reward=m.reward,
-        recent_credit=recent_average_credit(m.growth, now=now),
-        badges=badges_of_teams([team.id]).get(team.id, []),
+        recent_credit=rule.recent_average_credit(m.growth, now=now),
+        badges=badges_of_teams([team.id], swarm_id=None if swarm is None else swarm.id).get(team.id, []),
     )
     rows = []
     for membership in members:
@@ -326,4 +343,4 @@ def team_detail(*, team: Team, members: list[Membership]) -> TeamDetail:
         {"hour": hour, "verified_reward": h.reward, "accepted": h.accepted}
         for (_, hour), h in sorted(hours.items(), key=lambda item: item[0][1])
     ]
-    return TeamDetail(team, figures, rows, last_day / 24, curve)
+    return TeamDetail(team, figures, rows, last_day / 24, curve, swarm)

@@ -1,9 +1,11 @@
 """Folded figures of the pool, so that pages never scan it (docs/leaderboard.md).
 
 The pool's groups, consumptions and round reports are folded into these small tables by
-`web.stats.stats_fold`, incrementally: rows older than FOLD_LAG are added once, in order of time
+`figures.stats.stats_fold`, incrementally: rows older than FOLD_LAG are added once, in order of time
 (groups) or id (consumptions, reports), and `StatsCursor` remembers how far the fold got. Readers add
-the few rows newer than the cursor on the fly (web.selectors), in the same snapshot.
+the few rows newer than the cursor on the fly (figures.leaderboard), in the same snapshot.
+
+The tables were made by the web app and keep its names (`db_table`): moving the models here moved no row.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ class StatsCursor(models.Model):
     round_id = models.BigIntegerField(default=0, help_text="NodeRound rows with id <= this are counted.")
     updated_at = models.DateTimeField(default=timezone.now)
 
+    class Meta:
+        db_table = "web_statscursor"
+
     def __str__(self) -> str:
         return f"folded until {self.folded_until:%Y-%m-%d %H:%M:%S}"
 
@@ -34,13 +39,38 @@ class NodeStats(models.Model):
     credited_completions = models.PositiveIntegerField(default=0)
     verified_reward = models.FloatField(default=0.0, help_text="Sum of verified rewards of credited groups.")
     credit_growth = models.FloatField(
-        default=0.0, help_text="Sum of reward * 2^((created_at - CREDIT_EPOCH) / half-life): the decayed credit."
+        default=0.0, help_text="Sum of each credited reward times its decay weight (figures.credit.growth_of)."
     )
     helped = models.PositiveIntegerField(default=0, help_text="(other node, group) pairs that trained on its groups.")
     rounds = models.PositiveIntegerField(default=0, help_text="Round reports received (self-reported).")
 
+    class Meta:
+        db_table = "web_nodestats"
+
     def __str__(self) -> str:
         return f"stats of node {self.node_id}"
+
+
+class NodeSwarmStats(models.Model):
+    """A node's totals in one swarm (folded part only): the per-swarm leaderboard. Folded with
+    NodeStats from the same rows, so a node's rows over its swarms add up to its NodeStats."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_index=False)
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+")
+    accepted_groups = models.PositiveIntegerField(default=0)
+    rejected_groups = models.PositiveIntegerField(default=0)
+    moderated_groups = models.PositiveIntegerField(default=0)
+    credited_completions = models.PositiveIntegerField(default=0)
+    verified_reward = models.FloatField(default=0.0)
+    credit_growth = models.FloatField(default=0.0)
+    helped = models.PositiveIntegerField(default=0)
+    rounds = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "swarm"], name="figures_nodeswarmstats_unique")]
+
+    def __str__(self) -> str:
+        return f"stats of node {self.node_id} in swarm {self.swarm_id}"
 
 
 class NodeHour(models.Model):
@@ -54,10 +84,29 @@ class NodeHour(models.Model):
     verified_reward = models.FloatField(default=0.0)
 
     class Meta:
+        db_table = "web_nodehour"
         constraints = [models.UniqueConstraint(fields=["node", "hour"], name="web_nodehour_unique")]
 
     def __str__(self) -> str:
         return f"node {self.node_id} at {self.hour:%Y-%m-%d %H}h"
+
+
+class NodeSwarmHour(models.Model):
+    """A node's groups per hour in one swarm: a team's figures in that swarm (figures.teams)."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+", db_index=False)
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+")
+    hour = models.DateTimeField()
+    accepted_groups = models.PositiveIntegerField(default=0)
+    rejected_groups = models.PositiveIntegerField(default=0)
+    credited_completions = models.PositiveIntegerField(default=0)
+    verified_reward = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "swarm", "hour"], name="figures_nodeswarmhour_unique")]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} in swarm {self.swarm_id} at {self.hour:%Y-%m-%d %H}h"
 
 
 class DatasetHour(models.Model):
@@ -73,6 +122,7 @@ class DatasetHour(models.Model):
     verified_reward = models.FloatField(default=0.0)
 
     class Meta:
+        db_table = "web_datasethour"
         constraints = [
             models.UniqueConstraint(fields=["swarm", "hour", "dataset"], name="web_datasethour_swarm_unique")
         ]

@@ -23,8 +23,10 @@ from django.utils import timezone
 
 from accounts.models import User
 from community.models import MILESTONE_BADGES, RANK_BADGES, Badge, BadgeKind
-from web.selectors import contributor_figures_all
-from web.teams import team_figures_all
+from figures.leaderboard import contributor_figures_all
+from figures.teams import team_figures_all
+from swarms.models import Swarm
+from swarms.selectors import swarm_list
 
 #: Recent credit (verified reward per day) above which a subject counts in the percentiles.
 ACTIVE_RECENT_CREDIT = 0.1
@@ -70,13 +72,18 @@ def established(subjects: dict[int, tuple[float, float]], since: dict[int, datet
     }
 
 
-def _apply(holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, str]]) -> tuple[int, int]:
-    """Make the rank badges of `holder` ("user" or "team") exactly `ranks`, and add the milestones.
-    Returns (rank badges now held, milestones newly awarded). A fixed number of statements."""
+def _apply(
+    holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, str]], swarm_id: int | None = None
+) -> tuple[int, int]:
+    """Make the rank badges of `holder` ("user" or "team") of the whole site, or of one swarm, exactly
+    `ranks`, and add the milestones. Returns (rank badges now held, milestones newly awarded). A fixed
+    number of statements."""
     held = {
         (getattr(b, f"{holder}_id"), b.kind): b.id
         for b in Badge.objects.filter(
-            **{f"{holder}__isnull": False}, kind__in=list(RANK_BADGES) + list(MILESTONE_BADGES)
+            **{f"{holder}__isnull": False},
+            **({"swarm_id": swarm_id} if swarm_id else {"swarm__isnull": True}),
+            kind__in=list(RANK_BADGES) + list(MILESTONE_BADGES),
         )
     }
     wanted_ranks = set(ranks.items())
@@ -90,14 +97,34 @@ def _apply(holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, s
     with transaction.atomic():
         Badge.objects.filter(id__in=stale).delete()
         Badge.objects.bulk_create(
-            [Badge(**{f"{holder}_id": subject}, kind=kind) for subject, kind in new + new_milestones],
+            [
+                Badge(**{f"{holder}_id": subject}, kind=kind, swarm_id=swarm_id)
+                for subject, kind in new + new_milestones
+            ],
             ignore_conflicts=True,
         )
     return len(wanted_ranks), len(new_milestones)
 
 
+def _swarm_ranks(swarm: Swarm, joined: dict[int, datetime], founded: dict[int, datetime], now: datetime) -> int:
+    """Make the rank badges earned in `swarm` exactly those its figures give (the same rule, on the
+    contributors' and teams' figures in that swarm; established as on the whole site). Returns how
+    many are held."""
+    contributors = contributor_figures_all(swarm=swarm)
+    ranks = rank_badges(
+        established({c.owner_id: (c.verified_reward, c.recent_credit) for c in contributors}, joined, now)
+    )
+    teams = team_figures_all(swarm=swarm)
+    team_ranks = rank_badges(
+        established({t.team_id: (t.verified_reward, t.recent_credit) for t in teams}, founded, now)
+    )
+    return _apply("user", ranks, [], swarm.id)[0] + _apply("team", team_ranks, [], swarm.id)[0]
+
+
 def badges_assign() -> dict[str, tuple[int, int]]:
-    """Assign every badge now: {"contributors": (rank badges, new milestones), "teams": (...)}."""
+    """Assign every badge now: {"contributors": (rank badges, new milestones), "teams": (...),
+    "swarms": (rank badges held in swarms, 0)}. Swarms have rank badges of their own when the site has
+    more than one (with one, they would be the site's)."""
     now = timezone.now()
     contributors = contributor_figures_all()
     joined = dict(User.objects.filter(id__in=[c.owner_id for c in contributors]).values_list("id", "date_joined"))
@@ -113,11 +140,17 @@ def badges_assign() -> dict[str, tuple[int, int]]:
         established({t.team_id: (t.verified_reward, t.recent_credit) for t in teams}, founded, now)
     )
     result["teams"] = _apply("team", team_ranks, [])
+    swarms = swarm_list()
+    in_swarms = sum(_swarm_ranks(s, joined, founded, now) for s in swarms) if len(swarms) > 1 else 0
+    result["swarms"] = (in_swarms, 0)
     return result
 
 
 def badges_assign_job() -> str:
     """The scheduled job: its log line."""
     result = badges_assign()
-    (c_rank, c_new), (t_rank, _) = result["contributors"], result["teams"]
-    return f"contributors: {c_rank} rank badges, {c_new} new milestones; teams: {t_rank} rank badges"
+    (c_rank, c_new), (t_rank, _), (s_rank, _) = result["contributors"], result["teams"], result["swarms"]
+    return (
+        f"contributors: {c_rank} rank badges, {c_new} new milestones; teams: {t_rank} rank badges; "
+        f"swarms: {s_rank} rank badges"
+    )

@@ -1,4 +1,4 @@
-"""Folding the pool into the small tables of web.models, and reading figures back in one snapshot.
+"""Folding the pool into the small tables of figures.models, and reading figures back in one snapshot.
 
 Why: the pool may hold millions of groups; no page may scan it. Groups older than FOLD_LAG are
 added to per-node totals (NodeStats), per-node hours (NodeHour) and per-dataset hours (DatasetHour)
@@ -14,7 +14,6 @@ stopped exactly at "now" could miss a group committed a moment later with an ear
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,49 +24,37 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from psycopg import sql
 
+from figures import credit
+from figures.models import StatsCursor
 from pool.models import Rollout
 from pool.signals import rollouts_moderation_changing
-from web.models import StatsCursor
 
 FOLD_LAG = timedelta(minutes=2)
 FOLD_EVERY_SECONDS = 15
 #: Nodes whose last activity (last_seen_at, or the pool's verdict-count update at ingest) is this much
 #: older than the fold's start cannot have written rows in the folded range.
 ACTIVITY_MARGIN = timedelta(minutes=5)
-CREDIT_HALF_LIFE = timedelta(days=7)
-#: Reference time of `credit_growth` (2^((t - epoch) / half-life) stays finite until about 2045;
-#: stats_rebuild with a later epoch then).
-CREDIT_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-LN2 = math.log(2.0)
 _LOCK_KEY = 0x5A90_57A7  # pg advisory lock id of the fold
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
-MODERATED_OUT = ("quarantined", "rejected")
+_MEASURES = ("accepted", "rejected", "moderated", "completions", "reward", "growth")
+_FOLDED_TABLES = (
+    "web_nodestats",
+    "figures_nodeswarmstats",
+    "web_nodehour",
+    "figures_nodeswarmhour",
+    "web_datasethour",
+)
 
-# One row per (node, hour, dataset) of the groups created in [start, end) by the given nodes
-# (all nodes when the filter is off). A group is *credited* when accepted and not taken out by
-# moderation; its reward is the sum of its verified rewards. The decay is computed in float8: extract()
-# gives numeric, whose power() costs ~40 times as much (docs/leaderboard.md, "Cost").
-_GROUPS_SQL = """
-SELECT r.node_id, date_trunc('hour', r.created_at) AS hour, r.dataset, r.swarm_id,
-       count(*) FILTER (WHERE r.verdict = 'accepted') AS accepted,
-       count(*) FILTER (WHERE r.verdict = 'rejected') AS rejected,
-       count(*) FILTER (WHERE r.verdict = 'accepted' AND NOT c.credited) AS moderated,
-       coalesce(sum(r.completion_count) FILTER (WHERE c.credited), 0) AS completions,
-       coalesce(sum(c.reward) FILTER (WHERE c.credited), 0) AS reward,
-       coalesce(sum(c.reward * power(2.0::float8, extract(epoch FROM r.created_at - %(epoch)s)::float8 / %(half_life)s))
-                FILTER (WHERE c.credited), 0) AS growth
-FROM pool_rollout r
-CROSS JOIN LATERAL (
-    SELECT r.verdict = 'accepted' AND r.moderation_status NOT IN ('quarantined', 'rejected') AS credited,
-           (SELECT coalesce(sum(x::float8), 0)
-              FROM jsonb_array_elements_text(
-                   CASE WHEN jsonb_typeof(r.verified_rewards) = 'array' THEN r.verified_rewards ELSE '[]' END
-              ) AS x) AS reward
-) c
-WHERE r.created_at >= %(start)s AND r.created_at < %(end)s {node_filter}
-GROUP BY 1, 2, 3, 4
-"""
+
+def _groups_sql(where: sql.Composable) -> sql.Composed:
+    """One row per (node, hour, dataset, swarm) of the groups matching `where` (over `pool_rollout r`),
+    with their additive figures (figures.credit)."""
+    return sql.SQL(
+        "SELECT r.node_id, date_trunc('hour', r.created_at) AS hour, r.dataset, r.swarm_id, {measures} "
+        "FROM pool_rollout r {lateral} WHERE {where} GROUP BY 1, 2, 3, 4"
+    ).format(measures=credit.measures(_MEASURES), lateral=credit.credit_lateral(), where=where)
 
 
 @dataclass
@@ -92,55 +79,67 @@ class Measures:
 
 @dataclass
 class GroupRows:
-    """Groups of a time range, grouped three ways."""
+    """Groups of a time range, grouped five ways."""
 
     by_node: dict[int, Measures] = field(default_factory=dict)
+    by_node_swarm: dict[tuple[int, int], Measures] = field(default_factory=dict)
     by_node_hour: dict[tuple[int, datetime], Measures] = field(default_factory=dict)
+    #: (node id, swarm id, hour)
+    by_node_swarm_hour: dict[tuple[int, int, datetime], Measures] = field(default_factory=dict)
     #: (swarm id, dataset, hour)
     by_dataset_hour: dict[tuple[int, str, datetime], Measures] = field(default_factory=dict)
 
 
 def _group_rows(*, start: datetime | None, end: datetime | None, node_ids: Sequence[int] | None) -> GroupRows:
+    rows = GroupRows()
+    if node_ids is not None and not node_ids:
+        return rows
+    where = [sql.SQL("r.created_at >= %(start)s AND r.created_at < %(end)s")]
+    if node_ids is not None:
+        where.append(sql.SQL("r.node_id = ANY(%(nodes)s)"))
     params = {
-        "epoch": CREDIT_EPOCH,
-        "half_life": CREDIT_HALF_LIFE.total_seconds(),
         "start": start or datetime(1970, 1, 1, tzinfo=UTC),
         "end": end or _FAR_FUTURE,
         "nodes": list(node_ids or []),
     }
-    rows = GroupRows()
-    if node_ids is not None and not node_ids:
-        return rows
-    sql = _GROUPS_SQL.format(node_filter="" if node_ids is None else "AND r.node_id = ANY(%(nodes)s)")
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_groups_sql(sql.SQL(" AND ").join(where)), params)
         for node_id, hour, dataset, swarm_id, *values in cursor.fetchall():
             m = Measures(
                 int(values[0]), int(values[1]), int(values[2]), int(values[3]), float(values[4]), float(values[5])
             )
             rows.by_node.setdefault(node_id, Measures()).add(m)
+            rows.by_node_swarm.setdefault((node_id, swarm_id), Measures()).add(m)
             rows.by_node_hour.setdefault((node_id, hour), Measures()).add(m)
+            rows.by_node_swarm_hour.setdefault((node_id, swarm_id, hour), Measures()).add(m)
             rows.by_dataset_hour.setdefault((swarm_id, dataset, hour), Measures()).add(m)
     return rows
 
 
-def _counts_by(table: str, column: str, *, after_id: int, up_to_id: int | None) -> dict[int, int]:
-    """Rows of `table` with after_id < id <= up_to_id (no upper bound: None), counted per `column`."""
-    upper = "" if up_to_id is None else "AND id <= %(hi)s"
+def _counts_by(table: str, column: str, *, after_id: int, up_to_id: int | None) -> dict[tuple[int, int], int]:
+    """Rows of `table` with after_id < id <= up_to_id (no upper bound: None), counted per (`column`, swarm)."""
+    where = [sql.SQL("id > %(lo)s")]
+    if up_to_id is not None:
+        where.append(sql.SQL("id <= %(hi)s"))
+    query = sql.SQL("SELECT {column}, swarm_id, count(*) FROM {table} WHERE {where} GROUP BY 1, 2").format(
+        column=sql.Identifier(column), table=sql.Identifier(table), where=sql.SQL(" AND ").join(where)
+    )
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {column}, count(*) FROM {table} WHERE id > %(lo)s {upper} GROUP BY 1",  # noqa: S608
-            {"lo": after_id, "hi": up_to_id},
-        )
-        return dict(cursor.fetchall())
+        cursor.execute(query, {"lo": after_id, "hi": up_to_id})
+        return {(key, swarm_id): n for key, swarm_id, n in cursor.fetchall()}
+
+
+def _totals(counts: dict[tuple[int, int], int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for (key, _), n in counts.items():
+        out[key] = out.get(key, 0) + n
+    return out
 
 
 def _last_id_before(table: str, *, after_id: int, cutoff: datetime) -> int:
+    query = sql.SQL("SELECT max(id) FROM {table} WHERE id > %s AND created_at < %s").format(table=sql.Identifier(table))
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT max(id) FROM {table} WHERE id > %s AND created_at < %s",  # noqa: S608
-            [after_id, cutoff],
-        )
+        cursor.execute(query, [after_id, cutoff])
         (value,) = cursor.fetchone()
     return after_id if value is None else int(value)
 
@@ -158,69 +157,83 @@ def active_node_ids(since: datetime) -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
+def _names(names: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
 def _upsert_add(table: str, keys: Sequence[str], columns: Sequence[str], rows: list[tuple]) -> None:
     """INSERT rows (keys + columns); on conflict add the columns to the stored values."""
     if not rows:
         return
     names = [*keys, *columns]
-    sets = ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
-    sql = (
-        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "  # noqa: S608
-        f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
+    query = sql.SQL("INSERT INTO {table} ({names}) VALUES ({values}) ON CONFLICT ({keys}) DO UPDATE SET {sets}").format(
+        table=sql.Identifier(table),
+        names=_names(names),
+        values=sql.SQL(", ").join(sql.Placeholder() for _ in names),
+        keys=_names(keys),
+        sets=sql.SQL(", ").join(
+            sql.SQL("{c} = {t}.{c} + EXCLUDED.{c}").format(c=sql.Identifier(c), t=sql.Identifier(table))
+            for c in columns
+        ),
     )
     with connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
+        cursor.executemany(query, rows)
 
 
 def _update_add(table: str, keys: Sequence[str], columns: Sequence[str], rows: list[tuple]) -> None:
     """UPDATE existing rows: add the values (columns first, then the keys, in each row)."""
     if not rows:
         return
-    sets = ", ".join(f"{c} = {c} + %s" for c in columns)
-    where = " AND ".join(f"{k} = %s" for k in keys)
-    with connection.cursor() as cursor:
-        cursor.executemany(f"UPDATE {table} SET {sets} WHERE {where}", rows)  # noqa: S608
-
-
-def _write(groups: GroupRows, helped: dict[int, int], rounds: dict[int, int]) -> None:
-    node_ids = set(groups.by_node) | set(helped) | set(rounds)
-    existing = _existing_node_ids(node_ids)
-    totals = []
-    for node_id in sorted(node_ids & existing):
-        m = groups.by_node.get(node_id, Measures())
-        totals.append(
-            (
-                node_id,
-                m.accepted,
-                m.rejected,
-                m.moderated,
-                m.completions,
-                m.reward,
-                m.growth,
-                helped.get(node_id, 0),
-                rounds.get(node_id, 0),
-            )
-        )
-    _upsert_add(
-        "web_nodestats",
-        ["node_id"],
-        [
-            "accepted_groups",
-            "rejected_groups",
-            "moderated_groups",
-            "credited_completions",
-            "verified_reward",
-            "credit_growth",
-            "helped",
-            "rounds",
-        ],
-        totals,
+    query = sql.SQL("UPDATE {table} SET {sets} WHERE {where}").format(
+        table=sql.Identifier(table),
+        sets=sql.SQL(", ").join(sql.SQL("{c} = {c} + %s").format(c=sql.Identifier(c)) for c in columns),
+        where=sql.SQL(" AND ").join(sql.SQL("{k} = %s").format(k=sql.Identifier(k)) for k in keys),
     )
-    hour_columns = ["accepted_groups", "rejected_groups", "credited_completions", "verified_reward"]
+    with connection.cursor() as cursor:
+        cursor.executemany(query, rows)
+
+
+_STATS_COLUMNS = [
+    "accepted_groups",
+    "rejected_groups",
+    "moderated_groups",
+    "credited_completions",
+    "verified_reward",
+    "credit_growth",
+    "helped",
+    "rounds",
+]
+_HOUR_COLUMNS = ["accepted_groups", "rejected_groups", "credited_completions", "verified_reward"]
+
+
+def _stats_row(m: Measures, helped: int, rounds: int) -> tuple:
+    return (m.accepted, m.rejected, m.moderated, m.completions, m.reward, m.growth, helped, rounds)
+
+
+def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[tuple[int, int], int]) -> None:
+    pairs = set(groups.by_node_swarm) | set(helped) | set(rounds)
+    existing = _existing_node_ids({node_id for node_id, _ in pairs})
+    helped_total, rounds_total = _totals(helped), _totals(rounds)
+    totals = [
+        (
+            node_id,
+            *_stats_row(
+                groups.by_node.get(node_id, Measures()), helped_total.get(node_id, 0), rounds_total.get(node_id, 0)
+            ),
+        )
+        for node_id in sorted(existing)
+    ]
+    _upsert_add("web_nodestats", ["node_id"], _STATS_COLUMNS, totals)
+    per_swarm = [
+        (n, s, *_stats_row(groups.by_node_swarm.get((n, s), Measures()), helped.get((n, s), 0), rounds.get((n, s), 0)))
+        for n, s in sorted(pairs)
+        if n in existing
+    ]
+    _upsert_add("figures_nodeswarmstats", ["node_id", "swarm_id"], _STATS_COLUMNS, per_swarm)
     _upsert_add(
         "web_nodehour",
         ["node_id", "hour"],
-        hour_columns,
+        _HOUR_COLUMNS,
         [
             (n, h, m.accepted, m.rejected, m.completions, m.reward)
             for (n, h), m in sorted(groups.by_node_hour.items())
@@ -228,9 +241,19 @@ def _write(groups: GroupRows, helped: dict[int, int], rounds: dict[int, int]) ->
         ],
     )
     _upsert_add(
+        "figures_nodeswarmhour",
+        ["node_id", "swarm_id", "hour"],
+        _HOUR_COLUMNS,
+        [
+            (n, s, h, m.accepted, m.rejected, m.completions, m.reward)
+            for (n, s, h), m in sorted(groups.by_node_swarm_hour.items())
+            if n in existing
+        ],
+    )
+    _upsert_add(
         "web_datasethour",
         ["swarm_id", "hour", "dataset"],
-        hour_columns,
+        _HOUR_COLUMNS,
         [
             (s, h, d, m.accepted, m.rejected, m.completions, m.reward)
             for (s, d, h), m in sorted(groups.by_dataset_hour.items())
@@ -297,13 +320,12 @@ def stats_fold_if_due() -> None:
 def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID], status: str) -> int:
     """Move the credit of already-folded groups whose moderation status is about to become `status`.
 
-    Connected to pool.signals.rollouts_moderation_changing (WebConfig.ready), which
+    Connected to pool.signals.rollouts_moderation_changing (FiguresConfig.ready), which
     pool.services.rollout_set_moderation sends in its transaction just before the change: it reads the
     groups' current (old) status. Groups newer than the fold
     need nothing (readers compute them live). Returns how many folded groups changed credit.
     """
     queryset = rollouts if isinstance(rollouts, QuerySet) else Rollout.objects.filter(id__in=list(rollouts))
-    credited_after = status not in MODERATED_OUT
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])  # no fold in between
     cursor_row = StatsCursor.objects.filter(id=1).first()
@@ -311,45 +333,56 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
         return 0
     changing = [
         r
-        for r in queryset.filter(verdict="accepted", created_at__lt=cursor_row.folded_until).only(
+        for r in queryset.filter(verdict=credit.ACCEPTED, created_at__lt=cursor_row.folded_until).only(
             "id",
             "node_id",
             "swarm_id",
             "dataset",
+            "verdict",
             "created_at",
             "completion_count",
             "verified_rewards",
             "moderation_status",
         )
-        if (r.moderation_status not in MODERATED_OUT) != credited_after
+        if credit.is_credited(r.verdict, r.moderation_status) != credit.is_credited(r.verdict, status)
     ]
-    sign = 1 if credited_after else -1
-    half_life = CREDIT_HALF_LIFE.total_seconds()
-    totals: dict[int, list] = {}
-    node_hours: dict[tuple[int, datetime], list] = {}
+    totals: dict[tuple[int, ...], list] = {}
+    per_swarm: dict[tuple[int, ...], list] = {}
+    node_hours: dict[tuple[int, ...], list] = {}
+    node_swarm_hours: dict[tuple[int, ...], list] = {}
     dataset_hours: dict[tuple[int, datetime, str], list] = {}
     for r in changing:
-        reward = sum(float(x) for x in (r.verified_rewards or []))
-        growth = reward * 2.0 ** ((r.created_at - CREDIT_EPOCH).total_seconds() / half_life)
+        sign = 1 if credit.is_credited(r.verdict, status) else -1
+        reward = credit.group_reward(r.verified_rewards)
         hour = r.created_at.replace(minute=0, second=0, microsecond=0)
-        t = totals.setdefault(r.node_id, [0, 0, 0.0, 0.0])
-        for key, bucket in (((r.node_id, hour), node_hours), ((r.swarm_id, hour, r.dataset), dataset_hours)):
+        for key, bucket in (((r.node_id,), totals), ((r.node_id, r.swarm_id), per_swarm)):
+            t = bucket.setdefault(key, [0, 0, 0.0, 0.0])
+            t[0] -= sign  # moderated_groups moves the other way
+            t[1] += sign * r.completion_count
+            t[2] += sign * reward
+            t[3] += sign * credit.growth_of(reward, r.created_at)
+        for key, bucket in (
+            ((r.node_id, hour), node_hours),
+            ((r.node_id, r.swarm_id, hour), node_swarm_hours),
+            ((r.swarm_id, hour, r.dataset), dataset_hours),
+        ):
             b = bucket.setdefault(key, [0, 0.0])
             b[0] += sign * r.completion_count
             b[1] += sign * reward
-        t[0] -= sign  # moderated_groups moves the other way
-        t[1] += sign * r.completion_count
-        t[2] += sign * reward
-        t[3] += sign * growth
     # Folded groups have their rows already: add to them in place.
+    columns = ["moderated_groups", "credited_completions", "verified_reward", "credit_growth"]
+    _update_add("web_nodestats", ["node_id"], columns, [(*v, *k) for k, v in sorted(totals.items())])
     _update_add(
-        "web_nodestats",
-        ["node_id"],
-        ["moderated_groups", "credited_completions", "verified_reward", "credit_growth"],
-        [(*values, node_id) for node_id, values in sorted(totals.items())],
+        "figures_nodeswarmstats", ["node_id", "swarm_id"], columns, [(*v, *k) for k, v in sorted(per_swarm.items())]
     )
     columns = ["credited_completions", "verified_reward"]
     _update_add("web_nodehour", ["node_id", "hour"], columns, [(*v, *key) for key, v in sorted(node_hours.items())])
+    _update_add(
+        "figures_nodeswarmhour",
+        ["node_id", "swarm_id", "hour"],
+        columns,
+        [(*v, *key) for key, v in sorted(node_swarm_hours.items())],
+    )
     _update_add(
         "web_datasethour",
         ["swarm_id", "hour", "dataset"],
@@ -364,8 +397,8 @@ def _follow_moderation(sender: object, *, rollouts: QuerySet[Rollout], status: s
 
 
 def follow_moderation() -> None:
-    """Keep the folded figures in step with moderation (WebConfig.ready)."""
-    rollouts_moderation_changing.connect(_follow_moderation, dispatch_uid="web.stats.follow_moderation")
+    """Keep the folded figures in step with moderation (FiguresConfig.ready)."""
+    rollouts_moderation_changing.connect(_follow_moderation, dispatch_uid="figures.stats.follow_moderation")
 
 
 @transaction.atomic
@@ -374,7 +407,8 @@ def stats_rebuild() -> None:
     recount from scratch). Takes the fold's lock for the whole transaction."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
-        cursor.execute("DELETE FROM web_nodestats; DELETE FROM web_nodehour; DELETE FROM web_datasethour;")
+        for table in _FOLDED_TABLES:
+            cursor.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
     StatsCursor.objects.filter(id=1).delete()
     stats_fold()
 
@@ -384,12 +418,12 @@ def stats_rebuild() -> None:
 
 @dataclass
 class Live:
-    """What the fold has not counted yet, as of one snapshot."""
+    """What the fold has not counted yet, as of one snapshot. `helped` and `rounds` per (node, swarm)."""
 
     cursor: StatsCursor | None
     groups: GroupRows
-    helped: dict[int, int]
-    rounds: dict[int, int]
+    helped: dict[tuple[int, int], int]
+    rounds: dict[tuple[int, int], int]
 
     @property
     def since(self) -> datetime | None:
@@ -428,16 +462,3 @@ def live_rows(*, node_ids: Sequence[int] | None = None) -> Live:
     helped = _counts_by("pool_consumption", "author_id", after_id=cursor_row.consumption_id, up_to_id=None)
     rounds = _counts_by("pool_noderound", "node_id", after_id=cursor_row.round_id, up_to_id=None)
     return Live(cursor_row, groups, helped, rounds)
-
-
-def recent_average_credit(growth: float, *, now: datetime) -> float:
-    """Verified reward per day, exponentially weighted with a CREDIT_HALF_LIFE half-life.
-
-    growth = sum of reward * 2^((t - epoch)/H); the decayed sum at `now` is growth * 2^(-(now - epoch)/H);
-    a steady r per day gives a decayed sum of r * H/ln 2 days, hence the factor ln 2 / H (in days).
-    """
-    if growth <= 0:
-        return 0.0
-    half_life_days = CREDIT_HALF_LIFE.total_seconds() / 86400
-    exponent = -(now - CREDIT_EPOCH).total_seconds() / CREDIT_HALF_LIFE.total_seconds()
-    return growth * (2.0**exponent) * LN2 / half_life_days
