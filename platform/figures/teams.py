@@ -187,10 +187,13 @@ class TeamFigures:
     created_at: datetime | None = None
 
 
-def _nodes_online_by_team(now: datetime, team_id: int | None = None) -> dict[int, int] | None:
-    """Online nodes of each team's current members, one grouped query; None when presence is unknown."""
+def _nodes_online_by_team(
+    now: datetime, team_id: int | None = None, *, swarm_id: int | None = None
+) -> dict[int, int] | None:
+    """Online nodes of each team's current members (with a socket in the swarm `swarm_id` when given),
+    one grouped query; None when presence is unknown."""
     try:
-        connected = connected_filter(now=now)
+        connected = connected_filter(now=now, swarm_id=swarm_id)
     except PresenceUnknown:
         return None
     memberships = Membership.objects.filter(left_at__isnull=True)
@@ -219,14 +222,14 @@ def _credit_and_online(swarm: Swarm | None) -> tuple[dict[int, Measures], dict[i
     cached = cache.get(key)
     if cached is None:
         credit = _team_credit(swarm_id=None if swarm is None else swarm.id)
-        cached = (credit.by_team, _nodes_online_by_team(timezone.now()))
+        cached = (credit.by_team, _nodes_online_by_team(timezone.now(), swarm_id=None if swarm is None else swarm.id))
         cache.set(key, cached, TEAM_FIGURES_CACHE_SECONDS)
     return cached
 
 
 def team_figures_all(*, swarm: Swarm | None = None) -> list[TeamFigures]:
-    """Every listed team with its figures, in every swarm or in `swarm` (nodes online are the site's:
-    presence does not know a socket's swarm). The list, names, members and badges are read on every
+    """Every listed team with its figures, in every swarm or in `swarm` (nodes online: those with a
+    socket in it). The list, names, members and badges are read on every
     call (a team founded, renamed, hidden or joined shows at once); credit and nodes online are cached."""
     now = timezone.now()
     credit, online = _credit_and_online(swarm)
@@ -317,7 +320,9 @@ def team_detail(*, team: Team, members: list[Membership], swarm: Swarm | None = 
         name=team.name,
         slug=team.slug,
         members=len(members),
-        nodes_online=None if (online := _nodes_online_by_team(now, team.id)) is None else online.get(team.id, 0),
+        nodes_online=None
+        if (online := _nodes_online_by_team(now, team.id, swarm_id=None if swarm is None else swarm.id)) is None
+        else online.get(team.id, 0),
         accepted=m.accepted,
         completions=m.completions,
         verified_reward=m.reward,

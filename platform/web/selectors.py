@@ -57,8 +57,8 @@ def swarm_overview(*, swarm: Swarm | None = None) -> dict[str, Any]:
     return cached
 
 
-#: A node counts among a swarm's nodes online when it is online and its groups or round reports
-#: entered that swarm this recently (a socket's swarm is not recorded in presence).
+#: A node is listed on a swarm's page when its groups or round reports entered that swarm this
+#: recently (its nodes online are those whose socket's hello named the swarm: presence records it).
 SWARM_ACTIVE_WINDOW = timedelta(minutes=10)
 
 
@@ -75,7 +75,7 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
     public = [f for f in node_figures_all() if f.public]
     try:
         online_nodes = Node.objects.filter(
-            connected_filter(now=now),
+            connected_filter(now=now, swarm_id=swarm_id),
             last_seen_at__gte=now - ONLINE_WINDOW,
             retired_at__isnull=True,
             banned_at__isnull=True,
@@ -91,8 +91,6 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
         # A swarm's figures: its own groups, and the nodes active in it (a node may move between swarms).
         in_swarm = _swarm_node_ids(swarm_id, now - SWARM_ACTIVE_WINDOW)
         public = [f for f in public if f.node_id in in_swarm]
-        if online_nodes is not None:
-            online_nodes = online_nodes.filter(id__in=in_swarm)
         recent = recent.filter(swarm_id=swarm_id)
     figures = [f for f in public if listed(f)]
     online: int | None = None if online_nodes is None else online_nodes.count()

@@ -144,7 +144,9 @@ class SwarmRefSerializer(serializers.Serializer):
 
 class SwarmListItemSerializer(serializers.Serializer):
     swarm = SwarmRefSerializer()
-    nodes_online = serializers.IntegerField(help_text="Online nodes with groups or reports in the swarm, 10 minutes.")
+    nodes_online = serializers.IntegerField(
+        allow_null=True, help_text="Online nodes whose socket is in the swarm; null while unknown (Redis down)."
+    )
     groups_per_minute = serializers.FloatField(help_text="Groups shared per minute, last 10 minutes.")
 
 

@@ -5,13 +5,16 @@ swarms from their page (audited; bad input refused with the field named, nothing
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
+from django.utils import timezone
 from factories import make_node, make_swarm, make_user
 from test_web_data import fresh_figures, make_group
 
 from figures import stats
 from moderation.models import AuditEntry
+from nodes import presence
 from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue
 from swarms.models import Swarm
@@ -115,3 +118,20 @@ def test_only_staff_reach_the_swarm_staff_pages(client):
 def test_swarms_are_in_the_openapi_schema(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").content.decode()
     assert "/api/v1/swarms/" in schema and "/api/v1/swarms/{slug}/" in schema
+
+
+def test_a_swarms_nodes_online_are_the_nodes_whose_socket_is_in_it(client):
+    """A node connected to one swarm counts online on that swarm's page only, and once on the site's."""
+    easy, paper = make_swarm(slug="easy", catalogue="easy"), make_swarm(slug="paper", catalogue="sapo")
+    node = make_node()
+    make_group(node, swarm=paper, dataset="arc_1d")  # it shared in paper before it moved to easy
+    node.last_seen_at = timezone.now()
+    node.save(update_fields=["last_seen_at"])
+    socket = uuid.uuid4()
+    presence.connections_renew(connections={socket: node.id}, swarms={socket: easy.id})
+    fresh_figures()
+    online = {
+        slug: client.get(f"/api/v1/swarms/{slug}/").json()["figures"]["nodes_online"] for slug in ("easy", "paper")
+    }
+    assert online == {"easy": 1, "paper": 0}
+    assert client.get("/api/v1/swarm/").json()["nodes_online"] == 1
