@@ -15,14 +15,7 @@ from pool.models import ModerationStatus, Verdict
 from web import selectors, stats
 from web.models import DatasetHour, NodeHour, NodeStats, StatsCursor
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 
 def _figures(node) -> selectors.NodeFigures:
