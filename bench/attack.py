@@ -39,10 +39,9 @@ import time
 import uuid
 from pathlib import Path
 
-from benchkit import load, pool_bench
+from benchkit import checkout_pythonpath, load, pool_bench, use_checkout
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
+use_checkout()
 
 
 def parse_args() -> argparse.Namespace:
@@ -120,7 +119,7 @@ def before(dataset: str, completion: str, cpu_limit: float) -> dict:
     def limits() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "node_client"), str(ROOT / "platform")]))
+    env = dict(os.environ, PYTHONPATH=checkout_pythonpath())
     job = json.dumps({"dataset": dataset, "completion": completion, "cpu": cpu_limit})
     done = subprocess.run(
         [sys.executable, "-c", BEFORE_SCRIPT, job],

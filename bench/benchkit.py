@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: bench/pool.py's helpers (servers, databases, nodes, the CPU of a
-process) and the load average as they print it.
+"""What the benchmark scripts share: this checkout's packages on the import path, bench/pool.py's
+helpers (servers, databases, nodes, the CPU of a process), a throwaway site (its own PostgreSQL, its
+nodes' tokens, a daphne on it) and the load average as they print it.
 
 bench/pool.py is loaded by path, once: imported by its name it would be the platform's `pool` app.
 """
@@ -9,10 +10,42 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+#: This checkout's packages, in import order: the platform's apps, then the node client.
+CHECKOUT = (ROOT / "platform", ROOT / "node_client")
+
+
+def use_checkout() -> None:
+    """Put this checkout's platform and node client first on the import path: a benchmark measures the
+    tree it is in, not an installed sapo_node."""
+    for folder in reversed(CHECKOUT):
+        while str(folder) in sys.path:
+            sys.path.remove(str(folder))
+        sys.path.insert(0, str(folder))
+
+
+def checkout_pythonpath() -> str:
+    """PYTHONPATH for a subprocess (a server, a node) that runs this checkout's packages."""
+    return os.pathsep.join(str(folder) for folder in CHECKOUT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @functools.cache
@@ -27,3 +60,89 @@ def pool_bench() -> ModuleType:
 def load() -> str:
     """The 1-minute load average, as printed beside every figure."""
     return f"{os.getloadavg()[0]:.2f}"
+
+
+@dataclass
+class ThrowawaySite:
+    """A site made for one run (`throwaway_site`): its folder, its PostgreSQL's URL, its nodes' tokens."""
+
+    var: Path
+    url: str
+    tokens: list[str]
+
+    def server_env(self) -> dict[str, str]:
+        """The environment of a daphne serving this site: this checkout, as deployed (SAPO_DEBUG=0), no
+        Redis (in-memory layer and counters), no message-rate limit in the way of the nodes."""
+        env = {
+            **os.environ,
+            "PYTHONPATH": checkout_pythonpath(),
+            "SAPO_DEBUG": "0",
+            "SAPO_MAX_MESSAGES_PER_MINUTE": "1000000",
+        }
+        env.pop("REDIS_URL", None)
+        return env
+
+    def start_server(self, port: int, log: Path) -> subprocess.Popen:
+        """daphne on 127.0.0.1:`port`, its output appended to `log`; returns once it listens."""
+        with log.open("ab") as out:
+            server = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-v",
+                    "0",
+                    "config.asgi:application",
+                ],
+                env=self.server_env(),
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.time() + 90
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            if time.time() > deadline or server.poll() is not None:
+                server.kill()
+                raise SystemExit(f"daphne did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        return server
+
+
+@contextmanager
+def throwaway_site(name: str, nodes: int) -> Iterator[ThrowawaySite]:
+    """A throwaway PostgreSQL (common.embedded_db's, in a temporary folder on a free port), migrated,
+    with `nodes` users each owning one node named `name`-i, and this process's Django set up on it (no
+    Redis). On leaving, the database is stopped and the folder removed."""
+    var = Path(tempfile.mkdtemp(prefix=f"sapo-{name}-"))
+    os.chmod(var, 0o755)
+    os.environ.update(SAPO_VAR_DIR=str(var), SAPO_EMBEDDED_PG_PORT=str(free_port()))
+    os.environ.pop("DATABASE_URL", None)
+    from common import embedded_db
+
+    url = embedded_db.ensure_running()
+    try:
+        os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="config.settings", SAPO_LOG_LEVEL="WARNING")
+        os.environ.pop("REDIS_URL", None)
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connections
+
+        from accounts.services import user_create
+        from nodes.services import node_create, node_token_issue
+
+        call_command("migrate", verbosity=0)
+        tokens = []
+        for i in range(nodes):
+            user = user_create(username=f"{name}{i}", display_name=f"{name} {i}", password=None)
+            tokens.append(node_token_issue(node=node_create(owner=user, name=f"{name}-{i}"))[1])
+        connections.close_all()
+        yield ThrowawaySite(var, url, tokens)
+    finally:
+        embedded_db.stop()
+        shutil.rmtree(var, ignore_errors=True)

@@ -22,25 +22,14 @@ import asyncio
 import collections
 import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for folder in (ROOT / "node_client", ROOT / "platform"):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+from benchkit import free_port, throwaway_site, use_checkout
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+use_checkout()
 
 
 def honest_group(catalogue, rng_index: int) -> dict:
@@ -193,76 +182,20 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--after", type=float, default=20.0, help="seconds of traffic after each restart")
     args = parser.parse_args()
-    var = Path(tempfile.mkdtemp(prefix="sapo-db-restart-"))
-    os.chmod(var, 0o755)
-    os.environ.update(SAPO_VAR_DIR=str(var), SAPO_EMBEDDED_PG_PORT=str(free_port()))
-    os.environ.pop("DATABASE_URL", None)
-    from common import embedded_db
+    from sapo_node.tasks import CATALOGUES
 
-    url = embedded_db.ensure_running()
-    try:
-        os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="config.settings", SAPO_LOG_LEVEL="WARNING")
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-        from django.db import connections
-
-        from accounts.services import user_create
-        from nodes.services import node_create, node_token_issue
-        from sapo_node.tasks import CATALOGUES
-
-        call_command("migrate", verbosity=0)
-        tokens = []
-        for i in range(args.nodes):
-            user = user_create(username=f"restart{i}", display_name=f"restart {i}", password=None)
-            tokens.append(node_token_issue(node=node_create(owner=user, name=f"restart-{i}"))[1])
-        connections.close_all()
-
-        port, log_path = free_port(), var / "server.log"
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
-            "SAPO_DEBUG": "0",
-            "SAPO_MAX_MESSAGES_PER_MINUTE": "1000000",
-        }
-        env.pop("REDIS_URL", None)
-        with open(log_path, "wb") as log:
-            server = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "daphne",
-                    "-b",
-                    "127.0.0.1",
-                    "-p",
-                    str(port),
-                    "-v",
-                    "0",
-                    "config.asgi:application",
-                ],
-                env=env,
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+    with throwaway_site("restart", args.nodes) as site:
+        port, log_path = free_port(), site.var / "server.log"
+        server = site.start_server(port, log_path)
         try:
-            deadline = time.time() + 60
-            while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-                assert time.time() < deadline and server.poll() is None, "daphne did not start"
-                time.sleep(0.2)
-            print(f"{args.nodes} nodes, PostgreSQL on {url}, load average {os.getloadavg()[0]:.2f}")
-            failures = asyncio.run(
-                scenario(args, url, f"ws://127.0.0.1:{port}/ws/node/", tokens, log_path, CATALOGUES["sapo"])
-            )
+            print(f"{args.nodes} nodes, PostgreSQL on {site.url}, load average {os.getloadavg()[0]:.2f}")
+            ws_url = f"ws://127.0.0.1:{port}/ws/node/"
+            failures = asyncio.run(scenario(args, site.url, ws_url, site.tokens, log_path, CATALOGUES["sapo"]))
         finally:
             server.terminate()
             server.wait(30)
-        print(f"\nload average {os.getloadavg()[0]:.2f}; {'FAILED' if failures else 'clean'}")
-        return 1 if failures else 0
-    finally:
-        embedded_db.stop()
-        shutil.rmtree(var, ignore_errors=True)
+    print(f"\nload average {os.getloadavg()[0]:.2f}; {'FAILED' if failures else 'clean'}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -33,13 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchkit import pool_bench
+from benchkit import ROOT, checkout_pythonpath, pool_bench, use_checkout
 
-ROOT = Path(__file__).resolve().parents[1]
-
-for folder in (ROOT / "node_client", ROOT / "platform"):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+use_checkout()
 
 #: Must match pool.messages.MAX_NESTING and pool.limits.WEBSOCKET_HEADROOM_BYTES (the oracle below
 #: reimplements what a readable ref is, rather than asking the code under test).
@@ -444,7 +440,7 @@ def main() -> None:
         port = bench.free_port()
         env = dict(os.environ)
         env.update(
-            PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
+            PYTHONPATH=checkout_pythonpath(),
             DJANGO_SETTINGS_MODULE="config.settings",
             DATABASE_URL=args.bench_url,
             SAPO_CATALOGUE="easy",

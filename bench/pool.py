@@ -45,8 +45,9 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
+from benchkit import ROOT, free_port, use_checkout
+
+use_checkout()
 
 
 def parse_args() -> argparse.Namespace:
@@ -140,12 +141,6 @@ def recreate_database(url: str, name: str, drop_only: bool = False, template: st
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not drop_only:
             conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

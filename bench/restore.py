@@ -21,25 +21,15 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for folder in (ROOT / "node_client", ROOT / "platform"):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+from benchkit import ThrowawaySite, free_port, throwaway_site, use_checkout
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+use_checkout()
 
 
 def honest_group(node: int, index: int):
@@ -58,23 +48,6 @@ def honest_group(node: int, index: int):
         completions=completions,
         rewards=[score_completion(spec, seed, entry, c) for c in completions],
     )
-
-
-def start_server(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
-    with log.open("ab") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0", "config.asgi:application"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.time() + 90
-    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-        if time.time() > deadline or server.poll() is not None:
-            raise SystemExit(f"daphne did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    return server
 
 
 def acknowledged(outbox: Path) -> set[str]:
@@ -105,44 +78,21 @@ def main() -> int:
     parser.add_argument("--after", type=int, default=10, help="more acknowledged per node after it")
     parser.add_argument("--every", type=float, default=0.3, help="seconds between a node's shares")
     args = parser.parse_args()
-    var = Path(tempfile.mkdtemp(prefix="sapo-restore-"))
-    os.chmod(var, 0o755)
-    os.environ.update(SAPO_VAR_DIR=str(var), SAPO_EMBEDDED_PG_PORT=str(free_port()))
-    os.environ.pop("DATABASE_URL", None)
-    from common import embedded_db
+    with throwaway_site("restore", args.nodes) as site:
+        return restore_under_nodes(args, site)
 
-    url = embedded_db.ensure_running()
+
+def restore_under_nodes(args: argparse.Namespace, site: ThrowawaySite) -> int:
+    from common import embedded_db
+    from sapo_node.transport.base import Hello
+    from sapo_node.transport.websocket import WebSocketTransport
+
+    var, url, tokens = site.var, site.url, site.tokens
     transports = []
     server = None
     try:
-        os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="config.settings", SAPO_LOG_LEVEL="WARNING")
-        os.environ.pop("REDIS_URL", None)
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-        from django.db import connections
-
-        from accounts.services import user_create
-        from nodes.services import node_create, node_token_issue
-        from sapo_node.transport.base import Hello
-        from sapo_node.transport.websocket import WebSocketTransport
-
-        call_command("migrate", verbosity=0)
-        tokens = []
-        for i in range(args.nodes):
-            user = user_create(username=f"restore{i}", display_name=f"restore {i}", password=None)
-            tokens.append(node_token_issue(node=node_create(owner=user, name=f"restore-{i}"))[1])
-        connections.close_all()
-
         port, log = free_port(), var / "server.log"
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT / "node_client")]),
-            "SAPO_DEBUG": "0",
-            "SAPO_MAX_MESSAGES_PER_MINUTE": "1000000",
-        }
-        server = start_server(port, env, log)
+        server = site.start_server(port, log)
         print(f"{args.nodes} nodes, PostgreSQL on {url}, load average {os.getloadavg()[0]:.2f}")
         outboxes = [var / f"outbox-{i}.sqlite3" for i in range(args.nodes)]
         for i, token in enumerate(tokens):
@@ -179,7 +129,7 @@ def main() -> int:
         subprocess.run([str(pg / "pg_restore"), "-d", url, str(dump)], check=True)
         lost = held - stored(url, held)
         print(f"restored: the database lacks {len(lost)} of them")
-        server = start_server(port, env, log)
+        server = site.start_server(port, log)
         deadline = time.monotonic() + 120
         while (missing := held - stored(url, held)) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -191,8 +141,6 @@ def main() -> int:
         if server is not None and server.poll() is None:
             server.terminate()
             server.wait(30)
-        embedded_db.stop()
-        shutil.rmtree(var, ignore_errors=True)
 
 
 if __name__ == "__main__":

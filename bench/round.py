@@ -111,7 +111,7 @@ def sapo_round(variant: str, model, tokenizer, optimizer, stream, args) -> dict:
     import torch
 
     from sapo_node.assemble import assemble, local_train_group
-    from sapo_node.generate import Generated, generate_completions, pad_id
+    from sapo_node.generate import Generated, generate_groups, pad_id
     from sapo_node.grpo import grpo_update
     from sapo_node.prompts import format_prompt
     from sapo_node.sample import sample_questions
@@ -121,7 +121,7 @@ def sapo_round(variant: str, model, tokenizer, optimizer, stream, args) -> dict:
     questions = sample_questions(stream, args.questions)
     prompts = [format_prompt(tokenizer, q.question) for q in questions]
     if variant == "sapo-node":
-        generated = generate_completions(
+        generated = generate_groups(
             model,
             tokenizer,
             prompts,

@@ -36,10 +36,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchkit import pool_bench
+from benchkit import ROOT, pool_bench, use_checkout
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
+use_checkout()
 
 POOL = pool_bench()
 

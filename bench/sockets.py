@@ -42,10 +42,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchkit import load, pool_bench
+from benchkit import ROOT, load, pool_bench, use_checkout
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "node_client")]
+use_checkout()
 
 POOL = pool_bench()
 

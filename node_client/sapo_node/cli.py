@@ -3,7 +3,7 @@
     sapo-node run --server wss://HOST/ws/node/ --token TOKEN      # join the site's default swarm
     sapo-node run --server ... --token ... --swarm SLUG           # join one of its swarms (or: any)
     sapo-node run --offline --rounds 20 --out runs/silo           # train alone
-    sapo-node run --resume --out runs/silo --rounds 40            # continue a stopped run
+    sapo-node run --resume --out runs/silo --rounds 40            # continue a stopped run (online: with --server)
     sapo-node export --run runs/silo --out models/silo            # the trained model, as a HF folder
 
 Adding a subcommand is one function `add_command(subparsers)` that registers a parser and sets
@@ -21,6 +21,7 @@ import importlib
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -159,10 +160,34 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                 f"{saved.parent} holds a run of model {config.model!r}: its checkpoints cannot load into "
                 f"{given['model']!r}. Resume with --model {config.model}, or start the new model in another --out."
             )
+        refuse_a_server_the_user_has_not_named(saved.parent, config, given)
+        config.server = None  # a resumed run connects to the user's --server or SAPO_SERVER only
     config.server = os.environ.get("SAPO_SERVER") or config.server
     config.token = os.environ.get("SAPO_TOKEN") or None
     config.swarm = os.environ.get("SAPO_SWARM") or config.swarm
     return dataclasses.replace(config, **given)
+
+
+def refuse_a_server_the_user_has_not_named(folder: Path, saved: NodeConfig, given: dict[str, Any]) -> None:
+    """Raise ValueError when the run folder names a server the user has not. The token goes to the
+    server a run connects to, so that is the user's choice (--server or SAPO_SERVER), never the run
+    folder's alone: a folder may come from someone else, and its config.json may name their server."""
+    named = saved.server
+    if not named or given.get("offline", saved.offline) or "server" in given:
+        return  # nothing to connect to, or the user named the server on the command line
+    own = os.environ.get("SAPO_SERVER")
+    if own == named:
+        return
+    named_arg, own_arg = shlex.quote(named), shlex.quote(own or "")
+    if own:
+        raise ValueError(
+            f"{folder} was a run on the server {named!r}, but SAPO_SERVER is {own!r}: your token goes only to a "
+            f"server you name, so resume with --server {own_arg} (or --server {named_arg} to go back to the folder's)"
+        )
+    raise ValueError(
+        f"{folder} names the server {named!r}: your token goes only to a server you name, so resume with "
+        f"--server {named_arg} if you trust it (or set SAPO_SERVER), or with --offline"
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -47,7 +47,8 @@ class NodeConfig:
     out: str = "sapo-run"
     """Run directory: config.json, metrics.jsonl, checkpoints/ and the outbox of unacknowledged shares."""
     resume: bool = False
-    """Continue from the latest checkpoint in --out (the saved config.json is the base; flags given override)."""
+    """Continue from the latest checkpoint in --out (the saved config.json is the base; flags given override).
+    Online, the server is the one --server or SAPO_SERVER names: a folder naming another is refused."""
     seed: int | None = None
     """Seed of the question stream, sampling and initialisation; None draws one (saved in config.json)."""
 

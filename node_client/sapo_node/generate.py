@@ -92,7 +92,7 @@ def step_noise(n: int, vocab: int, device: Any, temperature: float) -> torch.Ten
 
 
 @torch.inference_mode()
-def generate_completions(
+def generate_groups(
     model: Any,
     tokenizer: Any,
     prompts: list[str],

@@ -30,7 +30,7 @@ from sapo_node.assemble import assemble
 from sapo_node.baseline import OwnBaseline
 from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoint, restore_checkpoint, save_checkpoint
 from sapo_node.config import NodeConfig
-from sapo_node.generate import generate_completions, pad_id
+from sapo_node.generate import generate_groups, pad_id
 from sapo_node.grpo import grpo_update, make_optimizer
 from sapo_node.metrics import MetricsLog, PhaseTimer, RoundProgress, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
@@ -181,7 +181,7 @@ def play_round(
         questions = sample_questions(stream, config.questions)
     with timer("generate"):
         prompts = [format_prompt(tokenizer, q.question) for q in questions]
-        generated = generate_completions(
+        generated = generate_groups(
             model,
             tokenizer,
             prompts,

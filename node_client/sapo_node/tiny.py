@@ -410,7 +410,7 @@ def default_workers(device: str) -> int:
 
 
 @torch.no_grad()
-def generate_completions(
+def generate_texts(
     model: Any,
     tokenizer: Any,
     prompts: list[str],
@@ -420,7 +420,9 @@ def generate_completions(
     num_return_sequences: int = 1,
     min_new_tokens: int | None = None,
 ) -> list[str]:
-    """Completions (text after each prompt, special tokens dropped), prompt-major order.
+    """Completion texts from transformers' `model.generate` (text after each prompt, special tokens
+    dropped), prompt-major order: the evaluation's generator (the export's card, the experiment's
+    learned check) and the tests'. A round's groups come from `sapo_node.generate.generate_groups`.
 
     temperature 0 is greedy; otherwise plain sampling (no top-k/top-p), as the node samples.
     """
@@ -458,9 +460,7 @@ def evaluate(
     for spec in catalogue.tasks:
         entries = build_entries(spec, seed, n)
         prompts = [format_prompt(tokenizer, e["question"]) for e in entries]
-        completions = generate_completions(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature
-        )
+        completions = generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
         scores[spec.dataset] = (
             sum(score_completion(spec, seed, e, c) for e, c in zip(entries, completions, strict=True)) / n
         )
@@ -627,9 +627,9 @@ def benchmark_generation(model: Any, tokenizer: Any, prompts: int = 8, completio
     tasks = EASY_CATALOGUE.tasks
     entries = [build_entries(tasks[i % len(tasks)], EVAL_SEED, 1, start=i)[0] for i in range(prompts)]
     texts = [format_prompt(tokenizer, e["question"]) for e in entries]
-    generate_completions(model, tokenizer, texts[:1], max_new_tokens=4, temperature=1.0)  # warm-up
+    generate_texts(model, tokenizer, texts[:1], max_new_tokens=4, temperature=1.0)  # warm-up
     started = time.perf_counter()
-    generate_completions(
+    generate_texts(
         model,
         tokenizer,
         texts,

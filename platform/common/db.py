@@ -30,11 +30,11 @@ import psycopg
 from django import db as django_db
 from django.conf import settings
 from django.db import connection, connections, transaction
-from psycopg import _queries as _psycopg_queries
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from psycopg_pool import PoolTimeout
 
+from common.library_patches.psycopg import cache_statements_up_to
 from common.native import native
 from common.pg_lost import finish_if_lost
 
@@ -42,13 +42,13 @@ _lock = threading.Lock()
 _threads: DbThreads | None = None
 
 #: psycopg converts a statement's %(name)s placeholders once per text and caches the result, but only
-#: for texts of at most MAX_CACHED_STATEMENT_LENGTH bytes (4,096; a guard against ORMs' ever-different
-#: statements); a longer one is parsed again at every execution. The pool's INSERT with moderation's
-#: record (pool.seams.RecordPart) is ~6 KB and runs for every share: parsed each time, 86 us. Its texts
-#: are fixed, a handful, so the limit is raised for them (tests/platform/test_pool_schema.py checks the
-#: statements fit, and that psycopg still reads this setting).
+#: for texts of at most 4,096 bytes (a guard against ORMs' ever-different statements); a longer one is
+#: parsed again at every execution. The pool's INSERT with moderation's record (pool.seams.RecordPart)
+#: is ~6 KB and runs for every share: parsed each time, 86 us. Its texts are fixed, a handful, so the
+#: limit is raised for them (common.library_patches.psycopg; tests/platform/test_pool_schema.py checks
+#: the statements fit, and that psycopg caches them).
 STATEMENT_CACHE_BYTES = 8192
-_psycopg_queries.MAX_CACHED_STATEMENT_LENGTH = max(_psycopg_queries.MAX_CACHED_STATEMENT_LENGTH, STATEMENT_CACHE_BYTES)
+cache_statements_up_to(STATEMENT_CACHE_BYTES)
 
 #: How long a database thread keeps the connection it borrowed from the pool before giving it back
 #: (with the pool on, SAPO_CONN_MAX_AGE 0). Borrowing and returning one around every call cost ~140 us

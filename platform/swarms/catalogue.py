@@ -2,24 +2,31 @@
 
 An entry is {"dataset", "config", "weight"}. The check builds one entry of each dataset with
 reasoning-gym, as verification will, so a configuration reasoning-gym refuses is refused here with
-the field named, never at a node's first share.
+the field named, never at a node's first share; so is one it takes longer than BUILD_SECONDS to
+build with (in a worker process, killed then).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
+import time
 from functools import lru_cache
 from typing import Any
 
 from common.errors import ApplicationError
 from sapo_node.datasets import TaskSpec
-from sapo_node.tasks import Catalogue, build_first
+from sapo_node.entry_check import BuildTimeout, build_first_bounded
+from sapo_node.tasks import Catalogue
 
 MAX_ENTRIES = 32
 MAX_CONFIG_BYTES = 4096
 MAX_WEIGHT = 1000.0
+#: Wall-clock seconds building one entry of a dataset may take, and all of a catalogue's together: a
+#: configuration can make reasoning-gym build for ever (a chain_sum of millions of terms), so each is
+#: built in a worker process that is killed when its time is up (sapo_node.entry_check).
+BUILD_SECONDS = 10.0
+CHECK_SECONDS = 30.0
 
 
 def _invalid(field: str, message: str) -> ApplicationError:
@@ -43,6 +50,7 @@ def catalogue_entries_clean(entries: object) -> list[dict[str, Any]]:
         raise _invalid("entries", f"at most {MAX_ENTRIES} entries")
     known = known_datasets()
     cleaned, seen = [], set()
+    deadline = time.monotonic() + CHECK_SECONDS
     for i, entry in enumerate(entries):
         where = f"entries[{i}]"
         if not isinstance(entry, dict) or set(entry) - {"dataset", "config", "weight"}:
@@ -65,9 +73,16 @@ def catalogue_entries_clean(entries: object) -> list[dict[str, Any]]:
         weight = entry.get("weight", 1)
         if type(weight) not in (int, float) or not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT:
             raise _invalid(f"{where}.weight", f"expected a number in (0, {MAX_WEIGHT:g}]")
+        seconds = min(BUILD_SECONDS, max(0.0, deadline - time.monotonic()))
         try:
-            build_first(TaskSpec(dataset, config), 0, itertools.count())
-        except Exception as exc:  # noqa: BLE001 - whatever reasoning-gym raises, the config is at fault
+            build_first_bounded(dataset, config, seconds=seconds)
+        except BuildTimeout:
+            if seconds < BUILD_SECONDS:  # the catalogue's time ran out first
+                why = f"building the catalogue's entries took more than {CHECK_SECONDS:g} s in all, up to {dataset}"
+            else:
+                why = f"reasoning-gym took more than {seconds:g} s to build an entry of {dataset} with it"
+            raise _invalid(f"{where}.config", why) from None
+        except RuntimeError as exc:  # whatever reasoning-gym raised: the config is at fault
             raise _invalid(f"{where}.config", f"reasoning-gym cannot build {dataset} with it: {exc}"[:300]) from None
         cleaned.append({"dataset": dataset, "config": config, "weight": float(weight)})
     return cleaned

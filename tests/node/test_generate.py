@@ -8,7 +8,7 @@ import math
 import torch
 from node_toys import make_policy
 
-from sapo_node.generate import encode_prompt, generate_completions, gumbel_noise, sample_tokens, stop_ids
+from sapo_node.generate import encode_prompt, generate_groups, gumbel_noise, sample_tokens, stop_ids
 from sapo_node.prompts import format_prompt
 from sapo_node.sample import sample_questions
 from sapo_node.tasks import CATALOGUES, TaskStream
@@ -32,7 +32,7 @@ def test_each_prompt_is_encoded_once_and_completions_end_at_eos(monkeypatch):
     model, tok = make_policy("a")
     shapes = _record_forward_shapes(monkeypatch, model)
     torch.manual_seed(0)
-    groups = generate_completions(model, tok, PROMPTS, generations=4, max_new_tokens=8, temperature=1.0)
+    groups = generate_groups(model, tok, PROMPTS, generations=4, max_new_tokens=8, temperature=1.0)
     width = max(len(encode_prompt(tok, p)) for p in PROMPTS)
     assert shapes[0] == (3, width)  # the 3 distinct prompts, not the 12 rows
     assert all(rows <= 12 and length == 1 for rows, length in shapes[1:])  # then one token per running row
@@ -47,7 +47,7 @@ def test_each_prompt_is_encoded_once_and_completions_end_at_eos(monkeypatch):
                 assert ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1]  # nothing kept after it
 
     shapes.clear()
-    generate_completions(model, tok, PROMPTS, generations=4, max_new_tokens=8, temperature=1.0, batch_size=5)
+    generate_groups(model, tok, PROMPTS, generations=4, max_new_tokens=8, temperature=1.0, batch_size=5)
     # rows 0-4 continue prompts 0 and 1, rows 5-9 prompts 1 and 2, rows 10-11 prompt 2
     assert [rows for rows, length in shapes if length > 1] == [2, 2, 1]
 
@@ -55,7 +55,7 @@ def test_each_prompt_is_encoded_once_and_completions_end_at_eos(monkeypatch):
 def _plain_sampler(model, tokenizer, prompts, *, generations, max_new_tokens, temperature):
     """The definition, slowly: at each step every unfinished row's whole sequence goes through the
     model alone (no cache, no padding, no shared prompt), and its next token is argmax(logits /
-    temperature + Gumbel noise), with the noise drawn as generate_completions draws it."""
+    temperature + Gumbel noise), with the noise drawn as generate_groups draws it."""
     stops = stop_ids(model, tokenizer)
     rows = [encode_prompt(tokenizer, p) for p in prompts for _ in range(generations)]
     out: list[list[int]] = [[] for _ in rows]
@@ -78,7 +78,7 @@ def test_the_cached_batched_sampler_draws_the_tokens_of_a_plain_sampler(tiny_pol
     stream = TaskStream(CATALOGUES["easy"], seed=7)  # prompts of 58 and 27 tokens, answers of 8 and 10
     prompts = [format_prompt(tok, q.question) for q in sample_questions(stream, 2)]
     torch.manual_seed(11)
-    groups = generate_completions(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    groups = generate_groups(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
     torch.manual_seed(11)
     expected = _plain_sampler(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
     got = [ids for g in groups for ids in g.completion_ids]
@@ -114,7 +114,7 @@ def test_the_static_path_draws_the_same_tokens_as_the_dropping_loop_greedy_and_s
             torch.manual_seed(11)
             results.append(
                 _rows(
-                    generate_completions(
+                    generate_groups(
                         model,
                         tok,
                         prompts,
@@ -145,7 +145,7 @@ def test_the_static_decode_step_compiles_into_one_graph_with_no_break():
         torch.manual_seed(3)
         results.append(
             _rows(
-                generate_completions(
+                generate_groups(
                     model, tok, PROMPTS, generations=4, max_new_tokens=6, temperature=1.0, static=True, compile=compile
                 )
             )

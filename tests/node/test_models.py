@@ -11,7 +11,7 @@ import torch
 from sapo_node.models import describe_hardware, load_policy, prepare_tokenizer, resolve_device, resolve_dtype
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE, build_entry
-from sapo_node.tiny import generate_completions
+from sapo_node.tiny import generate_texts
 
 
 def prompts(tokenizer, n=6):
@@ -27,7 +27,7 @@ def test_a_local_folder_loads_through_the_generic_path(tiny_policy, tmp_path):
 
     assert device == "cpu" and loaded.dtype == torch.float32
     assert loaded_tok.padding_side == "left" and loaded_tok.pad_token_id is not None
-    assert generate_completions(loaded, loaded_tok, prompts(loaded_tok)) == generate_completions(
+    assert generate_texts(loaded, loaded_tok, prompts(loaded_tok)) == generate_texts(
         model, tokenizer, prompts(tokenizer)
     )
 

@@ -18,7 +18,7 @@ from sapo_node.cli import main
 from sapo_node.models import load_policy
 from sapo_node.prompts import FEW_SHOT, format_prompt
 from sapo_node.tasks import extract_answer
-from sapo_node.tiny import generate_completions
+from sapo_node.tiny import generate_texts
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_greedy_generation_answers_in_tags(smollm2):
     model, tokenizer = smollm2
     prompts = [format_prompt(tokenizer, q) for q in ("What is 3 + 5?", "What is 9 - 4?")]
 
-    answers = [extract_answer(c) for c in generate_completions(model, tokenizer, prompts, max_new_tokens=16)]
+    answers = [extract_answer(c) for c in generate_texts(model, tokenizer, prompts, max_new_tokens=16)]
 
     assert answers[0] == "8" and answers[1] is not None  # in tags; right or not (it says 9 - 4 = 3)
 
@@ -96,7 +96,7 @@ def test_the_export_loads_with_from_pretrained(trained):
     key = "model.layers.0.mlp.up_proj.weight"
     assert torch.equal(written[key], trained_weights[key])
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in (folder / "README.md").read_text()
-    assert extract_answer(generate_completions(model, tokenizer, [format_prompt(tokenizer, "What is 3 + 5?")])[0])
+    assert extract_answer(generate_texts(model, tokenizer, [format_prompt(tokenizer, "What is 3 + 5?")])[0])
 
 
 def test_a_missing_package_says_how_to_install_it(monkeypatch, tmp_path):

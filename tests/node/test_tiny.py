@@ -29,7 +29,7 @@ from sapo_node.tiny import (
     build_model,
     count_params,
     evaluate,
-    generate_completions,
+    generate_texts,
     load_tiny,
     tiny_path,
     train_tokenizer,
@@ -138,7 +138,7 @@ def test_warm_started_completions_use_the_answer_tags(tiny_policy):
         for i in range(4)
     ]
 
-    completions = generate_completions(model, tokenizer, prompts, temperature=1.0, num_return_sequences=2)
+    completions = generate_texts(model, tokenizer, prompts, temperature=1.0, num_return_sequences=2)
 
     tagged = [c for c in completions if c.startswith(" <answer>") and c.endswith("</answer>")]
     assert len(tagged) >= 0.9 * len(completions), completions
@@ -215,9 +215,7 @@ def test_the_gpu_model_builds_from_the_papers_tasks_with_no_hub(tmp_path, monkey
     info = build_info(tiny_path("small", tmp_path))
     assert info["recipe"]["catalogue"]["name"] == "sapo" and info["device"] == "cpu"
     entry = build_entry(SAPO_CATALOGUE.get("arc_1d"), 3, 0)
-    (completion,) = generate_completions(
-        model, tokenizer, [format_prompt(tokenizer, entry["question"])], max_new_tokens=4
-    )
+    (completion,) = generate_texts(model, tokenizer, [format_prompt(tokenizer, entry["question"])], max_new_tokens=4)
     assert isinstance(completion, str)
     assert next(model.parameters()).device.type == "cpu"
 

@@ -1,8 +1,18 @@
 import psycopg
 import pytest
+from django.core.cache import cache
 from django.db.backends import utils as db_utils
 
 from pool import ratelimit
+
+
+@pytest.fixture
+def no_cached_figures():
+    """Cached figures (they live a few seconds) forgotten before and after the test: each test reads the
+    figures of its own rows, none a test before it had cached (test_web_data.fresh_figures)."""
+    cache.clear()
+    yield
+    cache.clear()
 
 
 @pytest.fixture

@@ -17,14 +17,7 @@ from figures import stats
 from figures.badges import ACTIVE_RECENT_CREDIT, badges_assign, rank_badges, rank_thresholds
 from figures.leaderboard import contributor_figures_all
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 
 def test_thresholds_follow_boincs_percentile_positions():

@@ -8,14 +8,7 @@ from factories import make_node, make_user
 from rest_framework.test import APIClient
 from test_web_data import fresh_figures, make_group
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 
 def _as(user) -> APIClient:

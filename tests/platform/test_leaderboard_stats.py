@@ -17,14 +17,7 @@ from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Verdict
 from web import selectors
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 
 def _figures(node) -> boards.NodeFigures:

@@ -5,11 +5,11 @@ the library's own path."""
 import types
 
 from common import library_patches
-from common.library_patches import _inspect, autobahn, daphne, psycopg_pool
+from common.library_patches import _inspect, autobahn, daphne, psycopg, psycopg_pool
 
 
 def test_no_patched_internal_has_moved():
-    """Fails when an upgrade of autobahn, daphne or psycopg_pool moves what the server patches: the
+    """Fails when an upgrade of autobahn, daphne, psycopg or psycopg_pool moves what the server patches: the
     message names the library and what moved (then move the patch with it, or drop it)."""
     from config import asgi  # noqa: F401 - serving the site installs the frame layer's changes
 
@@ -192,3 +192,28 @@ def test_the_pools_reconnection_waits_are_capped():
         from django.conf import settings
 
         psycopg_pool.cap_reconnect_backoff(previous if previous is not None else settings.SAPO_DB_RECONNECT_SECONDS)
+
+
+def test_moved_names_a_psycopg_whose_statement_conversion_no_longer_reads_the_cache_limit(monkeypatch):
+    from psycopg import _queries
+
+    def convert(self, query, vars):
+        self.query = _query2pg_nocache(query, self._tx.encoding)  # noqa: F821 - never called
+
+    assert psycopg.moved() == []
+    monkeypatch.setattr(_queries.PostgresQuery, "convert", convert)
+    assert psycopg.moved() == ["psycopg._queries.PostgresQuery.convert no longer reads MAX_CACHED_STATEMENT_LENGTH"]
+    assert any(what.startswith("psycopg: ") for what in library_patches.moved())
+
+
+def test_psycopgs_cache_limit_is_raised_and_never_lowered(monkeypatch):
+    from psycopg import _queries
+
+    from common.db import STATEMENT_CACHE_BYTES
+
+    assert _queries.MAX_CACHED_STATEMENT_LENGTH == STATEMENT_CACHE_BYTES  # common.db installs it
+    monkeypatch.setattr(_queries, "MAX_CACHED_STATEMENT_LENGTH", 4096)
+    psycopg.cache_statements_up_to(10_000)
+    assert _queries.MAX_CACHED_STATEMENT_LENGTH == 10_000
+    psycopg.cache_statements_up_to(100)
+    assert _queries.MAX_CACHED_STATEMENT_LENGTH == 10_000

@@ -5,19 +5,12 @@ from __future__ import annotations
 import pytest
 from factories import make_node, make_user
 from rest_framework.test import APIClient
-from test_web_data import fresh_figures, make_consumption, make_group, make_report
+from test_web_data import make_consumption, make_group, make_report
 
 from figures import leaderboard as boards
 from pool.models import Verdict
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 
 def test_leaderboard_api_matches_the_selector(node):

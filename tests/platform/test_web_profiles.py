@@ -15,14 +15,7 @@ from test_web_data import fresh_figures, make_consumption, make_group
 from community.services import team_join
 from figures import stats
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 
 @pytest.fixture

@@ -16,14 +16,7 @@ from community.models import Membership
 from community.services import team_join, team_leave, team_moderate
 from figures import stats, teams
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 
 def _hour(hours_ago: int):

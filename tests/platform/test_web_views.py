@@ -14,16 +14,9 @@ from figures import stats
 from nodes.models import Node
 from pool.models import Verdict
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
-
-
-@pytest.fixture(autouse=True)
-def _clear_cache():
-    fresh_figures()
-    yield
-    fresh_figures()
 
 
 def test_home_says_what_the_swarm_is_and_how_to_join(client):

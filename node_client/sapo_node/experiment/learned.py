@@ -24,7 +24,7 @@ from sapo_node.loop import run
 from sapo_node.models import load_policy
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE, build_entries, extract_answer, score_completion
-from sapo_node.tiny import EVAL_SEED, generate_completions
+from sapo_node.tiny import EVAL_SEED, generate_texts
 
 
 def format_report(model: Any, tokenizer: Any, *, n: int, temperature: float, max_new_tokens: int) -> dict[str, tuple]:
@@ -34,7 +34,7 @@ def format_report(model: Any, tokenizer: Any, *, n: int, temperature: float, max
     for spec in EASY_CATALOGUE.tasks:
         entries = build_entries(spec, EVAL_SEED, n)
         prompts = [format_prompt(tokenizer, e["question"]) for e in entries]
-        texts = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
+        texts = generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
         tagged = [extract_answer(t) is not None for t in texts]
         score = [score_completion(spec, EVAL_SEED, e, t) for e, t in zip(entries, texts, strict=True)]
         as_answer = [t if ok else f"<answer>{t.strip()}</answer>" for t, ok in zip(texts, tagged, strict=True)]

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sapo_node import __version__
 from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
@@ -31,6 +31,11 @@ from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.experiment.server import DEFAULT_ROOT, Platform
 from sapo_node.progress import progress_bar
 from sapo_node.tasks import CATALOGUES
+
+if TYPE_CHECKING:
+    from sapo_node.config import NodeConfig
+    from sapo_node.experiment.swarm import SwarmNode
+    from sapo_node.transport.websocket import WebSocketTransport
 
 #: Node k's seed in the run of study seed s: the same in every configuration.
 NODE_SEED_STRIDE = 1000
@@ -115,34 +120,72 @@ def run_study(
         return run_parallel(cfg, resume=resume, progress=progress)
     import torch
 
-    from sapo_node.models import load_policy
-
-    rounds_csv = out / "rounds.csv"
-    if rounds_csv.exists() and not resume:
-        raise FileExistsError(f"{rounds_csv} exists: give --resume to continue that study, or another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.save(out / "study.json")
-    done: set[tuple[str, int]] = set()
-    if resume and rounds_csv.exists():  # drop the rows of a run cut short; it is run again
-        rows = read_rounds(rounds_csv)
-        done = complete_runs(rows, cfg)
-        write_rounds(rounds_csv, [r for r in rows if (r["config"], r["seed"]) in done])
-
+    done = open_rounds(out, cfg, resume=resume)
     torch.set_num_threads(cfg.threads or cpu_threads())
     started = time.time()
     stop = Stop(cfg.time_limit)
-    initial = {}
-    for model in dict.fromkeys(cfg.node_models()):
-        policy = load_policy(model, device=cfg.device, dtype=None if cfg.dtype == "auto" else cfg.dtype)
-        initial[model] = policy[0], policy[1]
-    names = [node_name(k) for k in range(1, cfg.nodes + 1)]
+    initial = initial_policies(cfg)
     platform = Platform(
         root=Path(cfg.platform_root) if cfg.platform_root else DEFAULT_ROOT,
         catalogue=cfg.catalogue,
         log_dir=out / "logs",
         database_url=cfg.database_url,
     )
+    timings = run_plan(cfg, platform, initial, done=done, out=out, stop=stop, progress=progress)
+    if stop.reason:
+        print(
+            f"stopped ({stop.reason}) at a round boundary; every finished round is in {out / 'rounds.csv'}; "
+            "--resume runs the cut run again and continues",
+            file=sys.stderr,
+        )
+    meta = study_meta(cfg, out, started=started, timings=timings, resume=resume)
+    if not analysis:
+        (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return {"meta": meta}
+    return analyse_complete(out, cfg, meta)
 
+
+def open_rounds(out: Path, cfg: StudyConfig, *, resume: bool) -> set[tuple[str, int]]:
+    """Make `out` (study.json written) and return the (configuration, seed) runs rounds.csv already
+    holds complete; the rows of a run cut short are dropped from it, to be run again. Without
+    `resume` an existing rounds.csv is refused."""
+    rounds_csv = out / "rounds.csv"
+    if rounds_csv.exists() and not resume:
+        raise FileExistsError(f"{rounds_csv} exists: give --resume to continue that study, or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "study.json")
+    if not (resume and rounds_csv.exists()):
+        return set()
+    rows = read_rounds(rounds_csv)
+    done = complete_runs(rows, cfg)
+    write_rounds(rounds_csv, [r for r in rows if (r["config"], r["seed"]) in done])
+    return done
+
+
+def initial_policies(cfg: StudyConfig) -> dict[str, tuple[Any, Any]]:
+    """(model, tokenizer) of each model the study's nodes start from, loaded once: every run clones them."""
+    from sapo_node.models import load_policy
+
+    initial = {}
+    for model in dict.fromkeys(cfg.node_models()):
+        policy = load_policy(model, device=cfg.device, dtype=None if cfg.dtype == "auto" else cfg.dtype)
+        initial[model] = policy[0], policy[1]
+    return initial
+
+
+def run_plan(
+    cfg: StudyConfig,
+    platform: Platform,
+    initial: dict[str, tuple[Any, Any]],
+    *,
+    done: set[tuple[str, int]],
+    out: Path,
+    stop: Stop,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """Every run not `done`, seed by seed, each round's rows appended to rounds.csv as it finishes, until
+    `stop()`. Returns the seconds of each run that finished ({"config", "seed", "seconds"})."""
+    rounds_csv = out / "rounds.csv"
     plan = [(seed, label, local, external) for seed in cfg.seeds for label, local, external in cfg.counts()]
     todo = [p for p in plan if (p[1], p[0]) not in done]
     timings: list[dict[str, Any]] = []
@@ -161,7 +204,7 @@ def run_study(
         write_rounds(rounds_csv, round_rows, append=True)
 
     try:
-        with stop.on_signals(), platform.session(names):
+        with stop.on_signals(), platform.session([node_name(k) for k in range(1, cfg.nodes + 1)]):
             for seed, label, local, external in todo:
                 if stop():
                     break
@@ -185,12 +228,15 @@ def run_study(
                     runs_bar.update(1)
     finally:
         runs_bar.close()
-    if stop.reason:
-        print(
-            f"stopped ({stop.reason}) at a round boundary; every finished round is in {rounds_csv}; "
-            "--resume runs the cut run again and continues",
-            file=sys.stderr,
-        )
+    return timings
+
+
+def study_meta(
+    cfg: StudyConfig, out: Path, *, started: float, timings: list[dict[str, Any]], resume: bool
+) -> dict[str, Any]:
+    """What the study ran on and how long it took (meta.json, summary.json's "meta"); a resumed study's
+    run_seconds add to those of its earlier parts."""
+    import torch
 
     meta = {
         "study": cfg.to_json(),
@@ -203,10 +249,7 @@ def run_study(
     prior = _previous_meta(out)
     if prior and resume:
         meta["run_seconds"] = prior.get("run_seconds", []) + timings
-    if not analysis:
-        (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        return {"meta": meta}
-    return analyse_complete(out, cfg, meta)
+    return meta
 
 
 def machine(device: str = "auto") -> str:
@@ -373,12 +416,6 @@ def run_swarm(
 ) -> list[dict[str, Any]]:
     """One run: a fresh pool, N nodes from their initial weights (`initial`: by model), R rounds round-robin.
     Returns one row per node per round (analysis.ROUND_FIELDS); fewer when `stop()` turned true after a round."""
-    from sapo_node.config import NodeConfig
-    from sapo_node.experiment.swarm import SwarmNode, clone_policy
-    from sapo_node.transport import OUTBOX_FILE
-    from sapo_node.transport.websocket import WebSocketTransport
-
-    options = node_options(label)
     run_label = f"{label.replace('/', '-')}-s{seed}"
     run_dir = out / "runs" / run_label
     if run_dir.exists():  # a run cut short: its outboxes hold groups of a pool that no longer exists
@@ -388,45 +425,10 @@ def run_swarm(
         nodes: list[SwarmNode] = []
         try:
             for k, model in enumerate(cfg.node_models(), start=1):
-                name = node_name(k)
-                config = NodeConfig(
-                    server=url,
-                    token=platform.tokens[name],
-                    model=model,
-                    device=cfg.device,
-                    dtype=cfg.dtype,
-                    out=str(run_dir / name),
-                    seed=node_seed(seed, k),
-                    rounds=cfg.rounds,
-                    questions=cfg.questions,
-                    generations=cfg.generations,
-                    local=local,
-                    external=external,
-                    catalogue=cfg.catalogue,
-                    max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature,
-                    lr=cfg.lr,
-                    micro_batch=cfg.micro_batch,
-                    checkpoint_every=0,
-                    connect_wait=cfg.connect_wait,
-                    flush_wait=cfg.flush_wait,
-                    **options,
-                )
-                (run_dir / name).mkdir(parents=True, exist_ok=True)
-                transport = WebSocketTransport(
-                    url,
-                    config.token,
-                    run_dir / name / OUTBOX_FILE,
-                    buffer_size=external,
-                    max_buffer_size=external,
-                    poll_interval=POLL_INTERVAL,
-                )
-                nodes.append(SwarmNode.start(k, config, transport, clone_policy(initial[model])))
-                # The server's default swarm serves it (named after the swarm and its version): same tasks.
-                served = transport.catalogue()
-                if served is None or served.tasks != CATALOGUES[cfg.catalogue].tasks:
-                    raise RuntimeError(f"the server does not serve catalogue {cfg.catalogue!r}")
-
+                token = platform.tokens[node_name(k)]
+                config = node_config(cfg, url, token, model, run_dir / node_name(k), seed, k, label, local, external)
+                nodes.append(start_node(k, config, initial[model]))
+                check_served_catalogue(nodes[-1].transport, cfg)
             bar = progress_bar(
                 total=cfg.rounds,
                 desc=f"{label} seed {seed}",
@@ -439,18 +441,9 @@ def run_swarm(
             )
             try:
                 for n in range(1, cfg.rounds + 1):
-                    round_rows = []
-                    for node in nodes:
-                        row = node.step()
-                        # The node's turn ends when the server has its shares: the next nodes may sample them.
-                        if not node.transport.flush(cfg.flush_wait):
-                            raise RuntimeError(
-                                f"the server did not acknowledge node {node.index}'s shares within {cfg.flush_wait} s "
-                                f"({node.transport.status}); see {platform.log_dir}"
-                            )
-                        round_rows.append(
-                            _csv_row(row, label=label, local=local, external=external, seed=seed, node=node.index)
-                        )
+                    round_rows = play_round(
+                        cfg, platform, nodes, label=label, local=local, external=external, seed=seed
+                    )
                     rows.extend(round_rows)
                     if on_round is not None:
                         on_round(n, round_rows)
@@ -465,6 +458,91 @@ def run_swarm(
             for node in nodes:
                 node.close(cfg.flush_wait)
     return rows
+
+
+def node_config(
+    cfg: StudyConfig,
+    url: str,
+    token: str,
+    model: str,
+    folder: Path,
+    seed: int,
+    k: int,
+    label: str,
+    local: int,
+    external: int,
+) -> NodeConfig:
+    """Node k's NodeConfig in the run of study seed `seed`: the study's settings, the configuration's I,
+    J and options (presets.node_options), `folder` its run folder."""
+    from sapo_node.config import NodeConfig
+
+    return NodeConfig(
+        server=url,
+        token=token,
+        model=model,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        out=str(folder),
+        seed=node_seed(seed, k),
+        rounds=cfg.rounds,
+        questions=cfg.questions,
+        generations=cfg.generations,
+        local=local,
+        external=external,
+        catalogue=cfg.catalogue,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        lr=cfg.lr,
+        micro_batch=cfg.micro_batch,
+        checkpoint_every=0,
+        connect_wait=cfg.connect_wait,
+        flush_wait=cfg.flush_wait,
+        **node_options(label),
+    )
+
+
+def start_node(k: int, config: NodeConfig, initial: tuple[Any, Any]) -> SwarmNode:
+    """Node k (a SwarmNode) on a copy of its initial weights, its transport connected to `config.server`
+    and its outbox in its run folder. The transport keeps J external groups at most."""
+    from sapo_node.experiment.swarm import SwarmNode, clone_policy
+    from sapo_node.transport import OUTBOX_FILE
+    from sapo_node.transport.websocket import WebSocketTransport
+
+    folder = Path(config.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    transport = WebSocketTransport(
+        config.server,
+        config.token,
+        folder / OUTBOX_FILE,
+        buffer_size=config.external,
+        max_buffer_size=config.external,
+        poll_interval=POLL_INTERVAL,
+    )
+    return SwarmNode.start(k, config, transport, clone_policy(initial))
+
+
+def check_served_catalogue(transport: WebSocketTransport, cfg: StudyConfig) -> None:
+    """The server's default swarm serves it (named after the swarm and its version): same tasks."""
+    served = transport.catalogue()
+    if served is None or served.tasks != CATALOGUES[cfg.catalogue].tasks:
+        raise RuntimeError(f"the server does not serve catalogue {cfg.catalogue!r}")
+
+
+def play_round(
+    cfg: StudyConfig, platform: Platform, nodes: list[SwarmNode], *, label: str, local: int, external: int, seed: int
+) -> list[dict[str, Any]]:
+    """One round, node after node: each takes its step, and its turn ends when the server has its shares
+    (the next nodes may sample them). Returns a rounds.csv row per node."""
+    round_rows = []
+    for node in nodes:
+        row = node.step()
+        if not node.transport.flush(cfg.flush_wait):
+            raise RuntimeError(
+                f"the server did not acknowledge node {node.index}'s shares within {cfg.flush_wait} s "
+                f"({node.transport.status}); see {platform.log_dir}"
+            )
+        round_rows.append(_csv_row(row, label=label, local=local, external=external, seed=seed, node=node.index))
+    return round_rows
 
 
 def _csv_row(row: dict[str, Any], *, label: str, local: int, external: int, seed: int, node: int) -> dict[str, Any]:

@@ -98,7 +98,7 @@ def _audit(event: str, args: tuple) -> None:
         raise CodeRefused(event)
 
 
-def _vm_bytes() -> int | None:
+def vm_bytes() -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -120,7 +120,7 @@ def _serve(conn: Connection, progress: Any, results: Any, memory_bytes: int) -> 
     from sapo_node.datasets import TaskSpec, dataset_for  # imported before the hook is armed
 
     if resource is not None:
-        size = _vm_bytes()
+        size = vm_bytes()
         if size is not None:
             limit = size + memory_bytes
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -196,6 +196,21 @@ class _Worker:
                 return list(self.results[: max(done, 0)]), False, done >= 0
 
 
+def worker_context() -> Any:
+    """The multiprocessing context workers start from: a fork server that has imported reasoning-gym
+    where there is one (Linux, macOS), else spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:
+        # Workers fork from a process that has imported reasoning-gym once (a second of CPU), and
+        # inherit nothing of the caller (its threads, sockets, database connections, torch). Not
+        # this package: the fork server imports with the interpreter's default path, not the
+        # caller's (Python 3.11 ignores it there), while each worker gets the caller's path
+        # before it imports the code it runs.
+        ctx.set_forkserver_preload(["reasoning_gym"])
+    return ctx
+
+
 class ScoringSandbox:
     """A pool of scoring workers; `score` may be called from any thread."""
 
@@ -206,15 +221,7 @@ class ScoringSandbox:
         seconds_per_answer: float = SECONDS_PER_ANSWER,
         memory_bytes: int = MEMORY_BYTES,
     ) -> None:
-        methods = multiprocessing.get_all_start_methods()
-        self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        if "forkserver" in methods:
-            # Workers fork from a process that has imported reasoning-gym once (a second of CPU), and
-            # inherit nothing of the caller (its threads, sockets, database connections, torch). Not
-            # this package: the fork server imports with the interpreter's default path, not the
-            # caller's (Python 3.11 ignores it there), while each worker gets the caller's path
-            # before it imports the code it runs.
-            self._ctx.set_forkserver_preload(["reasoning_gym"])
+        self._ctx = worker_context()
         self.workers = workers or max(1, min(4, os.cpu_count() or 1))
         self.seconds_per_answer = seconds_per_answer
         self.memory_bytes = memory_bytes

@@ -4,6 +4,8 @@
   unmasked by `websockets`' C `apply_mask`.
 - `daphne` (its WebSocket protocol class): the protocol's frame limit instead of daphne's own, a
   close code instead of a dropped connection, a text message's UTF-8 checked once.
+- `psycopg` (its statement conversion): statements up to common.db's STATEMENT_CACHE_BYTES keep their
+  converted placeholders in psycopg's cache (installed by common.db).
 - `psycopg_pool` (the pool Django makes): each connection checked before it is handed out
   (common.pg_lost).
 
@@ -18,11 +20,11 @@ from __future__ import annotations
 
 import logging
 
-from common.library_patches import autobahn, daphne, psycopg_pool
+from common.library_patches import autobahn, daphne, psycopg, psycopg_pool
 
 logger = logging.getLogger(__name__)
 
-LIBRARIES = (autobahn, daphne, psycopg_pool)
+LIBRARIES = (autobahn, daphne, psycopg, psycopg_pool)
 
 
 def moved() -> list[str]:
