@@ -66,6 +66,7 @@ def rollout_queue(*, filters: dict[str, Any]) -> QuerySet[Rollout]:
         .select_related(
             "node", "node__owner", "node__trust_record", "moderation_decision", "moderation_decision__actor"
         )
+        .with_texts()
         .prefetch_related(
             Prefetch(
                 "moderation_flags",
