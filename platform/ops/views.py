@@ -103,7 +103,7 @@ async def readyz(request: HttpRequest) -> JsonResponse:
 
 
 def _retention() -> str:
-    """"ok", or the first day the texts' retention stopped at and why (pool.retention)."""
+    """The retention's state: ok, or the first day it stopped at and why (pool.retention)."""
     from pool.retention import retention_errors
 
     errors = retention_errors()

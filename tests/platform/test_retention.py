@@ -147,7 +147,7 @@ def _differences(a, b, path: str = "") -> list[str]:
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
     if isinstance(a, str) and isinstance(b, str) and a != b and "\n" in a:
-        lines = [(i, x, y) for i, (x, y) in enumerate(zip(a.splitlines(), b.splitlines())) if x != y]
+        lines = [(i, x, y) for i, (x, y) in enumerate(zip(a.splitlines(), b.splitlines(), strict=False)) if x != y]
         return [f"{path} line {i}: {x!r} != {y!r}" for i, x, y in lines[:5]] or [f"{path}: lengths differ"]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
