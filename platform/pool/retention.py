@@ -274,12 +274,6 @@ def retention_errors() -> list[RetentionDay]:
     return list(RetentionDay.objects.exclude(error="").filter(dropped_at__isnull=True).order_by("day"))
 
 
-def texts_aged_out_on(created_at: datetime) -> date | None:
-    """The day a group created at `created_at` lost its texts, if it did (its day was dropped)."""
-    record = RetentionDay.objects.filter(day=created_at.astimezone(UTC).date(), dropped_at__isnull=False).first()
-    return record.dropped_at.date() if record else None
-
-
 def retention_job() -> str:
     """The scheduled job: make the days ahead, then age out the old ones. Raises when a day's archive
     could not be written (the job is then reported failed), after making the days ahead."""

@@ -27,14 +27,6 @@ def completion_rows(rollout: Any) -> list[dict[str, Any]]:
 
 
 @register.filter
-def texts_aged_out_on(rollout: Any) -> Any:
-    """The day the group's texts were dropped by the retention (pool.retention), or None."""
-    from pool.retention import texts_aged_out_on as aged_out_on
-
-    return aged_out_on(rollout.created_at)
-
-
-@register.filter
 def trust(node: Any) -> float:
     return node_trust(node)
 
