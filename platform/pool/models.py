@@ -94,6 +94,13 @@ class Rollout(models.Model):
                 fields=["swarm", "created_at"], condition=Q(sampleable=True), name="pool_rollout_swarm_fresh_idx"
             ),
             models.Index(fields=["node", "-created_at"], name="pool_rollout_node_idx"),
+            # The few groups under review, by time: what the retention keeps of a day it drops, found
+            # without reading the day (pool.retention; it holds the texts table's lock meanwhile).
+            models.Index(
+                fields=["created_at"],
+                condition=Q(moderation_status__in=["held", "quarantined"]),
+                name="pool_rollout_review_idx",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

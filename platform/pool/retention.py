@@ -35,7 +35,8 @@ PARENT = "pool_rollouttext"
 DEFAULT_PARTITION = "pool_rollouttext_default"
 #: Days made ahead of today by each run.
 AHEAD_DAYS = 7
-#: Moderation statuses whose groups keep their texts past the retention (a moderator may still look).
+#: Moderation statuses whose groups keep their texts past the retention (a moderator may still look);
+#: pool_rollout_review_idx is partial on them.
 UNDER_REVIEW = (ModerationStatus.HELD, ModerationStatus.QUARANTINED)
 #: Rows read from the database per round trip while archiving a day.
 ARCHIVE_CHUNK = 2_000
@@ -186,13 +187,16 @@ def _detach(cursor, name: str) -> None:  # noqa: ANN001
     cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name}")
 
 
-def _keep_under_review(cursor, name: str) -> int:  # noqa: ANN001
+def _keep_under_review(cursor, name: str, day: date) -> int:  # noqa: ANN001
     """Put the detached day's texts of groups under review back into the parent (the DEFAULT
-    partition takes them: no day partition covers that day any more)."""
+    partition takes them: no day partition covers that day any more). Driven by the ledger's partial
+    index of groups under review, not by a read of the day: the parent stays locked meanwhile."""
+    lo, hi = _bounds(day)
     cursor.execute(
-        f"INSERT INTO {PARENT} SELECT t.* FROM {name} t JOIN pool_rollout r ON r.id = t.rollout_id"
-        " WHERE r.moderation_status = ANY(%s)",
-        [list(UNDER_REVIEW)],
+        f"INSERT INTO {PARENT} SELECT t.* FROM pool_rollout r JOIN {name} t"
+        " ON t.rollout_id = r.id AND t.created_at = r.created_at"
+        " WHERE r.moderation_status IN ('held', 'quarantined') AND r.created_at >= %s AND r.created_at < %s",
+        [lo, hi],
     )
     return cursor.rowcount
 
@@ -209,7 +213,7 @@ def _day_drop(day: date, name: str, archive: Path | None, rows: int | None, now:
             cursor.execute(f"SELECT count(*) FROM {name}")
             rows = cursor.fetchone()[0]
         _detach(cursor, name)
-        kept = _keep_under_review(cursor, name)
+        kept = _keep_under_review(cursor, name, day)
         _drop(cursor, name)
         record, _ = RetentionDay.objects.update_or_create(
             day=day,
