@@ -40,6 +40,8 @@ AHEAD_DAYS = 7
 UNDER_REVIEW = (ModerationStatus.HELD, ModerationStatus.QUARANTINED)
 #: Rows read from the database per round trip while archiving a day.
 ARCHIVE_CHUNK = 2_000
+#: pg advisory lock id of a retention run: two runs at once (two schedulers) do not race on one day.
+_LOCK_KEY = 0x5A90_7E7E
 
 _NAME = re.compile(r"^pool_rollouttext_p(\d{8})$")
 
@@ -279,10 +281,19 @@ def retention_errors() -> list[RetentionDay]:
 
 
 def retention_job() -> str:
-    """The scheduled job: make the days ahead, then age out the old ones. Raises when a day's archive
-    could not be written (the job is then reported failed), after making the days ahead."""
-    made = partitions_ensure()
-    result = texts_age_out()
+    """The scheduled job: make the days ahead, then age out the old ones, one run at a time (a session
+    advisory lock; a second run at once returns at once). Raises when a day's archive could not be
+    written (the job is then reported failed), after making the days ahead."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return "another retention run holds the lock: nothing done"
+    try:
+        made = partitions_ensure()
+        result = texts_age_out()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
     line = f"{len(made)} day partitions made, {len(result.dropped)} days aged out" + "".join(
         f" ({r.day}: {r.groups} groups, {r.kept} kept under review)" for r in result.dropped
     )

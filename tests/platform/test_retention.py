@@ -404,3 +404,18 @@ def test_migration_0008_moves_a_filled_pool_in_and_back_without_losing_a_group()
     finally:
         _migrate(_latest())
     assert Rollout.objects.with_texts().filter(completions__isnull=False).count() == 3000
+
+
+def test_a_second_retention_run_at_once_does_nothing(settings):
+    import psycopg
+
+    settings.SAPO_ARCHIVE_DIR = ""
+    params = connection.get_connection_params()
+    other = psycopg.connect(**{k: v for k, v in params.items() if k in ("dbname", "host", "port", "user", "password")})
+    try:
+        other.execute("SELECT pg_advisory_lock(%s)", [retention._LOCK_KEY])
+        assert retention.retention_job() == "another retention run holds the lock: nothing done"
+        other.execute("SELECT pg_advisory_unlock(%s)", [retention._LOCK_KEY])
+        assert retention.retention_job().endswith("days aged out")
+    finally:
+        other.close()
