@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
+from psycopg import sql
 
 from pool.limits import current_limits
 from pool.models import ModerationStatus, RetentionDay
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 PARENT = "pool_rollouttext"
 DEFAULT_PARTITION = "pool_rollouttext_default"
+_PARENT = sql.Identifier(PARENT)
+_DEFAULT = sql.Identifier(DEFAULT_PARTITION)
 #: Days made ahead of today by each run.
 AHEAD_DAYS = 7
 #: Moderation statuses whose groups keep their texts past the retention (a moderator may still look);
@@ -80,25 +83,34 @@ def partitions_ensure(*, now: datetime | None = None, ahead: int = AHEAD_DAYS) -
     existing = day_partitions()
     dropped = set(RetentionDay.objects.filter(dropped_at__isnull=False).values_list("day", flat=True))
     with connection.cursor() as cursor:  # small: groups kept under review, and days the job was late for
-        cursor.execute(f"SELECT DISTINCT (created_at AT TIME ZONE 'UTC')::date FROM {DEFAULT_PARTITION}")
+        cursor.execute(sql.SQL("SELECT DISTINCT (created_at AT TIME ZONE 'UTC')::date FROM {}").format(_DEFAULT))
         late = {row[0] for row in cursor.fetchall()} - dropped
     made = []
     for day in sorted(late | {today + timedelta(days=offset) for offset in range(ahead + 1)}):
         if day in existing:
             continue
         name = partition_name(day)
+        table = sql.Identifier(name)
         lo, hi = _bounds(day)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                f"CREATE TABLE {name} (LIKE {PARENT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
-                " INCLUDING STORAGE INCLUDING COMPRESSION)"
+                sql.SQL(
+                    "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
+                    " INCLUDING STORAGE INCLUDING COMPRESSION)"
+                ).format(table, _PARENT)
             )
             cursor.execute(
-                f"WITH moved AS (DELETE FROM {DEFAULT_PARTITION} WHERE created_at >= %(lo)s AND created_at < %(hi)s"
-                f" RETURNING *) INSERT INTO {name} SELECT * FROM moved",
+                sql.SQL(
+                    "WITH moved AS (DELETE FROM {} WHERE created_at >= {} AND created_at < {} RETURNING *)"
+                    " INSERT INTO {} SELECT * FROM moved"
+                ).format(_DEFAULT, sql.Placeholder("lo"), sql.Placeholder("hi"), table),
                 {"lo": lo, "hi": hi},
             )
-            cursor.execute(f"ALTER TABLE {PARENT} ATTACH PARTITION {name} FOR VALUES FROM (%s) TO (%s)", [lo, hi])
+            cursor.execute(  # DDL takes no parameters: the bounds as literals
+                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+                    _PARENT, table, sql.Literal(lo.isoformat()), sql.Literal(hi.isoformat())
+                )
+            )
         made.append(name)
     return made
 
@@ -124,12 +136,12 @@ def archive_path(directory: Path, day: date) -> Path:
     return directory / f"pool-texts-{day:%Y-%m-%d}.jsonl.gz"
 
 
-_ARCHIVE_SQL = """
+_ARCHIVE_SQL = sql.SQL("""
 SELECT t.rollout_id, t.swarm_id, t.created_at, r.node_id, r.round, r.dataset, r.seed, r.index, r.verdict, r.reason,
        r.moderation_status, r.claimed_rewards, r.verified_rewards, t.question, t.answer, t.completions
 FROM {partition} t LEFT JOIN pool_rollout r ON r.id = t.rollout_id
 ORDER BY t.created_at, t.rollout_id
-"""
+""")
 _ARCHIVE_KEYS = (
     "id",
     "swarm_id",
@@ -161,7 +173,7 @@ def _archive_day(day: date, name: str, directory: Path) -> tuple[Path, int]:
         directory.mkdir(parents=True, exist_ok=True)
         with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
             with transaction.atomic(), connection.chunked_cursor() as cursor:
-                cursor.execute(_ARCHIVE_SQL.format(partition=name))
+                cursor.execute(_ARCHIVE_SQL.format(partition=sql.Identifier(name)))
                 while chunk := cursor.fetchmany(ARCHIVE_CHUNK):
                     for row in chunk:
                         record = dict(zip(_ARCHIVE_KEYS, row, strict=True))
@@ -186,7 +198,7 @@ def _archive_day(day: date, name: str, directory: Path) -> tuple[Path, int]:
 
 
 def _detach(cursor, name: str) -> None:  # noqa: ANN001
-    cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name}")
+    cursor.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_PARENT, sql.Identifier(name)))
 
 
 def _keep_under_review(cursor, name: str, day: date) -> int:  # noqa: ANN001
@@ -195,16 +207,18 @@ def _keep_under_review(cursor, name: str, day: date) -> int:  # noqa: ANN001
     index of groups under review, not by a read of the day: the parent stays locked meanwhile."""
     lo, hi = _bounds(day)
     cursor.execute(
-        f"INSERT INTO {PARENT} SELECT t.* FROM pool_rollout r JOIN {name} t"
-        " ON t.rollout_id = r.id AND t.created_at = r.created_at"
-        " WHERE r.moderation_status IN ('held', 'quarantined') AND r.created_at >= %s AND r.created_at < %s",
-        [lo, hi],
+        sql.SQL(
+            "INSERT INTO {} SELECT t.* FROM pool_rollout r JOIN {} t"
+            " ON t.rollout_id = r.id AND t.created_at = r.created_at"
+            " WHERE r.moderation_status IN ('held', 'quarantined') AND r.created_at >= {} AND r.created_at < {}"
+        ).format(_PARENT, sql.Identifier(name), sql.Placeholder("lo"), sql.Placeholder("hi")),
+        {"lo": lo, "hi": hi},
     )
     return cursor.rowcount
 
 
 def _drop(cursor, name: str) -> None:  # noqa: ANN001
-    cursor.execute(f"DROP TABLE {name}")
+    cursor.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
 
 
 def _day_drop(day: date, name: str, archive: Path | None, rows: int | None, now: datetime) -> RetentionDay:
@@ -212,7 +226,7 @@ def _day_drop(day: date, name: str, archive: Path | None, rows: int | None, now:
     step leaves the day's partition attached and whole."""
     with transaction.atomic(), connection.cursor() as cursor:
         if rows is None:
-            cursor.execute(f"SELECT count(*) FROM {name}")
+            cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))
             rows = cursor.fetchone()[0]
         _detach(cursor, name)
         kept = _keep_under_review(cursor, name, day)
@@ -267,10 +281,12 @@ def _reviewed_drop(kept_since: datetime) -> int:
     already). A DELETE, but of the DEFAULT partition's few rows only."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {DEFAULT_PARTITION} t USING pool_rollout r, pool_retentionday d"
-            " WHERE r.id = t.rollout_id AND t.created_at < %s AND r.moderation_status <> ALL(%s)"
-            " AND d.day = (t.created_at AT TIME ZONE 'UTC')::date AND d.dropped_at IS NOT NULL",
-            [kept_since, list(UNDER_REVIEW)],
+            sql.SQL(
+                "DELETE FROM {} t USING pool_rollout r, pool_retentionday d"
+                " WHERE r.id = t.rollout_id AND t.created_at < {} AND r.moderation_status <> ALL({})"
+                " AND d.day = (t.created_at AT TIME ZONE 'UTC')::date AND d.dropped_at IS NOT NULL"
+            ).format(_DEFAULT, sql.Placeholder("since"), sql.Placeholder("review")),
+            {"since": kept_since, "review": list(UNDER_REVIEW)},
         )
         return cursor.rowcount
 
