@@ -69,9 +69,12 @@ def main() -> None:
                 " WHERE inhparent = 'pool_rollouttext'::regclass"
             )
             partitions, size = cursor.fetchone()
+            cursor.execute("VACUUM FULL pool_rollout")  # the dropped columns' space back, to size the ledger
+            cursor.execute("SELECT pg_size_pretty(pg_total_relation_size('pool_rollout'))")
+            ledger = cursor.fetchone()[0]
         print(
             f"migration 0008: {took:.1f} s for {n:,} groups ({took / n * 1e6:.0f} s per million), {partitions}"
-            f" partitions, {size} of texts; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+            f" partitions, {size} of texts, {ledger} of ledger (after VACUUM FULL); load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
         )
     finally:
         connections.close_all()
