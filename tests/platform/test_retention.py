@@ -23,19 +23,20 @@ from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 from django.utils import timezone
 from factories import make_node, make_swarm, make_user
+from psycopg import sql
 from test_web_data import fresh_figures, make_consumption, make_group, make_report
 
 from community.models import Badge
 from community.services import team_found, team_join
+from figures import stats
+from figures.badges import badges_assign
 from moderation.services import rollout_moderate
 from nodes.models import Node
 from ops.scheduled import run_jobs
-from pool import retention, selectors
+from pool import retention, sampling
 from pool.models import ModerationStatus, RetentionDay, Rollout, RolloutText, Verdict
 from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
-from web import stats
-from web.badges import badges_assign
 from web.export import stats_export
 
 pytestmark = pytest.mark.django_db
@@ -205,8 +206,8 @@ def test_retention_keeps_groups_under_review_and_inside_any_swarms_window(client
     assert _texts([r.id for r in filled_pool["groups"][20]]) == set()
     assert _texts([r.id for r in filled_pool["groups"][17]]) == {r.id for r in filled_pool["groups"][17]}
     assert _texts([held.id, quarantined.id, in_window.id]) == {held.id, quarantined.id, in_window.id}
-    drawn = selectors.rollout_sample_json(node=asker, n=1, window_seconds=18 * 86_400, swarm_id=long_window.id)
-    assert [i for i, _ in drawn] == [in_window.id]
+    drawn = sampling.rollout_sample(node=asker, n=1, window_seconds=18 * 86_400, swarm_id=long_window.id)
+    assert [json.loads(text)["id"] for text in drawn.texts] == [str(in_window.id)]
     # Without the long window, the 17 days old day goes too; the quarantined group of it stays.
     Swarm.objects.filter(id=long_window.id).update(sample_window_seconds=None)
     retention.texts_age_out(directory="")
@@ -316,9 +317,9 @@ def test_sampling_reads_the_window_s_day_partitions_only():
     now = timezone.now()
     retention.partitions_ensure(now=now - 10 * DAY, ahead=0)
     old = retention.partition_name((now - 10 * DAY).astimezone(UTC).date())
-    params = {"cutoff": now - DAY, "node": 0, "swarm": swarm_default_ensure().id}
+    params = {"cutoff": now - DAY, "node": 0, "swarm": swarm_default_ensure().id, "k": 12}
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + selectors._DRAW_SQL.format(k=12), params)
+        cursor.execute(sql.SQL("EXPLAIN {}").format(sql.SQL(sampling._DRAW_TEXT)), params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert retention.partition_name(now.astimezone(UTC).date()) in plan
     assert old not in plan and "pool_rollouttext_default" in plan  # the DEFAULT one may hold any day
