@@ -456,14 +456,31 @@ ROLLOUT_COLUMNS = [
 ]
 
 
+#: A group's texts are pool_rollouttext's (docs/architecture.md, "The pool's storage"); the rest is the ledger's.
+TEXT_COLUMNS = ["question", "answer", "completions"]
+LEDGER_COLUMNS = [c for c in ROLLOUT_COLUMNS if c not in TEXT_COLUMNS]
+
+
 def stored_rows(args: argparse.Namespace) -> list[tuple]:
     """The groups a WebSocket run stored, as rows to write again (JSON columns as text)."""
     import psycopg
 
     json_columns = {"completions", "claimed_rewards", "verified_rewards"}
-    select = ", ".join(f'"{c}"::text' if c in json_columns else f'"{c}"' for c in ROLLOUT_COLUMNS)
+    select = ", ".join(
+        f'{"t" if c in TEXT_COLUMNS else "r"}."{c}"' + ("::text" if c in json_columns else "") for c in ROLLOUT_COLUMNS
+    )
     with psycopg.connect(args.bench_url) as conn:
-        return conn.execute(f"SELECT {select} FROM pool_rollout").fetchall()
+        return conn.execute(
+            f"SELECT {select} FROM pool_rollout r"
+            " JOIN pool_rollouttext t ON t.rollout_id = r.id AND t.created_at = r.created_at"
+        ).fetchall()
+
+
+def _split(row: tuple) -> tuple[tuple, tuple]:
+    """A stored group's (ledger row, texts row)."""
+    named = dict(zip(ROLLOUT_COLUMNS, row, strict=True))
+    texts = (named["id"], named["swarm_id"], named["created_at"], *(named[c] for c in TEXT_COLUMNS))
+    return tuple(named[c] for c in LEDGER_COLUMNS), texts
 
 
 def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str, meter: CpuMeter) -> float:
@@ -471,25 +488,36 @@ def raw_insert_rate(args: argparse.Namespace, rows: list[tuple], how: str, meter
     each), or one COPY of everything. `meter` measures this process's CPU and the database's."""
     import psycopg
 
-    quoted = ", ".join(f'"{c}"' for c in ROLLOUT_COLUMNS)
+    quoted = ", ".join(f'"{c}"' for c in LEDGER_COLUMNS)
+    text_quoted = "rollout_id, swarm_id, created_at, " + ", ".join(TEXT_COLUMNS)
     completions = sum(r[ROLLOUT_COLUMNS.index("completion_count")] for r in rows)
+    split = [_split(r) for r in rows]
     with psycopg.connect(args.bench_url) as conn:
-        conn.execute("TRUNCATE pool_rollout, moderation_rolloutfingerprint CASCADE")
+        conn.execute("TRUNCATE pool_rollout, pool_rollouttext, moderation_rolloutfingerprint CASCADE")
         conn.commit()
         meter.start()
         start = time.perf_counter()
         if how == "executemany":
-            placeholders = ", ".join(["%s"] * len(ROLLOUT_COLUMNS))
+            placeholders = ", ".join(["%s"] * len(LEDGER_COLUMNS))
             with conn.cursor() as cur:
                 for i in range(0, len(rows), args.groups):
+                    batch = split[i : i + args.groups]
                     cur.executemany(
-                        f"INSERT INTO pool_rollout ({quoted}) VALUES ({placeholders})", rows[i : i + args.groups]
+                        f"INSERT INTO pool_rollout ({quoted}) VALUES ({placeholders})", [b[0] for b in batch]
+                    )
+                    cur.executemany(
+                        f"INSERT INTO pool_rollouttext ({text_quoted}) VALUES (%s, %s, %s, %s, %s, %s)",
+                        [b[1] for b in batch],
                     )
                     conn.commit()
         else:
-            with conn.cursor() as cur, cur.copy(f"COPY pool_rollout ({quoted}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+            with conn.cursor() as cur:
+                with cur.copy(f"COPY pool_rollout ({quoted}) FROM STDIN") as copy:
+                    for ledger, _ in split:
+                        copy.write_row(ledger)
+                with cur.copy(f"COPY pool_rollouttext ({text_quoted}) FROM STDIN") as copy:
+                    for _, texts in split:
+                        copy.write_row(texts)
             conn.commit()
         elapsed = time.perf_counter() - start
         meter.stop()
@@ -746,20 +774,26 @@ def print_ingest(args: argparse.Namespace, ingest: dict) -> bool:
 # --- (b) sampling -----------------------------------------------------------------------------
 
 FILL_SQL = """
-INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index, question, answer,
-    completions, completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
+WITH ledger AS (
+INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index,
+    completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
 SELECT md5(%(tag)s || g::text)::uuid,
        (%(authors)s)[1 + g %% cardinality(%(authors)s)], %(swarm)s, 1,
        g / 100, 'basic_arithmetic', 7, g,
-       'What is ' || g::text || ' + 1? Give the answer in <answer> tags.', (g + 1)::text,
-       '["<answer>1</answer>", "<answer>2</answer>", "I think <answer>3</answer>", "<answer>4</answer>"]'::jsonb,
        4, '[1, 0, 0, 0]'::jsonb, '[1, 0, 0, 0]'::jsonb,
        'accepted', '', 'ok',
        (g %% 5 <> 0), (g %% 5 <> 0),
        CASE WHEN g %% 5 <> 0 THEN nextval(%(sequence)s::regclass) END,
        now() - make_interval(secs => (%(size)s - g) * %(spacing)s)
 FROM generate_series(%(start)s, %(stop)s) AS g
+RETURNING id, swarm_id, created_at, index
+)
+INSERT INTO pool_rollouttext (rollout_id, swarm_id, created_at, question, answer, completions)
+SELECT id, swarm_id, created_at, 'What is ' || index::text || ' + 1? Give the answer in <answer> tags.',
+       (index + 1)::text,
+       '["<answer>1</answer>", "<answer>2</answer>", "I think <answer>3</answer>", "<answer>4</answer>"]'::jsonb
+FROM ledger
 """
 
 
@@ -794,6 +828,7 @@ def fill_pool(size: int, authors: list[int], window: int) -> None:
             bar.update(stop - start + 1)
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE pool_rollout")
+        cur.execute("VACUUM ANALYZE pool_rollouttext")
 
 
 def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
@@ -828,7 +863,7 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
             connections["default"] = connections[alias]
             start = time.perf_counter()
             with connections[alias].cursor() as cur:
-                cur.execute("TRUNCATE pool_rollout, moderation_rolloutfingerprint CASCADE")
+                cur.execute("TRUNCATE pool_rollout, pool_rollouttext, moderation_rolloutfingerprint CASCADE")
             fill_pool(size, authors, window)
             fill_s[size] = time.perf_counter() - start
             assert Rollout.objects.count() == size

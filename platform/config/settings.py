@@ -268,6 +268,20 @@ SAPO_CATALOGUE = env_str("SAPO_CATALOGUE", "") or "sapo"
 # them set 0, so no process keeps a swarm that no longer exists.
 SAPO_SWARM_PLACE_SECONDS = env_float("SAPO_SWARM_PLACE_SECONDS", 5.0)
 
+# --- The pool's text retention (docs/deploy.md, "Text retention and archives") ------------------
+# A group's texts (question, answer, completions) are kept this many days, then written to
+# SAPO_ARCHIVE_DIR (one gzip file per day; empty: not archived) and dropped by the scheduled job
+# `retention`; its ledger row (every figure's source) is kept for good. Longer than the sampling
+# window, or a group could age out while it is still sampled.
+SAPO_TEXT_RETENTION_DAYS = env_int("SAPO_TEXT_RETENTION_DAYS", 14)
+_WINDOW_DAYS = SAPO_LIMITS.get("sample_window_seconds", 86_400) / 86_400
+if not _WINDOW_DAYS < SAPO_TEXT_RETENTION_DAYS <= 36_500:
+    raise EnvError(
+        f"SAPO_TEXT_RETENTION_DAYS must be longer than the sampling window ({_WINDOW_DAYS:g} days) and at most"
+        f" 36,500, got {SAPO_TEXT_RETENTION_DAYS}"
+    )
+SAPO_ARCHIVE_DIR = env_str("SAPO_ARCHIVE_DIR", "")
+
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
 # Namespace of every Redis key this deployment writes (channel layer, rate limits), so deployments

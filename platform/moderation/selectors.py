@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import Count, Exists, F, IntegerField, OuterRef, Prefetch, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, TruncDate
 
 from accounts.models import User
 from moderation.models import AuditEntry, ModerationFlag, ModerationRule, TrustRecord
@@ -15,7 +15,7 @@ from moderation.rules import PER_SWARM_KEYS, RULES, Rule, default_rule, rule_of_
 from moderation.trust import trust_value
 from nodes.models import Node
 from nodes.presence import with_connected
-from pool.models import ModerationStatus, RejectReason, Rollout, Verdict
+from pool.models import ModerationStatus, RejectReason, RetentionDay, Rollout, Verdict
 from swarms.models import Swarm
 
 
@@ -60,12 +60,20 @@ def rollout_queue_base(*, filters: dict[str, Any]) -> QuerySet[Rollout]:
 
 
 def rollout_queue(*, filters: dict[str, Any]) -> QuerySet[Rollout]:
-    """The queue's rows, newest first, with author, trust, decision and open flags loaded (2 queries a page)."""
+    """The queue's rows, newest first, with author, trust, decision, texts (or when they aged out:
+    `texts_dropped_at`, pool.retention) and open flags loaded (2 queries a page)."""
     return (
         rollout_queue_base(filters=filters)
+        .annotate(_day=TruncDate("created_at", tzinfo=UTC))
+        .annotate(
+            texts_dropped_at=Subquery(
+                RetentionDay.objects.filter(day=OuterRef("_day"), dropped_at__isnull=False).values("dropped_at")[:1]
+            )
+        )
         .select_related(
             "node", "node__owner", "node__trust_record", "moderation_decision", "moderation_decision__actor"
         )
+        .with_texts()
         .prefetch_related(
             Prefetch(
                 "moderation_flags",

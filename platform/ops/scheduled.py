@@ -21,6 +21,7 @@ JOBS: list[tuple[str, str]] = [
     ("fold", "figures.stats.stats_fold_job"),
     ("badges", "figures.badges.badges_assign_job"),
     ("export", "web.export.stats_export_job"),
+    ("retention", "pool.retention.retention_job"),
     ("alerts", "alerts.jobs.run"),
 ]
 

@@ -1,7 +1,9 @@
 """Probes and metrics for whoever runs the site (docs/deploy.md, "Operations").
 
 /healthz   liveness: the process answers HTTP (no database, no channel layer)
-/readyz    readiness: the database and the channel layer answer; 503 with what failed otherwise
+/readyz    readiness: the database and the channel layer answer; 503 with what failed otherwise. Also
+           says whether the texts' retention stopped at a day (`retention`), which is not readiness:
+           the site serves as before, but the operator must fix the archive folder
 /metrics   Prometheus text format (common.metrics, ops.collectors)
 /favicon.ico  the site's icon, for pages that name none (the admin's)
 """
@@ -91,7 +93,23 @@ async def readyz(request: HttpRequest) -> JsonResponse:
         )
     )
     ready = all(value == "ok" for value in results.values())
-    return JsonResponse({"ready": ready, **results}, status=200 if ready else 503)
+    retention = "unknown (no database)"
+    if results["database"] == "ok":
+        try:
+            retention = await sync_to_async(_retention)()
+        except Exception as exc:  # reported, never a reason to be unready
+            retention = f"{type(exc).__name__}: {exc}"[:300]
+    return JsonResponse({"ready": ready, **results, "retention": retention}, status=200 if ready else 503)
+
+
+def _retention() -> str:
+    """The retention's state: ok, or the first day it stopped at and why (pool.retention)."""
+    from pool.retention import retention_errors
+
+    errors = retention_errors()
+    if not errors:
+        return "ok"
+    return f"stopped at {errors[0].day}: {errors[0].error}"[:500]
 
 
 _LIVE_GAUGE_FILE = re.compile(r"gauge_live\w*_(\d+)\.db")

@@ -37,14 +37,22 @@ class RolloutPublicSerializer(serializers.Serializer):
     dataset = serializers.CharField()
     seed = serializers.IntegerField()
     index = serializers.IntegerField()
-    question = serializers.CharField()
+    question = serializers.CharField(allow_null=True, help_text="Null once the group's texts aged out.")
     answer = serializers.CharField(allow_null=True)
-    completions = serializers.ListField(child=serializers.CharField())
+    completions = serializers.ListField(
+        child=serializers.CharField(), allow_null=True, help_text="Null once the group's texts aged out."
+    )
+    texts_aged_out = serializers.SerializerMethodField(
+        help_text="The texts are kept SAPO_TEXT_RETENTION_DAYS; the ledger (rewards, verdict) for good."
+    )
     verified_rewards = serializers.ListField(child=serializers.FloatField(), allow_null=True)
     claimed_rewards = serializers.ListField(child=serializers.FloatField())
     verdict = serializers.CharField()
     reason = serializers.CharField()
     created_at = serializers.DateTimeField()
+
+    def get_texts_aged_out(self, rollout) -> bool:  # noqa: ANN001
+        return rollout.completions is None
 
 
 class PoolStatsView(APIView):

@@ -36,6 +36,8 @@ REJECTED_KEEP_COMPLETIONS = 4
 # text as Django's cursor does: quoting the completions was most of the ORM bulk_create's cost
 # (docs/benchmarks.md, "Pool"). The arrays go in binary (`placeholders(binary=...)`): text format
 # escapes every element with a regular expression. The parts, after the INSERT:
+# - texts: the inserted groups' texts (pool_rollouttext, partitioned by day), the first of a repeated
+#   id being the one inserted;
 # - counts: per node, its groups inserted, accepted and rejected;
 # - conflicts: per node, the ids another node stored already (the statement's snapshot: rows inserted
 #   above are not seen), counted as rejections each time they are sent; looked up only when some id
@@ -60,21 +62,29 @@ _P = placeholders(
 _F = {**_P, "owner_bytes": owner_hour_bytes_sql(sql.Identifier("w", "owner"))}
 _INSERT_CTES: dict[str, sql.Composable] = {
     "inserted": sql.SQL("""
-INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index, question, answer,
-    completions, completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
+INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index,
+    completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
-SELECT u.id, u.node, {swarm}, {catalogue_version}, u.round, u.dataset, u.seed, u.index, u.question, u.answer,
-       u.completions::jsonb, u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
+SELECT u.id, u.node, {swarm}, {catalogue_version}, u.round, u.dataset, u.seed, u.index,
+       u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
        CASE WHEN u.held THEN 'held' ELSE 'ok' END, u.has_variance, u.sampleable,
        CASE WHEN u.sampleable THEN nextval({sequence}::regclass) END, {now}
 FROM unnest({id}::uuid[], {node}::bigint[], {round}::int[], {dataset}::text[], {seed}::bigint[],
-            {index}::bigint[], {question}::text[], {answer}::text[], {completions}::text[],
-            {count}::int[], {claimed}::text[], {verified}::text[], {verdict}::text[], {reason}::text[],
-            {has_variance}::bool[], {sampleable}::bool[], {held}::bool[])
-     AS u(id, node, round, dataset, seed, index, question, answer, completions, completion_count, claimed,
+            {index}::bigint[], {count}::int[], {claimed}::text[], {verified}::text[], {verdict}::text[],
+            {reason}::text[], {has_variance}::bool[], {sampleable}::bool[], {held}::bool[])
+     AS u(id, node, round, dataset, seed, index, completion_count, claimed,
           verified, verdict, reason, has_variance, sampleable, held)
 ON CONFLICT (id) DO NOTHING
 RETURNING id, node_id, verdict
+""").format(**_F),
+    # The texts are pool_rollouttext's (partitioned by day; pool.retention ages them out), written for
+    # the ids really inserted; a repeated id's first occurrence is the one the ledger took.
+    "texts": sql.SQL("""
+INSERT INTO pool_rollouttext (rollout_id, swarm_id, created_at, question, answer, completions)
+SELECT DISTINCT ON (u.id) u.id, {swarm}, {now}, u.question, u.answer, u.completions::jsonb
+FROM unnest({id}::uuid[], {question}::text[], {answer}::text[], {completions}::text[])
+     WITH ORDINALITY AS u(id, question, answer, completions, n)
+JOIN inserted i ON i.id = u.id ORDER BY u.id, u.n
 """).format(**_F),
     "counts": sql.SQL("""
     SELECT node_id AS node, count(*) AS n,

@@ -36,6 +36,19 @@ class RejectReason(models.TextChoices):
     VERIFICATION_TIMEOUT = "verification_timeout", "A completion's scorer ran out of time"
 
 
+class RolloutQuerySet(models.QuerySet):
+    def with_texts(self) -> RolloutQuerySet:
+        """Each group with its texts as `question`, `answer` and `completions` (a LEFT JOIN of
+        RolloutText on the id and the day, so only the group's day partition is read); all three None
+        when the texts aged out (pool.retention), which `completions` alone tells (never NULL when kept)."""
+        return self.annotate(
+            _texts=models.FilteredRelation("text_rows", condition=Q(text_rows__created_at=models.F("created_at"))),
+            question=models.F("_texts__question"),
+            answer=models.F("_texts__answer"),
+            completions=models.F("_texts__completions"),
+        )
+
+
 class Rollout(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, help_text="Chosen by the node; idempotency key.")
     # No index of its own: pool_rollout_node_idx (node, -created_at) serves every lookup by node, and
@@ -49,10 +62,8 @@ class Rollout(models.Model):
     dataset = models.CharField(max_length=64)
     seed = models.BigIntegerField()
     index = models.BigIntegerField()
-    question = models.TextField()
-    # NULL (no single answer, e.g. propositional_logic) differs from an empty answer.
-    answer = models.TextField(null=True, blank=True, help_text="Null for tasks without a single answer.")  # noqa: DJ001
-    completions = models.JSONField(help_text="List of completion texts, as sent.")
+    # The texts (question, answer, completions) are RolloutText's: kept SAPO_TEXT_RETENTION_DAYS, while
+    # this row, the ledger every figure reads, is kept for good (docs/architecture.md, "The pool's storage").
     completion_count = models.PositiveSmallIntegerField()
     claimed_rewards = models.JSONField(help_text="Rewards the node claimed, one per completion.")
     verified_rewards = models.JSONField(
@@ -72,6 +83,8 @@ class Rollout(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
 
+    objects = RolloutQuerySet.as_manager()
+
     class Meta:
         indexes = [
             models.Index(
@@ -81,6 +94,13 @@ class Rollout(models.Model):
                 fields=["swarm", "created_at"], condition=Q(sampleable=True), name="pool_rollout_swarm_fresh_idx"
             ),
             models.Index(fields=["node", "-created_at"], name="pool_rollout_node_idx"),
+            # The few groups under review, by time: what the retention keeps of a day it drops, found
+            # without reading the day (pool.retention; it holds the texts table's lock meanwhile).
+            models.Index(
+                fields=["created_at"],
+                condition=Q(moderation_status__in=["held", "quarantined"]),
+                name="pool_rollout_review_idx",
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -96,6 +116,50 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset}#{self.index} by node {self.node_id} ({self.verdict})"
+
+
+class RolloutText(models.Model):
+    """A group's texts, apart from its ledger row (Rollout) because they are kept for a while only:
+    SAPO_TEXT_RETENTION_DAYS, then dropped or archived (pool.retention). The table is range-partitioned
+    by `created_at`, a partition per UTC day and a DEFAULT one: made by migration 0008's SQL (Django
+    does not make partitioned tables), read through this model. `created_at` is the group's; the key
+    holds it because a unique key of a partitioned table must."""
+
+    pk = models.CompositePrimaryKey("rollout", "created_at")
+    # No foreign key in the database: the row is written in the statement that writes its ledger row
+    # (pool.ingest_statement), and a check per inserted row would buy nothing more. Django still
+    # cascades a node's deletion here.
+    rollout = models.ForeignKey(
+        Rollout, on_delete=models.CASCADE, related_name="text_rows", db_constraint=False, db_index=False
+    )
+    swarm = models.ForeignKey(
+        "swarms.Swarm", on_delete=models.DO_NOTHING, related_name="+", db_constraint=False, db_index=False
+    )
+    created_at = models.DateTimeField()
+    question = models.TextField()
+    # NULL (no single answer, e.g. propositional_logic) differs from an empty answer.
+    answer = models.TextField(null=True, blank=True, help_text="Null for tasks without a single answer.")  # noqa: DJ001
+    completions = models.JSONField(help_text="List of completion texts, as sent.")
+
+    def __str__(self) -> str:
+        return f"texts of {self.rollout_id}"
+
+
+class RetentionDay(models.Model):
+    """What the retention job (pool.retention) did with one UTC day's texts: archived to `archive` (empty:
+    no archive folder) and dropped at `dropped_at`, `kept` of them (groups under review) moved to the
+    DEFAULT partition; or `error`, why it stopped before dropping (shown on /readyz)."""
+
+    day = models.DateField(primary_key=True)
+    groups = models.PositiveIntegerField(default=0, help_text="Texts rows the day's partition held.")
+    kept = models.PositiveIntegerField(default=0, help_text="Of those, kept (groups under review).")
+    archive = models.CharField(max_length=500, blank=True)
+    dropped_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"texts of {self.day}: {'dropped' if self.dropped_at else self.error or 'pending'}"
 
 
 class NodeVerdictCounts(models.Model):

@@ -50,16 +50,18 @@ _GROUP_COLUMNS = {
     "dataset": ("r", "dataset"),
     "seed": ("r", "seed"),
     "index": ("r", "index"),
-    "question": ("r", "question"),
-    "answer": ("r", "answer"),
-    "completions": ("r", "completions"),
+    "question": ("t", "question"),
+    "answer": ("t", "answer"),
+    "completions": ("t", "completions"),
     "rewards": ("r", "verified_rewards"),
 }
 assert tuple(_GROUP_COLUMNS) == SampledGroup._fields, "pool.sampling._GROUP_COLUMNS and SampledGroup disagree"
 
 # One round trip for the common case: the window's range (pool.selectors.SAMPLE_WINDOW), `k` distinct
 # uniform numbers in it, and the eligible groups they name (index lookups on the partial sample_seq
-# index). Rows come back for every number drawn, with NULL group columns for a miss.
+# index). Rows come back for every number drawn, with NULL group columns for a miss. The texts are
+# pool_rollouttext's (partitioned by day): `t.created_at >= cutoff` lets the planner read the window's
+# partitions only (tests/platform/test_retention.py checks the plan).
 _DRAW = sql.SQL(
     """
 WITH bounds AS ({window}), draws AS (
@@ -69,7 +71,8 @@ WITH bounds AS ({window}), draws AS (
 SELECT b.lo, b.hi, d.k, {columns}
 FROM bounds b
 LEFT JOIN draws d ON true
-LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id)
+LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id
+           JOIN pool_rollouttext t ON t.rollout_id = r.id AND t.created_at = r.created_at AND t.created_at >= {cutoff})
        ON r.swarm_id = {swarm} AND r.sample_seq = d.k AND r.sampleable AND r.node_id <> {node}
           AND r.created_at >= {cutoff}
 """
@@ -160,10 +163,10 @@ def _draw(
         # planner cannot prefer a scan of the whole window.
         found = [
             _Hit(r.sample_seq, SampledGroup.of_rollout(r))
-            for r in Rollout.objects.filter(swarm_id=swarm_id, sampleable=True, sample_seq__in=draws).select_related(
-                "node"
-            )
-            if r.node_id != node.id and r.created_at >= cutoff
+            for r in Rollout.objects.filter(swarm_id=swarm_id, sampleable=True, sample_seq__in=draws)
+            .select_related("node")
+            .with_texts()
+            if r.node_id != node.id and r.created_at >= cutoff and r.completions is not None
         ]
         hit_rate = max(len(found) / len(draws), 0.02)
         chosen.extend(_keep(found, tried, rng))
@@ -216,5 +219,5 @@ def _keep(hits: list[_Hit], tried: set[int], rng: random.Random) -> list[_Hit]:
 def _fetch(ids: list[uuid.UUID]) -> list[_Hit]:
     if not ids:
         return []
-    rows = {r.id: r for r in Rollout.objects.filter(id__in=ids).select_related("node")}
+    rows = {r.id: r for r in Rollout.objects.filter(id__in=ids).select_related("node").with_texts()}
     return [_Hit(rows[i].sample_seq, SampledGroup.of_rollout(rows[i])) for i in ids if i in rows]

@@ -52,7 +52,7 @@ class ShareToScreen:
 #: uses exactly these): its common table expressions and its parameters. A RecordSql may read the CTE `inserted`
 #: (id, node_id, verdict: the groups this statement really inserted, an id already stored left out)
 #: and the parameter `now` (the statement's time); it may name nothing else of these.
-INSERT_CTE_NAMES = frozenset({"inserted", "counts", "conflicts", "verdict_counts", "storage", "totals"})
+INSERT_CTE_NAMES = frozenset({"inserted", "texts", "counts", "conflicts", "verdict_counts", "storage", "totals"})
 INSERT_PARAM_NAMES = frozenset(
     {
         "now",

@@ -45,9 +45,13 @@ def sample_window(cutoff: datetime, swarm_id: int) -> tuple[int, int] | None:
 
 
 def rollout_get_public(*, rollout_id: uuid.UUID) -> Rollout:
-    """One group as the public sees it; groups a moderator took out are not shown."""
+    """One group as the public sees it, with its texts (None once they aged out); groups a moderator
+    took out are not shown."""
     rollout = (
-        Rollout.objects.select_related("node").filter(id=rollout_id, moderation_status=ModerationStatus.OK).first()
+        Rollout.objects.select_related("node")
+        .with_texts()
+        .filter(id=rollout_id, moderation_status=ModerationStatus.OK)
+        .first()
     )
     if rollout is None:
         raise NotFound("No such rollout.")

@@ -229,9 +229,11 @@ def aha_groups(
         .filter(nodes__gte=AHA_MIN_NODES)
         .order_by("-nodes", "rollout_id")[:limit]
     )
-    rollouts = Rollout.objects.filter(
-        id__in=[r["rollout_id"] for r in rows], moderation_status=ModerationStatus.OK
-    ).select_related("node", "node__owner")
+    rollouts = (
+        Rollout.objects.filter(id__in=[r["rollout_id"] for r in rows], moderation_status=ModerationStatus.OK)
+        .select_related("node", "node__owner")
+        .with_texts()
+    )
     by_id = {r.id: r for r in rollouts}
     out = []
     for row in rows:
@@ -243,7 +245,7 @@ def aha_groups(
             {
                 "id": rollout.id,
                 "dataset": rollout.dataset,
-                "question": rollout.question[:200],
+                "question": None if rollout.question is None else rollout.question[:200],  # None: aged out
                 "node": rollout.node.name,
                 "contributor": rollout.node.owner.public_name,
                 "nodes_trained": row["nodes"],

@@ -76,7 +76,7 @@ class DatasetAccuracySerializer(serializers.Serializer):
 class AhaGroupSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     dataset = serializers.CharField()
-    question = serializers.CharField()
+    question = serializers.CharField(allow_null=True, help_text="Null once the group's texts aged out.")
     node = serializers.CharField()
     contributor = serializers.CharField()
     nodes_trained = serializers.IntegerField(help_text="Other nodes that trained on it.")

@@ -17,13 +17,13 @@ from alerts.services import CONFIRM_SALT
 from figures.leaderboard import FIGURES_CACHE_SECONDS
 from figures.stats import stats_rebuild
 from nodes.models import Node
-from pool.models import NodeRound, Rollout, Verdict
+from pool.models import NodeRound, Rollout, RolloutText, Verdict
 from swarms.services import swarm_default_ensure
 
 
 def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
     """An accepted, credited group as the pool stores it (no re-verification: the figures are under test)."""
-    Rollout.objects.create(
+    rollout = Rollout.objects.create(
         id=uuid.uuid4(),
         node=node,
         swarm=swarm_default_ensure(),
@@ -32,9 +32,6 @@ def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
         dataset="basic_arithmetic",
         seed=1,
         index=Rollout.objects.count(),
-        question="What is 1 + 1?",
-        answer="2",
-        completions=[f"<answer>{r}</answer>" for r in rewards],
         completion_count=len(rewards),
         claimed_rewards=list(rewards),
         verified_rewards=list(rewards),
@@ -43,6 +40,14 @@ def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
         sampleable=True,
         sample_seq=Rollout.objects.count() + 1,
         created_at=created_at,
+    )
+    RolloutText.objects.create(
+        rollout=rollout,
+        swarm_id=rollout.swarm_id,
+        created_at=created_at,
+        question="What is 1 + 1?",
+        answer="2",
+        completions=[f"<answer>{r}</answer>" for r in rewards],
     )
     Node.objects.filter(id=node.id).update(last_seen_at=timezone.now())
 

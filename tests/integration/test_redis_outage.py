@@ -104,7 +104,7 @@ def test_readyz_is_200_with_node_sockets_open(server) -> None:
         for _ in range(3):
             status, body = get(server.url + "/readyz")
             assert status == 200, body
-            assert json.loads(body) == {"ready": True, "database": "ok", "channel_layer": "ok"}
+            assert json.loads(body) == {"ready": True, "database": "ok", "channel_layer": "ok", "retention": "ok"}
 
 
 def test_readyz_is_503_while_redis_is_down_and_200_when_it_returns(server, on_redis) -> None:

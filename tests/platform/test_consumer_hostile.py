@@ -186,7 +186,7 @@ async def test_rejected_groups_are_stored_cut_short(node_token):
     junk["completions"] = ["c" * 8000] * 6
     reply = await ask(socket, share_frame(junk))
     assert reply["rejected"] == [{"id": junk["id"], "reason": "unknown_task"}]
-    row = await sync_to_async(Rollout.objects.get)(id=junk["id"])
+    row = await sync_to_async(Rollout.objects.with_texts().get)(id=junk["id"])
     assert row.completion_count == 6 and len(row.completions) == REJECTED_KEEP_COMPLETIONS
     assert all(c.startswith("c" * REJECTED_KEEP_CHARS) and len(c) < REJECTED_KEEP_CHARS + 40 for c in row.completions)
     assert row.question.startswith("q" * REJECTED_KEEP_CHARS) and "cut: 5000 characters" in row.question

@@ -48,7 +48,7 @@ def test_healthz_answers_without_touching_the_database(client, django_assert_num
 def test_readyz_checks_the_database_and_the_channel_layer(client):
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.json() == {"ready": True, "database": "ok", "channel_layer": "ok"}
+    assert response.json() == {"ready": True, "database": "ok", "channel_layer": "ok", "retention": "ok"}
 
 
 @pytest.mark.django_db

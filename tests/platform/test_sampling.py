@@ -14,7 +14,7 @@ from support.pool import EASY, make_group, sampled, to_rollout_in
 from common.compact_json import dumps_object
 from pool import sampling
 from pool.ingest import rollout_share
-from pool.models import Rollout, ServedGroup
+from pool.models import Rollout, RolloutText, ServedGroup
 from pool.services import rollout_set_moderation
 from sapo_node import protocol
 
@@ -52,9 +52,9 @@ def test_only_other_nodes_fresh_verified_varied_unmoderated_groups_are_sampled(p
     stale, quarantined, held = easy_group(14), easy_group(15), easy_group(16)
     share(asker, own)
     share(author, *good, forged, all_right, all_wrong, stale, quarantined, held)
-    Rollout.objects.filter(id=stale["id"]).update(
-        created_at=Rollout.objects.get(id=stale["id"]).created_at - timedelta(days=2)
-    )
+    two_days_earlier = Rollout.objects.get(id=stale["id"]).created_at - timedelta(days=2)
+    Rollout.objects.filter(id=stale["id"]).update(created_at=two_days_earlier)
+    RolloutText.objects.filter(rollout_id=stale["id"]).update(created_at=two_days_earlier)
     rollout_set_moderation(rollouts=[quarantined["id"]], status="quarantined")
     rollout_set_moderation(rollouts=[held["id"]], status="held")
     expected = {g["id"] for g in good}
@@ -154,10 +154,11 @@ def test_completions_are_compressed_with_lz4_where_the_server_has_it_and_read_ba
     completions = [f"{words} ({k}) <answer>{g['answer'] if k % 2 else 'no'}</answer>" for k in range(8)]
     (row,) = share(make_node(), group(31, completions=completions))
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_column_compression(completions) FROM pool_rollout WHERE id = %s", [row.id])
+        cursor.execute(
+            "SELECT pg_column_compression(completions) FROM pool_rollouttext WHERE rollout_id = %s", [row.id]
+        )
         assert cursor.fetchone()[0] == ("lz4" if _has_lz4() else "pglz")
-    row.refresh_from_db()
-    assert row.completions == completions
+    assert Rollout.objects.with_texts().get(id=row.id).completions == completions
 
 
 def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> None:
@@ -188,7 +189,7 @@ def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> N
     reply = json.loads(dumps_object({"type": protocol.SAMPLES, "rollouts": drawn}))  # as the socket sends it
     assert [json.loads(text) for text in drawn.texts] == reply["rollouts"] and len(reply["rollouts"]) == 8
     ids = [uuid.UUID(group["id"]) for group in reply["rollouts"]]
-    stored = {r.id: r for r in Rollout.objects.select_related("node").filter(id__in=ids)}
+    stored = {r.id: r for r in Rollout.objects.select_related("node").with_texts().filter(id__in=ids)}
     for rollout_id, group in zip(ids, reply["rollouts"], strict=True):
         assert group == json.loads(json.dumps(protocol_object(stored[rollout_id])))
     # The groups sent are the node's to report as used (and only those).

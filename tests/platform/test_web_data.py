@@ -13,7 +13,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from nodes.models import Node
-from pool.models import Consumption, ModerationStatus, NodeRound, Rollout, Verdict
+from pool.models import Consumption, ModerationStatus, NodeRound, Rollout, RolloutText, Verdict
 from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
 
@@ -45,9 +45,6 @@ def make_group(
         dataset=dataset,
         seed=1234,
         index=Rollout.objects.count(),
-        question=f"What is {len(rewards)} + 1?",
-        answer="2",
-        completions=[f"<answer>{r}</answer>" for r in rewards],
         completion_count=len(rewards),
         claimed_rewards=list(rewards),
         verified_rewards=list(rewards),
@@ -58,6 +55,14 @@ def make_group(
         sampleable=sampleable,
         sample_seq=Rollout.objects.count() + 1 if sampleable else None,
         created_at=created_at,
+    )
+    RolloutText.objects.create(
+        rollout=rollout,
+        swarm_id=rollout.swarm_id,
+        created_at=created_at,
+        question=f"What is {len(rewards)} + 1?",
+        answer="2",
+        completions=[f"<answer>{r}</answer>" for r in rewards],
     )
     if node.last_seen_at is None or node.last_seen_at < created_at:
         Node.objects.filter(id=node.id).update(last_seen_at=created_at)

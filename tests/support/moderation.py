@@ -15,7 +15,7 @@ from support.pool import SAPO, make_group, to_rollout_in
 def share(node: Node, *groups: dict[str, Any]) -> list[Rollout]:
     """Share groups as `node` through the pool (verification, automatic rules, storage); the stored rows."""
     rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=SAPO)
-    rows = {r.id: r for r in Rollout.objects.filter(id__in=[g["id"] for g in groups])}
+    rows = {r.id: r for r in Rollout.objects.with_texts().filter(id__in=[g["id"] for g in groups])}
     return [rows[uuid.UUID(g["id"])] for g in groups]
 
 

@@ -1,0 +1,318 @@
+"""The texts' partitions and their retention (docs/architecture.md, "The pool's storage"; the archive's
+schema in docs/deploy.md, "Text retention and archives").
+
+`pool_rollouttext` has one partition per UTC day (`pool_rollouttext_pYYYYMMDD`) and a DEFAULT one. The
+scheduled job `retention` makes the days ahead (`partitions_ensure`) and ages out the days past the
+retention (`texts_age_out`): for each, oldest first, it writes the day's texts to the archive folder,
+then, in one transaction, detaches the day's partition, puts the texts of groups under review back
+(the DEFAULT partition takes them) and drops the rest. A run stopped anywhere leaves the day whole or
+gone; the next run does it again from the start. A day whose archive cannot be written is not dropped:
+the run stops there and the error is kept (RetentionDay.error) for /readyz.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+from psycopg import sql
+
+from pool.limits import current_limits
+from pool.models import ModerationStatus, RetentionDay
+
+log = logging.getLogger(__name__)
+
+PARENT = "pool_rollouttext"
+DEFAULT_PARTITION = "pool_rollouttext_default"
+_PARENT = sql.Identifier(PARENT)
+_DEFAULT = sql.Identifier(DEFAULT_PARTITION)
+#: Days made ahead of today by each run.
+AHEAD_DAYS = 7
+#: Moderation statuses whose groups keep their texts past the retention (a moderator may still look);
+#: pool_rollout_review_idx is partial on them.
+UNDER_REVIEW = (ModerationStatus.HELD, ModerationStatus.QUARANTINED)
+#: Rows read from the database per round trip while archiving a day.
+ARCHIVE_CHUNK = 2_000
+#: pg advisory lock id of a retention run: two runs at once (two schedulers) do not race on one day.
+_LOCK_KEY = 0x5A90_7E7E
+
+_NAME = re.compile(r"^pool_rollouttext_p(\d{8})$")
+
+
+class ArchiveError(OSError):
+    """A day's archive file could not be written: the day is not dropped."""
+
+
+def partition_name(day: date) -> str:
+    return f"{PARENT}_p{day:%Y%m%d}"
+
+
+def _bounds(day: date) -> tuple[datetime, datetime]:
+    start = datetime.combine(day, time(0), tzinfo=UTC)
+    return start, start + timedelta(days=1)
+
+
+def day_partitions() -> dict[date, str]:
+    """The day partitions that exist, by day."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass",
+            [PARENT],
+        )
+        names = [row[0] for row in cursor.fetchall()]
+    return {datetime.strptime(m.group(1), "%Y%m%d").date(): name for name in names if (m := _NAME.match(name))}
+
+
+def partitions_ensure(*, now: datetime | None = None, ahead: int = AHEAD_DAYS) -> list[str]:
+    """Make the day partitions from today to `ahead` days on that do not exist, and those of days the
+    DEFAULT partition has rows of (the job did not run ahead of them) that were not aged out; return
+    their names. The DEFAULT partition's rows of a day move into its new partition in the same
+    transaction (PostgreSQL refuses to attach a range the DEFAULT partition holds rows of)."""
+    today = (now or timezone.now()).astimezone(UTC).date()
+    existing = day_partitions()
+    dropped = set(RetentionDay.objects.filter(dropped_at__isnull=False).values_list("day", flat=True))
+    with connection.cursor() as cursor:  # small: groups kept under review, and days the job was late for
+        cursor.execute(sql.SQL("SELECT DISTINCT (created_at AT TIME ZONE 'UTC')::date FROM {}").format(_DEFAULT))
+        late = {row[0] for row in cursor.fetchall()} - dropped
+    made = []
+    for day in sorted(late | {today + timedelta(days=offset) for offset in range(ahead + 1)}):
+        if day in existing:
+            continue
+        name = partition_name(day)
+        table = sql.Identifier(name)
+        lo, hi = _bounds(day)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
+                    " INCLUDING STORAGE INCLUDING COMPRESSION)"
+                ).format(table, _PARENT)
+            )
+            cursor.execute(
+                sql.SQL(
+                    "WITH moved AS (DELETE FROM {} WHERE created_at >= {} AND created_at < {} RETURNING *)"
+                    " INSERT INTO {} SELECT * FROM moved"
+                ).format(_DEFAULT, sql.Placeholder("lo"), sql.Placeholder("hi"), table),
+                {"lo": lo, "hi": hi},
+            )
+            cursor.execute(  # DDL takes no parameters: the bounds as literals
+                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+                    _PARENT, table, sql.Literal(lo.isoformat()), sql.Literal(hi.isoformat())
+                )
+            )
+        made.append(name)
+    return made
+
+
+def longest_window() -> timedelta:
+    """The longest sampling window in force: the site's, or a swarm's own if longer."""
+    from swarms.models import Swarm
+
+    site = current_limits().sample_window_seconds
+    swarms = Swarm.objects.aggregate(longest=Max("sample_window_seconds"))["longest"] or 0
+    return timedelta(seconds=max(site, swarms))
+
+
+def texts_kept_since(now: datetime | None = None) -> datetime:
+    """Texts created at or after this are kept: the retention, and never less than the longest
+    sampling window and a day (a swarm's window may be set longer than the retention)."""
+    now = now or timezone.now()
+    keep = max(timedelta(days=settings.SAPO_TEXT_RETENTION_DAYS), longest_window() + timedelta(days=1))
+    return now - keep
+
+
+def archive_path(directory: Path, day: date) -> Path:
+    return directory / f"pool-texts-{day:%Y-%m-%d}.jsonl.gz"
+
+
+_ARCHIVE_SQL = sql.SQL("""
+SELECT t.rollout_id, t.swarm_id, t.created_at, r.node_id, r.round, r.dataset, r.seed, r.index, r.verdict, r.reason,
+       r.moderation_status, r.claimed_rewards, r.verified_rewards, t.question, t.answer, t.completions
+FROM {partition} t LEFT JOIN pool_rollout r ON r.id = t.rollout_id
+ORDER BY t.created_at, t.rollout_id
+""")
+_ARCHIVE_KEYS = (
+    "id",
+    "swarm_id",
+    "created_at",
+    "node_id",
+    "round",
+    "dataset",
+    "seed",
+    "index",
+    "verdict",
+    "reason",
+    "moderation_status",
+    "claimed_rewards",
+    "verified_rewards",
+    "question",
+    "answer",
+    "completions",
+)
+
+
+def _archive_day(day: date, name: str, directory: Path) -> tuple[Path, int]:
+    """Write the day's texts (with their ledger columns) to its archive file: a temporary name, flushed
+    to disk, then renamed into place, so a file under the final name is always whole. Returns the path
+    and the number of rows. Raises ArchiveError when the folder or the file cannot be written."""
+    path = archive_path(directory, day)
+    partial = path.with_name(path.name + ".partial")
+    rows = 0
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
+            with transaction.atomic(), connection.chunked_cursor() as cursor:
+                cursor.execute(_ARCHIVE_SQL.format(partition=sql.Identifier(name)))
+                while chunk := cursor.fetchmany(ARCHIVE_CHUNK):
+                    for row in chunk:
+                        record = dict(zip(_ARCHIVE_KEYS, row, strict=True))
+                        record["id"] = str(record["id"])
+                        record["created_at"] = record["created_at"].astimezone(UTC).isoformat()
+                        for key in ("claimed_rewards", "verified_rewards", "completions"):
+                            if isinstance(record[key], str):
+                                record[key] = json.loads(record[key])
+                        out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+                        rows += 1
+            out.flush()
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(partial, path)
+    except OSError as exc:
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise ArchiveError(f"cannot write the archive of {day}: {exc}") from exc
+    return path, rows
+
+
+def _detach(cursor, name: str) -> None:  # noqa: ANN001
+    cursor.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_PARENT, sql.Identifier(name)))
+
+
+def _keep_under_review(cursor, name: str, day: date) -> int:  # noqa: ANN001
+    """Put the detached day's texts of groups under review back into the parent (the DEFAULT
+    partition takes them: no day partition covers that day any more). Driven by the ledger's partial
+    index of groups under review, not by a read of the day: the parent stays locked meanwhile."""
+    lo, hi = _bounds(day)
+    cursor.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT t.* FROM pool_rollout r JOIN {} t"
+            " ON t.rollout_id = r.id AND t.created_at = r.created_at"
+            " WHERE r.moderation_status IN ('held', 'quarantined') AND r.created_at >= {} AND r.created_at < {}"
+        ).format(_PARENT, sql.Identifier(name), sql.Placeholder("lo"), sql.Placeholder("hi")),
+        {"lo": lo, "hi": hi},
+    )
+    return cursor.rowcount
+
+
+def _drop(cursor, name: str) -> None:  # noqa: ANN001
+    cursor.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
+
+
+def _day_drop(day: date, name: str, archive: Path | None, rows: int | None, now: datetime) -> RetentionDay:
+    """Detach, keep what is under review, drop, and record it: one transaction, so a failure at any
+    step leaves the day's partition attached and whole."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        if rows is None:
+            cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))
+            rows = cursor.fetchone()[0]
+        _detach(cursor, name)
+        kept = _keep_under_review(cursor, name, day)
+        _drop(cursor, name)
+        record, _ = RetentionDay.objects.update_or_create(
+            day=day,
+            defaults={
+                "groups": rows,
+                "kept": kept,
+                "archive": str(archive or ""),
+                "dropped_at": now,
+                "error": "",
+            },
+        )
+    return record
+
+
+@dataclass(frozen=True)
+class AgeOutResult:
+    dropped: list[RetentionDay]
+    failed: RetentionDay | None
+
+
+def texts_age_out(*, now: datetime | None = None, directory: Path | str | None = None) -> AgeOutResult:
+    """Age out every day partition whose whole day is older than `texts_kept_since`, oldest first.
+    `directory`: the archive folder (default settings.SAPO_ARCHIVE_DIR; empty: no archive). Stops at
+    the first day whose archive cannot be written, recording the error on that day."""
+    now = now or timezone.now()
+    if directory is None:
+        directory = settings.SAPO_ARCHIVE_DIR
+    folder = Path(directory) if directory else None
+    kept_since = texts_kept_since(now)
+    dropped = []
+    for day, name in sorted(day_partitions().items()):
+        if _bounds(day)[1] > kept_since:
+            break
+        archive, rows = None, None
+        if folder is not None:
+            try:
+                archive, rows = _archive_day(day, name, folder)
+            except ArchiveError as exc:
+                log.error("retention stopped: %s", exc)
+                failed, _ = RetentionDay.objects.update_or_create(day=day, defaults={"error": str(exc)[:2000]})
+                return AgeOutResult(dropped, failed)
+        dropped.append(_day_drop(day, name, archive, rows, now))
+    _reviewed_drop(kept_since)
+    return AgeOutResult(dropped, None)
+
+
+def _reviewed_drop(kept_since: datetime) -> int:
+    """Delete the texts kept past their day for review whose review is over (archived with their day
+    already). A DELETE, but of the DEFAULT partition's few rows only."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            sql.SQL(
+                "DELETE FROM {} t USING pool_rollout r, pool_retentionday d"
+                " WHERE r.id = t.rollout_id AND t.created_at < {} AND r.moderation_status <> ALL({})"
+                " AND d.day = (t.created_at AT TIME ZONE 'UTC')::date AND d.dropped_at IS NOT NULL"
+            ).format(_DEFAULT, sql.Placeholder("since"), sql.Placeholder("review")),
+            {"since": kept_since, "review": list(UNDER_REVIEW)},
+        )
+        return cursor.rowcount
+
+
+def retention_errors() -> list[RetentionDay]:
+    """Days the retention stopped at, not dropped since (for /readyz)."""
+    return list(RetentionDay.objects.exclude(error="").filter(dropped_at__isnull=True).order_by("day"))
+
+
+def retention_job() -> str:
+    """The scheduled job: make the days ahead, then age out the old ones, one run at a time (a session
+    advisory lock; a second run at once returns at once). Raises when a day's archive could not be
+    written (the job is then reported failed), after making the days ahead."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return "another retention run holds the lock: nothing done"
+    try:
+        made = partitions_ensure()
+        result = texts_age_out()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+    line = f"{len(made)} day partitions made, {len(result.dropped)} days aged out" + "".join(
+        f" ({r.day}: {r.groups} groups, {r.kept} kept under review)" for r in result.dropped
+    )
+    if result.failed is not None:
+        raise ArchiveError(f"{line}; stopped at {result.failed.day}: {result.failed.error}")
+    return line
