@@ -384,7 +384,7 @@ def forged_rows(catalogue_name: str) -> list[str]:
     from sapo_node.tasks import CATALOGUES
 
     bad = []
-    for row in Rollout.objects.filter(verdict=Verdict.ACCEPTED):
+    for row in Rollout.objects.with_texts().filter(verdict=Verdict.ACCEPTED):
         rollout = RolloutIn(
             id=row.id,
             round=row.round,

@@ -282,7 +282,10 @@ def _serve_asgi(
         process = DaphneProcess(
             host="127.0.0.1", port=port, get_application=lambda: _asgi_application(settings, log_path)
         )
-        process.daemon = True
+        # Not daemonic, as daphne is in production: a daemonic process may not start children, and the
+        # server starts some (a swarm catalogue's bounded builds, the scorers' sandbox). The finally
+        # below stops it.
+        process.daemon = False
         process.start()
         if not process.ready.wait(30):
             process.terminate()

@@ -11,7 +11,7 @@ from factories import make_node, make_swarm, make_user
 from playwright.sync_api import expect
 
 from nodes.models import Node
-from pool.models import Rollout, Verdict
+from pool.models import Rollout, RolloutText, Verdict
 from swarms.services import swarm_default_ensure
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def _group(node: Node, swarm, rewards: tuple[float, ...]) -> None:
     """One accepted group of `node` in `swarm`, stored as the pool stores it (no re-verification)."""
     now = timezone.now()
-    Rollout.objects.create(
+    rollout = Rollout.objects.create(
         id=uuid.uuid4(),
         node=node,
         swarm=swarm,
@@ -29,9 +29,6 @@ def _group(node: Node, swarm, rewards: tuple[float, ...]) -> None:
         dataset="basic_arithmetic",
         seed=1,
         index=Rollout.objects.count(),
-        question="What is 1 + 1?",
-        answer="2",
-        completions=["<answer>2</answer>"] * len(rewards),
         completion_count=len(rewards),
         claimed_rewards=list(rewards),
         verified_rewards=list(rewards),
@@ -39,6 +36,14 @@ def _group(node: Node, swarm, rewards: tuple[float, ...]) -> None:
         has_variance=False,
         sampleable=False,
         created_at=now,
+    )
+    RolloutText.objects.create(
+        rollout=rollout,
+        swarm_id=swarm.id,
+        created_at=now,
+        question="What is 1 + 1?",
+        answer="2",
+        completions=["<answer>2</answer>"] * len(rewards),
     )
     Node.objects.filter(id=node.id).update(last_seen_at=now)
 

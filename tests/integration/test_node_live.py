@@ -466,7 +466,10 @@ def test_an_online_run_stopped_with_ctrl_c_resumes_the_round_count(swarm_server,
     assert main([*argv, "--rounds", "5"]) == 130
 
     monkeypatch.setattr(loop, "score_rollouts", real_score)
-    assert main(["run", "--resume", "--out", str(out), "--rounds", "3"]) == 0  # server and settings from config.json
+    # Settings from config.json; the server the token goes to is the user's to name, never the folder's.
+    assert main(["run", "--resume", "--out", str(out), "--rounds", "3"]) == 2
+    resume = ["run", "--resume", "--out", str(out), "--rounds", "3", "--server", swarm_server.ws_url + "/ws/node/"]
+    assert main(resume) == 0
 
     rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rounds == [1, 2, 3]
