@@ -199,6 +199,14 @@ def _asgi_application(settings_overrides: dict[str, Any] | None = None, log_path
     # layers hold Redis connections of the parent's event loops. Start both afresh.
     SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
     channel_layers.backends.clear()
+    # Nor is the test process's multiprocessing fork server this process's child: starting a worker
+    # through it (a swarm catalogue's bounded build, the scorers' sandbox) would wait on a process
+    # that is not ours (ECHILD). Forget it, so this server starts its own, as a production server does.
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._forkserver_pid = None
+    forkserver._forkserver._forkserver_address = None
+    forkserver._forkserver._forkserver_alive_fd = None
 
     from common.library_patches.daphne import follow_frame_limit
     from config.asgi import application

@@ -74,11 +74,14 @@ def catalogue_entries_clean(entries: object) -> list[dict[str, Any]]:
         if type(weight) not in (int, float) or not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT:
             raise _invalid(f"{where}.weight", f"expected a number in (0, {MAX_WEIGHT:g}]")
         seconds = min(BUILD_SECONDS, max(0.0, deadline - time.monotonic()))
+        spent = f"building the catalogue's entries took more than {CHECK_SECONDS:g} s in all, up to {dataset}"
+        if seconds <= 0:  # no time left: a build that answers at once must not slip through
+            raise _invalid(f"{where}.config", spent)
         try:
             build_first_bounded(dataset, config, seconds=seconds)
         except BuildTimeout:
             if seconds < BUILD_SECONDS:  # the catalogue's time ran out first
-                why = f"building the catalogue's entries took more than {CHECK_SECONDS:g} s in all, up to {dataset}"
+                why = spent
             else:
                 why = f"reasoning-gym took more than {seconds:g} s to build an entry of {dataset} with it"
             raise _invalid(f"{where}.config", why) from None

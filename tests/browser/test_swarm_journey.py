@@ -29,7 +29,9 @@ def test_an_operator_opens_a_swarm_and_a_contributors_node_joins_it(live_server,
     page.fill("#entries", json.dumps(entries_of_catalogue(CATALOGUES["easy"])))
     page.fill('#swarm-form input[name="reason"]', "a campaign for laptops")
     page.get_by_role("button", name="Open the swarm").click()
-    expect(page).to_have_url(live_server.url + "/swarms/laptops/manage/")
+    # Saving builds an entry of each dataset in a bounded worker (the first save of a server process
+    # starts the fork server, which imports reasoning-gym): seconds on a loaded machine.
+    expect(page).to_have_url(live_server.url + "/swarms/laptops/manage/", timeout=60_000)
     expect(page.locator("#swarm-state")).to_have_text("Open")
     screenshot(page, "swarm-manage")
 
