@@ -53,7 +53,7 @@ from moderation.trust import (
 )
 from pool.messages import RolloutIn
 from pool.models import ModerationStatus
-from pool.seams import RecordPart, RecordSql, ShareToScreen
+from pool.seams import RECORD_READS_PARAMS, RecordPart, RecordSql, ShareToScreen
 from pool.verification import Verification
 
 
@@ -221,34 +221,9 @@ _RECORD_CTES: dict[str, sql.Composable] = {
 """).format(**_P),
     **TRUST_VERDICTS_CTES,
 }
-RECORD_SQL = RecordSql(
-    ctes=_RECORD_CTES,
-    param_names=frozenset(
-        {
-            "held_status",
-            "held_id",
-            "held_reason",
-            "held_rule",
-            "fp_id",
-            "fp_node",
-            "fp_qh",
-            "fp_exact",
-            "fp_simhash",
-            "flag_id",
-            "flag_node",
-            "flag_rule",
-            "flag_detail",
-            "flag_data",
-            "audit_target",
-            "audit_rule",
-            "audit_action",
-            "audit_id",
-            "audit_reason",
-            "audit_details",
-            *TRUST_PARAM_NAMES,
-        }
-    ),
-)
+# The parameters are those named in _P (the pool's `now` aside) and trust's: RecordSql checks them
+# against the placeholders the CTEs really use.
+RECORD_SQL = RecordSql(ctes=_RECORD_CTES, param_names=frozenset(_P.keys() - RECORD_READS_PARAMS) | TRUST_PARAM_NAMES)
 
 
 def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = None) -> list[Screening]:
