@@ -6,8 +6,9 @@ Walks the dependencies of the platform (requirements/base.txt) and of the study 
 its `experiment` extra) through this environment's installed distributions, with markers evaluated
 for the target Python (3.12, Linux x86-64), and prints `name==version` for each one. What the machine
 already has is left out with everything only it needs: torch and transformers (and their
-dependencies: CUDA, tokenizers, safetensors, the hub client); so is pycosat, which has no wheel (only
-reasoning-gym's zebra puzzles use it, and no catalogue of ours does). A package that torch or
+dependencies: CUDA, tokenizers, safetensors, the hub client); so is pycosat, which has no cp312 wheel
+(reasoning-gym imports it at import, for its zebra puzzles): study.sh carries its source and compiles
+it there. A package that torch or
 transformers needs is taken from the machine, never shadowed by another version. scipy is left out
 too (the analysis only: the study's rows are analysed where it is installed), and `--without NAME
 ...` leaves out packages the machine is known to have, to fit what can be carried to it.
@@ -25,7 +26,7 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[2]
 #: Installed on the GPU machine already, with their own dependencies.
 PROVIDED = {"torch", "transformers"}
-#: No wheel for the target; not needed by the study.
+#: No wheel for the target: study.sh carries its source instead.
 NO_WHEEL = {"pycosat"}
 #: The analysis only (35 MB): the runs' rows come back and are analysed where scipy is installed.
 ANALYSIS_ONLY = {"scipy"}

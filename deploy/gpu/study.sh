@@ -3,7 +3,8 @@
 #
 #   bash deploy/gpu/study.sh wheels                   # here, where the package index is reachable:
 #                                                     # cp312 wheels of what the study needs -> var/gpu-wheels/
-#   bash deploy/gpu/study.sh run OUT [SECONDS] [--resume]   # there, in a checkout that carries var/gpu-wheels/
+#                                                     # and var/gpu-wheels.tar.xz, the same unpacked, in xz
+#   bash deploy/gpu/study.sh run OUT [SECONDS] [--resume]   # there, in a checkout that carries either
 #
 # `run` installs the wheels into var/gpu-site (pip --no-index --no-deps --target; nothing else is
 # touched), then writes into OUT as it goes, so a run cut at any moment keeps what finished:
@@ -16,9 +17,9 @@
 #   run.log     everything the script printed
 # SECONDS (default 540) bounds the whole script: the study gets what the build and the benchmarks
 # left, less 30 s to pack OUT. `--resume` continues the study found in var/gpu-study.
-# For a dry run on a CPU: SAPO_GPU_STUDY_SKIP_INSTALL=1 SAPO_GPU_STUDY_MODEL=tiny-mini
+# For a dry run on a CPU: SAPO_GPU_STUDY_SKIP_INSTALL=1 SAPO_GPU_STUDY_MODEL=tiny-mini SAPO_BUILD_WORKERS=2
 # SAPO_GPU_STUDY_DEVICE=cpu SAPO_GPU_STUDY_FLAGS="--preset smoke --device cpu" (any `sapo-node
-# experiment` flags, after the preset's) SAPO_GPU_STUDY_BENCH="--questions 2 --generations 4" (any
+# experiment` flags, after the preset's) SAPO_GPU_STUDY_BENCH="--questions 2 --generations 4 --micro-batch 8" (any
 # bench/round.py flags, after the study's sizes).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,25 +46,68 @@ wheels)
       *) echo "no cp312 wheel for $req and it is not pure Python: the study cannot install it" >&2; exit 1 ;;
     esac
   done <"$WHEELS/requirements.txt"
+  # reasoning-gym imports pycosat (its zebra puzzles) at import, and pycosat publishes no cp312 wheel:
+  # its source goes along and `run` compiles it there (gcc and Python's headers come with that image).
+  "$PY" -m pip download --no-deps --no-binary=:all: -d "$WHEELS" -q \
+    "pycosat==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pycosat"))')"
   du -sh "$WHEELS"; ls "$WHEELS"/*.whl | wc -l
-  echo "a device machine takes 64 MiB of carried files: SAPO_GPU_WHEELS_WITHOUT=\"matplotlib pillow ...\" leaves out what it has"
+  # A wheel is deflated file by file; xz over all of them unpacked is about 40% smaller (69 MiB of
+  # wheels -> 42 MiB), which is what fits the 64 MiB a device machine takes beside the checkout.
+  rm -rf "$WHEELS.unpacked" && mkdir -p "$WHEELS.unpacked"
+  "$PY" - "$WHEELS" <<'PY'
+import sys, zipfile
+from pathlib import Path
+wheels = Path(sys.argv[1])
+for whl in sorted(wheels.glob("*.whl")):
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            path = Path(z.extract(info, wheels.with_name(wheels.name + ".unpacked") / whl.name))
+            if not info.is_dir() and info.external_attr >> 16 & 0o777:
+                path.chmod(info.external_attr >> 16 & 0o777)  # extract drops the mode: the server's binaries
+PY
+  cp "$WHEELS/requirements.txt" "$WHEELS"/*.tar.gz "$WHEELS.unpacked/"
+  tar -C "$WHEELS.unpacked" -cf - . | xz -T0 -9 >"$WHEELS.tar.xz"
+  rm -rf "$WHEELS.unpacked"
+  du -sh "$WHEELS.tar.xz"
+  echo "carry var/gpu-wheels.tar.xz (a device machine takes 64 MiB with the checkout); SAPO_GPU_WHEELS_WITHOUT=\"matplotlib ...\" leaves out what it has"
   exit 0 ;;
 run) ;;
-*) sed -n '2,21p' "$0"; exit 2 ;;
+*) sed -n '2,22p' "$0"; exit 2 ;;
 esac
 
 OUT=$(realpath -m "${2:?run OUT [SECONDS] [--resume]}")
 BUDGET=${3:-540}
 RESUME=${4:-}
 mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run.log") 2>&1
+# OUT/run.log keeps the first 4 MB (a file over 16 MiB would not come back from the machine);
+# var/gpu-study.log keeps everything.
+exec > >(tee -a "$ROOT/var/gpu-study.log" | awk -v keep="$OUT/run.log" \
+  '{ print; fflush(); n += length($0) + 1; if (n <= 4000000) { print >>keep; fflush(keep) } }') 2>&1
 START=$SECONDS
 left() { echo $((BUDGET - (SECONDS - START))); }
 say() { printf '\n=== %s (%ss, %ss left)\n' "$*" "$((SECONDS - START))" "$(left)"; }
 
 if [ -z "${SAPO_GPU_STUDY_SKIP_INSTALL:-}" ]; then
   say "install"
+  if ! ls "$WHEELS"/*.whl >/dev/null 2>&1 && [ -f "$WHEELS.tar.xz" ]; then
+    # The carried bundle: each wheel unpacked in a folder named after it, zipped back into that wheel.
+    mkdir -p "$WHEELS.unpacked" "$WHEELS" && xz -dc "$WHEELS.tar.xz" | tar -C "$WHEELS.unpacked" -xf -
+    "$PY" - "$WHEELS.unpacked" "$WHEELS" <<'PY'
+import shutil, sys
+from pathlib import Path
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+for folder in sorted(p for p in src.iterdir() if p.name.endswith(".whl")):
+    shutil.make_archive(str(dst / folder.name), "zip", root_dir=folder)
+    (dst / (folder.name + ".zip")).rename(dst / folder.name)
+PY
+    cp "$WHEELS.unpacked"/*.tar.gz "$WHEELS/" 2>/dev/null || true
+  fi
   "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+  for sdist in "$WHEELS"/*.tar.gz; do
+    [ -e "$sdist" ] || continue
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$sdist" \
+      || { echo "could not build $(basename "$sdist") here (a C compiler and Python's headers are needed)" >&2; exit 1; }
+  done
   export PYTHONPATH="$SITE"
 fi
 export PYTHONPATH="$ROOT/node_client:$ROOT/platform${PYTHONPATH:+:$PYTHONPATH}"
@@ -82,24 +126,14 @@ if [ -z "${DATABASE_URL:-}" ]; then
 fi
 
 say "build $MODEL"
-"$PY" - "$MODEL" "$OUT/build.json" <<'PY'
-import json, sys, time
-from sapo_node.models import load_policy
-from sapo_node.tiny import VARIANTS, build_info, tiny_path
-started = time.perf_counter()
-load_policy(sys.argv[1], device="auto")
-info = build_info(tiny_path(sys.argv[1])) if sys.argv[1] in VARIANTS else {}
-info = {**(info or {}), "load_or_build_seconds": round(time.perf_counter() - started, 1)}
-open(sys.argv[2], "w").write(json.dumps(info, indent=2) + "\n")
-print(json.dumps({k: info.get(k) for k in ("params", "warm_start_seconds", "format_seconds", "entry_workers",
-                                           "device", "load_or_build_seconds")}))
-PY
+# Each step is bounded by the time left, so one that hangs leaves the rest their turn.
+timeout "$(( $(left) / 2 ))" "$PY" deploy/gpu/build.py "$MODEL" "$OUT/build.json" || say "the build failed or ran out of time"
 
 say "generation paths"
-"$PY" bench/round.py --paths --model "$MODEL" --catalogue sapo --questions 8 --generations 8 --max-new-tokens 64 \
+timeout "$(( $(left) / 3 ))" "$PY" bench/round.py --paths --model "$MODEL" --catalogue sapo --questions 8 --generations 8 --max-new-tokens 64 \
   --rounds 5 --device "${SAPO_GPU_STUDY_DEVICE:-auto}" ${SAPO_GPU_STUDY_BENCH:-} | tee "$OUT/paths.txt" || true
 say "a node round"
-"$PY" bench/round.py --model "$MODEL" --catalogue sapo --questions 8 --generations 8 --max-new-tokens 64 \
+timeout "$(( $(left) / 3 ))" "$PY" bench/round.py --model "$MODEL" --catalogue sapo --questions 8 --generations 8 --max-new-tokens 64 \
   --lr 5e-5 --micro-batch 64 --rounds 5 --no-incumbent --force --device "${SAPO_GPU_STUDY_DEVICE:-auto}" \
   ${SAPO_GPU_STUDY_BENCH:-} | tee "$OUT/round.txt" || true
 

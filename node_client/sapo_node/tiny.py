@@ -379,27 +379,32 @@ def _batch_builder(workers: int) -> Iterator[Any]:
         yield lambda draws: ((entries_at(spec, seed, indices), bare) for spec, seed, indices, bare in draws)
         return
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     def built(pool: Any, draws: Iterator[BatchDraw]) -> Iterator[tuple[list[dict[str, Any]], list[bool] | None]]:
-        bares: collections.deque = collections.deque()  # appended by the pool's feeder thread, in order
-
-        def tasks() -> Iterator[tuple[TaskSpec, int, list[int]]]:
-            for spec, seed, indices, bare in draws:
-                bares.append(bare)
-                yield spec, seed, indices
-
-        for entries in pool.imap(entries_of, tasks(), chunksize=2):
-            yield entries, bares.popleft()
+        ahead: collections.deque = collections.deque()
+        for spec, seed, indices, bare in draws:
+            ahead.append((pool.submit(entries_of, (spec, seed, indices)), bare))
+            if len(ahead) > 2 * workers:
+                future, kept = ahead.popleft()
+                yield future.result(), kept
+        while ahead:
+            future, kept = ahead.popleft()
+            yield future.result(), kept
 
     # spawn: the parent may hold a CUDA context, which a forked child must not inherit. The workers
-    # import sapo_node.tasks only (reasoning-gym, no torch).
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    # import sapo_node.tasks only (reasoning-gym, no torch). An executor rather than a Pool: a worker
+    # that dies (one that cannot even start, say) breaks the build with BrokenProcessPool at once, where
+    # a Pool starts a replacement forever.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         yield lambda draws: built(pool, draws)
 
 
 def default_workers(device: str) -> int:
-    """Entry-building processes for a build on `device`: on a GPU all cores but one (up to 16), on a CPU
-    none (training uses the cores there)."""
+    """Entry-building processes for a build on `device`: $SAPO_BUILD_WORKERS when set, else on a GPU all
+    cores but one (up to 16), on a CPU none (training uses the cores there)."""
+    if os.environ.get("SAPO_BUILD_WORKERS", "").strip().isdigit():
+        return int(os.environ["SAPO_BUILD_WORKERS"])
     if not str(device).startswith("cuda"):
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import subprocess
+import sys
+import tempfile
 import threading
 
 import pytest
@@ -270,3 +273,26 @@ def test_entries_built_in_worker_processes_give_the_same_weights(tmp_path):
         weights.append(model.state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert tiny.default_workers("cpu") == 0 and tiny.default_workers("cuda") >= 0
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_start_breaks_the_build_at_once():
+    # A spawned worker re-imports the parent's main program, which a program read from stdin does not
+    # have as a file: the build must stop with BrokenProcessPool, not start replacement workers until
+    # the caller's time is spent.
+    program = (
+        "import time\n"
+        "from concurrent.futures.process import BrokenProcessPool\n"
+        "from sapo_node import tiny\n"
+        "from sapo_node.tasks import TaskSpec\n"
+        "started = time.monotonic()\n"
+        "try:\n"
+        "    with tiny._batch_builder(2) as build:\n"
+        "        list(build(iter([(TaskSpec('chain_sum', {}), 1, [0, 1], None)] * 4)))\n"
+        "except BrokenProcessPool:\n"
+        "    print('broken after', time.monotonic() - started)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-"], input=program, capture_output=True, text=True, timeout=120, cwd=tempfile.gettempdir()
+    )
+    assert done.stdout.startswith("broken after"), done.stdout + done.stderr[-2000:]
