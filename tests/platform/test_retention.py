@@ -35,6 +35,7 @@ from nodes.models import Node
 from ops.scheduled import run_jobs
 from pool import retention, sampling
 from pool.models import ModerationStatus, RetentionDay, Rollout, RolloutText, Verdict
+from pool.selectors import window_id_floor
 from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
 from web.export import stats_export
@@ -317,7 +318,13 @@ def test_sampling_reads_the_window_s_day_partitions_only():
     now = timezone.now()
     retention.partitions_ensure(now=now - 10 * DAY, ahead=0)
     old = retention.partition_name((now - 10 * DAY).astimezone(UTC).date())
-    params = {"cutoff": now - DAY, "node": 0, "swarm": swarm_default_ensure().id, "k": 12}
+    params = {
+        "cutoff": now - DAY,
+        "node": 0,
+        "swarm": swarm_default_ensure().id,
+        "k": 12,
+        "id_floor": window_id_floor(now - DAY),
+    }
     with connection.cursor() as cursor:
         cursor.execute(sql.SQL("EXPLAIN {}").format(sql.SQL(sampling._DRAW_TEXT)), params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
