@@ -43,7 +43,7 @@ from pool.models import Rollout, Verdict
 from pool.seams import ShareToScreen, moderation
 from pool.verification import Verification, verify_rollout
 from sapo_node import protocol
-from sapo_node.ids import is_uuid7, uuid7_time
+from sapo_node.ids import is_uuid7, uuid7_floor
 from sapo_node.tasks import Catalogue
 from swarms.services import swarm_default_ensure
 
@@ -202,15 +202,20 @@ def rollout_share_batch(
 def id_fits(value: uuid.UUID, now: datetime) -> bool:
     """The id rule (docs/protocol.md, "share"): a UUIDv7 whose time is within the protocol's bounds
     around `now`. The ledger is partitioned by id ranges of months, and sampling reads the partitions
-    of ids from the sampling window less ID_MAX_AGE_SECONDS (pool.sampling)."""
-    if not is_uuid7(value):
-        return False
-    made = uuid7_time(value)
-    return (
-        now - timedelta(seconds=protocol.ID_MAX_AGE_SECONDS)
-        <= made
-        <= now + timedelta(seconds=protocol.ID_MAX_AHEAD_SECONDS)
-    )
+    of ids from the sampling window less ID_MAX_AGE_SECONDS (pool.selectors.window_id_floor)."""
+    return _fits(value, _id_range(now))
+
+
+def _id_range(now: datetime) -> tuple[int, int]:
+    """[lo, hi) of the ids that fit at `now`, as integers: the floor UUIDv7s of the oldest time and of
+    the millisecond after the latest."""
+    oldest = now - timedelta(seconds=protocol.ID_MAX_AGE_SECONDS)
+    latest = now + timedelta(seconds=protocol.ID_MAX_AHEAD_SECONDS, milliseconds=1)
+    return uuid7_floor(oldest).int, uuid7_floor(latest).int
+
+
+def _fits(value: uuid.UUID, bounds: tuple[int, int]) -> bool:
+    return is_uuid7(value) and bounds[0] <= value.int < bounds[1]
 
 
 @dataclass(frozen=True)
@@ -225,8 +230,8 @@ class _Refused:
 def _ids_refused(shares: Sequence[ShareIn]) -> tuple[list[ShareIn], dict[int, _Refused]]:
     """The shares less their groups whose ids break the rule, and those groups by share (one query
     for all of them, and none when every id fits, as with every current client)."""
-    now = timezone.now()
-    bad = {i: [r for r in share.rollouts if not id_fits(r.id, now)] for i, share in enumerate(shares)}
+    bounds = _id_range(timezone.now())
+    bad = {i: [r for r in share.rollouts if not _fits(r.id, bounds)] for i, share in enumerate(shares)}
     bad = {i: rollouts for i, rollouts in bad.items() if rollouts}
     if not bad:
         return list(shares), {}

@@ -183,7 +183,14 @@ def ledger_partitions_ensure(
 
 
 def _ledger_month_make(name: str, lo: str, hi: str) -> None:
+    """Make the month partition `name` for ids in [lo, hi), in one transaction. The DEFAULT partition's
+    rows in the range move into it first. A foreign key to a partitioned table binds each referencing
+    row to the partition holding its group, so the rows pointing at the moving groups (consumptions,
+    served groups, moderation's: whatever has a foreign key to the ledger) are taken out and put back
+    around the move, as they were. Normally the range is empty (the month is made ahead) and all of it
+    is index lookups that find nothing."""
     table, parent, default = sql.Identifier(name), sql.Identifier(LEDGER), sql.Identifier(LEDGER_DEFAULT)
+    bounds = {"lo": lo, "hi": hi}
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             sql.SQL(
@@ -191,19 +198,50 @@ def _ledger_month_make(name: str, lo: str, hi: str) -> None:
                 " INCLUDING STORAGE INCLUDING COMPRESSION)"
             ).format(table, parent)
         )
-        # The foreign keys pointing at these rows are deferred (Django makes them so): checked at
-        # commit, when the rows are in the attached partition.
+        cursor.execute(
+            "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c"
+            " JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]"
+            " WHERE c.confrelid = %s::regclass AND c.contype = 'f' AND c.conparentid = 0 ORDER BY 1, 2",
+            [LEDGER],
+        )
+        held = []
+        for k, (referencing, column) in enumerate(cursor.fetchall()):
+            temporary = sql.Identifier(f"ledger_month_references_{k}")
+            cursor.execute(
+                sql.SQL(
+                    "CREATE TEMPORARY TABLE {temporary} AS"
+                    " WITH gone AS (DELETE FROM {referencing} WHERE {column} >= {lo} AND {column} < {hi}"
+                    " AND {column} IN (SELECT id FROM {default} WHERE id >= {lo} AND id < {hi}) RETURNING *)"
+                    " SELECT * FROM gone"
+                ).format(
+                    temporary=temporary,
+                    referencing=sql.Identifier(referencing),
+                    column=sql.Identifier(column),
+                    default=default,
+                    lo=sql.Literal(lo),  # CREATE TABLE AS takes no parameters
+                    hi=sql.Literal(hi),
+                )
+            )
+            held.append((referencing, temporary))
         cursor.execute(
             sql.SQL(
                 "WITH moved AS (DELETE FROM {} WHERE id >= {} AND id < {} RETURNING *) INSERT INTO {} SELECT * FROM moved"
             ).format(default, sql.Placeholder("lo"), sql.Placeholder("hi"), table),
-            {"lo": lo, "hi": hi},
+            bounds,
         )
+        if held:
+            # The checks the deletions queued (deferred keys) run now, while nothing points at the moved
+            # groups: at commit, they would find the references put back and no group in the DEFAULT.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
         cursor.execute(  # DDL takes no parameters: the bounds as literals
             sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
                 parent, table, sql.Literal(lo), sql.Literal(hi)
             )
         )
+        for referencing, temporary in held:
+            cursor.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(referencing), temporary))
+            cursor.execute(sql.SQL("DROP TABLE {}").format(temporary))
 
 
 def longest_window() -> timedelta:

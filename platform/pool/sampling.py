@@ -29,6 +29,7 @@ from psycopg import sql
 from common import metrics
 from common.compact_json import RawList
 from common.composed import placeholders, rendered
+from common.db import prepare_hot, server_binding_cursor
 from pool.models import Rollout
 from pool.payloads import SampledGroup, sampled_group_json
 from pool.seams import moderation
@@ -199,9 +200,15 @@ def _first_draw(
 ) -> tuple[int | None, int | None, set[int], list[_Hit]]:
     """Run _DRAW: (lo, hi, numbers drawn, groups hit). A row is (lo, hi, k, then _GROUP_COLUMNS, NULL
     for a miss)."""
-    with connection.cursor() as cursor:
+    # Prepared, with a generic plan (common.db.prepare_hot): planning the statement, with the ledger's
+    # months and the texts' days it may read, cost more than running it (docs/benchmarks.md, "Pool");
+    # the generic plan leaves out the older months when it starts (initial pruning on `id_floor`) and
+    # reads one texts partition per group drawn (run-time pruning on the group's created_at).
+    with connection.wrap_database_errors, server_binding_cursor() as cursor:
         cursor.execute(
-            _DRAW_TEXT, {"cutoff": cutoff, "node": node_id, "swarm": swarm_id, "k": int(k), "id_floor": id_floor}
+            _DRAW_TEXT,
+            {"cutoff": cutoff, "node": node_id, "swarm": swarm_id, "k": int(k), "id_floor": id_floor},
+            prepare=prepare_hot(),
         )
         rows = cursor.fetchall()
     lo, hi = rows[0][0], rows[0][1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -225,3 +226,31 @@ def test_sampling_reads_the_ledger_s_recent_months_only():
     assert retention.ledger_partition_name(old) not in plan
     read = {name for name in retention.ledger_partitions().values() if name in plan}
     assert len(read) <= 2 + retention.AHEAD_MONTHS  # the floor's month, this one, the ones made ahead
+    # The socket's draw is prepared with a generic plan (common.db.prepare_hot): it leaves the old month
+    # out when it starts.
+    names: list[str] = []
+
+    def numbered(match: re.Match) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    statement = re.sub(r"%\((\w+)\)s", numbered, sampling._DRAW_TEXT).replace("%%", "%")
+    types = {"k": "int", "swarm": "bigint", "node": "bigint", "cutoff": "timestamptz", "id_floor": "uuid"}
+    values = {**params, "id_floor": window_id_floor(cutoff)}
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(
+            sql.SQL("PREPARE draw_plan_test ({}) AS {}").format(
+                sql.SQL(", ").join(sql.SQL(types[name]) for name in names), sql.SQL(statement)
+            )
+        )
+        cursor.execute(
+            sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) EXECUTE draw_plan_test ({})").format(
+                sql.SQL(", ").join(sql.Literal(values[name]) for name in names)
+            )
+        )
+        generic = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE draw_plan_test")
+    assert "Subplans Removed" in generic and retention.ledger_partition_name(old) not in generic
+    assert retention.ledger_partition_name(this_month) in generic
