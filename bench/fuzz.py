@@ -112,7 +112,9 @@ class FuzzResult:
 
 
 def _uuid(rng: random.Random) -> str:
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    """A group id as the pool takes it (a UUIDv7 of now, sapo_node.ids), its random bits from `rng`."""
+    ms = int(time.time() * 1000)
+    return str(uuid.UUID(int=ms << 80 | 7 << 76 | rng.getrandbits(12) << 64 | 0b10 << 62 | rng.getrandbits(62)))
 
 
 def honest_groups(n: int, seed: int) -> list[dict[str, Any]]:

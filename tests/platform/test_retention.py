@@ -279,12 +279,20 @@ def test_the_job_makes_the_day_partitions_ahead_and_todays_groups_go_into_today_
     with connection.cursor() as cursor:  # as if the migration ran long ago: no day partition is left
         for name in retention.day_partitions().values():
             cursor.execute(f"DROP TABLE {name}")
+        last = max(retention.ledger_partitions().items())[1]  # the last month ahead
+        cursor.execute(f"ALTER TABLE pool_rollout DETACH PARTITION {last}")  # referenced: detached, then dropped
+        cursor.execute(f"DROP TABLE {last}")
     node = make_node()
     early = make_group(node)  # today's, before the job made today: the DEFAULT partition takes it
     (result,) = run_jobs(["retention"])
     assert result.ok, result.message
     today = timezone.now().astimezone(UTC).date()
     assert {today + k * DAY for k in range(retention.AHEAD_DAYS + 1)} <= set(retention.day_partitions())
+    month = today.replace(day=1)
+    months = [month]
+    for _ in range(retention.AHEAD_MONTHS):
+        months.append((months[-1] + 32 * DAY).replace(day=1))
+    assert set(months) <= set(retention.ledger_partitions())  # the ledger's months, made ahead too
     later = make_group(node)
     with connection.cursor() as cursor:
         cursor.execute(
