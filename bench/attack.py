@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from benchkit import checkout_pythonpath, load, pool_bench, use_checkout
@@ -292,6 +291,7 @@ def bench_honest_path(args: argparse.Namespace) -> None:
 
 
 def honest_frames(count: int, seed: int) -> list[str]:
+    from sapo_node.ids import uuid7
     from sapo_node.tasks import score_completions
 
     frames = []
@@ -301,7 +301,7 @@ def honest_frames(count: int, seed: int) -> list[str]:
         for spec, s, entry, completions in groups[m * 8 : (m + 1) * 8]:
             rollouts.append(
                 {
-                    "id": str(uuid.uuid4()),
+                    "id": str(uuid7()),
                     "round": m,
                     "task": {"dataset": spec.dataset, "seed": s, "index": entry["metadata"]["source_index"]},
                     "question": entry["question"],
@@ -321,6 +321,7 @@ def attack_frames(count: int, seed: int, payload: str) -> list[str]:
     """One propositional_logic group per frame: the right question (anyone can rebuild it), 8
     completions of `payload` (each a little different: the pool scores a group's distinct answers
     once), and the rewards the pool's rule gives them (so it is accepted)."""
+    from sapo_node.ids import uuid7
     from sapo_node.tasks import CATALOGUES, build_entry, score_completions
 
     spec = CATALOGUES["sapo"].get("propositional_logic")
@@ -331,7 +332,7 @@ def attack_frames(count: int, seed: int, payload: str) -> list[str]:
         entry = build_entry(spec, seed, index)
         completions = [payload.replace("ANSWER", end) for end in ATTACK_ENDS]
         rollout = {
-            "id": str(uuid.uuid4()),
+            "id": str(uuid7()),
             "round": m,
             "task": {"dataset": spec.dataset, "seed": seed, "index": index},
             "question": entry["question"],

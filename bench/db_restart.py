@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from benchkit import free_port, throwaway_site, use_checkout
@@ -33,6 +32,7 @@ use_checkout()
 
 
 def honest_group(catalogue, rng_index: int) -> dict:
+    from sapo_node.ids import uuid7
     from sapo_node.tasks import build_entry, score_completion
 
     spec = catalogue.get("basic_arithmetic")
@@ -40,7 +40,7 @@ def honest_group(catalogue, rng_index: int) -> dict:
     entry = build_entry(spec, seed, index)
     completions = [f"Let me think. <answer>{entry['answer']}</answer>"] * 2 + ["I guess <answer>no</answer>"] * 2
     return {
-        "id": str(uuid.uuid4()),
+        "id": str(uuid7()),
         "round": 1,
         "task": {"dataset": "basic_arithmetic", "seed": seed, "index": index},
         "question": entry["question"],

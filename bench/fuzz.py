@@ -112,7 +112,9 @@ class FuzzResult:
 
 
 def _uuid(rng: random.Random) -> str:
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    """A group id as the pool takes it (a UUIDv7 of now, sapo_node.ids), its random bits from `rng`."""
+    ms = int(time.time() * 1000)
+    return str(uuid.UUID(int=ms << 80 | 7 << 76 | rng.getrandbits(12) << 64 | 0b10 << 62 | rng.getrandbits(62)))
 
 
 def honest_groups(n: int, seed: int) -> list[dict[str, Any]]:
@@ -194,7 +196,8 @@ def _forge(rng: random.Random, frame: dict[str, Any], groups: list[dict[str, Any
 
 
 #: Ids of groups another node shares before the fuzz: a frame that reuses one must get id_conflict.
-STOLEN_IDS = [f"00000000-0000-4000-8000-{i:012d}" for i in range(10)]
+#: UUIDv7s of this run's start (the pool takes ids of the last days only), numbered in their random bits.
+STOLEN_IDS = [str(uuid.UUID(int=int(time.time() * 1000) << 80 | 7 << 76 | 0b10 << 62 | i)) for i in range(10)]
 
 
 def other_nodes_frame(seed: int) -> Frame:

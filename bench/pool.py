@@ -41,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -231,6 +230,7 @@ REASONING_WORDS = (
 
 def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
     """Per connection, its share frames (JSON text): honest groups, half right and half wrong."""
+    from sapo_node.ids import uuid7
     from sapo_node.progress import progress_bar
     from sapo_node.tasks import CATALOGUES, build_entry, score_completion
 
@@ -264,7 +264,7 @@ def build_frames(args: argparse.Namespace, seeds: list[int]) -> list[list[str]]:
                     ]
                     groups.append(
                         {
-                            "id": str(uuid.uuid4()),
+                            "id": str(uuid7()),
                             "round": m,
                             "task": {"dataset": spec.dataset, "seed": seeds[c], "index": index},
                             "question": entry["question"],
@@ -778,15 +778,17 @@ WITH ledger AS (
 INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index,
     completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
     has_variance, sampleable, sample_seq, created_at)
-SELECT md5(%(tag)s || g::text)::uuid,
+SELECT (lpad(to_hex(floor(extract(epoch FROM at) * 1000)::bigint), 12, '0') || '7'
+        || substr(md5(%(tag)s || g::text), 1, 3) || '8' || substr(md5(%(tag)s || g::text), 4, 15))::uuid,
        (%(authors)s)[1 + g %% cardinality(%(authors)s)], %(swarm)s, 1,
        g / 100, 'basic_arithmetic', 7, g,
        4, '[1, 0, 0, 0]'::jsonb, '[1, 0, 0, 0]'::jsonb,
        'accepted', '', 'ok',
        (g %% 5 <> 0), (g %% 5 <> 0),
        CASE WHEN g %% 5 <> 0 THEN nextval(%(sequence)s::regclass) END,
-       now() - make_interval(secs => (%(size)s - g) * %(spacing)s)
-FROM generate_series(%(start)s, %(stop)s) AS g
+       at
+FROM generate_series(%(start)s, %(stop)s) AS g,
+     LATERAL (SELECT now() - make_interval(secs => (%(size)s - g) * %(spacing)s) AS at) AS t
 RETURNING id, swarm_id, created_at, index
 )
 INSERT INTO pool_rollouttext (rollout_id, swarm_id, created_at, question, answer, completions)
@@ -799,7 +801,8 @@ FROM ledger
 
 def fill_pool(size: int, authors: list[int], window: int) -> None:
     """Fill the pool with `size` groups: a fifth zero-variance, one author in twenty is the asker,
-    created oldest first over 1.1 windows (so the oldest tenth is stale)."""
+    created oldest first over 1.1 windows (so the oldest tenth is stale), each with a UUIDv7 id of its
+    time (sapo_node.ids, written in SQL)."""
     from django.db import connection
 
     from sapo_node.progress import progress_bar

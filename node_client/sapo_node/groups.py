@@ -7,10 +7,10 @@ the update with the receiving node's own tokenizer. Nothing here touches torch o
 from __future__ import annotations
 
 import math
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sapo_node.ids import uuid7
 from sapo_node.tasks import MAX_INDEX, MAX_SEED, TaskRef
 
 #: Bounds on what a node accepts from the pool (the server enforces its own, usually tighter).
@@ -37,7 +37,7 @@ class Group:
     def new(
         cls, *, round: int, task: TaskRef, question: str, answer: str, completions: list[str], rewards: list[float]
     ) -> Group:
-        return cls(str(uuid.uuid4()), round, task, question, answer, list(completions), list(rewards))
+        return cls(str(uuid7()), round, task, question, answer, list(completions), list(rewards))
 
     def to_wire(self) -> dict[str, Any]:
         return {

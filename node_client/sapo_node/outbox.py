@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sapo_node.ids import uuid7
+
 PENDING, ACCEPTED, REJECTED = "pending", "accepted", "rejected"
 
 #: Seconds an accepted group's text is kept after its acknowledgement, to be sent again to a server
@@ -82,6 +84,20 @@ class Outbox:
                 (state, reason, time.time(), state, ACCEPTED, id_, PENDING),
             )
         return cur.rowcount == 1
+
+    def rekey(self, id_: str) -> str | None:
+        """Give a pending group a fresh id (a UUIDv7 of now) and keep it pending under it: the pool
+        answered `bad_id` (its id is not a UUIDv7 of the last days, e.g. a group queued by an older
+        client), which it does only for an id it does not hold, so the group is stored once. Returns the
+        new id (None: not pending)."""
+        with self._lock, self._db:
+            row = self._db.execute("SELECT payload FROM outbox WHERE id = ? AND state = ?", (id_, PENDING)).fetchone()
+            if row is None or row[0] is None:
+                return None
+            rollout = json.loads(row[0])
+            rollout["id"] = new = str(uuid7())
+            self._db.execute("UPDATE outbox SET id = ?, payload = ? WHERE id = ?", (new, json.dumps(rollout), id_))
+        return new
 
     def requeue_acknowledged(self, since: float) -> int:
         """Make the accepted groups acknowledged at or after `since` (Unix time) that still have their

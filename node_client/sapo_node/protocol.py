@@ -27,6 +27,15 @@ DEFAULT_LIMITS: dict[str, int] = {
 }
 LIMIT_NAMES = tuple(DEFAULT_LIMITS)
 
+#: A group's id is a UUIDv7 (sapo_node.ids) whose time is at most ID_MAX_AGE_SECONDS before the
+#: server's clock and at most ID_MAX_AHEAD_SECONDS after it (docs/protocol.md, "share"). The age covers
+#: a node's resend of what a restored pool lost (outbox.ACK_RETENTION_SECONDS, 3 days) with room.
+ID_MAX_AGE_SECONDS = 7 * 86_400
+ID_MAX_AHEAD_SECONDS = 300
+#: The verdict reason of a group whose id breaks that rule and that the pool does not hold: nothing is
+#: stored or counted, and the node shares the group again under a fresh id (outbox.rekey).
+BAD_ID = "bad_id"
+
 #: The protocol version every frame carries as "v"; a frame with another is answered `unsupported_version`.
 VERSION = 1
 

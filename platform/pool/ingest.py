@@ -10,6 +10,10 @@
 4. store: one INSERT statement for the batch, moderation's record part of it (pool.ingest_statement);
 5. answer: a verdict per group, in the order sent.
 
+Before the steps, a group whose id breaks the id rule (a UUIDv7 of the last days: `id_fits`) leaves
+its share: it is answered with its stored verdict when the pool holds its id (a resend, whatever its
+id), else with `bad_id`, and nothing of it is stored or counted.
+
 Shares of different nodes that waited for a turn together go through steps 1-5 as one batch
 (`rollout_share_batch`), each answered as it would have been alone.
 """
@@ -21,9 +25,11 @@ import uuid
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 
 from common import metrics
 from common.db import db_call
@@ -36,6 +42,8 @@ from pool.messages import RolloutIn
 from pool.models import Rollout, Verdict
 from pool.seams import ShareToScreen, moderation
 from pool.verification import Verification, verify_rollout
+from sapo_node import protocol
+from sapo_node.ids import is_uuid7, uuid7_floor
 from sapo_node.tasks import Catalogue
 from swarms.services import swarm_default_ensure
 
@@ -169,11 +177,15 @@ def rollout_share_batch(
     if swarm is None:
         default = swarm_default_ensure()
         swarm = SwarmOfBatch(default.id, default.catalogue_version)
+    shares, refused = _ids_refused(shares)
     results: list[ShareResult | Exception | None] = [None] * len(shares)
     batch: list[int] = []
     nodes: set[int] = set()
     ids: set[uuid.UUID] = set()
     for i, share in enumerate(shares):
+        if not share.rollouts and i in refused:  # every id refused: nothing to verify or store
+            results[i] = ShareResult(stored=share.stored)
+            continue
         share_ids = {r.id for r in share.rollouts}
         if share.node.id in nodes or not ids.isdisjoint(share_ids):
             _ingest_batch(shares, batch, catalogue, limits, swarm, results)
@@ -182,7 +194,90 @@ def rollout_share_batch(
         nodes.add(share.node.id)
         ids |= share_ids
     _ingest_batch(shares, batch, catalogue, limits, swarm, results)
+    if refused:
+        return _with_refused(shares, results, refused)  # type: ignore[arg-type]
     return results  # type: ignore[return-value]: every place is filled
+
+
+def id_fits(value: uuid.UUID, now: datetime) -> bool:
+    """The id rule (docs/protocol.md, "share"): a UUIDv7 whose time is within the protocol's bounds
+    around `now`. The ledger is partitioned by id ranges of months, and sampling reads the partitions
+    of ids from the sampling window less ID_MAX_AGE_SECONDS (pool.selectors.window_id_floor)."""
+    return _fits(value, _id_range(now))
+
+
+def _id_range(now: datetime) -> tuple[int, int]:
+    """[lo, hi) of the ids that fit at `now`, as integers: the floor UUIDv7s of the oldest time and of
+    the millisecond after the latest."""
+    oldest = now - timedelta(seconds=protocol.ID_MAX_AGE_SECONDS)
+    latest = now + timedelta(seconds=protocol.ID_MAX_AHEAD_SECONDS, milliseconds=1)
+    return uuid7_floor(oldest).int, uuid7_floor(latest).int
+
+
+def _fits(value: uuid.UUID, bounds: tuple[int, int]) -> bool:
+    return is_uuid7(value) and bounds[0] <= value.int < bounds[1]
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A share's groups whose ids break the rule, with what the pool holds of them: (node id,
+    verdict, reason) by id."""
+
+    sent: Sequence[RolloutIn]
+    stored: dict[uuid.UUID, tuple]
+
+
+def _ids_refused(shares: Sequence[ShareIn]) -> tuple[list[ShareIn], dict[int, _Refused]]:
+    """The shares less their groups whose ids break the rule, and those groups by share (one query
+    for all of them, and none when every id fits, as with every current client)."""
+    bounds = _id_range(timezone.now())
+    bad = {i: [r for r in share.rollouts if not _fits(r.id, bounds)] for i, share in enumerate(shares)}
+    bad = {i: rollouts for i, rollouts in bad.items() if rollouts}
+    if not bad:
+        return list(shares), {}
+    ids = [r.id for rollouts in bad.values() for r in rollouts]
+    rows = Rollout.objects.filter(id__in=ids).values_list("id", "node_id", "verdict", "reason")
+    stored = {row[0]: row[1:] for row in rows}
+    kept = []
+    for i, share in enumerate(shares):
+        out = {r.id for r in bad.get(i, ())}
+        kept.append(
+            share if not out else ShareIn(share.node, [r for r in share.rollouts if r.id not in out], share.stored)
+        )
+    return kept, {i: _Refused(shares[i].rollouts, stored) for i in bad}
+
+
+def _with_refused(
+    shares: Sequence[ShareIn], results: list[ShareResult | Exception], refused: dict[int, _Refused]
+) -> list[ShareResult | Exception]:
+    """Each share's answer with its refused ids' verdicts in place, in the order sent: a group the pool
+    holds for this node gets its stored verdict, another node's `id_conflict`, any other `bad_id`."""
+    out = list(results)
+    for i, part in refused.items():
+        result = results[i]
+        if isinstance(result, Exception):
+            continue
+        answered = {str(r["id"]): r["reason"] for r in result.rejected}
+        accepted = set(result.accepted)
+        whole = ShareResult(stored=result.stored)
+        for r in part.sent:
+            key = str(r.id)
+            if r.id in part.stored:
+                node_id, verdict, reason = part.stored[r.id]
+                if node_id != shares[i].node.id:
+                    whole.rejected.append({"id": key, "reason": "id_conflict"})
+                elif verdict == Verdict.ACCEPTED:
+                    whole.accepted.append(key)
+                else:
+                    whole.rejected.append({"id": key, "reason": reason})
+            elif key in accepted:
+                whole.accepted.append(key)
+            elif key in answered:
+                whole.rejected.append({"id": key, "reason": answered[key]})
+            else:
+                whole.rejected.append({"id": key, "reason": protocol.BAD_ID})
+        out[i] = whole
+    return out
 
 
 def _ingest_batch(

@@ -8,11 +8,11 @@ so the sampling index stays partial and small.
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from sapo_node.ids import uuid7
 
 
 class Verdict(models.TextChoices):
@@ -50,7 +50,13 @@ class RolloutQuerySet(models.QuerySet):
 
 
 class Rollout(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, help_text="Chosen by the node; idempotency key.")
+    # The partition key too: the ledger is range-partitioned by id, a partition per UTC month of UUIDv7
+    # ids (pool.retention; docs/architecture.md, "The pool's storage").
+    id = models.UUIDField(
+        primary_key=True,
+        default=uuid7,
+        help_text="Chosen by the node (a UUIDv7); idempotency key and partition key.",
+    )
     # No index of its own: pool_rollout_node_idx (node, -created_at) serves every lookup by node, and
     # a second index on the same column cost every inserted group one more index entry.
     node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="rollouts", db_index=False)

@@ -8,6 +8,11 @@ then, in one transaction, detaches the day's partition, puts the texts of groups
 (the DEFAULT partition takes them) and drops the rest. A run stopped anywhere leaves the day whole or
 gone; the next run does it again from the start. A day whose archive cannot be written is not dropped:
 the run stops there and the error is kept (RetentionDay.error) for /readyz.
+
+The ledger (`pool_rollout`) is range-partitioned by group id, one partition per UTC month of UUIDv7 ids
+(`pool_rollout_pYYYYMM`) and a DEFAULT one: the job makes the months ahead too (`ledger_partitions_ensure`)
+and never drops one (the ledger is kept for good; docs/deploy.md, "The ledger's partitions", says how an
+operator detaches and archives an old month).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from psycopg import sql
 
 from pool.limits import current_limits
 from pool.models import ModerationStatus, RetentionDay
+from sapo_node.ids import uuid7_floor
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +119,129 @@ def partitions_ensure(*, now: datetime | None = None, ahead: int = AHEAD_DAYS) -
             )
         made.append(name)
     return made
+
+
+LEDGER = "pool_rollout"
+LEDGER_DEFAULT = "pool_rollout_default"
+#: Months made ahead of this one by each run.
+AHEAD_MONTHS = 2
+_LEDGER_NAME = re.compile(r"^pool_rollout_p(\d{6})$")
+
+
+def ledger_partition_name(month: date) -> str:
+    return f"{LEDGER}_p{month:%Y%m}"
+
+
+def _next_month(month: date) -> date:
+    return date(month.year + month.month // 12, month.month % 12 + 1, 1)
+
+
+def ledger_bounds(month: date) -> tuple[str, str]:
+    """A month's range of ids: the floor UUIDv7 of its first millisecond to the next month's."""
+    start = datetime(month.year, month.month, 1, tzinfo=UTC)
+    end = _next_month(month)
+    return str(uuid7_floor(start)), str(uuid7_floor(datetime(end.year, end.month, 1, tzinfo=UTC)))
+
+
+def ledger_partitions() -> dict[date, str]:
+    """The ledger's month partitions that exist, by the month's first day."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass",
+            [LEDGER],
+        )
+        names = [row[0] for row in cursor.fetchall()]
+    return {
+        datetime.strptime(m.group(1) + "01", "%Y%m%d").date(): name for name in names if (m := _LEDGER_NAME.match(name))
+    }
+
+
+def ledger_partitions_ensure(
+    *, now: datetime | None = None, ahead: int = AHEAD_MONTHS, since: date | None = None
+) -> list[str]:
+    """Make the ledger's month partitions from this month (or `since`'s, when earlier: a pool filled
+    with older ids) to `ahead` months on that do not exist; return their names. The DEFAULT partition's
+    rows in a new month's range move into it in the same transaction (found by the primary key's
+    range; PostgreSQL refuses to attach a range the DEFAULT partition holds rows of, and checks that
+    with a scan of it: one per month made)."""
+    month = (now or timezone.now()).astimezone(UTC).date().replace(day=1)
+    first = min(month, since.replace(day=1)) if since else month
+    last = month
+    for _ in range(ahead):
+        last = _next_month(last)
+    existing = ledger_partitions()
+    made = []
+    while first <= last:
+        if first not in existing:
+            name = ledger_partition_name(first)
+            lo, hi = ledger_bounds(first)
+            _ledger_month_make(name, lo, hi)
+            made.append(name)
+        first = _next_month(first)
+    return made
+
+
+def _ledger_month_make(name: str, lo: str, hi: str) -> None:
+    """Make the month partition `name` for ids in [lo, hi), in one transaction. The DEFAULT partition's
+    rows in the range move into it first. A foreign key to a partitioned table binds each referencing
+    row to the partition holding its group, so the rows pointing at the moving groups (consumptions,
+    served groups, moderation's: whatever has a foreign key to the ledger) are taken out and put back
+    around the move, as they were. Normally the range is empty (the month is made ahead) and all of it
+    is index lookups that find nothing."""
+    table, parent, default = sql.Identifier(name), sql.Identifier(LEDGER), sql.Identifier(LEDGER_DEFAULT)
+    bounds = {"lo": lo, "hi": hi}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            sql.SQL(
+                "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
+                " INCLUDING STORAGE INCLUDING COMPRESSION)"
+            ).format(table, parent)
+        )
+        cursor.execute(
+            "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c"
+            " JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]"
+            " WHERE c.confrelid = %s::regclass AND c.contype = 'f' AND c.conparentid = 0 ORDER BY 1, 2",
+            [LEDGER],
+        )
+        held = []
+        for k, (referencing, column) in enumerate(cursor.fetchall()):
+            temporary = sql.Identifier(f"ledger_month_references_{k}")
+            cursor.execute(
+                sql.SQL(
+                    "CREATE TEMPORARY TABLE {temporary} AS"
+                    " WITH gone AS (DELETE FROM {referencing} WHERE {column} >= {lo} AND {column} < {hi}"
+                    " AND {column} IN (SELECT id FROM {default} WHERE id >= {lo} AND id < {hi}) RETURNING *)"
+                    " SELECT * FROM gone"
+                ).format(
+                    temporary=temporary,
+                    referencing=sql.Identifier(referencing),
+                    column=sql.Identifier(column),
+                    default=default,
+                    lo=sql.Literal(lo),  # CREATE TABLE AS takes no parameters
+                    hi=sql.Literal(hi),
+                )
+            )
+            held.append((referencing, temporary))
+        cursor.execute(
+            sql.SQL(
+                "WITH moved AS (DELETE FROM {} WHERE id >= {} AND id < {} RETURNING *) INSERT INTO {} SELECT * FROM moved"
+            ).format(default, sql.Placeholder("lo"), sql.Placeholder("hi"), table),
+            bounds,
+        )
+        if held:
+            # The checks the deletions queued (deferred keys) run now, while nothing points at the moved
+            # groups: at commit, they would find the references put back and no group in the DEFAULT.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        cursor.execute(  # DDL takes no parameters: the bounds as literals
+            sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+                parent, table, sql.Literal(lo), sql.Literal(hi)
+            )
+        )
+        for referencing, temporary in held:
+            cursor.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(sql.Identifier(referencing), temporary))
+            cursor.execute(sql.SQL("DROP TABLE {}").format(temporary))
 
 
 def longest_window() -> timedelta:
@@ -306,12 +435,14 @@ def retention_job() -> str:
             return "another retention run holds the lock: nothing done"
     try:
         made = partitions_ensure()
+        months = ledger_partitions_ensure()
         result = texts_age_out()
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
-    line = f"{len(made)} day partitions made, {len(result.dropped)} days aged out" + "".join(
-        f" ({r.day}: {r.groups} groups, {r.kept} kept under review)" for r in result.dropped
+    line = (
+        f"{len(made)} day partitions made, {len(months)} ledger months made, {len(result.dropped)} days aged out"
+        + "".join(f" ({r.day}: {r.groups} groups, {r.kept} kept under review)" for r in result.dropped)
     )
     if result.failed is not None:
         raise ArchiveError(f"{line}; stopped at {result.failed.day}: {result.failed.error}")

@@ -29,10 +29,11 @@ from psycopg import sql
 from common import metrics
 from common.compact_json import RawList
 from common.composed import placeholders, rendered
+from common.db import prepare_hot, server_binding_cursor
 from pool.models import Rollout
 from pool.payloads import SampledGroup, sampled_group_json
 from pool.seams import moderation
-from pool.selectors import SAMPLE_WINDOW
+from pool.selectors import SAMPLE_WINDOW, window_id_floor
 from pool.services import rollout_served_record
 from swarms.services import swarm_default_ensure
 
@@ -61,7 +62,9 @@ assert tuple(_GROUP_COLUMNS) == SampledGroup._fields, "pool.sampling._GROUP_COLU
 # uniform numbers in it, and the eligible groups they name (index lookups on the partial sample_seq
 # index). Rows come back for every number drawn, with NULL group columns for a miss. The texts are
 # pool_rollouttext's (partitioned by day): `t.created_at >= cutoff` lets the planner read the window's
-# partitions only (tests/platform/test_retention.py checks the plan).
+# partitions only (tests/platform/test_retention.py checks the plan). The ledger is partitioned by id
+# (UUIDv7, by month): `r.id >= id_floor`, the floor id of the window's start less the ids' greatest
+# age at ingest (pool.selectors.window_id_floor), does the same for it (tests/platform/test_sampling.py checks the plan).
 _DRAW = sql.SQL(
     """
 WITH bounds AS ({window}), draws AS (
@@ -74,12 +77,12 @@ LEFT JOIN draws d ON true
 LEFT JOIN (pool_rollout r JOIN nodes_node n ON n.id = r.node_id
            JOIN pool_rollouttext t ON t.rollout_id = r.id AND t.created_at = r.created_at AND t.created_at >= {cutoff})
        ON r.swarm_id = {swarm} AND r.sample_seq = d.k AND r.sampleable AND r.node_id <> {node}
-          AND r.created_at >= {cutoff}
+          AND r.created_at >= {cutoff} AND r.id >= {id_floor}
 """
 ).format(
     window=SAMPLE_WINDOW,
     columns=sql.SQL(", ").join(sql.Identifier(table, column) for table, column in _GROUP_COLUMNS.values()),
-    **placeholders("k", "swarm", "node", "cutoff"),
+    **placeholders("k", "swarm", "node", "cutoff", "id_floor"),
 )
 # Run on every `sample`: rendered once (common.composed).
 _DRAW_TEXT = rendered(_DRAW)
@@ -141,7 +144,8 @@ def _draw(
     cutoff = now - timedelta(seconds=window_seconds)
     if swarm_id is None:
         swarm_id = swarm_default_ensure().id
-    lo, hi, tried, hits = _first_draw(node.id, swarm_id, cutoff, math.ceil(n * 1.3) + 4)
+    id_floor = window_id_floor(cutoff)
+    lo, hi, tried, hits = _first_draw(node.id, swarm_id, cutoff, id_floor, math.ceil(n * 1.3) + 4)
     if lo is None or hi is None or hi < lo:
         return []
     chosen: list[_Hit] = _keep(hits, tried, rng)
@@ -163,7 +167,7 @@ def _draw(
         # planner cannot prefer a scan of the whole window.
         found = [
             _Hit(r.sample_seq, SampledGroup.of_rollout(r))
-            for r in Rollout.objects.filter(swarm_id=swarm_id, sampleable=True, sample_seq__in=draws)
+            for r in Rollout.objects.filter(swarm_id=swarm_id, sampleable=True, sample_seq__in=draws, id__gte=id_floor)
             .select_related("node")
             .with_texts()
             if r.node_id != node.id and r.created_at >= cutoff and r.completions is not None
@@ -175,7 +179,12 @@ def _draw(
         # out): the eligible groups not drawn yet are all equally likely to come next, so take a
         # uniform pick among them.
         eligible = Rollout.objects.filter(
-            swarm_id=swarm_id, sampleable=True, created_at__gte=cutoff, sample_seq__gte=lo, sample_seq__lte=hi
+            swarm_id=swarm_id,
+            sampleable=True,
+            created_at__gte=cutoff,
+            sample_seq__gte=lo,
+            sample_seq__lte=hi,
+            id__gte=id_floor,
         ).exclude(node_id=node.id)
         chosen_ids = [hit.group.id for hit in chosen]
         rest = list(eligible.exclude(id__in=chosen_ids).values_list("id", "node_id"))
@@ -187,12 +196,20 @@ def _draw(
 
 
 def _first_draw(
-    node_id: int, swarm_id: int, cutoff: datetime, k: int
+    node_id: int, swarm_id: int, cutoff: datetime, id_floor: uuid.UUID, k: int
 ) -> tuple[int | None, int | None, set[int], list[_Hit]]:
     """Run _DRAW: (lo, hi, numbers drawn, groups hit). A row is (lo, hi, k, then _GROUP_COLUMNS, NULL
     for a miss)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_DRAW_TEXT, {"cutoff": cutoff, "node": node_id, "swarm": swarm_id, "k": int(k)})
+    # Prepared, with a generic plan (common.db.prepare_hot): planning the statement, with the ledger's
+    # months and the texts' days it may read, cost more than running it (docs/benchmarks.md, "Pool");
+    # the generic plan leaves out the older months when it starts (initial pruning on `id_floor`) and
+    # reads one texts partition per group drawn (run-time pruning on the group's created_at).
+    with connection.wrap_database_errors, server_binding_cursor() as cursor:
+        cursor.execute(
+            _DRAW_TEXT,
+            {"cutoff": cutoff, "node": node_id, "swarm": swarm_id, "k": int(k), "id_floor": id_floor},
+            prepare=prepare_hot(),
+        )
         rows = cursor.fetchall()
     lo, hi = rows[0][0], rows[0][1]
     drawn = {row[2] for row in rows if row[2] is not None}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
@@ -15,6 +15,8 @@ from psycopg import sql
 from common.composed import placeholders, rendered
 from common.errors import NotFound
 from pool.models import ModerationStatus, Rollout, Verdict
+from sapo_node import protocol
+from sapo_node.ids import uuid7_floor
 
 STATS_CACHE_SECONDS = 10
 
@@ -23,12 +25,24 @@ STATS_CACHE_SECONDS = 10
 # (ordering by created_at alone picked any of them, and the window then lost the others). Both lookups
 # are within one swarm: its numbers come from its own sequence, and both indexes lead with swarm_id,
 # so a draw's cost depends on neither the number of swarms nor the size of the others.
+# The ledger is partitioned by id (UUIDv7, by month): `id >= id_floor` (`window_id_floor`) keeps both
+# lookups in the partitions of the window's ids. Every group of the window is above the floor, so `hi`
+# is still at least each of their numbers.
 SAMPLE_WINDOW = sql.SQL(
     """SELECT (SELECT sample_seq FROM pool_rollout WHERE sampleable AND swarm_id = {swarm} AND created_at >= {cutoff}
-        ORDER BY created_at, sample_seq LIMIT 1) AS lo,
-       (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable AND swarm_id = {swarm}) AS hi"""
-).format(**placeholders("swarm", "cutoff"))
+        AND id >= {id_floor} ORDER BY created_at, sample_seq LIMIT 1) AS lo,
+       (SELECT max(sample_seq) FROM pool_rollout WHERE sampleable AND swarm_id = {swarm} AND id >= {id_floor}) AS hi"""
+).format(**placeholders("swarm", "cutoff", "id_floor"))
 _SAMPLE_WINDOW_TEXT = rendered(SAMPLE_WINDOW)
+
+
+def window_id_floor(cutoff: datetime) -> uuid.UUID:
+    """The least id a group created at or after `cutoff` may have: the pool took its id at most
+    ID_MAX_AGE_SECONDS old (pool.ingest.id_fits), and an hour more for the time a share waits for its
+    turn between the check and the INSERT's clock. The UUIDv4 ids of a pool from before UUIDv7 lie
+    anywhere (the DEFAULT partition, read by every draw): those below the floor, about 1 in 160, are not
+    drawn until their window has passed."""
+    return uuid7_floor(cutoff - timedelta(seconds=protocol.ID_MAX_AGE_SECONDS, hours=1))
 
 
 def sample_window(cutoff: datetime, swarm_id: int) -> tuple[int, int] | None:
@@ -37,7 +51,7 @@ def sample_window(cutoff: datetime, swarm_id: int) -> tuple[int, int] | None:
     Every sampleable group of the window has a number in it; numbers of groups moderated out since
     leave holes."""
     with connection.cursor() as cursor:
-        cursor.execute(_SAMPLE_WINDOW_TEXT, {"cutoff": cutoff, "swarm": swarm_id})
+        cursor.execute(_SAMPLE_WINDOW_TEXT, {"cutoff": cutoff, "swarm": swarm_id, "id_floor": window_id_floor(cutoff)})
         lo, hi = cursor.fetchone()
     if lo is None or hi is None or hi < lo:
         return None

@@ -13,7 +13,6 @@ import json
 import re
 import subprocess
 import sys
-import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from playwright.sync_api import expect
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from sapo_node.ids import uuid7
 from sapo_node.tasks import build_entry, score_completion
 from swarms.selectors import swarm_place
 from swarms.services import swarm_default_ensure
@@ -55,7 +55,7 @@ class WireNode:
         if not honest:
             rewards = [1.0, 1.0]  # claims the wrong answer is right: reward_mismatch
         return {
-            "id": str(uuid.uuid4()),
+            "id": str(uuid7()),
             "round": 1,
             "task": {"dataset": spec.dataset, "seed": seed, "index": self.index},
             "question": entry["question"],

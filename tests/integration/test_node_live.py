@@ -41,6 +41,7 @@ from sapo_node.groups import Group
 from sapo_node.loop import finish_node, play_round, start_node
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef, build_entry, score_completion
 from sapo_node.transport import Hello
+from swarms.services import swarm_default_ensure
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -306,6 +307,49 @@ def test_a_connection_cut_mid_stream_loses_and_duplicates_nothing(swarm_server, 
     assert wait_for(lambda: connections(node) == 1)  # the cut sockets were counted out
     t.close()
     assert wait_for(lambda: connections(node) == 0)
+
+
+def test_a_spool_of_uuid4_groups_from_an_older_client_is_stored_once(swarm_server, transports, tmp_path):
+    """An outbox an older client filled with UUIDv4 ids: the group the pool already holds (its ack was
+    lost) is acknowledged under its id and not stored again; the others are refused `bad_id`, given
+    fresh UUIDv7 ids by the node and stored once under them."""
+    import uuid
+
+    from sapo_node.ids import is_uuid7
+
+    node, token = make_node_with_token(name="old-spool")
+    groups = right_and_wrong_groups(4, seed=23)
+    for g in groups[:3]:
+        g.id = str(uuid.uuid4())
+    held = groups[0]
+    Rollout.objects.create(
+        id=held.id,
+        node=node,
+        swarm=swarm_default_ensure(),
+        catalogue_version=1,
+        round=1,
+        dataset=held.task.dataset,
+        seed=held.task.seed,
+        index=held.task.index,
+        completion_count=3,
+        claimed_rewards=held.rewards,
+        verified_rewards=held.rewards,
+        verdict=Verdict.ACCEPTED,
+        moderation_status="ok",
+        has_variance=True,
+        sampleable=False,
+    )
+    t = transports(swarm_server.ws_url + "/ws/node/", token, tmp_path / "outbox.sqlite3")
+    t.outbox.put([g.to_wire() for g in groups])
+    t.start(HELLO)
+    assert t.flush(30)
+    assert (t.counts().accepted, t.counts().rejected, t.counts().pending) == (4, 0, 0)
+    stored = pool_ids(node)
+    assert len(stored) == 4 and held.id in stored and groups[3].id in stored
+    assert not {g.id for g in groups[1:3]} & set(stored)
+    assert all(is_uuid7(uuid.UUID(i)) for i in stored if i != held.id)
+    assert set(outbox_states(tmp_path / "outbox.sqlite3")) == set(stored)
+    t.close()
 
 
 def open_raw_node(stack: contextlib.ExitStack, url: str, token: str, group: Group):

@@ -45,3 +45,22 @@ def test_an_epoch_is_known_for_the_server_it_came_from_only(tmp_path) -> None:
     assert box.epoch("wss://a.example/ws/node/") is None
     assert box.epoch("wss://b.example/ws/node/") == "b"
     box.close()
+
+
+def test_a_pending_group_is_rekeyed_with_a_fresh_uuid7_and_stays_pending(tmp_path) -> None:
+    """The pool answers `bad_id` to an id it does not hold that is no recent UUIDv7 (a group queued by
+    an older client): the group goes again under a fresh id; an acknowledged one is not touched."""
+    import uuid
+
+    from sapo_node.ids import is_uuid7
+
+    box = Outbox(tmp_path / "o.sqlite3")
+    old = str(uuid.uuid4())
+    box.put([{**rollout(1), "id": old}, rollout(2)])
+    box.mark("g2", ACCEPTED)
+    new = box.rekey(old)
+    assert new is not None and is_uuid7(uuid.UUID(new))
+    assert [r["id"] for r in box.pending()] == [new]
+    assert box.rekey(old) is None and box.rekey("g2") is None
+    assert box.counts() == {PENDING: 1, ACCEPTED: 1, REJECTED: 0}
+    box.close()

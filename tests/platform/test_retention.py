@@ -3,7 +3,8 @@ stays: figures before and after are identical; groups inside a sampling window o
 their texts; a run stopped halfway leaves the day whole and the next run finishes it; an archive that
 cannot be written stops the day and /readyz says so; the day partitions exist ahead; the ingest's
 idempotency holds across a day boundary; sampling reads the window's partitions only; migration 0008
-moves a filled pool in and back without losing a group."""
+moves a filled pool in and back without losing a group; migration 0011 partitions a filled ledger by
+id and back, keeping every index, constraint and foreign key; the ledger's months are made ahead."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 from django.utils import timezone
@@ -34,7 +35,8 @@ from moderation.services import rollout_moderate
 from nodes.models import Node
 from ops.scheduled import run_jobs
 from pool import retention, sampling
-from pool.models import ModerationStatus, RetentionDay, Rollout, RolloutText, Verdict
+from pool.models import Consumption, ModerationStatus, RetentionDay, Rollout, RolloutText, Verdict
+from pool.selectors import window_id_floor
 from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
 from web.export import stats_export
@@ -277,12 +279,20 @@ def test_the_job_makes_the_day_partitions_ahead_and_todays_groups_go_into_today_
     with connection.cursor() as cursor:  # as if the migration ran long ago: no day partition is left
         for name in retention.day_partitions().values():
             cursor.execute(f"DROP TABLE {name}")
+        last = max(retention.ledger_partitions().items())[1]  # the last month ahead
+        cursor.execute(f"ALTER TABLE pool_rollout DETACH PARTITION {last}")  # referenced: detached, then dropped
+        cursor.execute(f"DROP TABLE {last}")
     node = make_node()
     early = make_group(node)  # today's, before the job made today: the DEFAULT partition takes it
     (result,) = run_jobs(["retention"])
     assert result.ok, result.message
     today = timezone.now().astimezone(UTC).date()
     assert {today + k * DAY for k in range(retention.AHEAD_DAYS + 1)} <= set(retention.day_partitions())
+    month = today.replace(day=1)
+    months = [month]
+    for _ in range(retention.AHEAD_MONTHS):
+        months.append((months[-1] + 32 * DAY).replace(day=1))
+    assert set(months) <= set(retention.ledger_partitions())  # the ledger's months, made ahead too
     later = make_group(node)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -317,7 +327,13 @@ def test_sampling_reads_the_window_s_day_partitions_only():
     now = timezone.now()
     retention.partitions_ensure(now=now - 10 * DAY, ahead=0)
     old = retention.partition_name((now - 10 * DAY).astimezone(UTC).date())
-    params = {"cutoff": now - DAY, "node": 0, "swarm": swarm_default_ensure().id, "k": 12}
+    params = {
+        "cutoff": now - DAY,
+        "node": 0,
+        "swarm": swarm_default_ensure().id,
+        "k": 12,
+        "id_floor": window_id_floor(now - DAY),
+    }
     with connection.cursor() as cursor:
         cursor.execute(sql.SQL("EXPLAIN {}").format(sql.SQL(sampling._DRAW_TEXT)), params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
@@ -405,6 +421,111 @@ def test_migration_0008_moves_a_filled_pool_in_and_back_without_losing_a_group()
     finally:
         _migrate(_latest())
     assert Rollout.objects.with_texts().filter(completions__isnull=False).count() == 3000
+
+
+# Migration 0011 ------------------------------------------------------------------------------
+
+BEFORE_LEDGER = [("pool", "0010_rollout_review_index")]
+
+
+def _partitions(table: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass ORDER BY 1",
+            [table],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _ledger_schema() -> dict:
+    """The ledger's indexes, constraints and the foreign keys pointing at it, by name."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexrelid::regclass::text, replace(pg_get_indexdef(indexrelid), ' ON ONLY ', ' ON ')"
+            " FROM pg_index WHERE indrelid = 'pool_rollout'::regclass"
+        )
+        indexes = dict(cursor.fetchall())
+        cursor.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = 'pool_rollout'::regclass OR (confrelid = 'pool_rollout'::regclass AND conparentid = 0)"
+        )
+        return {"indexes": indexes, "constraints": dict(cursor.fetchall())}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0011_partitions_a_filled_ledger_by_id_and_back_without_losing_a_group():
+    author, consumer = make_node(), make_node()
+    swarm_id = swarm_default_ensure().id
+    _migrate(BEFORE_LEDGER)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index,
+                    completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
+                    has_variance, sampleable, sample_seq, created_at)
+                SELECT gen_random_uuid(), %(node)s, %(swarm)s, 1, 1, 'basic_arithmetic', 1, g, 2, '[1, 0]',
+                       '[1, 0]', 'accepted', '', CASE WHEN g %% 50 = 0 THEN 'held' ELSE 'ok' END, true,
+                       g %% 50 <> 0, CASE WHEN g %% 50 <> 0 THEN g END, now() - make_interval(hours => g %% 2000)
+                FROM generate_series(1, 3000) AS g;
+                INSERT INTO pool_consumption (consumer_id, rollout_id, author_id, swarm_id, round, created_at)
+                SELECT %(consumer)s, id, node_id, swarm_id, 1, created_at FROM pool_rollout WHERE index %% 7 = 0;
+                """,
+                {"node": author.id, "swarm": swarm_id, "consumer": consumer.id},
+            )
+            cursor.execute(f"SELECT {_LEDGER} FROM pool_rollout ORDER BY id")
+            ledger = cursor.fetchall()
+        schema = _ledger_schema()
+        assert _partitions("pool_rollout") == []
+        _migrate(_latest())
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {_LEDGER} FROM pool_rollout ORDER BY id")
+            assert cursor.fetchall() == ledger
+        assert _ledger_schema() == schema  # indexes (partial ones), CHECKs, foreign keys: same names, same definitions
+        made = _partitions("pool_rollout")
+        oldest = (timezone.now() - timedelta(hours=2000)).astimezone(UTC).date().replace(day=1)
+        assert "pool_rollout_default" in made and retention.ledger_partition_name(oldest) in made
+        assert len(made) >= 1 + 3 + 2  # the DEFAULT one, ~84 days of months, 2 ahead
+        # The foreign keys hold on the partitioned ledger: a consumption of a missing group is refused.
+        with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO pool_consumption (consumer_id, rollout_id, author_id, swarm_id, round, created_at)"
+                " VALUES (%s, %s, %s, %s, 1, now())",
+                [consumer.id, uuid.uuid4(), author.id, swarm_id],
+            )
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        _migrate(BEFORE_LEDGER)
+        assert _partitions("pool_rollout") == [] and _ledger_schema() == schema
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {_LEDGER} FROM pool_rollout ORDER BY id")
+            assert cursor.fetchall() == ledger
+    finally:
+        _migrate(_latest())
+    assert Rollout.objects.count() == 3000 and Consumption.objects.count() == 3000 // 7
+    node = make_node()
+    (again,) = [make_group(node)]
+    assert Rollout.objects.filter(id=again.id).exists()
+
+
+def test_a_month_made_late_takes_its_rows_from_the_default_partition_and_keeps_their_references():
+    """A pool filled with ids of a month no partition was made for (the DEFAULT partition took them):
+    making that month moves them in, the consumptions pointing at them stay valid."""
+    node, consumer = make_node(), make_node()
+    at = timezone.now() - timedelta(days=400)
+    group = make_group(node, created_at=at)
+    make_consumption(consumer, group)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tableoid::regclass::text FROM pool_rollout WHERE id = %s", [group.id])
+        assert cursor.fetchone()[0] == retention.LEDGER_DEFAULT
+    month = at.astimezone(UTC).date().replace(day=1)
+    assert retention.ledger_partition_name(month) in retention.ledger_partitions_ensure(since=month)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tableoid::regclass::text FROM pool_rollout WHERE id = %s", [group.id])
+        assert cursor.fetchone()[0] == retention.ledger_partition_name(month)
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the deferred foreign keys, checked now
+    assert Consumption.objects.filter(rollout_id=group.id).count() == 1
+    assert retention.ledger_partitions_ensure(since=month) == []
 
 
 def test_a_second_retention_run_at_once_does_nothing(settings):

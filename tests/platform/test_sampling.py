@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -194,3 +195,62 @@ def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> N
         assert group == json.loads(json.dumps(protocol_object(stored[rollout_id])))
     # The groups sent are the node's to report as used (and only those).
     assert set(ServedGroup.objects.filter(node=asker).values_list("rollout_id", flat=True)) == set(ids)
+
+
+def test_sampling_reads_the_ledger_s_recent_months_only():
+    """The draw's id floor (the window's start less the ids' greatest age) lets the planner leave out
+    the ledger's older month partitions; the DEFAULT one (ids of no made month) is read."""
+    from datetime import UTC, date
+
+    from django.db import connection
+    from django.utils import timezone
+    from psycopg import sql
+
+    from pool import retention
+    from pool.selectors import window_id_floor
+    from swarms.services import swarm_default_ensure
+
+    now = timezone.now()
+    old = date(2025, 3, 1)
+    retention.ledger_partitions_ensure(since=old)
+    cutoff = now - timedelta(seconds=DAY)
+    params = {"cutoff": cutoff, "node": 0, "swarm": swarm_default_ensure().id, "k": 12}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.SQL("EXPLAIN {}").format(sql.SQL(sampling._DRAW_TEXT)),
+            {**params, "id_floor": window_id_floor(cutoff)},
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    this_month = now.astimezone(UTC).date().replace(day=1)
+    assert retention.ledger_partition_name(this_month) in plan and "pool_rollout_default" in plan
+    assert retention.ledger_partition_name(old) not in plan
+    read = {name for name in retention.ledger_partitions().values() if name in plan}
+    assert len(read) <= 2 + retention.AHEAD_MONTHS  # the floor's month, this one, the ones made ahead
+    # The socket's draw is prepared with a generic plan (common.db.prepare_hot): it leaves the old month
+    # out when it starts.
+    names: list[str] = []
+
+    def numbered(match: re.Match) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    statement = re.sub(r"%\((\w+)\)s", numbered, sampling._DRAW_TEXT).replace("%%", "%")
+    types = {"k": "int", "swarm": "bigint", "node": "bigint", "cutoff": "timestamptz", "id_floor": "uuid"}
+    values = {**params, "id_floor": window_id_floor(cutoff)}
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(
+            sql.SQL("PREPARE draw_plan_test ({}) AS {}").format(
+                sql.SQL(", ").join(sql.SQL(types[name]) for name in names), sql.SQL(statement)
+            )
+        )
+        cursor.execute(
+            sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) EXECUTE draw_plan_test ({})").format(
+                sql.SQL(", ").join(sql.Literal(values[name]) for name in names)
+            )
+        )
+        generic = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE draw_plan_test")
+    assert "Subplans Removed" in generic and retention.ledger_partition_name(old) not in generic
+    assert retention.ledger_partition_name(this_month) in generic

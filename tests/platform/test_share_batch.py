@@ -4,8 +4,6 @@ other stores and counts."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -20,6 +18,7 @@ from nodes.models import Node
 from pool.budgets import StoredBytes
 from pool.ingest import ShareIn, ShareResult, rollout_share, rollout_share_batch
 from pool.models import NodeStorageHour, NodeVerdictCounts, Rollout
+from sapo_node.ids import uuid7
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +123,7 @@ def test_a_batch_answers_stores_and_counts_what_sharing_one_after_the_other_does
         ShareIn(make_node(), [to_rollout_in(_with_id(group(31), stored_by_other["id"])), to_rollout_in(group(32))]),
         # a's second share, and an id a batch-mate sends: both wait for the next batch
         ShareIn(a, [to_rollout_in(group(10))]),
-        ShareIn(c, [to_rollout_in(_with_id(group(11), shares_id := str(uuid.uuid4())))]),
+        ShareIn(c, [to_rollout_in(_with_id(group(11), shares_id := str(uuid7())))]),
         ShareIn(sibling, [to_rollout_in(_with_id(group(12), shares_id))]),
     ]
 

@@ -6,7 +6,6 @@ drives the real WebSocket path.)
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 from django.core.cache import cache
@@ -14,6 +13,7 @@ from django.utils import timezone
 
 from nodes.models import Node
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout, RolloutText, Verdict
+from sapo_node.ids import uuid7
 from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
 
@@ -37,7 +37,7 @@ def make_group(
     variance = accepted and len(set(rewards)) > 1
     sampleable = variance and moderation_status == ModerationStatus.OK
     rollout = Rollout.objects.create(
-        id=uuid.uuid4(),
+        id=uuid7(created_at),
         node=node,
         swarm=swarm or swarm_default_ensure(),
         catalogue_version=1,

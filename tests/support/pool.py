@@ -8,6 +8,7 @@ from typing import Any
 
 from pool.limits import Limits
 from pool.messages import RolloutIn
+from sapo_node.ids import uuid7
 from sapo_node.tasks import CATALOGUES, build_entry, score_completion
 
 SAPO = CATALOGUES["sapo"]
@@ -32,7 +33,7 @@ def make_group(
     completions = [f"Let me think. <answer>{answer}</answer>" for _ in range(right)]
     completions += [f"I guess <answer>wrong {i}</answer>" for i in range(wrong)]
     return {
-        "id": rollout_id or str(uuid.uuid4()),
+        "id": rollout_id or str(uuid7()),
         "round": round_,
         "task": {"dataset": dataset, "seed": seed, "index": index},
         "question": entry["question"],

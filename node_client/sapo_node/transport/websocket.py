@@ -294,6 +294,17 @@ class WebSocketTransport(Transport):
         self._verdicts[id_] = (state, reason)
         return True
 
+    def _rekey(self, id_: str) -> None:
+        """The pool refused the group's id and holds no group of it (`bad_id`): it goes again under a
+        fresh one."""
+        try:
+            new = self.outbox.rekey(id_)
+        except DISK_ERRORS as exc:
+            self._disk_failed(exc)  # it stays pending under its old id, refused again at the next send
+            return
+        if new is not None:
+            log.info("group %s shared again as %s (the pool takes UUIDv7 ids of the last days)", id_, new)
+
     def take_external(self, max_n: int) -> list[Group]:
         with self._lock:
             taken = [self._buffer.popleft() for _ in range(min(max_n, len(self._buffer)))]
@@ -568,7 +579,9 @@ class WebSocketTransport(Transport):
         for id_ in frame.get("accepted") or []:
             self._mark(str(id_), ACCEPTED)
         for item in frame.get("rejected") or []:
-            if isinstance(item, dict) and self._mark(str(item.get("id")), REJECTED, str(item.get("reason"))):
+            if isinstance(item, dict) and item.get("reason") == protocol.BAD_ID:
+                self._rekey(str(item.get("id")))
+            elif isinstance(item, dict) and self._mark(str(item.get("id")), REJECTED, str(item.get("reason"))):
                 log.warning("the pool rejected group %s: %s", item.get("id"), item.get("reason"))
         self._inflight.pop(str(frame.get("ref")), None)
 

@@ -1,0 +1,48 @@
+"""Group ids: UUIDv7 (RFC 9562, section 5.7), time-ordered, chosen by the node that made the group.
+
+The first 48 bits are the Unix time in milliseconds, then the version (7), 12 random bits, the variant
+(0b10) and 62 random bits. Ids made later sort later, so the pool's ledger is partitioned by id ranges
+that are time ranges (docs/architecture.md, "The pool's storage"), and its B-tree takes new ids at its
+right edge. The server takes an id whose time lies in the bounds of `protocol.ID_MAX_AGE_SECONDS` and
+`protocol.ID_MAX_AHEAD_SECONDS` around its clock (docs/protocol.md, "share"). Plain functions, no
+dependencies: the server imports them too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import UTC, datetime
+
+_VERSION_7 = 0x7 << 76
+_VARIANT = 0b10 << 62
+
+
+def uuid7(at: datetime | float | None = None) -> uuid.UUID:
+    """A fresh UUIDv7 for the time `at` (a datetime, or Unix seconds; None: now)."""
+    ms = _ms(time.time() if at is None else at)
+    rand = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 after the version, 62 after the variant
+    return uuid.UUID(int=(ms << 80) | _VERSION_7 | ((rand >> 62) & 0xFFF) << 64 | _VARIANT | (rand & (1 << 62) - 1))
+
+
+def uuid7_floor(at: datetime | float) -> uuid.UUID:
+    """The smallest UUIDv7 of the millisecond `at`: every id made at or after `at` sorts at or above it,
+    every id made before it below it (PostgreSQL compares uuids byte by byte, as these ints compare)."""
+    return uuid.UUID(int=(_ms(at) << 80) | _VERSION_7 | _VARIANT)
+
+
+def is_uuid7(value: uuid.UUID) -> bool:
+    """Version 7 and the RFC's variant (read from the bits: uuid.UUID's properties cost more)."""
+    bits = value.int
+    return (bits >> 76) & 0xF == 7 and (bits >> 62) & 0x3 == 0b10
+
+
+def uuid7_time(value: uuid.UUID) -> datetime:
+    """The time a UUIDv7 was made at (its first 48 bits), in UTC."""
+    return datetime.fromtimestamp((value.int >> 80) / 1000, tz=UTC)
+
+
+def _ms(at: datetime | float) -> int:
+    seconds = at.timestamp() if isinstance(at, datetime) else float(at)
+    return int(seconds * 1000) & (1 << 48) - 1
