@@ -405,7 +405,7 @@ async def run_phases(
 
 def client_loop(coro) -> None:
     """Run the clients on uvloop where it is installed (it is, with uvicorn): the clients share the
-    cores with the server, and asyncio's own loop is a third of what ten thousand of them cost."""
+    cores with the server, and on uvloop a socket costs them much less CPU than on asyncio's own loop."""
     try:
         import uvloop
     except ImportError:
@@ -437,7 +437,7 @@ def main() -> None:
         started = time.perf_counter()
         from django.db import transaction
 
-        with transaction.atomic():  # one commit: ten thousand nodes in seconds, not minutes of fsyncs
+        with transaction.atomic():  # one commit, not a wait for the disk per node
             nodes = POOL.make_nodes(args.n, "sock")
         POOL.fill_pool(2000, [node.id for node, _ in nodes[: min(50, args.n)]], 86_400)
         print(

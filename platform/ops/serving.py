@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 
 #: The servers `sapo_serve` runs (settings.SAPO_ASGI_SERVER chooses).
-SERVERS = ("uvicorn", "daphne")
+SERVERS = ("daphne", "uvicorn")
 BACKLOG = 4096
 #: sapo_node.transport.websocket.OPEN_TIMEOUT: what a node waits for its handshake.
 HANDSHAKE_SECONDS = 30

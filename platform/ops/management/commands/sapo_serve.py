@@ -1,4 +1,4 @@
-"""`python manage.py sapo_serve [--server uvicorn|daphne] [--host H] [--port P]`: replace this process
+"""`python manage.py sapo_serve [--server daphne|uvicorn] [--host H] [--port P]`: replace this process
 with the site's ASGI server (ops.serving), as deployed."""
 
 from __future__ import annotations
