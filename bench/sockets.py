@@ -80,6 +80,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1, help="times every server is measured, alternating")
     parser.add_argument("--steady-seconds", type=float, default=0, help="(g) the steady rate's measured time")
     parser.add_argument("--period", type=float, default=10.0, help="(g) seconds between a node's samples")
+    parser.add_argument(
+        "--after-pid", type=int, default=0, help="make the nodes, then wait for this process to end before measuring"
+    )
     args = parser.parse_args()
     if args.workers > 1 and not args.redis_url:
         parser.error("--workers above 1 needs --redis-url: processes share presence and rate counts through Redis")
@@ -446,6 +449,8 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
+        while args.after_pid and Path(f"/proc/{args.after_pid}").exists():  # another run on these cores
+            time.sleep(1.0)
         print("\n| server | phase | sockets | p50 ms | p99 ms | max ms | notes | load start-end |")
         print("|---|---|---:|---:|---:|---:|---|---|", flush=True)
         with log_path.open("w") as log:

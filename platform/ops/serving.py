@@ -5,7 +5,8 @@ Both ASGI servers serve `config.asgi:application`; what each needs said on its c
 - a listen backlog of 4096 (the kernel caps it at `net.core.somaxconn`): with twisted's default of
   50, ten thousand nodes coming back at once overflow the queue of connections waiting to be
   accepted, and TCP retries the dropped ones after pauses that double from 1 s;
-- no access log: the proxy in front writes one, and a server's own is lines per socket;
+- no access log, nor uvicorn's lines at INFO: the proxy in front writes one, and a server's own is
+  lines per socket;
 - daphne: as long for the application to accept a socket as a node waits for its handshake
   (sapo_node's OPEN_TIMEOUT): daphne's own 5 s refuses, with a 403, every socket of a storm that
   waits longer than that for the event loop;
@@ -53,6 +54,8 @@ def server_argv(server: str, *, host: str, port: int, websocket_max_bytes: int) 
             "--backlog",
             str(BACKLOG),
             "--no-access-log",
+            "--log-level",
+            "warning",  # uvicorn logs two lines per socket at INFO
             "--no-proxy-headers",
             "--lifespan",
             "on",

@@ -30,6 +30,7 @@ def test_uvicorn_gets_the_frame_limit_no_compression_and_no_proxy_headers():
         "--ws-per-message-deflate": "false",
         "--backlog": str(BACKLOG),
         "--lifespan": "on",
+        "--log-level": "warning",  # no lines per socket
         "--port": "8000",
     }.items():
         assert argv[argv.index(option) + 1] == value
