@@ -49,6 +49,7 @@ USER sapo
 EXPOSE 8000
 # No HEALTHCHECK here: the node runs from this image too. The site's probes are /healthz (liveness)
 # and /readyz (database and Redis); docker-compose.yml uses /readyz.
-# The endpoint rather than -b/-p: twisted's default listen backlog of 50 drops connections when many
-# nodes connect at once; -v 0: no access log of daphne's own (docs/deploy.md, "Processes").
-CMD ["daphne", "-v", "0", "-e", "tcp:port=8000:interface=0.0.0.0:backlog=2048", "config.asgi:application"]
+# sapo_serve replaces itself with the ASGI server SAPO_ASGI_SERVER names (daphne by default), with
+# the options ops.serving gives it: a listen backlog for ten thousand nodes connecting at once, no access
+# log of its own, the protocol's frame limit (docs/deploy.md, "Processes").
+CMD ["python", "manage.py", "sapo_serve", "--port", "8000"]

@@ -11,7 +11,8 @@ $SAPO_TEST_CACHE. Nothing reaches the network: the Hugging Face hub is switched 
 Factories live in tests/factories.py (`from factories import make_user, make_node, ...`).
 
 `live_server` (session) is daphne in a forked process serving HTTP and WebSockets on 127.0.0.1
-against this run's test database; tests/browser and tests/integration use it. `asgi_server` (session)
+against this run's test database (uvicorn, as ops.serving runs it, with SAPO_TEST_ASGI_SERVER=uvicorn);
+tests/browser and tests/integration use it. `asgi_server` (session)
 starts more of them: `with asgi_server(port=..., settings={...}, log_path=...) as server:` (settings
 are applied in the server process only, e.g. another catalogue or limits; "CONN_MAX_AGE" sets the
 database connection's; `log_path` gets the server's warnings and errors).
@@ -279,6 +280,7 @@ def _serve_asgi(
 ) -> Iterator[AsgiLiveServer]:
     from daphne.testing import DaphneProcess
     from django.db import connections
+    from support.uvicorn_process import UvicornProcess
 
     _isolate_channel_layer()
     with django_db_blocker.unblock():
@@ -287,7 +289,8 @@ def _serve_asgi(
             connection.close_pool()  # nor the pool's (the parent opens a new pool when it needs one)
         # Each test empties the database, the default swarm with it: a server reads swarms anew.
         settings = {"SAPO_SWARM_PLACE_SECONDS": 0.0, **(settings or {})}
-        process = DaphneProcess(
+        server_class = UvicornProcess if os.environ.get("SAPO_TEST_ASGI_SERVER") == "uvicorn" else DaphneProcess
+        process = server_class(
             host="127.0.0.1", port=port, get_application=lambda: _asgi_application(settings, log_path)
         )
         # Not daemonic, as daphne is in production: a daemonic process may not start children, and the

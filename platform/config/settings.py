@@ -40,6 +40,7 @@ Environment:
   SAPO_SERVER_NAME      this server process's name in presence records (default: the host name); a
                         restarted process forgets its previous run's sockets by it (nodes.presence).
                         Give each process its own when several serve from one host.
+  SAPO_ASGI_SERVER      daphne (default) or uvicorn: what `manage.py sapo_serve` runs (ops.serving).
   SAPO_PRESENCE_HEARTBEAT_SECONDS  how often an open node socket renews its presence record (default
                         20); a record counts for three heartbeats, so a killed process's nodes go
                         offline within 3x this (nodes.presence).
@@ -288,6 +289,10 @@ REDIS_URL = env_str("REDIS_URL", "")
 # or test runs sharing one Redis never count or deliver each other's messages.
 SAPO_REDIS_PREFIX = env_str("SAPO_REDIS_PREFIX", "sapo")
 SAPO_SERVER_NAME = env_str("SAPO_SERVER_NAME", "") or socket.gethostname()
+# The ASGI server `manage.py sapo_serve` runs (ops.serving; docs/deploy.md, "Processes").
+SAPO_ASGI_SERVER = env_str("SAPO_ASGI_SERVER", "daphne")
+if SAPO_ASGI_SERVER not in ("uvicorn", "daphne"):
+    raise EnvError(f"SAPO_ASGI_SERVER must be uvicorn or daphne, got {SAPO_ASGI_SERVER!r}")
 SAPO_PRESENCE_HEARTBEAT_SECONDS = env_int("SAPO_PRESENCE_HEARTBEAT_SECONDS", 20)
 if REDIS_URL:
     # socket_timeout None: redis-py >= 8 reads with a 5 s timeout by default, the same 5 s that

@@ -5,18 +5,22 @@ from __future__ import annotations
 from support.bench import run_bench
 
 
-def test_the_sockets_benchmark_runs_every_phase_and_every_node_comes_back(tmp_path):
-    out = run_bench("sockets.py", ["--quick"], "sapo_bench_sockets", tmp_path)
-    for phase in (
-        "(a) welcome, one at a time",
-        "(b) welcome, all at once",
-        "(c) sample, one at a time",
-        "(d) sample, all at once",
-        "(e) server RSS",
-        "(f) all back after a restart (from the kill)",
-    ):
-        assert f"| {phase} |" in out
+def test_the_sockets_benchmark_runs_every_phase_on_both_servers_and_every_node_comes_back(tmp_path):
+    out = run_bench("sockets.py", ["--quick", "--servers", "daphne,uvicorn"], "sapo_bench_sockets", tmp_path)
+    for server in ("daphne", "uvicorn:uvloop:httptools:websockets-sansio"):
+        for phase in (
+            "(a) welcome, one at a time",
+            "(b) welcome, all at once",
+            "(b) of which the handshake",
+            "(c) sample, one at a time",
+            "(d) sample, all at once",
+            "(e) server RSS",
+            "(g) sample, steady: every 1 s",
+            "(f) all back after a restart (from the kill)",
+        ):
+            assert f"| {server} | {phase} |" in out
     assert "| 50 |" in out  # all 50 sockets measured
-    assert "**0 dropped sessions**" in out
+    assert out.count("**0 dropped sessions**") == 2
+    assert out.count("**0 failed**") == 2
     assert "load average at start" in out and "load average at end" in out
     assert ": 0 errors" in out  # the server logged no error
