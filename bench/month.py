@@ -46,6 +46,7 @@ import asyncio
 import http.client
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -671,6 +672,7 @@ def main() -> None:
     os.environ["SAPO_REDIS_PREFIX"] = f"sapomonth{os.getpid()}"
     os.environ["SAPO_DEBUG"] = "0"  # no statement log kept in this process's connections
     servers: dict = {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the servers and databases go too
     print(f"load average at start {load()}", flush=True)
     try:
         pb.setup_django(args)
