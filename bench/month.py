@@ -1,7 +1,7 @@
 """A month of a large swarm, simulated: the pool filled server-side to tens of millions of groups, and
 what the site does measured as it grows (docs/benchmarks.md, "A month").
 
-    nice -n 10 .venv/bin/python bench/month.py --groups 10000000 --steps 5   # the published run
+    .venv/bin/python bench/month.py --groups 4000000 --steps 4 --requests 20   # the published run
     .venv/bin/python bench/month.py --quick                                  # 20k groups, 2 steps
 
 The month is `--days` days ending now, written newest first in `--steps` slices: after the first step
@@ -35,8 +35,8 @@ At each step (the empty pool first), with every node marked active:
 - disk: the ledger, texts and the rest, tables and indexes apart, and the database.
 
 Runs in its own database (`--db-name`, dropped at the end unless --keep-db) on DATABASE_URL's server.
-The fill runs at nice 10 when started niced; the measures raise nothing, so start the run niced only if
-the machine is shared (the load average is printed on every row).
+The fill runs at nice 10 (this process and its PostgreSQL backend, when run as root: lowering a nice
+value again needs it); the measures run at the priority the script was started with.
 """
 
 from __future__ import annotations
