@@ -17,11 +17,26 @@ from datetime import UTC, datetime
 
 _VERSION_7 = 0x7 << 76
 _VARIANT = 0b10 << 62
+#: Seconds to add to this machine's clock to read the server's: set from a welcome's `server_time`, so
+#: a node whose clock is off by more than the server's bounds still makes ids the server takes (a fresh
+#: id of a wrong clock would be refused again, and the group re-keyed, for ever).
+_clock_offset = 0.0
+#: This machine's clock (Unix seconds).
+_wall = time.time
+
+
+def clock_set(server_time: float, *, local_time: float | None = None) -> float:
+    """Make the ids that follow from the server's clock, `server_time` (Unix seconds) read at
+    `local_time` (default: now); returns the offset."""
+    global _clock_offset
+    _clock_offset = float(server_time) - (_wall() if local_time is None else local_time)
+    return _clock_offset
 
 
 def uuid7(at: datetime | float | None = None) -> uuid.UUID:
-    """A fresh UUIDv7 for the time `at` (a datetime, or Unix seconds; None: now)."""
-    ms = _ms(time.time() if at is None else at)
+    """A fresh UUIDv7 for the time `at` (a datetime, or Unix seconds; None: now, by the server's clock
+    once a welcome told it)."""
+    ms = _ms(_wall() + _clock_offset if at is None else at)
     rand = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 after the version, 62 after the variant
     return uuid.UUID(int=(ms << 80) | _VERSION_7 | ((rand >> 62) & 0xFFF) << 64 | _VARIANT | (rand & (1 << 62) - 1))
 

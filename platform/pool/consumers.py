@@ -284,8 +284,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
             reply = await self._dispatch(message)
             if (
                 isinstance(message, Hello) and reply is not None
-            ):  # the welcome names the pool's epoch: it changes on a restore
+            ):  # the welcome names the pool's epoch (it changes on a restore) and the server's clock
                 reply["pool_epoch"] = await current_pool_epoch()
+                reply["server_time"] = round(time.time(), 3)  # the node makes its group ids by it
         except ApplicationError as exc:
             await self._error(exc.code, exc.message, message.ref)
             return

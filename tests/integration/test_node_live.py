@@ -352,6 +352,36 @@ def test_a_spool_of_uuid4_groups_from_an_older_client_is_stored_once(swarm_serve
     t.close()
 
 
+def test_a_node_whose_clock_is_ahead_makes_its_ids_by_the_server_s_clock(
+    swarm_server, transports, tmp_path, monkeypatch
+):
+    """A machine whose clock runs 10 minutes ahead (past the 5 the server allows): the groups it queued
+    before the welcome are refused `bad_id` and re-keyed by the server's clock, which the welcome gave
+    it, so each is stored once instead of being refused and re-keyed for ever."""
+    import uuid
+
+    from sapo_node import ids
+
+    real = time.time
+    monkeypatch.setattr(ids, "_wall", lambda: real() + 600)
+    monkeypatch.setattr(ids, "_clock_offset", 0.0)
+    node, token = make_node_with_token(name="fast-clock")
+    groups = right_and_wrong_groups(4, seed=29)
+    for g in groups:
+        g.id = str(ids.uuid7())  # what this machine makes before it hears the server
+    assert all(ids.uuid7_time(uuid.UUID(g.id)).timestamp() > real() + 590 for g in groups)
+    t = transports(swarm_server.ws_url + "/ws/node/", token, tmp_path / "outbox.sqlite3")
+    t.outbox.put([g.to_wire() for g in groups])
+    t.start(HELLO)
+    assert t.flush(30)
+    assert (t.counts().accepted, t.counts().rejected, t.counts().pending) == (4, 0, 0)
+    assert abs(ids._clock_offset + 600) < 30
+    stored = pool_ids(node)
+    assert len(stored) == 4 and not {g.id for g in groups} & set(stored)
+    assert all(abs(ids.uuid7_time(uuid.UUID(i)).timestamp() - real()) < 60 for i in stored)
+    t.close()
+
+
 def open_raw_node(stack: contextlib.ExitStack, url: str, token: str, group: Group):
     """A node that connects once (no reconnection), is welcomed and gets one group accepted."""
     from websockets.sync.client import connect

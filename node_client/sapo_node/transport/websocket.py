@@ -46,6 +46,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 
 from sapo_node import __version__, protocol
 from sapo_node.groups import Group
+from sapo_node.ids import clock_set
 from sapo_node.outbox import ACCEPTED, ACK_RETENTION_SECONDS, PENDING, REJECTED, Outbox
 from sapo_node.tasks import Catalogue
 from sapo_node.transport.base import Hello, Transport, TransportCounts
@@ -545,6 +546,11 @@ class WebSocketTransport(Transport):
         self.swarm = frame.get("swarm") if isinstance(frame.get("swarm"), dict) else {}
         self._paused = self.swarm.get("state") == protocol.STATE_PAUSED
         self._on_pool_epoch(frame.get("pool_epoch"))
+        server_time = frame.get("server_time")
+        if isinstance(server_time, (int, float)) and not isinstance(server_time, bool) and server_time > 0:
+            offset = clock_set(server_time)
+            if abs(offset) > 60:
+                log.warning("this machine's clock is %+.0f s off the server's: group ids follow the server's", -offset)
         self._was_welcomed = True
         self._state = "paused" if self._paused else "connected"
         self._welcome.set()
