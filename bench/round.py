@@ -211,6 +211,7 @@ def trl_child(args: argparse.Namespace) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from sapo_node.models import resolve_device, resolve_dtype
+    from sapo_node.packaged import PACKAGED, ensure_converted
     from sapo_node.prompts import format_prompt
     from sapo_node.sample import sample_questions
     from sapo_node.tasks import CATALOGUES, TaskStream, score_completion
@@ -221,11 +222,13 @@ def trl_child(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    path = (
-        str(tiny_path(args.model, Path(args.cache_dir) if args.cache_dir else None))
-        if args.model in TINY
-        else args.model
-    )
+    cache_dir = Path(args.cache_dir) if args.cache_dir else None
+    if args.model in TINY:
+        path = str(tiny_path(args.model, cache_dir))
+    elif args.model in PACKAGED:  # the folder the node converted the packaged file into
+        path = str(ensure_converted(args.model, cache_dir))
+    else:
+        path = args.model
     if args.model in TINY and build_info(Path(path)) is None:
         sys.exit(f"{path} is not built yet (the sapo-node variant builds it)")
     tokenizer = AutoTokenizer.from_pretrained(path)
