@@ -68,15 +68,20 @@ def _bounds(day: date) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
-def day_partitions() -> dict[date, str]:
-    """The day partitions that exist, by day."""
+def _partition_names(parent: str) -> list[str]:
+    """The names of `parent`'s partitions."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
             " WHERE i.inhparent = %s::regclass",
-            [PARENT],
+            [parent],
         )
-        names = [row[0] for row in cursor.fetchall()]
+        return [row[0] for row in cursor.fetchall()]
+
+
+def day_partitions() -> dict[date, str]:
+    """The day partitions that exist, by day."""
+    names = _partition_names(PARENT)
     return {datetime.strptime(m.group(1), "%Y%m%d").date(): name for name in names if (m := _NAME.match(name))}
 
 
@@ -145,13 +150,7 @@ def ledger_bounds(month: date) -> tuple[str, str]:
 
 def ledger_partitions() -> dict[date, str]:
     """The ledger's month partitions that exist, by the month's first day."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            " WHERE i.inhparent = %s::regclass",
-            [LEDGER],
-        )
-        names = [row[0] for row in cursor.fetchall()]
+    names = _partition_names(LEDGER)
     return {
         datetime.strptime(m.group(1) + "01", "%Y%m%d").date(): name for name in names if (m := _LEDGER_NAME.match(name))
     }
