@@ -1,7 +1,7 @@
 """A month of a large swarm, simulated: the pool filled server-side to tens of millions of groups, and
 what the site does measured as it grows (docs/benchmarks.md, "A month").
 
-    .venv/bin/python bench/month.py --groups 4000000 --steps 4 --requests 20   # the published run
+    .venv/bin/python bench/month.py --groups 10000000 --steps 5 --requests 20  # the published run
     .venv/bin/python bench/month.py --quick                                  # 20k groups, 2 steps
 
 The month is `--days` days ending now, written newest first in `--steps` slices: after the first step
