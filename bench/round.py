@@ -7,6 +7,13 @@
         --micro-batch 8 --rounds 3 --no-incumbent --threads 2   # a real model: prints generate, score, update
     .venv/bin/python bench/round.py --paths --model small --catalogue sapo --device cuda --max-new-tokens 64
 
+--prefix-paths times a round's generation (B x G completions of exactly --max-new-tokens tokens) and
+its update's forward and backward passes (no optimizer step) with the prompts' shared beginning run
+once (sapo_node.shared_prefix) and with each prompt run whole, alternating, after one warm-up each:
+
+    .venv/bin/python bench/round.py --prefix-paths --model smollm2-135m --questions 4 --generations 4 \
+        --max-new-tokens 32 --micro-batch 8 --rounds 5 --threads 2
+
 --paths times generation alone, B x G completions of exactly --max-new-tokens tokens (stop tokens
 ignored), on sapo_node.generate's two paths alternating: the dropping loop (the CPU's) and the static
 path (the GPU's: fixed shapes, compiled decode step on CUDA, one sync); it prints s per batch and
@@ -489,6 +496,77 @@ def generation_paths(args: argparse.Namespace) -> None:
     print(f"static / loop: {statistics.median(seconds['static']) / statistics.median(seconds['loop']):.2f}")
 
 
+def prefix_paths(args: argparse.Namespace) -> None:
+    import torch
+
+    from sapo_node import shared_prefix
+    from sapo_node.generate import _sample_rows, encode_prompt, pad_id
+    from sapo_node.grpo import collate_groups, completion_logprobs
+    from sapo_node.models import load_policy
+    from sapo_node.prompts import format_prompt
+    from sapo_node.sample import sample_questions
+    from sapo_node.tasks import CATALOGUES, TaskStream
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer, device = load_policy(args.model, device=args.device, cache_dir=args.cache_dir)
+    stream = TaskStream(CATALOGUES[args.catalogue], seed=0)
+    prompt_ids = [
+        encode_prompt(tokenizer, format_prompt(tokenizer, q.question)) for q in sample_questions(stream, args.questions)
+    ]
+    owners = [b for b in range(len(prompt_ids)) for _ in range(args.generations)]
+    pad = pad_id(tokenizer)
+    shared_len = shared_prefix.shared_prefix(prompt_ids)
+    threshold = shared_prefix.MIN_SHARED_PREFIX
+
+    def generate() -> list[list[int]]:
+        with torch.inference_mode():
+            rows, _ = _sample_rows(model, prompt_ids, owners, set(), pad, args.max_new_tokens, args.temperature)
+        return rows
+
+    completions = generate()
+    advantages = torch.randn(len(owners), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = [(prompt_ids[b], c, a) for b, c, a in zip(owners, completions, advantages, strict=True)]
+
+    def update() -> None:
+        # The update's forward and backward passes over the round's micro-batches (no optimizer step:
+        # both paths see the same weights).
+        model.train()
+        model.zero_grad(set_to_none=True)
+        for i in range(0, len(rows), args.micro_batch):
+            completion_logprobs(model, collate_groups(rows[i : i + args.micro_batch], pad, device)).sum().backward()
+        model.eval()
+
+    def timed(path: str, phase) -> float:
+        shared_prefix.MIN_SHARED_PREFIX = threshold if path == "shared" else 1 << 30
+        started = time.perf_counter()
+        phase()
+        return time.perf_counter() - started
+
+    load_start = os.getloadavg()
+    paths, phases = ("shared", "whole"), {"generate": generate, "update": update}
+    for p in paths:  # warm-up, not counted
+        timed(p, update)
+    seconds = {(p, ph): [] for p in paths for ph in phases}
+    for r in range(args.rounds):
+        for p in paths if r % 2 == 0 else paths[::-1]:
+            for ph, fn in phases.items():
+                seconds[p, ph].append(timed(p, fn))
+    shared_prefix.MIN_SHARED_PREFIX = threshold
+    lengths = sorted(map(len, prompt_ids))
+    print(
+        f"model {args.model}, {args.questions} prompts of {lengths[0]}-{lengths[-1]} tokens sharing their first "
+        f"{shared_len}, G={args.generations}, {args.max_new_tokens} new tokens, micro-batch {args.micro_batch}, "
+        f"{args.rounds} timed rounds each, alternating; torch threads {torch.get_num_threads()}; "
+        f"load average at start {load_start[0]:.2f}, at end {os.getloadavg()[0]:.2f}"
+    )
+    print("| phase | shared prefix once, median s | each prompt whole, median s | ratio |")
+    print("|---|---:|---:|---:|")
+    for ph in phases:
+        a, b = statistics.median(seconds["shared", ph]), statistics.median(seconds["whole", ph])
+        print(f"| {ph} | {a:.3f} | {b:.3f} | {a / b:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -514,10 +592,15 @@ def main() -> None:
     parser.add_argument("--no-incumbent", action="store_true", help="leave out the incumbent")
     parser.add_argument("--force", action="store_true", help=f"print ratios even above load {MAX_QUIET_LOAD}")
     parser.add_argument("--paths", action="store_true", help="time generation alone on its two paths (see above)")
+    parser.add_argument(
+        "--prefix-paths", action="store_true", help="time generation and the update with the shared prefix and without"
+    )
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.paths:
         return generation_paths(args)
+    if args.prefix_paths:
+        return prefix_paths(args)
     if args.variant == "trl":
         return trl_child(args)
     if args.variant:

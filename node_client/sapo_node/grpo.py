@@ -14,7 +14,9 @@ The update computes the same log-probs as `token_logprobs` with less work (`comp
 tested against it to 1e-6 in loss and gradient):
   - the G completions of a group share their prompt: it goes through the model once per micro-batch
     and its key/value cache is copied to the G rows (gradients flow back through the copy), so the
-    prompt's tokens, usually most of a sequence, cost 1/G of what they did;
+    prompt's tokens, usually most of a sequence, cost 1/G of what they did; and the micro-batch's
+    prompts' shared beginning (a chat model's system message and worked turns) goes through once for
+    all of them, the same way (sapo_node.shared_prefix);
   - the LM head is applied only at completion positions that hold a token (not over the prompt, not
     over padding), and each token's log-prob is its logit minus a logsumexp, in chunks of positions,
     with the chunk's logits recomputed in the backward pass instead of kept: no (N, T, V) logits,
@@ -35,6 +37,7 @@ from torch.nn import functional as F
 
 from sapo_node.baseline import MAX_ADVANTAGE
 from sapo_node.groups import TrainGroup
+from sapo_node.shared_prefix import prompt_layout, prompt_pass
 
 ADVANTAGE_EPS = 1e-4
 
@@ -165,12 +168,13 @@ class GroupedBatch:
     """A micro-batch laid out for `completion_logprobs`: each distinct prompt once, and the rows
     (completions) that continue it."""
 
-    prompt_ids: torch.Tensor  # (K, P) left padded
+    prompt_ids: torch.Tensor  # (K, P): the shared prefix, padding, each prompt's own tokens (prompt_layout)
     prompt_mask: torch.Tensor  # (K, P)
     owner: torch.Tensor  # (N,) index of each row's prompt
     completion_ids: torch.Tensor  # (N, T) right padded
     completion_mask: torch.Tensor  # (N, T)
     advantages: torch.Tensor  # (N,)
+    shared: int = 0  # leading columns every prompt shares (0: plain left padding)
 
     def sequences(self) -> Sequences:
         """The same rows laid out for `token_logprobs` (prompt + completion per row)."""
@@ -188,12 +192,12 @@ def collate_groups(rows: list[tuple[list[int], list[int], float]], pad: int, dev
     index: dict[tuple[int, ...], int] = {}
     for prompt, _, _ in rows:
         index.setdefault(tuple(prompt), len(index))
-    prompts = list(index)
-    p_len = max(len(p) for p in prompts)
+    prompt_ids, prompt_mask, shared = prompt_layout(list(index), pad, device)
     t_len = max(max(len(c) for _, c, _ in rows), 1)
     return GroupedBatch(
-        prompt_ids=torch.tensor([[pad] * (p_len - len(p)) + list(p) for p in prompts], device=device),
-        prompt_mask=torch.tensor([[0] * (p_len - len(p)) + [1] * len(p) for p in prompts], device=device),
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        shared=shared,
         owner=torch.tensor([index[tuple(p)] for p, _, _ in rows], device=device),
         completion_ids=torch.tensor([c + [pad] * (t_len - len(c)) for _, c, _ in rows], device=device),
         completion_mask=torch.tensor([[1] * len(c) + [0] * (t_len - len(c)) for _, c, _ in rows], device=device),
@@ -299,10 +303,7 @@ def completion_logprobs(model: Any, batch: GroupedBatch, temperature: float = 1.
         logp = token_logprobs(model, seqs.input_ids, seqs.attention_mask, batch.completion_ids.shape[1], temperature)
         return logp * batch.completion_mask
     backbone = model.base_model
-    prompt_pos = (batch.prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)  # left padding: positions start at 0
-    out = backbone(
-        input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=prompt_pos, use_cache=True
-    )
+    out = prompt_pass(backbone, batch.prompt_ids, batch.prompt_mask, batch.shared)
     hidden = out.last_hidden_state[:, -1][batch.owner][:, None]  # (N, 1, H): the prompt's end predicts token 0
     t_len = batch.completion_ids.shape[1]
     if t_len > 1:  # tokens 0..T-2 predict tokens 1..T-1; the last token is never an input

@@ -11,6 +11,7 @@ from node_toys import make_policy
 from sapo_node.generate import encode_prompt, generate_groups, gumbel_noise, sample_tokens, stop_ids
 from sapo_node.prompts import format_prompt
 from sapo_node.sample import sample_questions
+from sapo_node.shared_prefix import MIN_SHARED_PREFIX, shared_prefix
 from sapo_node.tasks import CATALOGUES, TaskStream
 
 PROMPTS = ["Question: What is 1 + 2?\nAnswer:", "Question: Is 2024 a leap year?\nAnswer:", "Question: hi\nAnswer:"]
@@ -85,6 +86,27 @@ def test_the_cached_batched_sampler_draws_the_tokens_of_a_plain_sampler(tiny_pol
     assert got == expected
     lengths = {len(ids) for ids in got}
     assert len(lengths) > 1 and not all(t for g in groups for t in g.truncated)  # rows did stop, at different steps
+
+
+def test_what_the_prompts_share_goes_through_once_and_the_tokens_are_the_plain_sampler_s(tiny_policy, monkeypatch):
+    model, tok = tiny_policy
+    stream = TaskStream(CATALOGUES["easy"], seed=7)
+    # A common beginning, as a chat model's system message and worked turns give every prompt.
+    preamble = "Read the question twice, work it out step by step, then give the answer. "
+    prompts = [format_prompt(tok, preamble + q.question) for q in sample_questions(stream, 3)]
+    ids = [encode_prompt(tok, p) for p in prompts]
+    shared = shared_prefix(ids)
+    assert shared >= MIN_SHARED_PREFIX
+    shapes = _record_forward_shapes(monkeypatch, model)
+    torch.manual_seed(11)
+    groups = generate_groups(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    # The shared tokens as one row, then each prompt's own tokens, then one token per running row.
+    assert shapes[:2] == [(1, shared), (3, max(map(len, ids)) - shared)]
+    assert all(length == 1 for _, length in shapes[2:])
+    torch.manual_seed(11)
+    expected = _plain_sampler(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    assert [c for g in groups for c in g.completion_ids] == expected
+    assert [g.prompt_ids for g in groups] == ids
 
 
 def test_sampling_follows_the_softmax_at_the_temperature():

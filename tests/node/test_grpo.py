@@ -184,14 +184,20 @@ def _rows(groups):
     return rows
 
 
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-6)])
-def test_completion_logprobs_and_their_gradient_equal_a_full_forward_per_sequence(dtype, tol):
-    model, tok = make_policy("a", seed=3)
-    model = model.to(dtype)
-    rows = _rows(_mixed_groups(tok))
-    grouped = collate_groups(rows, tok.pad_token_id, "cpu")
-    assert grouped.prompt_ids.shape[0] == 3 and grouped.completion_ids.shape == (9, 6)  # each prompt once
-    flat = collate(rows, tok.pad_token_id, "cpu")
+def _shared_prefix_groups(tok):
+    """Three groups whose prompts begin with the same 20 tokens (as a chat model's system message and
+    worked turns do), then 1 to 5 tokens of their own."""
+    eos, head = tok.eos_token_id, list(range(5, 25))
+    return [
+        TrainGroup("a", "local", [*head, 40, 41, 42], [[10, 11, eos], [12, eos], [13, 14, 15, 16]], [1.0, 0.0, 0.5]),
+        TrainGroup("b", "local", [*head, 43], [[20, eos], [21, 22, 23, eos]], [0.0, 1.0]),
+        TrainGroup("c", "local", [*head, 44, 45, 46, 47, 48], [[30, 31], [32, eos]], [1.0, 0.0]),
+    ]
+
+
+def _assert_fast_path_equals_full_forward(model, rows, pad, dtype, tol):
+    grouped = collate_groups(rows, pad, "cpu")
+    flat = collate(rows, pad, "cpu")
     weights = torch.randn(grouped.completion_mask.shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
 
     def logps_and_grads(fn):
@@ -211,6 +217,26 @@ def test_completion_logprobs_and_their_gradient_equal_a_full_forward_per_sequenc
     # gradient over its rows before that rounding, the reference after.
     for a, b in zip(fast_grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6 * b.abs().max().item(), rtol=0)
+    return grouped
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_completion_logprobs_and_their_gradient_equal_a_full_forward_per_sequence(dtype, tol):
+    model, tok = make_policy("a", seed=3)
+    model = model.to(dtype)
+    grouped = _assert_fast_path_equals_full_forward(model, _rows(_mixed_groups(tok)), tok.pad_token_id, dtype, tol)
+    assert grouped.prompt_ids.shape[0] == 3 and grouped.completion_ids.shape == (9, 6)  # each prompt once
+    assert grouped.shared == 0  # these prompts share 2 tokens: plain left padding
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_prompts_that_begin_alike_share_one_pass_and_the_log_probs_and_gradient_are_unchanged(dtype, tol):
+    model, tok = make_policy("a", seed=8)
+    model = model.to(dtype)
+    rows = _rows(_shared_prefix_groups(tok))
+    grouped = _assert_fast_path_equals_full_forward(model, rows, tok.pad_token_id, dtype, tol)
+    assert grouped.shared == 20 and grouped.prompt_ids.shape == (3, 25)  # 20 shared, then up to 5 of their own
+    assert grouped.prompt_mask[1].tolist() == [1] * 20 + [0] * 4 + [1]  # the padding sits after the prefix
 
 
 def test_target_logprobs_gradient_in_chunks_matches_finite_differences():

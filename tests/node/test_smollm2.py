@@ -15,8 +15,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from sapo_node import packaged
 from sapo_node.checkpoint import latest_checkpoint
 from sapo_node.cli import main
+from sapo_node.generate import encode_prompt
+from sapo_node.grpo import collate, collate_groups, completion_logprobs, token_logprobs
 from sapo_node.models import load_policy
 from sapo_node.prompts import FEW_SHOT, format_prompt
+from sapo_node.shared_prefix import shared_prefix
 from sapo_node.tasks import extract_answer
 from sapo_node.tiny import generate_texts
 
@@ -75,6 +78,23 @@ def test_greedy_generation_answers_in_tags(smollm2):
     answers = [extract_answer(c) for c in generate_texts(model, tokenizer, prompts, max_new_tokens=16)]
 
     assert answers[0] == "8" and answers[1] is not None  # in tags; right or not (it says 9 - 4 = 3)
+
+
+def test_the_system_message_and_worked_turns_go_through_once_for_all_prompts(smollm2):
+    model, tokenizer = smollm2
+    questions = ("What is 3 + 5?", "Is 9 an even number? Answer Yes or No.")
+    ids = [encode_prompt(tokenizer, format_prompt(tokenizer, q)) for q in questions]
+    answers = ["3 + 5 = 8\n<answer>8</answer><|im_end|>", "9 is odd.\n<answer>No</answer><|im_end|>"]
+    completions = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
+    rows = [(ids[0], completions[0], 1.0), (ids[1], completions[1], -1.0), (ids[1], completions[0][:3], 0.5)]
+    grouped, flat = collate_groups(rows, tokenizer.pad_token_id, "cpu"), collate(rows, tokenizer.pad_token_id, "cpu")
+
+    with torch.no_grad():
+        shared = completion_logprobs(model, grouped)
+        whole = token_logprobs(model, flat.input_ids, flat.attention_mask, flat.completion_mask.shape[1])
+
+    assert grouped.shared == shared_prefix(ids) > 150  # of ~180 tokens a prompt
+    torch.testing.assert_close(shared, whole * flat.completion_mask, atol=2e-4, rtol=0)
 
 
 def test_a_round_with_reward_variance_updates_and_the_run_resumes(trained):
