@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+import leanws
 from benchkit import ROOT, load, pool_bench, use_checkout
 
 use_checkout()
@@ -78,6 +79,12 @@ def parse_args() -> argparse.Namespace:
         "--servers", default="daphne", help="comma-separated: daphne, uvicorn or uvicorn:LOOP:HTTP:WS, taken in turn"
     )
     parser.add_argument("--rounds", type=int, default=1, help="times every server is measured, alternating")
+    parser.add_argument(
+        "--client",
+        choices=("websockets", "lean"),
+        default="websockets",
+        help="the clients' WebSocket: the node client's library, or bench/leanws.py (less of the shared CPU)",
+    )
     parser.add_argument("--steady-seconds", type=float, default=0, help="(g) the steady rate's measured time")
     parser.add_argument("--period", type=float, default=10.0, help="(g) seconds between a node's samples")
     parser.add_argument(
@@ -192,20 +199,28 @@ class Node:
         self.ref = 0
         self.handshake = 0.0  # seconds from connect to the end of the WebSocket handshake
 
+    #: "websockets" (the node client's library) or "lean" (bench/leanws.py: less of the clients' CPU).
+    client = "websockets"
+
     async def open(self, *, open_timeout: float, welcome_timeout: float) -> None:
         import websockets
 
         from sapo_node import protocol
 
         started = time.perf_counter()
-        self.ws = await websockets.connect(
-            self.url,
-            additional_headers={"Authorization": f"Bearer {self.token}"},
-            max_size=None,
-            open_timeout=open_timeout,
-            ping_interval=None,
-            proxy=None,
-        )
+        if self.client == "lean":
+            self.ws = await leanws.connect(
+                self.url, headers={"Authorization": f"Bearer {self.token}"}, open_timeout=open_timeout
+            )
+        else:
+            self.ws = await websockets.connect(
+                self.url,
+                additional_headers={"Authorization": f"Bearer {self.token}"},
+                max_size=None,
+                open_timeout=open_timeout,
+                ping_interval=None,
+                proxy=None,
+            )
         self.handshake = time.perf_counter() - started
         try:
             await self.ws.send(
@@ -419,6 +434,7 @@ def client_loop(coro) -> None:
 
 def main() -> None:
     args = parse_args()
+    Node.client = args.client
     raise_fd_limit(args.n)
     print(
         f"Sockets benchmark: N={args.n}, {args.workers} site process(es) of "

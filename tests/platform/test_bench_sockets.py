@@ -24,3 +24,12 @@ def test_the_sockets_benchmark_runs_every_phase_on_both_servers_and_every_node_c
     assert out.count("**0 failed**") == 2
     assert "load average at start" in out and "load average at end" in out
     assert ": 0 errors" in out  # the server logged no error
+
+
+def test_the_sockets_benchmark_runs_on_the_lean_client(tmp_path):
+    out = run_bench(
+        "sockets.py", ["--quick", "--servers", "uvicorn", "--client", "lean"], "sapo_bench_sockets", tmp_path
+    )
+    assert "| uvicorn:uvloop:httptools:websockets-sansio | (b) welcome, all at once | 50 |" in out
+    assert out.count("**0 dropped sessions**") == 1 and out.count("**0 failed**") == 1
+    assert ": 0 errors" in out
