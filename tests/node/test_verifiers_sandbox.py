@@ -159,3 +159,20 @@ def test_a_node_drops_an_external_group_whose_scoring_ran_out_of_time(logic_chan
         max_tokens=16,
     )
     assert train == [] and stats.external_invalid == 1 and stats.reasons == {"verification_timeout": 1}
+
+
+def test_a_scorer_whose_caller_has_gone_ends_quietly():
+    # A worker comes from the fork server and outlives the process it scores for: stopped while the
+    # worker scores, that process has closed its end before the worker answers.
+    from sapo_node.verifiers.sandbox import MAX_BATCH, MEMORY_BYTES, _serve, worker_context
+
+    ctx = worker_context()
+    conn, child = ctx.Pipe()
+    args = (child, ctx.RawValue("i", 0), ctx.RawArray("d", MAX_BATCH), MEMORY_BYTES)
+    process = ctx.Process(target=_serve, args=args, name="sapo-scorer")
+    process.start()
+    child.close()
+    conn.send(("basic_arithmetic", {}, 0, {"question": "1 + 1 =", "answer": "2", "metadata": {}}, ["2"], 5.0))
+    conn.close()
+    process.join(120)
+    assert process.exitcode == 0  # an exception escaping the worker prints its traceback and exits 1

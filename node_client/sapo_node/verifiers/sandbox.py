@@ -128,7 +128,7 @@ def _serve(conn: Connection, progress: Any, results: Any, memory_bytes: int) -> 
     while True:
         try:
             dataset, config, seed, entry, answers, cpu_seconds = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the process it scores for has gone
             return
         if resource is not None:
             soft = math.ceil(_cpu_seconds() + cpu_seconds)
@@ -153,7 +153,10 @@ def _serve(conn: Connection, progress: Any, results: Any, memory_bytes: int) -> 
                     _armed = False
             results[k] = min(1.0, max(0.0, score)) if score == score else 0.0  # NaN scores 0
             progress.value = k + 1
-        conn.send(len(answers))
+        try:
+            conn.send(len(answers))
+        except OSError:  # the process it scores for has gone (a worker outlives it: entry_check._tell)
+            return
 
 
 class _Worker:
