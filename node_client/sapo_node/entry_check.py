@@ -12,7 +12,7 @@ from typing import Any
 
 from sapo_node.datasets import TaskSpec
 from sapo_node.tasks import build_first
-from sapo_node.verifiers.sandbox import BUILD_SECONDS, MEMORY_BYTES, resource, vm_bytes, worker_context
+from sapo_node.verifiers.sandbox import BUILD_SECONDS, MEMORY_BYTES, resource, tell_parent, vm_bytes, worker_context
 
 #: Wall-clock seconds a build worker may take to start (the fork server's first start imports
 #: reasoning-gym: a second of CPU, more on a loaded machine); not counted in its build's time.
@@ -23,32 +23,20 @@ class BuildTimeout(Exception):
     """Building a dataset's entry ran out of time (`build_first_bounded`)."""
 
 
-def _tell(conn: Connection, message: str | None) -> bool:
-    """Send `message` to the parent; False when the parent is gone. A worker comes from the fork server,
-    not from the process that asked for it, so it outlives that process: stopped with Ctrl-C while the
-    worker started, the parent has closed its end, and the worker ends quietly instead of printing a
-    BrokenPipeError traceback into the terminal."""
-    try:
-        conn.send(message)
-    except OSError:  # BrokenPipeError, ConnectionResetError: nobody is reading any more
-        return False
-    return True
-
-
 def _build_first(conn: Connection, dataset: str, config: dict[str, Any], memory_bytes: int) -> None:
     """A build worker: the first buildable entry of (dataset, config); sends None, or what went wrong."""
     if resource is not None:
         size = vm_bytes()
         if size is not None:
             resource.setrlimit(resource.RLIMIT_AS, (size + memory_bytes, size + memory_bytes))
-    if not _tell(conn, "started"):  # the clock starts here, not while the fork server imports reasoning-gym
+    if not tell_parent(conn, "started"):  # the clock starts here, not while the fork server imports reasoning-gym
         return
     try:
         build_first(TaskSpec(dataset, config), 0, itertools.count())
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever reasoning-gym raised
-        _tell(conn, f"{exc}" or type(exc).__name__)
+        tell_parent(conn, f"{exc}" or type(exc).__name__)
         return
-    _tell(conn, None)
+    tell_parent(conn, None)
 
 
 def build_first_bounded(

@@ -4,9 +4,10 @@ A round's B*G rows share only B distinct prompts, so each distinct prompt goes t
 once (together) and its key/value cache is then copied to its G rows: the prompt forward pass, most
 of a round's generation work when answers are short, costs B rows instead of B*G. What the B prompts
 share at their start (a chat model's system message and worked turns: 163 of SmolLM2's ~190 tokens)
-goes through once for all of them (sapo_node.shared_prefix). The decode loop feeds one token per still-running row and drops rows from the batch (and their
-cache) as they reach a stop token, so no compute goes to rows that have finished; it ends when
-every row has stopped or after `max_new_tokens`. All of it runs under `torch.inference_mode`.
+goes through once for all of them (sapo_node.shared_prefix). The decode loop feeds one token per
+still-running row and drops rows from the batch (and their cache) as they reach a stop token, so no
+compute goes to rows that have finished; it ends when every row has stopped or after
+`max_new_tokens`. All of it runs under `torch.inference_mode`.
 
 Sampling is plain softmax sampling at `temperature` from the policy's own logits (float32), with
 no top-k/top-p, repetition penalty or other processor a model's generation_config may ask for, so

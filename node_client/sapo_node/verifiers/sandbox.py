@@ -109,6 +109,18 @@ def vm_bytes() -> int | None:
     return None
 
 
+def tell_parent(conn: Connection, message: Any) -> bool:
+    """Send `message` on a worker's pipe; False when the process that asked for the work is gone. A
+    worker comes from the fork server, not from that process, so it outlives it: stopped with Ctrl-C
+    while the worker runs, the process has closed its end, and the worker ends quietly instead of
+    printing a BrokenPipeError traceback into the terminal."""
+    try:
+        conn.send(message)
+    except OSError:  # BrokenPipeError, ConnectionResetError: nobody is reading any more
+        return False
+    return True
+
+
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -153,9 +165,7 @@ def _serve(conn: Connection, progress: Any, results: Any, memory_bytes: int) -> 
                     _armed = False
             results[k] = min(1.0, max(0.0, score)) if score == score else 0.0  # NaN scores 0
             progress.value = k + 1
-        try:
-            conn.send(len(answers))
-        except OSError:  # the process it scores for has gone (a worker outlives it: entry_check._tell)
+        if not tell_parent(conn, len(answers)):
             return
 
 
