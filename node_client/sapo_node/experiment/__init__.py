@@ -139,6 +139,7 @@ PUBLISHED = (
 
 def experiment_command(args: argparse.Namespace) -> int:
     if args.analyze:
+        from sapo_node.experiment import heldout
         from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
 
         folders = [Path(f) for f in args.analyze.split(",") if f]
@@ -158,12 +159,19 @@ def experiment_command(args: argparse.Namespace) -> int:
                 )
                 return 2
             out = Path(args.out)
+        runs = {(row["config"], row["seed"]) for row in rows}
+        held = heldout.keep_rows([r for f in folders for r in heldout.read_heldout(f / "heldout.csv")], runs)
+        if out != folder:
             out.mkdir(parents=True, exist_ok=True)
             write_rounds(out / "rounds.csv", rows)
+            if held:
+                heldout.write_heldout(out / "heldout.csv", held)
         meta = _saved_meta(folder)
         if out != folder:
             meta = {"analysed_from": [str(f) for f in folders], **meta}
-        summary = analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta)
+        summary = analyse(
+            rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta, heldout=held
+        )
     else:
         from sapo_node.experiment.study import out_dir, run_study
 

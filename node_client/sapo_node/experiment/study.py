@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sapo_node import __version__
+from sapo_node.experiment import heldout
 from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
 from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.experiment.server import DEFAULT_ROOT, Platform
@@ -125,6 +126,7 @@ def run_study(
     started = time.time()
     stop = Stop(cfg.time_limit)
     initial = initial_policies(cfg)
+    evaluate_initial(cfg, initial, out)
     platform = Platform(
         root=Path(cfg.platform_root) if cfg.platform_root else DEFAULT_ROOT,
         catalogue=cfg.catalogue,
@@ -159,7 +161,47 @@ def open_rounds(out: Path, cfg: StudyConfig, *, resume: bool) -> set[tuple[str, 
     rows = read_rounds(rounds_csv)
     done = complete_runs(rows, cfg)
     write_rounds(rounds_csv, [r for r in rows if (r["config"], r["seed"]) in done])
+    heldout_csv = out / HELDOUT_FILE
+    if heldout_csv.exists():
+        heldout.write_heldout(heldout_csv, heldout.keep_rows(heldout.read_heldout(heldout_csv), done))
     return done
+
+
+#: Where a study keeps its held-out evaluations (experiment/heldout.py).
+HELDOUT_FILE = "heldout.csv"
+
+
+def evaluate_initial(cfg: StudyConfig, initial: dict[str, tuple[Any, Any]], out: Path) -> None:
+    """The held-out "before" rows of each initial policy not yet in out/heldout.csv (cfg.heldout > 0)."""
+    if not cfg.heldout:
+        return
+    done = heldout.evaluated_models(heldout.read_heldout(out / HELDOUT_FILE))
+    for model, (policy, tokenizer) in initial.items():
+        if model in done:
+            continue
+        print(f"held-out evaluation of {model} before training ({cfg.heldout} per dataset)", file=sys.stderr)
+        scores = heldout.evaluate_policy(
+            policy, tokenizer, CATALOGUES[cfg.catalogue], n=cfg.heldout, max_new_tokens=cfg.max_new_tokens
+        )
+        rows = heldout.heldout_rows(scores, stage="before", model=model, n=cfg.heldout)
+        heldout.write_heldout(out / HELDOUT_FILE, rows, append=True)
+
+
+def evaluate_final(cfg: StudyConfig, nodes: list[SwarmNode], out: Path, *, label: str, seed: int) -> None:
+    """Every node's policy at the end of run (label, seed) on the held-out questions, to out/heldout.csv."""
+    rows = []
+    for node in nodes:
+        scores = heldout.evaluate_policy(
+            node.node.model,
+            node.node.tokenizer,
+            CATALOGUES[cfg.catalogue],
+            n=cfg.heldout,
+            max_new_tokens=cfg.max_new_tokens,
+        )
+        rows += heldout.heldout_rows(
+            scores, stage="after", model=node.config.model, n=cfg.heldout, config=label, seed=seed, node=node.index
+        )
+    heldout.write_heldout(out / HELDOUT_FILE, rows, append=True)
 
 
 def initial_policies(cfg: StudyConfig) -> dict[str, tuple[Any, Any]]:
@@ -280,7 +322,8 @@ def analyse_complete(out: Path, cfg: StudyConfig, meta: dict[str, Any]) -> dict[
     if not rows or missing:
         (out / "summary.json").write_text(json.dumps({"meta": meta}, indent=2) + "\n")
         return {"meta": meta}
-    return analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta)
+    held = heldout.keep_rows(heldout.read_heldout(out / HELDOUT_FILE), complete)
+    return analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta, heldout=held)
 
 
 def part_dir(out: Path, label: str) -> Path:
@@ -346,6 +389,9 @@ def run_parallel(cfg: StudyConfig, *, resume: bool = False, progress: bool = Tru
                 proc.kill()
     rows = [row for p in parts.values() if (p / "rounds.csv").exists() for row in read_rounds(p / "rounds.csv")]
     write_rounds(out / "rounds.csv", rows)
+    held = [row for p in parts.values() for row in heldout.read_heldout(p / HELDOUT_FILE)]
+    if held:  # each part evaluated the initial policies too: keep_rows keeps one of each
+        heldout.write_heldout(out / HELDOUT_FILE, heldout.keep_rows(held, complete_runs(rows, cfg)))
     if stop.reason:
         print(
             f"stopped ({stop.reason}); every finished round is in {out}/rounds.csv; --resume continues", file=sys.stderr
@@ -445,6 +491,10 @@ def run_swarm(
                         cfg, platform, nodes, label=label, local=local, external=external, seed=seed
                     )
                     rows.extend(round_rows)
+                    if n == cfg.rounds and cfg.heldout:
+                        # Before the last round's rows: a run is complete once its evaluation is on disk.
+                        bar.set_description(f"{label} seed {seed}: held-out evaluation")
+                        evaluate_final(cfg, nodes, out, label=label, seed=seed)
                     if on_round is not None:
                         on_round(n, round_rows)
                     mean = sum(r["reward_mean"] for r in round_rows) / len(round_rows)
