@@ -117,3 +117,27 @@ def test_table_plots_significance_and_summary_are_written(smoke):
     assert saved["baseline"] == "8/0" and saved["rounds"] == config.rounds
     assert len(saved["meta"]["run_seconds"]) == 4 and saved["meta"]["study"]["preset"] == "smoke"
     assert summary["table"][0]["config"] == "8/0"
+
+
+def test_held_out_accuracy_before_and_after_is_the_exports_evaluation(smoke):
+    config, out, summary = smoke
+    from sapo_node.models import load_policy
+    from sapo_node.tasks import EASY_CATALOGUE
+    from sapo_node.tiny import evaluate
+
+    rows = read_csv(out / "heldout.csv")
+    datasets = [spec.dataset for spec in EASY_CATALOGUE.tasks]
+    before = [r for r in rows if r["stage"] == "before"]
+    assert [r["dataset"] for r in before] == datasets and {r["model"] for r in before} == {"tiny-mini"}
+    after = {(r["config"], r["node"], r["dataset"]) for r in rows if r["stage"] == "after"}
+    assert after == {(c, str(k), d) for c in PAPER_CONFIGS for k in (1, 2) for d in datasets}
+    assert all(int(r["n"]) == config.heldout == 4 and 0 <= float(r["accuracy"]) <= 1 for r in rows)
+    # The initial policy's scores are what `sapo-node export` computes for the same questions.
+    model, tokenizer, _ = load_policy("tiny-mini", device="cpu")
+    exported = evaluate(model, tokenizer, n=config.heldout, max_new_tokens=config.max_new_tokens)
+    assert {r["dataset"]: float(r["accuracy"]) for r in before} == pytest.approx(exported, abs=1e-6)
+    endpoints = (out / "endpoints.md").read_text()
+    assert "Held-out accuracy, greedy, 4 questions per dataset" in endpoints and "| after 4/4 |" in endpoints
+    held = json.loads((out / "summary.json").read_text())["heldout"]
+    assert sorted(held["runs"]) == sorted(PAPER_CONFIGS) and set(held["paired"]) == {"6/2", "4/4", "2/6"}
+    assert held["before"]["tiny-mini"]["accuracy"] == pytest.approx(sum(exported.values()) / 4, abs=1e-6)

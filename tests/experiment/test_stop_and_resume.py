@@ -65,6 +65,9 @@ def test_ctrl_c_stops_at_a_round_boundary_keeps_the_rounds_and_resume_finishes(t
     assert [int(r["round"]) for r in kept[::NODES]] == list(range(1, len(kept) // NODES + 1))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["partial_runs"] == ["8/0 seed 1"] or "table" in summary
+    # The held-out evaluation comes before a run's last round: only a run that finished has it.
+    finished = {r["config"] for r in kept if int(r["round"]) == 4}
+    assert {r["config"] for r in rows(out / "heldout.csv") if r["stage"] == "after"} == finished
 
     again = subprocess.run(experiment(out, *flags), env=env(), capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr  # a study is never overwritten
@@ -75,6 +78,11 @@ def test_ctrl_c_stops_at_a_round_boundary_keeps_the_rounds_and_resume_finishes(t
     assert len(final) == 2 * 4 * NODES
     assert {(r["config"], int(r["round"])) for r in final} == {(c, n) for c in ("8/0", "4/4") for n in range(1, 5)}
     assert "| 4/4 |" in (out / "table.md").read_text()
+    held = rows(out / "heldout.csv")
+    assert len([r for r in held if r["stage"] == "before"]) == 4  # the initial policy once, per dataset
+    assert sorted(
+        (r["config"], r["node"]) for r in held if r["stage"] == "after" and r["dataset"] == "base_conversion"
+    ) == [(c, str(k)) for c in ("4/4", "8/0") for k in (1, 2)]
 
 
 def test_parallel_configurations_run_as_processes_and_merge_into_one_study(tmp_path):
@@ -96,3 +104,7 @@ def test_parallel_configurations_run_as_processes_and_merge_into_one_study(tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["parallel"] == 2 and len(summary["meta"]["run_seconds"]) == 2
     assert [r["config"] for r in summary["table"]] == ["8/0", "4/4"]
+    held = rows(out / "heldout.csv")  # both parts evaluated the initial policy: kept once
+    assert len([r for r in held if r["stage"] == "before"]) == 4
+    assert sorted({r["config"] for r in held if r["stage"] == "after"}) == ["4/4", "8/0"]
+    assert "after 4/4" in (out / "endpoints.md").read_text()
