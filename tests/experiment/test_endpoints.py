@@ -82,3 +82,19 @@ def test_transfer_is_the_reward_on_the_datasets_a_nodes_warm_start_does_not_know
     assert paired["seeds_gaining"] == 2 and paired["gain_pct_of_means"] == pytest.approx(400.0)
     text = endpoints_markdown(endpoints(rows, known=known))
     assert "does not know" in text and "| 4/4+own | 0.500 / 0.500 | 0.750 / 0.750 |" in text
+
+
+def test_generation_cost_counts_completions_until_the_moving_average_reaches_a_level():
+    rows = []
+    for config, rewards in (("8/0", [0.1, 0.2, 0.3, 0.4]), ("4/4", [0.3, 0.2, 0.2, 0.2])):
+        for node, shift in ((1, 0.0), (2, 0.1)):
+            for r, x in enumerate(rewards, start=1):
+                rows.append({**make_row(config, 1, node, r, x + shift), "completions": 16})
+    # Node means per round: 8/0 0.15 0.25 0.35 0.45; 4/4 0.35 0.25 0.25 0.25. Moving average (2 rounds):
+    # 8/0 0.15 0.20 0.30 0.40; 4/4 0.35 0.30 0.25 0.25.
+    result = endpoints(rows, window=2, cost_levels=[0.3, 0.4])["generation_cost"]
+    assert result["runs"]["8/0"][1] == {0.3: 3 * 2 * 16, 0.4: 4 * 2 * 16}
+    assert result["runs"]["4/4"][1] == {0.3: 1 * 2 * 16, 0.4: None}
+    table = endpoints_markdown(endpoints(rows, window=2, cost_levels=[0.3, 0.4]))
+    assert "| 4/4 | 0.3 | 32 | 32 |" in table and "| 4/4 | 0.4 | not reached |  |" in table
+    assert endpoints(rows)["generation_cost"] is None  # no levels, no table

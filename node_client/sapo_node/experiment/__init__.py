@@ -36,7 +36,7 @@ a synchronous schedule of asynchronous nodes, each with its own WebSocket to the
 Writes rounds.csv, table.csv/.md, rewards.png, significance.csv/.png and summary.json to --out."""
 
 #: Fields with a list value, given on the command line comma-separated.
-LIST_FIELDS = {"seeds": int, "configs": str}
+LIST_FIELDS = {"seeds": int, "configs": str, "cost_levels": float}
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -170,7 +170,14 @@ def experiment_command(args: argparse.Namespace) -> int:
         if out != folder:
             meta = {"analysed_from": [str(f) for f in folders], **meta}
         summary = analyse(
-            rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta, heldout=held
+            rows,
+            out,
+            window=cfg.window,
+            method=cfg.test,
+            sig_window=cfg.sig_window,
+            meta=meta,
+            heldout=held,
+            cost_levels=cfg.cost_levels,
         )
     else:
         from sapo_node.experiment.study import out_dir, run_study

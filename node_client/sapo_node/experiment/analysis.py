@@ -32,7 +32,7 @@ import numpy as np
 from sapo_node.experiment.endpoints import endpoints, endpoints_markdown, node_known
 from sapo_node.experiment.heldout import markdown as heldout_markdown
 from sapo_node.experiment.heldout import summarise as heldout_summary
-from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run
+from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run, moving_average
 
 #: The columns of rounds.csv, in order. `questions` lists the round's question identities as
 #: "dataset/seed/index" joined by ";" (same in every configuration for a given node, seed, round).
@@ -271,15 +271,6 @@ def round_curves(rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
     return curves
 
 
-def moving_average(values: Sequence[float], window: int) -> np.ndarray:
-    """Trailing mean over the last `window` values (fewer at the start, so the curve starts at round 1)."""
-    x = np.asarray(values, dtype=float)
-    out = np.empty_like(x)
-    for i in range(len(x)):
-        out[i] = np.nanmean(x[max(0, i - window + 1) : i + 1])
-    return out
-
-
 # ---------------------------------------------------------------------------- significance
 
 
@@ -509,10 +500,12 @@ def analyse(
     sig_window: int = 1,
     meta: dict[str, Any] | None = None,
     heldout: Sequence[dict[str, Any]] = (),
+    cost_levels: Sequence[float] = (),
 ) -> dict[str, Any]:
     """Write table.csv, table.md, rewards.png, significance.csv, significance.png, endpoints.md and
     summary.json into `out`; returns the summary. `heldout`: the rows of heldout.csv (experiment/heldout.py)
-    of the same runs, whose tables join endpoints.md."""
+    of the same runs, whose tables join endpoints.md; `cost_levels`: the rewards whose generation cost
+    endpoints.md gives (endpoints.generation_cost)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if not rows:
@@ -525,7 +518,7 @@ def analyse(
     sig = significance(rows, method=method, window=sig_window)
     write_significance_csv(out / "significance.csv", sig)
     plot_significance(sig, out / "significance.png")
-    found = endpoints(rows, known=node_known(meta))
+    found = endpoints(rows, known=node_known(meta), window=window, cost_levels=cost_levels)
     held = heldout_summary(heldout, baseline_config(rows), config_order(rows)) if heldout else None
     (out / "endpoints.md").write_text(endpoints_markdown(found) + ("\n" + heldout_markdown(held) if held else ""))
 

@@ -8,6 +8,9 @@
   signed-rank test of the per-seed differences, and how many seeds gained.
 - **Per-dataset reward** per node (skill transfer): each node's mean reward on each dataset, from
   the per-question rewards in rounds.csv, over the first and the last `span` rounds.
+- **Generation cost** (sharing's promise: the same reward for fewer rollouts): per run, the
+  completions its nodes generated up to the first round where the trailing `window`-round moving
+  average of their mean reward reached each of the study's `cost_levels`.
 - **Transfer** (when nodes start from built-in warm starts that know different datasets, e.g.
   tiny-learn-a and tiny-learn-b): per run, the nodes' mean reward on the questions of datasets their
   own warm start does not know (the tasks they could not do alone), over the whole run and the last
@@ -23,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sapo_node.experiment.runs import baseline_config, config_order, cumulative_by_run
+from sapo_node.experiment.runs import baseline_config, config_order, cumulative_by_run, moving_average
 
 
 def _span(rows: Sequence[dict[str, Any]], span: int) -> tuple[int, int]:
@@ -177,8 +180,37 @@ def transfer(
     return out
 
 
+def generation_cost(rows: Sequence[dict[str, Any]], levels: Sequence[float], window: int = 5) -> dict[str, Any]:
+    """{"levels", "window", "runs": {config: {seed: {level: completions the run's nodes generated up to
+    the first round whose `window`-round moving average of their mean reward reached `level`, or
+    None}}}}."""
+    curves: dict[tuple[str, int], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    made: dict[tuple[str, int], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for row in rows:
+        curves[(row["config"], row["seed"])][row["round"]].append(row["reward_mean"])
+        made[(row["config"], row["seed"])][row["round"]] += row["completions"]
+    runs: dict[str, dict[int, dict[float, int | None]]] = {}
+    for config in config_order(rows):
+        for (c, seed), by_round in sorted(curves.items()):
+            if c != config:
+                continue
+            rounds = sorted(by_round)
+            ma = moving_average([np.mean(by_round[r]) for r in rounds], window)
+            spent = np.cumsum([made[(c, seed)][r] for r in rounds])
+            cost: dict[float, int | None] = {}
+            for level in levels:
+                reached = np.nonzero(ma >= level)[0]
+                cost[level] = int(spent[reached[0]]) if reached.size else None
+            runs.setdefault(config, {})[seed] = cost
+    return {"levels": list(levels), "window": window, "runs": runs}
+
+
 def endpoints(
-    rows: Sequence[dict[str, Any]], span: int = 20, known: dict[int, frozenset[str]] | None = None
+    rows: Sequence[dict[str, Any]],
+    span: int = 20,
+    known: dict[int, frozenset[str]] | None = None,
+    window: int = 5,
+    cost_levels: Sequence[float] = (),
 ) -> dict[str, Any]:
     base = baseline_config(rows)
     return {
@@ -188,6 +220,7 @@ def endpoints(
         "dataset_rewards": dataset_rewards(rows, span),
         "known": {k: sorted(v) for k, v in (known or {}).items()},
         "transfer": transfer(rows, known, span) if known else {},
+        "generation_cost": generation_cost(rows, cost_levels, window) if cost_levels else None,
     }
 
 
@@ -220,6 +253,32 @@ def endpoints_markdown(result: dict[str, Any]) -> str:
                 f"| {config} | {len(p['seeds'])} | {p['gain_pct_mean']:+.1f}% | {ci} | "
                 f"{p['seeds_gaining']}/{len(p['seeds'])} | {pval} |"
             )
+    cost = result.get("generation_cost")
+    if cost and cost["runs"]:
+        seeds = sorted({s for runs in cost["runs"].values() for s in runs})
+        lines += [
+            "",
+            f"Generation cost: completions the run's nodes generated until the {cost['window']}-round moving "
+            "average of their mean reward first reached the level",
+            "",
+            "| config | level | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+            "|---|---|" + "---|" * (len(seeds) + 1),
+        ]
+        for config, runs in cost["runs"].items():
+            for level in cost["levels"]:
+                spent = [runs[s][level] if s in runs else None for s in seeds]
+                cells = [
+                    "not reached" if s in runs and n is None else "" if n is None else str(n)
+                    for s, n in zip(seeds, spent, strict=True)
+                ]
+                reached = [n for n in spent if n is not None]
+                mean = (
+                    f"{np.mean(reached):.0f}"
+                    + (f" ({len(reached)} of {len(runs)})" if len(reached) < len(runs) else "")
+                    if reached
+                    else ""
+                )
+                lines.append(f"| {config} | {level:g} | " + " | ".join(cells) + f" | {mean} |")
     if result["dataset_rewards"]:
         lines += ["", f"Reward per node and dataset (mean over seeds): first {span} rounds -> last {span}", ""]
         datasets = sorted({d for nodes in result["dataset_rewards"].values() for ds in nodes.values() for d in ds})

@@ -86,6 +86,9 @@ class StudyConfig:
     (independent samples), or wilcoxon (signed-rank of the paired differences: same seed, node, round)."""
     sig_window: int = 1
     """Rounds averaged per node before the per-round test (1 = that round only)."""
+    cost_levels: list[float] = field(default_factory=list)
+    """Rewards whose generation cost endpoints.md gives: completions a run generated until the moving average
+    (`window` rounds) of its nodes' mean reward first reached each; empty = none."""
     heldout: int = 0
     """Held-out questions per dataset answered greedily by each model's initial policy and by every node's
     policy at the end of its run (experiment/heldout.py, heldout.csv); 0 = no held-out evaluation."""
@@ -283,6 +286,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         window=5,
         threads=1,
         heldout=50,
+        cost_levels=[0.25, 0.30],
     ),
     # The paper's per-round settings on a GPU with no hub: "small" (~26M params) is built on the GPU
     # from reasoning-gym data (tokenizer + supervised warm start on the nine tasks), then 8 nodes.

@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 
 def config_order(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Configuration labels, the silo first, then by growing share of external groups."""
@@ -36,3 +38,12 @@ def cumulative_by_run(rows: Sequence[dict[str, Any]]) -> dict[str, dict[int, flo
     for row in rows:
         totals[row["config"]][row["seed"]] += row["reward_mean"]
     return {c: dict(sorted(s.items())) for c, s in totals.items()}
+
+
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+    """Trailing mean over the last `window` values (fewer at the start, so the curve starts at round 1)."""
+    x = np.asarray(values, dtype=float)
+    out = np.empty_like(x)
+    for i in range(len(x)):
+        out[i] = np.nanmean(x[max(0, i - window + 1) : i + 1])
+    return out
