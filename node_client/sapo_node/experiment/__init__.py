@@ -140,7 +140,7 @@ PUBLISHED = (
 def experiment_command(args: argparse.Namespace) -> int:
     if args.analyze:
         from sapo_node.experiment import heldout
-        from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
+        from sapo_node.experiment.analysis import analyse_study, read_rounds, write_rounds
 
         folders = [Path(f) for f in args.analyze.split(",") if f]
         folder = folders[0]
@@ -169,16 +169,7 @@ def experiment_command(args: argparse.Namespace) -> int:
         meta = _saved_meta(folder)
         if out != folder:
             meta = {"analysed_from": [str(f) for f in folders], **meta}
-        summary = analyse(
-            rows,
-            out,
-            window=cfg.window,
-            method=cfg.test,
-            sig_window=cfg.sig_window,
-            meta=meta,
-            heldout=held,
-            cost_levels=cfg.cost_levels,
-        )
+        summary = analyse_study(cfg, rows, out, meta=meta, heldout=held)
     else:
         from sapo_node.experiment.study import out_dir, run_study
 

@@ -25,13 +25,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sapo_node.experiment.endpoints import endpoints, endpoints_markdown, node_known
 from sapo_node.experiment.heldout import markdown as heldout_markdown
 from sapo_node.experiment.heldout import summarise as heldout_summary
+
+if TYPE_CHECKING:
+    from sapo_node.experiment.presets import StudyConfig
 from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run, moving_average
 
 #: The columns of rounds.csv, in order. `questions` lists the round's question identities as
@@ -551,6 +554,27 @@ def analyse(
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
+
+
+def analyse_study(
+    cfg: StudyConfig,
+    rows: Sequence[dict[str, Any]],
+    out: Path,
+    *,
+    meta: dict[str, Any],
+    heldout: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """`analyse` with the analysis settings of study `cfg` (its window, test and cost levels)."""
+    return analyse(
+        rows,
+        out,
+        window=cfg.window,
+        method=cfg.test,
+        sig_window=cfg.sig_window,
+        meta=meta,
+        heldout=heldout,
+        cost_levels=cfg.cost_levels,
+    )
 
 
 def _json_default(value: Any) -> Any:

@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from sapo_node.experiment.runs import baseline_config, config_order, cumulative_by_run, moving_average
+from sapo_node.experiment.runs import (
+    baseline_config,
+    config_order,
+    cumulative_by_run,
+    moving_average,
+    t_interval,
+    wilcoxon_p,
+)
 
 
 def _span(rows: Sequence[dict[str, Any]], span: int) -> tuple[int, int]:
@@ -55,8 +62,6 @@ def learning(rows: Sequence[dict[str, Any]], span: int = 20) -> dict[str, dict[i
 
 def paired_endpoint(rows: Sequence[dict[str, Any]], config: str, baseline: str | None = None) -> dict[str, Any] | None:
     """The paired cumulative-reward gain of `config` over the silo across seeds, or None without both."""
-    from scipy import stats
-
     totals = cumulative_by_run(rows)
     baseline = baseline or baseline_config(rows)
     if baseline is None or config not in totals or baseline not in totals:
@@ -76,11 +81,8 @@ def paired_endpoint(rows: Sequence[dict[str, Any]], config: str, baseline: str |
         "ci95_pct": None,
         "wilcoxon_p": None,
     }
-    if len(seeds) >= 2:
-        half = float(stats.t.ppf(0.975, len(seeds) - 1) * gain.std(ddof=1) / np.sqrt(len(seeds)))
-        result["ci95_pct"] = [float(gain.mean()) - half, float(gain.mean()) + half]
-        if np.any(diff != 0):
-            result["wilcoxon_p"] = float(stats.wilcoxon(diff, alternative="two-sided").pvalue)
+    result["ci95_pct"] = t_interval(gain)
+    result["wilcoxon_p"] = wilcoxon_p(diff)
     return result
 
 
@@ -143,8 +145,6 @@ def transfer(
 ) -> dict[str, dict[str, Any]]:
     """{config: {"runs": {seed: {all, last}}, "paired": ...}}: the nodes' mean reward on questions of
     datasets their warm start does not know, per run; the paired gain (whole run) over the silo."""
-    from scipy import stats
-
     span, last = _span(rows, span)
     acc: dict[tuple[str, int, str], list[float]] = defaultdict(list)
     for row, dataset, reward in _question_rewards(rows):
@@ -173,8 +173,8 @@ def transfer(
                 "gain_pct_of_means": float(100.0 * (a.mean() / b.mean() - 1.0)) if b.mean() > 0 else None,
                 "wilcoxon_p": None,
             }
-            if len(seeds) >= 2 and np.any(a != b):
-                paired["wilcoxon_p"] = float(stats.wilcoxon(a - b, alternative="two-sided").pvalue)
+            if len(seeds) >= 2:
+                paired["wilcoxon_p"] = wilcoxon_p(a - b)
             entry["paired"] = paired
         out[config] = entry
     return out

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from sapo_node.experiment.runs import t_interval, wilcoxon_p
+
 #: The columns of heldout.csv. stage "before": a model's initial policy (config empty, seed and
 #: node 0); "after": node `node`'s final policy in run (config, seed).
 HELDOUT_FIELDS = ("stage", "config", "seed", "node", "model", "dataset", "n", "accuracy", "parsed", "seconds")
@@ -120,8 +122,6 @@ def summarise(rows: Sequence[dict[str, Any]], baseline: str | None, order: Seque
     """Mean accuracy and parsed share before (per model) and after (per configuration and seed, over its
     nodes and the datasets), per dataset, and each configuration's paired difference from the silo in
     accuracy points, seed by seed (mean, 95% t interval, seeds gaining, two-sided Wilcoxon p)."""
-    from scipy import stats
-
     before = [r for r in rows if r["stage"] == "before"]
     after = [r for r in rows if r["stage"] == "after"]
     result: dict[str, Any] = {
@@ -144,20 +144,14 @@ def summarise(rows: Sequence[dict[str, Any]], baseline: str | None, order: Seque
             if config == baseline or not seeds:
                 continue
             diffs = np.array([100 * (runs[s]["accuracy"] - silo[s]["accuracy"]) for s in seeds])
-            entry: dict[str, Any] = {
+            result["paired"][config] = {
                 "seeds": seeds,
                 "diff_points": [round(float(d), 3) for d in diffs],
                 "mean_points": float(diffs.mean()),
-                "ci95_points": None,
+                "ci95_points": t_interval(diffs),
                 "seeds_gaining": int((diffs > 0).sum()),
-                "wilcoxon_p": None,
+                "wilcoxon_p": wilcoxon_p(diffs),
             }
-            if len(seeds) > 1:
-                half = stats.t.ppf(0.975, len(seeds) - 1) * diffs.std(ddof=1) / np.sqrt(len(seeds))
-                entry["ci95_points"] = [float(diffs.mean() - half), float(diffs.mean() + half)]
-                if np.any(diffs != 0):
-                    entry["wilcoxon_p"] = float(stats.wilcoxon(diffs, alternative="two-sided").pvalue)
-            result["paired"][config] = entry
     return result
 
 

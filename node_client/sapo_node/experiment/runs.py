@@ -47,3 +47,24 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
     for i in range(len(x)):
         out[i] = np.nanmean(x[max(0, i - window + 1) : i + 1])
     return out
+
+
+def t_interval(values: Sequence[float]) -> list[float] | None:
+    """The 95% t interval of the mean of `values` (None with fewer than two)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return None
+    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return [float(x.mean()) - half, float(x.mean()) + half]
+
+
+def wilcoxon_p(differences: Sequence[float]) -> float | None:
+    """Two-sided Wilcoxon signed-rank p of paired differences (None with fewer than two, or all zero)."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=float)
+    if len(d) < 2 or not np.any(d != 0):
+        return None
+    return float(stats.wilcoxon(d, alternative="two-sided").pvalue)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sapo_node import __version__
 from sapo_node.experiment import heldout
-from sapo_node.experiment.analysis import analyse, read_rounds, write_rounds
+from sapo_node.experiment.analysis import analyse_study, read_rounds, write_rounds
 from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.experiment.server import DEFAULT_ROOT, Platform
 from sapo_node.progress import progress_bar
@@ -323,7 +323,7 @@ def analyse_complete(out: Path, cfg: StudyConfig, meta: dict[str, Any]) -> dict[
         (out / "summary.json").write_text(json.dumps({"meta": meta}, indent=2) + "\n")
         return {"meta": meta}
     held = heldout.keep_rows(heldout.read_heldout(out / HELDOUT_FILE), complete)
-    return analyse(rows, out, window=cfg.window, method=cfg.test, sig_window=cfg.sig_window, meta=meta, heldout=held)
+    return analyse_study(cfg, rows, out, meta=meta, heldout=held)
 
 
 def part_dir(out: Path, label: str) -> Path:
