@@ -212,11 +212,12 @@ def _assert_fast_path_equals_full_forward(model, rows, pad, dtype, tol):
     )
     assert plain_lm_head(model) is model.lm_head  # the fast path ran
     torch.testing.assert_close(fast, ref, atol=tol, rtol=0)
-    # Gradients agree to 1e-6 of their largest entry in both dtypes, not to float64 precision: the
-    # model's RMSNorm computes in float32 whatever the dtype, and the fast path sums a shared prompt's
-    # gradient over its rows before that rounding, the reference after.
+    # Gradients agree to 1e-5 of their largest entry in both dtypes (some 80 float32 steps), not to
+    # float64 precision: the model's RMSNorm computes in float32 whatever the dtype, and the fast path
+    # sums a shared prompt's gradient over its rows before that rounding, the reference after. How the
+    # roundings fall depends on the CPU's kernels: 1.1e-6 of the largest entry was seen on one machine.
     for a, b in zip(fast_grads, ref_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6 * b.abs().max().item(), rtol=0)
+        torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=0)
     return grouped
 
 
