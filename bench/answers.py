@@ -5,7 +5,7 @@ node's prompt (system message and worked turns) and without its worked turns.
     .venv/bin/python bench/answers.py --model smollm2-135m --catalogue sapo -n 200 --max-new-tokens 96
 
 Questions 0..n-1 of the held-out dataset seed (sapo_node.tiny.EVAL_SEED), generated in batches with
-the export's evaluation code (sapo_node.tiny.generate_texts) and scored by the one rule node and
+the export's evaluation code (sapo_node.tiny.heldout_answers) and scored by the one rule node and
 server share (sapo_node.tasks.score_completion). `parsed` = the share of completions with an
 <answer>...</answer>; `accuracy` = the mean score. `bare` = the share of completions without tags
 whose last line (after its last "=") the verifier would score above 0: what a tolerant extraction
@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 
 from sapo_node.models import load_policy
-from sapo_node.prompts import format_prompt
-from sapo_node.tasks import CATALOGUES, build_entries, extract_answer, score_completion
-from sapo_node.tiny import EVAL_SEED, generate_texts
+from sapo_node.tasks import CATALOGUES, extract_answer, score_completion
+from sapo_node.tiny import EVAL_SEED, heldout_answers
 
 
 def last_line_answer(completion: str) -> str:
@@ -37,12 +36,10 @@ def last_line_answer(completion: str) -> str:
 
 
 def measure(model, tokenizer, spec, *, n: int, few_shot: bool, max_new_tokens: int, batch: int) -> dict:
-    entries = build_entries(spec, EVAL_SEED, n)
     started = time.perf_counter()
-    completions: list[str] = []
-    for at in range(0, n, batch):
-        prompts = [format_prompt(tokenizer, e["question"], few_shot=few_shot) for e in entries[at : at + batch]]
-        completions += generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+    entries, completions = heldout_answers(
+        model, tokenizer, spec, n=n, max_new_tokens=max_new_tokens, batch=batch, few_shot=few_shot
+    )
     seconds = time.perf_counter() - started
     scores = [score_completion(spec, EVAL_SEED, e, c) for e, c in zip(entries, completions, strict=True)]
     untagged = [(e, c) for e, c in zip(entries, completions, strict=True) if extract_answer(c) is None]

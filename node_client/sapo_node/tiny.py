@@ -484,6 +484,29 @@ def _hf_generate_texts(
     return tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+def heldout_answers(
+    model: Any,
+    tokenizer: Any,
+    spec: TaskSpec,
+    *,
+    n: int,
+    seed: int = EVAL_SEED,
+    temperature: float = 0.0,
+    max_new_tokens: int = 24,
+    batch: int = 0,
+    few_shot: bool = True,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Questions 0..n-1 of `spec` at dataset seed `seed` and the model's completions with the node's
+    prompt (`few_shot` False: without its worked turns), `batch` prompts per generation (0: all n)."""
+    entries = build_entries(spec, seed, n)
+    step = batch or max(n, 1)
+    texts: list[str] = []
+    for at in range(0, n, step):
+        prompts = [format_prompt(tokenizer, e["question"], few_shot=few_shot) for e in entries[at : at + step]]
+        texts += generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
+    return entries, texts
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,
@@ -498,9 +521,9 @@ def evaluate(
     torch.manual_seed(seed)
     scores = {}
     for spec in catalogue.tasks:
-        entries = build_entries(spec, seed, n)
-        prompts = [format_prompt(tokenizer, e["question"]) for e in entries]
-        completions = generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
+        entries, completions = heldout_answers(
+            model, tokenizer, spec, n=n, seed=seed, temperature=temperature, max_new_tokens=max_new_tokens
+        )
         scores[spec.dataset] = (
             sum(score_completion(spec, seed, e, c) for e, c in zip(entries, completions, strict=True)) / n
         )

@@ -160,12 +160,12 @@ def experiment_command(args: argparse.Namespace) -> int:
                 return 2
             out = Path(args.out)
         runs = {(row["config"], row["seed"]) for row in rows}
-        held = heldout.keep_rows([r for f in folders for r in heldout.read_heldout(f / "heldout.csv")], runs)
+        held = heldout.keep_rows([r for f in folders for r in heldout.read_heldout(f / heldout.HELDOUT_FILE)], runs)
         if out != folder:
             out.mkdir(parents=True, exist_ok=True)
             write_rounds(out / "rounds.csv", rows)
             if held:
-                heldout.write_heldout(out / "heldout.csv", held)
+                heldout.write_heldout(out / heldout.HELDOUT_FILE, held)
         meta = _saved_meta(folder)
         if out != folder:
             meta = {"analysed_from": [str(f) for f in folders], **meta}

@@ -32,10 +32,10 @@ import numpy as np
 from sapo_node.experiment.endpoints import endpoints, endpoints_markdown, node_known
 from sapo_node.experiment.heldout import markdown as heldout_markdown
 from sapo_node.experiment.heldout import summarise as heldout_summary
+from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run, moving_average
 
 if TYPE_CHECKING:
     from sapo_node.experiment.presets import StudyConfig
-from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run, moving_average
 
 #: The columns of rounds.csv, in order. `questions` lists the round's question identities as
 #: "dataset/seed/index" joined by ";" (same in every configuration for a given node, seed, round).

@@ -189,19 +189,13 @@ def generation_cost(rows: Sequence[dict[str, Any]], levels: Sequence[float], win
     for row in rows:
         curves[(row["config"], row["seed"])][row["round"]].append(row["reward_mean"])
         made[(row["config"], row["seed"])][row["round"]] += row["completions"]
-    runs: dict[str, dict[int, dict[float, int | None]]] = {}
-    for config in config_order(rows):
-        for (c, seed), by_round in sorted(curves.items()):
-            if c != config:
-                continue
-            rounds = sorted(by_round)
-            ma = moving_average([np.mean(by_round[r]) for r in rounds], window)
-            spent = np.cumsum([made[(c, seed)][r] for r in rounds])
-            cost: dict[float, int | None] = {}
-            for level in levels:
-                reached = np.nonzero(ma >= level)[0]
-                cost[level] = int(spent[reached[0]]) if reached.size else None
-            runs.setdefault(config, {})[seed] = cost
+    runs: dict[str, dict[int, dict[float, int | None]]] = {config: {} for config in config_order(rows)}
+    for (config, seed), by_round in sorted(curves.items()):
+        rounds = sorted(by_round)
+        ma = moving_average([np.mean(by_round[r]) for r in rounds], window)
+        spent = np.cumsum([made[(config, seed)][r] for r in rounds])
+        reached = {level: np.nonzero(ma >= level)[0] for level in levels}
+        runs[config][seed] = {level: int(spent[r[0]]) if r.size else None for level, r in reached.items()}
     return {"levels": list(levels), "window": window, "runs": runs}
 
 

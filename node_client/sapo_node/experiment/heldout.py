@@ -27,6 +27,9 @@ HELDOUT_FIELDS = ("stage", "config", "seed", "node", "model", "dataset", "n", "a
 _INTS = {"seed", "node", "n"}
 _FLOATS = {"accuracy", "parsed", "seconds"}
 
+#: Where a study keeps its held-out evaluations.
+HELDOUT_FILE = "heldout.csv"
+
 #: Prompts per generation batch: bounds the key/value cache (SmolLM2: about 0.6 GB for 50 rows).
 EVAL_BATCH = 50
 
@@ -35,18 +38,13 @@ def evaluate_policy(
     model: Any, tokenizer: Any, catalogue: Any, *, n: int, max_new_tokens: int
 ) -> dict[str, dict[str, float]]:
     """{dataset: {"accuracy", "parsed", "seconds"}}: greedy answers to n held-out questions per dataset."""
-    from sapo_node.prompts import format_prompt
-    from sapo_node.tasks import build_entries, extract_answer, score_completion
-    from sapo_node.tiny import EVAL_SEED, generate_texts
+    from sapo_node.tasks import extract_answer, score_completion
+    from sapo_node.tiny import EVAL_SEED, heldout_answers
 
     out = {}
     for spec in catalogue.tasks:
         started = time.perf_counter()
-        entries = build_entries(spec, EVAL_SEED, n)
-        texts: list[str] = []
-        for at in range(0, n, EVAL_BATCH):
-            prompts = [format_prompt(tokenizer, e["question"]) for e in entries[at : at + EVAL_BATCH]]
-            texts += generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+        entries, texts = heldout_answers(model, tokenizer, spec, n=n, max_new_tokens=max_new_tokens, batch=EVAL_BATCH)
         scores = [score_completion(spec, EVAL_SEED, e, t) for e, t in zip(entries, texts, strict=True)]
         out[spec.dataset] = {
             "accuracy": sum(scores) / n,
@@ -127,14 +125,15 @@ def summarise(rows: Sequence[dict[str, Any]], baseline: str | None, order: Seque
     result: dict[str, Any] = {
         "n": sorted({r["n"] for r in rows}),
         "before": _means(before, lambda r: r["model"]),
-        "runs": defaultdict(dict),
+        "runs": {},
         "datasets": {"before": _means(before, lambda r: r["dataset"])},
         "paired": {},
     }
     by_run = _means(after, lambda r: (r["config"], r["seed"]))
-    for (config, seed), value in by_run.items():
-        result["runs"][config][seed] = value
-    result["runs"] = {c: dict(sorted(result["runs"][c].items())) for c in order if c in result["runs"]}
+    for config in order:
+        runs = {seed: value for (c, seed), value in sorted(by_run.items()) if c == config}
+        if runs:
+            result["runs"][config] = runs
     for config in result["runs"]:
         result["datasets"][config] = _means([r for r in after if r["config"] == config], lambda r: r["dataset"])
     if baseline in result["runs"]:

@@ -22,9 +22,8 @@ from sapo_node.config import NodeConfig
 from sapo_node.experiment.presets import LEARN_LR
 from sapo_node.loop import run
 from sapo_node.models import load_policy
-from sapo_node.prompts import format_prompt
-from sapo_node.tasks import EASY_CATALOGUE, build_entries, extract_answer, score_completion
-from sapo_node.tiny import EVAL_SEED, generate_texts
+from sapo_node.tasks import EASY_CATALOGUE, extract_answer, score_completion
+from sapo_node.tiny import EVAL_SEED, heldout_answers
 
 
 def format_report(model: Any, tokenizer: Any, *, n: int, temperature: float, max_new_tokens: int) -> dict[str, tuple]:
@@ -32,9 +31,9 @@ def format_report(model: Any, tokenizer: Any, *, n: int, temperature: float, max
     torch.manual_seed(0)
     out = {}
     for spec in EASY_CATALOGUE.tasks:
-        entries = build_entries(spec, EVAL_SEED, n)
-        prompts = [format_prompt(tokenizer, e["question"]) for e in entries]
-        texts = generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
+        entries, texts = heldout_answers(
+            model, tokenizer, spec, n=n, temperature=temperature, max_new_tokens=max_new_tokens
+        )
         tagged = [extract_answer(t) is not None for t in texts]
         score = [score_completion(spec, EVAL_SEED, e, t) for e, t in zip(entries, texts, strict=True)]
         as_answer = [t if ok else f"<answer>{t.strip()}</answer>" for t, ok in zip(texts, tagged, strict=True)]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sapo_node import __version__
 from sapo_node.experiment import heldout
 from sapo_node.experiment.analysis import analyse_study, read_rounds, write_rounds
+from sapo_node.experiment.heldout import HELDOUT_FILE
 from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.experiment.server import DEFAULT_ROOT, Platform
 from sapo_node.progress import progress_bar
@@ -167,10 +168,6 @@ def open_rounds(out: Path, cfg: StudyConfig, *, resume: bool) -> set[tuple[str, 
     return done
 
 
-#: Where a study keeps its held-out evaluations (experiment/heldout.py).
-HELDOUT_FILE = "heldout.csv"
-
-
 def evaluate_initial(cfg: StudyConfig, initial: dict[str, tuple[Any, Any]], out: Path) -> None:
     """The held-out "before" rows of each initial policy not yet in out/heldout.csv (cfg.heldout > 0)."""
     if not cfg.heldout:
@@ -180,10 +177,7 @@ def evaluate_initial(cfg: StudyConfig, initial: dict[str, tuple[Any, Any]], out:
         if model in done:
             continue
         print(f"held-out evaluation of {model} before training ({cfg.heldout} per dataset)", file=sys.stderr)
-        scores = heldout.evaluate_policy(
-            policy, tokenizer, CATALOGUES[cfg.catalogue], n=cfg.heldout, max_new_tokens=cfg.max_new_tokens
-        )
-        rows = heldout.heldout_rows(scores, stage="before", model=model, n=cfg.heldout)
+        rows = _evaluate(cfg, policy, tokenizer, stage="before", model=model)
         heldout.write_heldout(out / HELDOUT_FILE, rows, append=True)
 
 
@@ -191,17 +185,18 @@ def evaluate_final(cfg: StudyConfig, nodes: list[SwarmNode], out: Path, *, label
     """Every node's policy at the end of run (label, seed) on the held-out questions, to out/heldout.csv."""
     rows = []
     for node in nodes:
-        scores = heldout.evaluate_policy(
-            node.node.model,
-            node.node.tokenizer,
-            CATALOGUES[cfg.catalogue],
-            n=cfg.heldout,
-            max_new_tokens=cfg.max_new_tokens,
-        )
-        rows += heldout.heldout_rows(
-            scores, stage="after", model=node.config.model, n=cfg.heldout, config=label, seed=seed, node=node.index
-        )
+        where = {"stage": "after", "model": node.config.model, "config": label, "seed": seed, "node": node.index}
+        rows += _evaluate(cfg, node.node.model, node.node.tokenizer, **where)
     heldout.write_heldout(out / HELDOUT_FILE, rows, append=True)
+
+
+def _evaluate(cfg: StudyConfig, policy: Any, tokenizer: Any, **where: Any) -> list[dict[str, Any]]:
+    """heldout.csv's rows of one policy, labelled by `where` (heldout.heldout_rows' keywords: its model's
+    name, stage, ...)."""
+    scores = heldout.evaluate_policy(
+        policy, tokenizer, CATALOGUES[cfg.catalogue], n=cfg.heldout, max_new_tokens=cfg.max_new_tokens
+    )
+    return heldout.heldout_rows(scores, n=cfg.heldout, **where)
 
 
 def initial_policies(cfg: StudyConfig) -> dict[str, tuple[Any, Any]]:
