@@ -89,7 +89,9 @@ def parse_args() -> Namespace:
     parser.add_argument("--ingest-rounds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--requests", type=int, default=30)
-    parser.add_argument("--archive", default="", help="SAPO_ARCHIVE_DIR for the retention (default: none)")
+    parser.add_argument(
+        "--archive", default="", help="SAPO_ARCHIVE_DIR for the retention (default: none, dropped unarchived)"
+    )
     parser.add_argument("--quick", action="store_true", help="20k groups, 2 steps, 40 nodes (a test)")
     args = parser.parse_args()
     if args.quick:
@@ -382,7 +384,11 @@ def measure_jobs(args: Namespace, world: dict, last: bool) -> dict[str, float]:
     out["badges"] = timed(badges_assign_job)
     out["export"] = timed(stats_export, directory=world["export_dir"])
     keep = settings_days(args, last)
-    with override_settings(SAPO_TEXT_RETENTION_DAYS=keep, SAPO_ARCHIVE_DIR=args.archive):
+    # Without --archive the days are dropped unarchived, as a site that allows it (the drop is what is timed).
+    unarchived = "keep" if args.archive else "drop"
+    with override_settings(
+        SAPO_TEXT_RETENTION_DAYS=keep, SAPO_ARCHIVE_DIR=args.archive, SAPO_RETENTION_UNARCHIVED=unarchived
+    ):
         if last:
             world["disk_before_retention"] = disk()
         t0 = time.perf_counter()

@@ -268,12 +268,15 @@ SAPO_CATALOGUE = env_str("SAPO_CATALOGUE", "") or "sapo"
 # staff change reaches every process at once regardless). Tests whose database is emptied between
 # them set 0, so no process keeps a swarm that no longer exists.
 SAPO_SWARM_PLACE_SECONDS = env_float("SAPO_SWARM_PLACE_SECONDS", 5.0)
+# How often each server process reads the socket orders (closes, swarms' changes: nodes.events) from the
+# database: the longest an order takes to reach an open socket when the channel layer did not carry it.
+SAPO_SOCKET_ORDERS_SECONDS = env_float("SAPO_SOCKET_ORDERS_SECONDS", 2.0)
 
 # --- The pool's text retention (docs/deploy.md, "Text retention and archives") ------------------
 # A group's texts (question, answer, completions) are kept this many days, then written to
-# SAPO_ARCHIVE_DIR (one gzip file per day; empty: not archived) and dropped by the scheduled job
-# `retention`; its ledger row (every figure's source) is kept for good. Longer than the sampling
-# window, or a group could age out while it is still sampled.
+# SAPO_ARCHIVE_DIR (one gzip file per day) and dropped by the scheduled job `retention`; its ledger
+# row (every figure's source) is kept for good. Longer than the sampling window, or a group could age
+# out while it is still sampled.
 SAPO_TEXT_RETENTION_DAYS = env_int("SAPO_TEXT_RETENTION_DAYS", 14)
 _WINDOW_DAYS = SAPO_LIMITS.get("sample_window_seconds", 86_400) / 86_400
 if not _WINDOW_DAYS < SAPO_TEXT_RETENTION_DAYS <= 36_500:
@@ -281,7 +284,25 @@ if not _WINDOW_DAYS < SAPO_TEXT_RETENTION_DAYS <= 36_500:
         f"SAPO_TEXT_RETENTION_DAYS must be longer than the sampling window ({_WINDOW_DAYS:g} days) and at most"
         f" 36,500, got {SAPO_TEXT_RETENTION_DAYS}"
     )
-SAPO_ARCHIVE_DIR = env_str("SAPO_ARCHIVE_DIR", "")
+# Texts are dropped only once archived, unless the operator says they may go without an archive: a site
+# that sets nothing archives under its var dir, so its database stays bounded and loses no text.
+# SAPO_ARCHIVE_DIR set empty: no archive, and the texts stay unless SAPO_RETENTION_UNARCHIVED=drop.
+SAPO_ARCHIVE_DIR = env_str("SAPO_ARCHIVE_DIR")
+if SAPO_ARCHIVE_DIR is None:
+    SAPO_ARCHIVE_DIR = str(VAR_DIR / "archive")
+elif not SAPO_ARCHIVE_DIR.strip():
+    SAPO_ARCHIVE_DIR = ""
+elif not Path(SAPO_ARCHIVE_DIR).is_absolute():  # the job's working directory is no place to look for it
+    raise EnvError(f"SAPO_ARCHIVE_DIR must be an absolute path or empty, got {SAPO_ARCHIVE_DIR!r}")
+SAPO_RETENTION_UNARCHIVED = env_str("SAPO_RETENTION_UNARCHIVED", "") or "keep"
+if SAPO_RETENTION_UNARCHIVED not in ("keep", "drop"):
+    raise EnvError(f"SAPO_RETENTION_UNARCHIVED must be keep or drop, got {SAPO_RETENTION_UNARCHIVED!r}")
+if SAPO_RETENTION_UNARCHIVED == "drop" and SAPO_ARCHIVE_DIR:
+    # Two answers to one question: refused rather than guessed.
+    raise EnvError(
+        f"SAPO_RETENTION_UNARCHIVED=drop needs SAPO_ARCHIVE_DIR empty (it is {SAPO_ARCHIVE_DIR!r}): set"
+        " SAPO_ARCHIVE_DIR= to drop texts without an archive, or unset SAPO_RETENTION_UNARCHIVED to archive them"
+    )
 
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")

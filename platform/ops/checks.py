@@ -78,3 +78,22 @@ def library_patches_apply(app_configs, **kwargs) -> list[Warning]:
         )
         for what in library_patches.moved()
     ]
+
+
+@register("ops")
+def retention_archive(app_configs, **kwargs) -> list[Warning]:
+    """Without an archive folder, and dropping unarchived texts not allowed, the retention keeps every
+    text: nothing is lost, but the texts' table grows without bound (docs/deploy.md, "Text retention and
+    archives")."""
+    from pool.retention import retention_plan
+
+    if settings.SAPO_ARCHIVE_DIR or settings.SAPO_RETENTION_UNARCHIVED == "drop":
+        return []
+    return [
+        Warning(
+            f"{retention_plan()}: the texts' table grows without bound.",
+            hint="Set SAPO_ARCHIVE_DIR to a folder (unset, it is <SAPO_VAR_DIR>/archive) to archive, then drop, "
+            "or SAPO_RETENTION_UNARCHIVED=drop to drop the texts without an archive.",
+            id="ops.W005",
+        )
+    ]

@@ -3,11 +3,14 @@ schema in docs/deploy.md, "Text retention and archives").
 
 `pool_rollouttext` has one partition per UTC day (`pool_rollouttext_pYYYYMMDD`) and a DEFAULT one. The
 scheduled job `retention` makes the days ahead (`partitions_ensure`) and ages out the days past the
-retention (`texts_age_out`): for each, oldest first, it writes the day's texts to the archive folder,
-then, in one transaction, detaches the day's partition, puts the texts of groups under review back
-(the DEFAULT partition takes them) and drops the rest. A run stopped anywhere leaves the day whole or
-gone; the next run does it again from the start. A day whose archive cannot be written is not dropped:
-the run stops there and the error is kept (RetentionDay.error) for /readyz.
+retention (`texts_age_out`): for each, oldest first, it writes the day's texts to the archive folder
+and syncs the file and the folder to disk, then, in one transaction, detaches the day's partition, puts
+the texts of groups under review back (the DEFAULT partition takes them) and drops the rest. A run
+stopped anywhere leaves the day whole or gone; the next run does it again from the start. A day whose
+archive cannot be written is not dropped: the run stops there and the error is kept (RetentionDay.error)
+for /readyz. Without an archive folder, texts are dropped only when the operator allows it
+(SAPO_RETENTION_UNARCHIVED=drop); otherwise the days past the retention stay (`retention_plan` says
+which).
 
 The ledger (`pool_rollout`) is range-partitioned by group id, one partition per UTC month of UUIDv7 ids
 (`pool_rollout_pYYYYMM`) and a DEFAULT one: the job makes the months ahead too (`ledger_partitions_ensure`)
@@ -290,17 +293,43 @@ _ARCHIVE_KEYS = (
 )
 
 
+def _fsync_folder(folder: Path) -> None:
+    """Sync a folder's entries (a rename or a new file in it) to disk: the file's own fsync does not."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _folder_make(directory: Path) -> None:
+    """Make the archive folder and its missing parents, each one's entry synced in its parent."""
+    missing, folder = [], directory
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    for folder in reversed(missing):
+        _fsync_folder(folder.parent)
+
+
 def _archive_day(day: date, name: str, directory: Path) -> tuple[Path, int]:
-    """Write the day's texts (with their ledger columns) to its archive file: a temporary name, flushed
-    to disk, then renamed into place, so a file under the final name is always whole. Returns the path
-    and the number of rows. Raises ArchiveError when the folder or the file cannot be written."""
+    """Write the day's texts (with their ledger columns) to its archive file: a temporary name, synced
+    to disk whole (the gzip trailer included), renamed into place, then the folder synced, so a file
+    under the final name is always whole and is still there after a power cut once this returns (the
+    day is dropped after). Returns the path and the number of rows. Raises ArchiveError when the folder
+    or the file cannot be written."""
     path = archive_path(directory, day)
     partial = path.with_name(path.name + ".partial")
     rows = 0
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
-            with transaction.atomic(), connection.chunked_cursor() as cursor:
+        _folder_make(directory)
+        with open(partial, "wb") as raw:
+            with (
+                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out,
+                transaction.atomic(),
+                connection.chunked_cursor() as cursor,
+            ):
                 cursor.execute(_ARCHIVE_SQL.format(partition=sql.Identifier(name)))
                 while chunk := cursor.fetchmany(ARCHIVE_CHUNK):
                     for row in chunk:
@@ -312,10 +341,11 @@ def _archive_day(day: date, name: str, directory: Path) -> tuple[Path, int]:
                                 record[key] = json.loads(record[key])
                         out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
                         rows += 1
-            out.flush()
+            # The gzip file is closed (its last block and trailer written) before the sync.
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(partial, path)
+        _fsync_folder(directory)
     except OSError as exc:
         try:
             partial.unlink(missing_ok=True)
@@ -376,21 +406,50 @@ def _day_drop(day: date, name: str, archive: Path | None, rows: int | None, now:
 class AgeOutResult:
     dropped: list[RetentionDay]
     failed: RetentionDay | None
+    #: Days past the retention kept whole: no archive folder, and dropping unarchived texts not allowed.
+    kept_unarchived: list[date]
 
 
-def texts_age_out(*, now: datetime | None = None, directory: Path | str | None = None) -> AgeOutResult:
+def retention_plan(*, directory: Path | str | None = None, unarchived: str | None = None) -> str:
+    """What the retention does with texts past it, in the operator's words (the job's result line and
+    `manage.py check` start with it). Arguments default to the settings, as in `texts_age_out`."""
+    directory = settings.SAPO_ARCHIVE_DIR if directory is None else directory
+    unarchived = unarchived or settings.SAPO_RETENTION_UNARCHIVED
+    if directory:
+        return f"Texts past the retention are archived to {directory}, then dropped"
+    if unarchived == "drop":
+        return (
+            "Texts past the retention are dropped without an archive (SAPO_ARCHIVE_DIR empty,"
+            " SAPO_RETENTION_UNARCHIVED=drop)"
+        )
+    return (
+        "Texts past the retention are kept: no archive folder (SAPO_ARCHIVE_DIR empty) and dropping them"
+        " unarchived is not allowed (SAPO_RETENTION_UNARCHIVED=keep)"
+    )
+
+
+def texts_age_out(
+    *, now: datetime | None = None, directory: Path | str | None = None, unarchived: str | None = None
+) -> AgeOutResult:
     """Age out every day partition whose whole day is older than `texts_kept_since`, oldest first.
-    `directory`: the archive folder (default settings.SAPO_ARCHIVE_DIR; empty: no archive). Stops at
-    the first day whose archive cannot be written, recording the error on that day."""
+    `directory`: the archive folder (default settings.SAPO_ARCHIVE_DIR; empty: no archive);
+    `unarchived`: "drop" lets days go without an archive folder, "keep" keeps them whole (default
+    settings.SAPO_RETENTION_UNARCHIVED). Stops at the first day whose archive cannot be written,
+    recording the error on that day."""
     now = now or timezone.now()
-    if directory is None:
-        directory = settings.SAPO_ARCHIVE_DIR
+    directory = settings.SAPO_ARCHIVE_DIR if directory is None else directory
+    unarchived = unarchived or settings.SAPO_RETENTION_UNARCHIVED
+    if unarchived not in ("keep", "drop"):
+        raise ValueError(f"unarchived must be keep or drop, got {unarchived!r}")
     folder = Path(directory) if directory else None
     kept_since = texts_kept_since(now)
-    dropped = []
+    dropped, kept_unarchived = [], []
     for day, name in sorted(day_partitions().items()):
         if _bounds(day)[1] > kept_since:
             break
+        if folder is None and unarchived == "keep":
+            kept_unarchived.append(day)
+            continue
         archive, rows = None, None
         if folder is not None:
             try:
@@ -398,23 +457,25 @@ def texts_age_out(*, now: datetime | None = None, directory: Path | str | None =
             except ArchiveError as exc:
                 log.error("retention stopped: %s", exc)
                 failed, _ = RetentionDay.objects.update_or_create(day=day, defaults={"error": str(exc)[:2000]})
-                return AgeOutResult(dropped, failed)
+                return AgeOutResult(dropped, failed, kept_unarchived)
         dropped.append(_day_drop(day, name, archive, rows, now))
-    _reviewed_drop(kept_since)
-    return AgeOutResult(dropped, None)
+    _reviewed_drop(kept_since, unarchived=unarchived == "drop")
+    return AgeOutResult(dropped, None, kept_unarchived)
 
 
-def _reviewed_drop(kept_since: datetime) -> int:
-    """Delete the texts kept past their day for review whose review is over (archived with their day
-    already). A DELETE, but of the DEFAULT partition's few rows only."""
+def _reviewed_drop(kept_since: datetime, *, unarchived: bool) -> int:
+    """Delete the texts kept past their day for review whose review is over: archived with their day,
+    or, when `unarchived` (dropping unarchived texts allowed), of a day dropped without an archive. A
+    DELETE, but of the DEFAULT partition's few rows only."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             sql.SQL(
                 "DELETE FROM {} t USING pool_rollout r, pool_retentionday d"
                 " WHERE r.id = t.rollout_id AND t.created_at < {} AND r.moderation_status <> ALL({})"
                 " AND d.day = (t.created_at AT TIME ZONE 'UTC')::date AND d.dropped_at IS NOT NULL"
-            ).format(_DEFAULT, sql.Placeholder("since"), sql.Placeholder("review")),
-            {"since": kept_since, "review": list(UNDER_REVIEW)},
+                " AND (d.archive <> '' OR {})"
+            ).format(_DEFAULT, sql.Placeholder("since"), sql.Placeholder("review"), sql.Placeholder("unarchived")),
+            {"since": kept_since, "review": list(UNDER_REVIEW), "unarchived": unarchived},
         )
         return cursor.rowcount
 
@@ -440,9 +501,12 @@ def retention_job() -> str:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
     line = (
-        f"{len(made)} day partitions made, {len(months)} ledger months made, {len(result.dropped)} days aged out"
+        f"{retention_plan()}: {len(made)} day partitions made, {len(months)} ledger months made,"
+        f" {len(result.dropped)} days aged out"
         + "".join(f" ({r.day}: {r.groups} groups, {r.kept} kept under review)" for r in result.dropped)
     )
+    if kept := result.kept_unarchived:
+        line += f"; {len(kept)} days past the retention kept unarchived ({kept[0]} to {kept[-1]})"
     if result.failed is not None:
         raise ArchiveError(f"{line}; stopped at {result.failed.day}: {result.failed.error}")
     return line

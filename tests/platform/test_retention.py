@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import uuid
@@ -19,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from django.core.checks import run_checks
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
@@ -203,7 +205,7 @@ def test_retention_keeps_groups_under_review_and_inside_any_swarms_window(client
         author, rewards=(1.0, 0.0), created_at=timezone.now() - timedelta(days=15), swarm=long_window
     )
     _moved_into_days()
-    retention.texts_age_out(directory="")
+    retention.texts_age_out(directory=tmp_path)
     # 18 days and a day are kept: the 20 days old groups go, the 17 days old stay (any swarm's).
     assert _texts([r.id for r in filled_pool["groups"][20]]) == set()
     assert _texts([r.id for r in filled_pool["groups"][17]]) == {r.id for r in filled_pool["groups"][17]}
@@ -212,7 +214,7 @@ def test_retention_keeps_groups_under_review_and_inside_any_swarms_window(client
     assert [json.loads(text)["id"] for text in drawn.texts] == [str(in_window.id)]
     # Without the long window, the 17 days old day goes too; the quarantined group of it stays.
     Swarm.objects.filter(id=long_window.id).update(sample_window_seconds=None)
-    retention.texts_age_out(directory="")
+    retention.texts_age_out(directory=tmp_path)
     assert _texts([r.id for r in filled_pool["groups"][17]]) == set()
     assert _texts([held.id, quarantined.id]) == {held.id, quarantined.id}
     # The moderation queue shows the held group's texts, and an aged-out group says so with the date.
@@ -228,7 +230,7 @@ def test_retention_keeps_groups_under_review_and_inside_any_swarms_window(client
     assert api["verified_rewards"] == gone.verified_rewards
     # Once reviewed, the held group's texts go at the next run (they were archived with their day).
     rollout_moderate(actor=moderator, rollout_id=held.id, action="restore", reason="looked fine")
-    retention.texts_age_out(directory="")
+    retention.texts_age_out(directory=tmp_path)
     assert _texts([held.id, quarantined.id]) == {quarantined.id}
 
 
@@ -272,6 +274,104 @@ def test_an_unwritable_archive_stops_the_day_and_readyz_says_so(client, filled_p
     (job,) = run_jobs(["retention"])
     assert job.ok and _texts(old) == set()
     assert client.get("/readyz").json()["retention"] == "ok"
+
+
+def test_without_an_archive_folder_an_aged_day_keeps_its_texts_unless_dropping_unarchived_is_allowed(
+    filled_pool, settings
+):
+    old = [r.id for days in (20, 17, 15) for r in filled_pool["groups"][days]]
+    recent = [r.id for days in (5, 0) for r in filled_pool["groups"][days]]
+    aged = {(_base() - timedelta(days=d)).date() for d in (20, 17, 15)}
+    settings.SAPO_ARCHIVE_DIR = ""
+    (job,) = run_jobs(["retention"])
+    assert job.ok, job.message
+    assert _texts(old) == set(old) and aged <= set(retention.day_partitions())
+    assert job.message.startswith("Texts past the retention are kept: no archive folder (SAPO_ARCHIVE_DIR")
+    assert f"{len(aged)} days past the retention kept unarchived" in job.message
+    assert not RetentionDay.objects.filter(dropped_at__isnull=False).exists() and retention.retention_errors() == []
+    assert [w.id for w in run_checks(tags=["ops"]) if w.id == "ops.W005"] == ["ops.W005"]  # `manage.py check`
+    # Told that texts may go unarchived, the job drops the days and records that no archive was written.
+    settings.SAPO_RETENTION_UNARCHIVED = "drop"
+    assert not [w for w in run_checks(tags=["ops"]) if w.id == "ops.W005"]
+    (job,) = run_jobs(["retention"])
+    assert job.ok and job.message.startswith("Texts past the retention are dropped without an archive")
+    assert _texts(old) == set() and _texts(recent) == set(recent)
+    assert {r.day: r.archive for r in RetentionDay.objects.filter(day__in=aged)} == dict.fromkeys(aged, "")
+    held = filled_pool["held"]
+    assert _texts([held.id, filled_pool["quarantined"].id]) == {held.id, filled_pool["quarantined"].id}
+
+
+def test_the_review_s_texts_of_a_day_dropped_unarchived_go_only_when_dropping_unarchived_is_allowed(
+    filled_pool, tmp_path
+):
+    held = filled_pool["held"]
+    retention.texts_age_out(directory="", unarchived="drop")
+    rollout_moderate(actor=make_user(is_staff=True), rollout_id=held.id, action="restore", reason="looked fine")
+    retention.texts_age_out(directory=tmp_path)  # its day went without an archive: it stays
+    assert _texts([held.id]) == {held.id}
+    retention.texts_age_out(directory="", unarchived="drop")
+    assert _texts([held.id]) == set()
+
+
+def test_the_archive_is_whole_on_disk_and_its_folder_synced_before_the_day_is_dropped(
+    filled_pool, tmp_path, monkeypatch
+):
+    folder = tmp_path / "new" / "archive"  # made by the run: its parents' entries are synced too
+    events: list[tuple] = []
+    real_fsync, real_drop = os.fsync, retention._drop
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        st = os.fstat(fd)
+        events.append(("fsync", st.st_ino, stat.S_ISDIR(st.st_mode), st.st_size))
+
+    def drop(cursor, name: str) -> None:
+        events.append(("drop", name))
+        real_drop(cursor, name)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(retention, "_drop", drop)
+    result = retention.texts_age_out(directory=folder)
+    assert result.failed is None and len(result.dropped) >= 3
+    for record in result.dropped:
+        path = retention.archive_path(folder, record.day)
+        assert record.archive == str(path)
+        assert len(gzip.decompress(path.read_bytes()).decode().splitlines()) == record.groups  # whole
+        dropped_at = events.index(("drop", retention.partition_name(record.day)))
+        (file_synced,) = [k for k, e in enumerate(events) if e[0] == "fsync" and e[1] == path.stat().st_ino]
+        # The file was synced with every byte of it (the gzip trailer included), then its folder's entry.
+        assert events[file_synced][2:] == (False, path.stat().st_size)
+        folder_synced = [k for k, e in enumerate(events) if e[:3] == ("fsync", folder.stat().st_ino, True)]
+        assert any(file_synced < k < dropped_at for k in folder_synced), events
+    for made in (folder.parent, tmp_path):  # the new folders' own entries, before the first drop
+        synced = [k for k, e in enumerate(events) if e[:3] == ("fsync", made.stat().st_ino, True)]
+        assert synced and synced[0] < events.index(("drop", retention.partition_name(result.dropped[0].day)))
+
+
+def test_settings_archive_under_the_var_dir_by_default_and_refuse_an_unclear_retention(tmp_path):
+    code = "import config.settings as s; print(s.SAPO_ARCHIVE_DIR, s.SAPO_RETENTION_UNARCHIVED)"
+
+    def settings_with(**env: str) -> subprocess.CompletedProcess:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_")}
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env={**clean, "PYTHONPATH": "platform", "SAPO_VAR_DIR": str(tmp_path), **env},
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+    default = settings_with()
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.split() == [str(tmp_path / "archive"), "keep"]
+    assert settings_with(SAPO_ARCHIVE_DIR="", SAPO_RETENTION_UNARCHIVED="drop").stdout.split() == ["drop"]
+    for env, said in (
+        ({"SAPO_RETENTION_UNARCHIVED": "yes"}, "SAPO_RETENTION_UNARCHIVED must be keep or drop"),
+        ({"SAPO_RETENTION_UNARCHIVED": "drop"}, "SAPO_RETENTION_UNARCHIVED=drop needs SAPO_ARCHIVE_DIR empty"),
+        ({"SAPO_ARCHIVE_DIR": "var/archive"}, "SAPO_ARCHIVE_DIR must be an absolute path or empty"),
+    ):
+        refused = settings_with(**env)
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
 
 
 def test_the_job_makes_the_day_partitions_ahead_and_todays_groups_go_into_today_s(settings, tmp_path):
