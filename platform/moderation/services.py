@@ -291,9 +291,9 @@ def _unban(kind: _Bannable, *, actor: User, target: Node | User, name: str, reas
 
 @transaction.atomic
 def node_ban(*, actor: User, node: Node, reason: str) -> Node:
-    """Ban a node: refused at connect from now on (nodes.sessions), its open sockets
-    closed with 4403 on commit (channel layer, every server process), its groups quarantined (one
-    bulk decision)."""
+    """Ban a node: refused at connect from now on (nodes.sessions), its open sockets closed with 4403
+    on every server process (a socket order, nodes.events, in the ban's transaction), its groups
+    quarantined (one bulk decision)."""
     _ban(_NODE, actor=actor, target=node, name=node.name, reason=_clean_reason(reason))
     return node
 
@@ -308,7 +308,7 @@ def node_unban(*, actor: User, node: Node, reason: str, restore_groups: bool = T
 @transaction.atomic
 def contributor_ban(*, actor: User, user: User, reason: str) -> User:
     """Ban a contributor: all their nodes are refused and their open sockets closed with 4403 (one
-    message to the contributor's channel-layer group), all their groups quarantined (one bulk decision).
+    socket order naming the contributor, nodes.events), all their groups quarantined (one bulk decision).
     Raises ApplicationError "cannot_ban" for oneself or a staff account."""
     reason = _clean_reason(reason)
     if user.id == actor.id or user.is_staff:

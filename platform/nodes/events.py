@@ -1,55 +1,55 @@
-"""Telling a node's open WebSockets to close, after the transaction that caused it commits.
+"""Orders open node sockets must obey: closes (a token revoked, a ban) and swarms' changes.
 
-Every server process joins one channel-layer group, CLOSES_GROUP, once (pool.closes), and keeps a
-registry of its open node sockets by node and by contributor. A close is one message to that group
-(`close_event`): every process closes its own sockets of that node (4401 when the node's tokens were
-revoked or the node retired, 4403 on a ban) or of every node of that contributor (4403, a ban).
-One group per process, not two per socket (node and contributor): a socket's own groups would cost
-two group_add per socket opened, two group_discard per socket closed and a task per socket renewing
-them, which a crowd of sockets opening at once pays for (docs/benchmarks.md, "Sockets").
+An order is a row of nodes.models.SocketOrder, written in the transaction that makes the change
+(`socket_order`): it commits with the change or not at all, so a process that stops after the change,
+a Redis that is down or comes back empty, or a message sent to a group nobody has joined yet loses
+nothing. Every server process delivers each order to its own sockets once (pool.closes), by two paths:
 
-A close that cannot be sent (Redis down) does not fail the action that caused it: that committed, and
-the revocation or ban is in force (a new socket is refused by the database). The close is kept in this
-process (`_unsent`, oldest first, at most UNSENT_MAX) and sent again every RESEND_SECONDS by a thread
-until Redis answers, so the sockets already open close then; each is sent once more
-CLOSES_REJOIN_SECONDS later, for the processes that had not yet joined the group again (a Redis that
-comes back empty has forgotten every membership; a second close of a closed socket does nothing). A process that stops meanwhile loses its
-unsent closes; the sockets they were for close when their server restarts or at their next reconnect.
+- at once: once the transaction commits, the order is one message to the channel-layer group
+  CLOSES_GROUP, which every process joins once (a socket closes within milliseconds);
+- for certain: every process reads the orders made in the last ORDERS_LOOKBACK_SECONDS from the
+  database every settings.SAPO_SOCKET_ORDERS_SECONDS (`socket_orders_recent`), so an order the first
+  path lost reaches its sockets that many seconds later, whatever Redis does.
+
+A close names a node (4401 when the node's tokens were revoked, 4403 on a ban) or a contributor (4403,
+every node of theirs). One group per process, not two per socket (node and contributor): a socket's own
+groups would cost two group_add per socket opened, two group_discard per socket closed and a task per
+socket renewing them, which a crowd of sockets opening at once pays for (docs/benchmarks.md, "Sockets").
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
-import time
+from datetime import timedelta
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.db.models.functions import Now
 
 from common import outage
+from nodes.models import SocketOrder
 from sapo_node.protocol import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
 
-__all__ = ["CLOSES_GROUP", "CLOSE_BANNED", "CLOSE_UNAUTHENTICATED", "close_event"]
+__all__ = ["CLOSES_GROUP", "CLOSE_BANNED", "CLOSE_UNAUTHENTICATED", "close_event", "socket_order"]
 
 logger = logging.getLogger(__name__)
 
 #: The channel-layer group every server process joins once (pool.closes).
 CLOSES_GROUP = "node-closes"
 #: Seconds between two joins of CLOSES_GROUP by each process (pool.closes): after Redis lost its data,
-#: the longest a process is out of the group.
+#: the longest a process is out of the group (the database's path delivers meanwhile).
 CLOSES_REJOIN_SECONDS = 5.0
-#: Seconds between two tries to send the closes Redis refused.
-RESEND_SECONDS = 1.0
-#: At most this many unsent closes are kept (the oldest are dropped past it).
-UNSENT_MAX = 10_000
 #: A close's type on the channel layer (a message between server processes, not a node protocol frame).
 CLOSE_EVENT = "node.disconnect"
-
-_unsent: collections.deque[dict] = collections.deque(maxlen=UNSENT_MAX)
-_unsent_lock = threading.Lock()
-_resender: threading.Thread | None = None
+#: How far back each read of the orders looks: longer than any transaction that writes one stays open
+#: between its write and its commit (the row's time is the transaction's start).
+ORDERS_LOOKBACK_SECONDS = 600.0
+#: Orders older than this are deleted (a socket opened since then was authenticated after them).
+ORDERS_KEPT = timedelta(days=1)
+#: The key an order's id travels under in its message (each process delivers an order once).
+ORDER_KEY = "order"
 
 
 def close_event(*, code: int, reason: str, node_id: int | None = None, contributor_id: int | None = None) -> dict:
@@ -65,83 +65,49 @@ def close_event(*, code: int, reason: str, node_id: int | None = None, contribut
     }
 
 
+def socket_order(event: dict[str, Any]) -> SocketOrder:
+    """Record `event` for every server process's sockets, in the caller's transaction, and send it on the
+    channel layer once that commits. Raises RuntimeError outside a transaction: the order must commit
+    with the change it carries out, or a crash between the two would lose it."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("a socket order is written in the transaction that makes its change")
+    order = SocketOrder.objects.create(event=event)
+    message = {**event, ORDER_KEY: order.id}
+    transaction.on_commit(lambda: _send(message))
+    return order
+
+
 def node_disconnect_on_commit(*, node_id: int, code: int, reason: str) -> None:
     """Close the node's open sockets with `code` once the current transaction commits."""
-    _disconnect_on_commit(close_event(node_id=node_id, code=code, reason=reason))
+    socket_order(close_event(node_id=node_id, code=code, reason=reason))
 
 
 def contributor_disconnect_on_commit(*, user_id: int, code: int, reason: str) -> None:
-    """Close every open socket of every node of the contributor (one message, all server processes)."""
-    _disconnect_on_commit(close_event(contributor_id=user_id, code=code, reason=reason))
+    """Close every open socket of every node of the contributor (one order, all server processes)."""
+    socket_order(close_event(contributor_id=user_id, code=code, reason=reason))
 
 
-def _send(event: dict) -> None:
+def _send(message: dict[str, Any]) -> None:
+    """The fast path; a failure is the database path's to make up for, never the committed change's."""
     layer = get_channel_layer()
-    if layer is not None:
-        async_to_sync(layer.group_send)(CLOSES_GROUP, event)
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(CLOSES_GROUP, message)
+    except Exception as exc:
+        if not outage.dependency_failed(exc):
+            logger.exception(
+                "sending a socket order on the channel layer failed; the processes read it from the database"
+            )
 
 
-def _disconnect_on_commit(event: dict) -> None:
-    def send() -> None:
-        with _unsent_lock:
-            waiting = bool(_unsent)
-        if waiting:  # after the closes already waiting, in order
-            _keep(event)
-            return
-        try:
-            _send(event)
-        except Exception as exc:
-            if not outage.dependency_failed(exc):
-                logger.exception("sending a socket close failed; it is sent again later")
-            _keep(event)
-
-    transaction.on_commit(send)
+def socket_orders_recent() -> list[dict[str, Any]]:
+    """The orders made in the last ORDERS_LOOKBACK_SECONDS, oldest first, each its message with its id."""
+    rows = SocketOrder.objects.filter(created_at__gte=Now() - timedelta(seconds=ORDERS_LOOKBACK_SECONDS))
+    return [{**event, ORDER_KEY: id_} for id_, event in rows.order_by("id").values_list("id", "event")]
 
 
-def _keep(event: dict) -> None:
-    global _resender
-    with _unsent_lock:
-        _unsent.append(event)
-        if _resender is None:
-            _resender = threading.Thread(target=_resend, name="sapo-closes-resend", daemon=True)
-            _resender.start()
-
-
-def _resend() -> None:
-    """Send the kept closes, oldest first, until none is left (the thread then ends)."""
-    global _resender
-    time.sleep(RESEND_SECONDS)
-    sent: list[dict] = []
-    while True:
-        with _unsent_lock:
-            if not _unsent:
-                if not sent:
-                    _resender = None  # under the lock: a close kept from now on starts a new thread
-                    return
-                event = None
-            else:
-                event = _unsent[0]
-        if event is None:  # all sent: once more when every process has joined again
-            time.sleep(CLOSES_REJOIN_SECONDS + 1.0)
-            for again in sent:
-                try:
-                    _send(again)
-                except Exception as exc:  # Redis down again: it is kept once more
-                    if not outage.dependency_failed(exc):
-                        logger.exception("sending a socket close failed; it is sent again later")
-                    with _unsent_lock:
-                        _unsent.append(again)
-            sent = []
-            continue
-        try:
-            _send(event)
-        except Exception as exc:
-            if not outage.dependency_failed(exc):
-                logger.exception("sending a socket close failed; it is sent again later")
-            time.sleep(RESEND_SECONDS)
-            continue
-        outage.REDIS.answered()
-        sent.append(event)
-        with _unsent_lock:
-            if _unsent and _unsent[0] is event:
-                _unsent.popleft()
+def socket_orders_prune() -> int:
+    """Delete the orders older than ORDERS_KEPT. Returns how many."""
+    deleted, _ = SocketOrder.objects.filter(created_at__lt=Now() - ORDERS_KEPT).delete()
+    return deleted

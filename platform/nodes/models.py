@@ -4,6 +4,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Now
 from django.utils import timezone
 
 NODE_NAME_MAX_LENGTH = 64
@@ -137,3 +138,19 @@ class NodeToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class SocketOrder(models.Model):
+    """Something open node sockets must obey: a close (a token revoked, a ban) or a swarm's change (paused,
+    retired, edited). Written in the transaction that makes the change (nodes.events.socket_order), so it
+    lasts exactly as long as the change: no process stopping and no Redis losing a message can lose it.
+    Every server process reads the recent ones (pool.closes); rows older than a day are deleted."""
+
+    id = models.BigAutoField(primary_key=True)
+    # The database's clock (the transaction's start), the one the processes' reads compare with.
+    created_at = models.DateTimeField(db_default=Now(), db_index=True)
+    #: The channel-layer message the processes deliver (nodes.events.close_event, or a swarm's change).
+    event = models.JSONField()
+
+    def __str__(self) -> str:
+        return f"socket order {self.id}: {self.event.get('type')}"

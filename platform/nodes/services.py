@@ -119,8 +119,10 @@ def node_token_issue(*, node: Node) -> tuple[NodeToken, str]:
     return token, plaintext
 
 
+@transaction.atomic
 def node_token_revoke(*, node: Node) -> int:
-    """Revoke every active token of the node and close its open sockets (4401). Returns how many."""
+    """Revoke every active token of the node and close its open sockets (4401): the revocation and the
+    order to close (nodes.events) commit together. Returns how many."""
     revoked = NodeToken.objects.filter(node=node, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if revoked:
         node_disconnect_on_commit(node_id=node.id, code=CLOSE_UNAUTHENTICATED, reason="token_revoked")

@@ -1,13 +1,16 @@
-"""Closing node sockets from anywhere: one channel-layer membership per server process, not per socket.
+"""Carrying out socket orders (nodes.events: closes, swarms' changes) on one process's open sockets.
 
-nodes.events sends a close (a token revoked, a node retired, a ban) as one message to CLOSES_GROUP.
-Each process (each event loop) has one `SocketCloses`: it joins that group once, before its first
-node socket counts as open, joins it again every REJOIN_SECONDS, and keeps its open sockets by node
-and by contributor; a close that arrives closes the matching sockets of this process. The membership
-lives only in Redis, which can lose it (a restart without persistence, a failover to an empty replica,
-eviction; the layer itself forgets it a day after it was added): re-joined every few seconds, a worker
-misses closes for at most that long after Redis forgot it. A close sent while Redis is down is kept
-and sent when it answers again (nodes.events).
+nodes.events writes each order in the transaction that makes its change and, once that commits, sends
+it to CLOSES_GROUP on the channel layer. Each process (each event loop) has one `SocketCloses`, which
+keeps its open sockets by node, by contributor and by swarm and delivers every order to them once,
+whichever path brings it first:
+- the channel layer: the process joins CLOSES_GROUP once, and again every REJOIN_SECONDS (the
+  membership lives only in Redis, which can lose it: a restart without persistence, a failover to an
+  empty replica, eviction; the layer itself forgets it a day after it was added);
+- the database: every settings.SAPO_SOCKET_ORDERS_SECONDS the process reads the recent orders
+  (nodes.events.socket_orders_recent) and delivers those it has not. So an order reaches every socket
+  within that many seconds whatever Redis does, including while it is down; a socket opens whether or not
+  the process could join the group.
 
 A socket opening is authenticated by one database call (pool.opening: shared with the sockets opening
 with it, nodes.sessions.nodes_sessions_open) and then registered here, on the event loop, with no
@@ -19,7 +22,11 @@ before the socket registers or after:
 A close that arrived before the call started was committed before the call read the tables, which then
 refused the token or saw the ban. So no close is missed however the two interleave. (A socket whose
 call started before a close of its *other*, revoked token arrived is closed too, with 4401: it
-reconnects, and is authenticated again.)
+reconnects, and is authenticated again.) A swarm's change is remembered the same way (`swarm_news`), for
+a socket whose swarm was read before the change arrived and which joins it after.
+
+Before the first socket of a process opens, the process reads the orders already made and counts them
+as delivered: a socket opening from then on is authenticated, and reads its swarm, after them.
 """
 
 from __future__ import annotations
@@ -31,10 +38,19 @@ import time
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from common import outage
+from common.db import db_call
 from common.loops import per_loop
-from nodes.events import CLOSES_GROUP, CLOSES_REJOIN_SECONDS
+from nodes.events import (
+    CLOSES_GROUP,
+    CLOSES_REJOIN_SECONDS,
+    ORDER_KEY,
+    ORDERS_LOOKBACK_SECONDS,
+    socket_orders_prune,
+    socket_orders_recent,
+)
 from pool.swarm_places import SWARM_CHANGED, place_forget
 from sapo_node import protocol
 
@@ -45,9 +61,13 @@ logger = logging.getLogger(__name__)
 RECENT_SECONDS = 600.0
 #: At most this many closes are remembered (a burst of bans cannot grow it without bound).
 RECENT_MAX = 100_000
-#: Seconds between two joins of CLOSES_GROUP (one ZADD to Redis: the longest a close can go unheard
+#: Seconds between two joins of CLOSES_GROUP (one ZADD to Redis: the longest the fast path is out
 #: after Redis lost the membership).
 REJOIN_SECONDS = CLOSES_REJOIN_SECONDS
+#: How long an order's id is kept as delivered: past it, the database's reads no longer return it.
+DELIVERED_SECONDS = ORDERS_LOOKBACK_SECONDS + 120.0
+#: Seconds between two deletions of old orders by each process.
+PRUNE_SECONDS = 3600.0
 
 
 class Closable(Protocol):
@@ -57,7 +77,7 @@ class Closable(Protocol):
 
 
 class SocketCloses:
-    """One event loop's open node sockets, and its membership of CLOSES_GROUP."""
+    """One event loop's open node sockets, and the orders delivered to them."""
 
     def __init__(self) -> None:
         self.by_node: dict[int, set[Closable]] = {}
@@ -67,7 +87,11 @@ class SocketCloses:
         self.swarm_of: dict[Closable, int] = {}
         # (arrived at, node id, contributor id, code), oldest first
         self.recent: collections.deque[tuple[float, int | None, int | None, int]] = collections.deque()
-        self.joined: asyncio.Future | None = None
+        # swarm id -> (arrived at, its latest change)
+        self.swarm_news: dict[int, tuple[float, dict[str, Any]]] = {}
+        # order id -> when it was delivered, oldest first
+        self.delivered: collections.OrderedDict[int, float] = collections.OrderedDict()
+        self.ready: asyncio.Future | None = None
         self.tasks: set[asyncio.Task] = set()
 
     @staticmethod
@@ -75,30 +99,59 @@ class SocketCloses:
         return time.monotonic()
 
     async def listen(self) -> None:
-        """Join CLOSES_GROUP if this process has not yet (the first socket waits for it; a failure, the
-        channel layer down, is raised, and the next socket tries again)."""
-        if self.joined is not None and self.joined.done() and self.joined.exception() is None:
-            return
-        if self.joined is None or (self.joined.done() and self.joined.exception() is not None):
-            layer = get_channel_layer()
-            if layer is None:  # no channel layer: nothing can send a close either
-                self.joined = asyncio.get_running_loop().create_future()
-                self.joined.set_result(None)
-                return
-            self.joined = asyncio.get_running_loop().create_future()
-            self._spawn(self._listen(layer, self.joined))
-        await asyncio.shield(self.joined)
+        """Start following the orders if this process has not yet: the first socket waits for the read of
+        the orders already made (a failure, the database down, is raised, and the next socket tries again)
+        and for one try at joining CLOSES_GROUP (a failure there is the database path's to make up for)."""
+        if self.ready is None or (self.ready.done() and self.ready.exception() is not None):
+            self.ready = asyncio.get_running_loop().create_future()
+            self._spawn(self._follow(self.ready))
+        await asyncio.shield(self.ready)
 
-    async def _listen(self, layer: Any, joined: asyncio.Future) -> None:
+    async def _follow(self, ready: asyncio.Future) -> None:
         try:
-            channel = await layer.new_channel()
-            await layer.group_add(CLOSES_GROUP, channel)
+            for order in await db_call(socket_orders_recent, retry_lost=True)():
+                self._delivered(order[ORDER_KEY])
         except Exception as exc:
-            joined.set_exception(exc)
-            joined.exception()  # retrieved: the sockets waiting on it raise it themselves
+            ready.set_exception(exc)
+            ready.exception()  # retrieved: the sockets waiting on it raise it themselves
             return
-        joined.set_result(None)
-        self._spawn(self._keep_joined(layer, channel))
+        layer = get_channel_layer()
+        if layer is not None:
+            channel = await layer.new_channel()
+            await self._join(layer, channel)
+            self._spawn(self._receive(layer, channel))
+            self._spawn(self._keep_joined(layer, channel))
+        ready.set_result(None)
+        await self._read_orders()
+
+    async def _read_orders(self) -> None:
+        """Every SAPO_SOCKET_ORDERS_SECONDS, deliver the orders the channel layer did not bring."""
+        pruned = self.clock()
+        while True:
+            await asyncio.sleep(settings.SAPO_SOCKET_ORDERS_SECONDS)
+            try:
+                orders = await db_call(socket_orders_recent, retry_lost=True)()
+                if self.clock() - pruned >= PRUNE_SECONDS:
+                    pruned = self.clock()
+                    await db_call(socket_orders_prune)()
+            except Exception as exc:  # the database is down: no order can be made either
+                if not outage.dependency_failed(exc):
+                    logger.exception("reading the socket orders failed")
+                continue
+            outage.DATABASE.answered()
+            for order in orders:
+                self._deliver_once(order)
+
+    async def _join(self, layer: Any, channel: str) -> None:
+        try:
+            await layer.group_add(CLOSES_GROUP, channel)
+        except Exception as exc:  # the layer is down: again at the next turn
+            if not outage.dependency_failed(exc):
+                logger.exception("joining %s failed", CLOSES_GROUP)
+        else:
+            outage.REDIS.answered()
+
+    async def _receive(self, layer: Any, channel: str) -> None:
         while True:
             try:
                 event = await layer.receive(channel)
@@ -106,31 +159,42 @@ class SocketCloses:
                 raise
             except Exception as exc:  # the layer is down: try again in a moment
                 if not outage.dependency_failed(exc):
-                    logger.exception("receiving socket closes failed")
+                    logger.exception("receiving socket orders failed")
                 await asyncio.sleep(1.0)
                 continue
-            try:
-                self.deliver(event)
-            except Exception:
-                logger.exception("a socket close could not be delivered: %r", event)
+            self._deliver_once(event)
 
     async def _keep_joined(self, layer: Any, channel: str) -> None:
         # Within half the layer's group expiry too (a layer forgets a membership that long after it was added).
         every = min(REJOIN_SECONDS, max(1.0, getattr(layer, "group_expiry", 86_400) / 2))
         while True:
             await asyncio.sleep(every)
-            try:
-                await layer.group_add(CLOSES_GROUP, channel)
-            except Exception as exc:  # the layer is down: again at the next turn
-                if not outage.dependency_failed(exc):
-                    logger.exception("joining %s again failed", CLOSES_GROUP)
-            else:
-                outage.REDIS.answered()
+            await self._join(layer, channel)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def _delivered(self, order_id: Any) -> bool:
+        """Count the order as delivered; False when it already was."""
+        if not isinstance(order_id, int):
+            return True
+        if order_id in self.delivered:
+            return False
+        now = self.clock()
+        self.delivered[order_id] = now
+        while self.delivered and next(iter(self.delivered.values())) < now - DELIVERED_SECONDS:
+            self.delivered.popitem(last=False)
+        return True
+
+    def _deliver_once(self, event: Any) -> None:
+        if not isinstance(event, dict) or not self._delivered(event.get(ORDER_KEY)):
+            return
+        try:
+            self.deliver(event)
+        except Exception:
+            logger.exception("a socket order could not be delivered: %r", event)
 
     def deliver(self, event: dict[str, Any]) -> None:
         """A close from nodes.events: close this process's matching sockets, and remember it. A swarm's
@@ -170,14 +234,21 @@ class SocketCloses:
     def _swarm_changed(self, event: dict[str, Any]) -> None:
         swarm_id = event.get("swarm_id")
         place_forget(swarm_id if isinstance(swarm_id, int) else None)
-        for socket in list(self.by_swarm.get(swarm_id, ())) if isinstance(swarm_id, int) else ():
+        if not isinstance(swarm_id, int):
+            return
+        self.swarm_news[swarm_id] = (self.clock(), event)
+        for socket in list(self.by_swarm.get(swarm_id, ())):
             socket.swarm_changed(event)
 
-    def swarm_join(self, socket: Closable, swarm_id: int) -> None:
-        """Count `socket` among its swarm's (a hello naming another swarm moves it)."""
+    def swarm_join(self, socket: Closable, swarm_id: int, *, since: float) -> None:
+        """Count `socket` among its swarm's (a hello naming another swarm moves it). A change of that swarm
+        that arrived at or after `since` (the clock() read before the socket read its swarm) is told to it."""
         self._swarm_leave(socket)
         self.swarm_of[socket] = swarm_id
         self.by_swarm.setdefault(swarm_id, set()).add(socket)
+        news = self.swarm_news.get(swarm_id)
+        if news is not None and news[0] >= since:
+            socket.swarm_changed(news[1])
 
     def _swarm_leave(self, socket: Closable) -> None:
         swarm_id = self.swarm_of.pop(socket, None)

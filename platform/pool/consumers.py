@@ -25,10 +25,11 @@ Presence (nodes.presence): each accepted socket is one record, renewed by the pr
 died expires on its own. The record carries the socket's swarm once its hello (or its first frame,
 the site's default) placed it.
 
-Closes (a token revoked, a node retired, a ban): the socket registers with its process's
-pool.closes.SocketCloses once authenticated, which closes it when nodes.events says so
-(protocol.CLOSE_UNAUTHENTICATED or CLOSE_BANNED); it joins no channel-layer group of its own, and has no channel: the consumer reads only its
-own socket (`__call__`), with no task per frame.
+Closes (a token revoked, a node retired, a ban) and swarms' changes are socket orders (nodes.events):
+the socket registers with its process's pool.closes.SocketCloses once authenticated, which closes it
+(protocol.CLOSE_UNAUTHENTICATED or CLOSE_BANNED) or tells it its swarm's new state; it joins no
+channel-layer group of its own, and has no channel: the consumer reads only its own socket
+(`__call__`), with no task per frame.
 """
 
 from __future__ import annotations
@@ -340,6 +341,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return {"type": protocol.ACK, "for": protocol.REPORT, "round": message.round}
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
             assert_never(message)
+        since = socket_closes().clock()
         try:
             place = await db_call(place_of_hello, retry_lost=True)(slug=message.swarm)
         except ApplicationError as exc:
@@ -350,7 +352,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self._error(exc.code, exc.message, message.ref)
             await self._shut(_HELLO_CLOSES[exc.code])
             return None
-        self._join(place)
+        self._join(place, since=since)
         # What the node says about itself is written with the process's next beat (presence.SocketBook,
         # one statement for every node that said something new), not by a call per hello; a node
         # reconnecting says the same again, and nothing is written. (Its last seen was written when
@@ -386,14 +388,16 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def _in_swarm(self) -> SwarmPlace:
         """The socket's swarm: the site's default until a hello names one."""
         if self.place is None:
-            self._join(await db_call(place_of_hello, retry_lost=True)(slug=None))
+            since = socket_closes().clock()
+            self._join(await db_call(place_of_hello, retry_lost=True)(slug=None), since=since)
         assert self.place is not None
         return self.place
 
-    def _join(self, place: SwarmPlace) -> None:
+    def _join(self, place: SwarmPlace, *, since: float) -> None:
+        """Count the socket in `place`'s swarm, read from the tables after `since` (SocketCloses.clock())."""
         self.place = place
         self.limits = place_limits(self.site_limits, place)
-        socket_closes().swarm_join(self, place.swarm_id)
+        socket_closes().swarm_join(self, place.swarm_id, since=since)
         presence.socket_book().joined(self.connection_id, place.swarm_id)  # written with the next beat
 
     async def _paused(self, ref: str | None) -> None:

@@ -2,9 +2,9 @@
 
 A socket's swarm comes from its `hello` (`place_of_hello`; none named: the site's default), read at
 most once per settings.SAPO_SWARM_PLACE_SECONDS per process and swarm (a crowd of nodes saying hello at once costs one
-query per swarm). A staff change of a swarm (swarms.signals.swarm_changed) becomes, once committed,
-one message to every server process (nodes.events.CLOSES_GROUP, which pool.closes already listens
-to); each process forgets its copy and tells its sockets of that swarm (pool.consumers).
+query per swarm). A staff change of a swarm (swarms.signals.swarm_changed) is a socket order
+(nodes.events), written in the change's transaction: every server process forgets its copy and tells
+its sockets of that swarm (pool.closes, pool.consumers) within seconds, whatever Redis does.
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
 from common.errors import ApplicationError
-from nodes.events import CLOSES_GROUP
+from nodes.events import socket_order
 from pool.limits import Limits
 from pool.models import Rollout
 from sapo_node import protocol
@@ -100,21 +98,16 @@ def swarm_state_message(*, slug: str, state: str, open_swarms: list[str]) -> dic
 
 
 def swarm_changed_broadcast(*, swarm: Swarm, **_: Any) -> None:
-    """swarms.signals.swarm_changed's receiver (PoolConfig.ready()): once the change commits, every
-    server process hears of it."""
-    swarm_id, slug, state = swarm.id, swarm.slug, swarm.state
-
-    def send() -> None:
-        place_forget(swarm_id)
-        layer = get_channel_layer()
-        if layer is not None:
-            event = {
-                "type": SWARM_CHANGED,
-                "swarm_id": swarm_id,
-                "slug": slug,
-                "state": state,
-                "open": swarm_open_slugs()[:MAX_NAMED],  # a short frame whatever the site hosts
-            }
-            async_to_sync(layer.group_send)(CLOSES_GROUP, event)
-
-    transaction.on_commit(send)
+    """swarms.signals.swarm_changed's receiver (PoolConfig.ready()), in the change's transaction: an
+    order every server process carries out once the change commits (nodes.events)."""
+    swarm_id = swarm.id
+    socket_order(
+        {
+            "type": SWARM_CHANGED,
+            "swarm_id": swarm_id,
+            "slug": swarm.slug,
+            "state": swarm.state,
+            "open": swarm_open_slugs()[:MAX_NAMED],  # a short frame whatever the site hosts
+        }
+    )
+    transaction.on_commit(lambda: place_forget(swarm_id))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from nodes.events import close_event
@@ -67,3 +69,52 @@ def test_a_close_names_a_node_or_a_contributor() -> None:
         close_event(code=4403, reason="banned")
     with pytest.raises(ValueError):
         close_event(node_id=1, contributor_id=2, code=4403, reason="banned")
+
+
+class SwarmSocket(Socket):
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[str] = []
+
+    def swarm_changed(self, event: dict) -> None:
+        self.told.append(event["state"])
+
+
+def test_an_order_is_delivered_once_whichever_path_brings_it_first() -> None:
+    closes = SocketCloses()
+    socket = Socket()
+    closes.register(socket, node_id=1, contributor_id=10, since=closes.clock())
+    order = {**close_event(node_id=1, code=4401, reason="token_revoked"), "order": 7}
+    closes._deliver_once(order)  # the channel layer's
+    closes._deliver_once(dict(order))  # the database's read, a moment later
+    assert socket.codes == [4401] and len(closes.recent) == 1
+
+
+def test_a_swarm_change_that_arrived_while_a_socket_read_its_swarm_is_told_at_its_join() -> None:
+    closes = SocketCloses()
+    before = closes.clock()
+    closes.deliver({"type": "swarm.changed", "swarm_id": 3, "slug": "s", "state": "paused", "open": []})
+    read_before, read_after, other_swarm = SwarmSocket(), SwarmSocket(), SwarmSocket()
+    closes.swarm_join(read_before, 3, since=before)  # may have read the swarm before the pause committed
+    closes.swarm_join(read_after, 3, since=closes.clock() + 1)  # read it after: nothing to tell
+    closes.swarm_join(other_swarm, 4, since=before)
+    assert (read_before.told, read_after.told, other_swarm.told) == (["paused"], [], [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_order_is_written_in_the_change_s_transaction_and_read_back_until_it_is_old() -> None:
+    from django.db import transaction
+    from django.db.models.functions import Now
+
+    from nodes.events import socket_order, socket_orders_prune, socket_orders_recent
+    from nodes.models import SocketOrder
+
+    with pytest.raises(RuntimeError):  # outside a transaction a crash could split it from its change
+        socket_order(close_event(node_id=1, code=4401, reason="token_revoked"))
+    with transaction.atomic():
+        order = socket_order(close_event(node_id=1, code=4401, reason="token_revoked"))
+    assert [o["order"] for o in socket_orders_recent()] == [order.id]
+    assert socket_orders_recent()[0]["node_id"] == 1
+    SocketOrder.objects.filter(id=order.id).update(created_at=Now() - timedelta(days=2))
+    assert socket_orders_recent() == []
+    assert socket_orders_prune() == 1 and not SocketOrder.objects.exists()
