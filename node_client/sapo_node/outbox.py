@@ -2,9 +2,9 @@
 
 A group is written here (and committed to disk) before any attempt to send it. It stays pending
 until the server acknowledges it, accepted or rejected; after a lost connection every pending group
-is sent again, and since the server treats a resent id idempotently, each group is stored once by
-the pool. A rejected group keeps its reason and is never sent again. sqlite3 (stdlib) gives atomic
-commits, so a crash between two writes loses nothing that was committed.
+of the node's swarm is sent again, and since the server treats a resent id idempotently, each group
+is stored once by the pool. A rejected group keeps its reason and is never sent again. sqlite3
+(stdlib) gives atomic commits, so a crash between two writes loses nothing that was committed.
 
 An accepted group keeps its text for ACK_RETENTION_SECONDS after its acknowledgement (then only its
 id and verdict stay): if the server's database is restored from a backup older than that, the
@@ -12,6 +12,15 @@ groups it lost are sent again (`requeue_acknowledged`, when the pool's epoch in 
 platform/pool/epoch.py). The epoch last seen is kept here too, with the server it came from
 (`epoch`, `set_epoch`): a node pointed at another server meets another epoch, and that is no
 restore, so nothing is sent again for it.
+
+Each group records the swarm it was made for (the slug of the `welcome` the node had when it made
+the group: docs/protocol.md, "hello -> welcome") and goes only to that swarm: a pending group of
+another swarm waits for the node to join it again. A group with no swarm (made before any welcome
+named one, or queued by a client older than the column) belongs to the swarm of the next hello the
+server answers: the welcome's swarm claims it (`claim`), and a hello refused as `swarm_retired`
+claims it for that retired swarm. When the node learns that a swarm is retired, its pending groups
+are dropped (rejected with the reason `swarm_retired`, never sent anywhere) and its accepted groups
+lose their text, so a change of the pool's epoch does not send them again (`drop_swarm`).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sapo_node import protocol
 from sapo_node.ids import uuid7
 
 PENDING, ACCEPTED, REJECTED = "pending", "accepted", "rejected"
@@ -46,18 +56,23 @@ class Outbox:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS outbox ("
             " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, payload TEXT,"
-            " state TEXT NOT NULL, reason TEXT, created REAL NOT NULL, done REAL)"
+            " state TEXT NOT NULL, reason TEXT, created REAL NOT NULL, done REAL, swarm TEXT)"
         )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
+        if "swarm" not in columns:  # a file of an older client: its groups have no swarm (see above)
+            with self._db:
+                self._db.execute("ALTER TABLE outbox ADD COLUMN swarm TEXT")
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         self._pruned_at = 0.0
 
-    def put(self, rollouts: list[dict[str, Any]]) -> None:
-        """Queue wire-form rollouts; an id already queued is left as it is."""
+    def put(self, rollouts: list[dict[str, Any]], swarm: str | None = None) -> None:
+        """Queue wire-form rollouts made for `swarm` (None: no swarm known yet); an id already queued
+        is left as it is."""
         now = time.time()
         with self._lock, self._db:
             self._db.executemany(
-                "INSERT OR IGNORE INTO outbox (id, payload, state, created) VALUES (?, ?, ?, ?)",
-                [(r["id"], json.dumps(r), PENDING, now) for r in rollouts],
+                "INSERT OR IGNORE INTO outbox (id, payload, state, created, swarm) VALUES (?, ?, ?, ?, ?)",
+                [(r["id"], json.dumps(r), PENDING, now, swarm) for r in rollouts],
             )
             if now - self._pruned_at > PRUNE_EVERY_SECONDS:
                 self._pruned_at = now
@@ -66,13 +81,49 @@ class Outbox:
                     (ACCEPTED, now - ACK_RETENTION_SECONDS),
                 )
 
-    def pending(self, limit: int = 1000, exclude: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-        """The oldest pending rollouts (wire form), skipping ids in `exclude` (those in flight)."""
+    def pending(
+        self, limit: int = 1000, exclude: set[str] | frozenset[str] = frozenset(), *, swarm: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The oldest pending rollouts (wire form) made for `swarm` (None: those with no swarm),
+        skipping ids in `exclude` (those in flight)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, payload FROM outbox WHERE state = ? ORDER BY seq LIMIT ?", (PENDING, limit + len(exclude))
+                "SELECT id, payload FROM outbox WHERE state = ? AND swarm IS ? ORDER BY seq LIMIT ?",
+                (PENDING, swarm, limit + len(exclude)),
             ).fetchall()
         return [json.loads(payload) for id_, payload in rows if id_ not in exclude][:limit]
+
+    def waiting(self) -> dict[str | None, int]:
+        """How many groups are pending for each swarm (None: with no swarm yet)."""
+        with self._lock:
+            return dict(
+                self._db.execute("SELECT swarm, COUNT(*) FROM outbox WHERE state = ? GROUP BY swarm", (PENDING,))
+            )
+
+    def claim(self, swarm: str) -> int:
+        """Give the groups that have no swarm to `swarm`, the first one a hello was answered for;
+        returns how many of them are pending."""
+        with self._lock, self._db:
+            pending = self._db.execute(
+                "SELECT COUNT(*) FROM outbox WHERE swarm IS NULL AND state = ?", (PENDING,)
+            ).fetchone()[0]
+            self._db.execute("UPDATE outbox SET swarm = ? WHERE swarm IS NULL", (swarm,))
+        return pending
+
+    def drop_swarm(self, swarm: str) -> int:
+        """`swarm` is retired: its pending groups are rejected with the reason `swarm_retired` (their
+        text dropped: never sent to it or to any other swarm), and its accepted ones lose their text,
+        so no change of epoch sends them again. Returns how many pending groups were dropped."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "UPDATE outbox SET state = ?, reason = ?, done = ?, payload = NULL WHERE state = ? AND swarm = ?",
+                (REJECTED, protocol.SWARM_RETIRED, time.time(), PENDING, swarm),
+            )
+            self._db.execute(
+                "UPDATE outbox SET payload = NULL WHERE state = ? AND swarm = ? AND payload IS NOT NULL",
+                (ACCEPTED, swarm),
+            )
+        return cur.rowcount
 
     def mark(self, id_: str, state: str, reason: str | None = None) -> bool:
         """Record the server's verdict on a pending group (a rejected group's text is dropped, an

@@ -79,7 +79,8 @@ class Transport(ABC):
         return False
 
     def flush(self, timeout: float) -> bool:
-        """Block up to `timeout` seconds until every shared group has a verdict; True if none is pending."""
+        """Block up to `timeout` seconds until every group shared for the node's swarm has a verdict
+        (those of other swarms wait for the node to join them); True if none is pending."""
         return True
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -24,6 +24,12 @@ them close the socket with 4429).
 A full disk (the outbox cannot be written): groups the loop shares and verdicts the server sends are
 kept in memory (`_unwritten`, `_verdicts`) and written when the outbox can be written again; meanwhile
 the node goes on sharing and sampling. The log says so once when it starts and once when it ends.
+
+Swarms (sapo_node/outbox.py): each group is queued with the swarm it is made for (the last welcome's,
+or before any welcome the swarm the hello names) and sent only on a socket welcomed into that swarm.
+A welcome says in one line how many groups wait for other swarms. When the node's swarm is retired (a
+`swarm_state` saying so, the error `swarm_retired` to its hello, or the close 4410), its groups are
+dropped with one line, those the node makes afterwards too: none is shared into another swarm.
 """
 
 from __future__ import annotations
@@ -236,7 +242,11 @@ class WebSocketTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
-        self._unwritten: list[dict[str, Any]] = []  # shared groups the outbox could not take yet (under _lock)
+        # Shared groups the outbox could not take yet, with the swarm each was made for (under _lock).
+        self._unwritten: list[tuple[str | None, dict[str, Any]]] = []
+        self._groups_for: str | None = None  # the swarm the node's groups are made for now (under _lock)
+        self._retired: set[str] = set()  # swarms learned retired: their groups are dropped (under _lock)
+        self._unsorted = False  # the welcome's swarm has yet to claim the groups queued with none
         self._verdicts: dict[str, tuple[str, str | None]] = {}  # verdicts it could not record yet
         self._disk_failing = False
         self._last_counts = TransportCounts()
@@ -244,13 +254,14 @@ class WebSocketTransport(Transport):
     # ------------------------------------------------------------------ the training thread's side
     def start(self, hello: Hello) -> None:
         self._hello = hello
+        self._groups_for = hello.swarm if hello.swarm != protocol.ANY_SWARM else None
         self._state = "connecting"
         self._thread = threading.Thread(target=self._thread_main, name="sapo-transport", daemon=True)
         self._thread.start()
 
     def share(self, groups: list[Group]) -> None:
         with self._lock:
-            self._unwritten.extend(g.to_wire() for g in groups)
+            self._unwritten.extend((self._groups_for, g.to_wire()) for g in groups)
             if len(self._unwritten) > MAX_UNWRITTEN:
                 log.warning("dropping %d groups the full disk could not take", len(self._unwritten) - MAX_UNWRITTEN)
                 del self._unwritten[:-MAX_UNWRITTEN]
@@ -259,12 +270,19 @@ class WebSocketTransport(Transport):
 
     def _write_back(self, *, verdicts: bool = True) -> None:
         """Write what waits in memory (groups, then verdicts: only the network thread touches those) to
-        the outbox; on a disk error it waits on."""
+        the outbox; on a disk error it waits on. A group queued before any swarm was known is the
+        swarm's known now; a retired swarm's groups are dropped once written."""
         try:
             with self._lock:
-                if self._unwritten:
-                    self.outbox.put(self._unwritten)
-                    self._unwritten = []
+                by_swarm: dict[str | None, list[dict[str, Any]]] = {}
+                for swarm, rollout in self._unwritten:
+                    by_swarm.setdefault(swarm or self._groups_for, []).append(rollout)
+                for swarm, rollouts in by_swarm.items():
+                    self.outbox.put(rollouts, swarm)
+                self._unwritten = []
+                retired = self._retired & set(by_swarm)
+            for swarm in retired:
+                self.outbox.drop_swarm(swarm)
             for id_, (state, reason) in list(self._verdicts.items()) if verdicts else ():
                 self.outbox.mark(id_, state, reason)
                 del self._verdicts[id_]
@@ -346,12 +364,19 @@ class WebSocketTransport(Transport):
         deadline = time.monotonic() + timeout
         # Shares until the pool has answered them; reports until they are written, while connected
         # (a report is best effort: it is not kept for a later connection).
-        while self.counts().pending or self._unwritten or (self._reports and self._state == "connected"):
+        while self._pending_here() or self._unwritten or (self._reports and self._state == "connected"):
             if time.monotonic() >= deadline or self._state.startswith("refused"):
                 return False
             self._poke()
             time.sleep(0.05)
         return True
+
+    def _pending_here(self) -> int:
+        """Groups pending for the node's swarm (those of other swarms wait for the node to join them)."""
+        try:
+            return self.outbox.waiting().get(self._groups_for, 0)
+        except DISK_ERRORS:
+            return self._last_counts.pending
 
     def close(self) -> None:
         self._stop.set()
@@ -393,6 +418,8 @@ class WebSocketTransport(Transport):
             self._connected.clear()
             if self._stop.is_set():
                 break
+            if code == protocol.CLOSE_SWARM_RETIRED:
+                self._swarm_retired()
             if code in REFUSALS:
                 self._state = f"refused ({code})"
                 why = self._refusal or self.last_error
@@ -545,6 +572,8 @@ class WebSocketTransport(Transport):
         self.node_name = frame.get("node_name")
         self.swarm = frame.get("swarm") if isinstance(frame.get("swarm"), dict) else {}
         self._paused = self.swarm.get("state") == protocol.STATE_PAUSED
+        slug = self.swarm.get("slug")
+        self._groups_joined(slug if isinstance(slug, str) and slug else None)
         self._on_pool_epoch(frame.get("pool_epoch"))
         server_time = frame.get("server_time")
         if isinstance(server_time, (int, float)) and not isinstance(server_time, bool) and server_time > 0:
@@ -555,6 +584,55 @@ class WebSocketTransport(Transport):
         self._state = "paused" if self._paused else "connected"
         self._welcome.set()
         self._connected.set()
+
+    def _groups_joined(self, swarm: str | None) -> None:
+        """The welcome named `swarm` (None: a server without swarms): the node's groups are made for it
+        from now on."""
+        with self._lock:
+            self._groups_for = swarm
+        self._unsorted = True
+        self._sort_groups()
+
+    def _sort_groups(self) -> None:
+        """Give the welcome's swarm the groups queued before any swarm was known, and say in one line how
+        many wait for other swarms. On a disk error it is tried again before the next share frame."""
+        swarm = self._groups_for
+        try:
+            if swarm is not None:
+                self.outbox.claim(swarm)
+            elsewhere = {s: n for s, n in self.outbox.waiting().items() if s != swarm}
+        except DISK_ERRORS as exc:
+            self._disk_failed(exc)
+            return
+        self._unsorted = False
+        if elsewhere:
+            log.warning(
+                "shared groups wait for swarms this node is not in (it is in %r): %s; a group goes only to the "
+                "swarm it was made for, and these go when the node joins theirs again",
+                swarm,
+                ", ".join(f"{n} for {s!r}" for s, n in sorted(elsewhere.items(), key=lambda item: str(item[0]))),
+            )
+
+    def _swarm_retired(self) -> None:
+        """The node's swarm is retired: its pending groups are dropped (once, with one line), and so are
+        those it makes from now on (`_write_back`); none is shared into another swarm."""
+        with self._lock:
+            swarm = self._groups_for
+            if swarm is None or swarm in self._retired:
+                return
+            self._retired.add(swarm)
+        try:
+            self.outbox.claim(swarm)  # groups of an older client's file: the swarm its first hello named
+            dropped = self.outbox.drop_swarm(swarm)
+        except DISK_ERRORS as exc:  # they stay pending for the retired swarm: never sent anywhere
+            self._disk_failed(exc)
+            return
+        log.warning(
+            "%d shared groups of swarm %r dropped: the swarm is retired, and a group is never shared into "
+            "another swarm (groups made from now on are dropped too)",
+            dropped,
+            swarm,
+        )
 
     def _on_pool_epoch(self, epoch: Any) -> None:
         """A new epoch: the server's database was restored from a backup (platform/pool/epoch.py), and may
@@ -625,6 +703,7 @@ class WebSocketTransport(Transport):
         self._paused = state == protocol.STATE_PAUSED
         if state == protocol.STATE_RETIRED:
             self._refusal = detail
+            self._swarm_retired()
         elif self._was_welcomed:
             self._state = "paused" if self._paused else "connected"
         log.warning("%s", detail)
@@ -634,6 +713,8 @@ class WebSocketTransport(Transport):
         log.warning("the server answered error %s: %s", code, frame.get("detail"))
         if code in (protocol.UNKNOWN_SWARM, protocol.SWARM_RETIRED):  # the close that follows says the rest
             self._refusal = str(frame.get("detail") or "")[:300]
+        if code == protocol.SWARM_RETIRED:
+            self._swarm_retired()
         if code in BACKOFF_ERRORS:  # slow down everything; the refused frame is simply sent again later
             self._next_share = self._next_sample = time.monotonic() + max(BACKOFF_ERRORS[code], self.poll_interval * 5)
         if ref == self._sample_ref:
@@ -658,13 +739,15 @@ class WebSocketTransport(Transport):
     async def _send_shares(self, ws: ClientConnection) -> None:
         if time.monotonic() < self._next_share:
             return
+        if self._unsorted:
+            self._sort_groups()
         inflight = {i for ids in self._inflight.values() for i in ids} | set(self._verdicts)
         max_groups = max(1, self.limits["max_groups_per_message"])
         max_bytes = self.limits["max_frame_bytes"] - 256
         batch: list[dict[str, Any]] = []
         size = 0
         try:
-            pending = self.outbox.pending(limit=max_groups * 4, exclude=inflight)
+            pending = self.outbox.pending(limit=max_groups * 4, exclude=inflight, swarm=self._groups_for)
         except DISK_ERRORS as exc:
             self._disk_failed(exc)
             return
