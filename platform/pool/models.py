@@ -255,3 +255,17 @@ class NodeStorageHour(models.Model):
 
     def __str__(self) -> str:
         return f"node {self.node_id}, {self.hour:%Y-%m-%d %H}:00: {self.bytes} bytes"
+
+
+class EpochMarker(models.Model):
+    """One row whose PostgreSQL `xmin` and `token` enter the pool's epoch (pool.epoch): a restore of the
+    pool's contents inserts it again. Nothing but pool.epoch writes it, and only when it is missing."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    token = models.UUIDField(help_text="Random, drawn when the row is made; a row made again draws another.")
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="pool_epochmarker_one_row")]
+
+    def __str__(self) -> str:
+        return f"epoch marker {self.token}"

@@ -40,6 +40,7 @@ import contextlib
 import json
 import logging
 import random
+import shlex
 import sqlite3
 import threading
 import time
@@ -250,6 +251,7 @@ class WebSocketTransport(Transport):
         self._verdicts: dict[str, tuple[str, str | None]] = {}  # verdicts it could not record yet
         self._disk_failing = False
         self._last_counts = TransportCounts()
+        self._ever_welcomed = False  # a session of this transport opened at some point
 
     # ------------------------------------------------------------------ the training thread's side
     def start(self, hello: Hello) -> None:
@@ -423,7 +425,7 @@ class WebSocketTransport(Transport):
             if code in REFUSALS:
                 self._state = f"refused ({code})"
                 why = self._refusal or self.last_error
-                log.error("%s [%s]; not retrying, training goes on in silo", REFUSALS[code], why)
+                log.error("%s [%s]; not retrying, training goes on in silo", self._refusal_advice(code), why)
                 return
             # 4503: the server is up but its database or Redis is not; the pause goes on doubling, so a
             # crowd of nodes does not hammer a server that is recovering.
@@ -437,6 +439,29 @@ class WebSocketTransport(Transport):
                 log.warning("connection to %s lost (%s); retrying in %.1f s", self.url, self.last_error, pause)
             await self._sleep(pause)
             delay = min(delay * 2, self.backoff_max)
+
+    def _refusal_advice(self, code: int) -> str:
+        """What a refusal means and what to do. A token this server took before (it welcomed this node, in
+        this run or an earlier one on the same outbox) was revoked, or the site was restored from a
+        backup older than the node's registration: the node needs a new token, and what it holds waits."""
+        if code != protocol.CLOSE_UNAUTHENTICATED:
+            return REFUSALS[code]
+        known = self._ever_welcomed
+        with contextlib.suppress(*DISK_ERRORS):
+            known = known or self.outbox.epoch(self.url) is not None
+        if not known:
+            return REFUSALS[code]
+        counts = self.counts()
+        out = shlex.quote(str(self.outbox.path.parent))
+        return (
+            f"the server does not accept this token (4401), though it welcomed this node before: the token was "
+            f"revoked, or the site was restored from a backup made before this node was registered. Nothing this "
+            f"node shared is lost: {self.outbox.path} keeps the {counts.pending} groups waiting for the server "
+            f"and the {counts.accepted} it acknowledged. Ask the node's owner for a new token (registering the "
+            f"node again if the site no longer lists it), then run `sapo-node run --resume --out {out} --server "
+            f"{self.url} --token NEW_TOKEN`: the waiting groups go out under the new token, and after a restore "
+            f"those acknowledged in the last {ACK_RETENTION_SECONDS // 86_400} days go again"
+        )
 
     async def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -580,7 +605,7 @@ class WebSocketTransport(Transport):
             offset = clock_set(server_time)
             if abs(offset) > 60:
                 log.warning("this machine's clock is %+.0f s off the server's: group ids follow the server's", -offset)
-        self._was_welcomed = True
+        self._was_welcomed = self._ever_welcomed = True
         self._state = "paused" if self._paused else "connected"
         self._welcome.set()
         self._connected.set()
