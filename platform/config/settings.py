@@ -439,7 +439,7 @@ _email_backend = env_str("SAPO_EMAIL_BACKEND", "smtp" if PRODUCTION else "consol
 if _email_backend not in _EMAIL_BACKENDS:
     raise EnvError(f"SAPO_EMAIL_BACKEND must be one of {sorted(_EMAIL_BACKENDS)}, got {_email_backend!r}")
 EMAIL_BACKEND = _EMAIL_BACKENDS[_email_backend]
-EMAIL_FILE_PATH = env_str("SAPO_EMAIL_FILE_PATH", str(BASE_DIR / "var" / "emails"))
+EMAIL_FILE_PATH = env_str("SAPO_EMAIL_FILE_PATH", str(VAR_DIR / "emails"))
 EMAIL_HOST = env_str("SAPO_EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("SAPO_EMAIL_PORT", 587)
 EMAIL_HOST_USER = env_str("SAPO_EMAIL_USER", "")

@@ -89,6 +89,15 @@ class TestSettings:
         assert run_settings({"SAPO_VAR_DIR": str(tmp_path)}, code).stdout.strip() == "[] sapo"
         assert "not an integer" in run_settings({**env, "SAPO_MAX_SAMPLE_N": "many"}, code).stderr
 
+    def test_file_emails_go_under_the_var_dir(self, tmp_path):
+        code = "import config.settings as s; print(s.EMAIL_FILE_PATH)"
+        result = run_settings({"SAPO_VAR_DIR": str(tmp_path)}, code)
+        assert result.stdout.strip() == str(tmp_path / "emails"), result.stderr
+        chosen = str(tmp_path / "elsewhere")
+        assert (
+            run_settings({"SAPO_VAR_DIR": str(tmp_path), "SAPO_EMAIL_FILE_PATH": chosen}, code).stdout.strip() == chosen
+        )
+
     def test_limits_come_from_settings_only(self, settings, monkeypatch):
         from pool.limits import Limits, current_limits
 
