@@ -337,6 +337,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return {"type": protocol.SAMPLES, "rollouts": rollouts}
         if isinstance(message, Report):
             place = await self._in_swarm()
+            if place.state == protocol.STATE_PAUSED:
+                await self._paused(message.ref)
+                return None
             await db_call(node_round_report)(node=node, report=message, limits=self.limits, swarm_id=place.swarm_id)
             return {"type": protocol.ACK, "for": protocol.REPORT, "round": message.round}
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above

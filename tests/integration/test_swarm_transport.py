@@ -1,7 +1,7 @@
 """The node client's WebSocketTransport against the real platform (daphne, PostgreSQL, the channel
 layer) with several swarms: its hello names a swarm; a retired swarm is refused in one line naming
-the open ones; pausing the swarm stops its sharing until it opens again, the groups waiting in the
-outbox."""
+the open ones; pausing the swarm stops its sharing and reporting until it opens again, the groups waiting in
+the outbox and the reports in memory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 from factories import make_node_with_token, make_swarm, make_user
 
-from pool.models import Rollout
+from pool.models import NodeRound, Rollout
 from sapo_node import protocol
 from sapo_node.groups import Group
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef, build_entry
@@ -75,9 +75,13 @@ def test_pausing_the_swarm_stops_sharing_until_it_opens_again(swarm_server, tran
     swarm_state_set(actor=staff, swarm=swarm, state="paused", reason="maintenance")
     assert wait_for(lambda: t.status == "paused")
     t.share([honest_group(1)])
+    t.report({"round": 1, "reward_mean": 0.5, "used": []})
     time.sleep(1.0)  # many poll intervals: a node that shared would have
     assert t.counts().pending == 1 and not Rollout.objects.filter(node=node).exists()
+    assert not NodeRound.objects.filter(node=node).exists()
     swarm_state_set(actor=staff, swarm=swarm, state="open", reason="done")
     assert wait_for(lambda: t.status == "connected")
     assert t.flush(20) and t.counts().accepted == 1
     assert Rollout.objects.get(node=node).swarm_id == swarm.id
+    # The report made while paused waited, and went once the swarm opened.
+    assert wait_for(lambda: NodeRound.objects.filter(node=node, round=1).exists())

@@ -141,7 +141,10 @@ async def test_pausing_tells_connected_nodes_which_then_share_nothing_until_it_o
         reply = await ask(socket, share_frame(group, ref="s"))
         assert (reply["type"], reply["code"], reply["ref"]) == ("error", protocol.SWARM_PAUSED, "s")
     assert (await ask(socket, {"type": "sample", "v": 1, "n": 2}))["code"] == protocol.SWARM_PAUSED
+    report = {"type": "report", "v": 1, "ref": "r", "round": 1, "reward_mean": 0.5, "used": []}
+    assert (await ask(socket, report))["code"] == protocol.SWARM_PAUSED
     assert not await sync_to_async(Rollout.objects.filter(id=group["id"]).exists)()
+    assert not await sync_to_async(NodeRound.objects.exists)()
     await sync_to_async(swarm_state_set)(actor=staff, swarm=swarm, state="open", reason="done")
     assert (await socket.receive_json_from(timeout=TIMEOUT))["state"] == "open"
     assert (await ask(socket, share_frame(group)))["accepted"] == [group["id"]]

@@ -555,8 +555,9 @@ class WebSocketTransport(Transport):
             if not self._paused:
                 await self._send_shares(ws)
                 await self._request_samples(ws)
-            if self._reports and time.monotonic() >= self._next_share:  # not while backing off
-                await self._send(ws, protocol.frame(protocol.REPORT, **self._merged_report()))
+                # A paused swarm refuses reports too: they wait and go merged into one once it opens.
+                if self._reports and time.monotonic() >= self._next_share:  # not while backing off
+                    await self._send(ws, protocol.frame(protocol.REPORT, **self._merged_report()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
 
