@@ -3,11 +3,11 @@ import math
 from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import password_validation
-from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm, PasswordResetForm, SetPasswordForm
 
 from accounts.backends import LOCKED_ATTR
 from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
-from accounts.passwords import MAX_PASSWORD_LENGTH
+from accounts.passwords import MAX_PASSWORD_LENGTH, password_help_text_html
 from accounts.services import display_name_clean, display_name_is_taken
 from common.errors import ApplicationError
 
@@ -58,7 +58,7 @@ class SignupForm(forms.Form):
         strip=False,
         max_length=MAX_PASSWORD_LENGTH,
         widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
-        help_text=password_validation.password_validators_help_text_html(),
+        help_text=password_help_text_html(),
     )
     password2 = forms.CharField(
         label="Password (again)",
@@ -94,3 +94,33 @@ class SignupForm(forms.Form):
             except forms.ValidationError as exc:
                 self.add_error("password1", exc)
         return cleaned
+
+
+class _NewPasswordHelp:
+    """The new password's field bounded (accounts.passwords) and its help in the order that matters."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["new_password1"]
+        field.help_text = password_help_text_html()
+        field.max_length = MAX_PASSWORD_LENGTH
+        field.widget.attrs["maxlength"] = str(MAX_PASSWORD_LENGTH)
+
+
+class NewPasswordForm(_NewPasswordHelp, SetPasswordForm):
+    """The new password a reset link leads to."""
+
+
+class ChangePasswordForm(_NewPasswordHelp, PasswordChangeForm):
+    """A logged-in contributor's password change (the old password first)."""
+
+
+class PasswordResetRequestForm(PasswordResetForm):
+    """Asks for a reset link. Only an account whose address is confirmed gets one (accounts.services:
+    an address typed at sign-up and never confirmed may be anyone's); every other address gets the
+    same answer and no email, so the form tells no one which addresses have accounts."""
+
+    email = forms.EmailField(label="Email", max_length=254, widget=forms.EmailInput(attrs={"autocomplete": "email"}))
+
+    def get_users(self, email: str):  # noqa: ANN201 (Django's signature: a generator of users)
+        return (user for user in super().get_users(email) if user.email_confirmed_at is not None)

@@ -184,3 +184,27 @@ def signup_consume(request: HttpRequest) -> None:
         window=3600,
         what="sign-ups from your network in the last hour",
     )
+
+
+#: Password-reset requests per client network per hour; over it the form answers 429.
+PASSWORD_RESETS_PER_NETWORK_PER_HOUR = 10
+#: Reset emails to one address per day, whoever asks; past it the request is answered as every other
+#: one and no email goes (saying so would tell which addresses have accounts).
+PASSWORD_RESETS_PER_ADDRESS_PER_DAY = 3
+
+
+def password_reset_consume(request: HttpRequest) -> None:
+    """A reset request from this client's network; RateLimited past PASSWORD_RESETS_PER_NETWORK_PER_HOUR."""
+    consume(
+        "password-reset-network",
+        client_address(request),
+        limit=PASSWORD_RESETS_PER_NETWORK_PER_HOUR,
+        window=3600,
+        what="password-reset requests from your network in the last hour",
+    )
+
+
+def password_reset_email_allowed(email: str) -> bool:
+    """Count a reset email to `email`; False once the address had PASSWORD_RESETS_PER_ADDRESS_PER_DAY today."""
+    count = hit("password-reset-address", email.strip().lower(), window=86400)
+    return count.count <= PASSWORD_RESETS_PER_ADDRESS_PER_DAY

@@ -29,6 +29,9 @@ class User(AbstractUser):
         help_text="The display name's confusable skeleton (common.names): no two accounts share one.",
     )
     banned_at = models.DateTimeField(null=True, blank=True)
+    #: When the owner of `email` followed the link sent to it (accounts.services); None: unconfirmed, and
+    #: nothing but that link goes to it (no reset link, no alert).
+    email_confirmed_at = models.DateTimeField(null=True, blank=True)
     profile_private = models.BooleanField(
         default=False, help_text='Shown as "anonymous" to others; public pages answer 404 to them.'
     )

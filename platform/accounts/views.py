@@ -1,10 +1,14 @@
+from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
+from django.urls import reverse, reverse_lazy
+from django.utils.html import format_html
 from django.views.decorators.http import require_http_methods
 
-from accounts.forms import LoginForm, SignupForm
+from accounts import limits
+from accounts.forms import ChangePasswordForm, LoginForm, NewPasswordForm, PasswordResetRequestForm, SignupForm
 from accounts.limits import signup_consume
 from accounts.services import user_create
 from common.errors import ApplicationError, RateLimited
@@ -29,7 +33,8 @@ def signup(request: HttpRequest) -> HttpResponse:
             status = exc.status if isinstance(exc, RateLimited) else 400
         else:
             login(request, user, backend="accounts.backends.LimitedModelBackend")
-            return redirect("/")
+            messages.success(request, _welcome(user.own_name))
+            return redirect(reverse("web:me") + "#add-node-title")
     elif form.errors:
         status = 400
     return render(request, "accounts/signup.html", {"form": form}, status=status)
@@ -47,3 +52,45 @@ class LoginView(auth_views.LoginView):
         if form.locked_for:
             response.status_code = 429
         return response
+
+
+def _welcome(name: str) -> str:
+    return format_html(
+        'Welcome, {}. Next: <a href="{}">add a node</a> below. It gives you a token and the one command '
+        "that installs and starts the node; its groups earn your credit.",
+        name,
+        reverse("web:me") + "#add-node-title",
+    )
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's reset request, rate limited (accounts.limits): past the network's limit the form answers
+    429; past the address's, the answer is the usual one and no email goes."""
+
+    form_class = PasswordResetRequestForm
+    template_name = "accounts/password_reset_form.html"
+    email_template_name = "accounts/password_reset_email.txt"
+    subject_template_name = "accounts/password_reset_subject.txt"
+    success_url = reverse_lazy("accounts:password_reset_done")
+
+    def form_valid(self, form: PasswordResetRequestForm) -> HttpResponse:
+        try:
+            limits.password_reset_consume(self.request)
+        except RateLimited as exc:
+            form.add_error(None, exc.message)
+            return self.render_to_response(self.get_context_data(form=form), status=exc.status)
+        if not limits.password_reset_email_allowed(form.cleaned_data["email"]):
+            return HttpResponseRedirect(self.get_success_url())
+        return super().form_valid(form)
+
+
+class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
+    form_class = NewPasswordForm
+    template_name = "accounts/password_reset_confirm.html"
+    success_url = reverse_lazy("accounts:password_reset_complete")
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    form_class = ChangePasswordForm
+    template_name = "accounts/password_change.html"
+    success_url = reverse_lazy("accounts:password_change_done")

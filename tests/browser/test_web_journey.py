@@ -90,10 +90,12 @@ def test_new_contributor_journey(live_server, page, screenshot, tmp_path: Path):
     page.locator("#id_password2").fill("a-long-test-passphrase-42")
     screenshot(page, "signup")
     page.get_by_role("button", name="Create account").click()
-    expect(page.get_by_role("link", name="Carol")).to_be_visible()
+    expect(page.get_by_role("banner").get_by_role("link", name="Carol")).to_be_visible()
 
-    # Add a node: empty state first, then the token, shown once with the one-line command.
-    page.get_by_role("link", name="Add a node").click()
+    # Sign-up lands on /me/, saying what comes next. Add a node: empty state first, then the token,
+    # shown once with the one-line command.
+    expect(page.get_by_role("status")).to_contain_text("Welcome, Carol. Next: add a node below.")
+    page.get_by_role("status").get_by_role("link", name="add a node").click()
     expect(page.get_by_text("No nodes yet: here is how to add one")).to_be_visible()
     screenshot(page, "me-empty")
     page.get_by_label("Node name").fill("laptop")

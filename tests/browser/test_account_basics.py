@@ -1,0 +1,80 @@
+"""In a real browser: the account basics. Password reset by email end to end (ask, read the email,
+follow the link, set a new password, log in with it).
+
+The site runs in a server process of its own (tests/conftest.py), so Django's in-memory email backend
+would keep its outbox there; these tests give that server Django's file backend instead and read the
+emails from its folder.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from factories import make_user
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NEW_PASSWORD = "tidal-lantern-orchard-52"
+
+
+@pytest.fixture(scope="module")
+def mail_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("emails")
+
+
+@pytest.fixture(scope="module")
+def site(asgi_server, mail_dir):
+    """A live server whose emails are files in `mail_dir`."""
+    email = {"EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend", "EMAIL_FILE_PATH": str(mail_dir)}
+    with asgi_server(settings=email) as server:
+        yield server
+
+
+def emails_to(mail_dir: Path, address: str) -> list[str]:
+    """Every email the site wrote to `address`, oldest first (the file backend: one file per connection)."""
+    found = []
+    for path in sorted(mail_dir.glob("*.log"), key=lambda p: p.stat().st_mtime):
+        for message in path.read_text().split("-" * 79):
+            if re.search(rf"^To: {re.escape(address)}$", message, re.MULTILINE):
+                found.append(message)
+    return found
+
+
+def link_in(message: str) -> str:
+    return re.search(r"https?://\S+", message).group(0)
+
+
+def log_in(page, base: str, username: str, password: str) -> None:
+    page.goto(base + "/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+
+
+def test_a_forgotten_password_is_reset_by_email(site, mail_dir, page, screenshot):
+    make_user(username="ada", email="ada@example.org", email_confirmed_at=timezone.now())
+
+    page.goto(site.url + "/accounts/login/")
+    page.get_by_role("link", name="Forgot your password?").click()
+    page.get_by_label("Email").fill("ada@example.org")
+    page.get_by_role("button", name="Send the link").click()
+    expect(page.get_by_role("heading", name="Check your email")).to_be_visible()
+
+    (message,) = emails_to(mail_dir, "ada@example.org")
+    assert "Reset your password" in message
+    page.goto(link_in(message))
+    page.get_by_label("New password:", exact=True).fill(NEW_PASSWORD)
+    page.get_by_label("New password confirmation").fill(NEW_PASSWORD)
+    screenshot(page, "password-reset-new")
+    page.get_by_role("button", name="Set the new password").click()
+    expect(page.get_by_role("heading", name="Password set")).to_be_visible()
+
+    log_in(page, site.url, "ada", NEW_PASSWORD)
+    expect(page.get_by_role("button", name="Log out")).to_be_visible()
+
+    page.goto(link_in(message))  # a second time: used up
+    expect(page.locator("#reset-link-invalid")).to_be_visible()
