@@ -53,6 +53,14 @@ class SignupForm(forms.Form):
         widget=forms.TextInput(attrs={"autocomplete": "username", "autofocus": True}),
     )
     display_name = forms.CharField(max_length=DISPLAY_NAME_MAX_LENGTH, help_text="Shown publicly on the leaderboard.")
+    email = forms.EmailField(
+        required=False,
+        max_length=254,
+        label="Email (optional)",
+        help_text="Never shown. For a password reset and, if you turn them on, alerts about your nodes; "
+        "used once you follow the link mailed to it.",
+        widget=forms.EmailInput(attrs={"autocomplete": "email"}),
+    )
     password1 = forms.CharField(
         label="Password",
         strip=False,

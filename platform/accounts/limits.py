@@ -208,3 +208,37 @@ def password_reset_email_allowed(email: str) -> bool:
     """Count a reset email to `email`; False once the address had PASSWORD_RESETS_PER_ADDRESS_PER_DAY today."""
     count = hit("password-reset-address", email.strip().lower(), window=86400)
     return count.count <= PASSWORD_RESETS_PER_ADDRESS_PER_DAY
+
+
+#: Confirmation emails a day: per account asking; per address from one client network; per address in
+#: all. An address's own limit is per network, under a wider one for all, so accounts made on one
+#: network cannot use up what its owner's network may still send it (docs/leaderboard.md, "Your account").
+CONFIRMATIONS_PER_ACCOUNT_PER_DAY = 3
+CONFIRMATIONS_PER_ADDRESS_PER_NETWORK_PER_DAY = 3
+CONFIRMATIONS_PER_ADDRESS_PER_DAY = 10
+
+
+def confirmation_consume(*, user_id: int, email: str, network: str) -> None:
+    """Count a confirmation email to `email` asked by account `user_id` from client network `network`
+    (client_address). RateLimited (code confirmation_limited), counting nothing, when any limit is spent."""
+    address = email.strip().lower()
+    counters = [
+        ("confirm-account", str(user_id), CONFIRMATIONS_PER_ACCOUNT_PER_DAY, "for one account"),
+        (
+            "confirm-address-network",
+            f"{address}\n{network}",
+            CONFIRMATIONS_PER_ADDRESS_PER_NETWORK_PER_DAY,
+            "to one address from your network",
+        ),
+        ("confirm-address", address, CONFIRMATIONS_PER_ADDRESS_PER_DAY, "to one address"),
+    ]
+    for name, ident, limit, what in counters:
+        count = peek(name, ident)
+        if count.count >= limit:
+            raise RateLimited(
+                f"At most {limit} confirmation emails a day {what}: try again in {_duration(count.retry_after)}.",
+                retry_after=count.retry_after,
+                code="confirmation_limited",
+            )
+    for name, ident, _, _ in counters:
+        hit(name, ident, window=86400)

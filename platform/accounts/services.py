@@ -6,6 +6,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from accounts import events
+from accounts.addresses import email_clean
 from accounts.models import ANONYMOUS, DISPLAY_NAME_MAX_LENGTH, User
 from common import names
 from common.errors import ApplicationError
@@ -43,17 +44,19 @@ def display_name_clean(display_name: object) -> str:
     return display_name
 
 
-def user_create(*, username: str, display_name: str, password: str | None) -> User:
+def user_create(*, username: str, display_name: str, password: str | None, email: str = "") -> User:
     """Create a contributor. `password=None` gives an unusable password (accounts made by commands).
+    `email` is optional and unconfirmed (accounts.addresses sends the link).
 
     Raises ApplicationError: username_taken, display_name_taken, invalid_display_name, display_name_reserved,
-    invalid_password.
+    invalid_password, email_invalid.
     """
     display_name = display_name_clean(display_name)
     user = User(
         username=User.normalize_username(username),
         display_name=display_name,
         display_name_skeleton=names.skeleton(display_name),
+        email=email_clean(email),
     )
     if password is None:
         user.set_unusable_password()

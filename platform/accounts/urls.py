@@ -15,6 +15,9 @@ urlpatterns = [
         auth_views.PasswordChangeDoneView.as_view(template_name="accounts/password_change_done.html"),
         name="password_change_done",
     ),
+    path("email/", views.email_set, name="email"),
+    path("email/confirmation/", views.email_confirmation_resend, name="email-confirmation"),
+    path("email/confirm/<str:token>/", views.email_confirm, name="email-confirm"),
     path("password_reset/", views.PasswordResetView.as_view(), name="password_reset"),
     path(
         "password_reset/done/",

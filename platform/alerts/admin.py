@@ -5,7 +5,7 @@ from alerts.models import Alert, AlertSettings
 
 @admin.register(AlertSettings)
 class AlertSettingsAdmin(admin.ModelAdmin):
-    list_display = ("user", "email", "webhook_url", "silence_minutes", "min_acceptance", "updated_at")
+    list_display = ("user", "email_alerts", "webhook_url", "silence_minutes", "min_acceptance", "updated_at")
     exclude = ("webhook_secret",)
 
 

@@ -17,11 +17,8 @@ class AlertSettings(models.Model):
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True, related_name="alert_settings"
     )
-    email = models.EmailField(blank=True, help_text="Alerts by email to this address; empty for none.")
-    #: When the address's owner followed the confirmation link; None: nothing but that link is sent to it.
-    email_confirmed_at = models.DateTimeField(null=True, blank=True)
-    #: When the latest confirmation link went to the current address (None: none yet).
-    email_confirmation_sent_at = models.DateTimeField(null=True, blank=True)
+    #: Alerts by email, to the account's address (accounts.addresses) while it is confirmed.
+    email_alerts = models.BooleanField(default=False)
     webhook_url = models.CharField(max_length=WEBHOOK_URL_MAX_LENGTH, blank=True)
     #: Signs every webhook POST (HMAC-SHA256). Kept in clear because signing needs it; shown once.
     webhook_secret = models.CharField(max_length=80, blank=True)
@@ -79,7 +76,6 @@ class Alert(models.Model):
 class Channel(models.TextChoices):
     EMAIL = "email", "Email"
     WEBHOOK = "webhook", "Webhook POST"
-    CONFIRMATION = "confirmation", "Confirmation email"
 
 
 class Transmission(models.Model):
@@ -89,16 +85,9 @@ class Transmission(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     channel = models.CharField(max_length=16, choices=Channel.choices)
     at = models.DateTimeField(default=timezone.now)
-    #: SHA-256 of the lower-cased address a confirmation email went to: a limit per address, whatever account asks.
-    address_hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
-        indexes = [
-            models.Index(fields=["user", "channel", "at"], name="alerts_transmission_user"),
-            models.Index(
-                fields=["address_hash", "at"], name="alerts_transmission_address", condition=~Q(address_hash="")
-            ),
-        ]
+        indexes = [models.Index(fields=["user", "channel", "at"], name="alerts_transmission_user")]
 
     def __str__(self) -> str:
         return f"{self.channel} to {self.user_id} at {self.at:%Y-%m-%d %H:%M}"

@@ -19,22 +19,16 @@ still listed on /me/, its delivery "capped").
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import secrets
 import unicodedata
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.core import signing
-from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
-from django.core.validators import validate_email
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -42,7 +36,7 @@ from django.utils import timezone
 from accounts.models import User
 from alerts import webhooks
 from alerts.models import Alert, AlertSettings, Channel, Condition, Transmission
-from common.errors import ApplicationError, RateLimited
+from common.errors import ApplicationError
 from nodes.models import Node, NodeToken
 from pool.models import NodeVerdictCounts, Rollout, Verdict
 
@@ -64,28 +58,19 @@ _LOCK_KEY = 0x5A90_A1E7  # pg advisory lock id of the alerts check
 def alert_settings_update(
     *,
     user: User,
-    email: str,
+    email_alerts: bool,
     webhook_url: str,
     silence_minutes: int,
     min_acceptance: float,
-    confirm_link: Callable[[str], str] | None = None,
 ) -> tuple[AlertSettings, str | None]:
     """Save the contributor's settings; returns (settings, the new webhook secret or None).
 
-    A secret is made when a webhook URL is first set (shown once by the caller); changing the URL
-    keeps it. The URL is stored in ASCII (webhooks.normalise_url) and checked now (form and resolved
-    addresses) and again at every delivery; a refused one raises WebhookRefused, field webhook_url.
-    A new email address is unconfirmed: nothing goes to it until the link sent to it (when
-    `confirm_link` builds the page's address from a token, and the limits allow) is followed; the
-    returned row's `email_confirmation_sent_at` says whether one went now."""
-    email, webhook_url = email.strip(), webhook_url.strip()
-    if email:
-        try:
-            validate_email(email)
-        except ValidationError as exc:
-            raise ApplicationError(
-                "email_invalid", "Enter a valid email address, or leave it empty.", extra={"field": "email"}
-            ) from exc
+    Email alerts go to the account's address (accounts.addresses) while it is confirmed; the account
+    sets and confirms it, not these settings. A secret is made when a webhook URL is first set (shown
+    once by the caller); changing the URL keeps it. The URL is stored in ASCII (webhooks.normalise_url)
+    and checked now (form and resolved addresses) and again at every delivery; a refused one raises
+    WebhookRefused, field webhook_url."""
+    webhook_url = webhook_url.strip()
     if webhook_url:
         webhook_url = webhooks.normalise_url(webhook_url)
         webhooks.resolve_target(webhook_url)
@@ -97,104 +82,10 @@ def alert_settings_update(
     new_secret = None
     if webhook_url and not row.webhook_secret:
         new_secret = row.webhook_secret = SECRET_PREFIX + secrets.token_urlsafe(32)
-    if email != row.email:
-        row.email_confirmed_at = row.email_confirmation_sent_at = None
-    row.email, row.webhook_url = email, webhook_url
+    row.email_alerts, row.webhook_url = bool(email_alerts), webhook_url
     row.silence_minutes, row.min_acceptance = silence_minutes, min_acceptance
     row.save()
-    if row.email and row.email_confirmed_at is None and row.email_confirmation_sent_at is None and confirm_link:
-        with suppress(RateLimited):  # saved all the same; /me/ offers to send the link again
-            alert_email_confirmation_send(user=user, confirm_link=confirm_link)
-            row.refresh_from_db()
     return row, new_secret
-
-
-# ---------------------------------------------------------------------------- email confirmation
-
-CONFIRM_SALT = "alerts.email-confirmation"
-#: How long a confirmation link works.
-CONFIRM_MAX_AGE = timedelta(hours=48)
-#: Confirmation emails per account, and per address (whatever accounts ask), in 24 hours.
-CONFIRMATIONS_PER_DAY = 3
-
-
-def _address_hash(email: str) -> str:
-    return hashlib.sha256(email.strip().lower().encode()).hexdigest()
-
-
-def confirmation_text(link: str) -> tuple[str, str]:
-    """(subject, body) of the confirmation email: nothing in it comes from the account that asked."""
-    hours = int(CONFIRM_MAX_AGE.total_seconds() // 3600)
-    return (
-        "[SAPO Swarm] Confirm alert emails",
-        "Someone with an account on SAPO Swarm asked for alerts about their nodes to be sent to this "
-        f"address. To receive them, open this link within {hours} hours and confirm:\n\n{link}\n\n"
-        "If it was not you, ignore this email: nothing more is sent to this address unless the link is followed.",
-    )
-
-
-def alert_email_confirmation_send(*, user: User, confirm_link: Callable[[str], str]) -> AlertSettings:
-    """Send a confirmation link to the contributor's unconfirmed address. Raises ApplicationError
-    (no_email, already_confirmed) or RateLimited (CONFIRMATIONS_PER_DAY per account or per address)."""
-    row = AlertSettings.objects.filter(user=user).first()
-    if row is None or not row.email:
-        raise ApplicationError("no_email", "Set an email address first.", extra={"field": "email"})
-    if row.email_confirmed_at is not None:
-        raise ApplicationError("already_confirmed", "This address is confirmed already.")
-    now = timezone.now()
-    since, address = now - timedelta(days=1), _address_hash(row.email)
-    recent = Transmission.objects.filter(channel=Channel.CONFIRMATION, at__gte=since)
-    earliest = [
-        recent.filter(user=user).order_by("at").values_list("at", flat=True)[:CONFIRMATIONS_PER_DAY],
-        recent.filter(address_hash=address).order_by("at").values_list("at", flat=True)[:CONFIRMATIONS_PER_DAY],
-    ]
-    for times in map(list, earliest):
-        if len(times) >= CONFIRMATIONS_PER_DAY:
-            retry = max(1, int((times[0] + timedelta(days=1) - now).total_seconds()))
-            raise RateLimited(
-                f"At most {CONFIRMATIONS_PER_DAY} confirmation emails a day: try again in {retry // 3600 + 1} hours.",
-                retry_after=retry,
-                code="confirmation_limited",
-            )
-    token = signing.dumps({"u": user.pk, "e": row.email}, salt=CONFIRM_SALT)
-    Transmission.objects.create(user=user, channel=Channel.CONFIRMATION, at=now, address_hash=address)
-    subject, body = confirmation_text(confirm_link(token))
-    send_mail(subject, body, None, [row.email], fail_silently=False)
-    row.email_confirmation_sent_at = now
-    row.save(update_fields=["email_confirmation_sent_at", "updated_at"])
-    return row
-
-
-def alert_email_confirmation_read(*, token: str) -> AlertSettings:
-    """The settings a confirmation token is for, while it is valid and the address unchanged.
-    Raises ApplicationError: confirmation_expired, confirmation_invalid."""
-    try:
-        data = signing.loads(token, salt=CONFIRM_SALT, max_age=CONFIRM_MAX_AGE)
-    except signing.SignatureExpired as exc:
-        raise ApplicationError(
-            "confirmation_expired", "This confirmation link has expired: send a new one from your page."
-        ) from exc
-    except signing.BadSignature as exc:
-        raise ApplicationError("confirmation_invalid", "This confirmation link is not valid.") from exc
-    row = (
-        AlertSettings.objects.filter(user_id=data.get("u"), email=data.get("e")).first()
-        if isinstance(data, dict)
-        else None
-    )
-    if row is None or not row.email:
-        raise ApplicationError(
-            "confirmation_invalid", "This confirmation link is for an address no longer set: nothing to confirm."
-        )
-    return row
-
-
-def alert_email_confirm(*, token: str) -> AlertSettings:
-    """Confirm the address the token names (see alert_email_confirmation_read); alerts go to it from now on."""
-    row = alert_email_confirmation_read(token=token)
-    if row.email_confirmed_at is None:
-        row.email_confirmed_at = timezone.now()
-        row.save(update_fields=["email_confirmed_at", "updated_at"])
-    return row
 
 
 def alert_secret_rotate(*, user: User) -> str:
@@ -300,7 +191,7 @@ def _check(now: datetime) -> tuple[int, int, list[Message], dict[int, AlertSetti
     prefs_by_user = {
         p.user_id: p
         for p in AlertSettings.objects.filter(
-            Q(email_confirmed_at__isnull=False) & ~Q(email="") | ~Q(webhook_url="")
+            Q(email_alerts=True, user__email_confirmed_at__isnull=False) & ~Q(user__email="") | ~Q(webhook_url="")
         ).select_related("user")
     }
     nodes = list(Node.objects.filter(owner_id__in=prefs_by_user, retired_at__isnull=True).select_related("owner"))
@@ -512,8 +403,9 @@ class _Result:
 
 
 def _confirmed_email(prefs: AlertSettings) -> str:
-    """The address alerts may go to: the contributor's, once confirmed; else none."""
-    return prefs.email if prefs.email and prefs.email_confirmed_at is not None else ""
+    """The address alerts may go to: the account's, once confirmed and while email alerts are on; else none."""
+    user = prefs.user
+    return user.email if prefs.email_alerts and user.email and user.email_confirmed_at is not None else ""
 
 
 def _outgoing(message: Message, prefs: AlertSettings, *, emails: int, posts: int, reserved: list[int]) -> _Outgoing:

@@ -3,8 +3,6 @@ template of the fragment they swap; the same selectors feed the JSON API (web.ap
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,16 +10,10 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from alerts.selectors import alert_list, alert_settings_get
-from alerts.services import (
-    alert_email_confirm,
-    alert_email_confirmation_read,
-    alert_email_confirmation_send,
-    alert_secret_rotate,
-    alert_settings_update,
-)
+from alerts.services import alert_secret_rotate, alert_settings_update
 from common.errors import ApplicationError, NotFound
 from figures import credit, stats
 from figures import leaderboard as boards
@@ -284,68 +276,27 @@ def _form_number(request: HttpRequest, name: str, kind: type, default: float) ->
         raise ApplicationError("invalid_number", f"{name.replace('_', ' ').capitalize()} must be a number.") from exc
 
 
-def _confirm_link(request: HttpRequest) -> Callable[[str], str]:
-    return lambda token: request.build_absolute_uri(reverse("web:alerts-confirm", args=[token]))
-
-
 @never_cache  # the answer may show the new webhook secret
 @login_required
 @require_POST
 def alerts_save(request: HttpRequest) -> HttpResponse:
-    link_before = alert_settings_get(user=request.user).email_confirmation_sent_at
     try:
         row, new_secret = alert_settings_update(
             user=request.user,
-            email=request.POST.get("email", "")[:254],
+            email_alerts=request.POST.get("email_alerts") == "on",
             webhook_url=request.POST.get("webhook_url", "")[:1000],
             silence_minutes=int(_form_number(request, "silence_minutes", int, 30)),
             min_acceptance=_form_number(request, "min_acceptance", float, 50.0) / 100.0,
-            confirm_link=_confirm_link(request),
         )
     except ApplicationError as exc:
         messages.error(request, exc.message)
         return redirect(reverse("web:me") + "#alerts")
-    if row.email and row.email_confirmed_at is None:
-        if row.email_confirmation_sent_at not in (None, link_before):
-            messages.info(request, f"A confirmation link was sent to {row.email}: alerts go there once it is followed.")
-        else:
-            messages.warning(request, f"{row.email} is not confirmed: nothing is sent to it until it is.")
+    if row.email_alerts and request.user.email_confirmed_at is None:
+        messages.warning(request, "Email alerts wait for a confirmed address: set and confirm it under Account.")
     if new_secret:
         return _me_page(request, new_secret=new_secret)
     messages.success(request, "Alert settings saved.")
     return redirect(reverse("web:me") + "#alerts")
-
-
-@never_cache
-@login_required
-@require_POST
-def alerts_confirmation_resend(request: HttpRequest) -> HttpResponse:
-    try:
-        row = alert_email_confirmation_send(user=request.user, confirm_link=_confirm_link(request))
-    except ApplicationError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.info(request, f"A new confirmation link was sent to {row.email}.")
-    return redirect(reverse("web:me") + "#alerts")
-
-
-@never_cache
-@require_http_methods(["GET", "POST"])
-def alerts_confirm(request: HttpRequest, token: str) -> HttpResponse:
-    """The page a confirmation link opens: a button (a GET confirms nothing: mail scanners open links).
-    No login needed: the signed token names the account and the address."""
-    try:
-        row = (
-            alert_email_confirm(token=token) if request.method == "POST" else alert_email_confirmation_read(token=token)
-        )
-    except ApplicationError as exc:
-        return render(request, "alerts/confirm.html", {"error": exc.message}, status=400)
-    context = {
-        "email": row.email,
-        "confirmed": row.email_confirmed_at is not None,
-        "cap": settings.SAPO_ALERT_DAILY_CAP,
-    }
-    return render(request, "alerts/confirm.html", context)
 
 
 @never_cache

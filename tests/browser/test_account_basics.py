@@ -78,3 +78,32 @@ def test_a_forgotten_password_is_reset_by_email(site, mail_dir, page, screenshot
 
     page.goto(link_in(message))  # a second time: used up
     expect(page.locator("#reset-link-invalid")).to_be_visible()
+
+
+def test_sign_up_with_an_email_confirmed_by_its_link(site, mail_dir, page, browser, screenshot):
+    page.goto(site.url + "/accounts/signup/")
+    page.get_by_label("Username").fill("grace")
+    page.get_by_label("Display name").fill("Grace")
+    page.get_by_label("Email (optional)").fill("grace@example.org")
+    page.locator("#id_password1").fill(NEW_PASSWORD)
+    page.locator("#id_password2").fill(NEW_PASSWORD)
+    page.get_by_role("button", name="Create account").click()
+    messages = page.get_by_role("status")
+    expect(messages).to_contain_text("Welcome, Grace. Next: add a node below.")
+    expect(messages).to_contain_text("A confirmation link was sent to grace@example.org")
+    expect(page.locator("#account-email-unconfirmed")).to_have_text("Not confirmed")
+    screenshot(page, "signup-next-step")
+
+    (message,) = emails_to(mail_dir, "grace@example.org")
+    mailbox = browser.new_context().new_page()  # the address's owner, not logged in
+    mailbox.goto(link_in(message))
+    expect(mailbox.get_by_role("heading", name="Use grace@example.org for this account?")).to_be_visible()
+    mailbox.get_by_role("button", name="Confirm this address").click()
+    expect(mailbox.locator("#confirm-done")).to_contain_text("Confirmed: grace@example.org")
+    mailbox.context.close()
+
+    page.reload()
+    expect(page.locator("#account-email-confirmed")).to_have_text("Confirmed")
+    page.get_by_label("Email alerts").check()
+    page.get_by_role("button", name="Save alerts").click()
+    expect(page.locator("#alert-email-help")).to_contain_text("To grace@example.org, your account's address.")

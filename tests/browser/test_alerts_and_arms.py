@@ -6,14 +6,12 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from django.core import signing
 from django.core.cache import cache
 from django.utils import timezone
 from factories import make_node
 from playwright.sync_api import expect
 
-from alerts.models import Alert, AlertSettings, Condition
-from alerts.services import CONFIRM_SALT
+from alerts.models import Alert, Condition
 from figures.leaderboard import FIGURES_CACHE_SECONDS
 from figures.stats import stats_rebuild
 from nodes.models import Node
@@ -66,37 +64,19 @@ def test_a_contributor_sets_email_alerts_and_sees_them_listed(live_server, page,
     login(page, user)
     page.goto(live_server.url + "/me/")
     expect(page.locator("#alert-list")).to_contain_text("Nothing heard from the node for 31 minutes.")
-    page.get_by_label("Email").fill("ada@example.org")
+    page.get_by_label("Email alerts").check()
     page.get_by_label("Silent for (minutes)").fill("10")
     page.get_by_role("button", name="Save alerts").click()
     expect(page.locator(".messages")).to_contain_text("Alert settings saved.")
-    expect(page.locator(".messages")).to_contain_text("A confirmation link was sent to ada@example.org")
-    expect(page.locator("#alert-email-unconfirmed")).to_have_text("Not confirmed")
-    expect(page.get_by_label("Email")).to_have_value("ada@example.org")
+    expect(page.locator(".messages")).to_contain_text("Email alerts wait for a confirmed address")
+    expect(page.locator("#alert-email-help")).to_contain_text("set one under Account")
+    expect(page.get_by_label("Email alerts")).to_be_checked()
     expect(page.get_by_label("Silent for (minutes)")).to_have_value("10")
 
     page.get_by_label("Webhook URL").fill("http://10.0.0.5/hook")
     page.get_by_role("button", name="Save alerts").click()
     expect(page.locator(".messages")).to_contain_text("not public")
     screenshot(page, "me-alerts")
-
-
-def test_the_owner_of_an_address_confirms_it_from_the_link(live_server, page, user, screenshot):
-    """The page the emailed link opens, in a browser that is not logged in: opening it confirms nothing;
-    the button does; the same link shows the address confirmed afterwards."""
-    AlertSettings.objects.create(user=user, email="ada@example.org")
-    link = (
-        live_server.url + f"/alerts/confirm/{signing.dumps({'u': user.pk, 'e': 'ada@example.org'}, salt=CONFIRM_SALT)}/"
-    )
-    page.goto(link)
-    expect(page.get_by_role("heading", name="Send node alerts to ada@example.org?")).to_be_visible()
-    assert AlertSettings.objects.get(user=user).email_confirmed_at is None
-    screenshot(page, "alerts-confirm")
-    page.get_by_role("button", name="Confirm this address").click()
-    expect(page.locator("#confirm-done")).to_contain_text("Confirmed: alerts about the account's nodes now go to")
-    assert AlertSettings.objects.get(user=user).email_confirmed_at is not None
-    page.goto(live_server.url + "/alerts/confirm/forged-token/")
-    expect(page.locator("#confirm-error")).to_have_text("This confirmation link is not valid.")
 
 
 def test_the_swarm_page_draws_both_arms(live_server, page, screenshot):

@@ -336,7 +336,7 @@ def test_urls_are_normalised_to_ascii(url, normal):
 )
 def test_a_url_the_site_cannot_call_is_refused_with_a_typed_error_naming_the_field(user, url):
     with pytest.raises(webhooks.WebhookRefused) as refused:
-        alert_settings_update(user=user, email="", webhook_url=url, silence_minutes=30, min_acceptance=0.5)
+        alert_settings_update(user=user, email_alerts=False, webhook_url=url, silence_minutes=30, min_acceptance=0.5)
     assert refused.value.code == "webhook_invalid" and refused.value.extra == {"field": "webhook_url"}
     assert not AlertSettings.objects.filter(user=user).exists()
 

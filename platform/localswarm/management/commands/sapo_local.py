@@ -244,7 +244,8 @@ def demo_alerts_on(*, username: str) -> None:
     account, so it is set confirmed (every other address confirms through its link)."""
     user = User.objects.filter(username=username).first()
     if user is not None and not AlertSettings.objects.filter(user=user).exists():
-        AlertSettings.objects.create(user=user, email=f"{username}@localhost", email_confirmed_at=timezone.now())
+        User.objects.filter(id=user.id).update(email=f"{username}@localhost", email_confirmed_at=timezone.now())
+        AlertSettings.objects.create(user=user, email_alerts=True)
 
 
 #: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).
