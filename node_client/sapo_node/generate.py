@@ -24,13 +24,23 @@ in a CUDA graph by torch.compile(mode="reduce-overhead"), and one host synchroni
 instead of one per token. What it costs on a CPU (B*G rows for every step, a prompt pass per row)
 is what the dropping loop saves, so the CPU keeps that loop. `temperature` 0 is greedy on both.
 
+No completion holds a character the pool refuses or its moderation counts as non-printable (NUL,
+other control characters, zero-width and bidi marks, a lone surrogate), nor a byte fragment of
+one: a token whose text alone is not whole printable characters (`refused_tokens`: byte-level BPE
+keeps every byte as a token, control bytes included, and a policy whose softmax has flattened
+draws them) is never drawn, so the text is a concatenation of whole printable characters. Its
+logit is set to -inf before the draw: the draw follows the policy's softmax over the other tokens,
+which a warm model gives all but a negligible share of its mass.
+
 Per-token log-probabilities are not collected here: the update's forward pass yields exactly the
 log-probs of the policy before the update (sapo_node.grpo).
 """
 
 from __future__ import annotations
 
+import re
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +89,61 @@ def gumbel_noise(shape: tuple[int, ...], device: Any) -> torch.Tensor:
     return torch.rand(shape, device=device).log_().neg_().log_().neg_()
 
 
-def sample_tokens(logits: torch.Tensor, gumbel: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """(N, V) logits and (N, V) Gumbel noise -> (N,) token ids drawn from softmax(logits / temperature);
-    temperature 0 (no noise) is the argmax.
+#: Characters no completion holds, as inclusive code point ranges: NUL and the other controls but
+#: tab, newline and carriage return, zero-width and bidi marks, the BOM (what the moderation's
+#: characters rule counts as non-printable, moderation.kernels.NONPRINTABLE), lone surrogates
+#: (text the pool cannot store as UTF-8) and U+FFFD (what a byte fragment decodes to).
+REFUSED_CHARACTERS = (
+    (0x00, 0x08),
+    (0x0B, 0x0C),
+    (0x0E, 0x1F),
+    (0x7F, 0x9F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0xD800, 0xDFFF),
+    (0xFEFF, 0xFEFF),
+    (0xFFFD, 0xFFFD),
+)
+_REFUSED = re.compile("[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in REFUSED_CHARACTERS) + "]")
+
+
+def printable(text: str) -> bool:
+    """Whether `text` holds none of REFUSED_CHARACTERS."""
+    return _REFUSED.search(text) is None
+
+
+#: Per tokenizer: its refused-token masks by (vocabulary size of the logits, device).
+_REFUSED_MASKS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def refused_tokens(tokenizer: Any, vocab: int, device: Any, stops: Collection[int] = ()) -> torch.Tensor:
+    """(V,) bool: the token ids the sampler never draws: those whose text alone is not printable
+    (a control byte, or a fragment of a character: U+FFFD) and ids past the tokenizer's vocabulary.
+    Special tokens decode to nothing and stay allowed; so do `stops`. Built once per tokenizer,
+    vocabulary size and device."""
+    masks = _REFUSED_MASKS.setdefault(tokenizer, {})
+    key = (vocab, str(device))
+    if key not in masks:
+        known = min(vocab, len(tokenizer))
+        texts = tokenizer.batch_decode([[i] for i in range(known)], skip_special_tokens=True)
+        refused = [not printable(text) for text in texts] + [True] * (vocab - known)
+        for i in stops:
+            if 0 <= i < vocab:
+                refused[i] = False
+        masks[key] = torch.tensor(refused, dtype=torch.bool, device=device)
+    return masks[key]
+
+
+def sample_tokens(
+    logits: torch.Tensor, gumbel: torch.Tensor | None, temperature: float, refused: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(N, V) logits and (N, V) Gumbel noise -> (N,) token ids drawn from softmax(logits / temperature)
+    over the tokens not `refused` ((V,) bool); temperature 0 (no noise) is the argmax.
 
     Gumbel-max: argmax(x + G) with G i.i.d. standard Gumbel is distributed as softmax(x)."""
+    if refused is not None:
+        logits = logits.masked_fill(refused, -torch.inf)
     if temperature == 0:
         return torch.argmax(logits, dim=-1)
     return torch.argmax(logits.float() / temperature + gumbel, dim=-1)
@@ -123,6 +183,7 @@ def generate_groups(
     owners = [b for b in range(len(prompts)) for _ in range(generations)]  # B*G rows, prompt-major
     step = batch_size if batch_size > 0 else len(owners)
     stops = stop_ids(model, tokenizer)
+    refused = refused_tokens(tokenizer, model.config.vocab_size, device, stops)
     model.eval()
 
     completions: list[list[int]] = []
@@ -131,10 +192,12 @@ def generate_groups(
         chunk = owners[start : start + step]
         if static:
             rows, ended = _sample_rows_static(
-                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, compile
+                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, compile, refused
             )
         else:
-            rows, ended = _sample_rows(model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature)
+            rows, ended = _sample_rows(
+                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, refused
+            )
         completions += rows
         truncated += [not e for e in ended]
 
@@ -155,9 +218,10 @@ def _sample_rows(
     pad: int,
     max_new_tokens: int,
     temperature: float,
+    refused: torch.Tensor | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """One completion per entry of `owners` (an index into `prompt_ids`): its ids (up to and
-    including the first stop id) and whether it stopped."""
+    including the first stop id) and whether it stopped; no id of `refused` ((V,) bool) is drawn."""
     device = next(model.parameters()).device
     distinct = sorted(set(owners))
     # The distinct prompts' shared beginning (a chat model's system message and worked turns) once,
@@ -182,7 +246,7 @@ def _sample_rows(
     active = torch.arange(n, device=device)  # rows still in the batch
     for t in range(max_new_tokens):
         noise = step_noise(n, logits.shape[-1], device, temperature)  # for all rows: see the module docstring
-        next_ids = sample_tokens(logits, None if noise is None else noise[active], temperature)  # (A,)
+        next_ids = sample_tokens(logits, None if noise is None else noise[active], temperature, refused)  # (A,)
         tokens[active, t] = next_ids
         stopped = torch.isin(next_ids, stop_tensor) if stop_tensor is not None else torch.zeros_like(active, dtype=bool)
         if bool(stopped.any()):
@@ -222,6 +286,7 @@ def _sample_rows_static(
     max_new_tokens: int,
     temperature: float,
     compile: str | None,
+    refused: torch.Tensor | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """`_sample_rows` with fixed shapes: the same tokens for the same noise, one host sync at the end."""
     device = next(model.parameters()).device
@@ -254,7 +319,7 @@ def _sample_rows_static(
     ended = torch.zeros(n, dtype=torch.bool, device=device)  # (N,)
     for t in range(max_new_tokens):
         noise = step_noise(n, logits.shape[-1], device, temperature)
-        next_ids = sample_tokens(logits, noise, temperature)  # (N,)
+        next_ids = sample_tokens(logits, noise, temperature, refused)  # (N,)
         next_ids = torch.where(ended, pad, next_ids)  # a stopped row is fed padding from here on
         tokens[:, t] = next_ids
         stopped = torch.isin(next_ids, stop_tensor) & ~ended

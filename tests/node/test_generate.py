@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from node_toys import make_policy
 
-from sapo_node.generate import encode_prompt, generate_groups, gumbel_noise, sample_tokens, stop_ids
+from sapo_node.generate import (
+    encode_prompt,
+    generate_groups,
+    gumbel_noise,
+    printable,
+    refused_tokens,
+    sample_tokens,
+    stop_ids,
+)
 from sapo_node.prompts import format_prompt
 from sapo_node.sample import sample_questions
 from sapo_node.shared_prefix import MIN_SHARED_PREFIX, shared_prefix
@@ -56,8 +65,10 @@ def test_each_prompt_is_encoded_once_and_completions_end_at_eos(monkeypatch):
 def _plain_sampler(model, tokenizer, prompts, *, generations, max_new_tokens, temperature):
     """The definition, slowly: at each step every unfinished row's whole sequence goes through the
     model alone (no cache, no padding, no shared prompt), and its next token is argmax(logits /
-    temperature + Gumbel noise), with the noise drawn as generate_groups draws it."""
+    temperature + Gumbel noise) over the tokens not refused, with the noise drawn as generate_groups
+    draws it."""
     stops = stop_ids(model, tokenizer)
+    refused = refused_tokens(tokenizer, model.config.vocab_size, "cpu", stops)
     rows = [encode_prompt(tokenizer, p) for p in prompts for _ in range(generations)]
     out: list[list[int]] = [[] for _ in rows]
     done = [False] * len(rows)
@@ -67,7 +78,7 @@ def _plain_sampler(model, tokenizer, prompts, *, generations, max_new_tokens, te
             if not done[i]:
                 with torch.no_grad():
                     logits = model(input_ids=torch.tensor([prompt + out[i]])).logits[:, -1]
-                out[i].append(int(sample_tokens(logits, noise[i : i + 1], temperature)))
+                out[i].append(int(sample_tokens(logits, noise[i : i + 1], temperature, refused)))
                 done[i] = out[i][-1] in stops
         if all(done):
             break
@@ -175,3 +186,45 @@ def test_the_static_decode_step_compiles_into_one_graph_with_no_break():
     assert results[0] == results[1] == results[2]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.parametrize("variant", ["tiny", "tiny-mini"])
+def test_the_built_in_models_never_write_a_character_the_pool_refuses(variant, tiny_policy, tiny_mini_policy):
+    """768 completions of each built-in model, at the node's temperature and at 2 (a policy whose
+    softmax has flattened: without the mask 24% (tiny) and 41% (tiny-mini) of them held a control
+    character, NUL or a byte fragment's U+FFFD)."""
+    model, tok = tiny_policy if variant == "tiny" else tiny_mini_policy
+    stream = TaskStream(CATALOGUES["easy"], seed=3)
+    prompts = [format_prompt(tok, q.question) for q in sample_questions(stream, 24)]
+    texts = []
+    torch.manual_seed(5)
+    for temperature in (1.0, 2.0, 2.0, 2.0):
+        groups = generate_groups(model, tok, prompts, generations=8, max_new_tokens=48, temperature=temperature)
+        texts += [t for g in groups for t in g.texts]
+    assert len(texts) == 768
+    bad = [t for t in texts if not printable(t)]
+    assert not bad, f"{len(bad)} completions hold refused characters, e.g. {bad[0]!r}"
+    assert not any("\x00" in t or "\ufffd" in t for t in texts)
+
+
+def test_the_refused_tokens_are_the_control_bytes_and_fragments_never_the_stops(tiny_policy):
+    model, tok = tiny_policy
+    stops = stop_ids(model, tok)
+    refused = refused_tokens(tok, model.config.vocab_size, "cpu", stops)
+    texts = tok.batch_decode([[i] for i in range(len(tok))], skip_special_tokens=True)
+    assert [i for i, t in enumerate(texts) if refused[i]] == [i for i, t in enumerate(texts) if not printable(t)]
+    assert not refused[sorted(stops)].any() and not refused[tok.encode("\n<answer>42")].any()
+    nul = tok.encode("\x00")
+    assert len(nul) == 1 and refused[nul[0]]
+    assert int(refused.sum()) >= 31 + 1 + 128  # C0 controls but tab, newline, CR; DEL; the lone high bytes
+    # A drawn row never takes a refused token, even where it has the largest logit.
+    logits = torch.zeros((2, model.config.vocab_size))
+    logits[:, nul[0]] = 100.0
+    assert (sample_tokens(logits, None, 0.0, refused) != nul[0]).all()
+    assert (sample_tokens(logits, gumbel_noise(logits.shape, "cpu"), 1.0, refused) != nul[0]).all()
+
+
+def test_printable_refuses_what_moderation_counts_as_non_printable_and_unstorable_text():
+    assert printable("Answer:\t<answer>3 × 4 = 12 — é</answer>\r\n")
+    for c in ["\x00", "\x07", "\x1b", "\x7f", "\x85", "\u200b", "\u202e", "\ufeff", "\ud800", "\udfff", "\ufffd"]:
+        assert not printable(f"ok{c}ok"), repr(c)
