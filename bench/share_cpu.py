@@ -54,6 +54,7 @@ STAGES = [
     ("pool.services", "_insert_rollouts", "the pool's INSERT"),
     ("moderation.filters", "fingerprints", "fingerprints"),
     ("moderation.filters", "length_findings", "length rule"),
+    ("moderation.filters", "character_findings", "characters rule"),
     ("moderation.filters", "copy_findings", "copy lookups"),
     ("moderation.screening", "_screening_reads", "candidates and trust query"),
     ("moderation.screening", "rollouts_record", "the rules' record statement"),  # trees before 2026-11-24

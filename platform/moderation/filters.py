@@ -229,14 +229,26 @@ def copy_findings(
 
 
 def length_findings(groups: Sequence[Sequence[str]], rule: Rule) -> list[str | None]:
-    """Per group: its first completion breaking a length or character-class limit, described; None if
-    all pass. The character counts of all groups' completions are computed and compared in one pass;
-    only a group with a completion over a limit is looked at completion by completion."""
+    """Per group: its first completion longer than the length rule's limit, described; None if none is."""
+    limit = rule["max_chars"]
+    findings: list[str | None] = []
+    for completions in groups:
+        over = next((i for i, text in enumerate(completions) if len(text) > limit), None)
+        findings.append(
+            None if over is None else f"completion {over + 1} has {len(completions[over])} characters (limit {limit})"
+        )
+    return findings
+
+
+def character_findings(groups: Sequence[Sequence[str]], rule: Rule) -> list[str | None]:
+    """Per group: its first completion over a character-class share of the characters rule, described;
+    None if all pass. The character counts of all groups' completions are computed and compared in
+    one pass; only a group with a completion over a limit is looked at completion by completion."""
     floor = max(1, rule["min_chars_for_shares"])
     texts = [t for completions in groups for t in completions]
     lengths, *counts = char_counts(texts)
     limits = (rule["max_nonprintable_share"], rule["max_non_ascii_share"], rule["max_repeat_share"])
-    over = lengths > rule["max_chars"]
+    over = np.zeros(len(texts), dtype=bool)
     shares_apply = lengths >= floor
     for count, limit in zip(counts, limits, strict=True):
         # int64 / int64 in float64 is the same correctly rounded quotient as Python's int / int
@@ -256,8 +268,6 @@ def _first_over(completions: Sequence[str], counts: list[list[int]], rule: Rule)
     floor = max(1, rule["min_chars_for_shares"])
     for i, text in enumerate(completions):
         n = len(text)
-        if n > rule["max_chars"]:
-            return f"completion {i + 1} has {n} characters (limit {rule['max_chars']})"
         if n < floor:
             continue
         for label, count, limit in (

@@ -232,7 +232,7 @@ def near_first(candidates: bytes, probes_in: Sequence[int], max_distance: int, b
     return first_hits
 
 
-# --- character counts (the length rule) -----------------------------------------------------------
+# --- character counts (the characters rule) -------------------------------------------------------
 
 #: Non-printable: controls other than tab/newline/carriage return, zero-width and bidi marks, BOM; as a
 #: lookup table over the Basic Multilingual Plane (no code point above it is in these ranges).

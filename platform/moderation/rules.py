@@ -79,10 +79,16 @@ RULES: dict[str, RuleSpec] = {
         ),
         RuleSpec(
             "length",
-            "Length and character classes",
-            "Completions that are too long or made of control, non-ASCII or repeated characters.",
+            "Completion length",
+            "Completions longer than the limit.",
+            {"max_chars": Param(int, 6000, 1, 1_000_000, "Longest completion allowed.")},
+            per_swarm=True,
+        ),
+        RuleSpec(
+            "characters",
+            "Character classes",
+            "Completions made largely of non-printable (control, zero-width, bidi), non-ASCII or repeated characters.",
             {
-                "max_chars": Param(int, 6000, 1, 1_000_000, "Longest completion allowed."),
                 "max_nonprintable_share": Param(float, 0.01, 0.0, 1.0, "Control characters other than newline/tab."),
                 "max_non_ascii_share": Param(float, 0.5, 0.0, 1.0, "Characters outside ASCII."),
                 "max_repeat_share": Param(float, 0.6, 0.0, 1.0, "Characters equal to the one before them."),

@@ -233,7 +233,7 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
 
     Only accepted groups are screened (rejected ones are never sampleable). At most one query for the
     whole batch: other nodes' recent fingerprints for each node's questions, and each node's trust. Each
-    completion is normalised and fingerprinted once, and the character counts of the length rule
+    completion is normalised and fingerprinted once, and the character counts of the characters rule
     taken, for all the shares in one pass each; every rule reuses the result. The pool stores the
     groups with `rollouts_record_part`'s CTEs of the result in the same statement.
 
@@ -256,8 +256,12 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         return screenings
     fingerprints = filters.fingerprints([r.completions for r in every])
     questions = filters.question_hashes([r.question for r in every])
-    length = rules["length"]
-    length_hits = filters.length_findings([r.completions for r in every], length) if length.enabled else []
+    texts = [r.completions for r in every]
+    text_hits = {
+        key: find(texts, rules[key])
+        for key, find in (("length", filters.length_findings), ("characters", filters.character_findings))
+        if rules[key].enabled
+    }
     start = 0
     spans = []  # each share's accepted groups: [start, end) of `every`
     wanted: dict[int, set[str]] = {}  # node id -> the question hashes of its accepted groups
@@ -288,7 +292,7 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
                 ]
             )
         screening.findings = _findings(
-            share, fingerprints[first:end], length_hits[first:end] if length.enabled else [], index, trust, rules
+            share, fingerprints[first:end], {k: h[first:end] for k, h in text_hits.items()}, index, trust, rules
         )
         if own[k]:
             screening.findings += _swarm_findings(share, screening.findings, trust, own[k], screening.swarm_id)
@@ -298,14 +302,14 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
 def _findings(
     accepted: Sequence[RolloutIn],
     fps: Sequence[filters.Fingerprint],
-    length_hits: Sequence[str | None],
+    text_hits: dict[str, Sequence[str | None]],
     index: filters.CopyIndex,
     trust: float,
     rules: dict[str, Rule],
 ) -> list[Finding]:
-    """What the enabled rules find in one share's accepted groups."""
+    """What the enabled rules find in one share's accepted groups (`text_hits`: the length and
+    characters rules' findings, by key, for the enabled ones)."""
     low_trust = rules["low_trust"]
-    length = rules["length"]
     copies = {
         key: filters.copy_findings(fps, index, rules[key], near=near)
         for key, near in (("duplicate_exact", False), ("duplicate_near", True))
@@ -318,8 +322,9 @@ def _findings(
             if hits[n] is not None:
                 found.append((rules[key], hits[n][0], {"sources": hits[n][1][:10]}))
                 break  # an exact copy is also a near one: report it once
-        if length.enabled and length_hits[n]:
-            found.append((length, length_hits[n], {}))
+        for key, hits in text_hits.items():
+            if hits[n]:
+                found.append((rules[key], hits[n], {}))
         if rules["blocklist"].enabled and rules["blocklist"]["patterns"]:
             detail = filters.blocklist_finding([r.question, r.answer or "", *r.completions], rules["blocklist"])
             if detail:
@@ -338,13 +343,15 @@ def _swarm_findings(
     not reported again for that key."""
     caught = {(f.rollout_id, f.rule) for f in found}
     data = {"swarm": swarm_id}
-    length = own.get("length")
-    length_hits = filters.length_findings([r.completions for r in accepted], length) if length else []
+    texts = [r.completions for r in accepted]
+    text_hits = {
+        key: (own[key], find(texts, own[key]))
+        for key, find in (("length", filters.length_findings), ("characters", filters.character_findings))
+        if key in own
+    }
     findings = []
     for n, r in enumerate(accepted):
-        hits: list[tuple[Rule, str]] = []
-        if length is not None and length_hits[n]:
-            hits.append((length, length_hits[n]))
+        hits: list[tuple[Rule, str]] = [(rule, found[n]) for rule, found in text_hits.values() if found[n]]
         blocklist = own.get("blocklist")
         if blocklist is not None and blocklist["patterns"]:
             detail = filters.blocklist_finding([r.question, r.answer or "", *r.completions], blocklist)

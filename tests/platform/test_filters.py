@@ -313,19 +313,29 @@ def test_an_index_after_groups_finds_them_first_and_the_stored_ones_still(native
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "rule", "detail"),
     [
-        "x" * 7000 + " <answer>1</answer>",  # too long
-        "\u200b\u200e\x07" * 30 + "<answer>1</answer>",  # non-printable
-        "数学" * 40 + "<answer>1</answer>",  # mostly non-ASCII
-        "a" * 100 + "<answer>1</answer>",  # repeated characters
+        ("x" * 7000 + " <answer>1</answer>", "length", "completion 2 has 7019 characters (limit 6000)"),
+        ("\u200b\u200e\x07" * 30 + "<answer>1</answer>", "characters", "completion 2: 83% non-printable characters"),
+        ("数学" * 40 + "<answer>1</answer>", "characters", "completion 2: 82% non-ASCII characters"),
+        ("a" * 100 + "<answer>1</answer>", "characters", "completion 2: 84% repeated characters"),
     ],
     ids=["too-long", "non-printable", "non-ascii", "repeated"],
 )
-def test_length_and_character_limits_hold_a_group(text):
+def test_length_and_character_limits_hold_a_group_under_the_rule_that_says_so(text, rule, detail):
     g = group(20)
     (row,) = share(make_node(), group(20, completions=[f"<answer>{g['answer']}</answer>", text]))
-    assert_held(row, "length")
+    assert_held(row, rule)
+    assert ModerationFlag.objects.get(rollout=row, rule=rule).detail.startswith(detail)
+
+
+def test_the_node_sampler_never_writes_a_character_the_characters_rule_counts():
+    """sapo_node.generate's refused characters cover the rule's non-printable ones (the built-in models'
+    honest groups are never held for them)."""
+    from sapo_node.generate import printable
+
+    for lo, hi in kernels.NONPRINTABLE:
+        assert not any(printable(chr(c)) for c in range(lo, hi + 1)), (hex(lo), hex(hi))
 
 
 def test_ordinary_text_passes_the_length_rule():
@@ -380,7 +390,7 @@ def test_safe_patterns_are_accepted():
 def test_a_disabled_rule_does_nothing():
     set_rule("length", enabled=False)
     g = group(22)
-    (row,) = share(make_node(), group(22, completions=["y" * 7000, f"<answer>{g['answer']}</answer>"]))
+    (row,) = share(make_node(), group(22, completions=["yz" * 3500, f"<answer>{g['answer']}</answer>"]))
     assert_clean(row)
 
 

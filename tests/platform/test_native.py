@@ -85,19 +85,19 @@ def test_character_counts_match_the_definition_and_the_numpy_twin(ascii_only):
         assert np.stack(kernels.char_counts_numpy(texts), axis=1).tolist() == by_definition
 
 
-def test_a_share_fingerprints_and_length_findings_are_the_same_with_and_without_the_extension(settings):
+def test_a_share_fingerprints_and_character_findings_are_the_same_with_and_without_the_extension(settings):
     rng = random.Random(14)
     groups = [random_texts(rng, 8, ascii_only=g % 3 != 0) for g in range(12)]
     groups += [
         [f"Step {i}: {rng.randint(0, 99)} plus {i} is {i * 7}. Naïve café? <answer>{i}</answer>"] * 8 for i in range(6)
     ]
-    rule = default_rule("length")
-    rule.params.update(max_chars=4050, max_non_ascii_share=0.3, max_repeat_share=0.4)
+    rule = default_rule("characters")
+    rule.params.update(max_non_ascii_share=0.3, max_repeat_share=0.4)
     results = []
     for on in (True, False):
         settings.SAPO_NATIVE = on
         assert (kernels.native() is not None) is on
-        results.append((filters.fingerprints(groups), filters.length_findings(groups, rule)))
+        results.append((filters.fingerprints(groups), filters.character_findings(groups, rule)))
     assert results[0] == results[1]
     assert any(results[0][1]) and not all(results[0][1])  # some groups broke a limit, some did not
 
