@@ -8,7 +8,7 @@ from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm, Pa
 from accounts.backends import LOCKED_ATTR
 from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
 from accounts.passwords import MAX_PASSWORD_LENGTH, password_help_text_html
-from accounts.services import display_name_clean, display_name_is_taken
+from accounts.services import display_name_clean, display_name_is_taken, username_check_reserved
 from common.errors import ApplicationError
 
 LOCKED_MESSAGE = (
@@ -77,6 +77,10 @@ class SignupForm(forms.Form):
 
     def clean_username(self) -> str:
         username = User.normalize_username(self.cleaned_data["username"])
+        try:
+            username_check_reserved(username)
+        except ApplicationError as exc:
+            raise forms.ValidationError(exc.message, code=exc.code) from None
         if User.objects.filter(username__iexact=username).exists():
             raise forms.ValidationError("This username is taken.")
         return username

@@ -15,6 +15,8 @@ class User(AbstractUser):
 
     `profile_private` set: every public page, row and export names the contributor "anonymous", and
     their public pages answer 404 to everyone else (docs/leaderboard.md#public-pages).
+
+    `deleted_at` set: the account was deleted; the row is anonymous and can no longer log in.
     """
 
     display_name = models.CharField(
@@ -35,6 +37,9 @@ class User(AbstractUser):
     profile_private = models.BooleanField(
         default=False, help_text='Shown as "anonymous" to others; public pages answer 404 to them.'
     )
+    #: When its owner deleted the account (web.account): the row stays, emptied and anonymous, so the
+    #: groups its nodes shared and the swarm's figures stay whole (docs/leaderboard.md, "Your account").
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

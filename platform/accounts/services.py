@@ -4,12 +4,16 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from accounts import events
 from accounts.addresses import email_clean
 from accounts.models import ANONYMOUS, DISPLAY_NAME_MAX_LENGTH, User
 from common import names
 from common.errors import ApplicationError
+
+#: The username a deleted account keeps (its own is freed for anyone to take).
+DELETED_USERNAME = "deleted-{id}"
 
 
 def display_name_is_taken(display_name: str, *, exclude_user_id: int | None = None) -> bool:
@@ -44,6 +48,16 @@ def display_name_clean(display_name: object) -> str:
     return display_name
 
 
+def username_check_reserved(username: str) -> None:
+    """Raises ApplicationError username_reserved for the names deleted accounts keep ("deleted-<id>")."""
+    if username.lower().startswith(DELETED_USERNAME.split("{")[0]):
+        raise ApplicationError(
+            "username_reserved",
+            "Usernames starting with “deleted-” are kept for deleted accounts.",
+            extra={"field": "username"},
+        )
+
+
 def user_create(*, username: str, display_name: str, password: str | None, email: str = "") -> User:
     """Create a contributor. `password=None` gives an unusable password (accounts made by commands).
     `email` is optional and unconfirmed (accounts.addresses sends the link).
@@ -66,6 +80,7 @@ def user_create(*, username: str, display_name: str, password: str | None, email
         except ValidationError as exc:
             raise ApplicationError("invalid_password", " ".join(exc.messages)) from exc
         user.set_password(password)
+    username_check_reserved(user.username)
     if User.objects.filter(username__iexact=user.username).exists():
         raise ApplicationError("username_taken", "This username is taken.", status=409)
     if display_name_is_taken(display_name):
@@ -86,4 +101,20 @@ def profile_set_private(*, user: User, private: bool) -> User:
         user.save(update_fields=["profile_private"])
         if user.profile_private:
             events.contributor_withdrawn_on_commit(user_id=user.id)
+    return user
+
+
+def user_anonymise(*, user: User) -> User:
+    """Empty a deleted account's row: name, username and address freed, profile anonymous, no password,
+    no log-in (is_active off ends its sessions: Django logs out an inactive user). The row stays for the
+    groups and figures that point to it. What the account held elsewhere (nodes, team, alerts) is the
+    caller's (web.account.account_delete), in the same transaction. Withdrawn from published files at once."""
+    user.username = DELETED_USERNAME.format(id=user.id)
+    user.display_name = user.display_name_skeleton = user.first_name = user.last_name = user.email = ""
+    user.email_confirmed_at = None
+    user.profile_private, user.is_active = True, False
+    user.set_unusable_password()
+    user.deleted_at = timezone.now()
+    user.save()
+    events.contributor_withdrawn_on_commit(user_id=user.id)
     return user

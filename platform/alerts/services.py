@@ -88,6 +88,13 @@ def alert_settings_update(
     return row, new_secret
 
 
+def alerts_forget(*, user: User) -> int:
+    """Delete an account's alert settings and alerts (its deletion: web.account). Returns alerts deleted."""
+    AlertSettings.objects.filter(user=user).delete()
+    deleted, _ = Alert.objects.filter(user=user).delete()
+    return deleted
+
+
 def alert_secret_rotate(*, user: User) -> str:
     """A new webhook secret (the old one stops signing at once); returns it, to be shown once."""
     row = AlertSettings.objects.filter(user=user).first()

@@ -187,6 +187,36 @@ def team_leave(*, user: User) -> Membership:
         return current
 
 
+def team_membership_close(*, user: User) -> Team | None:
+    """End the membership of an account being deleted (web.account), whatever the limits and bans.
+    A team it founded goes to its longest-standing other member not banned, or is disbanded when it
+    has none. Credit earned stays with the team. Returns the team it was in, if any."""
+    with transaction.atomic():
+        _lock_user(user)
+        current = _open_membership(user)
+        if current is None:
+            return None
+        now = timezone.now()
+        team = _lock_team(current.team)
+        current.left_at = now
+        current.save(update_fields=["left_at"])
+        if team.founder_id == user.id:
+            heir = (
+                Membership.objects.filter(team=team, left_at__isnull=True, user__banned_at__isnull=True)
+                .order_by("joined_at", "id")
+                .values_list("user_id", flat=True)
+                .first()
+            )
+            if heir is not None:
+                team.founder_id = heir
+                team.save(update_fields=["founder"])
+            else:
+                Membership.objects.filter(team=team, left_at__isnull=True).update(left_at=now)
+                team.disbanded_at = now
+                team.save(update_fields=["disbanded_at"])
+        return team
+
+
 def team_edit(*, actor: User, team: Team, name: str, description: str, url: str) -> Team:
     """The founder changes the team's name, description or address (the slug stays). The name stays
     as it is once staff renamed the team, and while staff hide it.

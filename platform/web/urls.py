@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from web import export_views, profile_views, swarm_views, team_views, views
+from web import account_views, export_views, profile_views, swarm_views, team_views, views
 
 app_name = "web"
 
@@ -33,6 +33,8 @@ urlpatterns = [
     path("teams/<slug:slug>/disband/", team_views.team_disband_view, name="team-disband"),
     path("teams/<slug:slug>/moderate/", team_views.team_moderate_view, name="team-moderate"),
     path("me/", views.me, name="me"),
+    path("me/data.json", account_views.account_data_view, name="me-data"),
+    path("me/delete/", account_views.account_delete_view, name="me-delete"),
     path("me/nodes/", views.me_nodes, name="me-nodes"),
     path("me/nodes/add/", views.node_add, name="node-add"),
     path("me/alerts/", views.alerts_save, name="alerts-save"),

@@ -1,5 +1,6 @@
 """In a real browser: the account basics. Password reset by email end to end (ask, read the email,
-follow the link, set a new password, log in with it).
+follow the link, set a new password, log in with it); sign-up with an address confirmed from its
+emailed link; downloading one's data and deleting the account.
 
 The site runs in a server process of its own (tests/conftest.py), so Django's in-memory email backend
 would keep its outbox there; these tests give that server Django's file backend instead and read the
@@ -8,13 +9,17 @@ emails from its folder.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
-from factories import make_user
+from factories import DEFAULT_PASSWORD, make_node_with_token, make_user
 from playwright.sync_api import expect
+
+from accounts.models import User
+from nodes.models import Node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,3 +112,30 @@ def test_sign_up_with_an_email_confirmed_by_its_link(site, mail_dir, page, brows
     page.get_by_label("Email alerts").check()
     page.get_by_role("button", name="Save alerts").click()
     expect(page.locator("#alert-email-help")).to_contain_text("To grace@example.org, your account's address.")
+
+
+def test_download_my_data_then_delete_my_account(site, page, screenshot):
+    user = make_user(username="lin", display_name="Lin")
+    node, token = make_node_with_token(owner=user, name="laptop")
+    log_in(page, site.url, "lin", DEFAULT_PASSWORD)
+    page.goto(site.url + "/me/#account")
+
+    with page.expect_download() as download:
+        page.locator("#account-data").click()
+    data = json.loads(Path(download.value.path()).read_text())
+    assert data["account"]["username"] == "lin" and [n["name"] for n in data["nodes"]] == ["laptop"]
+    assert data["tokens"][0]["prefix"] == token[: len(data["tokens"][0]["prefix"])] and token not in json.dumps(data)
+
+    page.get_by_label("Your password").fill("not my password")
+    page.get_by_role("button", name="Delete my account").click()
+    expect(page.get_by_role("status")).to_contain_text("That is not your password. Nothing was deleted.")
+    page.get_by_label("Your password").fill(DEFAULT_PASSWORD)
+    screenshot(page, "me-delete-account")
+    page.get_by_role("button", name="Delete my account").click()
+    expect(page.get_by_role("status")).to_contain_text("Your account is deleted")
+    expect(page.get_by_role("link", name="Log in")).to_be_visible()
+
+    assert Node.objects.get(id=node.id).retired_at is not None
+    assert User.objects.get(id=user.id).username == f"deleted-{user.id}"
+    log_in(page, site.url, "lin", DEFAULT_PASSWORD)
+    expect(page.get_by_text("Please enter a correct username and password")).to_be_visible()
