@@ -85,6 +85,7 @@ def round_metrics(
         "external_rescored": assembled.external_rescored,
         "accepted": counts.accepted,
         "rejected": counts.rejected,
+        "refused": counts.refused,
         "pending": counts.pending,
         "connection": connection,
         "seconds": {phase: round_s(timer.seconds.get(phase, 0.0)) for phase in PHASES}
@@ -179,6 +180,8 @@ class RoundProgress:
             "tok_s": f"{row['tokens_per_s']:.0f}",
             "net": row["connection"],
         }
+        if row.get("refused"):  # groups never sent: not the pool's rejections, which the site shows
+            figures["refused_locally"] = str(row["refused"])
         if self.live:
             self.bar.set_postfix(**figures, refresh=False)
             self.bar.update(1)

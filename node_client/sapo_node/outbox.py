@@ -36,6 +36,9 @@ from sapo_node import protocol
 from sapo_node.ids import uuid7
 
 PENDING, ACCEPTED, REJECTED = "pending", "accepted", "rejected"
+#: A group the node refused itself and never sent (text the pool cannot store, a retired swarm's
+#: group): not the pool's verdict, so counted apart from REJECTED, which the site's figures match.
+REFUSED = "refused"
 
 #: Seconds an accepted group's text is kept after its acknowledgement, to be sent again to a server
 #: restored from a backup (docs/deploy.md, "Backups and restore": longer than the time between backups).
@@ -111,13 +114,13 @@ class Outbox:
         return pending
 
     def drop_swarm(self, swarm: str) -> int:
-        """`swarm` is retired: its pending groups are rejected with the reason `swarm_retired` (their
+        """`swarm` is retired: its pending groups are refused with the reason `swarm_retired` (their
         text dropped: never sent to it or to any other swarm), and its accepted ones lose their text,
         so no change of epoch sends them again. Returns how many pending groups were dropped."""
         with self._lock, self._db:
             cur = self._db.execute(
                 "UPDATE outbox SET state = ?, reason = ?, done = ?, payload = NULL WHERE state = ? AND swarm = ?",
-                (REJECTED, protocol.SWARM_RETIRED, time.time(), PENDING, swarm),
+                (REFUSED, protocol.SWARM_RETIRED, time.time(), PENDING, swarm),
             )
             self._db.execute(
                 "UPDATE outbox SET payload = NULL WHERE state = ? AND swarm = ? AND payload IS NOT NULL",
@@ -126,8 +129,9 @@ class Outbox:
         return cur.rowcount
 
     def mark(self, id_: str, state: str, reason: str | None = None) -> bool:
-        """Record the server's verdict on a pending group (a rejected group's text is dropped, an
-        accepted one's kept for ACK_RETENTION_SECONDS); False if not pending."""
+        """Record the server's verdict on a pending group, or the node's own refusal (a rejected or
+        refused group's text is dropped, an accepted one's kept for ACK_RETENTION_SECONDS); False if
+        not pending."""
         with self._lock, self._db:
             cur = self._db.execute(
                 "UPDATE outbox SET state = ?, reason = ?, done = ?,"
@@ -181,15 +185,21 @@ class Outbox:
     def counts(self) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute("SELECT state, COUNT(*) FROM outbox GROUP BY state").fetchall()
-        counts = {PENDING: 0, ACCEPTED: 0, REJECTED: 0}
+        counts = {PENDING: 0, ACCEPTED: 0, REJECTED: 0, REFUSED: 0}
         counts.update(dict(rows))
         return counts
 
     def rejections(self) -> list[tuple[str, str | None]]:
+        """(id, reason) of the groups the pool rejected."""
+        return self._of_state(REJECTED)
+
+    def refusals(self) -> list[tuple[str, str | None]]:
+        """(id, reason) of the groups the node refused itself, never sent."""
+        return self._of_state(REFUSED)
+
+    def _of_state(self, state: str) -> list[tuple[str, str | None]]:
         with self._lock:
-            return self._db.execute(
-                "SELECT id, reason FROM outbox WHERE state = ? ORDER BY seq", (REJECTED,)
-            ).fetchall()
+            return self._db.execute("SELECT id, reason FROM outbox WHERE state = ? ORDER BY seq", (state,)).fetchall()
 
     def close(self) -> None:
         with self._lock:

@@ -98,12 +98,12 @@ def test_groups_pending_in_a_swarm_retired_under_the_node_are_dropped_never_shar
 
     swarm_state_set(actor=staff, swarm=swarm, state="retired", reason="over")
     assert wait_for(lambda: t.status == f"refused ({protocol.CLOSE_SWARM_RETIRED})")
-    assert t.counts().pending == 0 and t.counts().rejected == 6
-    assert {reason for _, reason in t.outbox.rejections()} == {protocol.SWARM_RETIRED}
+    assert (t.counts().pending, t.counts().rejected, t.counts().refused) == (0, 0, 6)
+    assert {reason for _, reason in t.outbox.refusals()} == {protocol.SWARM_RETIRED}
     [line] = dropped_lines(caplog)
     assert "6 " in line and "'winding-down'" in line and "retired" in line
     t.share(honest_groups(7, 2))  # made after the retirement, for the same swarm: dropped too
-    assert wait_for(lambda: t.counts().rejected == 8) and t.counts().pending == 0
+    assert wait_for(lambda: t.counts().refused == 8) and t.counts().pending == 0
     t.close()
 
     again = transports(url, token, path)  # the node restarted without --swarm: the default swarm
@@ -113,7 +113,7 @@ def test_groups_pending_in_a_swarm_retired_under_the_node_are_dropped_never_shar
     again.share([fresh])
     assert again.flush(20)
     assert stored(node) == {fresh.id: swarm_default_ensure().id}  # none of the retired swarm's groups
-    assert again.counts().rejected == 8
+    assert (again.counts().rejected, again.counts().refused) == (0, 8)
 
 
 def test_a_hello_refused_as_retired_drops_the_groups_made_for_that_swarm(swarm_server, transports, tmp_path, caplog):
@@ -127,7 +127,7 @@ def test_a_hello_refused_as_retired_drops_the_groups_made_for_that_swarm(swarm_s
     back = transports(url, token, path)
     back.start(hello("closed-while-away"))
     assert wait_for(lambda: back.status == f"refused ({protocol.CLOSE_SWARM_RETIRED})")
-    assert back.counts().pending == 0 and back.counts().rejected == 4
+    assert (back.counts().pending, back.counts().rejected, back.counts().refused) == (0, 0, 4)
     [line] = dropped_lines(caplog)
     assert "4 " in line and "'closed-while-away'" in line
     back.close()
@@ -137,7 +137,7 @@ def test_a_hello_refused_as_retired_drops_the_groups_made_for_that_swarm(swarm_s
     assert default.wait_connected(20)
     time.sleep(1.0)  # many poll intervals: a node that shared would have
     assert stored(node) == {}
-    assert default.counts().pending == 0 and default.counts().rejected == 4
+    assert (default.counts().pending, default.counts().rejected, default.counts().refused) == (0, 0, 4)
 
 
 def test_groups_of_a_swarm_the_node_left_wait_for_it_and_go_when_it_returns(swarm_server, transports, tmp_path, caplog):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from sapo_node import outbox as outbox_module
-from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
+from sapo_node.outbox import ACCEPTED, PENDING, REFUSED, REJECTED, Outbox
 
 
 def rollout(i: int) -> dict:
@@ -62,5 +62,5 @@ def test_a_pending_group_is_rekeyed_with_a_fresh_uuid7_and_stays_pending(tmp_pat
     assert new is not None and is_uuid7(uuid.UUID(new))
     assert [r["id"] for r in box.pending()] == [new]
     assert box.rekey(old) is None and box.rekey("g2") is None
-    assert box.counts() == {PENDING: 1, ACCEPTED: 1, REJECTED: 0}
+    assert box.counts() == {PENDING: 1, ACCEPTED: 1, REJECTED: 0, REFUSED: 0}
     box.close()

@@ -10,7 +10,7 @@ import sqlite3
 import time
 
 from sapo_node import protocol
-from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
+from sapo_node.outbox import ACCEPTED, PENDING, REFUSED, REJECTED, Outbox
 
 
 def rollout(i: int) -> dict:
@@ -82,8 +82,10 @@ def test_a_retired_swarms_groups_are_dropped_and_never_sent_again(tmp_path) -> N
 
     assert box.drop_swarm("old") == 2
     assert box.pending(swarm="old") == [] and box.waiting() == {}
-    assert box.rejections() == [("g1", protocol.SWARM_RETIRED), ("g2", protocol.SWARM_RETIRED)]
-    assert box.counts() == {PENDING: 0, ACCEPTED: 2, REJECTED: 2}
+    # The node's own refusal, never the pool's verdict: counted apart from the rejections.
+    assert box.refusals() == [("g1", protocol.SWARM_RETIRED), ("g2", protocol.SWARM_RETIRED)]
+    assert box.rejections() == []
+    assert box.counts() == {PENDING: 0, ACCEPTED: 2, REJECTED: 0, REFUSED: 2}
     assert box.requeue_acknowledged(0) == 1  # the pool's epoch changed: only the open swarm's group
     assert ids(box.pending(swarm="easy")) == ["g4"] and box.pending(swarm="old") == []
     assert box.drop_swarm("old") == 0

@@ -72,3 +72,27 @@ def test_disabled_writes_nothing():
     bar = progress_bar(range(5), desc="quiet", file=out, disable=True)
     assert list(bar) == [0, 1, 2, 3, 4]
     assert out.getvalue() == ""
+
+
+def test_a_round_line_counts_the_groups_the_node_refused_itself_apart_from_the_pools_rejections(capsys):
+    from sapo_node.metrics import RoundProgress
+
+    row = {
+        "round": 3,
+        "reward_mean": 0.25,
+        "local_kept": 4,
+        "external_kept": 2,
+        "accepted": 5,
+        "rejected": 1,
+        "refused": 56,
+        "tokens_per_s": 900.0,
+        "connection": "connected",
+        "seconds": {"total": 2.5},
+    }
+    bar = RoundProgress(1, 10, enabled=False)
+    bar.done(row)
+    bar.done({**row, "round": 4, "refused": 0})
+    bar.close()
+    first, second = capsys.readouterr().out.splitlines()
+    assert "shares=5ok/1rej" in first and "refused_locally=56" in first
+    assert "shares=5ok/1rej" in second and "refused_locally" not in second  # nothing to say

@@ -11,7 +11,7 @@ from fake_pool import FakePool, free_port
 
 from sapo_node import protocol
 from sapo_node.groups import Group
-from sapo_node.outbox import ACCEPTED, PENDING, REJECTED, Outbox
+from sapo_node.outbox import ACCEPTED, PENDING, REFUSED, REJECTED, Outbox
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef
 from sapo_node.transport import Hello, MemoryPool, MemoryTransport
 from sapo_node.transport.websocket import (
@@ -112,7 +112,7 @@ def test_outbox_keeps_pending_groups_across_reopening(tmp_path):
     box.close()
     box = Outbox(tmp_path / "o.sqlite3")
     assert [r["id"] for r in box.pending()] == [group(1).id]
-    assert box.counts() == {PENDING: 1, ACCEPTED: 0, REJECTED: 1}
+    assert box.counts() == {PENDING: 1, ACCEPTED: 0, REJECTED: 1, REFUSED: 0}
     assert box.rejections() == [(group(2).id, "reward_mismatch")]
     assert not box.mark(group(2).id, ACCEPTED)  # a verdict is final
 
@@ -176,7 +176,7 @@ def test_a_rejected_group_is_logged_and_never_resent(tmp_path, transports):
 
 
 @pytest.mark.parametrize("bad", ["a\x00b", "x\ud800y"], ids=["NUL", "unpaired surrogate"])
-def test_a_group_the_server_cannot_store_is_rejected_before_sending_and_spares_its_frame_mates(
+def test_a_group_the_server_cannot_store_is_refused_before_sending_and_spares_its_frame_mates(
     tmp_path, transports, bad
 ):
     # A model's decoded text may hold a NUL or a lone surrogate: the server refuses a frame holding one
@@ -190,8 +190,9 @@ def test_a_group_the_server_cannot_store_is_rejected_before_sending_and_spares_i
         t.share([group(1), odd, group(3)])
         assert t.flush(10)
         assert pool.share_frames == [[group(1).id, group(3).id]]
-        assert t.outbox.rejections() == [(odd.id, "invalid_message")]
-        assert (t.counts().accepted, t.counts().rejected) == (2, 1)
+        # Refused by the node itself, counted apart: the pool rejected nothing.
+        assert t.outbox.refusals() == [(odd.id, "invalid_message")] and t.outbox.rejections() == []
+        assert (t.counts().accepted, t.counts().rejected, t.counts().refused) == (2, 0, 1)
     finally:
         pool.stop()
 

@@ -42,8 +42,11 @@ class TransportCounts:
     """Verdicts on this node's shares so far, and what is still waiting for one."""
 
     accepted: int = 0
+    #: Rejected by the pool (its verdict: the site counts these).
     rejected: int = 0
     pending: int = 0
+    #: Refused by the node itself and never sent (text the pool cannot store, a retired swarm's group).
+    refused: int = 0
 
 
 class Transport(ABC):

@@ -54,7 +54,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from sapo_node import __version__, protocol
 from sapo_node.groups import Group
 from sapo_node.ids import clock_set
-from sapo_node.outbox import ACCEPTED, ACK_RETENTION_SECONDS, PENDING, REJECTED, Outbox
+from sapo_node.outbox import ACCEPTED, ACK_RETENTION_SECONDS, PENDING, REFUSED, REJECTED, Outbox
 from sapo_node.tasks import Catalogue
 from sapo_node.transport.base import Hello, Transport, TransportCounts
 
@@ -356,7 +356,9 @@ class WebSocketTransport(Transport):
             c = self.outbox.counts()
         except DISK_ERRORS:  # the last counts read, while the disk fails
             return self._last_counts
-        self._last_counts = TransportCounts(accepted=c[ACCEPTED], rejected=c[REJECTED], pending=c[PENDING])
+        self._last_counts = TransportCounts(
+            accepted=c[ACCEPTED], rejected=c[REJECTED], pending=c[PENDING], refused=c[REFUSED]
+        )
         return self._last_counts
 
     def wait_connected(self, timeout: float) -> bool:
@@ -780,7 +782,7 @@ class WebSocketTransport(Transport):
         for rollout in pending:
             reason = self._local_reason(rollout)
             if reason is not None:
-                self._mark(rollout["id"], REJECTED, reason)
+                self._mark(rollout["id"], REFUSED, reason)
                 log.warning("not sharing group %s: %s", rollout["id"], reason)
                 continue
             n = len(json.dumps(rollout)) + 2
