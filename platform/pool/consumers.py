@@ -346,7 +346,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
             assert_never(message)
         since = socket_closes().clock()
         try:
-            place = await db_call(place_of_hello, retry_lost=True)(slug=message.swarm)
+            place, cost = await db_call(place_of_hello, retry_lost=True)(slug=message.swarm)
+            self.frame_cpu += cost
         except ApplicationError as exc:
             if exc.code not in _HELLO_CLOSES:
                 raise
@@ -392,7 +393,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
         """The socket's swarm: the site's default until a hello names one."""
         if self.place is None:
             since = socket_closes().clock()
-            self._join(await db_call(place_of_hello, retry_lost=True)(slug=None), since=since)
+            place, cost = await db_call(place_of_hello, retry_lost=True)(slug=None)
+            self.frame_cpu += cost
+            self._join(place, since=since)
         assert self.place is not None
         return self.place
 

@@ -2,7 +2,8 @@
 
 A socket's swarm comes from its `hello` (`place_of_hello`; none named: the site's default), read at
 most once per settings.SAPO_SWARM_PLACE_SECONDS per process and swarm (a crowd of nodes saying hello at once costs one
-query per swarm). A staff change of a swarm (swarms.signals.swarm_changed) is a socket order
+query per swarm); `any`'s choice (an aggregate over the open swarms' recent groups) is kept as long.
+Whoever's hello reads the tables pays what the read cost from its CPU budget (pool.ratelimit). A staff change of a swarm (swarms.signals.swarm_changed) is a socket order
 (nodes.events), written in the change's transaction: every server process forgets its copy and tells
 its sockets of that swarm (pool.closes, pool.consumers) within seconds, whatever Redis does.
 """
@@ -37,26 +38,31 @@ _places: dict[str | None, tuple[float, SwarmPlace]] = {}
 
 
 def place_forget(swarm_id: int | None = None) -> None:
-    """Drop this process's copies (of one swarm, or all), and always the default's: a change of any
-    swarm may be a change of which swarm is the default."""
+    """Drop this process's copies (of one swarm, or all), and always the default's and `any`'s: a
+    change of any swarm may change which swarm is the default, and which needs nodes."""
     for key, (_, place) in list(_places.items()):
-        if swarm_id is None or place.swarm_id == swarm_id or key is None:
+        if swarm_id is None or place.swarm_id == swarm_id or key in (None, protocol.ANY_SWARM):
             _places.pop(key, None)
 
 
-def place_of_hello(*, slug: str | None) -> SwarmPlace:
+def place_of_hello(*, slug: str | None) -> tuple[SwarmPlace, float]:
     """The place of the swarm a hello names: its slug, protocol.ANY_SWARM (`swarm_needing_nodes`), or
-    None (the site's default). Raises ApplicationError "unknown_swarm" or "swarm_retired"."""
-    if slug == protocol.ANY_SWARM:
-        return swarm_place(swarm=swarm_needing_nodes())
+    None (the site's default); and the seconds reading it took (0 from this process's copy), which
+    the caller charges to the node's CPU budget. Raises ApplicationError "unknown_swarm" or
+    "swarm_retired"."""
     cached = _places.get(slug)
     if cached is not None and time.monotonic() - cached[0] < settings.SAPO_SWARM_PLACE_SECONDS:
-        return cached[1]
-    if slug is None:
-        swarm_default_ensure()
-    place = swarm_place(swarm=swarm_for_hello(slug=slug))
+        return cached[1], 0.0
+    # Wall time, not this thread's CPU: the work is PostgreSQL's (any's aggregate above all).
+    started = time.perf_counter()
+    if slug == protocol.ANY_SWARM:
+        place = swarm_place(swarm=swarm_needing_nodes())
+    else:
+        if slug is None:
+            swarm_default_ensure()
+        place = swarm_place(swarm=swarm_for_hello(slug=slug))
     _places[slug] = (time.monotonic(), place)
-    return place
+    return place, time.perf_counter() - started
 
 
 def swarm_needing_nodes() -> Swarm:

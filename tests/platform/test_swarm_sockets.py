@@ -5,6 +5,8 @@ one, and pausing or retiring reaches connected nodes at once."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
 from factories import make_node_with_token, make_swarm, make_user
@@ -14,6 +16,7 @@ from support.pool import EASY, SAPO, make_group, share_frame
 from nodes import presence
 from pool.models import NodeRound, Rollout
 from sapo_node import protocol
+from swarms.models import Swarm
 from swarms.services import swarm_default_ensure, swarm_state_set
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
@@ -184,3 +187,48 @@ async def test_any_places_the_node_in_the_open_swarm_with_the_fewest_active_node
     assert welcome["swarm"]["slug"] == "quiet"
     for s in (socket, placed):
         await s.disconnect()
+
+
+def test_any_is_chosen_once_per_few_seconds_per_process_and_a_change_of_a_swarm_chooses_again(
+    django_assert_num_queries,
+):
+    from pool.swarm_places import place_forget, place_of_hello
+
+    make_swarm(slug="busy", catalogue="easy")
+    make_swarm(slug="quiet", catalogue="easy")
+    place_forget()
+    place, cost = place_of_hello(slug=protocol.ANY_SWARM)
+    assert cost > 0
+    with django_assert_num_queries(0):  # a crowd of `any` hellos costs one aggregate per process
+        for _ in range(20):
+            assert place_of_hello(slug=protocol.ANY_SWARM) == (place, 0.0)
+    chosen = Swarm.objects.get(id=place.swarm_id)
+    swarm_state_set(actor=make_user(is_staff=True), swarm=chosen, state="paused", reason="not this one")
+    place_forget(chosen.id)  # what the change's socket order does in every process
+    again, cost = place_of_hello(slug=protocol.ANY_SWARM)
+    assert again.slug != place.slug and cost > 0
+
+
+async def test_a_hello_that_reads_the_swarms_pays_for_it_from_the_nodes_cpu_budget(settings, monkeypatch):
+    """`any`'s aggregate is PostgreSQL's work, not the socket thread's: its time is charged like a
+    share's, so a node sending `any` hellos cannot make the server work for free."""
+    from pool import swarm_places
+
+    settings.SAPO_LIMITS = {"max_cpu_ms_per_minute": 20}
+    await sync_to_async(make_swarm)(slug="easy", catalogue="easy")
+    choose = swarm_places.swarm_needing_nodes
+
+    def choose_at_a_known_cost():
+        # The aggregate over a big pool costs tens of milliseconds; here 50, however fast the machine.
+        started = time.perf_counter()
+        while time.perf_counter() - started < 0.05:
+            pass
+        return choose()
+
+    monkeypatch.setattr(swarm_places, "swarm_needing_nodes", choose_at_a_known_cost)
+    _, token = await sync_to_async(make_node_with_token)()
+    socket, _ = await joined(token, protocol.ANY_SWARM)
+    reply = await ask(socket, {"type": "sample", "v": 1, "ref": "next", "n": 1})
+    assert (reply["type"], reply["code"], reply["ref"]) == ("error", protocol.RATE_LIMITED, "next")
+    assert "CPU" in reply["detail"]
+    await socket.disconnect()
