@@ -24,11 +24,17 @@ admin.site.login = _login_answering_429_when_locked
 
 @admin.register(User)
 class UserAdmin(DjangoUserAdmin):
-    list_display = ("username", "display_name", "email", "is_staff", "banned_at", "date_joined")
-    list_filter = ("is_staff", "is_superuser", "is_active", ("banned_at", admin.EmptyFieldListFilter))
+    list_display = ("username", "display_name", "email", "is_staff", "banned_at", "date_joined", "deleted_at")
+    list_filter = (
+        "is_staff",
+        "is_superuser",
+        "is_active",
+        ("banned_at", admin.EmptyFieldListFilter),
+        ("deleted_at", admin.EmptyFieldListFilter),
+    )
     search_fields = ("username", "display_name", "email")
     fieldsets = (
         *DjangoUserAdmin.fieldsets,
-        ("SAPO", {"fields": ("display_name", "banned_at")}),
+        ("SAPO", {"fields": ("display_name", "email_confirmed_at", "banned_at", "deleted_at")}),
     )
     add_fieldsets = ((None, {"classes": ("wide",), "fields": ("username", "display_name", "password1", "password2")}),)

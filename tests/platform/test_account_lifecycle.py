@@ -141,3 +141,12 @@ class TestDelete:
         assert client.post(DELETE, {"password": DEFAULT_PASSWORD}).status_code == 302
         assert _client(ada).get(DELETE).status_code == 405
         assert User.objects.get(id=ada.id).deleted_at is None
+
+    def test_staff_see_a_deleted_account_as_deleted_in_the_admin(self, ada):
+        account.account_delete(user=ada)
+        staff = make_user(username="root", display_name="Root", is_staff=True, is_superuser=True)
+        client = _client(staff)
+        listing = client.get("/admin/accounts/user/?deleted_at__isnull=False").content.decode()
+        assert f"deleted-{ada.id}" in listing and "root" not in listing.split("result_list")[-1]
+        change = client.get(f"/admin/accounts/user/{ada.id}/change/")
+        assert change.status_code == 200 and 'name="deleted_at_0"' in change.content.decode()
