@@ -1,4 +1,5 @@
 import math
+from collections.abc import Iterator
 
 from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
@@ -128,11 +129,11 @@ class ChangePasswordForm(_NewPasswordHelp, PasswordChangeForm):
 
 
 class PasswordResetRequestForm(PasswordResetForm):
-    """Asks for a reset link. Only an account whose address is confirmed gets one (accounts.services:
+    """Asks for a reset link. Only an account whose address is confirmed gets one (accounts.addresses:
     an address typed at sign-up and never confirmed may be anyone's); every other address gets the
     same answer and no email, so the form tells no one which addresses have accounts."""
 
     email = forms.EmailField(label="Email", max_length=254, widget=forms.EmailInput(attrs={"autocomplete": "email"}))
 
-    def get_users(self, email: str):  # noqa: ANN201 (Django's signature: a generator of users)
+    def get_users(self, email: str) -> Iterator[User]:
         return (user for user in super().get_users(email) if user.email_confirmed_at is not None)

@@ -1,6 +1,8 @@
 """Counters behind the site's abuse limits: log-in failures (accounts.backends), sign-ups per address,
 node creations and token rotations (nodes.services) and the REST API's throttles (accounts.throttling).
-The limits themselves are settings (config/settings.py), documented in docs/moderation.md#limits.
+The limits themselves are settings (config/settings.py), documented in docs/moderation.md#limits;
+those on password resets and address confirmations are constants below, documented in
+docs/leaderboard.md ("Your account").
 
 A counter is a window that opens at its first hit and closes `window` seconds later, whatever happens
 in between: a limit of N per window lets through at most N hits in any window, with no burst at a
