@@ -388,6 +388,12 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
     "EXCEPTION_HANDLER": "common.errors.drf_exception_handler",
+    # DRF's parsers, JSON's with its nesting bounded (common.json_input)
+    "DEFAULT_PARSER_CLASSES": [
+        "common.json_input.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.UserThrottle", "accounts.throttling.AnonThrottle"],
     "DEFAULT_THROTTLE_RATES": {"user": SAPO_API_RATE_USER, "anon": SAPO_API_RATE_ANON},
     "NUM_PROXIES": SAPO_NUM_PROXIES,

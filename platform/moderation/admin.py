@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
+from common.json_input import BoundedJSONFormField
 from moderation.models import (
     AuditEntry,
     ModerationDecision,
@@ -40,6 +41,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
 
 class ModerationRuleForm(forms.ModelForm):
+    params = BoundedJSONFormField(required=False)
+
     class Meta:
         model = ModerationRule
         fields = ("key", "swarm", "enabled", "action", "params")

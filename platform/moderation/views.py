@@ -5,7 +5,6 @@ Every view is `staff_required`: anonymous visitors go to the login page, signed-
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -22,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
 from common.errors import ApplicationError
+from common.json_input import JSONInputError, json_loads_bounded
 from moderation import selectors, services
 from moderation.forms import AuditFilterForm, FilterForm, InvalidFilter, NodeFilterForm, QueueFilterForm
 from moderation.rules import RULES
@@ -303,9 +303,9 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
         return _error(request, exc)
     error = None
     try:
-        params = json.loads(request.POST.get("params") or "{}")
-    except json.JSONDecodeError:
-        error = ApplicationError("invalid_rule", "Parameters are not valid JSON.")
+        params = json_loads_bounded(request.POST.get("params") or "{}")
+    except JSONInputError as exc:
+        error = ApplicationError("invalid_rule", f"Parameters: {exc}.")
     if error is None:
         try:
             services.rule_update(

@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.db import models
 
+from common.json_input import BoundedJSONFormField
 from pool.models import Consumption, NodeRound, NodeVerdictCounts, Rollout
 
 
@@ -11,6 +13,7 @@ class RolloutAdmin(admin.ModelAdmin):
     raw_id_fields = ("node",)
     readonly_fields = ("sample_seq", "sampleable", "has_variance", "verified_rewards", "claimed_rewards")
     date_hierarchy = "created_at"
+    formfield_overrides = {models.JSONField: {"form_class": BoundedJSONFormField}}
     show_full_result_count = False  # counting millions of rows on every page is slow
 
 
@@ -23,6 +26,7 @@ class NodeVerdictCountsAdmin(admin.ModelAdmin):
 @admin.register(NodeRound)
 class NodeRoundAdmin(admin.ModelAdmin):
     list_display = ("node", "round", "used_count", "created_at")
+    formfield_overrides = {models.JSONField: {"form_class": BoundedJSONFormField}}
     raw_id_fields = ("node",)
 
 

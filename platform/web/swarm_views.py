@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from common.errors import ApplicationError, NotFound
+from common.json_input import JSONInputError, json_loads_bounded
 from moderation.views import staff_required
 from swarms.selectors import swarm_catalogue, swarm_get, swarm_list
 from swarms.services import swarm_catalogue_set, swarm_create, swarm_make_default, swarm_state_set, swarm_update
@@ -80,9 +81,9 @@ def _form_fields(request: HttpRequest) -> dict[str, Any]:
 
 def _entries(text: str) -> Any:
     try:
-        return json.loads(text or "")
-    except ValueError:
-        raise ApplicationError("invalid_catalogue", "entries: not JSON", extra={"field": "entries"}) from None
+        return json_loads_bounded(text or "")
+    except JSONInputError as exc:
+        raise ApplicationError("invalid_catalogue", f"entries: {exc}", extra={"field": "entries"}) from None
 
 
 def _manage_page(request: HttpRequest, swarm: Any | None, error: ApplicationError | None = None) -> HttpResponse:
