@@ -7,15 +7,20 @@ the update with the receiving node's own tokenizer. Nothing here touches torch o
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from sapo_node.ids import uuid7
+from sapo_node.protocol import SampledWireGroup, WireGroup, WireTask
 from sapo_node.tasks import MAX_INDEX, MAX_SEED, TaskRef
 
 #: Bounds on what a node accepts from the pool (the server enforces its own, usually tighter).
 MAX_COMPLETIONS = 64
 MAX_TEXT_CHARS = 65_536
+MAX_NAME_CHARS = 128  # a dataset's, a node's
 
 
 @dataclass
@@ -40,46 +45,48 @@ class Group:
         return cls(str(uuid7()), round, task, question, answer, list(completions), list(rewards))
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "round": self.round,
-            "task": self.task.to_json(),
-            "question": self.question,
-            "answer": self.answer,
-            "completions": list(self.completions),
-            "rewards": [float(r) for r in self.rewards],
-        }
+        """The group's protocol object (sapo_node.protocol.WireGroup) as JSON-ready values."""
+        task = self.task
+        wire = WireGroup(
+            id=uuid.UUID(self.id),
+            round=self.round,
+            task=WireTask(dataset=task.dataset, seed=task.seed, index=task.index),
+            question=self.question,
+            answer=self.answer,
+            completions=self.completions,
+            rewards=[float(r) for r in self.rewards],
+        )
+        return msgspec.to_builtins(wire)
 
     @classmethod
     def from_wire(cls, data: Any) -> Group:
-        """Parse an untrusted rollout object; raises ValueError on anything malformed or out of bounds."""
+        """Parse an untrusted rollout object (sapo_node.protocol.SampledWireGroup's fields, of its
+        types); raises ValueError on anything malformed or out of bounds."""
         try:
-            task = data["task"]
-            group = cls(
-                id=_text(data["id"], 64),
-                round=int(data["round"]),
-                task=TaskRef(_text(task["dataset"], 128), int(task["seed"]), int(task["index"])),
-                question=_text(data["question"], MAX_TEXT_CHARS),
-                answer=_text(data["answer"], MAX_TEXT_CHARS) if data["answer"] is not None else None,
-                completions=[_text(c, MAX_TEXT_CHARS) for c in data["completions"]],
-                rewards=[float(r) for r in data["rewards"]],
-                node=_text(data["node"], 128) if data.get("node") is not None else None,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed rollout: {exc!r}") from exc
-        if not (0 <= group.task.seed <= MAX_SEED and 0 <= group.task.index < MAX_INDEX):
+            wire = msgspec.convert(data, SampledWireGroup)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"malformed rollout: {exc}") from exc
+        task = wire.task
+        if len(task.dataset) > MAX_NAME_CHARS or len(wire.node or "") > MAX_NAME_CHARS:
+            raise ValueError(f"malformed rollout: dataset or node name over {MAX_NAME_CHARS} characters")
+        if max(len(wire.question), len(wire.answer or ""), *map(len, wire.completions)) > MAX_TEXT_CHARS:
+            raise ValueError(f"malformed rollout: a text over {MAX_TEXT_CHARS} characters")
+        if not (0 <= task.seed <= MAX_SEED and 0 <= task.index < MAX_INDEX):
             raise ValueError("malformed rollout: seed or index out of range")
-        if not (1 <= len(group.completions) <= MAX_COMPLETIONS) or len(group.rewards) != len(group.completions):
+        if not (1 <= len(wire.completions) <= MAX_COMPLETIONS) or len(wire.rewards) != len(wire.completions):
             raise ValueError("malformed rollout: completions and rewards must have equal, bounded length")
-        if not all(math.isfinite(r) for r in group.rewards):
+        if not all(math.isfinite(r) for r in wire.rewards):
             raise ValueError("malformed rollout: non-finite reward")
-        return group
-
-
-def _text(value: Any, limit: int) -> str:
-    if not isinstance(value, str) or len(value) > limit:
-        raise ValueError(f"expected a string of at most {limit} characters")
-    return value
+        return cls(
+            id=str(wire.id),
+            round=wire.round,
+            task=TaskRef(task.dataset, task.seed, task.index),
+            question=wire.question,
+            answer=wire.answer,
+            completions=wire.completions,
+            rewards=wire.rewards,
+            node=wire.node,
+        )
 
 
 @dataclass

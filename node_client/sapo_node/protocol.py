@@ -1,10 +1,14 @@
 """The node protocol's shared vocabulary (docs/protocol.md): version, message types, error codes,
-close codes, limit names and their defaults, one module for the node client and the server
-(pool.messages, pool.consumers, pool.limits, pool.services, nodes.events and config.settings import
-it). Plain constants, no dependencies: the server imports it, and it imports nothing of the server's
-(tests/test_layers.py checks both)."""
+close codes, limit names and their defaults, and the wire form of a group; one module for the node
+client and the server (pool.messages, pool.consumers, pool.limits, pool.services, nodes.events and
+config.settings import it). Constants and msgspec Structs, no other dependency: the server imports
+it, and it imports nothing of the server's (tests/test_layers.py checks both)."""
 
 from __future__ import annotations
+
+import uuid
+
+import msgspec
 
 #: The limits the server announces in `welcome.limits`, with their defaults (docs/protocol.md,
 #: "Limits"). pool.limits.Limits has exactly these fields and defaults; a deployment sets each with
@@ -121,6 +125,44 @@ SERVER_CLOSE_CODES = (
 #: handshake its application did not accept within --websocket_connect_timeout (a server busy with a
 #: crowd of reconnecting nodes), and the platform refuses a banned node after accepting (close 4403).
 HTTP_REFUSALS = {401: CLOSE_UNAUTHENTICATED}
+
+
+class WireTask(msgspec.Struct, kw_only=True):
+    """A group's task: the dataset, and the (seed, index) that rebuild its question."""
+
+    dataset: str
+    seed: int
+    index: int
+
+
+class WireGroup(msgspec.Struct, kw_only=True):
+    """A group as it travels (docs/protocol.md, "share"), declared once: the node client encodes and
+    decodes through it (sapo_node.groups.Group.to_wire/from_wire), the server decodes a share into it
+    (pool.messages' typed path) and names a group's fields by it wherever it holds one. Each side keeps
+    its own bounds.
+
+    A field is added here (with a default when older nodes do not send it), plus its validation in
+    pool.messages (a check in `_GROUP_CHECKS`, a field of RolloutIn, the typed path's bound) and its
+    column where the pool stores it (a model field of its name, the INSERT, a field of
+    pool.payloads.SampledGroup): an import-time assert fails until each has it (docs/architecture.md,
+    "Add a field to a shared group"). A node that makes or reads the field carries it in
+    sapo_node.groups.Group."""
+
+    id: uuid.UUID
+    round: int
+    task: WireTask
+    question: str
+    #: None for tasks that have no single answer.
+    answer: str | None
+    completions: list[str]
+    rewards: list[float]
+
+
+class SampledWireGroup(WireGroup, kw_only=True):
+    """A group as a `samples` reply carries it: its rewards are the verified ones, and `node` is its
+    author node's public name (which the server always writes)."""
+
+    node: str | None = None
 
 
 def frame(kind: str, **fields: object) -> dict[str, object]:

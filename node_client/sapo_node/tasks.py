@@ -248,9 +248,6 @@ class TaskRef:
     seed: int
     index: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "seed": self.seed, "index": self.index}
-
 
 class TaskStream:
     """A node's own stream of questions, deterministic in the node's seed.

@@ -16,7 +16,7 @@ from common.compact_json import dumps, dumps_floats, dumps_texts
 from common.composed import cte_list, placeholder_names, placeholders, rendered
 from common.db import binary_array, prepare_hot, server_binding_cursor
 from pool.budgets import ROW_OVERHEAD_BYTES, StoredBytes, hour_of, owner_hour_bytes_sql, utf8_len
-from pool.messages import RolloutIn
+from pool.messages import GROUP_FIELDS, RolloutIn
 from pool.seams import INSERT_CTE_NAMES, INSERT_PARAM_NAMES, RecordPart, RecordSql, record_sql_check
 from pool.verification import Verification, has_variance
 from swarms.models import sample_sequence_name
@@ -138,6 +138,9 @@ _INSERT_ANSWER = sql.SQL(
 
 assert set(_INSERT_CTES) == INSERT_CTE_NAMES, "pool.seams declares these CTEs"
 assert set().union(*map(placeholder_names, _INSERT_CTES.values())) == INSERT_PARAM_NAMES, "and these parameters"
+# A parameter for each field of a group (sapo_node.protocol.WireGroup), named as the protocol names it;
+# its rewards go in as claimed and as verified.
+assert set(GROUP_FIELDS) - {"rewards"} <= INSERT_PARAM_NAMES, "the INSERT writes every field of a group"
 
 
 def _insert_composed(record: RecordSql | None) -> sql.Composed:

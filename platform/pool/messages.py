@@ -28,6 +28,7 @@ import msgspec
 
 from pool.limits import Limits
 from sapo_node import protocol
+from sapo_node.protocol import WireGroup, WireTask
 
 PROTOCOL_VERSION = protocol.VERSION
 MAX_REF_CHARS = 64
@@ -59,9 +60,24 @@ class ProtocolError(Exception):
         self.ref = ref
 
 
+def flat_fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
+    """A wire Struct's field names, a nested Struct's (a group's task) replaced by its own: the fields of
+    a group as the pool holds it (a row, RolloutIn, pool.payloads.SampledGroup, the archive)."""
+    names: list[str] = []
+    for field in msgspec.structs.fields(struct):
+        nested = isinstance(field.type, type) and issubclass(field.type, msgspec.Struct)
+        names += flat_fields(field.type) if nested else [field.name]
+    return tuple(names)
+
+
+#: A group's fields as the pool holds them (sapo_node.protocol.WireGroup's, the task's in its place).
+GROUP_FIELDS = flat_fields(WireGroup)
+
+
 class RolloutIn(msgspec.Struct, frozen=True, kw_only=True):
-    """A group as shared. A msgspec Struct rather than a frozen dataclass: built 32 times a share, and
-    a frozen dataclass sets each field through object.__setattr__, several times slower."""
+    """A group as shared, validated: GROUP_FIELDS (asserted below), the id parsed, the lists as tuples.
+    A msgspec Struct rather than a frozen dataclass: built 32 times a share, and a frozen dataclass
+    sets each field through object.__setattr__, several times slower."""
 
     id: uuid.UUID
     round: int
@@ -72,6 +88,9 @@ class RolloutIn(msgspec.Struct, frozen=True, kw_only=True):
     answer: str | None
     completions: tuple[str, ...]
     rewards: tuple[float, ...]
+
+
+assert RolloutIn.__struct_fields__ == GROUP_FIELDS, "RolloutIn holds sapo_node.protocol.WireGroup's fields"
 
 
 @dataclass(frozen=True)
@@ -265,6 +284,9 @@ def _parse_any(text: str | bytes, limits: Limits) -> Message:
 
 # Field helpers: each raises ProtocolError(protocol.INVALID_MESSAGE, "<path>: ...").
 
+#: A key the object does not have: refused as null is, but for a group's `answer`, which must be there.
+_ABSENT = object()
+
 
 def _clean(value: str) -> bool:
     # PostgreSQL text cannot hold NUL, and lone surrogates (from JSON "\ud800") cannot be encoded.
@@ -284,15 +306,18 @@ def _invalid(path: str, what: str) -> ProtocolError:
 
 
 def _int(data: dict[str, Any], key: str, path: str, lo: int, hi: int, *, required: bool = True) -> int | None:
-    if key not in data or data[key] is None:
-        if required:
-            raise _invalid(path + key, "required")
+    if data.get(key) is None and not required:
         return None
-    value = data[key]
+    return _int_value(data.get(key), path + key, lo, hi)
+
+
+def _int_value(value: Any, path: str, lo: int, hi: int) -> int:
+    if value is None or value is _ABSENT:
+        raise _invalid(path, "required")
     if type(value) is not int:
-        raise _invalid(path + key, "expected an integer")
+        raise _invalid(path, "expected an integer")
     if not lo <= value <= hi:
-        raise _invalid(path + key, f"expected an integer in [{lo}, {hi}]")
+        raise _invalid(path, f"expected an integer in [{lo}, {hi}]")
     return value
 
 
@@ -342,66 +367,99 @@ def _parse_hello(data: dict[str, Any], ref: str | None, limits: Limits) -> Hello
     )
 
 
+# The general path's check of each field of a group, keyed by sapo_node.protocol.WireGroup's fields (and
+# the task's by WireTask's): each takes the field's value (_ABSENT when the key is missing), its path in
+# the frame, the limits and the fields checked before it, and answers the value as RolloutIn holds it or
+# raises ProtocolError. Run in this order, which decides the error of a group with several faults.
+
+
+def _check_task(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _invalid(path, "expected an object")
+    fields: dict[str, Any] = {}
+    for name, check in _TASK_CHECKS.items():
+        fields[name] = check(value.get(name, _ABSENT), f"{path}.{name}", limits, fields)
+    return fields
+
+
+def _check_dataset(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_DATASET_CHARS or not _clean(value):
+        raise _invalid(path, f"expected a name of 1 to {MAX_DATASET_CHARS} characters")
+    return value
+
+
+def _check_stored_int(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> int:
+    return _int_value(value, path, -MAX_STORED_INT, MAX_STORED_INT)
+
+
+def _check_question(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> str:
+    return _text(value, path, limits.max_chars_per_completion, protocol.COMPLETION_TOO_LONG)
+
+
+def _check_answer(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> str | None:
+    if value is _ABSENT:
+        raise _invalid(path, "required (null when the task has no single answer)")
+    if value is None:
+        return None
+    return _text(value, path, limits.max_chars_per_completion, protocol.COMPLETION_TOO_LONG)
+
+
+def _check_completions(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _invalid(path, "expected a non-empty list of strings")
+    if len(value) > limits.max_completions_per_group:
+        raise ProtocolError(
+            protocol.TOO_MANY_COMPLETIONS,
+            f"{path}: {len(value)} completions, the limit is {limits.max_completions_per_group}",
+        )
+    max_chars = limits.max_chars_per_completion
+    # The whole list checked at once when it is valid (nearly always); otherwise one by one, so the error
+    # names the first completion at fault.
+    if set(map(type, value)) == _STR_TYPE and max(map(len, value)) <= max_chars and _clean("".join(value)):
+        return tuple(value)
+    return tuple(_text(c, f"{path}[{i}]", max_chars, protocol.COMPLETION_TOO_LONG) for i, c in enumerate(value))
+
+
+def _check_rewards(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise _invalid(path, "expected a list of numbers")
+    if len(value) != len(checked["completions"]):
+        raise _invalid(path, "expected one reward per completion")
+    numbers = tuple(map(float, value)) if set(map(type, value)) <= _NUMBER_TYPES else ()
+    if numbers and all(map(math.isfinite, numbers)):
+        return numbers
+    return tuple(_number(r, f"{path}[{i}]") for i, r in enumerate(value))
+
+
+def _check_id(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> uuid.UUID:
+    return _uuid(value, path)
+
+
+def _check_round(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> int:
+    return _int_value(value, path, 0, MAX_ROUND)
+
+
+_TASK_CHECKS = {"dataset": _check_dataset, "seed": _check_stored_int, "index": _check_stored_int}
+_GROUP_CHECKS = {
+    "task": _check_task,
+    "question": _check_question,
+    "answer": _check_answer,
+    "completions": _check_completions,
+    "rewards": _check_rewards,
+    "id": _check_id,
+    "round": _check_round,
+}
+assert set(_TASK_CHECKS) == set(WireTask.__struct_fields__), "a check for each field of WireTask"
+assert set(_GROUP_CHECKS) == set(WireGroup.__struct_fields__), "a check for each field of WireGroup"
+
+
 def _parse_rollout(item: Any, path: str, limits: Limits) -> RolloutIn:
     if not isinstance(item, dict):
         raise _invalid(path, "expected an object")
-    task = item.get("task")
-    if not isinstance(task, dict):
-        raise _invalid(path + ".task", "expected an object")
-    dataset = task.get("dataset")
-    if not isinstance(dataset, str) or not 1 <= len(dataset) <= MAX_DATASET_CHARS or not _clean(dataset):
-        raise _invalid(path + ".task.dataset", f"expected a name of 1 to {MAX_DATASET_CHARS} characters")
-    seed = _int(task, "seed", path + ".task.", -MAX_STORED_INT, MAX_STORED_INT)
-    index = _int(task, "index", path + ".task.", -MAX_STORED_INT, MAX_STORED_INT)
-    max_chars = limits.max_chars_per_completion
-    question = _text(item.get("question"), path + ".question", max_chars, protocol.COMPLETION_TOO_LONG)
-    if "answer" not in item:
-        raise _invalid(path + ".answer", "required (null when the task has no single answer)")
-    answer = item["answer"]
-    if answer is not None:
-        answer = _text(answer, path + ".answer", max_chars, protocol.COMPLETION_TOO_LONG)
-    completions = item.get("completions")
-    if not isinstance(completions, list) or not completions:
-        raise _invalid(path + ".completions", "expected a non-empty list of strings")
-    if len(completions) > limits.max_completions_per_group:
-        raise ProtocolError(
-            protocol.TOO_MANY_COMPLETIONS,
-            f"{path}.completions: {len(completions)} completions, the limit is {limits.max_completions_per_group}",
-        )
-    # The whole list checked at once when it is valid (nearly always); otherwise one by one, so the error
-    # names the first completion at fault.
-    if (
-        set(map(type, completions)) == _STR_TYPE
-        and max(map(len, completions)) <= max_chars
-        and _clean("".join(completions))
-    ):
-        completions = tuple(completions)
-    else:
-        completions = tuple(
-            _text(c, f"{path}.completions[{i}]", max_chars, protocol.COMPLETION_TOO_LONG)
-            for i, c in enumerate(completions)
-        )
-    rewards = item.get("rewards")
-    if not isinstance(rewards, list):
-        raise _invalid(path + ".rewards", "expected a list of numbers")
-    if len(rewards) != len(completions):
-        raise _invalid(path + ".rewards", "expected one reward per completion")
-    numbers = tuple(map(float, rewards)) if set(map(type, rewards)) <= _NUMBER_TYPES else ()
-    if numbers and all(map(math.isfinite, numbers)):
-        rewards = numbers
-    else:
-        rewards = tuple(_number(r, f"{path}.rewards[{i}]") for i, r in enumerate(rewards))
-    return RolloutIn(
-        id=_uuid(item.get("id"), path + ".id"),
-        round=_int(item, "round", path + ".", 0, MAX_ROUND),
-        dataset=dataset,
-        seed=seed,
-        index=index,
-        question=question,
-        answer=answer,
-        completions=completions,
-        rewards=rewards,
-    )
+    checked: dict[str, Any] = {}
+    for name, check in _GROUP_CHECKS.items():
+        checked[name] = check(item.get(name, _ABSENT), f"{path}.{name}", limits, checked)
+    return RolloutIn(**checked.pop("task"), **checked)
 
 
 def _parse_share(data: dict[str, Any], ref: str | None, limits: Limits) -> Share:
@@ -460,9 +518,9 @@ assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type ha
 
 
 # --- The typed path of a share ----------------------------------------------------------------------
-# Shares are most frames and nearly all their bytes. msgspec (C) decodes one against the share's types
-# in a fraction of the general path's time (JSON to Python values, then every field checked in
-# Python; docs/benchmarks.md, "How ingest is made fast"); the checks that depend
+# Shares are most frames and nearly all their bytes. msgspec (C) decodes one into the protocol's Structs
+# (sapo_node.protocol.WireGroup) in a fraction of the general path's time (JSON to Python values, then
+# every field checked in Python; docs/benchmarks.md, "How ingest is made fast"); the checks that depend
 # on the limits or on text content follow here. Whatever is not plainly a valid share (another
 # message type, an unknown key, a wrong type, an escape msgspec refuses such as a lone surrogate, a
 # failed check) makes `_typed_share` answer None, and the frame is parsed again the general way, whose
@@ -472,28 +530,24 @@ assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type ha
 # what it passes over (a RecursionError, caught).
 
 
-class _WireTask(msgspec.Struct, forbid_unknown_fields=True):
-    dataset: str
-    seed: int
-    index: int
+class _TypedTask(WireTask, forbid_unknown_fields=True):
+    """WireTask, refusing a key it does not declare: msgspec would pass over its value, which the general
+    path reads (and refuses if it nests past MAX_NESTING)."""
 
 
-class _WireGroup(msgspec.Struct, forbid_unknown_fields=True):
-    id: uuid.UUID
-    round: int
-    task: _WireTask
-    question: str
-    answer: str | None
-    completions: list[str]
-    # Kept as its JSON text: the general path refuses a number literal longer than MAX_FLOAT_CHARS
-    # (MAX_INT_DIGITS for an integer), which only the text shows (_typed_rewards).
+class _TypedGroup(WireGroup, forbid_unknown_fields=True):
+    """WireGroup as the typed path decodes it: a key it does not declare refused (as by _TypedTask), the
+    rewards kept as their JSON text (the general path refuses a number literal longer than
+    MAX_FLOAT_CHARS, an integer of more than MAX_INT_DIGITS, which only the text shows: _typed_rewards)."""
+
+    task: _TypedTask
     rewards: msgspec.Raw
 
 
 class _WireShare(msgspec.Struct, forbid_unknown_fields=True):
     type: str
     v: int
-    rollouts: list[_WireGroup]
+    rollouts: list[_TypedGroup]
     ref: str | None = None
 
 

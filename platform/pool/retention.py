@@ -35,6 +35,7 @@ from django.db.models import Max
 from django.utils import timezone
 from psycopg import sql
 
+from pool.group_columns import CLAIMED_REWARDS, GROUP_COLUMNS, VERIFIED_REWARDS
 from pool.limits import current_limits
 from pool.models import ModerationStatus, RetentionDay
 from sapo_node.ids import uuid7_floor
@@ -267,30 +268,28 @@ def archive_path(directory: Path, day: date) -> Path:
     return directory / f"pool-texts-{day:%Y-%m-%d}.jsonl.gz"
 
 
+#: The archive's keys (docs/deploy.md, "Archive files") and the column each is read from: a group's
+#: fields where the pool stores them (pool.group_columns, its rewards as claimed and as verified), and
+#: what the pool adds. The id is the texts' own: a text is archived whether or not its ledger row joins.
+_ARCHIVE_COLUMNS = {
+    "id": ("t", "rollout_id"),
+    "swarm_id": ("t", "swarm_id"),
+    "created_at": ("t", "created_at"),
+    "node_id": ("r", "node_id"),
+    **{name: column for name, column in GROUP_COLUMNS.items() if name not in ("id", "rewards")},
+    "verdict": ("r", "verdict"),
+    "reason": ("r", "reason"),
+    "moderation_status": ("r", "moderation_status"),
+    "claimed_rewards": CLAIMED_REWARDS,
+    "verified_rewards": VERIFIED_REWARDS,
+}
+_ARCHIVE_KEYS = tuple(_ARCHIVE_COLUMNS)
 _ARCHIVE_SQL = sql.SQL("""
-SELECT t.rollout_id, t.swarm_id, t.created_at, r.node_id, r.round, r.dataset, r.seed, r.index, r.verdict, r.reason,
-       r.moderation_status, r.claimed_rewards, r.verified_rewards, t.question, t.answer, t.completions
+SELECT {columns}
 FROM {partition} t LEFT JOIN pool_rollout r ON r.id = t.rollout_id
 ORDER BY t.created_at, t.rollout_id
 """)
-_ARCHIVE_KEYS = (
-    "id",
-    "swarm_id",
-    "created_at",
-    "node_id",
-    "round",
-    "dataset",
-    "seed",
-    "index",
-    "verdict",
-    "reason",
-    "moderation_status",
-    "claimed_rewards",
-    "verified_rewards",
-    "question",
-    "answer",
-    "completions",
-)
+_ARCHIVE_SELECTED = sql.SQL(", ").join(sql.Identifier(table, column) for table, column in _ARCHIVE_COLUMNS.values())
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -330,7 +329,7 @@ def _archive_day(day: date, name: str, directory: Path) -> tuple[Path, int]:
                 transaction.atomic(),
                 connection.chunked_cursor() as cursor,
             ):
-                cursor.execute(_ARCHIVE_SQL.format(partition=sql.Identifier(name)))
+                cursor.execute(_ARCHIVE_SQL.format(columns=_ARCHIVE_SELECTED, partition=sql.Identifier(name)))
                 while chunk := cursor.fetchmany(ARCHIVE_CHUNK):
                     for row in chunk:
                         record = dict(zip(_ARCHIVE_KEYS, row, strict=True))

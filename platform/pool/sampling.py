@@ -30,6 +30,7 @@ from common import metrics
 from common.compact_json import RawList
 from common.composed import placeholders, rendered
 from common.db import prepare_hot, server_binding_cursor
+from pool.group_columns import GROUP_COLUMNS
 from pool.models import Rollout
 from pool.payloads import SampledGroup, sampled_group_json
 from pool.seams import moderation
@@ -42,21 +43,10 @@ from swarms.services import swarm_default_ensure
 ENUMERATE_BELOW = 512
 PROBE_ROUNDS = 6
 
-#: The draw's columns for a group (table alias, column), in SampledGroup's order (the row is read by position).
-_GROUP_COLUMNS = {
-    "id": ("r", "id"),
-    "node_id": ("r", "node_id"),
-    "node_name": ("n", "name"),
-    "round": ("r", "round"),
-    "dataset": ("r", "dataset"),
-    "seed": ("r", "seed"),
-    "index": ("r", "index"),
-    "question": ("t", "question"),
-    "answer": ("t", "answer"),
-    "completions": ("t", "completions"),
-    "rewards": ("r", "verified_rewards"),
-}
-assert tuple(_GROUP_COLUMNS) == SampledGroup._fields, "pool.sampling._GROUP_COLUMNS and SampledGroup disagree"
+#: The draw's column for each field of SampledGroup, in its order (the row is read by position): where
+#: the pool stores the group's (pool.group_columns: its rewards the verified ones), and its author node's.
+_GROUP_COLUMNS = {**GROUP_COLUMNS, "node": ("n", "name"), "node_id": ("r", "node_id")}
+assert tuple(_GROUP_COLUMNS) == SampledGroup._fields, "the draw reads a column for each field of SampledGroup"
 
 # One round trip for the common case: the window's range (pool.selectors.SAMPLE_WINDOW), `k` distinct
 # uniform numbers in it, and the eligible groups they name (index lookups on the partial sample_seq
