@@ -24,10 +24,13 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sapo_node import __version__
 from sapo_node.config import NodeConfig, field_docs
+
+if TYPE_CHECKING:
+    from sapo_node.loop import RunResult  # torch: imported only once a run starts
 
 #: Modules that add subcommands beside `run` (each defines add_command(subparsers)): module -> the
 #: command's name, and what a user without the module is told.
@@ -191,9 +194,6 @@ def refuse_a_server_the_user_has_not_named(folder: Path, saved: NodeConfig, give
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from sapo_node.checkpoint import CheckpointError
-    from sapo_node.loop import run  # torch and transformers load only when a run starts
-
     try:
         config = config_from_args(args).resolved()
         if not config.offline and not config.server:
@@ -201,12 +201,42 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sapo-node run: error: {exc}", file=sys.stderr)
         return 2
+    # torch and transformers load only once the command is known to be whole: a mistyped one fails at once
+    from sapo_node.checkpoint import CheckpointError
+    from sapo_node.loop import run
+
     try:
         result = run(config)
     except CheckpointError as exc:
         print(f"sapo-node run: error: {exc}", file=sys.stderr)
         return 2
     if result.interrupted:
-        print(f"stopped after round {result.last_round}; continue with: sapo-node run --resume --out {result.out}")
+        print(f"stopped after round {result.last_round}; continue with: {resume_command(config)}")
         return 130
+    print(closing_line(result))
     return 0
+
+
+def resume_command(config: NodeConfig) -> str:
+    """The command that continues this run. A resumed run takes the rest from the folder's config.json,
+    but never its server (see config_from_args), so an online run names the one it used; the token
+    stays out, as the printed line may be pasted anywhere."""
+    command = ["sapo-node", "run", "--resume", "--out", str(config.out)]
+    if not config.offline:
+        command += ["--server", str(config.server)]
+    return shlex.join(command)
+
+
+def closing_line(result: RunResult) -> str:
+    """What a run that played its last round did, and how to take its model away."""
+    played, last = len(result.metrics), result.last_round
+    if played == 0:
+        line = f"done: no round to play, round {last} was the last"
+    else:
+        rounds = f"round {last}" if played == 1 else f"rounds {last - played + 1}-{last}"
+        line = f"done: {played} round{'s' if played != 1 else ''} ({rounds}) in {result.seconds:.0f} s"
+    if result.shares is not None:
+        line += f"; shares: {result.shares.accepted} accepted, {result.shares.pending} pending"
+    model = Path(result.out).parent / f"{Path(result.out).name}-model"
+    export = shlex.join(["sapo-node", "export", "--run", str(result.out), "--out", str(model)])
+    return f"{line}; the model: {export}"

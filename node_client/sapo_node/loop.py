@@ -17,6 +17,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,15 +33,16 @@ from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoi
 from sapo_node.config import NodeConfig
 from sapo_node.generate import generate_groups, pad_id
 from sapo_node.grpo import grpo_update, make_optimizer
-from sapo_node.metrics import MetricsLog, PhaseTimer, RoundProgress, round_metrics, round_report
+from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
+from sapo_node.progress import RoundProgress
 from sapo_node.prompts import format_prompt
 from sapo_node.ratio import AdaptiveRatio
 from sapo_node.sample import sample_questions
 from sapo_node.score import score_rollouts
 from sapo_node.share import share_groups
 from sapo_node.tasks import CATALOGUES, Catalogue, TaskStream
-from sapo_node.transport import Hello, SiloTransport, Transport, make_transport
+from sapo_node.transport import Hello, SiloTransport, Transport, TransportCounts, make_transport
 
 
 @dataclass
@@ -51,11 +53,16 @@ class RunResult:
     #: True when Ctrl-C/SIGTERM stopped the run before its last round.
     interrupted: bool
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds from the first round to the end of the closing flush (loading the model not counted).
+    seconds: float = 0.0
+    #: The verdicts on this node's shares when the run ended; None for an offline run.
+    shares: TransportCounts | None = None
 
 
 def run(config: NodeConfig, transport: Transport | None = None, *, policy: tuple[Any, Any] | None = None) -> RunResult:
     """Run rounds until `config.rounds` (0: until stopped). `policy` = (model, tokenizer) skips loading."""
     node = start_node(config, transport, policy=policy)
+    started = time.monotonic()
     result = RunResult(node.out, node.last_round, interrupted=False)
     progress = RoundProgress(node.last_round + 1, node.config.rounds)
     with stop_on_signals() as stop:
@@ -68,8 +75,9 @@ def run(config: NodeConfig, transport: Transport | None = None, *, policy: tuple
                 progress.done(row)
         finally:
             progress.close()
-            finish_node(node)
+            result.shares = finish_node(node)
     result.last_round, result.interrupted = node.last_round, stop.requested
+    result.seconds = time.monotonic() - started
     return result
 
 
@@ -254,16 +262,21 @@ def play_round(
     return row
 
 
-def finish_node(node: Node) -> None:
-    """Checkpoint the last complete round, give pending shares a last chance, close what we opened."""
+def finish_node(node: Node) -> TransportCounts | None:
+    """Checkpoint the last complete round, give pending shares a last chance, close what we opened.
+    Returns the verdicts on the node's shares (None offline), read before the transport closes."""
     if node.last_round > node.last_saved:
         if save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints) is not None:
             node.last_saved = node.last_round
     transport = node.transport
-    if not isinstance(transport, SiloTransport) and not transport.flush(node.config.flush_wait):
-        print(f"{transport.counts().pending} shared groups still wait for the server; they stay in the outbox")
+    shares = None
+    if not isinstance(transport, SiloTransport):
+        if not transport.flush(node.config.flush_wait):
+            print(f"{transport.counts().pending} shared groups still wait for the server; they stay in the outbox")
+        shares = transport.counts()
     if node.owns_transport:
         transport.close()
+    return shares
 
 
 # ---------------------------------------------------------------------------- helpers of the loop

@@ -1,5 +1,5 @@
-"""Step 7 of a round: log it. metrics.jsonl gets one JSON object per round; the terminal gets a live
-tqdm line (reward mean, groups kept, verdicts on shares, tokens/s, connection state)."""
+"""Step 7 of a round: log it. metrics.jsonl gets one JSON object per round; the console's account of
+a round is sapo_node.progress.RoundProgress."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +16,6 @@ from typing import Any
 from sapo_node.assemble import AssembleStats
 from sapo_node.groups import Group, TrainGroup
 from sapo_node.grpo import UpdateStats
-from sapo_node.progress import is_terminal, progress_bar
 from sapo_node.transport.base import TransportCounts
 
 log = logging.getLogger("sapo_node.metrics")
@@ -157,37 +155,3 @@ class MetricsLog:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
-class RoundProgress:
-    """A live bar over rounds whose description names the current phase. When stderr is not a
-    terminal (docker logs, a parent process reading the output) a bar is noise: one plain line per
-    round, with its figures, goes to stdout instead (see sapo_node.progress)."""
-
-    def __init__(self, first: int, last: int, *, enabled: bool | None = None) -> None:
-        self.live = is_terminal(sys.stderr) if enabled is None else enabled
-        total = last if last > 0 else None
-        self.bar = progress_bar(total=total, initial=first - 1, unit="round", live=True, disable=not self.live)
-
-    def phase(self, round: int, phase: str) -> None:
-        self.bar.set_description(f"round {round}: {phase}", refresh=True)
-
-    def done(self, row: dict[str, Any]) -> None:
-        figures = {
-            "reward": f"{row['reward_mean']:.3f}",
-            "kept": f"{row['local_kept']}+{row['external_kept']}",
-            "shares": f"{row['accepted']}ok/{row['rejected']}rej",
-            "tok_s": f"{row['tokens_per_s']:.0f}",
-            "net": row["connection"],
-        }
-        if row.get("refused"):  # groups never sent: not the pool's rejections, which the site shows
-            figures["refused_locally"] = str(row["refused"])
-        if self.live:
-            self.bar.set_postfix(**figures, refresh=False)
-            self.bar.update(1)
-        else:
-            line = " ".join(f"{k}={v}" for k, v in figures.items())
-            print(f"round {row['round']}: {line} ({row['seconds']['total']:.1f}s)", flush=True)
-
-    def close(self) -> None:
-        self.bar.close()

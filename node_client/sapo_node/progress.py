@@ -128,3 +128,87 @@ class LineProgress:
         print(f"{line} {self.postfix}".rstrip(), file=self.file, flush=True)
         self.last_line = time.monotonic()
         self._done_at_last_line = self.n
+
+
+#: A phase that takes at least this many seconds gets a line of its own in plain output.
+PHASE_LINE_AFTER = 1.0
+
+
+class RoundProgress:
+    """The console's account of a run's rounds. On a terminal, a live bar whose description names
+    the round and its current phase. Elsewhere (docker logs, a parent process reading the output)
+    plain lines on stdout: one when a phase of PHASE_LINE_AFTER seconds or more ends, so a real
+    model's minutes-long generation is not silence, then one per round with its figures, its
+    phases' times and, when the run has a last round, the time left."""
+
+    def __init__(self, first: int, last: int, *, enabled: bool | None = None) -> None:
+        self.live = is_terminal(sys.stderr) if enabled is None else enabled
+        self.last = last
+        self.round_seconds: list[float] = []
+        self.current: tuple[int, str, float] | None = None  # round, phase, when it began
+        total = last if last > 0 else None
+        # Without a total tqdm writes `desc: 10round [...]`: the description already names the round.
+        bar_format = None if total else "{desc} [{elapsed}{postfix}]"
+        self.bar = progress_bar(
+            total=total,
+            initial=first - 1,
+            unit="round",
+            live=True,
+            disable=not self.live,
+            bar_format=bar_format,
+        )
+
+    def phase(self, round: int, phase: str) -> None:
+        if self.live:
+            # set_description would add ": ", which tqdm writes before the count of a bar without a total
+            self.bar.set_description_str(f"round {round}: {phase}", refresh=True)
+            return
+        self._phase_ended()
+        self.current = (round, phase, time.monotonic())
+
+    def done(self, row: dict[str, Any]) -> None:
+        figures = {
+            "reward": f"{row['reward_mean']:.3f}",
+            "kept": f"{row['local_kept']}+{row['external_kept']}",
+            "shares": f"{row['accepted']}ok/{row['rejected']}rej",
+            "tok_s": f"{row['tokens_per_s']:.0f}",
+            "net": row["connection"],
+        }
+        if row.get("refused"):  # groups never sent: not the pool's rejections, which the site shows
+            figures["refused_locally"] = str(row["refused"])
+        if self.live:
+            self.bar.set_postfix(**figures, refresh=False)
+            self.bar.update(1)
+            return
+        self._phase_ended()
+        self.current = None
+        seconds = row["seconds"]
+        self.round_seconds.append(seconds["total"])
+        phases = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items() if name != "total")
+        of = f"/{self.last}" if self.last > 0 else ""
+        line = " ".join(f"{k}={v}" for k, v in figures.items())
+        line = f"round {row['round']}{of}: {line}; round {seconds['total']:.1f} s ({phases})"
+        if self.last > row["round"]:
+            left = (self.last - row["round"]) * sum(self.round_seconds) / len(self.round_seconds)
+            line += f"; ETA {duration(left)}"
+        print(line, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def _phase_ended(self) -> None:
+        if self.current is None:
+            return
+        round, phase, began = self.current
+        seconds = time.monotonic() - began
+        if seconds >= PHASE_LINE_AFTER:
+            print(f"round {round}: {phase} {seconds:.1f} s", flush=True)
+
+
+def duration(seconds: float) -> str:
+    """12 s, 4 min, 2.5 h: a time left, as precise as anyone reads it."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

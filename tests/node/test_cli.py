@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import subprocess
+import sys
 
 import pytest
 from node_toys import make_policy
 
 from sapo_node import loop
 from sapo_node.checkpoint import list_checkpoints
-from sapo_node.cli import build_parser, main
+from sapo_node.cli import build_parser, config_from_args, main
 from sapo_node.config import NodeConfig, field_docs
 
 SMALL = ["--questions", "2", "--generations", "2", "--max-new-tokens", "6", "--local", "2", "--seed", "5"]
@@ -112,7 +115,7 @@ def test_online_without_a_server_is_an_error(tmp_path, monkeypatch, capsys):
     assert "--server" in capsys.readouterr().err
 
 
-def test_an_online_run_shares_reports_and_flushes(tmp_path, monkeypatch):
+def test_an_online_run_shares_reports_and_flushes(tmp_path, monkeypatch, capsys):
     from fake_pool import FakePool
 
     pool = FakePool().start()
@@ -124,6 +127,7 @@ def test_an_online_run_shares_reports_and_flushes(tmp_path, monkeypatch):
         rows = _metrics(out)
         assert rows[-1]["connection"] == "connected"
         assert pool.token not in (out / "config.json").read_text()  # the token is never saved
+        assert "; shares: 4 accepted, 0 pending; " in capsys.readouterr().out.splitlines()[-1]
     finally:
         pool.stop()
 
@@ -165,3 +169,82 @@ def test_threads_flag_sets_torch_threads_for_the_run(tmp_path):
         assert json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def _interrupt_in_round(monkeypatch, n):
+    real_score = loop.score_rollouts
+
+    def score_then_interrupt(round_n, questions, generated):
+        if round_n == n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_score(round_n, questions, generated)
+
+    monkeypatch.setattr(loop, "score_rollouts", score_then_interrupt)
+    return real_score
+
+
+def _printed_command(text, after):
+    line = next(line for line in text.splitlines() if after in line)
+    return shlex.split(line.split(after, 1)[1])
+
+
+def test_the_resume_hint_of_an_offline_run_is_a_command_that_continues_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("SAPO_SERVER", raising=False)
+    out = tmp_path / "my run"
+    real_score = _interrupt_in_round(monkeypatch, 1)
+    assert main(["run", "--offline", "--rounds", "3", "--out", str(out), *SMALL]) == 130
+    command = _printed_command(capsys.readouterr().out, "continue with: ")
+    assert command[:2] == ["sapo-node", "run"] and "--server" not in command
+
+    monkeypatch.setattr(loop, "score_rollouts", real_score)
+    assert main(command[1:]) == 0
+    assert [r["round"] for r in _metrics(out)] == [1, 2, 3]
+
+
+def test_the_resume_hint_of_an_online_run_names_its_server_never_the_token(tmp_path, monkeypatch, capsys):
+    from fake_pool import FakePool
+
+    pool = FakePool().start()
+    try:
+        monkeypatch.setenv("SAPO_TOKEN", pool.token)
+        monkeypatch.setenv("SAPO_SERVER", pool.url)  # the run's server comes from the environment
+        out = tmp_path / "run"
+        _interrupt_in_round(monkeypatch, 1)
+        assert main(["run", "--rounds", "3", "--out", str(out), *SMALL]) == 130
+    finally:
+        pool.stop()
+    text = capsys.readouterr().out
+    command = _printed_command(text, "continue with: ")
+    assert pool.token not in text
+    assert command[command.index("--server") + 1] == pool.url
+
+    # pasted into another shell, without the SAPO_SERVER this one had: the arguments are whole
+    monkeypatch.delenv("SAPO_SERVER")
+    args = build_parser().parse_args(command[1:])
+    config = config_from_args(args).resolved()
+    assert (config.server, config.offline, config.resume, config.out) == (pool.url, False, True, str(out))
+
+
+def test_a_command_without_a_server_fails_before_torch_loads(tmp_path):
+    code = (
+        "import sys\n"
+        "from sapo_node.cli import main\n"
+        f"rc = main(['run', '--resume', '--out', {str(tmp_path)!r}])\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n"
+        "sys.exit(rc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SAPO_SERVER"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and "--server" in done.stderr
+    assert done.stdout.strip() == "torch not loaded"
+
+
+def test_a_run_that_plays_its_last_round_says_so_and_how_to_export_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--offline", "--rounds", "2", "--out", str(out), *SMALL]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("done: 2 rounds (rounds 1-2) in ") and "shares" not in last
+    export = shlex.split(last.split("the model: ", 1)[1])
+    assert export[:4] == ["sapo-node", "export", "--run", str(out)]
+    args = build_parser().parse_args(export[1:])
+    assert args.run == out and args.out == tmp_path / "run-model"

@@ -75,7 +75,7 @@ def test_disabled_writes_nothing():
 
 
 def test_a_round_line_counts_the_groups_the_node_refused_itself_apart_from_the_pools_rejections(capsys):
-    from sapo_node.metrics import RoundProgress
+    from sapo_node.progress import RoundProgress
 
     row = {
         "round": 3,
@@ -96,3 +96,47 @@ def test_a_round_line_counts_the_groups_the_node_refused_itself_apart_from_the_p
     first, second = capsys.readouterr().out.splitlines()
     assert "shares=5ok/1rej" in first and "refused_locally=56" in first
     assert "shares=5ok/1rej" in second and "refused_locally" not in second  # nothing to say
+
+
+def test_a_bar_without_a_last_round_reads_round_and_phase_not_a_count(capsys):
+    from sapo_node.progress import RoundProgress
+
+    bar = RoundProgress(11, 0, enabled=True)  # --rounds 0: until stopped, so no total
+    bar.phase(11, "generate")
+    bar.bar.refresh()
+    bar.close()
+    err = capsys.readouterr().err
+    assert "round 11: generate" in err
+    assert "generate:" not in err and "round [" not in err and "10round" not in err
+
+
+def test_a_pipe_gets_a_line_per_long_phase_and_a_round_line_with_its_phases_and_eta(monkeypatch, capsys):
+    from sapo_node import progress
+    from sapo_node.progress import RoundProgress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    bar = RoundProgress(3, 5, enabled=False)
+    for phase, seconds in [("sample", 0.01), ("generate", 4.2), ("score", 0.1), ("share", 0.0), ("update", 1.5)]:
+        bar.phase(3, phase)
+        clock[0] += seconds
+    row = {
+        "round": 3,
+        "reward_mean": 0.25,
+        "local_kept": 4,
+        "external_kept": 2,
+        "accepted": 5,
+        "rejected": 1,
+        "tokens_per_s": 900.0,
+        "connection": "connected",
+        "seconds": {"sample": 0.01, "generate": 4.2, "score": 0.1, "share": 0.0, "update": 1.5, "total": 5.81},
+    }
+    bar.done(row)
+    bar.close()
+    lines = capsys.readouterr().out.splitlines()
+    # a phase of a second or more gets its own line when it ends: a real model's round is not silent
+    assert lines[:2] == ["round 3: generate 4.2 s", "round 3: update 1.5 s"]
+    assert len(lines) == 3
+    assert lines[2].startswith("round 3/5: reward=0.250 kept=4+2 shares=5ok/1rej")
+    assert "round 5.8 s (sample 0.0 s, generate 4.2 s, score 0.1 s, share 0.0 s, update 1.5 s)" in lines[2]
+    assert lines[2].endswith("ETA 12 s")  # two rounds left at 5.8 s each
