@@ -3,7 +3,7 @@ from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 from django.http import HttpRequest, HttpResponse
 
 from accounts.backends import LOCKED_ATTR
-from accounts.forms import AdminLoginForm
+from accounts.forms import AdminLoginForm, AdminUserAddForm, AdminUserChangeForm
 from accounts.models import User
 
 # The admin's log-in page says when the log-in limiter (accounts.backends) refused an attempt, and
@@ -24,6 +24,9 @@ admin.site.login = _login_answering_429_when_locked
 
 @admin.register(User)
 class UserAdmin(DjangoUserAdmin):
+    # Names go through accounts.services.user_names_set, as at sign-up (docs/leaderboard.md#names).
+    form = AdminUserChangeForm
+    add_form = AdminUserAddForm
     list_display = ("username", "display_name", "email", "is_staff", "banned_at", "date_joined", "deleted_at")
     list_filter = (
         "is_staff",

@@ -4,12 +4,19 @@ from collections.abc import Iterator
 from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import password_validation
-from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm, PasswordResetForm, SetPasswordForm
+from django.contrib.auth.forms import (
+    AdminUserCreationForm,
+    AuthenticationForm,
+    PasswordChangeForm,
+    PasswordResetForm,
+    SetPasswordForm,
+    UserChangeForm,
+)
 
 from accounts.backends import LOCKED_ATTR
 from accounts.models import DISPLAY_NAME_MAX_LENGTH, User
 from accounts.passwords import MAX_PASSWORD_LENGTH, password_help_text_html
-from accounts.services import display_name_clean, display_name_is_taken, username_check_reserved
+from accounts.services import display_name_clean, display_name_is_taken, name_is_taken, user_names_set, username_clean
 from common.errors import ApplicationError
 
 LOCKED_MESSAGE = (
@@ -77,12 +84,11 @@ class SignupForm(forms.Form):
     )
 
     def clean_username(self) -> str:
-        username = User.normalize_username(self.cleaned_data["username"])
         try:
-            username_check_reserved(username)
+            username = username_clean(self.cleaned_data["username"])
         except ApplicationError as exc:
             raise forms.ValidationError(exc.message, code=exc.code) from None
-        if User.objects.filter(username__iexact=username).exists():
+        if name_is_taken(username):
             raise forms.ValidationError("This username is taken.")
         return username
 
@@ -137,3 +143,40 @@ class PasswordResetRequestForm(PasswordResetForm):
 
     def get_users(self, email: str) -> Iterator[User]:
         return (user for user in super().get_users(email) if user.email_confirmed_at is not None)
+
+
+class _NamedThroughTheService:
+    """The admin's user forms name an account as sign-up does: `user_names_set` checks the username and
+    display name (reserved names, invisible characters, blanks, look-alikes of every account's names)
+    and writes their fingerprints on the instance the form saves. A change that leaves both names as
+    they are is not checked again, so an account can be banned whatever name it holds."""
+
+    instance: User
+    cleaned_data: dict
+    changed_data: list[str]
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if self.instance.pk is not None and not {"username", "display_name"} & set(self.changed_data):
+            return cleaned
+        if "username" in self.errors or "display_name" in self.errors:
+            return cleaned
+        try:
+            user_names_set(
+                user=self.instance,
+                username=cleaned.get("username", self.instance.username),
+                display_name=cleaned.get("display_name", self.instance.display_name),
+            )
+        except ApplicationError as exc:
+            self.add_error(exc.extra.get("field"), forms.ValidationError(exc.message, code=exc.code))
+        else:
+            cleaned["username"], cleaned["display_name"] = self.instance.username, self.instance.display_name
+        return cleaned
+
+
+class AdminUserAddForm(_NamedThroughTheService, AdminUserCreationForm):
+    """The admin's form that makes an account."""
+
+
+class AdminUserChangeForm(_NamedThroughTheService, UserChangeForm):
+    """The admin's form that changes an account."""

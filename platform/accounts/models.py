@@ -30,6 +30,12 @@ class User(AbstractUser):
         db_index=True,
         help_text="The display name's confusable skeleton (common.names): no two accounts share one.",
     )
+    username_skeleton = models.CharField(
+        max_length=10 * 150,
+        blank=True,
+        db_index=True,
+        help_text="The username's confusable skeleton (common.names): no name of another account reads the same.",
+    )
     banned_at = models.DateTimeField(null=True, blank=True)
     #: When the owner of `email` followed the link sent to it (accounts.services); None: unconfirmed, and
     #: nothing but that link goes to it (no reset link, no alert).
@@ -40,6 +46,10 @@ class User(AbstractUser):
     #: When its owner deleted the account (web.account): the row stays, emptied and anonymous, so the
     #: groups its nodes shared and the swarm's figures stay whole (docs/leaderboard.md, "Your account").
     deleted_at = models.DateTimeField(null=True, blank=True)
+
+    #: createsuperuser asks for a display name (DJANGO_SUPERUSER_DISPLAY_NAME without a prompt): every
+    #: account is named through accounts.services.user_names_set (accounts.management.commands.createsuperuser).
+    REQUIRED_FIELDS = ["email", "display_name"]
 
     class Meta:
         constraints = [

@@ -16,14 +16,23 @@ from common.errors import ApplicationError
 DELETED_USERNAME = "deleted-{id}"
 
 
-def display_name_is_taken(display_name: str, *, exclude_user_id: int | None = None) -> bool:
-    """Whether another account's display name reads the same (case and look-alike letters aside)."""
+def name_is_taken(name: str, *, exclude_user_id: int | None = None) -> bool:
+    """Whether another account's display name or username reads as `name` (case and look-alike letters
+    aside). Both are compared: a contributor without a display name is shown under the username."""
     queryset = User.objects.filter(
-        Q(display_name__iexact=display_name) | names.skeleton_filter("display_name_skeleton", display_name)
+        Q(display_name__iexact=name)
+        | Q(username__iexact=name)
+        | names.skeleton_filter("display_name_skeleton", name)
+        | names.skeleton_filter("username_skeleton", name)
     )
     if exclude_user_id is not None:
         queryset = queryset.exclude(id=exclude_user_id)
     return queryset.exists()
+
+
+def display_name_is_taken(display_name: str, *, exclude_user_id: int | None = None) -> bool:
+    """Whether another account's name reads as `display_name` (`name_is_taken`)."""
+    return name_is_taken(display_name, exclude_user_id=exclude_user_id)
 
 
 def display_name_clean(display_name: object) -> str:
@@ -49,29 +58,75 @@ def display_name_clean(display_name: object) -> str:
 
 
 def username_check_reserved(username: str) -> None:
-    """Raises ApplicationError username_reserved for the names deleted accounts keep ("deleted-<id>")."""
+    """Raises ApplicationError username_reserved for the names deleted accounts keep ("deleted-<id>") and
+    "anonymous" in any spelling that looks like it (a contributor without a display name is shown under
+    the username)."""
     if username.lower().startswith(DELETED_USERNAME.split("{")[0]):
         raise ApplicationError(
             "username_reserved",
             "Usernames starting with “deleted-” are kept for deleted accounts.",
             extra={"field": "username"},
         )
+    if names.looks_like(username, ANONYMOUS):
+        raise ApplicationError(
+            "username_reserved",
+            f"The username {ANONYMOUS!r} is reserved for private profiles.",
+            extra={"field": "username"},
+        )
+
+
+def username_clean(username: object) -> str:
+    """The username NFKC-normalised (as Django's log-in reads it). Raises ApplicationError (field
+    "username"): invalid_username (empty, too long, characters other than letters, digits and @.+-_,
+    invisible characters, look-alike scripts: common.names), username_reserved."""
+    username = User.normalize_username(str(username or "").strip())
+    field = {"field": "username"}
+    max_length = User._meta.get_field("username").max_length
+    if not username:
+        raise ApplicationError("invalid_username", "A username is required.", extra=field)
+    if len(username) > max_length:
+        raise ApplicationError("invalid_username", f"A username has at most {max_length} characters.", extra=field)
+    try:
+        User.username_validator(username)
+    except ValidationError as exc:
+        raise ApplicationError("invalid_username", " ".join(exc.messages), extra=field) from None
+    problem = names.name_problem(username)
+    if problem is not None:
+        raise ApplicationError("invalid_username", f"The username {problem}.", extra=field)
+    username_check_reserved(username)
+    return username
+
+
+def user_names_set(*, user: User, username: object, display_name: object) -> User:
+    """Check a username and display name as sign-up does and put them, with their look-alike
+    fingerprints (common.names.skeleton), on `user`, unsaved: the caller saves it (sign-up, the admin's
+    forms, createsuperuser). Every path that names an account comes through here, so every account has
+    its fingerprints and no name reads as another account's name.
+
+    Raises ApplicationError: invalid_username, username_reserved, username_taken (409),
+    invalid_display_name, display_name_reserved, display_name_taken (409); nothing is changed on `user`.
+    """
+    username = username_clean(username)
+    display_name = display_name_clean(display_name)
+    if name_is_taken(username, exclude_user_id=user.pk):
+        raise ApplicationError("username_taken", "This username is taken.", status=409, extra={"field": "username"})
+    if name_is_taken(display_name, exclude_user_id=user.pk):
+        raise ApplicationError(
+            "display_name_taken", "This display name is taken.", status=409, extra={"field": "display_name"}
+        )
+    user.username, user.username_skeleton = username, names.skeleton(username)
+    user.display_name, user.display_name_skeleton = display_name, names.skeleton(display_name)
+    return user
 
 
 def user_create(*, username: str, display_name: str, password: str | None, email: str = "") -> User:
     """Create a contributor. `password=None` gives an unusable password (accounts made by commands).
     `email` is optional and unconfirmed (accounts.addresses sends the link).
 
-    Raises ApplicationError: username_taken, display_name_taken, invalid_display_name, display_name_reserved,
-    invalid_password, email_invalid.
+    Raises ApplicationError: the errors of `user_names_set`, invalid_password, email_invalid.
     """
-    display_name = display_name_clean(display_name)
-    user = User(
-        username=User.normalize_username(username),
-        display_name=display_name,
-        display_name_skeleton=names.skeleton(display_name),
-        email=email_clean(email),
-    )
+    user = user_names_set(user=User(), username=username, display_name=display_name)
+    user.email = email_clean(email)
     if password is None:
         user.set_unusable_password()
     else:
@@ -80,11 +135,6 @@ def user_create(*, username: str, display_name: str, password: str | None, email
         except ValidationError as exc:
             raise ApplicationError("invalid_password", " ".join(exc.messages)) from exc
         user.set_password(password)
-    username_check_reserved(user.username)
-    if User.objects.filter(username__iexact=user.username).exists():
-        raise ApplicationError("username_taken", "This username is taken.", status=409)
-    if display_name_is_taken(display_name):
-        raise ApplicationError("display_name_taken", "This display name is taken.", status=409)
     try:
         with transaction.atomic():
             user.save()
@@ -110,7 +160,9 @@ def user_anonymise(*, user: User) -> User:
     groups and figures that point to it. What the account held elsewhere (nodes, team, alerts) is the
     caller's (web.account.account_delete), in the same transaction. Withdrawn from published files at once."""
     user.username = DELETED_USERNAME.format(id=user.id)
-    user.display_name = user.display_name_skeleton = user.first_name = user.last_name = user.email = ""
+    user.display_name = user.display_name_skeleton = user.username_skeleton = user.first_name = user.last_name = (
+        user.email
+    ) = ""
     user.email_confirmed_at = None
     user.profile_private, user.is_active = True, False
     user.set_unusable_password()

@@ -136,6 +136,8 @@ PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
 
 INSTALLED_APPS = [
     "daphne",  # first: `manage.py runserver` then serves HTTP and WebSockets (ASGI_APPLICATION)
+    # Before django.contrib.auth: its `createsuperuser` names the account through accounts.services.
+    "accounts",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -151,7 +153,6 @@ INSTALLED_APPS = [
     # Project apps (platform/<name>).
     "common",
     "ops",  # /healthz, /readyz, /metrics, the CSP header, deployment checks
-    "accounts",
     "swarms",  # training campaigns: below nodes and the pool (docs/architecture.md)
     "nodes",
     "pool",
@@ -309,6 +310,12 @@ REDIS_URL = env_str("REDIS_URL", "")
 # Namespace of every Redis key this deployment writes (channel layer, rate limits), so deployments
 # or test runs sharing one Redis never count or deliver each other's messages.
 SAPO_REDIS_PREFIX = env_str("SAPO_REDIS_PREFIX", "sapo")
+# Seconds a Redis connection may take to open and a command to be answered, in every client
+# (common.redis_client): what a Redis that hangs costs a frame, a socket's opening or a page before
+# the site degrades as for a stopped one (docs/deploy.md, "When Redis fails").
+SAPO_REDIS_TIMEOUT_SECONDS = env_float("SAPO_REDIS_TIMEOUT_SECONDS", 0.5)
+if not 0 < SAPO_REDIS_TIMEOUT_SECONDS <= 60:
+    raise EnvError(f"SAPO_REDIS_TIMEOUT_SECONDS must be above 0 and at most 60, got {SAPO_REDIS_TIMEOUT_SECONDS}")
 SAPO_SERVER_NAME = env_str("SAPO_SERVER_NAME", "") or socket.gethostname()
 # The ASGI server `manage.py sapo_serve` runs (ops.serving; docs/deploy.md, "Processes").
 SAPO_ASGI_SERVER = env_str("SAPO_ASGI_SERVER", "daphne")
@@ -316,14 +323,13 @@ if SAPO_ASGI_SERVER not in ("uvicorn", "daphne"):
     raise EnvError(f"SAPO_ASGI_SERVER must be uvicorn or daphne, got {SAPO_ASGI_SERVER!r}")
 SAPO_PRESENCE_HEARTBEAT_SECONDS = env_int("SAPO_PRESENCE_HEARTBEAT_SECONDS", 20)
 if REDIS_URL:
-    # socket_timeout None: redis-py >= 8 reads with a 5 s timeout by default, the same 5 s that
-    # channels_redis blocks in BZPOPMIN waiting for messages, so an idle node socket would die with
-    # a redis TimeoutError (close 1011) after 5 s of quiet.
+    # Its commands bounded by SAPO_REDIS_TIMEOUT_SECONDS, its wait for a message (5 s) by that much
+    # more (common/channel_layers.py).
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",  # on a bounded pool
             "CONFIG": {
-                "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+                "hosts": [{"address": REDIS_URL}],
                 "prefix": f"{SAPO_REDIS_PREFIX}:asgi",
             },
         }
