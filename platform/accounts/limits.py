@@ -13,7 +13,8 @@ MULTI, so the key never loses its expiry), else in PostgreSQL (one `LimitCounter
 upserted). Both are shared by every server process; process memory is not, so there is no in-process
 fallback: a limit counted per process multiplies by the number of workers. While Redis is down the
 counters go to PostgreSQL (one log line per outage, common.outage): the API, the log-in and the limits
-keep working, their windows starting afresh there.
+keep working, their windows starting afresh there. While the process counts Redis as down, one use a
+second tries it (common.outage): the others go to PostgreSQL at once.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _redis_key(key: str) -> str:
 def hit(name: str, ident: str, *, window: int) -> Count:
     """Count one hit on counter (name, ident), opening a `window`-second window if none is open."""
     key = _key(name, ident)
-    if settings.REDIS_URL:
+    if settings.REDIS_URL and not outage.REDIS.skip():
         try:
             with redis_client().pipeline(transaction=True) as pipe:
                 pipe.set(_redis_key(key), 0, ex=window, nx=True)
@@ -106,7 +107,7 @@ SELECT count, expires_at FROM hit
 def peek(name: str, ident: str) -> Count:
     """The counter as it stands, without counting."""
     key = _key(name, ident)
-    if settings.REDIS_URL:
+    if settings.REDIS_URL and not outage.REDIS.skip():
         try:
             with redis_client().pipeline(transaction=True) as pipe:
                 pipe.get(_redis_key(key))
@@ -126,7 +127,7 @@ def peek(name: str, ident: str) -> Count:
 def clear(name: str, ident: str) -> None:
     """Close the counter's window (its next hit opens a new one)."""
     key = _key(name, ident)
-    if settings.REDIS_URL:
+    if settings.REDIS_URL and not outage.REDIS.skip():
         try:
             redis_client().delete(_redis_key(key))
             return

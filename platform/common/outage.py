@@ -5,6 +5,11 @@ A 60 s Redis outage under 16 nodes logged 1,041 tracebacks: every frame, heartbe
 retry wrote its own. Code that meets a dependency's failure and carries on (degrades, retries later)
 calls `failed(exc)`; code that used it successfully calls `answered()` (a no-op while it is up, so a
 hot path may call it for every frame). Per process: each process logs its own view of the outage.
+
+A hot path asks `skip()` first: while the dependency is down, one use per PROBE_SECONDS tries it and
+the others take their degraded path at once. A Redis that hangs costs each use that tries it the
+client's timeout (common.redis_client); without `skip()` every frame and page of the outage would wait
+that once per Redis call it makes (docs/deploy.md, "When Redis fails").
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import time
 
 logger = logging.getLogger(__name__)
 
+#: While a dependency is down, how often a hot path tries it again (`Outage.skip`).
+PROBE_SECONDS = 1.0
+
 
 class Outage:
     """The state of one dependency as this process sees it: up, or down since a moment."""
@@ -24,6 +32,7 @@ class Outage:
         self.name = name
         self.since: float | None = None  # time.monotonic() of the first failure of the current outage
         self.failures = 0
+        self.probed = 0.0  # time.monotonic() of the last use that skip() let through while down
         self.pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -38,7 +47,7 @@ class Outage:
                 self.pid, self.since = os.getpid(), None
             first = self.since is None
             if first:
-                self.since = time.monotonic()
+                self.since = self.probed = time.monotonic()
                 self.failures = 0
             self.failures += 1
         if first:
@@ -48,6 +57,21 @@ class Outage:
                 type(exc).__name__,
                 str(exc).strip()[:300],
             )
+
+    def skip(self) -> bool:
+        """True while the dependency is down and was tried less than PROBE_SECONDS ago: the caller takes
+        its degraded path without trying it. False otherwise: the caller tries it (while it is down, as
+        the one probe of the next PROBE_SECONDS) and reports `failed()` or `answered()`."""
+        if self.since is None:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if self.since is None or self.pid != os.getpid():  # up again, or a forked process's own view
+                return False
+            if now - self.probed < PROBE_SECONDS:
+                return True
+            self.probed = now
+            return False
 
     def answered(self) -> None:
         """A use of the dependency succeeded: the end of an outage is logged."""

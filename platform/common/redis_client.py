@@ -11,9 +11,17 @@ own package metadata (importlib.metadata, parsing the METADATA file) for every c
 and a crowd of sockets opening at once grows a worker's pool to 64 connections, a large part of the
 rate limit's Redis time in that burst (docs/benchmarks.md, "Sockets").
 
-Every client retries a command that meets a dead connection (`_retry_options`): after Redis restarts,
-each pooled connection is stale, and without a retry each one failed one more frame or page before
-the pool replaced it.
+Every command is bounded (`_bounds`): connecting and each answer wait at most
+SAPO_REDIS_TIMEOUT_SECONDS (config/settings.py). With redis-py's defaults (5 s, and a timeout retried,
+inside a connect retried too) a Redis that hangs (its process stopped: the kernel still accepts
+connections, nothing answers) holds a node's share, a socket's opening and a page for several times
+that. With the bound the caller gets a TimeoutError and takes the same degraded path as for a stopped
+Redis (docs/deploy.md, "When Redis fails").
+
+A command that meets a dead connection is tried once more, on a new one (`_retry_options`): after
+Redis restarts each pooled connection is stale, and without the retry each one failed one more frame
+or page before the pool replaced it. A timeout is not retried: a Redis that did not answer within the
+bound does not answer the same command sooner, and each retry would wait the whole bound again.
 """
 
 from __future__ import annotations
@@ -34,25 +42,28 @@ REDIS_MAX_CONNECTIONS = 64
 REDIS_WAIT_SECONDS = 30
 
 
-#: Retries of a command whose connection failed (a stale one after a restart, or Redis briefly down),
-#: with exponential backoff from RETRY_BASE_SECONDS up to RETRY_CAP_SECONDS between them.
-REDIS_RETRIES = 3
-RETRY_BASE_SECONDS = 0.05
-RETRY_CAP_SECONDS = 0.5
+#: Retries of a command whose connection failed (a stale one after a restart), at once, on a new one.
+REDIS_RETRIES = 1
 
 
 def _retry_options(*, asyncio: bool) -> dict[str, Any]:
-    """redis-py's Retry for a connection: ConnectionError and TimeoutError retried with backoff."""
-    from redis.backoff import ExponentialBackoff
-    from redis.exceptions import ConnectionError, TimeoutError
+    """redis-py's Retry for a connection: a ConnectionError retried once, a TimeoutError never."""
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError
 
     if asyncio:
         from redis.asyncio.retry import Retry
     else:
         from redis.retry import Retry
+    # supported_errors given: redis-py's default list retries TimeoutError too.
+    return {"retry": Retry(NoBackoff(), REDIS_RETRIES, supported_errors=(ConnectionError,))}
+
+
+def _bounds() -> dict[str, float]:
+    """How long a connection may take to open and a command to be answered."""
     return {
-        "retry": Retry(ExponentialBackoff(cap=RETRY_CAP_SECONDS, base=RETRY_BASE_SECONDS), REDIS_RETRIES),
-        "retry_on_error": [ConnectionError, TimeoutError],
+        "socket_connect_timeout": settings.SAPO_REDIS_TIMEOUT_SECONDS,
+        "socket_timeout": settings.SAPO_REDIS_TIMEOUT_SECONDS,
     }
 
 
@@ -69,14 +80,15 @@ def _connection_options() -> dict[str, Any]:
 
 
 def async_pool(url: str, **options: Any) -> Any:
-    """A bounded asyncio connection pool for `url` (a command waits for a free connection)."""
+    """A bounded asyncio connection pool for `url` (a command waits for a free connection); `options`
+    override the connections' defaults (the channel layer's wait for a message reads for longer)."""
     import redis.asyncio as aioredis
 
     return aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=REDIS_MAX_CONNECTIONS,
         timeout=REDIS_WAIT_SECONDS,
-        **{**_connection_options(), **_retry_options(asyncio=True), **options},
+        **{**_connection_options(), **_retry_options(asyncio=True), **_bounds(), **options},
     )
 
 
@@ -88,6 +100,6 @@ def redis_client() -> Any:
     client = _clients.get(key)
     if client is None:
         client = _clients[key] = redis.Redis.from_url(
-            settings.REDIS_URL, **_connection_options(), **_retry_options(asyncio=False)
+            settings.REDIS_URL, **_connection_options(), **_retry_options(asyncio=False), **_bounds()
         )
     return client

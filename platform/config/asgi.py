@@ -32,6 +32,7 @@ from channels.db import database_sync_to_async  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from common import outage  # noqa: E402
 from common.library_patches import install_for_serving  # noqa: E402
 from nodes.presence import presence_server_start  # noqa: E402
 
@@ -74,8 +75,9 @@ class ServerStart:
             if self.started_pid != pid:
                 try:
                     await database_sync_to_async(presence_server_start)()
-                except Exception:  # not fatal: the old records expire on their own within a minute
-                    logger.exception("forgetting the previous run's presence records failed")
+                except Exception as exc:  # not fatal: the old records expire on their own within a minute
+                    if not outage.dependency_failed(exc):  # an outage is one line (common.outage), a bug its trace
+                        logger.exception("forgetting the previous run's presence records failed")
                 self.started_pid = pid
 
     async def __call__(self, scope, receive, send) -> None:

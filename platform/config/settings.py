@@ -323,8 +323,8 @@ if SAPO_ASGI_SERVER not in ("uvicorn", "daphne"):
     raise EnvError(f"SAPO_ASGI_SERVER must be uvicorn or daphne, got {SAPO_ASGI_SERVER!r}")
 SAPO_PRESENCE_HEARTBEAT_SECONDS = env_int("SAPO_PRESENCE_HEARTBEAT_SECONDS", 20)
 if REDIS_URL:
-    # Its commands bounded by SAPO_REDIS_TIMEOUT_SECONDS, its wait for a message (5 s) by that much
-    # more (common/channel_layers.py).
+    # Its commands bounded by SAPO_REDIS_TIMEOUT_SECONDS, its wait for a message (5 s) by twice that
+    # wait (common/channel_layers.py).
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",  # on a bounded pool

@@ -96,6 +96,8 @@ def _member(node_id: int, connection_id: uuid.UUID) -> str:
 def connection_close(*, node_id: int, connection_id: uuid.UUID, swarm_id: int | None = None) -> None:
     """Forget a socket that closed (`swarm_id`: the swarm it was in, if any)."""
     if settings.REDIS_URL:
+        if outage.REDIS.skip():  # known down: the record expires by itself (expires_after_seconds())
+            return
         member = _member(node_id, connection_id)
         if swarm_id is None:
             redis_client().zrem(_redis_key(), member)
@@ -188,6 +190,8 @@ def connection_counts(
     if wanted is not None and not wanted:
         return {}
     if settings.REDIS_URL:
+        if outage.REDIS.skip():
+            raise PresenceUnknown
         try:
             members = redis_client().zrangebyscore(_redis_key(swarm_id), f"({now.timestamp()}", "+inf")
         except RedisError as exc:

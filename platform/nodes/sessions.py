@@ -123,9 +123,11 @@ def nodes_sessions_open(*, requests: Sequence[tuple[str | None, uuid.UUID]]) -> 
             node.last_seen_at = now  # the row as written (the statement read it before)
             answers[i] = node
             opened[requests[i][1]] = node.id
-        if settings.REDIS_URL:
+        if settings.REDIS_URL and not outage.REDIS.skip():
             try:
                 presence.connections_renew(connections=opened, now=now)
             except RedisError as exc:  # the sockets open unseen; the heartbeat writes them when Redis answers
                 outage.REDIS.failed(exc)
+            else:
+                outage.REDIS.answered()
     return answers

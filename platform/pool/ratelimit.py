@@ -20,7 +20,8 @@ Redis, one hash per node updated by one script (one round trip a frame), so they
 connections and server processes. Without REDIS_URL the deployment is one process (the in-memory
 channel layer cannot span processes), and an in-process table with the same arithmetic is exact.
 While Redis is down, each process counts in that table instead (a node's allowance then holds per
-process, not across them): the server's outage never refuses a node's frame.
+process, not across them): the server's outage never refuses a node's frame, and while the process
+counts Redis as down only one frame a second waits to try it (common.outage).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class Budget:
 async def _account(node_id: int, budget: Budget, costs: tuple[int, int, int], now: float | None) -> bool:
     now = now if now is not None else time.time()
     allowances = (budget.messages, budget.bytes, budget.cpu_ms)
-    if getattr(settings, "REDIS_URL", ""):
+    if getattr(settings, "REDIS_URL", "") and not outage.REDIS.skip():
         args = [repr(now)]
         for allowance, cost in zip(allowances, costs, strict=True):
             args += [allowance, cost]

@@ -1,7 +1,10 @@
 """common.outage: only a dependency that is down or unreachable is an outage (one log line); a
-constraint violation or a bad statement is a bug, and its caller logs the trace."""
+constraint violation or a bad statement is a bug, and its caller logs the trace. While down, one use
+a probe interval tries the dependency again."""
 
 from __future__ import annotations
+
+import time
 
 import django.db
 import psycopg
@@ -48,3 +51,17 @@ def test_a_dependency_down_is_an_outage(exc, dependency) -> None:
 def test_a_bug_is_no_outage(exc) -> None:
     assert outage.dependency_failed(exc) is False
     assert not outage.DATABASE.down and not outage.REDIS.down
+
+
+def test_while_down_one_use_a_probe_interval_tries_the_dependency(monkeypatch) -> None:
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    monkeypatch.setattr(outage, "PROBE_SECONDS", 0.2)
+    assert outage.REDIS.skip() is False  # up: every use tries it
+    outage.REDIS.failed(RedisTimeoutError("Timeout reading from socket"))
+    assert outage.REDIS.skip() is True  # just failed: the others degrade at once
+    time.sleep(0.25)
+    assert outage.REDIS.skip() is False  # the probe
+    assert outage.REDIS.skip() is True  # and only one
+    outage.REDIS.answered()
+    assert outage.REDIS.skip() is False

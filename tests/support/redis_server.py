@@ -5,6 +5,7 @@ can start it the same way (redis-server is on the PATH of the CI image, as on a 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -22,7 +23,8 @@ def _free_port() -> int:
 
 class RedisServer:
     """One redis-server process on a fixed port: `stop()` kills it, `start()` starts an empty one on the
-    same port (a restart without persistence), `flush()` forgets everything (FLUSHALL)."""
+    same port (a restart without persistence), `flush()` forgets everything (FLUSHALL), `pause()` hangs
+    it (SIGSTOP: the kernel still accepts connections, nothing answers) until `resume()` (SIGCONT)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -50,6 +52,14 @@ class RedisServer:
             self.process.wait(10)
             self.process = None
 
+    def pause(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         """Down and up again, empty."""
         self.stop()
@@ -76,7 +86,7 @@ class RedisServer:
             "CHANNEL_LAYERS": {
                 "default": {
                     "BACKEND": "common.channel_layers.BoundedRedisChannelLayer",
-                    "CONFIG": {"hosts": [{"address": self.url, "socket_timeout": None}], "prefix": f"{prefix}:asgi"},
+                    "CONFIG": {"hosts": [{"address": self.url}], "prefix": f"{prefix}:asgi"},
                 }
             },
         }
