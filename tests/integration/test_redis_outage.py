@@ -21,20 +21,16 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from factories import make_node_with_token
+from support.live_nodes import TIMEOUT, close_code, open_node
 from support.pool import EASY, make_group, share_frame
 from support.redis_server import RedisServer, redis_server
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
-HELLO = {"type": "hello", "v": 1, "client": "outage-test", "model": "m", "hardware": "h"}
-TIMEOUT = 20.0
 #: What a loaded test machine (2 cores shared with other test runs) may add to the documented bound.
 SLACK = 2.0
 
@@ -70,30 +66,6 @@ def server(asgi_server, redis: RedisServer, settings, tmp_path: Path):
 @pytest.fixture
 def on_redis(server, redis: RedisServer) -> RedisServer:
     return redis
-
-
-@contextmanager
-def open_node(server, token: str) -> Iterator[ClientConnection]:
-    """A node socket, welcomed."""
-    with connect(
-        f"{server.ws_url}/ws/node/", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=TIMEOUT
-    ) as ws:
-        ws.send(json.dumps(HELLO))
-        assert json.loads(ws.recv(timeout=TIMEOUT))["type"] == "welcome"
-        yield ws
-
-
-def close_code(ws: ClientConnection, timeout: float) -> int | None:
-    """The code the server closes `ws` with within `timeout` seconds (None: still open)."""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ws.recv(timeout=max(0.1, deadline - time.monotonic()))
-    except TimeoutError:
-        return None
-    except ConnectionClosed:
-        return ws.close_code
-    return None
 
 
 def wait_for_log(server, text: str, timeout: float = 10.0) -> str:

@@ -18,21 +18,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from factories import make_node, make_node_token, make_node_with_token, make_user
+from support.live_nodes import TIMEOUT, close_code, open_node
 from support.pool import EASY, make_group, share_frame
 from support.redis_server import RedisServer, redis_server
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
-HELLO = {"type": "hello", "v": 1, "client": "orders-test", "model": "m", "hardware": "h"}
-TIMEOUT = 20.0
 #: How often the site processes read the orders here (settings.SAPO_SOCKET_ORDERS_SECONDS).
 ORDERS_SECONDS = 1.0
 #: What an order may take to reach a socket by the database's path: a read, and a slow machine's slack.
@@ -67,30 +63,6 @@ def sites(asgi_server, redis: RedisServer, settings, tmp_path: Path):
         finally:
             channel_layers.backends.clear()
             redis_client._clients.clear()
-
-
-@contextmanager
-def open_node(server, token: str, swarm: str | None = None) -> Iterator[ClientConnection]:
-    """A node socket, welcomed (in `swarm`, by its slug)."""
-    with connect(
-        f"{server.ws_url}/ws/node/", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=TIMEOUT
-    ) as ws:
-        ws.send(json.dumps({**HELLO, **({"swarm": swarm} if swarm else {})}))
-        assert json.loads(ws.recv(timeout=TIMEOUT))["type"] == "welcome"
-        yield ws
-
-
-def close_code(ws: ClientConnection, timeout: float) -> int | None:
-    """The code the server closes `ws` with within `timeout` seconds (None: still open)."""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ws.recv(timeout=max(0.1, deadline - time.monotonic()))
-    except TimeoutError:
-        return None
-    except ConnectionClosed:
-        return ws.close_code
-    return None
 
 
 def in_another_process(code: str, redis: RedisServer, prefix: str) -> None:
