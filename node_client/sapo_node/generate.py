@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from sapo_node import protocol
 from sapo_node.prompts import has_chat_template
 from sapo_node.shared_prefix import prompt_layout, prompt_pass
 
@@ -89,22 +90,10 @@ def gumbel_noise(shape: tuple[int, ...], device: Any) -> torch.Tensor:
     return torch.rand(shape, device=device).log_().neg_().log_().neg_()
 
 
-#: Characters no completion holds, as inclusive code point ranges: NUL and the other controls but
-#: tab, newline and carriage return, zero-width and bidi marks, the BOM (what the moderation's
-#: characters rule counts as non-printable, moderation.kernels.NONPRINTABLE), lone surrogates
-#: (text the pool cannot store as UTF-8) and U+FFFD (what a byte fragment decodes to).
-REFUSED_CHARACTERS = (
-    (0x00, 0x08),
-    (0x0B, 0x0C),
-    (0x0E, 0x1F),
-    (0x7F, 0x9F),
-    (0x200B, 0x200F),
-    (0x202A, 0x202E),
-    (0x2060, 0x2064),
-    (0xD800, 0xDFFF),
-    (0xFEFF, 0xFEFF),
-    (0xFFFD, 0xFFFD),
-)
+#: Characters no completion holds, as inclusive code point ranges: the non-printable ones (what the
+#: moderation's characters rule counts: protocol.NONPRINTABLE), lone surrogates (text the pool cannot
+#: store as UTF-8) and U+FFFD (what a byte fragment decodes to).
+REFUSED_CHARACTERS = (*protocol.NONPRINTABLE, (0xD800, 0xDFFF), (0xFFFD, 0xFFFD))
 _REFUSED = re.compile("[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in REFUSED_CHARACTERS) + "]")
 
 

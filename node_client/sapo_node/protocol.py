@@ -40,6 +40,20 @@ ID_MAX_AHEAD_SECONDS = 300
 #: stored or counted, and the node shares the group again under a fresh id (outbox.rekey).
 BAD_ID = "bad_id"
 
+#: Non-printable characters, as inclusive code point ranges: controls other than tab, newline and
+#: carriage return, zero-width and bidi marks, the BOM. The moderation's characters rule counts them
+#: (moderation.kernels) and the node's sampler never writes them (sapo_node.generate).
+NONPRINTABLE = (
+    (0x00, 0x08),
+    (0x0B, 0x0C),
+    (0x0E, 0x1F),
+    (0x7F, 0x9F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0xFEFF, 0xFEFF),
+)
+
 #: The protocol version every frame carries as "v"; a frame with another is answered `unsupported_version`.
 VERSION = 1
 

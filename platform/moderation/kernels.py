@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from common.native import native
+from sapo_node import protocol
 
 # --- normalising ----------------------------------------------------------------------------------
 
@@ -234,18 +235,9 @@ def near_first(candidates: bytes, probes_in: Sequence[int], max_distance: int, b
 
 # --- character counts (the characters rule) -------------------------------------------------------
 
-#: Non-printable: controls other than tab/newline/carriage return, zero-width and bidi marks, BOM; as a
+#: Non-printable (sapo_node.protocol.NONPRINTABLE, what the node's sampler never writes either), as a
 #: lookup table over the Basic Multilingual Plane (no code point above it is in these ranges).
-NONPRINTABLE = (
-    (0x00, 0x08),
-    (0x0B, 0x0C),
-    (0x0E, 0x1F),
-    (0x7F, 0x9F),
-    (0x200B, 0x200F),
-    (0x202A, 0x202E),
-    (0x2060, 0x2064),
-    (0xFEFF, 0xFEFF),
-)
+NONPRINTABLE = protocol.NONPRINTABLE
 _NONPRINTABLE_TABLE = np.zeros(0x10001, dtype=bool)  # the last entry stands for every code point above the BMP
 for _lo, _hi in NONPRINTABLE:
     _NONPRINTABLE_TABLE[_lo : _hi + 1] = True
