@@ -11,30 +11,29 @@ group: each socket waits on `receive`, so opening N sockets at once costs O(N^2)
 the server's CPU at N = 1,000 (docs/benchmarks.md, "Sockets"). Messages expire after 60 s and memberships
 after a day; cleaning them up to a second late changes nothing a node sees.
 
-Its commands are bounded like every Redis client's (common.redis_client: SAPO_REDIS_TIMEOUT_SECONDS),
-but for the wait for a message: channels_redis blocks in BZPOPMIN for `brpop_timeout` (5 s) when
-no message comes, so that wait reads on connections of its own that allow it twice that long: its
-timeout is a Redis that hangs, never a busy event loop reading the empty answer late (a timeout that
-fires as the loop cancels the wait at shutdown can lose the cancellation, and the loop never closes).
-The closes listener (pool.closes) waits there; every other command (group_add, group_send) fails
-within the bound on a Redis that hangs.
+Its operations are bounded like every Redis client's commands (SAPO_REDIS_TIMEOUT_SECONDS), but
+by an asyncio timeout around each (`_bounded`), not by redis-py's socket timeout: with one, redis-py
+sends through asyncio.wait_for, which on Python 3.11 loses a task's cancellation when it lands as the
+send completes (fixed in 3.12), and the closes listener (pool.closes), always sending or waiting, then
+outlives its event loop's shutdown. The wait for a message blocks in BZPOPMIN for `brpop_timeout`
+(5 s) when no message comes, so it may take twice that: its timeout is a Redis that hangs, never a
+busy loop reading the empty answer late.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
-from redis import asyncio as aioredis
+from django.conf import settings
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.redis_client import async_pool
-
-#: Set while this task waits for a message (BZPOPMIN): its commands go to the waiting connections.
-_waiting: contextvars.ContextVar[bool] = contextvars.ContextVar("waiting_for_a_message", default=False)
 
 CLEAN_EVERY_SECONDS = 1.0
 
@@ -50,29 +49,42 @@ class ThrottledInMemoryChannelLayer(InMemoryChannelLayer):
         super()._clean_expired()
 
 
+@contextlib.asynccontextmanager
+async def _bounded(seconds: float | None = None) -> AsyncIterator[None]:
+    """At most `seconds` (SAPO_REDIS_TIMEOUT_SECONDS) for what runs inside; past it, redis-py's
+    TimeoutError, which common.outage counts as Redis unavailable."""
+    seconds = settings.SAPO_REDIS_TIMEOUT_SECONDS if seconds is None else seconds
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError as exc:
+        raise RedisTimeoutError(f"the channel layer's Redis did not answer within {seconds:g} s") from exc
+
+
 class BoundedRedisChannelLayer(RedisChannelLayer):
-    def create_pool(self, index: int, **options: Any):
-        host = {**self.hosts[index], **options}
+    def create_pool(self, index: int):
+        host = dict(self.hosts[index])
         if "address" not in host:  # Sentinel or keyword hosts: channels_redis's own pools
             return super().create_pool(index)
+        host.setdefault("socket_timeout", None)  # each operation is bounded instead (module docstring)
         return async_pool(host.pop("address"), **host)
 
-    async def _brpop_with_clean(self, *args: Any, **kwargs: Any):
-        token = _waiting.set(True)
-        try:
-            return await super()._brpop_with_clean(*args, **kwargs)
-        finally:
-            _waiting.reset(token)
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        async with _bounded():
+            await super().send(channel, message)
 
-    def connection(self, index: int):
-        client = super().connection(index)  # checks the index, and the loop's clients close with the loop
-        if not _waiting.get() or "address" not in self.hosts[index]:
-            return client
-        # Kept beside channels_redis's own client for this loop and index (RedisLoopLayer._connections),
-        # so that the layer's close_pools() and the loop's close close it too.
-        clients = self._layers[asyncio.get_running_loop()]._connections
-        key = ("waiting", index)
-        if key not in clients:
-            wait = 2 * self.brpop_timeout
-            clients[key] = aioredis.Redis(connection_pool=self.create_pool(index, socket_timeout=wait))
-        return clients[key]
+    async def group_add(self, group: str, channel: str) -> None:
+        async with _bounded():
+            await super().group_add(group, channel)
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        async with _bounded():
+            await super().group_discard(group, channel)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        async with _bounded():
+            await super().group_send(group, message)
+
+    async def _brpop_with_clean(self, *args: Any, **kwargs: Any):
+        async with _bounded(2 * self.brpop_timeout):
+            return await super()._brpop_with_clean(*args, **kwargs)
