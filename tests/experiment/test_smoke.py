@@ -57,7 +57,12 @@ def test_every_share_reached_the_real_pool_and_every_external_group_verified(smo
         outbox = Outbox(path)
         try:
             # The pool re-verified every group the node shared (B per round) and accepted it.
-            assert outbox.counts() == {"accepted": config.rounds * config.questions, "rejected": 0, "pending": 0}
+            assert outbox.counts() == {
+                "accepted": config.rounds * config.questions,
+                "rejected": 0,
+                "refused": 0,
+                "pending": 0,
+            }
         finally:
             outbox.close()
     rows = read_csv(out / "rounds.csv")
