@@ -14,13 +14,11 @@ import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from factories import make_node_with_token
+from support.live_nodes import wait_for
 
 from pool.models import EpochMarker, Rollout
 from sapo_node.groups import Group
@@ -55,15 +53,6 @@ def test_every_acknowledged_group_is_back_after_pg_restore_clean_under_running_n
 # ---------------------------------------------------------------------------- a node the restore forgot
 
 HELLO = Hello("sapo-node/integration", "tiny", "cpu", 4, 4)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def honest_groups(n: int, seed: int) -> list[Group]:
@@ -112,7 +101,7 @@ def test_a_node_the_restore_forgot_says_what_to_do_keeps_its_groups_and_sends_th
     t.share(groups[3:])  # the node trains on meanwhile
 
     with swarm_servers(port=port) as second:
-        assert wait_for(lambda: t.status == "refused (4401)")
+        assert wait_for(lambda: t.status == "refused (4401)", timeout=30.0)
         advice = next(r.getMessage() for r in caplog.records if "4401" in r.getMessage())
         assert "restored from a backup made before this node was registered" in advice
         assert f"--out {outbox.parent} --server {url} --token NEW_TOKEN" in advice

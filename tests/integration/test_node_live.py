@@ -20,7 +20,6 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 from factories import make_node_with_token
+from support.live_nodes import wait_for
 
 from nodes.models import Node, NodeStatus
 from nodes.presence import connected_node_ids, connection_counts, expires_after_seconds
@@ -49,15 +49,6 @@ HELLO = Hello("sapo-node/integration", "tiny", "cpu", 4, 4)
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return bool(condition())
 
 
 def policy_copy(policy: tuple[Any, Any]) -> tuple[Any, Any]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from factories import make_node_with_token, make_swarm, make_user
+from support.live_nodes import wait_for
 
 from pool.models import Rollout
 from sapo_node import protocol
@@ -26,15 +27,6 @@ pytestmark = [
         not os.environ.get("REDIS_URL"), reason="a pause and a retirement reach the server over the Redis channel layer"
     ),
 ]
-
-
-def wait_for(condition, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def honest_groups(first: int, count: int) -> list[Group]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from factories import make_node_with_token, make_swarm, make_user
+from support.live_nodes import wait_for
 
 from pool.models import NodeRound, Rollout
 from sapo_node import protocol
@@ -19,15 +20,6 @@ from sapo_node.transport import Hello
 from swarms.services import swarm_state_set
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
-
-
-def wait_for(condition, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def honest_group(i: int) -> Group:

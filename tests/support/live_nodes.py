@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -38,3 +39,13 @@ def close_code(ws: ClientConnection, timeout: float) -> int | None:
     except ConnectionClosed:
         return ws.close_code
     return None
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> bool:
+    """Whether `condition()` holds within `timeout` seconds (polled every 50 ms, and once at the end)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
