@@ -5,7 +5,6 @@ on the open socket, or at the next hello) drops them with one line; a node that 
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -23,9 +22,6 @@ from swarms.services import swarm_default_ensure, swarm_state_set
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not os.environ.get("REDIS_URL"), reason="a pause and a retirement reach the server over the Redis channel layer"
-    ),
 ]
 
 
