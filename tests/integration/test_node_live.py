@@ -444,9 +444,6 @@ def test_a_server_killed_mid_stream_and_restarted_loses_and_duplicates_nothing(s
 # ---------------------------------------------------------------------------- refusal
 
 
-@pytest.mark.skipif(
-    not os.environ.get("REDIS_URL"), reason="a revocation reaches the server process over the Redis channel layer"
-)
 def test_a_revoked_token_closes_with_4401_and_the_node_trains_on_alone(
     swarm_server, transports, proxies, tiny_policy, tmp_path, caplog
 ):

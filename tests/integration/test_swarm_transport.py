@@ -5,7 +5,6 @@ the outbox and the reports in memory."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -54,9 +53,6 @@ def test_a_retired_swarm_is_refused_in_one_line_naming_the_open_swarms(swarm_ser
     assert "this swarm is retired (4410)" in line and "open swarms:" in line and "new-campaign" in line
 
 
-@pytest.mark.skipif(
-    not os.environ.get("REDIS_URL"), reason="a pause reaches the server process over the Redis channel layer"
-)
 def test_pausing_the_swarm_stops_sharing_until_it_opens_again(swarm_server, transports, tmp_path):
     staff = make_user(is_staff=True)
     swarm = make_swarm(slug="pausable", actor=staff)
