@@ -73,8 +73,8 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     assert "fold: ok" in out and "badges: ok" in out, out[-3000:]  # the scheduled jobs ran beside the site
     assert (tmp_path / "stats" / "index.json").is_file()
     for node in ("local-1", "local-2", "silo-1"):
-        assert f"[{node}] round 2:" in out, out[-3000:]
-        assert f"[{node}] round 3:" not in out
+        assert f"[{node}] round 2/2:" in out, out[-3000:]
+        assert f"[{node}] round 3/" not in out
     # the scheduled jobs ran beside the site, alerts among them
     assert "[jobs]   fold: ok" in out and "[jobs]   alerts: ok" in out, out[-3000:]
 
