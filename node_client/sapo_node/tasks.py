@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sapo_node import proof
 from sapo_node.datasets import MAX_INDEX, TaskSpec, build_lock, dataset_for
 from sapo_node.verifiers import ScoringTimeout, extract_answer, score_answers
 
@@ -250,32 +251,70 @@ class TaskRef:
 
 
 class TaskStream:
-    """A node's own stream of questions, deterministic in the node's seed.
+    """A node's stream of questions: from the server's challenge when it holds one, else its own.
 
-    Each draw picks a dataset from the catalogue (by its weights, if it has any, else uniformly) and a fresh index, so two nodes with
-    different seeds see different questions and a resumed node can restore the stream's state.
+    Each draw picks a dataset from the catalogue (by its weights, if it has any, else uniformly). Its
+    (seed, index) come from the newest challenge the node holds (`follow`): seed `proof.task_seed(c)`
+    and the indices `proof.task_index(c, j)` for j = 0, 1, ... in order, so the server chose the
+    questions and can check them (docs/protocol.md, "Proof of work"). Without a challenge (offline, in
+    silo, before the first welcome), or once a challenge has too few questions left for a draw, the
+    index is a fresh one from the node's own generator and the seed is the node's: two nodes with
+    different seeds see different questions.
+
+    `state` is the generator's (a checkpoint saves it); the challenge is not saved: it belongs to the
+    connection, and a resumed node takes the one its next welcome brings.
     """
 
     def __init__(self, catalogue: Catalogue, seed: int) -> None:
         self.catalogue = catalogue
         self.seed = seed % (MAX_SEED + 1)
         self._rng = random.Random(seed)
+        #: The newest challenge taken (None: none yet), and its next question j.
+        self.challenge: str | None = None
+        self._next_j = 0
+
+    def follow(self, challenge: str | None) -> None:
+        """Take `challenge` if it is newer than the one held (a different one: the server sends each
+        once, the newest last); its questions are drawn from j = 0."""
+        if challenge is not None and challenge != self.challenge:
+            self.challenge, self._next_j = challenge, 0
 
     def draw(self, n: int) -> list[TaskRef]:
+        """The next `n` questions: the challenge's when it has `n` left, else the node's own."""
+        under = self.challenge is not None and self._next_j + n <= proof.QUESTIONS_PER_CHALLENGE
         refs = []
-        weights = self.catalogue.weights
         for _ in range(n):
-            if weights:
-                (spec,) = self._rng.choices(self.catalogue.tasks, weights=weights)
-            else:
-                spec = self._rng.choice(self.catalogue.tasks)
-            refs.append(TaskRef(spec.dataset, self.seed, self._rng.randrange(MAX_INDEX)))
+            spec = self._pick()
+            refs.append(self._next_challenge_ref(spec.dataset) if under else self._own_ref(spec.dataset))
         return refs
 
     def redraw(self, ref: TaskRef) -> TaskRef:
-        """Another question of the same dataset, for a drawn one that cannot be built (a fresh
-        index from the same generator, so the stream stays deterministic in its seed)."""
-        return TaskRef(ref.dataset, self.seed, self._rng.randrange(MAX_INDEX))
+        """Another question of the same dataset, for a drawn one that cannot be built: the challenge's
+        next question when `ref` is one of the challenge's and it has one left, else a fresh index from
+        the node's own generator (deterministic in its seed)."""
+        if self.challenge is not None and self.under_challenge(ref) and self._next_j < proof.QUESTIONS_PER_CHALLENGE:
+            return self._next_challenge_ref(ref.dataset)
+        return self._own_ref(ref.dataset)
+
+    def under_challenge(self, ref: TaskRef) -> bool:
+        """Whether `ref` is one of the held challenge's questions (the server's check of a proof)."""
+        c = self.challenge
+        return c is not None and ref.seed == proof.task_seed(c) and ref.index in proof.task_indices(c)
+
+    def _pick(self) -> TaskSpec:
+        if self.catalogue.weights:
+            (spec,) = self._rng.choices(self.catalogue.tasks, weights=self.catalogue.weights)
+            return spec
+        return self._rng.choice(self.catalogue.tasks)
+
+    def _next_challenge_ref(self, dataset: str) -> TaskRef:
+        assert self.challenge is not None
+        index = proof.task_index(self.challenge, self._next_j)
+        self._next_j += 1
+        return TaskRef(dataset, proof.task_seed(self.challenge), index)
+
+    def _own_ref(self, dataset: str) -> TaskRef:
+        return TaskRef(dataset, self.seed, self._rng.randrange(MAX_INDEX))
 
     def state(self) -> Any:
         return self._rng.getstate()
