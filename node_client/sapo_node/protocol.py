@@ -149,6 +149,42 @@ class WireTask(msgspec.Struct, kw_only=True):
     index: int
 
 
+class WireProof(msgspec.Struct, kw_only=True):
+    """What a group made under a server challenge carries to prove its work (docs/protocol.md, "Proof of
+    work"; the encodings are sapo_node.proof's): the challenge its question came from, the commitment
+    to the generating weights, and each completion's sampled token ids and their log-probabilities,
+    which an audit replays under the committed weights."""
+
+    #: The challenge (`welcome.challenge`, `ack.challenge`) the group's question came from.
+    challenge: str
+    #: proof.weights_digest of the weights that generated the group: 64 lowercase hex characters.
+    weights: str
+    #: The model's name as `hello.model` says it (tiny-mini, smollm2, ...).
+    model: str
+    temperature: float
+    #: Per completion: proof.encode_ids of its sampled token ids, EOS included.
+    tokens: list[str]
+    #: Per completion: proof.encode_floats of each sampled token's log-probability (one per token).
+    logprobs: list[str]
+
+
+#: A proof's bounds (pool.messages refuses a proof outside them as invalid_message): the model's name in
+#: characters, the temperature's range.
+PROOF_MAX_MODEL_CHARS = 200
+PROOF_MAX_TEMPERATURE = 10.0
+
+
+class WireAudit(msgspec.Struct, kw_only=True):
+    """An audit the server asks of the node (`ack.audits`, `welcome.audits`; docs/protocol.md, "Proof of
+    work"): upload the checkpoint whose weights_digest is `weights` to `upload` (a path on the server)
+    before `deadline` (unix seconds)."""
+
+    id: uuid.UUID
+    weights: str
+    upload: str
+    deadline: int
+
+
 class WireGroup(msgspec.Struct, kw_only=True):
     """A group as it travels (docs/protocol.md, "share"), declared once: the node client encodes and
     decodes through it (sapo_node.groups.Group.to_wire/from_wire), the server decodes a share into it
@@ -170,6 +206,8 @@ class WireGroup(msgspec.Struct, kw_only=True):
     answer: str | None
     completions: list[str]
     rewards: list[float]
+    #: None from a node without a challenge (offline, or an older client): the group is unaudited.
+    proof: WireProof | None = None
 
 
 class SampledWireGroup(WireGroup, kw_only=True):

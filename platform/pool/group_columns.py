@@ -13,7 +13,7 @@ from pool.models import Rollout, RolloutText
 Column = tuple[str, str]
 
 #: The texts, kept apart from the ledger: partitioned by day and aged out (pool.retention).
-TEXT_FIELDS = ("question", "answer", "completions")
+TEXT_FIELDS = ("question", "answer", "completions", "proof")
 CLAIMED_REWARDS: Column = ("r", "claimed_rewards")
 #: A group read back for training (a sample) carries the verified rewards.
 VERIFIED_REWARDS: Column = ("r", "verified_rewards")

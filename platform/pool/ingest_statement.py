@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from django.db import connection
 from django.utils import timezone
 from psycopg import sql
@@ -17,6 +18,7 @@ from common.composed import cte_list, placeholder_names, placeholders, rendered
 from common.db import binary_array, prepare_hot, server_binding_cursor
 from pool.budgets import ROW_OVERHEAD_BYTES, StoredBytes, hour_of, owner_hour_bytes_sql, utf8_len
 from pool.messages import GROUP_FIELDS, RolloutIn
+from pool.models import AuditState
 from pool.seams import INSERT_CTE_NAMES, INSERT_PARAM_NAMES, RecordPart, RecordSql, record_sql_check
 from pool.verification import Verification, has_variance
 from swarms.models import sample_sequence_name
@@ -64,26 +66,27 @@ _INSERT_CTES: dict[str, sql.Composable] = {
     "inserted": sql.SQL("""
 INSERT INTO pool_rollout (id, node_id, swarm_id, catalogue_version, round, dataset, seed, index,
     completion_count, claimed_rewards, verified_rewards, verdict, reason, moderation_status,
-    has_variance, sampleable, sample_seq, created_at)
+    has_variance, sampleable, sample_seq, proof_weights, audit_state, audit_reason, created_at)
 SELECT u.id, u.node, {swarm}, {catalogue_version}, u.round, u.dataset, u.seed, u.index,
        u.completion_count, u.claimed::jsonb, u.verified::jsonb, u.verdict, u.reason,
        CASE WHEN u.held THEN 'held' ELSE 'ok' END, u.has_variance, u.sampleable,
-       CASE WHEN u.sampleable THEN nextval({sequence}::regclass) END, {now}
+       CASE WHEN u.sampleable THEN nextval({sequence}::regclass) END, u.weights, u.audit, u.audit_reason, {now}
 FROM unnest({id}::uuid[], {node}::bigint[], {round}::int[], {dataset}::text[], {seed}::bigint[],
             {index}::bigint[], {count}::int[], {claimed}::text[], {verified}::text[], {verdict}::text[],
-            {reason}::text[], {has_variance}::bool[], {sampleable}::bool[], {held}::bool[])
+            {reason}::text[], {has_variance}::bool[], {sampleable}::bool[], {held}::bool[],
+            {proof_weights}::text[], {proof_audit}::text[], {proof_audit_reason}::text[])
      AS u(id, node, round, dataset, seed, index, completion_count, claimed,
-          verified, verdict, reason, has_variance, sampleable, held)
+          verified, verdict, reason, has_variance, sampleable, held, weights, audit, audit_reason)
 ON CONFLICT (id) DO NOTHING
 RETURNING id, node_id, verdict
 """).format(**_F),
     # The texts are pool_rollouttext's (partitioned by day; pool.retention ages them out), written for
     # the ids really inserted; a repeated id's first occurrence is the one the ledger took.
     "texts": sql.SQL("""
-INSERT INTO pool_rollouttext (rollout_id, swarm_id, created_at, question, answer, completions)
-SELECT DISTINCT ON (u.id) u.id, {swarm}, {now}, u.question, u.answer, u.completions::jsonb
-FROM unnest({id}::uuid[], {question}::text[], {answer}::text[], {completions}::text[])
-     WITH ORDINALITY AS u(id, question, answer, completions, n)
+INSERT INTO pool_rollouttext (rollout_id, swarm_id, created_at, question, answer, completions, proof)
+SELECT DISTINCT ON (u.id) u.id, {swarm}, {now}, u.question, u.answer, u.completions::jsonb, u.proof::jsonb
+FROM unnest({id}::uuid[], {question}::text[], {answer}::text[], {completions}::text[], {proof}::text[])
+     WITH ORDINALITY AS u(id, question, answer, completions, proof, n)
 JOIN inserted i ON i.id = u.id ORDER BY u.id, u.n
 """).format(**_F),
     "counts": sql.SQL("""
@@ -167,6 +170,11 @@ def insert_statement(record: RecordPart | None) -> str:
     return text
 
 
+_UNAUDITED = (AuditState.UNAUDITED.value, "")
+#: The proof as the texts' jsonb column gets it: msgspec writes a Struct's JSON in C, in its field order.
+_PROOF_ENCODER = msgspec.json.Encoder()
+
+
 def kept_text(text: str | None) -> str | None:
     """A rejected group's text as stored: cut to REJECTED_KEEP_CHARS, with a mark where it was cut."""
     if text is None or len(text) <= REJECTED_KEEP_CHARS:
@@ -182,6 +190,9 @@ class ScreenedShare:
     rollouts: Sequence[RolloutIn]
     checks: dict[uuid.UUID, Verification]
     held: set[uuid.UUID]
+    #: (audit_state, audit_reason) of the groups whose proof was checked (pool.challenges); any other
+    #: group is stored unaudited with no reason.
+    audits: dict[uuid.UUID, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,22 +217,30 @@ def insert_batch(
     verdicts = [share.checks[r.id] for share in shares for r in share.rollouts]
     variance = [c.accepted and has_variance(c.verified_rewards) for c in verdicts]
     holds = [r.id in share.held for share in shares for r in share.rollouts]
-    questions, answers, completions = [], [], []
+    audits = [share.audits.get(r.id, _UNAUDITED) for share in shares for r in share.rollouts]
+    questions, answers, completions, proofs = [], [], [], []
     for r, c in zip(rollouts, verdicts, strict=True):
         if c.accepted:
             questions.append(r.question)
             answers.append(r.answer)
             completions.append(dumps_texts(r.completions))
+            # Kept whole with the texts, for the audits' replay.
+            proofs.append(None if r.proof is None else _PROOF_ENCODER.encode(r.proof).decode())
         else:
+            # A rejected group earns nothing whatever its proof: the proof is not kept.
             questions.append(kept_text(r.question))
             answers.append(kept_text(r.answer))
             completions.append(dumps([kept_text(t) for t in r.completions[:REJECTED_KEEP_COMPLETIONS]]))
+            proofs.append(None)
     claimed = [dumps_floats(r.rewards) for r in rollouts]
     verified = [None if c.verified_rewards is None else dumps_floats(c.verified_rewards) for c in verdicts]
     sizes = [
         ROW_OVERHEAD_BYTES + sum(map(utf8_len, texts))
         for texts in zip(questions, answers, completions, claimed, verified, strict=True)
     ]
+    for i, proof in enumerate(proofs):
+        if proof is not None:
+            sizes[i] += utf8_len(proof)
     totals, start = [], 0
     for share in shares:
         totals.append(sum(sizes[start : start + len(share.rollouts)]))
@@ -256,6 +275,10 @@ def insert_batch(
         "has_variance": binary_array("bool", variance),
         "sampleable": binary_array("bool", [v and not h for v, h in zip(variance, holds, strict=True)]),
         "held": binary_array("bool", holds),
+        "proof": binary_array("text", proofs),
+        "proof_weights": binary_array("text", [None if r.proof is None else r.proof.weights for r in rollouts]),
+        "proof_audit": binary_array("text", [state for state, _ in audits]),
+        "proof_audit_reason": binary_array("text", [reason for _, reason in audits]),
     }
     if record is not None:
         params.update(record.params)  # names apart from the pool's: pool.seams.record_sql_check

@@ -17,6 +17,9 @@ frame to the general path above, whose errors are the protocol's.
 
 from __future__ import annotations
 
+import array
+import base64
+import binascii
 import json
 import math
 import re
@@ -27,8 +30,9 @@ from typing import Any
 import msgspec
 
 from pool.limits import Limits
+from sapo_node import proof as proof_of_work
 from sapo_node import protocol
-from sapo_node.protocol import WireGroup, WireTask
+from sapo_node.protocol import WireGroup, WireProof, WireTask
 
 PROTOCOL_VERSION = protocol.VERSION
 MAX_REF_CHARS = 64
@@ -88,6 +92,7 @@ class RolloutIn(msgspec.Struct, frozen=True, kw_only=True):
     answer: str | None
     completions: tuple[str, ...]
     rewards: tuple[float, ...]
+    proof: WireProof | None = None
 
 
 assert RolloutIn.__struct_fields__ == GROUP_FIELDS, "RolloutIn holds sapo_node.protocol.WireGroup's fields"
@@ -431,6 +436,89 @@ def _check_rewards(value: Any, path: str, limits: Limits, checked: dict[str, Any
     return tuple(_number(r, f"{path}[{i}]") for i, r in enumerate(value))
 
 
+_WEIGHTS_RE = re.compile(f"[0-9a-f]{{{proof_of_work.DIGEST_HEX_CHARS}}}")
+#: A proof's fields in the order the general path checks them (which decides the error of a proof with
+#: several faults).
+_PROOF_FIELDS = ("challenge", "weights", "model", "temperature", "tokens", "logprobs")
+assert set(_PROOF_FIELDS) == set(WireProof.__struct_fields__), "a check for each field of WireProof"
+
+
+def _check_proof(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> WireProof | None:
+    """A group's proof of work (docs/protocol.md, "Proof of work"), or None when it has none. Its
+    challenge is not checked here (an expired or foreign one is a verdict on the credit, not a malformed
+    frame: pool.challenges), only its form and bounds."""
+    if value is _ABSENT or value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _invalid(path, "expected an object or null")
+    fields = {name: value.get(name, _ABSENT) for name in _PROOF_FIELDS}
+    challenge, weights, model = fields["challenge"], fields["weights"], fields["model"]
+    if not isinstance(challenge, str) or not 1 <= len(challenge) <= proof_of_work.MAX_CHALLENGE_CHARS:
+        raise _invalid(f"{path}.challenge", f"expected a string of 1 to {proof_of_work.MAX_CHALLENGE_CHARS} characters")
+    if not challenge.isascii() or not challenge.isprintable():
+        raise _invalid(f"{path}.challenge", "expected printable ASCII characters")
+    if not isinstance(weights, str) or not _WEIGHTS_RE.fullmatch(weights):
+        raise _invalid(f"{path}.weights", f"expected {proof_of_work.DIGEST_HEX_CHARS} lowercase hex characters")
+    if not isinstance(model, str) or not 1 <= len(model) <= protocol.PROOF_MAX_MODEL_CHARS or not _clean(model):
+        raise _invalid(f"{path}.model", f"expected a name of 1 to {protocol.PROOF_MAX_MODEL_CHARS} characters")
+    temperature = fields["temperature"]
+    if type(temperature) not in _NUMBER_TYPES or not 0 <= temperature <= protocol.PROOF_MAX_TEMPERATURE:
+        raise _invalid(f"{path}.temperature", f"expected a number in [0, {protocol.PROOF_MAX_TEMPERATURE:g}]")
+    count = len(checked["completions"])
+    lists = {}
+    for name in ("tokens", "logprobs"):
+        items = fields[name]
+        if not isinstance(items, list) or len(items) != count or set(map(type, items)) - _STR_TYPE:
+            raise _invalid(f"{path}.{name}", "expected one string per completion")
+        lists[name] = items
+    fault = _proof_fault(lists["tokens"], lists["logprobs"], limits.max_chars_per_completion)
+    if fault is not None:
+        raise _invalid(f"{path}.{fault[0]}", fault[1])
+    return WireProof(
+        challenge=challenge,
+        weights=weights,
+        model=model,
+        temperature=float(temperature),
+        tokens=lists["tokens"],
+        logprobs=lists["logprobs"],
+    )
+
+
+def _b64_chars(n: int) -> int:
+    """Characters of the base64 of `n` 4-byte words."""
+    return 4 * ((4 * n + 2) // 3)
+
+
+def _b64_words(text: str) -> bytes | None:
+    """The bytes of base64 text that decodes to whole 4-byte words (at least one), else None."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw if raw and not len(raw) % 4 else None
+
+
+def _proof_fault(tokens: list[str], logprobs: list[str], max_tokens: int) -> tuple[str, str] | None:
+    """Why a proof's per-completion strings are malformed, as (field with its index, what), or None: each
+    base64 of whole little-endian 4-byte words (sapo_node.proof's encodings), at most `max_tokens` + 1
+    tokens a completion (the completion's character bound, and its EOS), as many log-probabilities as
+    tokens, each finite."""
+    longest = _b64_chars(max_tokens + 1)
+    for k, (ids, floats) in enumerate(zip(tokens, logprobs, strict=True)):
+        raw_ids = _b64_words(ids) if len(ids) <= longest else None
+        if raw_ids is None or len(raw_ids) > 4 * (max_tokens + 1):
+            return f"tokens[{k}]", f"expected base64 of 1 to {max_tokens + 1} little-endian uint32 token ids"
+        raw_floats = _b64_words(floats) if len(floats) == len(ids) else None
+        if raw_floats is None or len(raw_floats) != len(raw_ids):
+            return f"logprobs[{k}]", "expected base64 of one little-endian float32 log-probability per token"
+        # A sum of float32 values widened to doubles is finite exactly when each value is (a float32 is
+        # at most 3.4e38 and there are at most a few thousand). array's byte order is the machine's:
+        # little-endian on every platform the server runs on.
+        if not math.isfinite(sum(array.array("f", raw_floats))):
+            return f"logprobs[{k}]", "expected finite log-probabilities"
+    return None
+
+
 def _check_id(value: Any, path: str, limits: Limits, checked: dict[str, Any]) -> uuid.UUID:
     return _uuid(value, path)
 
@@ -448,6 +536,7 @@ _GROUP_CHECKS = {
     "rewards": _check_rewards,
     "id": _check_id,
     "round": _check_round,
+    "proof": _check_proof,
 }
 assert set(_TASK_CHECKS) == set(WireTask.__struct_fields__), "a check for each field of WireTask"
 assert set(_GROUP_CHECKS) == set(WireGroup.__struct_fields__), "a check for each field of WireGroup"
@@ -535,6 +624,10 @@ class _TypedTask(WireTask, forbid_unknown_fields=True):
     path reads (and refuses if it nests past MAX_NESTING)."""
 
 
+class _TypedProof(WireProof, forbid_unknown_fields=True):
+    """WireProof, refusing a key it does not declare (as _TypedTask)."""
+
+
 class _TypedGroup(WireGroup, forbid_unknown_fields=True):
     """WireGroup as the typed path decodes it: a key it does not declare refused (as by _TypedTask), the
     rewards kept as their JSON text (the general path refuses a number literal longer than
@@ -542,6 +635,7 @@ class _TypedGroup(WireGroup, forbid_unknown_fields=True):
 
     task: _TypedTask
     rewards: msgspec.Raw
+    proof: _TypedProof | None = None
 
 
 class _WireShare(msgspec.Struct, forbid_unknown_fields=True):
@@ -576,6 +670,30 @@ def _typed_rewards(raw: msgspec.Raw, count: int) -> tuple[float, ...] | None:
     if not -_LONG_INT < min(values) <= max(values) < _LONG_INT:  # a list of none fails the count above
         return None
     return tuple(values)
+
+
+def _typed_proof(proof: _TypedProof, count: int, max_chars: int) -> WireProof | None:
+    """A group's proof as the general path reads it (_check_proof), or None when it might not."""
+    challenge = proof.challenge
+    if not (
+        1 <= len(challenge) <= proof_of_work.MAX_CHALLENGE_CHARS
+        and challenge.isascii()
+        and challenge.isprintable()
+        and _WEIGHTS_RE.fullmatch(proof.weights)
+        and 1 <= len(proof.model) <= protocol.PROOF_MAX_MODEL_CHARS
+        and 0 <= proof.temperature <= protocol.PROOF_MAX_TEMPERATURE
+        and len(proof.tokens) == count == len(proof.logprobs)
+        and _proof_fault(proof.tokens, proof.logprobs, max_chars) is None
+    ):
+        return None
+    return WireProof(
+        challenge=challenge,
+        weights=proof.weights,
+        model=proof.model,
+        temperature=proof.temperature,
+        tokens=proof.tokens,
+        logprobs=proof.logprobs,
+    )
 
 
 def _typed_share(text: str | bytes, limits: Limits) -> Share | None:
@@ -614,6 +732,12 @@ def _typed_share(text: str | bytes, limits: Limits) -> Share | None:
         rewards = _typed_rewards(group.rewards, len(completions))
         if rewards is None:
             return None
+        proof = group.proof
+        if proof is not None:
+            proof = _typed_proof(proof, len(completions), max_chars)
+            if proof is None:
+                return None
+            texts.append(proof.model)
         texts += completions
         texts += (task.dataset, question, answer or "")
         rollouts.append(
@@ -627,6 +751,7 @@ def _typed_share(text: str | bytes, limits: Limits) -> Share | None:
                 answer=answer,
                 completions=tuple(completions),
                 rewards=rewards,
+                proof=proof,
             )
         )
     if not _clean("".join(texts)):

@@ -36,9 +36,29 @@ class RejectReason(models.TextChoices):
     VERIFICATION_TIMEOUT = "verification_timeout", "A completion's scorer ran out of time"
 
 
+class AuditState(models.TextChoices):
+    """What an accepted group's credit stands on (docs/protocol.md, "Proof of work")."""
+
+    UNAUDITED = "unaudited", "Unaudited (no valid proof of work: no credit)"
+    PENDING = "pending", "Pending (valid proof, not yet covered by a passed audit)"
+    AUDITED = "audited", "Audited (covered by a passed audit: credited)"
+    FAILED = "failed", "Failed (an audit of its node failed over it: no credit)"
+
+
+class AuditReason(models.TextChoices):
+    """Why a group that carried a proof of work is unaudited (pool.challenges)."""
+
+    EXPIRED_CHALLENGE = "expired_challenge", "Its challenge was issued too long before"
+    FOREIGN_CHALLENGE = "foreign_challenge", "Its challenge was issued to another node"
+    BAD_MAC = "bad_mac", "Its challenge was not issued by this server"
+    SEED_NOT_ISSUED = "seed_not_issued", "Its task seed is not its challenge's"
+    INDEX_NOT_ISSUED = "index_not_issued", "Its task index is not one of its challenge's"
+    REPEATED_QUESTION = "repeated_question", "The node answered this question of the challenge before"
+
+
 class RolloutQuerySet(models.QuerySet):
     def with_texts(self) -> RolloutQuerySet:
-        """Each group with its texts as `question`, `answer` and `completions` (a LEFT JOIN of
+        """Each group with its texts as `question`, `answer`, `completions` and `proof` (a LEFT JOIN of
         RolloutText on the id and the day, so only the group's day partition is read); all three None
         when the texts aged out (pool.retention), which `completions` alone tells (never NULL when kept)."""
         return self.annotate(
@@ -46,6 +66,7 @@ class RolloutQuerySet(models.QuerySet):
             question=models.F("_texts__question"),
             answer=models.F("_texts__answer"),
             completions=models.F("_texts__completions"),
+            proof=models.F("_texts__proof"),
         )
 
 
@@ -86,6 +107,23 @@ class Rollout(models.Model):
         null=True,
         blank=True,
         help_text="Dense number in its swarm (the swarm's own sequence), given when it first becomes sampleable.",
+    )
+    # The proof of work's commitment to the generating weights, on the ledger for the audits' queries
+    # (the whole proof is RolloutText's, aged out with the texts). NULL: the group carried no proof.
+    proof_weights = models.CharField(  # noqa: DJ001 - NULL (no proof) costs a row nothing
+        max_length=64, null=True, blank=True, help_text="weights_digest the proof committed to (64 hex)."
+    )
+    # Defaults in the database too: a row written by raw SQL without them (a restore's, a bench's) is
+    # unaudited.
+    audit_state = models.CharField(
+        max_length=16, choices=AuditState.choices, default=AuditState.UNAUDITED, db_default=AuditState.UNAUDITED
+    )
+    audit_reason = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Why a group with a proof is unaudited (pool.challenges).",
     )
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -146,6 +184,7 @@ class RolloutText(models.Model):
     # NULL (no single answer, e.g. propositional_logic) differs from an empty answer.
     answer = models.TextField(null=True, blank=True, help_text="Null for tasks without a single answer.")  # noqa: DJ001
     completions = models.JSONField(help_text="List of completion texts, as sent.")
+    proof = models.JSONField(null=True, blank=True, help_text="The proof of work as sent (WireProof); null: none.")
 
     def __str__(self) -> str:
         return f"texts of {self.rollout_id}"

@@ -20,8 +20,8 @@ class SampledGroup(NamedTuple):
     """A group drawn for a `samples` reply: SAMPLED_FIELDS (asserted below), its rewards the verified
     ones, then its author's node id (for moderation's weighting and the served record; the reply does
     not carry it). From the draw's row (pool.sampling) or from a Rollout (its later rounds).
-    `completions` and `rewards` are JSON text as PostgreSQL wrote the jsonb (the draw's raw cursor),
-    or the values (a Rollout's)."""
+    `completions`, `rewards` and `proof` are JSON text as PostgreSQL wrote the jsonb (the draw's raw
+    cursor), or the values (a Rollout's)."""
 
     id: uuid.UUID
     round: int
@@ -32,6 +32,7 @@ class SampledGroup(NamedTuple):
     answer: str | None
     completions: Any
     rewards: Any
+    proof: Any
     node: str
     node_id: int
 
@@ -49,6 +50,7 @@ class SampledGroup(NamedTuple):
             answer=r.answer,
             completions=r.completions,
             rewards=r.verified_rewards,
+            proof=r.proof,
             node=r.node.name,
             node_id=r.node_id,
         )
@@ -62,11 +64,18 @@ _MEMBERS = tuple(
     (field.name, flat_fields(field.type) if field.name not in SAMPLED_FIELDS else None)
     for field in msgspec.structs.fields(SampledWireGroup)
 )
-#: The members declared as lists: stored in jsonb columns, so read as JSON text.
+
+
+def _is_json(kind: Any) -> bool:
+    """Whether a member of this type is stored in a jsonb column: a list, or a Struct kept whole (a proof)."""
+    return get_origin(kind) is list or (isinstance(kind, type) and issubclass(kind, msgspec.Struct))
+
+
+#: The members stored in jsonb columns (lists, and Structs kept whole), so read as JSON text.
 _JSON_MEMBERS = tuple(
     field.name
     for field in msgspec.structs.fields(SampledWireGroup)
-    if any(get_origin(kind) is list for kind in (field.type, *get_args(field.type)))
+    if field.name in SAMPLED_FIELDS and any(map(_is_json, (field.type, *get_args(field.type))))
 )
 
 

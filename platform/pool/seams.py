@@ -82,6 +82,10 @@ INSERT_PARAM_NAMES = frozenset(
         "swarm",
         "catalogue_version",
         "sequence",
+        "proof",
+        "proof_weights",
+        "proof_audit",
+        "proof_audit_reason",
     }
 )
 #: What of the statement a RecordSql's CTEs may read.

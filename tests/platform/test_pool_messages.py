@@ -336,6 +336,20 @@ def _edge_frames() -> list[str]:
         base + " ",
         base + " x",
     ]
+    proved = json.loads(group)
+    proved["proof"] = _proof()
+    with_proof = base.replace(group, json.dumps(proved))
+    frames += [
+        with_proof,
+        with_proof.replace('"model": "tiny-mini"', '"model": "tiny-mini", "extra": 1'),
+        with_proof.replace('"temperature": 0.7', '"temperature": 1'),
+        with_proof.replace('"temperature": 0.7', '"temperature": 1e400'),
+        with_proof.replace('"temperature": 0.7', '"temperature": 10.000001'),
+        with_proof.replace('"model": "tiny-mini"', '"model": "tiny\\u0000"'),
+        with_proof.replace('"model": "tiny-mini"', '"model": "caf\u00e9"'),
+        with_proof.replace('"challenge": "', '"challenge": "\\u0007'),
+        base.replace('"answer": ', '"proof": null, "answer": '),
+    ]
     return frames
 
 
@@ -382,3 +396,96 @@ def test_a_node_clients_share_takes_the_typed_path():
     assert parse_frame(text, LIMITS) == typed
     assert parse_frame(text.encode(), LIMITS) == typed  # a binary frame of the same text
     assert [str(r.id) for r in typed.rollouts] == [g["id"] for g in sent]
+
+
+# --- A group's proof of work (docs/protocol.md, "Proof of work") --------------------------------------
+
+
+def _proof(count: int = 2, tokens: int = 3, **changes) -> dict:
+    """A well-formed proof for a group of `count` completions of `tokens` tokens each."""
+    from sapo_node import proof
+
+    value = {
+        "challenge": "c1.7.1764650000000.00112233aabbccdd." + "ab" * 16,
+        "weights": "0123456789abcdef" * 4,
+        "model": "tiny-mini",
+        "temperature": 0.7,
+        "tokens": [proof.encode_ids(list(range(k, k + tokens))) for k in range(count)],
+        "logprobs": [proof.encode_floats([-0.5] * tokens) for _ in range(count)],
+    }
+    value.update(changes)
+    return value
+
+
+def test_a_groups_proof_is_read_whole_by_both_paths_and_an_old_clients_group_has_none():
+    from sapo_node import proof
+
+    text = json.dumps(share(proof=_proof()))
+    typed, general = messages._typed_share(text, LIMITS), _general(text, LIMITS)
+    assert typed is not None and _same_share(typed, general)
+    got = typed.rollouts[0].proof
+    assert got is not None and got.model == "tiny-mini" and got.temperature == 0.7
+    assert proof.decode_ids(got.tokens[1]) == [1, 2, 3] and proof.decode_floats(got.logprobs[0]) == [-0.5] * 3
+    assert parse(share()).rollouts[0].proof is None
+    assert parse(share(proof=None)).rollouts[0].proof is None
+
+
+_TOKEN = "AQAAAA=="  # one uint32 token id (1)
+_LOGPROB = "AAAAvw=="  # one float32 log-probability (-0.5)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"challenge": ""}, "challenge"),
+        ({"challenge": "c" * 129}, "challenge"),
+        ({"challenge": "c1.\u00e9"}, "challenge"),
+        ({"challenge": 7}, "challenge"),
+        ({"weights": "0123456789ABCDEF" * 4}, "weights"),
+        ({"weights": "ab" * 31}, "weights"),
+        ({"weights": None}, "weights"),
+        ({"model": "m" * 201}, "model"),
+        ({"model": ""}, "model"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": 10.5}, "temperature"),
+        ({"temperature": "0.7"}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"tokens": [_TOKEN]}, "tokens"),  # one entry for two completions
+        ({"logprobs": [_LOGPROB, _LOGPROB, _LOGPROB]}, "logprobs"),
+        ({"tokens": [_TOKEN, 5]}, "tokens"),
+        ({"tokens": [_TOKEN, "not base64!"]}, "tokens[1]"),
+        ({"tokens": [_TOKEN, "AQAA"]}, "tokens[1]"),  # 3 bytes: not whole uint32s
+        ({"tokens": [_TOKEN, ""]}, "tokens[1]"),  # no token at all
+        ({"tokens": [_TOKEN, "AQAAAA"]}, "tokens[1]"),  # padding missing
+        ({"logprobs": [_LOGPROB, "AAAAvwAAAL8="]}, "logprobs[1]"),  # two log-probabilities for one token
+        ({"logprobs": [_LOGPROB, "AADAfw=="]}, "logprobs[1]"),  # NaN
+        ({"logprobs": [_LOGPROB, "AACA/w=="]}, "logprobs[1]"),  # -inf
+        ({"tokens": None}, "tokens"),
+    ],
+)
+def test_a_malformed_proof_is_refused_by_its_field(changes, field):
+    base = _proof(tokens=1)
+    if "tokens" not in changes:
+        base["tokens"] = [_TOKEN, _TOKEN]
+    if "logprobs" not in changes:
+        base["logprobs"] = [_LOGPROB, _LOGPROB]
+    assert parse(share(proof=base))  # the base is valid
+    text = json.dumps(share(proof={**base, **changes}))
+    with pytest.raises(ProtocolError) as caught:
+        parse_frame(text, LIMITS)
+    assert caught.value.code == "invalid_message"
+    assert caught.value.detail.startswith(f"rollouts[0].proof.{field}"), caught.value.detail
+    assert messages._typed_share(text, LIMITS) is None
+
+
+def test_a_proofs_token_count_is_bounded_by_the_completion_bound():
+    at_bound = _proof(tokens=LIMITS.max_chars_per_completion + 1)
+    assert parse(share(proof=at_bound)).rollouts[0].proof is not None
+    over = _proof(tokens=LIMITS.max_chars_per_completion + 2)
+    with pytest.raises(ProtocolError, match=r"rollouts\[0\]\.proof\.tokens\[0\]"):
+        parse(share(proof=over))
+    missing = {k: v for k, v in _proof().items() if k != "logprobs"}
+    with pytest.raises(ProtocolError, match=r"proof\.logprobs"):
+        parse(share(proof=missing))
+    with pytest.raises(ProtocolError, match=r"proof: expected an object"):
+        parse(share(proof=[1]))

@@ -177,6 +177,7 @@ def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> N
             "answer": r.answer,
             "completions": r.completions,
             "rewards": r.verified_rewards,
+            "proof": r.proof,
             "node": r.node.name,
         }
 
