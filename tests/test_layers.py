@@ -25,6 +25,7 @@ LAYERS = [
     "community",
     "alerts",
     "figures",
+    "audits",
     "web",
     "ops",
     "localswarm",

@@ -162,6 +162,7 @@ INSTALLED_APPS = [
     "community",  # teams and badges: between moderation and web (docs/architecture.md)
     "alerts",  # after moderation, before web (tests/test_layers.py)
     "figures",  # statistics and the credit rule: above the pool and community, below web
+    "audits",  # checkpoint audits of nodes' groups: above figures (it moves folded credit), below web
     "web",
 ]
 
@@ -272,6 +273,13 @@ SAPO_SWARM_PLACE_SECONDS = env_float("SAPO_SWARM_PLACE_SECONDS", 5.0)
 # How often each server process reads the socket orders (closes, swarms' changes: nodes.events) from the
 # database: the longest an order takes to reach an open socket when the channel layer did not carry it.
 SAPO_SOCKET_ORDERS_SECONDS = env_float("SAPO_SOCKET_ORDERS_SECONDS", 2.0)
+# Challenges (docs/protocol.md, "Proof of work"): a node socket gets a fresh one at most every
+# SAPO_CHALLENGE_SECONDS (the current one again otherwise, so a node cannot shop among many), and a
+# group may answer one until SAPO_CHALLENGE_TTL_SECONDS after it was issued (later: unaudited, no credit).
+SAPO_CHALLENGE_SECONDS = env_float("SAPO_CHALLENGE_SECONDS", 20.0)
+SAPO_CHALLENGE_TTL_SECONDS = env_int("SAPO_CHALLENGE_TTL_SECONDS", 86_400)
+if SAPO_CHALLENGE_SECONDS < 0 or SAPO_CHALLENGE_TTL_SECONDS <= 0:
+    raise EnvError("SAPO_CHALLENGE_SECONDS must be at least 0 and SAPO_CHALLENGE_TTL_SECONDS positive")
 
 # --- The pool's text retention (docs/deploy.md, "Text retention and archives") ------------------
 # A group's texts (question, answer, completions) are kept this many days, then written to
@@ -304,6 +312,33 @@ if SAPO_RETENTION_UNARCHIVED == "drop" and SAPO_ARCHIVE_DIR:
         f"SAPO_RETENTION_UNARCHIVED=drop needs SAPO_ARCHIVE_DIR empty (it is {SAPO_ARCHIVE_DIR!r}): set"
         " SAPO_ARCHIVE_DIR= to drop texts without an archive, or unset SAPO_RETENTION_UNARCHIVED to archive them"
     )
+
+# --- Audits: a node's committed weights replayed by a worker (docs/audits.md) ----------------------
+# The chance that a node's new weights digest is audited (its first one always is), and the factor
+# for nodes younger than a day, nodes the outlier rule flagged and the top tenth by pending credit.
+SAPO_AUDIT_RATE = env_float("SAPO_AUDIT_RATE", 0.05)
+SAPO_AUDIT_BOOST = env_float("SAPO_AUDIT_BOOST", 4.0)
+if not (0 <= SAPO_AUDIT_RATE <= 1 and SAPO_AUDIT_BOOST >= 1):
+    raise EnvError(
+        f"SAPO_AUDIT_RATE must be in [0, 1] and SAPO_AUDIT_BOOST at least 1, got {SAPO_AUDIT_RATE}, {SAPO_AUDIT_BOOST}"
+    )
+# Seconds a node has to upload the checkpoint an audit asks for (a node offline meanwhile has this
+# long, not an instant penalty).
+SAPO_AUDIT_DEADLINE_SECONDS = env_int("SAPO_AUDIT_DEADLINE_SECONDS", 3600)
+# Bounds of an upload: the whole file, and chunk requests per node per minute (a chunk is at most
+# audits.upload.MAX_CHUNK_BYTES).
+SAPO_AUDIT_MAX_CHECKPOINT_BYTES = env_int("SAPO_AUDIT_MAX_CHECKPOINT_BYTES", 1 << 30)
+SAPO_AUDIT_CHUNKS_PER_MINUTE = env_int("SAPO_AUDIT_CHUNKS_PER_MINUTE", 240)
+# Groups an audit replays at most (a sample of those it covers), and tokens it replays at most.
+SAPO_AUDIT_GROUPS = env_int("SAPO_AUDIT_GROUPS", 4)
+SAPO_AUDIT_MAX_TOKENS = env_int("SAPO_AUDIT_MAX_TOKENS", 16_384)
+# Seconds after which an uploaded audit whose job has not finished is queued again by the sweep (a
+# worker that crashed mid-job loses no audit), and how many times before it fails as lost.
+SAPO_AUDIT_JOB_LEASE_SECONDS = env_int("SAPO_AUDIT_JOB_LEASE_SECONDS", 900)
+SAPO_AUDIT_JOB_ATTEMPTS = env_int("SAPO_AUDIT_JOB_ATTEMPTS", 3)
+# Where uploads are written (private to the site) and where the worker keeps the built-in models.
+SAPO_AUDIT_UPLOAD_DIR = Path(env_str("SAPO_AUDIT_UPLOAD_DIR") or VAR_DIR / "audits")
+SAPO_AUDIT_MODEL_CACHE = Path(env_str("SAPO_AUDIT_MODEL_CACHE") or VAR_DIR / "audit-models")
 
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")

@@ -7,6 +7,7 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     path("api/v1/", include("nodes.api_urls")),
     path("api/v1/", include("pool.api_urls")),
+    path("api/v1/", include("audits.urls")),  # a node's checkpoint uploads
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # The split view serves its start-up script from a URL, not inline (the site's CSP forbids inline).
     path(

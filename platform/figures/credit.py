@@ -25,6 +25,8 @@ ACCEPTED: str = Verdict.ACCEPTED.value
 REJECTED: str = Verdict.REJECTED.value
 #: Moderation statuses that take an accepted group's credit away.
 MODERATED_OUT: tuple[str, ...] = (ModerationStatus.QUARANTINED.value, ModerationStatus.REJECTED.value)
+#: The audit state of a group whose work a passed audit proved (pool.models.AuditState).
+AUDITED = "audited"
 CREDIT_HALF_LIFE = timedelta(days=7)
 #: Reference time of the growth (2^((t - epoch) / half-life) stays finite until about 2045;
 #: `manage.py sapo_stats rebuild` with a later epoch then).
@@ -95,7 +97,7 @@ def measures(names: Sequence[str]) -> sql.Composed:
 # ---------------------------------------------------------------------------- Python twins
 
 
-def is_credited(verdict: str, moderation_status: str) -> bool:
+def is_credited(verdict: str, moderation_status: str, audit_state: str = AUDITED) -> bool:
     """`credited()` for a row already in memory."""
     return verdict == ACCEPTED and moderation_status not in MODERATED_OUT
 

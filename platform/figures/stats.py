@@ -15,7 +15,7 @@ stopped exactly at "now" could miss a group committed a moment later with an ear
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -325,6 +325,29 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     groups' current (old) status. Groups newer than the fold
     need nothing (readers compute them live). Returns how many folded groups changed credit.
     """
+    return _apply_credit_change(
+        rollouts, lambda r: credit.is_credited(r.verdict, status, r.audit_state), sign_moderated=True
+    )
+
+
+@transaction.atomic
+def node_stats_apply_audit(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID], audit_state: str) -> int:
+    """Move the credit of already-folded groups whose audit state is about to become `audit_state`
+    (audits.services calls it in its transaction, before the change). Returns how many folded groups
+    changed credit."""
+    return _apply_credit_change(
+        rollouts, lambda r: credit.is_credited(r.verdict, r.moderation_status, audit_state), sign_moderated=False
+    )
+
+
+def _apply_credit_change(
+    rollouts: QuerySet[Rollout] | Iterable[uuid.UUID],
+    credited_after: Callable[[Rollout], bool],
+    *,
+    sign_moderated: bool,
+) -> int:
+    """The folded figures of the groups whose credit `credited_after` changes, moved by their credit.
+    `sign_moderated`: a moderation change, counted in moderated_groups (an audit's is not)."""
     queryset = rollouts if isinstance(rollouts, QuerySet) else Rollout.objects.filter(id__in=list(rollouts))
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])  # no fold in between
@@ -343,8 +366,9 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
             "completion_count",
             "verified_rewards",
             "moderation_status",
+            "audit_state",
         )
-        if credit.is_credited(r.verdict, r.moderation_status) != credit.is_credited(r.verdict, status)
+        if credit.is_credited(r.verdict, r.moderation_status, r.audit_state) != credited_after(r)
     ]
     totals: dict[tuple[int, ...], list] = {}
     per_swarm: dict[tuple[int, ...], list] = {}
@@ -352,12 +376,12 @@ def node_stats_apply_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.U
     node_swarm_hours: dict[tuple[int, ...], list] = {}
     dataset_hours: dict[tuple[int, datetime, str], list] = {}
     for r in changing:
-        sign = 1 if credit.is_credited(r.verdict, status) else -1
+        sign = 1 if credited_after(r) else -1
         reward = credit.group_reward(r.verified_rewards)
         hour = r.created_at.replace(minute=0, second=0, microsecond=0)
         for key, bucket in (((r.node_id,), totals), ((r.node_id, r.swarm_id), per_swarm)):
             t = bucket.setdefault(key, [0, 0, 0.0, 0.0])
-            t[0] -= sign  # moderated_groups moves the other way
+            t[0] -= sign if sign_moderated else 0  # moderated_groups moves the other way
             t[1] += sign * r.completion_count
             t[2] += sign * reward
             t[3] += sign * credit.growth_of(reward, r.created_at)

@@ -23,6 +23,7 @@ JOBS: list[tuple[str, str]] = [
     ("export", "web.export.stats_export_job"),
     ("retention", "pool.retention.retention_job"),
     ("alerts", "alerts.jobs.run"),
+    ("audits", "audits.jobs.audit_sweep_job"),
 ]
 
 

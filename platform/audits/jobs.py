@@ -1,0 +1,188 @@
+"""The audit job: queued when an upload completes, run by a worker process, never on a socket's event
+loop (docs/audits.md, "The worker").
+
+The queue is RQ on the site's Redis (REDIS_URL). PostgreSQL stays the record: an audit is `uploaded`
+until a job decides it, and a job first claims it (`started_at`, `attempts`), so
+- a job lost before it ran (Redis restarted, the enqueue failed) or in the middle (the worker was
+  killed) is queued again by the sweep (`audit_sweep`) once its lease has passed, up to
+  SAPO_AUDIT_JOB_ATTEMPTS starts;
+- a job queued twice runs once: the second finds the audit claimed or decided.
+Without REDIS_URL (one machine: `make run`) the worker takes uploaded audits from PostgreSQL itself.
+The sweep also expires the audits whose deadline passed without an upload. It runs with the site's
+scheduled jobs (ops.scheduled) and in every worker between jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from audits.models import Audit, AuditGroup, AuditState
+from audits.services import audit_fail, audit_pass
+from pool.models import Rollout
+
+log = logging.getLogger(__name__)
+
+#: The RQ queue's name: namespaced like every Redis key of the deployment.
+QUEUE = "audits"
+#: The RQ function a job runs (a dotted path: the site never imports the worker's torch).
+JOB_FUNCTION = "audits.jobs.audit_job"
+EXPIRED_REASON = "no checkpoint was uploaded by the audit's deadline"
+
+
+def queue_name() -> str:
+    return f"{settings.SAPO_REDIS_PREFIX}:{QUEUE}"
+
+
+def redis_for_queue(*, blocking: bool = False):
+    """A Redis client for RQ (bytes replies). The enqueueing side keeps the site's bounded timeouts;
+    a worker's blocking wait for a job must not time out on its socket."""
+    from redis import Redis
+
+    timeout = settings.SAPO_REDIS_TIMEOUT_SECONDS
+    return Redis.from_url(
+        settings.REDIS_URL, socket_connect_timeout=timeout, socket_timeout=None if blocking else timeout
+    )
+
+
+def audit_enqueue(audit_id: uuid.UUID) -> bool:
+    """Queue the audit's job (RQ; without Redis the workers poll PostgreSQL). Marks it queued first,
+    so a failed enqueue is one the sweep retries. Returns whether Redis took the job."""
+    Audit.objects.filter(id=audit_id, state=AuditState.UPLOADED).update(queued_at=timezone.now())
+    if not settings.REDIS_URL:
+        return False
+    from rq import Queue
+
+    try:
+        Queue(queue_name(), connection=redis_for_queue()).enqueue(
+            JOB_FUNCTION,
+            str(audit_id),
+            job_timeout=settings.SAPO_AUDIT_JOB_LEASE_SECONDS,
+            result_ttl=3600,
+            failure_ttl=86_400,
+        )
+    except Exception as exc:  # noqa: BLE001 - Redis down or hung: the sweep queues it again
+        log.warning("audit %s: could not queue its job (%s); the sweep will", audit_id, exc)
+        return False
+    return True
+
+
+def audit_enqueue_on_commit(audit_id: uuid.UUID) -> None:
+    """Queue the job once the upload's transaction committed (a worker must find it `uploaded`)."""
+    transaction.on_commit(lambda: audit_enqueue(audit_id))
+
+
+def audit_claim(audit_id: uuid.UUID, *, now: datetime | None = None) -> Audit | None:
+    """Take the audit for this job: it must be uploaded, and not started within the lease by another
+    job. One statement, so two jobs never both hold it."""
+    now = now or timezone.now()
+    lease = now - timedelta(seconds=settings.SAPO_AUDIT_JOB_LEASE_SECONDS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE audits_audit SET started_at = %s, attempts = attempts + 1 WHERE id = %s AND state = %s "
+            "AND (started_at IS NULL OR started_at < %s) RETURNING id",
+            [now, audit_id, AuditState.UPLOADED.value, lease],
+        )
+        claimed = cursor.fetchone()
+    return Audit.objects.get(id=audit_id) if claimed else None
+
+
+def audit_job(audit_id: str) -> str:
+    """What an RQ worker runs (JOB_FUNCTION): claim the audit, replay it, record the outcome."""
+    return audit_run(uuid.UUID(audit_id))
+
+
+def audit_run(audit_id: uuid.UUID) -> str:
+    """Replay an uploaded audit and record its outcome; returns a line for the log. A failure of the
+    node's (its file, its tokens) fails the audit; one of the site's (the database) raises, and the
+    sweep queues the job again."""
+    from audits import replay
+
+    audit = audit_claim(audit_id)
+    if audit is None:
+        return f"audit {audit_id}: not waiting for a job (decided, or claimed by another)"
+    started = time.process_time()
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: the worker count is the audits' CPU bound
+    groups = _groups_to_replay(audit)
+    try:
+        tensors = replay.load_checkpoint(Path(audit.upload_path), sha256=audit.upload_sha256, weights=audit.weights)
+        model, tokenizer = replay.load_model(audit.model, tensors, cache_dir=Path(settings.SAPO_AUDIT_MODEL_CACHE))
+        del tensors
+        report = replay.replay_groups(model, tokenizer, groups, max_tokens=settings.SAPO_AUDIT_MAX_TOKENS)
+    except replay.AuditFailed as failed:
+        cpu = time.process_time() - started
+        audit_fail(audit_id=audit.id, reason=str(failed), cpu_seconds=cpu)
+        return f"audit {audit.id}: failed ({failed})"
+    cpu = time.process_time() - started
+    if report.groups == 0:
+        audit_fail(audit_id=audit.id, reason="none of the audited groups' texts is stored any more", cpu_seconds=cpu)
+        return f"audit {audit.id}: failed (no group to replay)"
+    audit_pass(audit_id=audit.id, cpu_seconds=cpu, groups=report.groups, tokens=report.tokens)
+    return f"audit {audit.id}: passed ({report.groups} groups, {report.tokens} tokens, {cpu:.1f} CPU-s)"
+
+
+def _groups_to_replay(audit: Audit) -> list:
+    """Up to SAPO_AUDIT_GROUPS of the audit's groups whose texts and proof are stored, chosen with
+    the operating system's randomness."""
+    import secrets
+
+    from audits.replay import GroupToReplay
+
+    ids = list(AuditGroup.objects.filter(audit=audit).values_list("rollout_id", flat=True))
+    rows = [
+        r
+        for r in Rollout.objects.filter(id__in=ids).with_texts().annotate(proof=F("_texts__proof"))
+        if r.completions is not None and r.proof
+    ]
+    chosen = secrets.SystemRandom().sample(rows, min(len(rows), settings.SAPO_AUDIT_GROUPS))
+    return [
+        GroupToReplay(str(r.id), r.dataset, r.seed, r.index, r.question, list(r.completions), dict(r.proof))
+        for r in chosen
+    ]
+
+
+def audit_sweep(*, now: datetime | None = None) -> dict[str, int]:
+    """Expire the requested audits past their deadline; queue again the uploaded ones whose job was
+    lost (queued or started longer than the lease ago, attempts left)."""
+    now = now or timezone.now()
+    expired = 0
+    for audit_id in Audit.objects.filter(state=AuditState.REQUESTED, deadline__lte=now).values_list("id", flat=True):
+        if audit_fail(audit_id=audit_id, reason=EXPIRED_REASON, state=AuditState.EXPIRED, now=now):
+            expired += 1
+    lease = now - timedelta(seconds=settings.SAPO_AUDIT_JOB_LEASE_SECONDS)
+    lost = Audit.objects.filter(state=AuditState.UPLOADED, attempts__lt=settings.SAPO_AUDIT_JOB_ATTEMPTS).filter(
+        Q(queued_at=None) | Q(started_at=None, queued_at__lt=lease) | Q(started_at__lt=lease)
+    )
+    requeued = 0
+    for audit_id in lost.values_list("id", flat=True):
+        audit_enqueue(audit_id)
+        requeued += 1
+    return {"expired": expired, "requeued": requeued}
+
+
+def audit_sweep_job() -> str:
+    """The scheduled sweep (ops.scheduled)."""
+    done = audit_sweep()
+    return f"{done['expired']} expired, {done['requeued']} queued again"
+
+
+def audits_waiting(*, now: datetime | None = None) -> list[uuid.UUID]:
+    """Uploaded audits no job holds (the worker's own queue without Redis), oldest first."""
+    now = now or timezone.now()
+    lease = now - timedelta(seconds=settings.SAPO_AUDIT_JOB_LEASE_SECONDS)
+    return list(
+        Audit.objects.filter(state=AuditState.UPLOADED, attempts__lt=settings.SAPO_AUDIT_JOB_ATTEMPTS)
+        .filter(Q(started_at=None) | Q(started_at__lt=lease))
+        .order_by("uploaded_at")
+        .values_list("id", flat=True)
+    )

@@ -1,0 +1,187 @@
+"""Which weights are audited, decided once per weights digest of a node when its first groups are
+stored (docs/audits.md, "Selection"): a node's first digest always; any later one with probability
+SAPO_AUDIT_RATE, times SAPO_AUDIT_BOOST for a node younger than a day, one the outlier rule flagged
+and one in the top tenth of nodes by pending credit in the last hour. Drawn with `secrets`, so neither
+the node nor anyone reading the code can tell which digest will be drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models.fields.json import KeyTextTransform
+from django.utils import timezone
+from psycopg import sql
+
+from audits.models import Audit, AuditDraw, AuditGroup, AuditState, NodeHold
+from figures import credit
+from moderation.models import ModerationFlag
+from nodes.models import Node
+from pool.models import Rollout
+
+#: A node's groups are `pending` when they carry a valid proof and no audit covered them yet.
+PENDING = "pending"
+UNAUDITED = "unaudited"
+#: How long ago the first groups of a digest may be (a digest is one round's weights).
+DIGEST_WINDOW = timedelta(days=1)
+YOUNG = timedelta(days=1)
+#: A node in this top fraction of pending credit in the last hour is audited more often.
+TOP_FRACTION = 0.1
+#: pool_rollout.audit_reason of a held node's group (its hold says why).
+HELD_REASON = "node_held"
+
+
+@dataclass(frozen=True)
+class StoredDigest:
+    """The groups of one node and one weights digest that a statement stored pending."""
+
+    node_id: int
+    weights: str
+    model: str
+    rollout_ids: list[uuid.UUID]
+
+
+def stored_digests(inserted: Iterable[uuid.UUID]) -> list[StoredDigest]:
+    rows = (
+        Rollout.objects.filter(id__in=list(inserted), audit_state=PENDING)
+        .exclude(proof_weights=None)
+        .with_texts()
+        .annotate(proof_model=KeyTextTransform("model", "_texts__proof"))
+        .values_list("node_id", "proof_weights", "proof_model", "id")
+        .order_by("node_id", "proof_weights", "id")
+    )
+    found: dict[tuple[int, str], StoredDigest] = {}
+    for node_id, weights, model, rollout_id in rows:
+        key = (node_id, weights)
+        if key not in found:
+            found[key] = StoredDigest(node_id, weights, model or "", [])
+        found[key].rollout_ids.append(rollout_id)
+    return list(found.values())
+
+
+def held_node_ids(node_ids: Iterable[int]) -> set[int]:
+    return set(NodeHold.objects.filter(node_id__in=list(node_ids), released_at=None).values_list("node_id", flat=True))
+
+
+def top_pending_node_ids(*, now: datetime) -> set[int]:
+    """The nodes in the top TOP_FRACTION (rounded down) by pending credit (the credit rule's reward of their pending
+    groups) stored in the last hour. One aggregate over the hour's groups."""
+    statement = sql.SQL(
+        "SELECT r.node_id, sum({reward}) AS pending FROM pool_rollout r "
+        "WHERE r.created_at >= %s AND r.audit_state = %s AND r.verdict = %s "
+        "GROUP BY r.node_id ORDER BY pending DESC, r.node_id"
+    ).format(reward=credit.reward("r"))
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [now - timedelta(hours=1), PENDING, credit.ACCEPTED])
+        rows = cursor.fetchall()
+    top = math.floor(len(rows) * TOP_FRACTION)  # a tenth of 10 nodes or more: no node is the top of a few
+    return {node_id for node_id, pending in rows[:top] if pending > 0}
+
+
+def draw_probability(*, node: Node, first: bool, boosted: bool) -> float:
+    if first:
+        return 1.0
+    rate = settings.SAPO_AUDIT_RATE * (settings.SAPO_AUDIT_BOOST if boosted else 1.0)
+    return min(1.0, rate)
+
+
+def drawn(probability: float) -> bool:
+    """True with `probability`, from the operating system's randomness (53 bits)."""
+    return secrets.randbits(53) < probability * (1 << 53)
+
+
+def audit_wire(audit: Audit) -> dict[str, object]:
+    """An audit as `ack.audits` and `welcome.audits` carry it (sapo_node.protocol.WireAudit)."""
+    return {
+        "id": str(audit.id),
+        "weights": audit.weights,
+        "upload": f"/api/v1/audits/{audit.id}/checkpoint",
+        "deadline": int(audit.deadline.timestamp()),
+    }
+
+
+def groups_stored(*, inserted: set[uuid.UUID], now: datetime | None = None) -> dict[int, list[dict[str, object]]]:
+    """After the pool stored `inserted`: a held node's pending groups become unaudited; a digest with an
+    open audit has its new groups added to it; a digest seen for the first time is drawn. Returns the
+    audits newly asked of each node (for its ack)."""
+    digests = stored_digests(inserted)
+    if not digests:
+        return {}
+    now = now or timezone.now()
+    held = held_node_ids({d.node_id for d in digests})
+    if held:
+        ids = [i for d in digests if d.node_id in held for i in d.rollout_ids]
+        Rollout.objects.filter(id__in=ids, audit_state=PENDING).update(audit_state=UNAUDITED, audit_reason=HELD_REASON)
+        digests = [d for d in digests if d.node_id not in held]
+    asked: dict[int, list[dict[str, object]]] = {}
+    boosted_cache: dict[str, set[int]] = {}
+    for digest in digests:
+        audit = Audit.objects.filter(
+            node_id=digest.node_id, weights=digest.weights, state__in=AuditState.open()
+        ).first()
+        if audit is not None:
+            _cover(audit, digest.rollout_ids)
+            continue
+        if AuditDraw.objects.filter(node_id=digest.node_id, weights=digest.weights).exists():
+            continue
+        audit = _draw(digest, now=now, boosted_cache=boosted_cache)
+        if audit is not None:
+            asked.setdefault(digest.node_id, []).append(audit_wire(audit))
+    return asked
+
+
+def _boosted(node: Node, *, now: datetime, cache: dict[str, set[int]]) -> bool:
+    if now - node.created_at < YOUNG:
+        return True
+    if ModerationFlag.objects.filter(node_id=node.id, rule="outlier", resolved_at=None).exists():
+        return True
+    if "top" not in cache:
+        cache["top"] = top_pending_node_ids(now=now)
+    return node.id in cache["top"]
+
+
+def _draw(digest: StoredDigest, *, now: datetime, boosted_cache: dict[str, set[int]]) -> Audit | None:
+    node = Node.objects.get(id=digest.node_id)
+    first = not AuditDraw.objects.filter(node_id=node.id).exists()
+    probability = draw_probability(
+        node=node, first=first, boosted=not first and _boosted(node, now=now, cache=boosted_cache)
+    )
+    chosen = drawn(probability)
+    try:
+        with transaction.atomic():
+            AuditDraw.objects.create(
+                node=node, weights=digest.weights, probability=probability, chosen=chosen, drawn_at=now
+            )
+            if not chosen:
+                return None
+            audit = Audit.objects.create(
+                node=node,
+                weights=digest.weights,
+                model=digest.model,
+                requested_at=now,
+                deadline=now + timedelta(seconds=settings.SAPO_AUDIT_DEADLINE_SECONDS),
+            )
+    except IntegrityError:  # another process drew this digest at the same moment: its draw stands
+        return None
+    earlier = (
+        Rollout.objects.filter(
+            node_id=node.id, proof_weights=digest.weights, audit_state=PENDING, created_at__gte=now - DIGEST_WINDOW
+        )
+        .exclude(id__in=digest.rollout_ids)
+        .values_list("id", flat=True)
+    )
+    _cover(audit, [*digest.rollout_ids, *earlier])
+    return audit
+
+
+def _cover(audit: Audit, rollout_ids: Iterable[uuid.UUID]) -> None:
+    AuditGroup.objects.bulk_create(
+        [AuditGroup(audit=audit, rollout_id=i) for i in rollout_ids], ignore_conflicts=True, batch_size=500
+    )

@@ -1,0 +1,82 @@
+"""Shared helpers for the audit tests (no tests here): pending groups as the pool stores them, audits."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from audits.models import Audit, AuditGroup
+from nodes.models import Node
+from pool.models import ModerationStatus, Rollout, RolloutText, Verdict
+from sapo_node.ids import uuid7
+from swarms.services import swarm_default_ensure
+
+WEIGHTS = "ab" * 32
+OTHER_WEIGHTS = "cd" * 32
+
+
+def pending_group(
+    node: Node,
+    *,
+    weights: str = WEIGHTS,
+    rewards: tuple[float, ...] = (1.0, 0.0),
+    created_at: datetime | None = None,
+    audit_state: str = "pending",
+    proof: dict | None = None,
+    question: str = "What is 1 + 1?",
+    completions: list[str] | None = None,
+    dataset: str = "basic_arithmetic",
+    seed: int = 1234,
+    index: int | None = None,
+) -> Rollout:
+    """An accepted, sampleable group of `node` whose proof commits to `weights`."""
+    created_at = created_at or timezone.now()
+    n = Rollout.objects.count()
+    rollout = Rollout.objects.create(
+        id=uuid7(created_at),
+        node=node,
+        swarm=swarm_default_ensure(),
+        catalogue_version=1,
+        round=1,
+        dataset=dataset,
+        seed=seed,
+        index=n if index is None else index,
+        completion_count=len(rewards),
+        claimed_rewards=list(rewards),
+        verified_rewards=list(rewards),
+        verdict=Verdict.ACCEPTED,
+        moderation_status=ModerationStatus.OK,
+        has_variance=len(set(rewards)) > 1,
+        sampleable=len(set(rewards)) > 1,
+        sample_seq=n + 1 if len(set(rewards)) > 1 else None,
+        created_at=created_at,
+        proof_weights=weights,
+        audit_state=audit_state,
+    )
+    RolloutText.objects.create(
+        rollout=rollout,
+        swarm_id=rollout.swarm_id,
+        created_at=created_at,
+        question=question,
+        answer="2",
+        completions=completions or [f"<answer>{r}</answer>" for r in rewards],
+        proof=proof or {"challenge": "c", "weights": weights, "model": "tiny-mini", "temperature": 1.0},
+    )
+    return rollout
+
+
+def make_audit(
+    node: Node, groups: list[Rollout] = (), *, weights: str = WEIGHTS, deadline_in: float = 3600, **fields
+) -> Audit:
+    now = timezone.now()
+    audit = Audit.objects.create(
+        node=node,
+        weights=weights,
+        model="tiny-mini",
+        requested_at=now,
+        deadline=now + timedelta(seconds=deadline_in),
+        **fields,
+    )
+    AuditGroup.objects.bulk_create([AuditGroup(audit=audit, rollout=r) for r in groups])
+    return audit
