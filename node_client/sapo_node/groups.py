@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from sapo_node import proof as proofs
 from sapo_node.ids import uuid7
-from sapo_node.protocol import SampledWireGroup, WireGroup, WireTask
+from sapo_node.protocol import SampledWireGroup, WireGroup, WireProof, WireTask
 from sapo_node.tasks import MAX_INDEX, MAX_SEED, TaskRef
 
 #: Bounds on what a node accepts from the pool (the server enforces its own, usually tighter).
@@ -37,6 +38,8 @@ class Group:
     rewards: list[float]
     #: The author node's public name (set on groups sampled from the pool).
     node: str | None = None
+    #: The proof of a group made under a server challenge (`make_proof`); None: unaudited.
+    proof: WireProof | None = None
 
     @classmethod
     def new(
@@ -55,6 +58,7 @@ class Group:
             answer=self.answer,
             completions=self.completions,
             rewards=[float(r) for r in self.rewards],
+            proof=self.proof,
         )
         return msgspec.to_builtins(wire)
 
@@ -86,7 +90,34 @@ class Group:
             completions=wire.completions,
             rewards=wire.rewards,
             node=wire.node,
+            proof=wire.proof,
         )
+
+
+def make_proof(
+    *,
+    challenge: str,
+    weights: str,
+    model: str,
+    temperature: float,
+    completion_ids: list[list[int]],
+    logprobs: list[list[float]],
+) -> WireProof:
+    """The proof of a group generated under `challenge` by the weights committed as `weights`: each
+    completion's sampled token ids (the stop included) and their log-probabilities, encoded as
+    sapo_node.proof does (docs/protocol.md, "Proof of work")."""
+    if len(completion_ids) != len(logprobs) or any(
+        len(i) != len(p) for i, p in zip(completion_ids, logprobs, strict=True)
+    ):
+        raise ValueError("one log-probability per sampled token")
+    return WireProof(
+        challenge=challenge,
+        weights=weights,
+        model=model,
+        temperature=float(temperature),
+        tokens=[proofs.encode_ids(ids) for ids in completion_ids],
+        logprobs=[proofs.encode_floats(lps) for lps in logprobs],
+    )
 
 
 @dataclass

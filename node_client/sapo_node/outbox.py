@@ -96,6 +96,17 @@ class Outbox:
             ).fetchall()
         return [json.loads(payload) for id_, payload in rows if id_ not in exclude][:limit]
 
+    def pending_weights(self) -> set[str]:
+        """The weights digests named by the proofs of pending groups (sapo_node.commitments keeps
+        their files: the pool's ack of them may ask for an audit)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT json_extract(payload, '$.proof.weights') FROM outbox WHERE state = ?"
+                " AND payload IS NOT NULL",
+                (PENDING,),
+            ).fetchall()
+        return {row[0] for row in rows if isinstance(row[0], str)}
+
     def waiting(self) -> dict[str | None, int]:
         """How many groups are pending for each swarm (None: with no swarm yet)."""
         with self._lock:

@@ -43,6 +43,8 @@ class FakePool:
         self._served_from = 0
         self.connections = 0
         self.limits: dict[str, int] = {"max_groups_per_message": 2}  # welcome.limits
+        self.challenges: list[str] = []  # welcome.challenge, then one per share's ack, while any is left
+        self.audits: list[dict[str, Any]] = []  # welcome.audits and every share's ack.audits
         self._open: set[ServerConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
@@ -111,6 +113,10 @@ class FakePool:
         finally:
             self._open.discard(ws)
 
+    def _proof_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"challenge": self.challenges.pop(0)} if self.challenges else {}
+        return fields | ({"audits": list(self.audits)} if self.audits else {})
+
     def _reply(self, frame: dict[str, Any]) -> dict[str, Any] | str | None:
         kind = frame["type"]
         if kind == "hello":
@@ -121,6 +127,7 @@ class FakePool:
                 "node_name": "laptop",
                 "catalogue": EASY_CATALOGUE.to_json(),
                 "limits": dict(self.limits),
+                **self._proof_fields(),
             }
         if kind == "share":
             ids = [r["id"] for r in frame["rollouts"]]
@@ -135,7 +142,8 @@ class FakePool:
             if self.drop_next_ack:
                 self.drop_next_ack = False
                 return "cut"
-            return {"type": "ack", "v": 1, "for": "share", "accepted": accepted, "rejected": rejected}
+            ack = {"type": "ack", "v": 1, "for": "share", "accepted": accepted, "rejected": rejected}
+            return ack | self._proof_fields()
         if kind == "sample":
             self.sample_requests += 1
             self.sample_sizes.append(frame["n"])

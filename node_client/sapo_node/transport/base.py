@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sapo_node import protocol
 from sapo_node.groups import Group
 from sapo_node.tasks import Catalogue
+
+if TYPE_CHECKING:  # torch and safetensors: only a node that trains loads them
+    from sapo_node.commitments import CommitmentStore
 
 
 @dataclass
@@ -76,6 +79,19 @@ class Transport(ABC):
 
     def counts(self) -> TransportCounts:
         return TransportCounts()
+
+    def challenge(self) -> str | None:
+        """The newest challenge the server issued this node (None: none yet, or no server): the next
+        round's questions come from it (sapo_node.tasks.TaskStream.follow)."""
+        return None
+
+    def unsettled_weights(self) -> set[str]:
+        """The weights digests of shared groups still waiting for the pool's verdict (their
+        commitments are kept: sapo_node.commitments)."""
+        return set()
+
+    def answer_audits(self, store: CommitmentStore) -> None:  # noqa: B027 - optional hook
+        """Upload from `store` the checkpoints the server asks to audit (a transport with a server)."""
 
     def wait_connected(self, timeout: float) -> bool:
         """Block up to `timeout` seconds for the swarm's welcome; True if it came."""

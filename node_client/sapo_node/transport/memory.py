@@ -2,7 +2,8 @@
 
 It behaves like the platform's pool in what matters to a node: ids are idempotent, a node never
 samples its own groups, sampling is uniform, and by default only groups whose rewards differ are
-sampleable. It does not re-verify (the receiving node does that anyway).
+sampleable. It does not re-verify (the receiving node does that anyway), and audits nothing: its
+`challenge`, if set, is the one every node draws its questions from (None: they draw their own).
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from sapo_node.transport.base import Hello, Transport, TransportCounts
 
 
 class MemoryPool:
-    def __init__(self, catalogue: Catalogue | None = None, *, only_informative: bool = True, seed: int = 0) -> None:
+    def __init__(
+        self,
+        catalogue: Catalogue | None = None,
+        *,
+        only_informative: bool = True,
+        seed: int = 0,
+        challenge: str | None = None,
+    ) -> None:
         self.catalogue = catalogue
+        self.challenge = challenge
         self.only_informative = only_informative
         self.groups: dict[str, tuple[str, Group]] = {}  # id -> (author node, group)
         self.reports: list[tuple[str, dict[str, Any]]] = []
@@ -78,6 +87,9 @@ class MemoryTransport(Transport):
 
     def counts(self) -> TransportCounts:
         return TransportCounts(accepted=self._accepted)
+
+    def challenge(self) -> str | None:
+        return self.pool.challenge
 
     def wait_connected(self, timeout: float) -> bool:
         return True

@@ -30,6 +30,12 @@ or before any welcome the swarm the hello names) and sent only on a socket welco
 A welcome says in one line how many groups wait for other swarms. When the node's swarm is retired (a
 `swarm_state` saying so, the error `swarm_retired` to its hello, or the close 4410), its groups are
 dropped with one line, those the node makes afterwards too: none is shared into another swarm.
+
+Audits (docs/protocol.md, "Proof of work"): the newest challenge of `welcome.challenge` and
+`ack.challenge` is the one the next round's questions come from (`challenge`); the audits a welcome
+or a share's ack names are handed to the CheckpointUploader (sapo_node.transport.upload) before the
+ack's verdicts are recorded, so the file an audit asks for is held before its groups stop keeping it;
+`unsettled_weights` names the weights of the groups still waiting for a verdict.
 """
 
 from __future__ import annotations
@@ -46,17 +52,21 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
-from sapo_node import __version__, protocol
+from sapo_node import __version__, proof, protocol
 from sapo_node.groups import Group
 from sapo_node.ids import clock_set
 from sapo_node.outbox import ACCEPTED, ACK_RETENTION_SECONDS, PENDING, REFUSED, REJECTED, Outbox
 from sapo_node.tasks import Catalogue
 from sapo_node.transport.base import Hello, Transport, TransportCounts
+from sapo_node.transport.upload import CheckpointUploader, http_base, parse_audits
+
+if TYPE_CHECKING:
+    from sapo_node.commitments import CommitmentStore
 
 log = logging.getLogger("sapo_node.transport")
 
@@ -252,6 +262,9 @@ class WebSocketTransport(Transport):
         self._disk_failing = False
         self._last_counts = TransportCounts()
         self._ever_welcomed = False  # a session of this transport opened at some point
+        self._challenge: str | None = None  # the newest of welcome.challenge and ack.challenge
+        self._uploader: CheckpointUploader | None = None  # answers audits once `answer_audits` is called
+        self._kept_weights: set[str] = set()  # the commitments on disk when audits began to be answered
 
     # ------------------------------------------------------------------ the training thread's side
     def start(self, hello: Hello) -> None:
@@ -364,6 +377,21 @@ class WebSocketTransport(Transport):
     def wait_connected(self, timeout: float) -> bool:
         return self._connected.wait(timeout)
 
+    def challenge(self) -> str | None:
+        return self._challenge
+
+    def unsettled_weights(self) -> set[str]:
+        with self._lock:
+            waiting = {r["proof"]["weights"] for _, r in self._unwritten if r.get("proof")}
+        try:
+            return waiting | self.outbox.pending_weights()
+        except DISK_ERRORS:  # keep every commitment while the outbox cannot be read
+            return waiting | set(self._kept_weights)
+
+    def answer_audits(self, store: CommitmentStore) -> None:
+        self._kept_weights = set(store.files())
+        self._uploader = CheckpointUploader(http_base(self.url), self._token, store)
+
     def flush(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         # Shares until the pool has answered them; reports until they are written, while connected
@@ -394,6 +422,8 @@ class WebSocketTransport(Transport):
                     loop.call_soon_threadsafe(task.cancel)
                 self._thread.join(timeout=5.0)
         self._state = "closed" if not self._state.startswith("refused") else self._state
+        if self._uploader is not None:
+            self._uploader.close()
         self.outbox.close()
 
     def _poke(self) -> None:
@@ -603,6 +633,7 @@ class WebSocketTransport(Transport):
         slug = self.swarm.get("slug")
         self._groups_joined(slug if isinstance(slug, str) and slug else None)
         self._on_pool_epoch(frame.get("pool_epoch"))
+        self._on_challenge(frame)
         server_time = frame.get("server_time")
         if isinstance(server_time, (int, float)) and not isinstance(server_time, bool) and server_time > 0:
             offset = clock_set(server_time)
@@ -612,6 +643,15 @@ class WebSocketTransport(Transport):
         self._state = "paused" if self._paused else "connected"
         self._welcome.set()
         self._connected.set()
+
+    def _on_challenge(self, frame: dict[str, Any]) -> None:
+        """A welcome or a share's ack: its challenge (the next round's questions come from it) and the
+        audits it asks for (uploaded by the CheckpointUploader, held from now on)."""
+        if self._uploader is not None and "audits" in frame:
+            self._uploader.request(parse_audits(frame["audits"]))
+        challenge = frame.get("challenge")
+        if isinstance(challenge, str) and 0 < len(challenge) <= proof.MAX_CHALLENGE_CHARS:
+            self._challenge = challenge
 
     def _groups_joined(self, swarm: str | None) -> None:
         """The welcome named `swarm` (None: a server without swarms): the node's groups are made for it
@@ -688,6 +728,7 @@ class WebSocketTransport(Transport):
             self._on_share_ack(frame)
 
     def _on_share_ack(self, frame: dict[str, Any]) -> None:
+        self._on_challenge(frame)  # first: an audit holds its file before the verdicts release it
         for id_ in frame.get("accepted") or []:
             self._mark(str(id_), ACCEPTED)
         for item in frame.get("rejected") or []:
