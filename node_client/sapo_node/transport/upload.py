@@ -10,8 +10,9 @@ server the socket talks to, in chunks of at most CHUNK_BYTES, in order:
 One audit at a time, from its own thread, so training goes on meanwhile. A failed attempt (the network,
 a 5xx, 408 or 429) is retried with a doubling pause, from the offset the server says it holds (its
 answer's `received`) or from the start, until the audit's deadline; then the server decides. A 4xx
-other than those means the server no longer wants this upload (the audit finished, expired or is not
-this node's): the node stops. Either way the file is released to the commitments' pruning. An audit
+other than those, a 409 that says where the server stands (`out_of_order`: the upload goes on from
+there) and a 422 (the file's sha256 did not match: it starts again) means the server no longer wants
+this upload (the audit finished, expired or is not this node's): the node stops. Either way the file is released to the commitments' pruning. An audit
 of weights the node no longer has is answered by nothing (the deadline decides) and logged once.
 """
 
@@ -238,6 +239,8 @@ class CheckpointUploader:
                 raise _Retry(f"HTTP {exc.code}", detail or 0) from exc
             if exc.code == 409 and detail is not None:  # out of order: the server says where it stands
                 raise _Retry(f"HTTP {exc.code}, the server holds {detail} bytes", detail) from exc
+            if exc.code == 422:  # the file arrived altered (its sha256): the server dropped it, from byte 0
+                raise _Retry(f"HTTP {exc.code}", 0) from exc
             raise UploadRefused(f"HTTP {exc.code}") from exc
 
 
