@@ -84,7 +84,7 @@ def test_an_audit_the_server_asks_for_holds_the_file_the_verdict_would_release(t
             }
         ]
         transport.start(HELLO)
-        assert transport.flush(5) and transport.unsettled_weights() == set()
+        wait_for(lambda: transport.unsettled_weights() == set())  # acknowledged
         assert store.holds() == {audit_id: (digest, pytest.approx(time.time() + 600, abs=5))}
         assert store.prune(keep=transport.unsettled_weights()) == [] and store.path(digest) is not None
     finally:

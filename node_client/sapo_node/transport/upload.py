@@ -189,6 +189,8 @@ class CheckpointUploader:
                 self.store.release(audit.id)
                 return
             except (OSError, ValueError, _Retry) as exc:  # URLError and timeouts are OSErrors
+                if self._stop.is_set():  # the node stops: the next run's welcome names the audit again
+                    return
                 offset = exc.received if isinstance(exc, _Retry) else 0
                 pause = delay * random.uniform(0.5, 1.5)
                 if self._clock() + pause >= audit.deadline:

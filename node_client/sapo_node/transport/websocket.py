@@ -395,8 +395,14 @@ class WebSocketTransport(Transport):
     def flush(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         # Shares until the pool has answered them; reports until they are written, while connected
-        # (a report is best effort: it is not kept for a later connection).
-        while self._pending_here() or self._unwritten or (self._reports and self._state == "connected"):
+        # (a report is best effort: it is not kept for a later connection); an audit's upload until it
+        # ends (a node's first weights are always audited, often in the ack of its last round).
+        while (
+            self._pending_here()
+            or self._unwritten
+            or (self._reports and self._state == "connected")
+            or (self._uploader is not None and not self._uploader.idle())
+        ):
             if time.monotonic() >= deadline or self._state.startswith("refused"):
                 return False
             self._poke()
