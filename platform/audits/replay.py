@@ -1,6 +1,6 @@
 """The audit's replay, as the worker runs it (docs/audits.md, "The worker"): the upload's hash, its
 tensors' commitment, the named model rebuilt from the site's own copy with the uploaded weights, and
-each sampled group's tokens replayed under them (sapo_node.audit.replay, the function a node can run
+each sampled group's tokens replayed under them (sapo_node.audit.replay_groups, which a node can run
 on itself). Django-free apart from the rows it is handed; torch is imported here only, by the worker.
 
 The uploaded file is parsed by the safetensors library (a header and raw tensors: no pickle, no code)
@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Models the site rebuilds itself: the built-in ones and those a package ships (the node client's
-#: lists). Weights of any other model cannot be replayed here.
 READ_CHUNK = 1 << 20
 
 
@@ -53,6 +51,8 @@ def file_sha256(path: Path) -> str:
 
 
 def auditable_models() -> set[str]:
+    """Models the site rebuilds itself: the built-in ones and those a package ships (the node client's
+    lists). Weights of any other model cannot be replayed here."""
     from sapo_node.packaged import PACKAGED
     from sapo_node.tiny import VARIANTS
 
@@ -97,47 +97,47 @@ def load_model(name: str, tensors: dict[str, Any], *, cache_dir: Path) -> tuple[
 
 
 def replay_groups(model: Any, tokenizer: Any, groups: Sequence[GroupToReplay], *, max_tokens: int) -> ReplayReport:
-    """Replay every completion of `groups` (their tokens at most `max_tokens` in all); raises
-    AuditFailed at the first completion that does not hold up."""
-    import torch
-
-    from sapo_node import proof
-    from sapo_node.audit import replay
+    """Replay every completion of `groups` (their tokens at most `max_tokens` in all: a group that
+    would pass the bound is left out); raises AuditFailed at the first group that does not hold up."""
+    from sapo_node import audit, proof
     from sapo_node.generate import encode_prompt, refused_tokens, stop_ids
     from sapo_node.prompts import format_prompt
 
     report = ReplayReport()
     stops = stop_ids(model, tokenizer)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    refused = refused_tokens(tokenizer, vocab, "cpu", stops)
-    torch.set_grad_enabled(False)
+    refused = refused_tokens(tokenizer, model.config.vocab_size, "cpu", stops)
     for group in groups:
         p = group.proof
-        tokens, logprobs = p.get("tokens") or [], p.get("logprobs") or []
-        if len(tokens) != len(group.completions) or len(logprobs) != len(group.completions):
+        n = len(group.completions)
+        try:
+            rows = [proof.decode_ids(t) for t in p["tokens"]]
+            claimed = [proof.decode_floats(lp) for lp in p["logprobs"]]
+            challenge, temperature = str(p["challenge"]), float(p["temperature"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AuditFailed(f"group {group.rollout_id}: its stored proof is unreadable ({exc})") from None
+        if len(rows) != n or len(claimed) != n:
             raise AuditFailed(f"group {group.rollout_id}: its proof does not have one token list per completion")
-        prompt_ids = encode_prompt(tokenizer, format_prompt(tokenizer, group.question))
-        for k, text in enumerate(group.completions):
-            ids = proof.decode_ids(tokens[k])
-            if report.tokens + len(ids) > max_tokens:
-                report.notes.append(f"stopped at {report.tokens} tokens (SAPO_AUDIT_MAX_TOKENS)")
-                return report
-            decoded = tokenizer.decode([t for t in ids if t not in stops], skip_special_tokens=True)
-            if decoded != text:
+        size = sum(map(len, rows))
+        if report.tokens + size > max_tokens:
+            report.notes.append(f"left out group {group.rollout_id}: past SAPO_AUDIT_MAX_TOKENS")
+            continue
+        for k, (ids, text) in enumerate(zip(rows, group.completions, strict=True)):
+            if tokenizer.decode([t for t in ids if t not in stops], skip_special_tokens=True) != text:
                 raise AuditFailed(f"group {group.rollout_id}, completion {k}: its tokens do not decode to its text")
-            key = proof.completion_key(p["challenge"], group.dataset, group.seed, group.index, k)
-            result = replay(
-                model,
-                tokenizer,
-                prompt_ids,
-                ids,
-                proof.uniforms(key, len(ids)),
-                float(p["temperature"]),
-                refused,
-                logprobs=proof.decode_floats(logprobs[k]),
+        prompt_ids = encode_prompt(tokenizer, format_prompt(tokenizer, group.question))
+        keys = [proof.completion_key(challenge, group.dataset, group.seed, group.index, k) for k in range(n)]
+        try:
+            results = audit.replay_groups(
+                model, tokenizer, prompt_ids, rows, keys, temperature, logprobs=claimed, refused=refused
             )
-            if not result.ok:
-                raise AuditFailed(f"group {group.rollout_id}, completion {k}: {result.reason}")
-            report.tokens += len(ids)
+        except ValueError as exc:
+            raise AuditFailed(f"group {group.rollout_id}: not a completion of this model ({exc})") from None
+        for k, result in enumerate(results):
+            if not result.passed:
+                raise AuditFailed(
+                    f"group {group.rollout_id}, completion {k}: token {result.failed_at} is not the seeded draw of "
+                    f"the committed weights ({result.reason}, margin {result.margin:.3g})"
+                )
+        report.tokens += size
         report.groups += 1
     return report

@@ -154,6 +154,15 @@ class Command(BaseCommand):
             env=env,
         )
 
+        # The audits' worker: replays the checkpoints the nodes upload when an audit asks (docs/audits.md);
+        # without Redis it takes them from the database.
+        swarm.auditor = _spawn(
+            [sys.executable, "manage.py", "sapo_audit_worker"],
+            prefix="[audits]",
+            cwd=REPO,
+            env={**env, "OMP_NUM_THREADS": "1"},
+        )
+
         for i, (name, model, external) in enumerate(plan):
             node, token = node_provision(username="demo", node_name=name, model_id=model, rotate=True)
             node_out = Path(out) / f"{node.name}-{model}"  # a node that changes model starts afresh
@@ -292,6 +301,7 @@ class _Swarm:
     builders: dict[str, subprocess.Popen] = field(default_factory=dict)
     server: subprocess.Popen | None = None
     scheduler: subprocess.Popen | None = None
+    auditor: subprocess.Popen | None = None
     pending: list[_PendingNode] = field(default_factory=list)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -327,9 +337,9 @@ class _Swarm:
         try:
             _stop(list(self.builders.values()), timeout=15)
             _stop(list(self.nodes.values()), timeout=60)
-            _stop([p for p in (self.scheduler, self.server) if p is not None], timeout=15)
+            _stop([p for p in (self.auditor, self.scheduler, self.server) if p is not None], timeout=15)
         except KeyboardInterrupt:
-            for proc in [*self.builders.values(), *self.nodes.values(), self.scheduler, self.server]:
+            for proc in [*self.builders.values(), *self.nodes.values(), self.auditor, self.scheduler, self.server]:
                 if proc is not None and proc.poll() is None:
                     proc.kill()
 
