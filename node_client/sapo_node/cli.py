@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from sapo_node import __version__
 from sapo_node.config import NodeConfig, field_docs
+from sapo_node.machine import read_machine
 
 if TYPE_CHECKING:
     from sapo_node.loop import RunResult  # torch: imported only once a run starts
@@ -135,7 +136,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(NodeConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        help_text = docs.get(f.name, "") + ("" if f.type == "bool" else f" (default: {default})")
+        shown = "" if f.type == "bool" or default is None else f" (default: {default})"
+        help_text = docs.get(f.name, "") + shown
         if f.type == "bool":
             parser.add_argument(flag, dest=f.name, action="store_true", default=argparse.SUPPRESS, help=help_text)
             continue
@@ -165,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
             )
         refuse_a_server_the_user_has_not_named(saved.parent, config, given)
         config.server = None  # a resumed run connects to the user's --server or SAPO_SERVER only
+        config.threads = None  # the machine's load has changed since: chosen again unless given
     config.server = os.environ.get("SAPO_SERVER") or config.server
     config.token = os.environ.get("SAPO_TOKEN") or None
     config.swarm = os.environ.get("SAPO_SWARM") or config.swarm
@@ -195,12 +198,16 @@ def refuse_a_server_the_user_has_not_named(folder: Path, saved: NodeConfig, give
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        config = config_from_args(args).resolved()
+        config = config_from_args(args)
         if not config.offline and not config.server:
             raise ValueError("give --server URL (or set SAPO_SERVER), or --offline to train alone")
+        # Sized before torch loads: a model too large for the machine is refused in a second.
+        config, line = config.fit_to(read_machine(config.device))
+        config = config.resolved()
     except ValueError as exc:
         print(f"sapo-node run: error: {exc}", file=sys.stderr)
         return 2
+    print(line, flush=True)
     # torch and transformers load only once the command is known to be whole: a mistyped one fails at once
     from sapo_node.checkpoint import CheckpointError
     from sapo_node.loop import run

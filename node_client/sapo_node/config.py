@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from sapo_node.machine import Machine, describe_fit, fit_round
+
 #: Built-in tiny models (sapo_node.tiny): they get the easy catalogue and tiny-model defaults
 #: ("small", the built-in model for a GPU, gets the sapo catalogue and its own defaults).
 TINY_MODELS = ("tiny", "tiny-mini", "tiny-learn", "tiny-learn-a", "tiny-learn-b")
@@ -42,8 +44,9 @@ class NodeConfig:
     """auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."""
     dtype: str = "auto"
     """Weights dtype: auto (bfloat16 on CUDA, float32 elsewhere), float32, bfloat16 or float16."""
-    threads: int = 0
-    """torch CPU threads; 0 keeps torch's default (all cores). On a shared machine 1 is often faster."""
+    threads: int | None = None
+    """torch CPU threads; none: OMP_NUM_THREADS if set, else the cores other processes leave idle (at least 1);
+    0 keeps torch's default, all cores, which spin-wait against other work on a machine in use."""
     out: str = "sapo-run"
     """Run directory: config.json, metrics.jsonl, checkpoints/ and the outbox of unacknowledged shares."""
     resume: bool = False
@@ -55,10 +58,11 @@ class NodeConfig:
     # --- the round (SAPO Algorithm 1) ---
     rounds: int = 0
     """Number of the last round to run (a resumed run continues to it); 0 runs until Ctrl-C."""
-    questions: int = 8
-    """B: questions sampled from the node's own stream per round."""
-    generations: int = 8
-    """G: completions generated per question (the group)."""
+    questions: int | None = None
+    """B: questions sampled from the node's own stream per round; none: chosen from the model and the machine
+    (sapo_node.machine; 8 for tiny models)."""
+    generations: int | None = None
+    """G: completions generated per question (the group); none: chosen from the model and the machine."""
     local: int = 4
     """I: own groups in the training set of a round."""
     external: int = 4
@@ -73,7 +77,7 @@ class NodeConfig:
     catalogue: str | None = None
     """Offline catalogue: easy or sapo; None picks easy for tiny models, sapo otherwise. Online the server's is used."""
     max_new_tokens: int | None = None
-    """Tokens generated per completion at most; None: 48 for tiny models, 256 otherwise."""
+    """Tokens generated per completion at most; none: chosen from the model and the machine (48 for tiny models)."""
     temperature: float = 1.0
     """Sampling temperature of generation (the loss uses the same temperature)."""
     generate_batch: int = 0
@@ -92,8 +96,9 @@ class NodeConfig:
     """Upper clip range (DAPO's clip-higher): ratios above 1 + eps_high stop pushing up."""
     epochs: int = 1
     """Optimisation steps per round over the whole training set (old log-probs stay those before the update)."""
-    micro_batch: int = 16
-    """Sequences per forward/backward pass; gradients accumulate, so this bounds memory, not the maths."""
+    micro_batch: int | None = None
+    """Sequences per forward/backward pass; gradients accumulate, so this bounds memory, not the maths; none:
+    the largest of 16, 8, 4, 2, 1 whose round fits the machine's free memory."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm."""
 
@@ -119,6 +124,16 @@ class NodeConfig:
             c.seed = random.SystemRandom().randrange(2**31 - 1)
         if c.catalogue is None:
             c.catalogue = "easy" if c.is_tiny else "sapo"
+        # A run from the command line has these from the machine (sapo_node.machine.fit_round); a
+        # config built in code keeps the figures the experiments were measured with.
+        if c.threads is None:
+            c.threads = 0
+        if c.questions is None:
+            c.questions = 8
+        if c.generations is None:
+            c.generations = 8
+        if c.micro_batch is None:
+            c.micro_batch = 16
         if c.max_new_tokens is None:
             c.max_new_tokens = 48 if c.is_tiny else 256
         if c.lr is None:
@@ -127,6 +142,30 @@ class NodeConfig:
             c.external = 0
         c.validate()
         return c
+
+    def fit_to(self, machine: Machine) -> tuple[NodeConfig, str]:
+        """A copy with the settings left unset chosen for `machine` (sapo_node.machine.fit_round), and
+        the one line that says every choice. Raises MachineTooSmall (a ValueError) when the model
+        cannot fit the machine's free memory."""
+        fitted = fit_round(
+            self.model,
+            machine,
+            threads=self.threads,
+            questions=self.questions,
+            generations=self.generations,
+            max_new_tokens=self.max_new_tokens,
+            micro_batch=self.micro_batch,
+            tiny=self.is_tiny,
+        )
+        config = dataclasses.replace(
+            self,
+            threads=fitted.threads,
+            questions=fitted.questions,
+            generations=fitted.generations,
+            max_new_tokens=fitted.max_new_tokens,
+            micro_batch=fitted.micro_batch,
+        )
+        return config, describe_fit(self.model, machine, fitted)
 
     def validate(self) -> None:
         checks = {

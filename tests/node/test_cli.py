@@ -248,3 +248,34 @@ def test_a_run_that_plays_its_last_round_says_so_and_how_to_export_it(tmp_path, 
     assert export[:4] == ["sapo-node", "export", "--run", str(out)]
     args = build_parser().parse_args(export[1:])
     assert args.run == out and args.out == tmp_path / "run-model"
+
+
+def test_a_run_says_its_choices_in_one_line_and_the_flags_given_win(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    out = tmp_path / "run"
+    assert main(["run", "--offline", "--rounds", "1", "--out", str(out), "--micro-batch", "3", *SMALL]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("config: ")]
+    assert len(lines) == 1 and "B 2, G 2, 6 new tokens, micro-batch 3" in lines[0]
+    assert "cores, load " in lines[0] and "override with --threads" in lines[0]
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["questions"], saved["generations"], saved["max_new_tokens"], saved["micro_batch"]) == (2, 2, 6, 3)
+    assert saved["threads"] >= 1  # chosen from the machine, never torch's all-cores default
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_torch_loads(tmp_path):
+    huge = tmp_path / "huge-model"  # a 405B-parameter model's config: no machine here has its memory
+    huge.mkdir()
+    huge_config = {"hidden_size": 16384, "num_attention_heads": 128, "num_key_value_heads": 8}
+    huge_config |= {"num_hidden_layers": 126, "intermediate_size": 53248, "vocab_size": 128256}
+    (huge / "config.json").write_text(json.dumps(huge_config))
+    code = (
+        "import sys\n"
+        "from sapo_node.cli import main\n"
+        f"rc = main(['run', '--offline', '--model', {str(huge)!r}, '--out', {str(tmp_path / 'run')!r}])\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n"
+        "sys.exit(rc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "needs about" in done.stderr and "models that fit: tiny-mini" in done.stderr
+    assert done.stdout.strip() == "torch not loaded" and not (tmp_path / "run").exists()
