@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.services import profile_set_private
 from common.errors import NotFound
-from web import profiles
+from web import profiles, selectors
 
 
 @require_GET
@@ -29,7 +29,12 @@ def node_view(request: HttpRequest, node_id: int) -> HttpResponse:
         node = profiles.node_public_get(node_id=node_id, viewer=request.user)
     except NotFound as exc:
         raise Http404(exc.message) from exc
-    return render(request, "web/node.html", {"node": node, "profile": profiles.node_profile(node=node)})
+    context = {
+        "node": node,
+        "profile": profiles.node_profile(node=node),
+        "swarm": selectors.node_swarms(nodes=[node]).get(node.id),
+    }
+    return render(request, "web/node.html", context)
 
 
 @login_required

@@ -22,6 +22,7 @@ from nodes.selectors import access_node, node_list
 from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
 from swarms.selectors import swarm_list
 from web import selectors
+from web.install import TOKEN_PLACEHOLDER, TORCH_VERSION, TRANSFORMERS_VERSION, install_machines, install_swarms
 from web.wheel import wheel_find, wheel_get
 
 
@@ -32,11 +33,27 @@ def _site(request: HttpRequest) -> dict[str, str]:
     return {"site_url": http, "ws_url": ws + "/ws/node/"}
 
 
-def _install_context(request: HttpRequest) -> dict:
+def _install_context(request: HttpRequest, token: str | None = None) -> dict:
+    """The wheel and the commands that install and start the client (web.install), naming the open
+    swarm `?swarm=` picks (else the default) and `token` when one was just issued."""
     wheel = wheel_get()
     site = _site(request)
     wheel_url = site["site_url"] + reverse("web:download-file", args=[wheel.build_id, wheel.filename])
-    return {**site, "wheel": wheel, "wheel_url": wheel_url}
+    swarms, swarm = install_swarms(chosen=str(request.GET.get("swarm", ""))[:64] or None)
+    machines = install_machines(
+        wheel_url=wheel_url, ws_url=site["ws_url"], swarm=swarm.slug if swarm else None, token=token
+    )
+    return {
+        **site,
+        "wheel": wheel,
+        "wheel_url": wheel_url,
+        "machines": machines,
+        "install_swarms": swarms,
+        "install_swarm": swarm,
+        "torch_version": TORCH_VERSION,
+        "transformers_version": TRANSFORMERS_VERSION,
+        "token_placeholder": token or TOKEN_PLACEHOLDER,
+    }
 
 
 # ---------------------------------------------------------------------------- public pages
@@ -131,6 +148,7 @@ def _me_context(request: HttpRequest) -> dict:
         "nodes": nodes,
         "figures": boards.node_figures_for(nodes),
         "reports": selectors.last_reports(nodes=nodes),
+        "swarms": selectors.node_swarms(nodes=nodes),
     }
 
 
@@ -144,7 +162,7 @@ def _me_page(request: HttpRequest, new_token: dict | None = None, new_secret: st
     context = _me_context(request)
     if new_token:
         context["new_token"] = new_token
-        context.update(_install_context(request))
+        context.update(_install_context(request, token=new_token["token"]))
     context["inbox"] = rollout_inbox_list(owner=request.user)
     context["alert_settings"] = alert_settings_get(user=request.user)
     context["alerts"] = alert_list(user=request.user)
@@ -195,10 +213,11 @@ def _node_card(request: HttpRequest, node_id: int, **extra) -> HttpResponse:
         "node": node,
         "figure": boards.node_figures_for([node])[node.id],
         "report": selectors.last_reports(nodes=[node]).get(node.id),
+        "swarm": selectors.node_swarms(nodes=[node]).get(node.id),
         **extra,
     }
     if extra.get("token"):
-        context.update(_install_context(request))
+        context.update(_install_context(request, token=extra["token"]))
     return render(request, "web/partials/node_card.html", context)
 
 

@@ -102,12 +102,17 @@ def test_new_contributor_journey(live_server, page, screenshot, tmp_path: Path):
     page.keyboard.press("Enter")  # the form works from the keyboard
     token = page.locator("#token-value").inner_text().strip()
     assert token.startswith("sapo_")
-    command = page.locator("#token-command").inner_text()
+    # The CPU tab is shown first; its block's Copy button copies the commands exactly as shown.
+    command = page.locator("#token-command-cpu-commands").inner_text()
     assert re.search(
-        rf"pip install {re.escape(base)}/download/[0-9a-f]{{16}}/sapo_node-[\w.]+-py3-none-any\.whl && "
+        rf"pip install transformers==[\d.]+ {re.escape(base)}/download/[0-9a-f]{{16}}/sapo_node-[\w.]+-py3-none-any\.whl\n"
         rf"SAPO_TOKEN={re.escape(token)} sapo-node run --server {re.escape(live_server.ws_url)}/ws/node/",
         command,
     ), command
+    expect(page.locator("#token-command-cuda-commands")).to_be_hidden()
+    page.get_by_role("tab", name="NVIDIA GPU").click()
+    expect(page.locator("#token-command-cuda-commands")).to_be_visible()
+    expect(page.locator("#token-command-cpu-commands")).to_be_hidden()
     screenshot(page, "me-token-once")
     expect(page.locator('#node-table tr[data-node="laptop"] [data-status]')).to_have_text("offline")
     # The token came in the answer to the form post; the address bar says /me/, so a reload asks for

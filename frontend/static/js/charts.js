@@ -29,15 +29,20 @@
       return d.getUTCDate() + " " + d.toLocaleString("en", { month: "short", timeZone: "UTC" }) + " " + hourLabel(value);
     }
     var label = String(value).replace(/_/g, " ");
-    return label.length > 18 ? label.slice(0, 17) + "…" : label;
+    return label.length > 28 ? label.slice(0, 27) + "…" : label;
+  }
+
+  function unsignedZero(text) {
+    // "-0.00" -> "0.00": a figure that rounds to zero reads as zero (as the pages' num filter does).
+    return /^[-\u2212][0.,%]*$/.test(text) ? text.slice(1) : text;
   }
 
   function yText(v, format, scale) {
     // `scale` (the axis maximum) gives every label of an axis the same decimals; thousands are
     // grouped ("12,345"), so a large figure reads at a glance and keeps every digit.
-    if (format === "pct") return (v * 100).toFixed(0) + "%";
+    if (format === "pct") return unsignedZero((v * 100).toFixed(0) + "%");
     var digits = Math.abs(scale === undefined ? v : scale) >= 10 ? 0 : 2;
-    return v.toLocaleString("en", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+    return unsignedZero(v.toLocaleString("en", { minimumFractionDigits: digits, maximumFractionDigits: digits }));
   }
 
   function textWidth(box, text) {
@@ -55,6 +60,17 @@
     var widest = Math.max.apply(null, labels.map(function (t) { return textWidth(box, t); }));
     PAD.left = Math.max(44, Math.ceil(widest) + LABEL_GAP + 4);
     return labels;
+  }
+
+  function barMargins(box, labels) {
+    // A bar's label is drawn slanted 30 degrees up to the left of its bar's middle: the bottom margin
+    // holds the longest one (sin 30 = .5 of its width) and the left margin the first one (cos 30 =
+    // .87), so no dataset's name loses its first letters or its end to the picture's edge.
+    var widths = labels.map(function (t) { return textWidth(box, t); });
+    PAD.bottom = Math.max(64, Math.ceil(0.5 * Math.max.apply(null, widths)) + 26);
+    var slot = (W - PAD.left - PAD.right) / labels.length;
+    var first = Math.ceil(0.87 * widths[0]) + 6;
+    if (PAD.left + slot / 2 < first) PAD.left = Math.ceil(first - slot / 2);
   }
 
   function frame(svg, labels) {
@@ -75,12 +91,15 @@
       box.appendChild(Object.assign(document.createElement("p"), { className: "chart-empty", textContent: "No verified groups in this period yet." }));
       return;
     }
-    var yMax = opts.yMax || Math.max.apply(null, points.map(function (p) { return p[opts.y]; })) || 1;
+    // The axis starts at zero: its top is never below it (all-negative figures would give "-0.00" ticks).
+    var yMax = opts.yMax || Math.max.apply(null, points.map(function (p) { return Math.max(p[opts.y], 0); })) || 1;
     var yLabels = yAxis(box, yMax, opts.format);
+    PAD.bottom = 64;
+    if (opts.kind === "bar") barMargins(box, points.map(function (p) { return xLabel(p[opts.x]); }));
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
     frame(svg, yLabels);
     var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
-    function yPos(v) { return PAD.top + plotH * (1 - Math.min(v, yMax) / yMax); }
+    function yPos(v) { return PAD.top + plotH * (1 - Math.max(0, Math.min(v, yMax)) / yMax); }
     var n = points.length, every = Math.max(1, Math.ceil(n / 8));
     if (opts.kind === "bar") {
       var slot = plotW / n, bw = Math.min(72, Math.max(4, slot * 0.6));
@@ -107,7 +126,7 @@
       svg.appendChild(el("path", { "class": "line", d: path }));
       coords.forEach(function (c, i) {
         var dot = el("circle", { "class": "dot", cx: c[0], cy: c[1], r: n === 1 ? 5 : 3 });
-        dot.appendChild(el("title", {}, hourLabel(points[i][opts.x]) + ": " + points[i][opts.y].toFixed(3)));
+        dot.appendChild(el("title", {}, hourLabel(points[i][opts.x]) + ": " + unsignedZero(points[i][opts.y].toFixed(3))));
         svg.appendChild(dot);
         if (i % every === 0 || i === n - 1) {
           svg.appendChild(el("text", { x: c[0], y: H - PAD.bottom + 16, "text-anchor": "middle" }, hourLabel(points[i][opts.x])));
@@ -129,15 +148,16 @@
     }
     var all = [];
     points.forEach(function (p) { keys.forEach(function (k) { if (p[k] !== null && p[k] !== undefined) all.push(p[k]); }); });
-    var yMax = opts.yMax || Math.max.apply(null, all) || 1;
+    var yMax = opts.yMax || Math.max.apply(null, all.map(function (v) { return Math.max(v, 0); })) || 1;
     var yLabels = yAxis(box, yMax, opts.format);
+    PAD.bottom = 64;
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "xMidYMid meet", focusable: "false", "aria-hidden": "true" });
     frame(svg, yLabels);
     var plotW = W - PAD.left - PAD.right, plotH = H - PAD.top - PAD.bottom;
     var times = points.map(function (p) { return new Date(p[opts.x]).getTime(); });
     var t0 = Math.min.apply(null, times), span = Math.max.apply(null, times) - t0;
     function xPos(i) { return PAD.left + (span > 0 ? plotW * (times[i] - t0) / span : plotW / 2); }
-    function yPos(v) { return PAD.top + plotH * (1 - Math.min(v, yMax) / yMax); }
+    function yPos(v) { return PAD.top + plotH * (1 - Math.max(0, Math.min(v, yMax)) / yMax); }
     var every = Math.max(1, Math.ceil(points.length / 8));
     points.forEach(function (p, i) {
       if (i % every === 0 || i === points.length - 1) {
@@ -152,7 +172,7 @@
       svg.appendChild(el("path", { "class": "line series-" + s, d: path }));
       coords.forEach(function (c) {
         var dot = el("circle", { "class": "dot series-" + s, cx: c[0], cy: c[1], r: coords.length === 1 ? 5 : 3 });
-        dot.appendChild(el("title", {}, labels[s] + ", " + hourLabel(c[2][opts.x]) + ": " + c[2][k].toFixed(3)));
+        dot.appendChild(el("title", {}, labels[s] + ", " + hourLabel(c[2][opts.x]) + ": " + unsignedZero(c[2][k].toFixed(3))));
         svg.appendChild(dot);
       });
     });

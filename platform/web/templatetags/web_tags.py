@@ -15,12 +15,20 @@ from community.models import BadgeKind
 register = template.Library()
 
 
+def _unsigned_zero(text: str) -> str:
+    """ "-0.00" -> "0.00": a figure that rounds to zero reads as zero, whatever side it came from
+    (a tiny negative reward, or IEEE's -0.0)."""
+    if text[:1] in "-−" and not any(c in "123456789" for c in text):
+        return text[1:]
+    return text
+
+
 @register.filter
 def pct(value: float | None, digits: int = 0) -> str:
     """0.873 -> "87%"; None (nothing to divide) -> an em dash."""
     if value is None:
         return "—"
-    return f"{value * 100:.{int(digits)}f}%"
+    return _unsigned_zero(f"{value * 100:.{int(digits)}f}%")
 
 
 @register.filter
@@ -28,15 +36,19 @@ def num(value: float | int | None, digits: int = 1) -> str:
     """A figure with `digits` decimals and thin thousands separators; None -> an em dash."""
     if value is None:
         return "—"
-    return f"{value:,.{int(digits)}f}"
+    return _unsigned_zero(f"{value:,.{int(digits)}f}")
 
 
 @register.filter
 def signed(value: float | None, digits: int = 3) -> str:
-    """A difference with its sign: 0.05 -> "+0.050", -0.01 -> "−0.010"; None -> an em dash."""
+    """A difference with its sign: 0.05 -> "+0.050", -0.01 -> "−0.010", -0.0001 -> "0.000"; None -> an
+    em dash."""
     if value is None:
         return "—"
-    return f"{'+' if value >= 0 else '−'}{abs(value):.{int(digits)}f}"
+    text = f"{abs(value):.{int(digits)}f}"
+    if not any(c in "123456789" for c in text):
+        return text  # rounds to zero: no sign to read
+    return f"{'+' if value > 0 else '−'}{text}"
 
 
 @register.simple_tag
@@ -132,3 +144,22 @@ def badge_label(kind: str) -> str:
 @register.filter
 def badge_help(kind: str) -> str:
     return _BADGE_HELP.get(kind, "")
+
+
+@register.filter
+def inline_code(text: str | None) -> str:
+    """Text written by the site's operators (a swarm's description, from settings or the staff form)
+    as a person reads it: HTML escaped, `backticked` spans set as code rather than shown with their
+    backticks, line breaks kept. Nothing else of Markdown is read."""
+    if not text:
+        return ""
+    parts = str(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: the last one is literal
+        parts[-2:] = ["`".join(parts[-2:])]
+    html = []
+    for index, part in enumerate(parts):
+        if index % 2:
+            html.append(format_html("<code>{}</code>", part))
+        else:
+            html.append(format_html("{}", part).replace("\n", "<br>"))
+    return mark_safe("".join(html))  # noqa: S308 (every part escaped above)
