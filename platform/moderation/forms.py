@@ -9,7 +9,7 @@ from django import forms
 
 from common.errors import ApplicationError
 from moderation.models import AuditAction, TargetType
-from moderation.rules import RULES
+from moderation.rules import RULES, Param, RuleSpec
 from pool.models import ModerationStatus, RejectReason
 
 ANY = ""
@@ -89,3 +89,81 @@ class NodeFilterForm(FilterForm):
         required=False,
         choices=[(ANY, "All nodes"), ("flagged", "Flagged"), ("banned", "Banned"), ("low_trust", "Lowest trust first")],
     )
+
+
+def _figure(value: float | None) -> str:
+    """A bound as a person reads it: 1,000,000 and 0.01, not 1e+06."""
+    return f"{int(value):,}" if value is not None and value == int(value) else f"{value:g}"
+
+
+class RuleForm(forms.Form):
+    """One automatic rule's settings as the staff page edits them: a field per parameter of its kind
+    (a whole number, a share, a switch, a list of patterns a line), with the parameter's bounds and help
+    from moderation.rules, plus the rule's switch and action where it has them. Field names carry the
+    rule's key as their prefix, so every rule's form on the page has its own ids. Parameter values the
+    form cannot see (a pattern's safety) are checked by services.rule_update, as for the JSON a script
+    posts instead."""
+
+    ACTIONS = [("hold", "Hold for review"), ("flag", "Flag only")]
+
+    def __init__(self, spec: RuleSpec, rule: Any = None, data: Any = None) -> None:
+        initial: dict[str, Any] = {}
+        if rule is not None:
+            initial = {"enabled": rule.enabled, "action": rule.action}
+            for name, param in spec.params.items():
+                value = rule.params.get(name, param.default)
+                initial[name] = "\n".join(value) if param.kind is list else value
+        super().__init__(data=data, initial=initial, prefix=spec.key)
+        self.spec = spec
+        if spec.switchable:
+            self.fields["enabled"] = forms.BooleanField(required=False, label="Enabled")
+        if spec.has_action:
+            self.fields["action"] = forms.ChoiceField(
+                choices=self.ACTIONS,
+                help_text="Hold: the group leaves the pool until a moderator decides. Flag: it stays, marked.",
+            )
+        for name, param in spec.params.items():
+            self.fields[name] = self._field(name, param)
+
+    @staticmethod
+    def _field(name: str, param: Param) -> forms.Field:
+        label = name.replace("_", " ").capitalize()
+        if param.kind is bool:
+            return forms.BooleanField(required=False, label=label, help_text=param.help)
+        if param.kind is list:
+            return forms.CharField(
+                required=False,
+                label=label,
+                help_text=param.help,
+                max_length=100_000,
+                widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
+            )
+        bounds = f" From {_figure(param.low)} to {_figure(param.high)}." if param.high is not None else ""
+        if param.kind is int:
+            return forms.IntegerField(
+                label=label, help_text=param.help + bounds, min_value=param.low, max_value=param.high
+            )
+        return forms.FloatField(
+            label=label,
+            help_text=param.help + bounds,
+            min_value=param.low,
+            max_value=param.high,
+            widget=forms.NumberInput(attrs={"step": "any"}),
+        )
+
+    def params(self) -> dict[str, Any]:
+        """The parameters as services.rule_update takes them (call after is_valid())."""
+        values = {}
+        for name, param in self.spec.params.items():
+            value = self.cleaned_data[name]
+            if param.kind is list:
+                value = [line.strip() for line in value.splitlines() if line.strip()]
+            values[name] = value
+        return values
+
+    def problems(self) -> str:
+        """The invalid fields in one sentence, each by its label."""
+        return "; ".join(
+            f"{self.fields[name].label if name in self.fields else 'Form'}: {' '.join(errors)}"
+            for name, errors in self.errors.items()
+        )

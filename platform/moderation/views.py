@@ -23,7 +23,7 @@ from accounts.models import User
 from common.errors import ApplicationError
 from common.json_input import JSONInputError, json_loads_bounded
 from moderation import selectors, services
-from moderation.forms import AuditFilterForm, FilterForm, InvalidFilter, NodeFilterForm, QueueFilterForm
+from moderation.forms import AuditFilterForm, FilterForm, InvalidFilter, NodeFilterForm, QueueFilterForm, RuleForm
 from moderation.rules import RULES
 from nodes.models import Node
 from nodes.selectors import node_status, node_statuses
@@ -283,8 +283,11 @@ def rules(request: HttpRequest) -> HttpResponse:
         swarm = _rules_swarm(request.GET.get("swarm"))
     except ApplicationError as exc:
         return _error(request, exc)
+    items = selectors.rule_list(swarm=swarm)
+    for item in items:
+        item["form"] = RuleForm(item["spec"], item["rule"])
     context = {
-        "rules": selectors.rule_list(swarm=swarm),
+        "rules": items,
         "swarm": swarm,
         "swarms": Swarm.objects.only("slug", "title", "state"),
         "section": "rules",
@@ -301,26 +304,38 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
         swarm = _rules_swarm(request.POST.get("swarm"))
     except ApplicationError as exc:
         return _error(request, exc)
+    spec = RULES[key]
     error = None
-    try:
-        params = json_loads_bounded(request.POST.get("params") or "{}")
-    except JSONInputError as exc:
-        error = ApplicationError("invalid_rule", f"Parameters: {exc}.")
+    form = None
+    if "params" in request.POST:
+        # The parameters as one JSON object (scripts, and the API's shape): enabled, action, params.
+        enabled = request.POST.get("enabled") == "on"
+        action = request.POST.get("action") or spec.action
+        try:
+            params = json_loads_bounded(request.POST.get("params") or "{}")
+        except JSONInputError as exc:
+            error = ApplicationError("invalid_rule", f"Parameters: {exc}.")
+    else:
+        # The page's form: a field per parameter, named with the rule's key as prefix.
+        form = RuleForm(spec, data=request.POST)
+        if form.is_valid():
+            enabled = bool(form.cleaned_data.get("enabled"))
+            action = form.cleaned_data.get("action") or spec.action
+            params = form.params()
+        else:
+            error = ApplicationError("invalid_rule", f"Not saved. {form.problems()}.")
     if error is None:
         try:
             services.rule_update(
-                actor=request.user,
-                key=key,
-                enabled=request.POST.get("enabled") == "on",
-                action=request.POST.get("action") or RULES[key].action,
-                params=params,
-                swarm=swarm,
+                actor=request.user, key=key, enabled=enabled, action=action, params=params, swarm=swarm
             )
         except ApplicationError as exc:
             error = exc
     item = next((i for i in selectors.rule_list(swarm=swarm) if i["spec"].key == key), None)
     if item is None:  # a key a swarm cannot have: the error above says so
         return _error(request, error or ApplicationError("invalid_rule", "No such rule for a swarm."))
+    # After an error the form shows what was typed, with each field's error beside it.
+    item["form"] = form if (error is not None and form is not None) else RuleForm(spec, item["rule"])
     status = error.status if error else 200
     if not request.htmx:
         if error is not None:
