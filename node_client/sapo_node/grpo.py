@@ -37,7 +37,7 @@ from torch.nn import functional as F
 
 from sapo_node.baseline import MAX_ADVANTAGE
 from sapo_node.groups import TrainGroup
-from sapo_node.shared_prefix import prompt_layout, prompt_pass
+from sapo_node.shared_prefix import prompt_layout, prompt_pass, returned_cache, with_cache
 
 ADVANTAGE_EPS = 1e-4
 
@@ -307,13 +307,13 @@ def completion_logprobs(model: Any, batch: GroupedBatch, temperature: float = 1.
     hidden = out.last_hidden_state[:, -1][batch.owner][:, None]  # (N, 1, H): the prompt's end predicts token 0
     t_len = batch.completion_ids.shape[1]
     if t_len > 1:  # tokens 0..T-2 predict tokens 1..T-1; the last token is never an input
-        cache = out.past_key_values
+        cache = returned_cache(out)
         cache.reorder_cache(batch.owner)  # a copy of the prompt's keys/values per row, differentiable
         inputs = batch.completion_ids[:, :-1]
         mask = torch.cat([batch.prompt_mask[batch.owner], batch.completion_mask[:, :-1]], dim=1)
         positions = batch.prompt_mask.sum(dim=-1)[batch.owner][:, None] + torch.arange(t_len - 1, device=inputs.device)
         rest = backbone(
-            input_ids=inputs, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            input_ids=inputs, attention_mask=mask, position_ids=positions, use_cache=True, **with_cache(backbone, cache)
         ).last_hidden_state  # (N, T - 1, H)
         hidden = torch.cat([hidden, rest], dim=1)  # (N, T, H)
     keep = batch.completion_mask.bool()

@@ -17,7 +17,9 @@ plain prompts share "Question:"), the layout is the usual left padding and the p
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -59,6 +61,26 @@ def prompt_positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(dim=-1) - 1).clamp(min=0)
 
 
+@lru_cache(maxsize=32)
+def _cache_keyword(forward_type: type) -> str:
+    parameters = inspect.signature(forward_type.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def with_cache(forward: Any, cache: Any) -> dict[str, Any]:
+    """`{name: cache}` under the name `forward` (a model or its backbone) takes its key/value cache by:
+    `cache` from transformers 5.24, where `past_key_values` still works but warns at every call site;
+    `past_key_values` before, where `cache` would fall silently into **kwargs."""
+    return {_cache_keyword(type(forward)): cache}
+
+
+def returned_cache(out: Any) -> Any:
+    """The key/value cache a forward returned: `out.cache` from transformers 5.24 (whose
+    `out.past_key_values` warns), `out.past_key_values` before."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 def prompt_pass(forward: Any, ids: torch.Tensor, mask: torch.Tensor, shared: int, **kwargs: Any) -> Any:
     """`forward` (a model or its backbone) over the prompts of `prompt_layout`, with a key/value cache
     of all W positions: the first `shared` columns once, as one row whose cache is then copied to the
@@ -68,13 +90,13 @@ def prompt_pass(forward: Any, ids: torch.Tensor, mask: torch.Tensor, shared: int
     if not shared:
         return forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs)
     head = forward(input_ids=ids[:1, :shared], position_ids=positions[:1, :shared], use_cache=True, **kwargs)
-    cache = head.past_key_values
+    cache = returned_cache(head)
     cache.reorder_cache(torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device))
     return forward(
         input_ids=ids[:, shared:],
         attention_mask=mask,
         position_ids=positions[:, shared:],
-        past_key_values=cache,
         use_cache=True,
+        **with_cache(forward, cache),
         **kwargs,
     )
