@@ -57,6 +57,7 @@ from common.errors import ApplicationError
 from nodes import presence
 from nodes.services import node_hello_changed, node_hello_fields
 from pool import ratelimit
+from pool.challenges import SocketChallenge
 from pool.closes import socket_closes
 from pool.epoch import current_pool_epoch
 from pool.ingest import ShareIn, rollout_share_in_turn
@@ -184,6 +185,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             )
             self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (pool.ratelimit)
             self.stored = None  # the bytes the last share left stored this hour (its budgets' next check)
+            self.challenge = SocketChallenge(node.id)  # welcome.challenge, ack.challenge
         except ApplicationError as exc:
             await self.close(code=protocol.CLOSE_BANNED if exc.code == "banned" else protocol.CLOSE_UNAUTHENTICATED)
             return
@@ -325,6 +327,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 "for": protocol.SHARE,
                 "accepted": result.accepted,
                 "rejected": result.rejected,
+                "challenge": self.challenge.current(),
             }
         if isinstance(message, Sample):
             place = await self._in_swarm()
@@ -375,6 +378,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             "type": protocol.WELCOME,
             "node_id": node.id,
             "node_name": node.name,
+            "challenge": self.challenge.current(),
             "catalogue": catalogue,
             "limits": limits,
             "swarm": {

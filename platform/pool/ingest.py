@@ -6,7 +6,8 @@
 1. budgets: the node's and its contributor's hourly storage budgets (pool.budgets), before any work;
 2. verify: every group rebuilt from its task and every completion scored again (pool.verification);
 3. screen: moderation's rules decide what is held (pool.seams, implemented by moderation), before
-   anything is stored, so a held group is never sampleable;
+   anything is stored, so a held group is never sampleable; each accepted group's proof of work is
+   checked against its challenge (pool.challenges), which decides its audit state;
 4. store: one INSERT statement for the batch, moderation's record part of it (pool.ingest_statement);
 5. answer: a verdict per group, in the order sent.
 
@@ -36,6 +37,7 @@ from common.db import db_call
 from common.errors import ApplicationError
 from pool import turns
 from pool.budgets import StoredBytes, storage_check
+from pool.challenges import proofs_check
 from pool.ingest_statement import ScreenedShare, SwarmOfBatch, insert_batch
 from pool.limits import Limits, current_limits
 from pool.messages import RolloutIn
@@ -355,9 +357,10 @@ def _screen_store_answer(
     screenings = seam.rollouts_screen(
         shares=[ShareToScreen(shares[i].node.id, shares[i].rollouts, checks, swarm.swarm_id) for i, checks in verified]
     )
+    audits = proofs_check([(shares[i].node, shares[i].rollouts, checks) for i, checks in verified])
     screened = [
-        ScreenedShare(shares[i].node, shares[i].rollouts, checks, set(screening.held))
-        for (i, checks), screening in zip(verified, screenings, strict=True)
+        ScreenedShare(shares[i].node, shares[i].rollouts, checks, set(screening.held), audit)
+        for (i, checks), screening, audit in zip(verified, screenings, audits, strict=True)
     ]
     # 4. The groups, the counters and moderation's record, in one statement.
     record = seam.rollouts_record_part(screenings=screenings)

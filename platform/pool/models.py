@@ -145,6 +145,13 @@ class Rollout(models.Model):
                 condition=Q(moderation_status__in=["held", "quarantined"]),
                 name="pool_rollout_review_idx",
             ),
+            # The groups that answered a challenge's question (pool.challenges: a node answers each
+            # question of a challenge once); only groups with a valid proof have an entry.
+            models.Index(
+                fields=["node", "seed", "index"],
+                condition=~Q(audit_state="unaudited"),
+                name="pool_rollout_question_idx",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

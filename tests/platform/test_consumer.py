@@ -161,6 +161,8 @@ async def test_share_accepts_an_honest_group_and_stores_verified_rewards(node, n
     socket = await open_socket(node_token)
     group = make_group(right=2, wrong=2)
     reply = await ask(socket, share_frame(group, ref="s1"))
+    challenge = reply.pop("challenge")  # the questions the node is to answer next (pool.challenges)
+    assert challenge.startswith(f"c1.{node.id}.")
     assert reply == {"type": "ack", "for": "share", "accepted": [group["id"]], "rejected": [], "v": 1, "ref": "s1"}
     row = await sync_to_async(Rollout.objects.get)(id=group["id"])
     assert row.node_id == node.id and row.verdict == "accepted" and row.sampleable

@@ -12,8 +12,14 @@ def test_one_index_leads_with_the_node_of_a_group():
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'pool_rollout'")
         indexes = dict(cursor.fetchall())
-    led_by_node = sorted(name for name, definition in indexes.items() if "(node_id" in definition)
-    assert led_by_node == ["pool_rollout_node_idx"], indexes  # (node_id, created_at DESC) serves lookups by node
+    led_by_node = {name: definition for name, definition in indexes.items() if "(node_id" in definition}
+    # (node_id, created_at DESC) serves lookups by node; the other is partial, for the groups that answered
+    # a challenge's question (pool.challenges: a node answers each question of a challenge once).
+    assert sorted(led_by_node) == ["pool_rollout_node_idx", "pool_rollout_question_idx"], indexes
+    assert (
+        "(node_id, seed, index) WHERE (NOT ((audit_state)::text = 'unaudited'::text))"
+        in led_by_node["pool_rollout_question_idx"]
+    )
 
 
 @pytest.mark.parametrize("prepare", [True, False])

@@ -57,6 +57,31 @@ def to_rollout_in(group: dict[str, Any]) -> RolloutIn:
     )
 
 
+def proof_of(group: dict[str, Any], challenge: str, *, weights: str = "ab" * 32, tokens: int = 5) -> dict[str, Any]:
+    """A well-formed proof (sapo_node.protocol.WireProof) for `group` under `challenge`: `tokens` token
+    ids and log-probabilities per completion (their values are the audit's business, not the pool's)."""
+    from sapo_node import proof
+
+    count = len(group["completions"])
+    return {
+        "challenge": challenge,
+        "weights": weights,
+        "model": "tiny-mini",
+        "temperature": 1.0,
+        "tokens": [proof.encode_ids([k + t for t in range(tokens)]) for k in range(count)],
+        "logprobs": [proof.encode_floats([-0.25] * tokens) for _ in range(count)],
+    }
+
+
+def challenged_group(challenge: str, j: int = 0, **kwargs: Any) -> dict[str, Any]:
+    """An honest group answering question j of `challenge` (its seed and index), with its proof."""
+    from sapo_node import proof
+
+    group = make_group(seed=proof.task_seed(challenge), index=proof.task_index(challenge, j), **kwargs)
+    group["proof"] = proof_of(group, challenge)
+    return group
+
+
 def share_frame(*groups: dict[str, Any], ref: str | None = None) -> dict[str, Any]:
     frame = {"type": "share", "v": 1, "rollouts": list(groups)}
     if ref:
