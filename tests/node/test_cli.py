@@ -279,3 +279,20 @@ def test_a_model_too_large_for_the_machine_is_refused_before_torch_loads(tmp_pat
     assert done.returncode == 2, done.stderr
     assert "needs about" in done.stderr and "models that fit: tiny-mini" in done.stderr
     assert done.stdout.strip() == "torch not loaded" and not (tmp_path / "run").exists()
+
+
+def test_a_resumed_run_keeps_its_round_and_chooses_its_threads_again(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what the machine offers at resume time
+    out, before = tmp_path / "run", torch.get_num_threads()
+    try:
+        assert main(["run", "--offline", "--rounds", "1", "--out", str(out), "--threads", "3", *SMALL]) == 0
+        args = build_parser().parse_args(["run", "--resume", "--out", str(out), "--rounds", "2"])
+        config = config_from_args(args)
+        assert (config.questions, config.generations, config.max_new_tokens) == (2, 2, 6) and config.threads is None
+        assert main(["run", "--resume", "--out", str(out), "--rounds", "2"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["threads"] == 1 and (saved["questions"], saved["micro_batch"]) == (2, 4)

@@ -167,3 +167,11 @@ def test_the_torch_and_transformers_the_tests_run_on_are_in_the_clients_declared
         installed = version(name)
         assert declared[name].contains(installed, prereleases=True), (name, installed, str(declared[name]))
         assert "<" in str(declared[name]), f"{name}: an open range lets pip pick a release nobody tested"
+
+
+def test_a_round_given_beyond_the_memory_is_kept_and_the_line_warns(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    given = {"questions": 8, "generations": 8, "max_new_tokens": 256, "micro_batch": 16}
+    config, line = fit("smollm2-135m", LAPTOP, **given)
+    assert {k: getattr(config, k) for k in given} == given
+    assert "WARNING: estimated peak" in line and "is over the 4.8 GiB this machine can give" in line
