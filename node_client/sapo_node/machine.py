@@ -312,6 +312,7 @@ def read_machine(device: str = "auto") -> Machine:
     """This machine's facts. torch is imported only to confirm a CUDA or MPS device that the
     system shows signs of, or that the user named."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = min(cores, _cgroup_cores() or cores)
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):
@@ -362,6 +363,15 @@ def _cgroup_room() -> int | None:
         if limit == "max":
             return None
         return max(0, int(limit) - int((base / "memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _cgroup_cores() -> int | None:
+    """A container's CPU quota (cgroup v2 cpu.max, e.g. `200000 100000` for 2 cores), rounded up."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
         return None
 
