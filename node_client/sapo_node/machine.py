@@ -255,23 +255,21 @@ def fit_round(
     def fits(b: int, g: int, t: int, m: int) -> bool:
         return peak_bytes(shape, b, g, t, m, device) <= budget
 
+    if not fits(*ROUND_SHAPES[-1], 1):
+        raise MachineTooSmall(too_small_message(model, machine, budget))
     candidates = [TINY_ROUND] if tiny else list(ROUND_SHAPES)
     chosen = None
     for b, g, t in candidates:
         b, g, t = keep(questions, b), keep(generations, g), keep(max_new_tokens, t)
-        if not fits(b, g, t, keep(micro_batch, 1)):
+        if not fits(b, g, t, 1):
             continue
         if device == "cpu" and not tiny and round_seconds(machine, shape, b, g, t, working) > CPU_ROUND_SECONDS:
             continue
         chosen = (b, g, t)
         break
-    if chosen is None:  # nothing within the time: the smallest round that fits, if any
+    if chosen is None:  # none fits, with the values given, or in time: the smallest (the line warns)
         b, g, t = candidates[-1]
         chosen = (keep(questions, b), keep(generations, g), keep(max_new_tokens, t))
-        if not fits(*chosen, keep(micro_batch, 1)) and not all(
-            v is not None for v in (questions, generations, max_new_tokens, micro_batch)
-        ):
-            raise MachineTooSmall(too_small_message(model, machine, budget))
     b, g, t = chosen
     rows = b * g
     if micro_batch is None:

@@ -175,3 +175,9 @@ def test_a_round_given_beyond_the_memory_is_kept_and_the_line_warns(monkeypatch)
     config, line = fit("smollm2-135m", LAPTOP, **given)
     assert {k: getattr(config, k) for k in given} == given
     assert "WARNING: estimated peak" in line and "is over the 4.8 GiB this machine can give" in line
+
+
+def test_a_micro_batch_given_too_large_is_warned_about_not_a_refusal_of_the_model(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    config, line = fit("smollm2-135m", LAPTOP, micro_batch=256, max_new_tokens=256)
+    assert config.micro_batch == 256 and "WARNING: estimated peak" in line
