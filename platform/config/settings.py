@@ -280,6 +280,11 @@ SAPO_CHALLENGE_SECONDS = env_float("SAPO_CHALLENGE_SECONDS", 20.0)
 SAPO_CHALLENGE_TTL_SECONDS = env_int("SAPO_CHALLENGE_TTL_SECONDS", 86_400)
 if SAPO_CHALLENGE_SECONDS < 0 or SAPO_CHALLENGE_TTL_SECONDS <= 0:
     raise EnvError("SAPO_CHALLENGE_SECONDS must be at least 0 and SAPO_CHALLENGE_TTL_SECONDS positive")
+# G of the group-worth bound (figures.credit, docs/leaderboard.md): a group of n completions is credited
+# its verified rewards' sum times min(1, G / n), so more completions per group earn no more credit.
+SAPO_CREDIT_COMPLETIONS = env_int("SAPO_CREDIT_COMPLETIONS", 8)
+if SAPO_CREDIT_COMPLETIONS < 1:
+    raise EnvError(f"SAPO_CREDIT_COMPLETIONS must be at least 1, got {SAPO_CREDIT_COMPLETIONS}")
 
 # --- The pool's text retention (docs/deploy.md, "Text retention and archives") ------------------
 # A group's texts (question, answer, completions) are kept this many days, then written to

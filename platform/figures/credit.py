@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from psycopg import sql
 
 from pool.models import ModerationStatus, Verdict
@@ -27,6 +28,10 @@ REJECTED: str = Verdict.REJECTED.value
 MODERATED_OUT: tuple[str, ...] = (ModerationStatus.QUARANTINED.value, ModerationStatus.REJECTED.value)
 #: The audit state of a group whose work a passed audit proved (pool.models.AuditState).
 AUDITED = "audited"
+#: G of the group-worth bound: a group of n completions earns its verified rewards' sum times
+#: min(1, G / n), so a group of more completions than the swarm's G earns no more than one of G
+#: (SAPO_CREDIT_COMPLETIONS, read once at start).
+CREDIT_COMPLETIONS: int = settings.SAPO_CREDIT_COMPLETIONS
 CREDIT_HALF_LIFE = timedelta(days=7)
 #: Reference time of the growth (2^((t - epoch) / half-life) stays finite until about 2045;
 #: `manage.py sapo_stats rebuild` with a later epoch then).
@@ -46,11 +51,13 @@ def credited(alias: str = "r") -> sql.Composed:
 
 
 def reward(alias: str = "r") -> sql.Composed:
-    """A group's reward: the sum of its verified rewards (0 when they are not a JSON array)."""
+    """A group's reward: the sum of its verified rewards (0 when they are not a JSON array) times
+    min(1, CREDIT_COMPLETIONS / its completion count), the group-worth bound."""
     return sql.SQL(
-        "(SELECT coalesce(sum(x::float8), 0) FROM jsonb_array_elements_text("
+        "((SELECT coalesce(sum(x::float8), 0) FROM jsonb_array_elements_text("
         "CASE WHEN jsonb_typeof({r}.verified_rewards) = 'array' THEN {r}.verified_rewards ELSE '[]' END) AS x)"
-    ).format(r=sql.Identifier(alias))
+        " * least(1.0::float8, {g}::float8 / greatest({r}.completion_count, 1)))"
+    ).format(r=sql.Identifier(alias), g=sql.Literal(CREDIT_COMPLETIONS))
 
 
 def growth(value: sql.Composable, at: sql.Composable) -> sql.Composed:
@@ -102,9 +109,10 @@ def is_credited(verdict: str, moderation_status: str, audit_state: str = AUDITED
     return verdict == ACCEPTED and moderation_status not in MODERATED_OUT
 
 
-def group_reward(verified_rewards: Any) -> float:
+def group_reward(verified_rewards: Any, completion_count: int) -> float:
     """`reward()` for a row already in memory."""
-    return sum(float(x) for x in verified_rewards) if isinstance(verified_rewards, list) else 0.0
+    total = sum(float(x) for x in verified_rewards) if isinstance(verified_rewards, list) else 0.0
+    return total * min(1.0, float(CREDIT_COMPLETIONS) / max(completion_count, 1))
 
 
 def growth_of(value: float, at: datetime) -> float:

@@ -377,7 +377,7 @@ def _apply_credit_change(
     dataset_hours: dict[tuple[int, datetime, str], list] = {}
     for r in changing:
         sign = 1 if credited_after(r) else -1
-        reward = credit.group_reward(r.verified_rewards)
+        reward = credit.group_reward(r.verified_rewards, r.completion_count)
         hour = r.created_at.replace(minute=0, second=0, microsecond=0)
         for key, bucket in (((r.node_id,), totals), ((r.node_id, r.swarm_id), per_swarm)):
             t = bucket.setdefault(key, [0, 0, 0.0, 0.0])

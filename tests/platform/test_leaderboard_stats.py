@@ -233,3 +233,28 @@ def test_pool_size_is_exact_when_small_and_a_bound_when_large(node, monkeypatch)
     assert selectors._pool_size(cutoff, swarms) == 2
     monkeypatch.setattr(selectors, "POOL_COUNT_EXACT_BELOW", 1)
     assert selectors._pool_size(cutoff, swarms) == last.sample_seq - first.sample_seq + 1
+
+
+def test_a_group_of_more_completions_than_the_swarms_g_earns_no_more_than_a_group_of_g(node):
+    """The group-worth bound (SAPO_CREDIT_COMPLETIONS, G = 8): a group of n completions is credited its
+    verified rewards' sum times min(1, G / n), in the SQL and in its Python twin alike."""
+    from django.db import connection
+    from psycopg import sql
+
+    from pool.models import Rollout
+
+    assert credit.CREDIT_COMPLETIONS == 8
+    groups = [
+        make_group(node, rewards=(1.0,) * 4 + (0.0,) * 4),  # 8 completions: 4
+        make_group(node, rewards=(1.0,) * 31 + (0.0,)),  # 32 completions, 31 right: 31 x 8 / 32
+        make_group(node, rewards=(1.0, 0.0, 1.0)),  # fewer than G: 2, unscaled
+    ]
+    Rollout.objects.update(audit_state="audited")  # credit is audited work (figures.credit.credited)
+    assert _figures(node).verified_reward == pytest.approx(4.0 + 7.75 + 2.0)
+    query = sql.SQL("SELECT r.id, {reward} FROM pool_rollout r").format(reward=credit.reward("r"))
+    with connection.cursor() as cursor:
+        cursor.execute(query.as_string(connection.connection))
+        by_sql = dict(cursor.fetchall())
+    for group in groups:
+        assert by_sql[group.id] == credit.group_reward(group.verified_rewards, group.completion_count)
+    assert sorted(by_sql.values()) == [2.0, 4.0, 7.75]
