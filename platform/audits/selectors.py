@@ -29,6 +29,11 @@ def node_hold_get(*, node_id: int) -> NodeHold | None:
     return NodeHold.objects.filter(node_id=node_id, released_at=None).select_related("audit").first()
 
 
+def node_holds(*, node_ids: list[int]) -> dict[int, NodeHold]:
+    """The holds in force of these nodes, by node id (one query)."""
+    return {h.node_id: h for h in NodeHold.objects.filter(node_id__in=node_ids, released_at=None)}
+
+
 def owner_failed_audits(*, owner: User, limit: int = 20) -> list[Audit]:
     """The contributor's failed and expired audits, newest first: their rejection inbox says why."""
     return list(

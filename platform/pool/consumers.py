@@ -56,7 +56,7 @@ from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.services import node_hello_changed, node_hello_fields
-from pool import ratelimit
+from pool import audit_seam, ratelimit
 from pool.challenges import SocketChallenge
 from pool.closes import socket_closes
 from pool.epoch import current_pool_epoch
@@ -328,6 +328,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 "accepted": result.accepted,
                 "rejected": result.rejected,
                 "challenge": self.challenge.current(),
+                **({"audits": result.audits} if result.audits else {}),  # what to upload (docs/audits.md)
             }
         if isinstance(message, Sample):
             place = await self._in_swarm()
@@ -370,6 +371,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 setattr(node, name, value)
             presence.socket_book().said(node.id, said)
         catalogue, limits = _catalogue_and_limits(place.catalogue, self.limits)
+        asked = await db_call(audit_seam.audits().node_audits, retry_lost=True)(node_id=node.id)  # uploads still owed
         # The limits announced are what the server will hold this node to: max_messages_per_minute is its
         # trust's share of the configured quota (moderation.trust), so the client paces itself to it
         # (a node told the configured 600 while held to 195 was refused by the hundred).
@@ -379,6 +381,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             "node_id": node.id,
             "node_name": node.name,
             "challenge": self.challenge.current(),
+            "audits": asked,
             "catalogue": catalogue,
             "limits": limits,
             "swarm": {

@@ -35,7 +35,7 @@ from django.utils import timezone
 from common import metrics
 from common.db import db_call
 from common.errors import ApplicationError
-from pool import turns
+from pool import audit_seam, turns
 from pool.budgets import StoredBytes, storage_check
 from pool.challenges import proofs_check
 from pool.ingest_statement import ScreenedShare, SwarmOfBatch, insert_batch
@@ -65,6 +65,7 @@ class ShareResult:
     accepted: list[str] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)  # [{"id", "reason"}]
     stored: StoredBytes | None = None  # after this share (the one given to rollout_share if it stored nothing)
+    audits: list[dict[str, Any]] = field(default_factory=list)  # asked of the node (pool.audit_seam): its ack's
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def _with_refused(
             continue
         answered = {str(r["id"]): r["reason"] for r in result.rejected}
         accepted = set(result.accepted)
-        whole = ShareResult(stored=result.stored)
+        whole = ShareResult(stored=result.stored, audits=result.audits)
         for r in part.sent:
             key = str(r.id)
             if r.id in part.stored:
@@ -367,10 +368,12 @@ def _screen_store_answer(
     with transaction.atomic() if connection.in_atomic_block else nullcontext():
         inserted, stored_now = insert_batch(screened, swarm, record)
     seam.rollouts_recorded(screenings=screenings, inserted=inserted)
+    asked = audit_seam.audits().groups_stored(inserted=inserted) if inserted else {}  # which weights to audit
     # 5. A verdict per group, in the order sent.
     existing = _stored_before(screened, inserted)
     for (i, _), share in zip(verified, screened, strict=True):
         results[i] = _answer(share, inserted, existing, stored_now, shares[i].stored)
+        results[i].audits = asked.get(share.node.id, [])
 
 
 def _stored_before(screened: Sequence[ScreenedShare], inserted: set[uuid.UUID]) -> dict[uuid.UUID, tuple]:

@@ -27,6 +27,7 @@ from pool.budgets import ROW_OVERHEAD_BYTES, hour_of, storage_charge, storage_ch
 from pool.limits import Limits, current_limits
 from pool.messages import Report
 from pool.models import (
+    AuditState,
     Consumption,
     ModerationStatus,
     NodeRound,
@@ -65,7 +66,8 @@ def rollout_set_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID],
 def _set_moderation(queryset: QuerySet[Rollout], status: str) -> int:
     if status != ModerationStatus.OK:
         return queryset.update(moderation_status=status, sampleable=False)
-    eligible = Q(verdict=Verdict.ACCEPTED, has_variance=True)
+    # A group an audit failed over stays out of sampling whatever its moderation (docs/audits.md).
+    eligible = Q(verdict=Verdict.ACCEPTED, has_variance=True) & ~Q(audit_state=AuditState.FAILED)
     return queryset.update(
         moderation_status=status,
         sample_seq=Case(

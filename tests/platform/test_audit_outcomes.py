@@ -118,3 +118,15 @@ def test_the_sweep_queues_again_an_audit_whose_job_was_lost(node, settings):
     settings.SAPO_AUDIT_JOB_ATTEMPTS = 2
     assert jobs.audit_sweep(now=now + timedelta(seconds=200))["requeued"] == 0
     assert Audit.objects.get(id=audit.id).state == "uploaded"
+
+
+def test_a_failed_group_stays_out_of_sampling_when_moderation_restores_it(node):
+    from pool.models import ModerationStatus
+    from pool.services import rollout_set_moderation
+
+    group = pending_group(node)
+    audit_fail(audit_id=make_audit(node, [group]).id, reason="weights digest mismatch")
+    rollout_set_moderation(rollouts=[group.id], status=ModerationStatus.HELD)
+    rollout_set_moderation(rollouts=[group.id], status=ModerationStatus.OK)
+    group.refresh_from_db()
+    assert (group.moderation_status, group.audit_state, group.sampleable) == ("ok", "failed", False)

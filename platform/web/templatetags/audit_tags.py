@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 
 from accounts.models import User
-from audits.selectors import node_audit_list, node_hold_get, owner_failed_audits, pending_credit
+from audits.selectors import node_audit_list, node_hold_get, node_holds, owner_failed_audits, pending_credit
 from nodes.models import Node
 
 register = template.Library()
@@ -27,8 +27,8 @@ def node_audits(node: Node) -> dict[str, Any]:
 @register.inclusion_tag("web/partials/my_audits.html")
 def my_audits(user: User, nodes: list[Node]) -> dict[str, Any]:
     ids = [n.id for n in nodes]
-    pending = pending_credit(node_ids=ids)
+    pending, holds = pending_credit(node_ids=ids), node_holds(node_ids=ids)
     return {
-        "rows": [(n, pending[n.id], node_hold_get(node_id=n.id)) for n in nodes],
+        "rows": [(n, pending[n.id], holds.get(n.id)) for n in nodes],
         "failed": owner_failed_audits(owner=user),
     }
