@@ -16,6 +16,7 @@ import pytest
 from django.utils import timezone
 from factories import make_node, make_swarm, make_user
 
+from community.models import Badge
 from community.services import team_found, team_join
 from nodes.models import Node
 from pool.models import ModerationStatus, NodeRound, Rollout, RolloutText, Verdict
@@ -61,7 +62,7 @@ CHECK = r"""() => {
       if (visible(el) && el.scrollWidth > el.clientWidth + 1) found.push("table cut at the card's edge: " + where(el));
   // Names, "3 nodes", times and badges stay on one line; so does any cell or figure of one word (no
   // "local-" / "2", no "smollm2-" / "135m").
-  const oneLine = "main .name, main .name-cell > .muted, main time, main .badge";
+  const oneLine = "main .name, main .name-cell > .muted, main time, main .badge, main a.btn";
   const oneWord = "main td, main dd, main td > *, main dd > *, main h1, main h2, main h3";
   for (const el of document.querySelectorAll(oneLine + ", " + oneWord)) {
     if (!visible(el) || insideScroller(el)) continue;
@@ -150,6 +151,9 @@ def site():
         founder=newcomer, name="A new team with a longish name", description="Just founded.", address="127.0.0.1"
     )
     team_join(user=owner, team=team)
+    # Badges beside a name: "2 nodes" keeps its line under them.
+    for kind in ("top1", "first_group", "groups_1k", "first_helped"):
+        Badge.objects.create(user=owner, kind=kind)
     staff = make_user(username="operator", display_name="Operator", is_staff=True)
     return {"owner": owner, "node": long_node, "newcomer": newcomer, "team": team, "staff": staff}
 
