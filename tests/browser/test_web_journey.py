@@ -93,7 +93,7 @@ def test_new_contributor_journey(live_server, page, screenshot, tmp_path: Path):
     expect(page.get_by_role("banner").get_by_role("link", name="Carol")).to_be_visible()
 
     # Sign-up lands on /me/, saying what comes next. Add a node: empty state first, then the token,
-    # shown once with the one-line command.
+    # shown once with the commands for each kind of machine.
     expect(page.get_by_role("status")).to_contain_text("Welcome, Carol. Next: add a node below.")
     page.get_by_role("status").get_by_role("link", name="add a node").click()
     expect(page.get_by_text("No nodes yet: here is how to add one")).to_be_visible()
