@@ -457,6 +457,9 @@ _LOGPROB = "AAAAvw=="  # one float32 log-probability (-0.5)
         ({"tokens": [_TOKEN, "AQAA"]}, "tokens[1]"),  # 3 bytes: not whole uint32s
         ({"tokens": [_TOKEN, ""]}, "tokens[1]"),  # no token at all
         ({"tokens": [_TOKEN, "AQAAAA"]}, "tokens[1]"),  # padding missing
+        ({"tokens": [_TOKEN, "AQ!AAA=="]}, "tokens[1]"),  # a character outside the alphabet
+        ({"tokens": [_TOKEN, "AQAAAA==AQAAAA=="]}, "tokens[1]"),  # data after the padding
+        ({"tokens": [_TOKEN, "AQAA\u00e9AA="]}, "tokens[1]"),  # not ASCII
         ({"logprobs": [_LOGPROB, "AAAAvwAAAL8="]}, "logprobs[1]"),  # two log-probabilities for one token
         ({"logprobs": [_LOGPROB, "AADAfw=="]}, "logprobs[1]"),  # NaN
         ({"logprobs": [_LOGPROB, "AACA/w=="]}, "logprobs[1]"),  # -inf
