@@ -5,7 +5,8 @@ pool.challenges.proofs_check), against a share's whole cost.
     .venv/bin/python bench/challenges.py --tokens 512    # longer completions' proofs
 
 Shares of real basic_arithmetic groups answering the questions of a challenge minted for their node,
-each completion ~300 characters with a proof of `--tokens` token ids and log-probabilities. Timed in
+each completion ~300 characters with a proof of `--tokens` token ids and log-probabilities, one
+weights digest per share (a node's round). Timed in
 this thread (time.thread_time; the PostgreSQL backend's CPU of the one lookup per batch is not in it):
 - parse: parse_frame of each share with its proofs, and of the same share without them;
 - check: proofs_check of each share's groups against the pool as filled so far (the challenge's MAC and
@@ -17,11 +18,11 @@ Prints microseconds per group (medians over the shares) with the load average.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
 import time
-import uuid
 from types import SimpleNamespace
 
 from benchkit import load, pool_bench
@@ -62,6 +63,8 @@ def main() -> None:
 def _share(node_id: int, args: argparse.Namespace, challenge: str, first: int, with_proof: bool) -> str:
     from sapo_node import proof
     from sapo_node.ids import uuid7
+
+    weights = hashlib.sha256(f"{node_id}/{first}".encode()).hexdigest()  # one digest per node and round
     from sapo_node.tasks import CATALOGUES, build_entry, score_completion
 
     spec = CATALOGUES["sapo"].get("basic_arithmetic")
@@ -86,7 +89,7 @@ def _share(node_id: int, args: argparse.Namespace, challenge: str, first: int, w
         if with_proof:
             group["proof"] = {
                 "challenge": challenge,
-                "weights": uuid.uuid4().hex * 2,
+                "weights": weights,
                 "model": "tiny-mini",
                 "temperature": 1.0,
                 "tokens": [proof.encode_ids(range(k, k + args.tokens)) for k in range(args.completions)],
