@@ -4,6 +4,8 @@ puts exactly the shown commands on the clipboard, each on its own unbroken line.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from factories import make_swarm
 from playwright.sync_api import expect
@@ -51,3 +53,25 @@ def test_tabs_picker_and_copy_from_the_keyboard(live_server, page, screenshot):
     page.set_viewport_size({"width": 600, "height": 800})
     assert cpu.evaluate("e => e.scrollWidth > e.clientWidth")  # on a narrow screen the long lines scroll
     screenshot(page, "download-commands")
+
+
+def test_copy_works_on_a_plain_http_site_too(live_server, page):
+    """A site served over plain http to other machines is no secure context: no Clipboard API there.
+    The button then copies through a selection (or leaves the text selected and says to press Ctrl+C)."""
+    insecure = live_server.url.replace("127.0.0.1", "0.0.0.0")
+    page.goto(insecure + "/download/")
+    assert page.evaluate("window.isSecureContext") is False
+    block = page.locator("#install-command-cpu-commands")
+    page.get_by_role("button", name="Copy the CPU commands").click()
+    button = page.get_by_role("button", name="Copy the CPU commands")
+    expect(button).to_have_text(re.compile(r"^(Copied|Press Ctrl\+C)$"))
+    if button.inner_text() == "Press Ctrl+C":
+        assert page.evaluate("String(window.getSelection())").strip() == block.inner_text().strip()
+    else:
+        # What the copy put on the clipboard comes back with a paste.
+        page.evaluate(
+            "() => { const a = document.createElement('textarea'); a.id = 'paste'; document.body.appendChild(a); }"
+        )
+        page.locator("#paste").focus()
+        page.keyboard.press("Control+V")
+        assert page.locator("#paste").input_value() == block.inner_text().strip()
