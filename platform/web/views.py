@@ -53,6 +53,8 @@ def _install_context(request: HttpRequest, token: str | None = None) -> dict:
         "torch_version": TORCH_VERSION,
         "transformers_version": TRANSFORMERS_VERSION,
         "token_placeholder": token or TOKEN_PLACEHOLDER,
+        # A token shown once: no control on its page may navigate away from it.
+        "install_has_token": bool(token),
     }
 
 

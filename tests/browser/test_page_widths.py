@@ -193,7 +193,7 @@ def _pages(site) -> dict[str, list[str]]:
         "/accounts/signup/",
         "/accounts/password_reset/",
     ]
-    contributor = ["/me/"]
+    contributor = ["/me/", "/accounts/password/"]
     staff = [
         "/moderation/",
         "/moderation/?status=any",
@@ -235,5 +235,15 @@ def test_every_page_at_three_widths_shows_every_figure_whole(live_server, browse
                 if width == 360 or width == 1280:
                     name = path.strip("/").replace("/", "-").replace("?", "-").replace("=", "-") or "home"
                     screenshot(page, f"width-{width}-{name}")
+            if who == "newcomer":
+                # The token box, as the answer to adding a node shows it (commands and all).
+                page.goto(live_server.url + "/me/")
+                page.get_by_label("Node name").fill(f"box-{width}")
+                page.get_by_role("button", name="Add node").click()
+                page.locator("#token-value").wait_for()
+                _settle(page)
+                for finding in page.evaluate(CHECK):
+                    problems.append(f"/me/ token box at {width} px: {finding}")
+                screenshot(page, f"width-{width}-me-token")
             context.close()
     assert not problems, "\n".join(problems)

@@ -100,3 +100,12 @@ def test_the_token_box_puts_the_token_and_the_swarm_in_the_commands(auth_client)
     run = _blocks(page)["token-command-cpu-commands"][-1]
     assert run.startswith(f"SAPO_TOKEN={token} sapo-node run --server ws://testserver/ws/node/ --swarm ")
     assert 'data-copy="#token-command-cpu-commands"' in page and "YOUR_NODE_TOKEN" not in page
+
+
+def test_the_token_boxs_swarm_picker_never_leaves_the_page(auth_client):
+    make_swarm(slug="easy")
+    make_swarm(slug="paper")
+    page = auth_client.post(reverse("web:node-add"), {"name": "laptop"}).content.decode()
+    assert 'id="token-command-swarm"' in page  # the picker, rewriting the commands in place (site.js)
+    assert "Show its commands" not in page  # no submit that would navigate away from a token shown once
+    assert "Show its commands" in auth_client.get("/download/").content.decode()
