@@ -160,7 +160,13 @@ class Command(BaseCommand):
             [sys.executable, "manage.py", "sapo_audit_worker"],
             prefix="[audits]",
             cwd=REPO,
-            env={**env, "OMP_NUM_THREADS": "1"},
+            env={
+                # The built-in models as the nodes' builders left them (sapo_node.tiny.default_cache_dir), so
+                # the worker loads them instead of building them again.
+                "SAPO_AUDIT_MODEL_CACHE": env.get("SAPO_CACHE") or str(Path.home() / ".cache" / "sapo-node"),
+                **env,
+                "OMP_NUM_THREADS": "1",
+            },
         )
 
         for i, (name, model, external) in enumerate(plan):
