@@ -107,8 +107,6 @@ CHECK = r"""() => {
 def _group(node: Node, swarm: Swarm, rewards: tuple[float, ...], dataset: str, **fields) -> Rollout:
     """One accepted group, counted in the figures (so the charts draw their dataset labels)."""
     now = timezone.now()
-    if any(f.name == "audit_state" for f in Rollout._meta.fields):
-        fields.setdefault("audit_state", "audited")  # figures count audited groups only
     rollout = Rollout.objects.create(
         id=uuid.uuid4(),
         node=node,
@@ -125,6 +123,7 @@ def _group(node: Node, swarm: Swarm, rewards: tuple[float, ...], dataset: str, *
         has_variance=len(set(rewards)) > 1,
         sampleable=False,
         created_at=now,
+        audit_state="audited",  # credited: the figures count audited work
         **fields,
     )
     RolloutText.objects.create(
