@@ -178,6 +178,37 @@ def proofs_check(
     return out
 
 
+# The groups just stored pending whose question (node, dataset, seed, index) another group of the
+# node also answers: of each such pair, the later stored (created_at, then id) becomes unaudited,
+# whichever of the two batches settles it. proofs_check compares a share with the pool before it is
+# stored; two shares of one node stored at the same moment (two sockets, two server processes) do not
+# see each other there, and this runs after both are committed for the second at the latest.
+_SETTLE_SQL = """
+WITH mine AS (
+    SELECT id, node_id, dataset, seed, index, created_at FROM pool_rollout
+    WHERE id = ANY(%s::uuid[]) AND audit_state = 'pending'
+), losers AS (
+    SELECT CASE WHEN (o.created_at, o.id) > (m.created_at, m.id) THEN o.id ELSE m.id END AS id
+    FROM mine m JOIN pool_rollout o ON o.node_id = m.node_id AND o.seed = m.seed AND o.index = m.index
+         AND o.dataset = m.dataset AND o.id <> m.id AND o.audit_state <> 'unaudited'
+)
+UPDATE pool_rollout r SET audit_state = 'unaudited', audit_reason = %s
+FROM losers l WHERE r.id = l.id AND r.audit_state = 'pending'
+RETURNING r.id
+"""
+
+
+def repeats_settle(inserted: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """After the statement that stored `inserted` (groups proofs_check made pending): of two groups of
+    a node answering the same question of a challenge, the later stored is made unaudited
+    (repeated_question), the earlier keeps its state. Returns the ids made unaudited."""
+    if not inserted:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(_SETTLE_SQL, [list(inserted), AuditReason.REPEATED_QUESTION.value])
+        return {row[0] for row in cursor.fetchall()}
+
+
 def _answered_before(candidates: list[tuple[int, uuid.UUID, RolloutIn, int]]) -> set[tuple[int, str, int, int]]:
     """(node, dataset, seed, index) of the candidates' questions the pool holds an answer to already. A
     resent group (its own id stored) is not in the statement's answer for itself: the INSERT leaves it

@@ -37,11 +37,11 @@ from common.db import db_call
 from common.errors import ApplicationError
 from pool import audit_seam, turns
 from pool.budgets import StoredBytes, storage_check
-from pool.challenges import proofs_check
+from pool.challenges import proofs_check, repeats_settle
 from pool.ingest_statement import ScreenedShare, SwarmOfBatch, insert_batch
 from pool.limits import Limits, current_limits
 from pool.messages import RolloutIn
-from pool.models import Rollout, Verdict
+from pool.models import AuditState, Rollout, Verdict
 from pool.seams import ShareToScreen, moderation
 from pool.verification import Verification, verify_rollout
 from sapo_node import protocol
@@ -367,6 +367,11 @@ def _screen_store_answer(
     record = seam.rollouts_record_part(screenings=screenings)
     with transaction.atomic() if connection.in_atomic_block else nullcontext():
         inserted, stored_now = insert_batch(screened, swarm, record)
+    pending = [
+        i for audit in audits for i, (state, _) in audit.items() if state == AuditState.PENDING and i in inserted
+    ]
+    if pending:  # a question answered twice at once, on two sockets of a node: the later answer earns nothing
+        repeats_settle(pending)
     seam.rollouts_recorded(screenings=screenings, inserted=inserted)
     asked = audit_seam.audits().groups_stored(inserted=inserted) if inserted else {}  # which weights to audit
     # 5. A verdict per group, in the order sent.

@@ -181,3 +181,51 @@ async def test_a_samples_reply_carries_each_groups_proof(node, node_token):
     assert by_id[plain["id"]]["proof"] is None
     await socket.disconnect()
     await reader.disconnect()
+
+
+async def test_a_question_answered_twice_at_once_earns_the_later_answer_nothing(node, node_token, monkeypatch):
+    """Two shares of a node stored at the same moment (two sockets, two server processes) do not see
+    each other when each is checked: as if so (the pool's lookup finding nothing), the later stored of
+    two answers to one question is still made unaudited once both are stored, the earlier kept."""
+    monkeypatch.setattr(challenges, "_answered_before", lambda candidates: set())
+    socket = await open_socket(node_token)
+    challenge = (await _welcome(socket))["challenge"]
+    first, second = challenged_group(challenge, 2), challenged_group(challenge, 2, right=1, wrong=3)
+    await ask(socket, share_frame(first))
+    other = await open_socket(node_token)
+    reply = await ask(other, share_frame(second))
+    assert reply["accepted"] == [second["id"]]
+    assert (await _stored(first["id"]))[:2] == ("pending", "")
+    assert (await _stored(second["id"]))[:2] == ("unaudited", "repeated_question")
+    # Settled again from the earlier group's side (its batch finishing last): nothing changes.
+    assert await sync_to_async(challenges.repeats_settle)([first["id"]]) == set()
+    assert (await _stored(first["id"]))[:2] == ("pending", "")
+    await socket.disconnect()
+    await other.disconnect()
+
+
+def test_settling_a_pair_demotes_the_later_whichever_side_settles(node):
+    """Both groups stored pending before either settled: the earlier's settle demotes the later."""
+    from support.pool import to_rollout_in
+
+    from pool.ingest_statement import ScreenedShare, SwarmOfBatch, insert_batch
+    from pool.verification import verify_rollout
+    from sapo_node.tasks import CATALOGUES
+    from swarms.services import swarm_default_ensure
+
+    swarm = swarm_default_ensure()
+    challenge = challenges.challenge_mint(node.id)
+    ids = []
+    for right in (2, 3):
+        group = to_rollout_in(challenged_group(challenge, 4, right=right, wrong=1))
+        check = verify_rollout(group, CATALOGUES["sapo"])
+        audits = {group.id: challenges.PENDING}
+        insert_batch(
+            [ScreenedShare(node, [group], {group.id: check}, set(), audits)],
+            SwarmOfBatch(swarm.id, swarm.catalogue_version),
+        )
+        ids.append(group.id)
+    assert set(Rollout.objects.filter(id__in=ids).values_list("audit_state", flat=True)) == {"pending"}
+    assert challenges.repeats_settle([ids[0]]) == {ids[1]}
+    states = dict(Rollout.objects.filter(id__in=ids).values_list("id", "audit_state"))
+    assert states == {ids[0]: "pending", ids[1]: "unaudited"}
