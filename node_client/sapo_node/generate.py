@@ -9,20 +9,28 @@ still-running row and drops rows from the batch (and their cache) as they reach 
 compute goes to rows that have finished; it ends when every row has stopped or after
 `max_new_tokens`. All of it runs under `torch.inference_mode`.
 
-Sampling is plain softmax sampling at `temperature` from the policy's own logits (float32), with
-no top-k/top-p, repetition penalty or other processor a model's generation_config may ask for, so
-the samples follow the distribution the GRPO loss assumes. It is done as Gumbel-max (argmax of
-logits / temperature + Gumbel noise, which draws exactly from the softmax) with one noise row per
-sequence and step, drawn from torch's generator for all rows of the batch even after some stop:
-a row's tokens then do not depend on which other rows are still running, and a test can replay
-them with a plain no-cache sampler.
+Sampling is plain softmax sampling at `temperature` from the policy's own logits, with no
+top-k/top-p, repetition penalty or other processor a model's generation_config may ask for, so the
+samples follow the distribution the GRPO loss assumes. It is an inverse-CDF draw from a random
+stream anyone holding the completion's key can recompute (`sapo_node.proof`, docs/protocol.md,
+"Sampling"): token t of a completion with key K is, with u = proof.uniforms(K, n)[t],
+p = softmax(logits / temperature) in float32 with the refused tokens at -inf, cdf = cumsum(p) in
+float64 in token-id order, the first id whose cdf exceeds u * cdf[-1]. A row's draw reads only its
+own logits and its own stream, so its tokens do not depend on which other rows share its batch or
+are still running, and a verifier holding the weights replays them with one forward pass
+(sapo_node.audit). The key of a group made under a server challenge is
+proof.completion_key(challenge, ...); without one the node draws a random key, so there is one
+sampler. Each sampled token's log-probability, log p[token] of that float32 distribution, is kept
+with it (`Generated.logprobs`).
 
 On a CUDA device the same draws run on a static path (`_sample_rows_static`): a key/value cache of
 fixed shape kept between rounds, every row fed at every step (a row that stopped is masked: its
-tokens after the stop are ignored, and its noise row is drawn as above), the decode step captured
-in a CUDA graph by torch.compile(mode="reduce-overhead"), and one host synchronisation per round
-instead of one per token. What it costs on a CPU (B*G rows for every step, a prompt pass per row)
-is what the dropping loop saves, so the CPU keeps that loop. `temperature` 0 is greedy on both.
+tokens after the stop are ignored), the decode step captured
+in a CUDA graph by torch.compile(mode="reduce-overhead"), the rows' streams moved to the device
+once as one (rows, max_new_tokens) float64 tensor, and one host synchronisation per round instead
+of one per token. What it costs on a CPU (B*G rows for every step, a prompt pass per row) is what
+the dropping loop saves, so the CPU keeps that loop. `temperature` 0 is greedy (argmax) on both;
+its recorded log-probability is then the policy's at temperature 1, log_softmax(logits)[token].
 
 No completion holds a character the pool refuses or its moderation counts as non-printable (NUL,
 other control characters, zero-width and bidi marks, a lone surrogate), nor a byte fragment of
@@ -32,33 +40,38 @@ draws them) is never drawn, so the text is a concatenation of whole printable ch
 logit is set to -inf before the draw: the draw follows the policy's softmax over the other tokens,
 which a warm model gives all but a negligible share of its mass.
 
-Per-token log-probabilities are not collected here: the update's forward pass yields exactly the
-log-probs of the policy before the update (sapo_node.grpo).
+The update's forward pass recomputes the log-probs of the policy before the update
+(sapo_node.grpo); the sampled ones go on the wire with the group's proof.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import weakref
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from sapo_node import protocol
+from sapo_node import proof, protocol
 from sapo_node.prompts import has_chat_template
 from sapo_node.shared_prefix import prompt_layout, prompt_pass
 
 
 @dataclass
 class Generated:
-    """The G completions of one prompt, as token ids (ending in EOS when the model stopped) and text."""
+    """The G completions of one prompt, as token ids (ending in EOS when the model stopped) and text,
+    with each sampled token's log-probability (one float per id, the stop included) and each
+    completion's sampling key (proof.uniforms' key: its tokens replay from it)."""
 
     prompt_ids: list[int]
     completion_ids: list[list[int]]
     texts: list[str]
     truncated: list[bool]
+    logprobs: list[list[float]] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -83,11 +96,6 @@ def stop_ids(model: Any, tokenizer: Any) -> set[int]:
 
 def pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-
-def gumbel_noise(shape: tuple[int, ...], device: Any) -> torch.Tensor:
-    """Standard Gumbel draws, -log(-log(U)) for U uniform in [0, 1) (U = 0 gives -inf: never picked)."""
-    return torch.rand(shape, device=device).log_().neg_().log_().neg_()
 
 
 #: Characters no completion holds, as inclusive code point ranges: the non-printable ones (what the
@@ -125,22 +133,33 @@ def refused_tokens(tokenizer: Any, vocab: int, device: Any, stops: Collection[in
 
 
 def sample_tokens(
-    logits: torch.Tensor, gumbel: torch.Tensor | None, temperature: float, refused: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(N, V) logits and (N, V) Gumbel noise -> (N,) token ids drawn from softmax(logits / temperature)
-    over the tokens not `refused` ((V,) bool); temperature 0 (no noise) is the argmax.
+    logits: torch.Tensor, u: torch.Tensor | None, temperature: float, refused: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, V) logits and (N,) float64 uniforms in [0, 1) -> (N,) token ids drawn from
+    softmax(logits / temperature) over the tokens not `refused` ((V,) bool), and their (N,) float32
+    log-probabilities under that softmax. temperature 0 (u unused) is the argmax, with the
+    log-probability at temperature 1.
 
-    Gumbel-max: argmax(x + G) with G i.i.d. standard Gumbel is distributed as softmax(x)."""
+    Inverse CDF: p in float32, cdf = cumsum(p) in float64 in token-id order, the first id whose cdf
+    exceeds u * cdf[-1] (a token of p = 0 never is)."""
+    logits = logits.float()
     if refused is not None:
         logits = logits.masked_fill(refused, -torch.inf)
     if temperature == 0:
-        return torch.argmax(logits, dim=-1)
-    return torch.argmax(logits.float() / temperature + gumbel, dim=-1)
+        ids = torch.argmax(logits, dim=-1)
+        return ids, torch.log_softmax(logits, dim=-1).gather(-1, ids[:, None]).squeeze(1)
+    scaled = logits / temperature
+    cdf = torch.cumsum(torch.softmax(scaled, dim=-1), dim=-1, dtype=torch.float64)  # (N, V)
+    total = cdf[:, -1:]  # (N, 1)
+    # u < 1, but u * total may round up to total: keep the target below it, inside the last interval.
+    target = torch.minimum(u[:, None].to(torch.float64) * total, torch.nextafter(total, torch.zeros_like(total)))
+    ids = torch.searchsorted(cdf, target, right=True).squeeze(1)  # (N,)
+    return ids, torch.log_softmax(scaled, dim=-1).gather(-1, ids[:, None]).squeeze(1)
 
 
-def step_noise(n: int, vocab: int, device: Any, temperature: float) -> torch.Tensor | None:
-    """One decode step's noise for all `n` rows (None when greedy): both paths draw it the same way."""
-    return gumbel_noise((n, vocab), device) if temperature > 0 else None
+def row_uniforms(keys: Sequence[bytes], steps: int, device: Any) -> torch.Tensor:
+    """(N, steps) float64: each row's stream (proof.uniforms of its key), moved to the device once."""
+    return torch.tensor([proof.uniforms(key, steps) for key in keys], dtype=torch.float64, device=device)
 
 
 @torch.inference_mode()
@@ -155,8 +174,12 @@ def generate_groups(
     batch_size: int = 0,
     static: bool | None = None,
     compile: str | None = "auto",
+    keys: list[list[bytes]] | None = None,
 ) -> list[Generated]:
     """`generations` sampled completions for each prompt; batch_size 0 = all rows in one batch.
+
+    keys[b][k] is the sampling key of prompt b's completion k (proof.completion_key under a server
+    challenge); None draws a random 32-byte key per completion.
 
     `static` chooses the static path (None: on CUDA); `compile` how its decode step is compiled:
     "auto" (reduce-overhead on CUDA, none elsewhere), "reduce-overhead", "eager" (traced whole, run
@@ -168,6 +191,11 @@ def generate_groups(
         static = device.type == "cuda"
     if compile == "auto":
         compile = "reduce-overhead" if device.type == "cuda" else None
+    if keys is None:
+        keys = [[os.urandom(32) for _ in range(generations)] for _ in prompts]
+    if len(keys) != len(prompts) or any(len(row) != generations for row in keys):
+        raise ValueError("keys must hold `generations` keys for each prompt")
+    row_keys = [key for row in keys for key in row]  # prompt-major, as the rows
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
     owners = [b for b in range(len(prompts)) for _ in range(generations)]  # B*G rows, prompt-major
     step = batch_size if batch_size > 0 else len(owners)
@@ -176,18 +204,21 @@ def generate_groups(
     model.eval()
 
     completions: list[list[int]] = []
+    logprobs: list[list[float]] = []
     truncated: list[bool] = []
     for start in range(0, len(owners), step):
         chunk = owners[start : start + step]
+        u = row_uniforms(row_keys[start : start + step], max_new_tokens, device)
         if static:
-            rows, ended = _sample_rows_static(
-                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, compile, refused
+            rows, lps, ended = _sample_rows_static(
+                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, compile, refused, u
             )
         else:
-            rows, ended = _sample_rows(
-                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, refused
+            rows, lps, ended = _sample_rows(
+                model, prompt_ids, chunk, stops, pad_id(tokenizer), max_new_tokens, temperature, refused, u
             )
         completions += rows
+        logprobs += lps
         truncated += [not e for e in ended]
 
     groups = []
@@ -195,7 +226,7 @@ def generate_groups(
         rows_b = slice(b * generations, (b + 1) * generations)
         comp = completions[rows_b]
         texts = [tokenizer.decode([t for t in c if t not in stops], skip_special_tokens=True) for c in comp]
-        groups.append(Generated(ids, comp, texts, truncated[rows_b]))
+        groups.append(Generated(ids, comp, texts, truncated[rows_b], logprobs[rows_b], row_keys[rows_b]))
     return groups
 
 
@@ -207,10 +238,12 @@ def _sample_rows(
     pad: int,
     max_new_tokens: int,
     temperature: float,
-    refused: torch.Tensor | None = None,
-) -> tuple[list[list[int]], list[bool]]:
-    """One completion per entry of `owners` (an index into `prompt_ids`): its ids (up to and
-    including the first stop id) and whether it stopped; no id of `refused` ((V,) bool) is drawn."""
+    refused: torch.Tensor | None,
+    u: torch.Tensor,
+) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    """One completion per entry of `owners` (an index into `prompt_ids`), row i drawn with the
+    uniforms u[i] ((N, T) float64): its ids (up to and including the first stop id), their
+    log-probabilities and whether it stopped; no id of `refused` ((V,) bool) is drawn."""
     device = next(model.parameters()).device
     distinct = sorted(set(owners))
     # The distinct prompts' shared beginning (a chat model's system message and worked turns) once,
@@ -230,13 +263,14 @@ def _sample_rows(
     position = prompt_mask.sum(-1)[owner]  # (N,)
     stop_tensor = torch.tensor(sorted(stops), device=device) if stops else None
     tokens = torch.full((n, max_new_tokens), pad, device=device)  # (N, T)
+    logprobs = torch.zeros((n, max_new_tokens), device=device)  # (N, T) float32
     lengths = torch.full((n,), max_new_tokens, device=device)  # (N,) tokens kept per row
     ended = torch.zeros(n, dtype=torch.bool, device=device)
     active = torch.arange(n, device=device)  # rows still in the batch
     for t in range(max_new_tokens):
-        noise = step_noise(n, logits.shape[-1], device, temperature)  # for all rows: see the module docstring
-        next_ids = sample_tokens(logits, None if noise is None else noise[active], temperature, refused)  # (A,)
+        next_ids, next_logprobs = sample_tokens(logits, u[active, t], temperature, refused)  # (A,)
         tokens[active, t] = next_ids
+        logprobs[active, t] = next_logprobs
         stopped = torch.isin(next_ids, stop_tensor) if stop_tensor is not None else torch.zeros_like(active, dtype=bool)
         if bool(stopped.any()):
             lengths[active[stopped]] = t + 1
@@ -257,8 +291,10 @@ def _sample_rows(
         )
         cache = out.past_key_values
         logits = out.logits[:, -1]  # (A, V)
-    rows = [row[:length] for row, length in zip(tokens.tolist(), lengths.tolist(), strict=True)]
-    return rows, ended.tolist()
+    lengths_list = lengths.tolist()
+    rows = [row[:length] for row, length in zip(tokens.tolist(), lengths_list, strict=True)]
+    lps = [row[:length] for row, length in zip(logprobs.tolist(), lengths_list, strict=True)]
+    return rows, lps, ended.tolist()
 
 
 #: The static cache's length is rounded up to a multiple of this, so rounds whose prompts differ a
@@ -275,9 +311,10 @@ def _sample_rows_static(
     max_new_tokens: int,
     temperature: float,
     compile: str | None,
-    refused: torch.Tensor | None = None,
-) -> tuple[list[list[int]], list[bool]]:
-    """`_sample_rows` with fixed shapes: the same tokens for the same noise, one host sync at the end."""
+    refused: torch.Tensor | None,
+    u: torch.Tensor,
+) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    """`_sample_rows` with fixed shapes: the same tokens for the same uniforms, one host sync at the end."""
     device = next(model.parameters()).device
     n = len(owners)
     width = max(len(prompt_ids[b]) for b in owners)
@@ -304,13 +341,14 @@ def _sample_rows_static(
     cache_positions = torch.arange(width, width + max_new_tokens, device=device)  # (T,)
     stop_tensor = torch.tensor(sorted(stops) or [-1], device=device)
     tokens = torch.full((n, max_new_tokens), pad, device=device)  # (N, T)
+    logprobs = torch.zeros((n, max_new_tokens), device=device)  # (N, T) float32
     lengths = torch.full((n,), max_new_tokens, device=device)  # (N,)
     ended = torch.zeros(n, dtype=torch.bool, device=device)  # (N,)
     for t in range(max_new_tokens):
-        noise = step_noise(n, logits.shape[-1], device, temperature)
-        next_ids = sample_tokens(logits, noise, temperature, refused)  # (N,)
+        next_ids, next_logprobs = sample_tokens(logits, u[:, t], temperature, refused)  # (N,)
         next_ids = torch.where(ended, pad, next_ids)  # a stopped row is fed padding from here on
         tokens[:, t] = next_ids
+        logprobs[:, t] = next_logprobs
         stopped = torch.isin(next_ids, stop_tensor) & ~ended
         lengths = torch.where(stopped, t + 1, lengths)
         ended = ended | stopped
@@ -326,8 +364,10 @@ def _sample_rows_static(
             use_cache=True,
         ).logits[:, -1]
     # The round's one host synchronisation.
-    rows = [row[:k] for row, k in zip(tokens.tolist(), lengths.tolist(), strict=True)]
-    return rows, ended.tolist()
+    lengths_list = lengths.tolist()
+    rows = [row[:k] for row, k in zip(tokens.tolist(), lengths_list, strict=True)]
+    lps = [row[:k] for row, k in zip(logprobs.tolist(), lengths_list, strict=True)]
+    return rows, lps, ended.tolist()
 
 
 #: Per model: its static caches by (rows, length), and its compiled decode steps by mode. Kept between

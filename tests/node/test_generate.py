@@ -1,18 +1,20 @@
 """Batched generation: each distinct prompt through the model once, rows sampled from the policy's
-softmax with a KV cache, finished rows dropped; the same tokens as a plain no-cache sampler."""
+softmax with a KV cache, finished rows dropped; each row drawn from its own key's stream, the same
+tokens and log-probabilities as a plain no-cache sampler of the definition."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from node_toys import make_policy
 
+from sapo_node import proof
 from sapo_node.generate import (
     encode_prompt,
     generate_groups,
-    gumbel_noise,
     printable,
     refused_tokens,
     sample_tokens,
@@ -41,7 +43,6 @@ def _record_forward_shapes(monkeypatch, model):
 def test_each_prompt_is_encoded_once_and_completions_end_at_eos(monkeypatch):
     model, tok = make_policy("a")
     shapes = _record_forward_shapes(monkeypatch, model)
-    torch.manual_seed(0)
     groups = generate_groups(model, tok, PROMPTS, generations=4, max_new_tokens=8, temperature=1.0)
     width = max(len(encode_prompt(tok, p)) for p in PROMPTS)
     assert shapes[0] == (3, width)  # the 3 distinct prompts, not the 12 rows
@@ -62,39 +63,61 @@ def test_each_prompt_is_encoded_once_and_completions_end_at_eos(monkeypatch):
     assert [rows for rows, length in shapes if length > 1] == [2, 2, 1]
 
 
-def _plain_sampler(model, tokenizer, prompts, *, generations, max_new_tokens, temperature):
-    """The definition, slowly: at each step every unfinished row's whole sequence goes through the
-    model alone (no cache, no padding, no shared prompt), and its next token is argmax(logits /
-    temperature + Gumbel noise) over the tokens not refused, with the noise drawn as generate_groups
-    draws it."""
+def _keys(prompts, generations, tag=b"t"):
+    return [[proof.completion_key("c", tag.decode(), 0, b, k) for k in range(generations)] for b in range(len(prompts))]
+
+
+def _draw(logits, u, temperature, refused):
+    """The sampler's definition for one row, in numpy: p = softmax(logits / temperature) in float32
+    with the refused tokens at -inf, cdf = cumsum(p) in float64, the first id whose cdf exceeds
+    u * cdf[-1]; and log p[token]. temperature 0: the argmax, log p at temperature 1."""
+    x = logits.float().masked_fill(refused, -torch.inf)
+    if temperature == 0:
+        token = int(torch.argmax(x))
+        return token, float(torch.log_softmax(x, -1)[token])
+    p = torch.softmax(x / temperature, -1).numpy()
+    cdf = np.cumsum(p.astype(np.float64))
+    token = int(np.nonzero(cdf > u * cdf[-1])[0][0])
+    return token, float(torch.log_softmax(x / temperature, -1)[token])
+
+
+def _plain_sampler(model, tokenizer, prompts, keys, *, max_new_tokens, temperature):
+    """The definition, slowly: each row alone, its whole sequence through the model at every step (no
+    cache, no padding, no shared prompt, no other row), its token t drawn with its key's draw t."""
     stops = stop_ids(model, tokenizer)
     refused = refused_tokens(tokenizer, model.config.vocab_size, "cpu", stops)
-    rows = [encode_prompt(tokenizer, p) for p in prompts for _ in range(generations)]
-    out: list[list[int]] = [[] for _ in rows]
-    done = [False] * len(rows)
-    for _ in range(max_new_tokens):
-        noise = gumbel_noise((len(rows), model.config.vocab_size), "cpu")
-        for i, prompt in enumerate(rows):
-            if not done[i]:
+    out, logprobs = [], []
+    for b, prompt in enumerate(prompts):
+        ids = encode_prompt(tokenizer, prompt)
+        for key in keys[b]:
+            u = proof.uniforms(key, max_new_tokens)
+            row, lps = [], []
+            for t in range(max_new_tokens):
                 with torch.no_grad():
-                    logits = model(input_ids=torch.tensor([prompt + out[i]])).logits[:, -1]
-                out[i].append(int(sample_tokens(logits, noise[i : i + 1], temperature, refused)))
-                done[i] = out[i][-1] in stops
-        if all(done):
-            break
-    return out
+                    logits = model(input_ids=torch.tensor([ids + row])).logits[0, -1]
+                token, lp = _draw(logits, u[t], temperature, refused)
+                row.append(token)
+                lps.append(lp)
+                if token in stops:
+                    break
+            out.append(row)
+            logprobs.append(lps)
+    return out, logprobs
 
 
 def test_the_cached_batched_sampler_draws_the_tokens_of_a_plain_sampler(tiny_policy):
     model, tok = tiny_policy  # warm-started: its completions stop at different lengths, so rows drop out
     stream = TaskStream(CATALOGUES["easy"], seed=7)  # prompts of 58 and 27 tokens, answers of 8 and 10
     prompts = [format_prompt(tok, q.question) for q in sample_questions(stream, 2)]
-    torch.manual_seed(11)
-    groups = generate_groups(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
-    torch.manual_seed(11)
-    expected = _plain_sampler(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    keys = _keys(prompts, 3)
+    groups = generate_groups(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8, keys=keys)
+    expected, expected_logprobs = _plain_sampler(model, tok, prompts, keys, max_new_tokens=16, temperature=0.8)
     got = [ids for g in groups for ids in g.completion_ids]
     assert got == expected
+    logprobs = [lp for g in groups for lp in g.logprobs]
+    assert [len(lp) for lp in logprobs] == [len(ids) for ids in got]  # one per token, the stop included
+    assert np.allclose(np.concatenate(logprobs), np.concatenate(expected_logprobs), atol=1e-5)
+    assert [g.keys for g in groups] == keys
     lengths = {len(ids) for ids in got}
     assert len(lengths) > 1 and not all(t for g in groups for t in g.truncated)  # rows did stop, at different steps
 
@@ -109,13 +132,13 @@ def test_what_the_prompts_share_goes_through_once_and_the_tokens_are_the_plain_s
     shared = shared_prefix(ids)
     assert shared >= MIN_SHARED_PREFIX
     shapes = _record_forward_shapes(monkeypatch, model)
-    torch.manual_seed(11)
-    groups = generate_groups(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    keys = _keys(prompts, 3)
+    groups = generate_groups(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8, keys=keys)
     # The shared tokens as one row, then each prompt's own tokens, then one token per running row.
     assert shapes[:2] == [(1, shared), (3, max(map(len, ids)) - shared)]
     assert all(length == 1 for _, length in shapes[2:])
-    torch.manual_seed(11)
-    expected = _plain_sampler(model, tok, prompts, generations=3, max_new_tokens=16, temperature=0.8)
+    monkeypatch.undo()
+    expected, _ = _plain_sampler(model, tok, prompts, keys, max_new_tokens=16, temperature=0.8)
     assert [c for g in groups for c in g.completion_ids] == expected
     assert [g.prompt_ids for g in groups] == ids
 
@@ -123,17 +146,65 @@ def test_what_the_prompts_share_goes_through_once_and_the_tokens_are_the_plain_s
 def test_sampling_follows_the_softmax_at_the_temperature():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -math.inf]])
     n, temperature = 40_000, 0.7
-    torch.manual_seed(0)
-    draws = sample_tokens(logits.expand(n, -1), gumbel_noise((n, 5), "cpu"), temperature)
+    u = torch.tensor(proof.uniforms(b"one stream", n), dtype=torch.float64)
+    draws, logprobs = sample_tokens(logits.expand(n, -1), u, temperature)
     freq = torch.bincount(draws, minlength=5).double() / n
     expected = torch.softmax(logits[0].double() / temperature, dim=0)
     assert freq[4] == 0  # a -inf logit is never drawn
     # 5 standard errors of a binomial proportion: a wrong temperature or distribution fails by far more
     assert torch.all((freq - expected).abs() <= 5 * (expected * (1 - expected) / n).sqrt() + 1e-12)
+    assert torch.allclose(logprobs.double(), expected.log()[draws], atol=1e-6)
+    # The inverse CDF in token-id order: u below p0 draws 0, just past p0 draws 1, near 1 the last id.
+    p0 = float(expected[0])
+    edges = torch.tensor([0.0, p0 * 0.999, p0 * 1.001, 1 - 2**-53], dtype=torch.float64)
+    assert sample_tokens(logits.expand(4, -1), edges, temperature)[0].tolist() == [0, 0, 1, 3]
+    # Greedy: the argmax, its log-probability at temperature 1.
+    ids, lp = sample_tokens(logits, None, 0.0)
+    assert ids.tolist() == [0] and math.isclose(float(lp), float(torch.log_softmax(logits[0], 0)[0]), abs_tol=1e-6)
+
+
+def test_a_row_s_tokens_depend_on_its_key_alone_not_on_its_batch(tiny_policy):
+    model, tok = tiny_policy
+    stream = TaskStream(CATALOGUES["easy"], seed=7)
+    prompts = [format_prompt(tok, q.question) for q in sample_questions(stream, 3)]
+    keys = _keys(prompts, 4)
+    together = generate_groups(model, tok, prompts, generations=4, max_new_tokens=16, temperature=1.0, keys=keys)
+    again = generate_groups(model, tok, prompts, generations=4, max_new_tokens=16, temperature=1.0, keys=keys)
+    assert [g.completion_ids for g in again] == [g.completion_ids for g in together]
+    # Each completion alone, and inside other batches (other rows, other prompts, split in chunks of 3).
+    for b, k in [(0, 0), (1, 2), (2, 3)]:
+        alone = generate_groups(
+            model, tok, [prompts[b]], generations=1, max_new_tokens=16, temperature=1.0, keys=[[keys[b][k]]]
+        )
+        assert alone[0].completion_ids[0] == together[b].completion_ids[k]
+        assert np.allclose(alone[0].logprobs[0], together[b].logprobs[k], atol=1e-5)
+    split = generate_groups(
+        model, tok, prompts[::-1], generations=4, max_new_tokens=16, temperature=1.0, keys=keys[::-1], batch_size=3
+    )
+    assert [g.completion_ids for g in split] == [g.completion_ids for g in together][::-1]
+    # Another key draws other tokens; no key draws a fresh random one per completion.
+    other = generate_groups(
+        model, tok, prompts, generations=4, max_new_tokens=16, temperature=1.0, keys=_keys(prompts, 4, b"u")
+    )
+    assert [g.completion_ids for g in other] != [g.completion_ids for g in together]
+    fresh = generate_groups(model, tok, prompts, generations=4, max_new_tokens=16, temperature=1.0)
+    drawn = [key for g in fresh for key in g.keys]
+    assert len(set(drawn)) == 12 and all(len(key) == 32 for key in drawn)
+    with pytest.raises(ValueError):
+        generate_groups(model, tok, prompts, generations=4, max_new_tokens=4, temperature=1.0, keys=keys[:2])
 
 
 def _rows(groups):
-    return [ids for g in groups for ids in g.completion_ids], [t for g in groups for t in g.truncated]
+    return (
+        [ids for g in groups for ids in g.completion_ids],
+        [t for g in groups for t in g.truncated],
+        np.concatenate([lp for g in groups for lp in g.logprobs]),
+    )
+
+
+def _same(a, b):
+    """The same tokens and stops, and log-probabilities equal up to float32 rounding."""
+    return a[:2] == b[:2] and np.allclose(a[2], b[2], atol=1e-4)
 
 
 def test_the_static_path_draws_the_same_tokens_as_the_dropping_loop_greedy_and_sampled(tiny_policy):
@@ -144,7 +215,6 @@ def test_the_static_path_draws_the_same_tokens_as_the_dropping_loop_greedy_and_s
     for temperature in (0.0, 0.8):
         results = []
         for static in (False, True):
-            torch.manual_seed(11)
             results.append(
                 _rows(
                     generate_groups(
@@ -156,11 +226,12 @@ def test_the_static_path_draws_the_same_tokens_as_the_dropping_loop_greedy_and_s
                         temperature=temperature,
                         static=static,
                         compile=None,
+                        keys=_keys(prompts, 4),
                     )
                 )
             )
-        assert results[0] == results[1]
-        ids, truncated = results[1]
+        assert _same(results[0], results[1])
+        ids, truncated, _ = results[1]
         if temperature:
             assert len({len(r) for r in ids}) > 1 and not all(truncated)  # rows stopped at different steps
 
@@ -175,15 +246,22 @@ def test_the_static_decode_step_compiles_into_one_graph_with_no_break():
     torch._dynamo.utils.counters.clear()
     results = []
     for compile in (None, "eager", "eager"):
-        torch.manual_seed(3)
         results.append(
             _rows(
                 generate_groups(
-                    model, tok, PROMPTS, generations=4, max_new_tokens=6, temperature=1.0, static=True, compile=compile
+                    model,
+                    tok,
+                    PROMPTS,
+                    generations=4,
+                    max_new_tokens=6,
+                    temperature=1.0,
+                    static=True,
+                    compile=compile,
+                    keys=_keys(PROMPTS, 4),
                 )
             )
         )
-    assert results[0] == results[1] == results[2]
+    assert _same(results[0], results[1]) and _same(results[1], results[2])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["graph_break"]
 
@@ -197,9 +275,11 @@ def test_the_built_in_models_never_write_a_character_the_pool_refuses(variant, t
     stream = TaskStream(CATALOGUES["easy"], seed=3)
     prompts = [format_prompt(tok, q.question) for q in sample_questions(stream, 24)]
     texts = []
-    torch.manual_seed(5)
-    for temperature in (1.0, 2.0, 2.0, 2.0):
-        groups = generate_groups(model, tok, prompts, generations=8, max_new_tokens=48, temperature=temperature)
+    for i, temperature in enumerate((1.0, 2.0, 2.0, 2.0)):
+        keys = _keys(prompts, 8, str(i).encode())
+        groups = generate_groups(
+            model, tok, prompts, generations=8, max_new_tokens=48, temperature=temperature, keys=keys
+        )
         texts += [t for g in groups for t in g.texts]
     assert len(texts) == 768
     bad = [t for t in texts if not printable(t)]
@@ -220,8 +300,9 @@ def test_the_refused_tokens_are_the_control_bytes_and_fragments_never_the_stops(
     # A drawn row never takes a refused token, even where it has the largest logit.
     logits = torch.zeros((2, model.config.vocab_size))
     logits[:, nul[0]] = 100.0
-    assert (sample_tokens(logits, None, 0.0, refused) != nul[0]).all()
-    assert (sample_tokens(logits, gumbel_noise(logits.shape, "cpu"), 1.0, refused) != nul[0]).all()
+    assert (sample_tokens(logits, None, 0.0, refused)[0] != nul[0]).all()
+    u = torch.linspace(0, 1 - 2**-53, 2048, dtype=torch.float64)
+    assert (sample_tokens(logits[:1].expand(2048, -1), u, 1.0, refused)[0] != nul[0]).all()
 
 
 def test_printable_refuses_what_moderation_counts_as_non_printable_and_unstorable_text():
