@@ -1,0 +1,228 @@
+"""The audit worker on the built-in tiny-mini model (real PostgreSQL, real Redis and RQ, the worker as
+a separate `manage.py sapo_audit_worker` process): honest groups generated with the seeded sampler
+pass; a changed token, weights that are not the committed ones, and a worker killed mid-job (the sweep
+queues the audit again) each end as they must. The upload goes through the endpoint, in chunks."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from django.conf import settings as django_settings
+from django.db import connection
+from django.utils import timezone
+from safetensors.torch import save
+from support.audits import make_audit, pending_group
+
+from audits import jobs
+from audits.models import Audit
+from pool.models import Rollout
+from sapo_node import proof
+from sapo_node.commitments import model_tensors, tensors_digest
+from sapo_node.generate import generate_groups
+from sapo_node.prompts import format_prompt
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+CHALLENGE = "c1.test.audit"
+CHUNK = 256 * 1024
+
+
+@pytest.fixture
+def worker_env(settings, tmp_path, tiny_cache_dir, redis_url) -> dict[str, str]:
+    """The settings a worker process shares with this test: its database, its Redis queue's prefix,
+    the upload folder and the built-in models' cache."""
+    settings.REDIS_URL = redis_url
+    settings.SAPO_REDIS_PREFIX = f"test-audits-{uuid.uuid4().hex[:8]}"
+    settings.SAPO_AUDIT_UPLOAD_DIR = tmp_path / "uploads"
+    settings.SAPO_AUDIT_MODEL_CACHE = tiny_cache_dir
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": redis_url,
+        "SAPO_REDIS_PREFIX": settings.SAPO_REDIS_PREFIX,
+        "SAPO_AUDIT_UPLOAD_DIR": str(settings.SAPO_AUDIT_UPLOAD_DIR),
+        "SAPO_AUDIT_MODEL_CACHE": str(tiny_cache_dir),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def honest_groups(model, tokenizer, node, digest: str, *, count: int = 2, tamper: bool = False) -> list[Rollout]:
+    """Groups as an honest node makes them under CHALLENGE: seeded draws, their tokens and log-probs."""
+    questions = [f"What is {i} + {i + 2}?" for i in range(count)]
+    keys = [[proof.completion_key(CHALLENGE, "basic_arithmetic", 77, i, k) for k in range(3)] for i in range(count)]
+    generated = generate_groups(
+        model,
+        tokenizer,
+        [format_prompt(tokenizer, q) for q in questions],
+        generations=3,
+        max_new_tokens=12,
+        temperature=1.0,
+        keys=keys,
+    )
+    groups = []
+    for i, (question, g) in enumerate(zip(questions, generated, strict=True)):
+        ids = [list(c) for c in g.completion_ids]
+        if tamper and i == 0:
+            ids[1][2] = (ids[1][2] + 1) % 50  # one token of one completion altered, text kept
+        groups.append(
+            pending_group(
+                node,
+                weights=digest,
+                rewards=(1.0, 0.0, 0.5),
+                question=question,
+                completions=g.texts,
+                seed=77,
+                index=i,
+                proof={
+                    "challenge": CHALLENGE,
+                    "weights": digest,
+                    "model": "tiny-mini",
+                    "temperature": 1.0,
+                    "tokens": [proof.encode_ids(c) for c in ids],
+                    "logprobs": [proof.encode_floats(lp) for lp in g.logprobs],
+                },
+            )
+        )
+    return groups
+
+
+def upload(client, token: str, audit: Audit, data: bytes) -> dict:
+    """The checkpoint through the endpoint, CHUNK bytes at a time, as a node's transport sends it."""
+    sha = hashlib.sha256(data).hexdigest()
+    answer = {}
+    for first in range(0, len(data), CHUNK):
+        body = data[first : first + CHUNK]
+        headers = {
+            "HTTP_AUTHORIZATION": f"Bearer {token}",
+            "HTTP_CONTENT_RANGE": f"bytes {first}-{first + len(body) - 1}/{len(data)}",
+        }
+        if first + len(body) == len(data):
+            headers["HTTP_X_CHECKPOINT_SHA256"] = sha
+        response = client.put(
+            f"/api/v1/audits/{audit.id}/checkpoint", data=body, content_type="application/octet-stream", **headers
+        )
+        assert response.status_code == 200, response.json()
+        answer = response.json()
+    return answer
+
+
+def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", "sapo_audit_worker", "--burst"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def checkpoint(model) -> tuple[bytes, str]:
+    tensors = model_tensors(model)
+    return save(tensors), tensors_digest(tensors)
+
+
+def test_honest_groups_pass_in_a_worker_process_and_the_upload_is_deleted(
+    client, node, node_token, tiny_mini_policy, worker_env
+):
+    model, tokenizer = tiny_mini_policy
+    data, digest = checkpoint(model)
+    groups = honest_groups(model, tokenizer, node, digest)
+    audit = make_audit(node, groups, weights=digest)
+    assert upload(client, node_token, audit, data)["state"] == "uploaded"
+    done = run_worker(worker_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    audit.refresh_from_db()
+    assert (audit.state, audit.reason) == ("passed", ""), done.stdout + done.stderr
+    assert audit.groups_replayed == 2 and audit.tokens_replayed > 0 and audit.cpu_seconds > 0
+    assert {Rollout.objects.get(id=g.id).audit_state for g in groups} == {"audited"}
+    assert not Path(audit.upload_path).exists() and list(Path(django_settings.SAPO_AUDIT_UPLOAD_DIR).iterdir()) == []
+
+
+def test_a_changed_token_fails_the_audit_and_the_nodes_pending_groups(
+    client, node, node_token, tiny_mini_policy, worker_env
+):
+    model, tokenizer = tiny_mini_policy
+    data, digest = checkpoint(model)
+    groups = honest_groups(model, tokenizer, node, digest, tamper=True)
+    audit = make_audit(node, groups, weights=digest)
+    upload(client, node_token, audit, data)
+    jobs.audit_run(audit.id)  # in this process: the same job the worker runs
+    audit.refresh_from_db()
+    assert audit.state == "failed"
+    assert "do not decode" in audit.reason or "not the seeded draw" in audit.reason
+    assert {Rollout.objects.get(id=g.id).audit_state for g in groups} == {"failed"}
+
+
+def test_weights_that_are_not_the_committed_ones_fail(client, node, node_token, tiny_mini_policy, worker_env):
+    model, tokenizer = tiny_mini_policy
+    _, digest = checkpoint(model)
+    groups = honest_groups(model, tokenizer, node, digest)
+    tensors = model_tensors(model)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + torch.ones_like(tensors[name]) * 1e-3  # another model's weights
+    audit = make_audit(node, groups, weights=digest)
+    upload(client, node_token, audit, save(tensors))
+    jobs.audit_run(audit.id)
+    audit.refresh_from_db()
+    assert (audit.state, audit.reason) == (
+        "failed",
+        "the checkpoint's weights_digest is not the digest its groups committed to",
+    )
+
+
+def test_a_file_that_is_no_safetensors_fails_without_being_unpickled(client, node, node_token, worker_env):
+    import pickle
+
+    audit = make_audit(node, [pending_group(node)])
+    upload(client, node_token, audit, pickle.dumps({"weight": [1.0, 2.0]}))
+    jobs.audit_run(audit.id)
+    audit.refresh_from_db()
+    assert audit.state == "failed" and "not a safetensors file" in audit.reason
+
+
+def test_a_worker_killed_mid_job_loses_no_audit(client, node, node_token, tiny_mini_policy, worker_env, settings):
+    model, tokenizer = tiny_mini_policy
+    data, digest = checkpoint(model)
+    groups = honest_groups(model, tokenizer, node, digest, count=1)
+    audit = make_audit(node, groups, weights=digest)
+    upload(client, node_token, audit, data)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "sapo_audit_worker"],
+        cwd=REPO,
+        env=worker_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while Audit.objects.get(id=audit.id).started_at is None:  # the job claimed it: kill its worker
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    lost = Audit.objects.get(id=audit.id)
+    assert (lost.state, lost.attempts) == ("uploaded", 1)
+    assert jobs.audit_sweep()["requeued"] == 0  # within its lease: the job may still be running
+    later = timezone.now() + timedelta(seconds=settings.SAPO_AUDIT_JOB_LEASE_SECONDS + 1)
+    assert jobs.audit_sweep(now=later)["requeued"] == 1
+    worker_env["SAPO_AUDIT_JOB_LEASE_SECONDS"] = "1"  # the restarted worker's claim sees the lease as passed
+    done = run_worker(worker_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    audit.refresh_from_db()
+    assert (audit.state, audit.attempts) == ("passed", 2), done.stdout + done.stderr
