@@ -1,6 +1,6 @@
 """The node's training loop: SAPO's Algorithm 1, one round after another, read top to bottom.
 
-    sample -> generate -> score -> share -> assemble -> update -> report and log
+    sample -> (commit) -> generate -> score -> share -> assemble -> update -> report and log
 
 Each step is a function in a module named for it. The loop never waits on the network: sharing
 appends to a durable outbox and external groups are whatever has already arrived. Ctrl-C (or
@@ -13,12 +13,14 @@ one process (the experiment) calls those three itself.
 from __future__ import annotations
 
 import copy
+import os
 import random
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,19 +28,21 @@ from typing import Any
 
 import torch
 
-from sapo_node import __version__
+from sapo_node import __version__, proof
 from sapo_node.assemble import assemble
 from sapo_node.baseline import OwnBaseline
 from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoint, restore_checkpoint, save_checkpoint
+from sapo_node.commitments import FOLDER, Commitment, CommitmentStore
 from sapo_node.config import NodeConfig
-from sapo_node.generate import generate_groups, pad_id
+from sapo_node.generate import Generated, generate_groups, pad_id
+from sapo_node.groups import Group, make_proof
 from sapo_node.grpo import grpo_update, make_optimizer
 from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
 from sapo_node.progress import RoundProgress
 from sapo_node.prompts import format_prompt
 from sapo_node.ratio import AdaptiveRatio
-from sapo_node.sample import sample_questions
+from sapo_node.sample import Question, sample_questions
 from sapo_node.score import score_rollouts
 from sapo_node.share import share_groups
 from sapo_node.tasks import CATALOGUES, Catalogue, TaskStream
@@ -102,6 +106,8 @@ class Node:
     ratio: AdaptiveRatio | None = None
     #: This node's reward per dataset, when external groups are judged against it (external_baseline == "own").
     baseline: OwnBaseline | None = None
+    #: The weights its groups were generated with, kept for audits (None in silo: no server audits it).
+    commitments: CommitmentStore | None = None
 
 
 def start_node(
@@ -141,6 +147,10 @@ def start_node(
             swarm=config.swarm,
         )
     )
+    commitments = None
+    if not isinstance(transport, SiloTransport):
+        commitments = CommitmentStore(out / FOLDER)
+        transport.answer_audits(commitments)
     stream = TaskStream(starting_catalogue(transport, config), config.seed)
     state = TrainingState(model, optimizer, stream, random.Random(config.seed + 1))
 
@@ -167,6 +177,7 @@ def start_node(
         owns_transport=owns_transport,
         ratio=AdaptiveRatio(config.local + config.external, config.external) if config.ratio == "adaptive" else None,
         baseline=OwnBaseline() if config.external_baseline == "own" else None,
+        commitments=commitments,
     )
 
 
@@ -184,9 +195,12 @@ def play_round(
     n = node.last_round + 1
     timer = PhaseTimer(on_enter=(lambda phase: on_phase(n, phase)) if on_phase else None)
     follow_swarm_catalogue(stream, transport)
+    stream.follow(transport.challenge())
 
     with timer("sample"):
         questions = sample_questions(stream, config.questions)
+    # The digest and the file of the weights overlap generation, which changes no weight.
+    committing = begin_commitment(node.commitments, model, transport, questions, stream)
     with timer("generate"):
         prompts = [format_prompt(tokenizer, q.question) for q in questions]
         generated = generate_groups(
@@ -197,11 +211,16 @@ def play_round(
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
             batch_size=config.generate_batch,
+            keys=sampling_keys(questions, stream, config.generations, committed=committing is not None),
         )
+    with timer("commit"):  # what generation did not hide of it; taken before the update changes the weights
+        commitment = committing.result() if committing is not None else None
     if stop is not None and stop.requested:
         return None
     with timer("score"):
         own = score_rollouts(n, questions, generated)
+        if commitment is not None:
+            attach_proofs(own, questions, stream, commitment, config)
     with timer("share"):
         share_groups(transport, [group for group, _ in own])
     with timer("assemble"):
@@ -272,7 +291,13 @@ def finish_node(node: Node) -> TransportCounts | None:
     shares = None
     if not isinstance(transport, SiloTransport):
         if not transport.flush(node.config.flush_wait):
-            print(f"{transport.counts().pending} shared groups still wait for the server; they stay in the outbox")
+            if pending := transport.counts().pending:
+                print(f"{pending} shared groups still wait for the server; they stay in the outbox")
+            else:
+                print(
+                    "the server has not answered everything yet (an audit's upload, a report); "
+                    "an audit it still asks for is uploaded at the next run"
+                )
         shares = transport.counts()
     if node.owns_transport:
         transport.close()
@@ -291,6 +316,58 @@ def load_model(config: NodeConfig) -> tuple[Any, Any]:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def begin_commitment(
+    store: CommitmentStore | None, model: Any, transport: Transport, questions: list[Question], stream: TaskStream
+) -> Future[Commitment | None] | None:
+    """Begin committing to the weights the round generates with when any of its questions is the
+    server's challenge's (an audit may ask for them); otherwise only drop the commitments nothing keeps."""
+    if store is None:
+        return None
+    keep = transport.unsettled_weights()
+    if not any(stream.under_challenge(q.ref) for q in questions):
+        store.prune(keep)
+        return None
+    return store.begin(model, keep=keep)
+
+
+def sampling_keys(
+    questions: list[Question], stream: TaskStream, generations: int, *, committed: bool
+) -> list[list[bytes]]:
+    """Each completion's sampling key: proof.completion_key under the server's challenge for its
+    questions when the weights are committed (an audit replays them), else a random one (the same
+    sampler, unaudited)."""
+    keys = []
+    for q in questions:
+        if committed and stream.under_challenge(q.ref):
+            assert stream.challenge is not None
+            c, ref = stream.challenge, q.ref
+            keys.append([proof.completion_key(c, ref.dataset, ref.seed, ref.index, k) for k in range(generations)])
+        else:
+            keys.append([os.urandom(32) for _ in range(generations)])
+    return keys
+
+
+def attach_proofs(
+    own: list[tuple[Group, Generated]],
+    questions: list[Question],
+    stream: TaskStream,
+    commitment: Commitment,
+    config: NodeConfig,
+) -> None:
+    """Give each group made under the server's challenge its proof (docs/protocol.md, "Proof of work")."""
+    for (group, gen), q in zip(own, questions, strict=True):
+        if stream.under_challenge(q.ref):
+            assert stream.challenge is not None
+            group.proof = make_proof(
+                challenge=stream.challenge,
+                weights=commitment.digest,
+                model=config.model,
+                temperature=config.temperature,
+                completion_ids=gen.completion_ids,
+                logprobs=gen.logprobs,
+            )
 
 
 def starting_catalogue(transport: Transport, config: NodeConfig) -> Catalogue:

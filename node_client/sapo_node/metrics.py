@@ -20,7 +20,7 @@ from sapo_node.transport.base import TransportCounts
 
 log = logging.getLogger("sapo_node.metrics")
 
-PHASES = ("sample", "generate", "score", "share", "assemble", "update")
+PHASES = ("sample", "generate", "commit", "score", "share", "assemble", "update")
 
 
 class PhaseTimer:
