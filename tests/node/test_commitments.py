@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sapo_node.audit import model_digest
 from sapo_node.commitments import CommitmentStore, tensors_digest
 
 
@@ -43,7 +44,7 @@ def test_the_file_holds_every_tensor_of_the_state_dict_under_the_committed_diges
     saved = load_file(str(c.path))
     assert set(saved) == set(model.state_dict())  # the tied output layer too
     assert all(torch.equal(saved[k], v) and saved[k].dtype == dtype for k, v in model.state_dict().items())
-    assert tensors_digest(saved) == c.digest
+    assert tensors_digest(saved) == c.digest == model_digest(model)  # what an auditor computes
     assert [p.name for p in tmp_path.iterdir()] == [c.path.name]  # no temporary file left
 
 
