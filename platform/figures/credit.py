@@ -1,7 +1,8 @@
 """The credit rule and the recent-credit decay, defined here and nowhere else (docs/leaderboard.md).
 
-A group is *credited* when the verifier accepted it and moderation has not taken it out (quarantined
-or rejected); its *reward* is the sum of its verified rewards. *Recent credit* weighs each credited
+A group is *credited* when the verifier accepted it, moderation has not taken it out (quarantined or
+rejected) and a passed audit covered it (`audit_state` audited: docs/audits.md); its *reward* is the
+sum of its verified rewards. *Recent credit* weighs each credited
 reward by 2^((t - CREDIT_EPOCH) / CREDIT_HALF_LIFE) when it is summed (its *growth*), so a sum kept
 for years decays by one multiplication when read (`recent_average_credit`).
 
@@ -45,8 +46,13 @@ LN2 = math.log(2.0)
 def credited(alias: str = "r") -> sql.Composed:
     """The credited-group predicate over a pool_rollout row."""
     r = sql.Identifier(alias)
-    return sql.SQL("({r}.verdict = {accepted} AND {r}.moderation_status NOT IN ({out}))").format(
-        r=r, accepted=sql.Literal(ACCEPTED), out=sql.SQL(", ").join(sql.Literal(s) for s in MODERATED_OUT)
+    return sql.SQL(
+        "({r}.verdict = {accepted} AND {r}.moderation_status NOT IN ({out}) AND {r}.audit_state = {audited})"
+    ).format(
+        r=r,
+        accepted=sql.Literal(ACCEPTED),
+        out=sql.SQL(", ").join(sql.Literal(s) for s in MODERATED_OUT),
+        audited=sql.Literal(AUDITED),
     )
 
 
@@ -104,9 +110,9 @@ def measures(names: Sequence[str]) -> sql.Composed:
 # ---------------------------------------------------------------------------- Python twins
 
 
-def is_credited(verdict: str, moderation_status: str, audit_state: str = AUDITED) -> bool:
+def is_credited(verdict: str, moderation_status: str, audit_state: str) -> bool:
     """`credited()` for a row already in memory."""
-    return verdict == ACCEPTED and moderation_status not in MODERATED_OUT
+    return verdict == ACCEPTED and moderation_status not in MODERATED_OUT and audit_state == AUDITED
 
 
 def group_reward(verified_rewards: Any, completion_count: int) -> float:

@@ -38,6 +38,7 @@ def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
         sampleable=True,
         sample_seq=Rollout.objects.count() + 1,
         created_at=created_at,
+        audit_state="audited",  # credited: the figures count audited work
     )
     RolloutText.objects.create(
         rollout=rollout,

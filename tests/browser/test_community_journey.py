@@ -18,6 +18,7 @@ import pytest
 from django.core.management import call_command
 from factories import make_node_with_token, make_user
 from playwright.sync_api import expect
+from support.audits import mark_audited
 from test_web_journey import WireNode
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -70,6 +71,7 @@ def test_found_join_credit_pages_badges_export_and_privacy(
         wire = WireNode(sockets, server.ws_url, token)
         assert wire.hello()["type"] == "welcome"
         assert len(wire.share([wire.group(), wire.group(), wire.group()])["accepted"]) == 3
+        mark_audited(node)  # credit is audited work: as if the node's first audit passed
 
         # Dave joins it from its page.
         joiner = browser.new_context(viewport={"width": 1280, "height": 860}).new_page()

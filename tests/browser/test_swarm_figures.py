@@ -36,6 +36,7 @@ def _group(node: Node, swarm, rewards: tuple[float, ...]) -> None:
         has_variance=False,
         sampleable=False,
         created_at=now,
+        audit_state="audited",  # credited: the figures count audited work
     )
     RolloutText.objects.create(
         rollout=rollout,

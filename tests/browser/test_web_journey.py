@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 from factories import make_node_with_token, make_user
 from playwright.sync_api import expect
+from support.audits import mark_audited
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from nodes.models import Node
 from sapo_node.ids import uuid7
 from sapo_node.tasks import build_entry, score_completion
 from swarms.selectors import swarm_place
@@ -200,7 +202,8 @@ def test_new_contributor_journey(live_server, page, screenshot, tmp_path: Path):
         expect(page.locator("#leaderboard tr", has_text="Carol")).to_be_visible()
         screenshot(page, "leaderboard-contributors")
 
-        # Swarm status with its charts drawn from the JSON API.
+        # Swarm status with its charts drawn from the JSON API (of credited groups: audited work).
+        mark_audited(Node.objects.get(name="laptop"))
         page.goto(base + "/swarm/")
         expect(page.locator("#reward-chart svg")).to_be_visible()
         expect(page.locator("#accuracy-chart svg")).to_be_visible()

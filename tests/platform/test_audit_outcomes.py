@@ -130,3 +130,23 @@ def test_a_failed_group_stays_out_of_sampling_when_moderation_restores_it(node):
     rollout_set_moderation(rollouts=[group.id], status=ModerationStatus.OK)
     group.refresh_from_db()
     assert (group.moderation_status, group.audit_state, group.sampleable) == ("ok", "failed", False)
+
+
+def test_outcomes_move_the_folded_credit(node, user):
+    from figures import stats
+    from figures.models import NodeStats
+
+    old = timezone.now() - timedelta(hours=2)
+    groups = [pending_group(node, rewards=(1.0, 0.5), created_at=old) for _ in range(2)]
+    other = make_node(owner=user, name="other")
+    lost = [pending_group(other, rewards=(1.0, 1.0), created_at=old)]
+    stats.stats_fold()
+    assert NodeStats.objects.get(node=node).verified_reward == 0  # pending: not credited yet
+    audit_pass(audit_id=uploaded(make_audit(node, groups)).id, cpu_seconds=1, groups=2, tokens=10)
+    assert NodeStats.objects.get(node=node).verified_reward == pytest.approx(3.0)
+    Rollout.objects.filter(id=lost[0].id).update(audit_state="audited")  # as if an earlier audit passed
+    stats.stats_rebuild()
+    assert NodeStats.objects.get(node=other).verified_reward == pytest.approx(2.0)
+    pending_group(other, created_at=old)
+    audit_fail(audit_id=make_audit(other, []).id, reason="no")  # audited groups keep their credit
+    assert NodeStats.objects.get(node=other).verified_reward == pytest.approx(2.0)

@@ -453,7 +453,7 @@ def test_moderating_a_folded_group_moves_its_leaderboard_credit(moderator):
 
     node = make_node()
     old, other = share(node, group(1), group(2))
-    Rollout.objects.filter(node=node).update(created_at=timezone.now() - timedelta(hours=1))
+    Rollout.objects.filter(node=node).update(created_at=timezone.now() - timedelta(hours=1), audit_state="audited")
     stats.stats_fold()
     before = NodeStats.objects.get(node=node)
     rollout_moderate(actor=moderator, rollout_id=old.id, action="quarantine", reason="copied")

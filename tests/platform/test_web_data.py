@@ -29,9 +29,11 @@ def make_group(
     created_at: datetime | None = None,
     round: int = 1,
     swarm: Swarm | None = None,
+    audit_state: str = "audited",
 ) -> Rollout:
     """One stored group of `node` (in `swarm`; none: the default); marks the node seen at that time, as
-    sharing does."""
+    sharing does. Audited unless told otherwise: the figures' tests count credit, which only audited
+    groups earn (the audit path itself is tested in test_audit_*)."""
     created_at = created_at or timezone.now()
     accepted = verdict == Verdict.ACCEPTED
     variance = accepted and len(set(rewards)) > 1
@@ -55,6 +57,7 @@ def make_group(
         sampleable=sampleable,
         sample_seq=Rollout.objects.count() + 1 if sampleable else None,
         created_at=created_at,
+        audit_state=audit_state,
     )
     RolloutText.objects.create(
         rollout=rollout,
