@@ -75,8 +75,9 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     for node in ("local-1", "local-2", "silo-1"):
         assert f"[{node}] round 2/2:" in out, out[-3000:]
         assert f"[{node}] round 3/" not in out
-    # the scheduled jobs ran beside the site, alerts among them
+    # the scheduled jobs ran beside the site, alerts among them, and the audits' worker
     assert "[jobs]   fold: ok" in out and "[jobs]   alerts: ok" in out, out[-3000:]
+    assert "[audits] audit worker" in out, out[-3000:]
 
     with psycopg.connect(scratch_database_url) as conn:
         rows = conn.execute(
@@ -86,6 +87,9 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
         swarms = conn.execute(
             "SELECT s.slug, s.is_default, count(r.id) FROM swarms_swarm s LEFT JOIN pool_rollout r ON r.swarm_id = s.id"
             " GROUP BY s.slug, s.is_default"
+        ).fetchall()
+        audited = conn.execute(
+            "SELECT DISTINCT n.name FROM audits_audit a JOIN nodes_node n ON n.id = a.node_id ORDER BY n.name"
         ).fetchall()
         arms = conn.execute(
             "SELECT n.name, (r.figures->>'external')::float FROM pool_noderound r JOIN nodes_node n ON n.id = r.node_id "
@@ -97,6 +101,8 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     assert counts == {("local-1", "accepted"): 16, ("local-2", "accepted"): 16, ("silo-1", "accepted"): 16}
     # Two swarms: the default one, which the local nodes joined, and the paper's, with no node.
     assert sorted(swarms) == [("main", True, 48), ("paper", False, 0)]
+    # Every node's first weights are audited (a node's first digest always is).
+    assert [name for (name,) in audited] == ["local-1", "local-2", "silo-1"]
     # and each reports its J: the swarm page's two arms
     assert dict(arms) == {"local-1": 4.0, "local-2": 4.0, "silo-1": 0.0}
 
