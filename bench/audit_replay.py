@@ -10,8 +10,8 @@ temperature) with sapo_node.generate, then replays every completion with sapo_no
 on the CPU (the generating weights cast to float32: the uploaded checkpoint run as the audit worker
 runs it). Printed per case: the worst token margin of each completion (negative: the draw fell
 outside its token's cdf interval, by that much), its quantiles and the largest violation seen; the
-largest log-probability error; the groups that fail at audit.EPS and audit.LOGPROB_TOL (the
-false-positive rate); the CPU-seconds of one audited group (process time of the replay, one
+largest log-probability error; the groups that fail at audit.tolerances(the generation's dtype)
+(the false-positive rate); the CPU-seconds of one audited group (process time of the replay, one
 thread); and the load average beside each.
 """
 
@@ -30,7 +30,7 @@ use_checkout()
 import torch  # noqa: E402
 
 from sapo_node import proof  # noqa: E402
-from sapo_node.audit import EPS, LOGPROB_TOL, replay_groups  # noqa: E402
+from sapo_node.audit import replay_groups, tolerances  # noqa: E402
 from sapo_node.generate import generate_groups  # noqa: E402
 from sapo_node.models import load_policy  # noqa: E402
 from sapo_node.prompts import format_prompt  # noqa: E402
@@ -64,6 +64,7 @@ def run_case(
     stream = TaskStream(CATALOGUES["easy"], seed=proof.task_seed(challenge))
     margins: list[float] = []
     errors: list[float] = []
+    eps, logprob_tol = tolerances(dtype)
     failed_groups = 0
     audit_cpu = 0.0
     tokens = 0
@@ -102,7 +103,7 @@ def run_case(
             margins += [r.margin for r in results]
             errors += [r.logprob_error for r in results]
             tokens += sum(r.tokens for r in results)
-            failed_groups += any(r.margin < -EPS or r.logprob_error > LOGPROB_TOL for r in results)
+            failed_groups += any(r.margin < -eps or r.logprob_error > logprob_tol for r in results)
         done += len(generated)
     worst = min(margins)
     print(
@@ -111,7 +112,7 @@ def run_case(
         f"in {time.monotonic() - start:.0f} s; worst margin per completion {quantiles(margins)}; "
         f"max violation {max(0.0, -worst):.2e} ({sum(m < 0 for m in margins)} completions below 0); "
         f"max logprob error {max(errors):.2e} (q0.999 {sorted(errors)[int(0.999 * (len(errors) - 1))]:.2e}); "
-        f"failed at eps {EPS:g}, logprob_tol {LOGPROB_TOL:g}: {failed_groups}/{done} groups; "
+        f"failed at eps {eps:g}, logprob_tol {logprob_tol:g}: {failed_groups}/{done} groups; "
         f"audit {audit_cpu / done:.3f} CPU-s/group ({audit_cpu / max(1, tokens) * 1000:.2f} ms/token); "
         f"load {load()}",
         flush=True,

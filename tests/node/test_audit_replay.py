@@ -13,7 +13,7 @@ from node_toys import make_policy
 from transformers import AutoModelForCausalLM
 
 from sapo_node import proof
-from sapo_node.audit import EPS, model_digest, replay, replay_groups
+from sapo_node.audit import EPS, LOGPROB_TOL, model_digest, replay, replay_groups, tolerances
 from sapo_node.generate import generate_groups, refused_tokens, stop_ids
 from sapo_node.prompts import format_prompt
 from sapo_node.sample import sample_questions
@@ -140,9 +140,11 @@ def test_bfloat16_generation_audited_in_float32_passes(tiny_mini_policy):
     model, tok = tiny_mini_policy
     generator = copy.deepcopy(model).to(torch.bfloat16)
     auditor = copy.deepcopy(generator).float()  # the uploaded bfloat16 weights, run in float32
+    eps, logprob_tol = tolerances(torch.bfloat16)
+    assert tolerances(torch.float32) == (EPS, LOGPROB_TOL) and eps >= EPS and logprob_tol >= LOGPROB_TOL
     for temperature in (1.0, 0.0):
         groups = _generate(generator, tok, _prompts(tok, 4, seed=11), temperature)
-        results = _replay_all(auditor, tok, groups, temperature)
+        results = _replay_all(auditor, tok, groups, temperature, eps=eps, logprob_tol=logprob_tol)
         assert all(r.passed for r in results), [r for r in results if not r.passed]
         assert max(r.logprob_error for r in results) > 0  # the dtypes did differ
 
