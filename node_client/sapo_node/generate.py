@@ -19,9 +19,9 @@ float64 in token-id order, the first id whose cdf exceeds u * cdf[-1]. A row's d
 own logits and its own stream, so its tokens do not depend on which other rows share its batch or
 are still running, and a verifier holding the weights replays them with one forward pass
 (sapo_node.audit). The key of a group made under a server challenge is
-proof.completion_key(challenge, ...); without one the node draws a random key, so there is one
-sampler. Each sampled token's log-probability, log p[token] of that float32 distribution, is kept
-with it (`Generated.logprobs`).
+proof.completion_key(challenge, ...); without one the node draws a key from torch's generator, so
+there is one sampler. Each sampled token's log-probability, log p[token] of that float32
+distribution, is kept with it (`Generated.logprobs`).
 
 On a CUDA device the same draws run on a static path (`_sample_rows_static`): a key/value cache of
 fixed shape kept between rounds, every row fed at every step (a row that stopped is masked: its
@@ -46,7 +46,6 @@ The update's forward pass recomputes the log-probs of the policy before the upda
 
 from __future__ import annotations
 
-import os
 import re
 import weakref
 from collections.abc import Collection, Sequence
@@ -179,7 +178,8 @@ def generate_groups(
     """`generations` sampled completions for each prompt; batch_size 0 = all rows in one batch.
 
     keys[b][k] is the sampling key of prompt b's completion k (proof.completion_key under a server
-    challenge); None draws a random 32-byte key per completion.
+    challenge); None draws a 32-byte key per completion from torch's generator, so a run seeded with
+    torch.manual_seed (a node's --seed, a held-out evaluation) draws the same completions again.
 
     `static` chooses the static path (None: on CUDA); `compile` how its decode step is compiled:
     "auto" (reduce-overhead on CUDA, none elsewhere), "reduce-overhead", "eager" (traced whole, run
@@ -192,7 +192,8 @@ def generate_groups(
     if compile == "auto":
         compile = "reduce-overhead" if device.type == "cuda" else None
     if keys is None:
-        keys = [[os.urandom(32) for _ in range(generations)] for _ in prompts]
+        raw = torch.randint(0, 256, (len(prompts), generations, 32), dtype=torch.uint8).tolist()
+        keys = [[bytes(key) for key in row] for row in raw]
     if len(keys) != len(prompts) or any(len(row) != generations for row in keys):
         raise ValueError("keys must hold `generations` keys for each prompt")
     row_keys = [key for row in keys for key in row]  # prompt-major, as the rows

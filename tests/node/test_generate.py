@@ -187,9 +187,14 @@ def test_a_row_s_tokens_depend_on_its_key_alone_not_on_its_batch(tiny_policy):
         model, tok, prompts, generations=4, max_new_tokens=16, temperature=1.0, keys=_keys(prompts, 4, b"u")
     )
     assert [g.completion_ids for g in other] != [g.completion_ids for g in together]
+    torch.manual_seed(5)
     fresh = generate_groups(model, tok, prompts, generations=4, max_new_tokens=16, temperature=1.0)
     drawn = [key for g in fresh for key in g.keys]
     assert len(set(drawn)) == 12 and all(len(key) == 32 for key in drawn)
+    torch.manual_seed(5)  # a seeded run (a node's --seed) draws the same keys and completions again
+    again = generate_groups(model, tok, prompts, generations=4, max_new_tokens=16, temperature=1.0)
+    assert [g.keys for g in again] == [g.keys for g in fresh]
+    assert [g.completion_ids for g in again] == [g.completion_ids for g in fresh]
     with pytest.raises(ValueError):
         generate_groups(model, tok, prompts, generations=4, max_new_tokens=4, temperature=1.0, keys=keys[:2])
 
