@@ -12,12 +12,15 @@ weights, the prompt and the challenge, each completion is determined.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import struct
 from collections.abc import Iterable, Sequence
 
-#: How many questions one challenge names (its indices j = 0..QUESTIONS_PER_CHALLENGE-1).
-QUESTIONS_PER_CHALLENGE = 64
+#: How many questions one challenge names (its indices j = 0..QUESTIONS_PER_CHALLENGE-1): enough for
+#: the fastest built-in model's rounds between two fresh challenges (SAPO_CHALLENGE_SECONDS), few
+#: against the 10^9 indices a node could otherwise choose among.
+QUESTIONS_PER_CHALLENGE = 4096
 #: A challenge's length bound on the wire.
 MAX_CHALLENGE_CHARS = 128
 #: A task seed is in [0, SEED_BOUND) and an index in [0, INDEX_BOUND): sapo_node.tasks.MAX_SEED + 1
@@ -25,6 +28,13 @@ MAX_CHALLENGE_CHARS = 128
 #: those modules import reasoning-gym and this one imports nothing heavy).
 SEED_BOUND = 2**31
 INDEX_BOUND = 10**9
+#: The models an audit can replay: the ones every site rebuilds from its own copy, the built-in models
+#: (sapo_node.tiny.VARIANTS) and the packaged SmolLM2 (sapo_node.packaged.PACKAGED), named here without
+#: importing torch (tests/node/test_proof.py holds them equal). A proof naming any other model is
+#: stored unaudited: no audit could check it, so it can earn no credit and no node is held for it.
+AUDITABLE_MODELS = frozenset(
+    {"small", "tiny", "tiny-learn", "tiny-learn-a", "tiny-learn-b", "tiny-mini", "tiny-sparse", "smollm2-135m"}
+)
 #: Bytes of a weights digest (sha256), as 64 lowercase hex characters on the wire.
 DIGEST_HEX_CHARS = 64
 
@@ -44,11 +54,34 @@ def task_seed(challenge: str) -> int:
     return int.from_bytes(_h("sapo/task-seed", challenge)[:8], "little") % SEED_BOUND
 
 
+@functools.lru_cache(maxsize=4096)
+def _progression(challenge: str) -> tuple[int, int, int]:
+    """(first index, step, the step's inverse modulo INDEX_BOUND): a challenge's questions are an
+    arithmetic progression modulo INDEX_BOUND, so the server tells which question an index is with one
+    multiplication. The step is odd and not a multiple of 5, hence invertible modulo 10^9."""
+    first = int.from_bytes(_h("sapo/task-first", challenge)[:8], "little") % INDEX_BOUND
+    step = int.from_bytes(_h("sapo/task-step", challenge)[:8], "little") % INDEX_BOUND | 1
+    if step % 5 == 0:
+        step = (step + 2) % INDEX_BOUND
+    return first, step, pow(step, -1, INDEX_BOUND)
+
+
 def task_index(challenge: str, j: int) -> int:
     """The index of the challenge's question j (0 <= j < QUESTIONS_PER_CHALLENGE)."""
     if not 0 <= j < QUESTIONS_PER_CHALLENGE:
         raise ValueError(f"question {j} is outside [0, {QUESTIONS_PER_CHALLENGE})")
-    return int.from_bytes(_h("sapo/task-index", challenge, j)[:8], "little") % INDEX_BOUND
+    first, step, _ = _progression(challenge)
+    return (first + j * step) % INDEX_BOUND
+
+
+def question_number(challenge: str, index: int) -> int | None:
+    """The j whose question the index is under the challenge, or None when the challenge names no such
+    question."""
+    if not 0 <= index < INDEX_BOUND:
+        return None
+    first, _, inverse = _progression(challenge)
+    j = (index - first) * inverse % INDEX_BOUND
+    return j if j < QUESTIONS_PER_CHALLENGE else None
 
 
 def task_indices(challenge: str) -> list[int]:

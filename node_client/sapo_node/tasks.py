@@ -299,7 +299,7 @@ class TaskStream:
     def under_challenge(self, ref: TaskRef) -> bool:
         """Whether `ref` is one of the held challenge's questions (the server's check of a proof)."""
         c = self.challenge
-        return c is not None and ref.seed == proof.task_seed(c) and ref.index in proof.task_indices(c)
+        return c is not None and ref.seed == proof.task_seed(c) and proof.question_number(c, ref.index) is not None
 
     def _pick(self) -> TaskSpec:
         if self.catalogue.weights:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sapo_node import proof
+
 READ_CHUNK = 1 << 20
 
 
@@ -50,13 +52,10 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def auditable_models() -> set[str]:
-    """Models the site rebuilds itself: the built-in ones and those a package ships (the node client's
-    lists). Weights of any other model cannot be replayed here."""
-    from sapo_node.packaged import PACKAGED
-    from sapo_node.tiny import VARIANTS
-
-    return set(VARIANTS) | set(PACKAGED)
+def auditable_models() -> frozenset[str]:
+    """Models the site rebuilds itself (sapo_node.proof.AUDITABLE_MODELS). The pool stores a proof naming
+    any other unaudited, so no audit of one is drawn; this check stands for audits drawn before."""
+    return proof.AUDITABLE_MODELS
 
 
 def load_checkpoint(path: Path, *, sha256: str, weights: str) -> dict[str, Any]:

@@ -37,8 +37,8 @@ from sapo_node import proof
 
 VERSION = "c1"
 _FORM = re.compile(r"c1\.([1-9][0-9]{0,18})\.([0-9]{1,15})\.([0-9a-f]{16})\.([0-9a-f]{32})")
-#: Checked challenges kept (their seed and index set: 64 hashes each to make), for the whole process:
-#: a node's challenge is checked once per SAPO_CHALLENGE_SECONDS at most, not once per group.
+#: Checked challenges kept (their MAC and seed), for the whole process: a node's challenge is checked
+#: once per SAPO_CHALLENGE_SECONDS at most, not once per group.
 CACHED_CHALLENGES = 2048
 
 PENDING = (AuditState.PENDING.value, "")
@@ -69,7 +69,6 @@ class Challenge:
     node_id: int = 0
     issued_ms: int = 0
     seed: int = 0
-    indices: frozenset[int] = frozenset()
 
 
 _FORGED = Challenge(valid=False)
@@ -89,7 +88,6 @@ def challenge_read(challenge: str) -> Challenge:
         node_id=int(match.group(1)),
         issued_ms=int(match.group(2)),
         seed=proof.task_seed(challenge),
-        indices=frozenset(proof.task_indices(challenge)),
     )
 
 
@@ -159,10 +157,12 @@ def proofs_check(
             reason = challenge_fault(challenge, node.id, now, ttl)
             if not reason and r.seed != challenge.seed:
                 reason = AuditReason.SEED_NOT_ISSUED.value
-            if not reason and r.index not in challenge.indices:
+            if not reason and proof.question_number(r.proof.challenge, r.index) is None:
                 reason = AuditReason.INDEX_NOT_ISSUED.value
             if not reason and (r.dataset, r.seed, r.index) in seen:
                 reason = AuditReason.REPEATED_QUESTION.value
+            if not reason and r.proof.model not in proof.AUDITABLE_MODELS:
+                reason = AuditReason.MODEL_NOT_AUDITABLE.value
             if reason:
                 states[r.id] = (AuditState.UNAUDITED.value, reason)
                 continue

@@ -54,6 +54,7 @@ class AuditReason(models.TextChoices):
     SEED_NOT_ISSUED = "seed_not_issued", "Its task seed is not its challenge's"
     INDEX_NOT_ISSUED = "index_not_issued", "Its task index is not one of its challenge's"
     REPEATED_QUESTION = "repeated_question", "The node answered this question of the challenge before"
+    MODEL_NOT_AUDITABLE = "model_not_auditable", "Its model is not one an audit can rebuild"
 
 
 class RolloutQuerySet(models.QuerySet):

@@ -9,7 +9,7 @@ from sapo_node.sample import sample_questions
 from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, Catalogue, TaskError, TaskStream, build_entry
 
 #: A challenge whose question 0 reasoning-gym cannot build as decimal_arithmetic (it divides by zero).
-UNBUILDABLE = "test-challenge-49615"
+UNBUILDABLE = "test-challenge-3078"
 
 
 def test_a_round_draws_the_challenges_questions_in_order_and_the_next_round_goes_on():

@@ -11,9 +11,13 @@ from sapo_node.datasets import MAX_INDEX
 from sapo_node.tasks import MAX_SEED
 
 
-def test_bounds_are_the_task_range():
+def test_bounds_are_the_task_range_and_the_auditable_models_the_ones_a_site_rebuilds():
     assert proof.SEED_BOUND == MAX_SEED + 1
     assert proof.INDEX_BOUND == MAX_INDEX
+    from sapo_node.packaged import PACKAGED
+    from sapo_node.tiny import VARIANTS
+
+    assert proof.AUDITABLE_MODELS == set(VARIANTS) | set(PACKAGED)
 
 
 def test_a_challenge_names_fixed_questions_in_range_and_another_challenge_others():
@@ -24,6 +28,17 @@ def test_a_challenge_names_fixed_questions_in_range_and_another_challenge_others
     assert 0 <= proof.task_seed("c-a") <= MAX_SEED and proof.task_seed("c-a") != proof.task_seed("c-b")
     with pytest.raises(ValueError):
         proof.task_index("c-a", proof.QUESTIONS_PER_CHALLENGE)
+
+
+def test_the_server_tells_which_question_an_index_is_and_refuses_every_other_index():
+    for challenge in ("c-a", "c1.17.1764651600000.00ff00ff00ff00ff.0123456789abcdef0123456789abcdef"):
+        indices = proof.task_indices(challenge)
+        assert [proof.question_number(challenge, i) for i in indices] == list(range(len(indices)))
+        named = set(indices)
+        others = [i for i in range(0, MAX_INDEX, 997_331) if i not in named]
+        assert others and all(proof.question_number(challenge, i) is None for i in others)
+        assert proof.question_number(challenge, -1) is None and proof.question_number(challenge, MAX_INDEX) is None
+        assert proof.question_number("c-b", indices[0]) != 0  # another challenge's question 0 is not this one's
 
 
 def test_each_completion_has_its_own_stream_and_a_prefix_is_stable():

@@ -68,6 +68,7 @@ def _forged(challenge: str) -> str:
         ("made_up", "bad_mac"),
         ("seed_chosen", "seed_not_issued"),
         ("index_chosen", "index_not_issued"),
+        ("own_model", "model_not_auditable"),
     ],
 )
 async def test_a_proof_that_fails_its_challenge_is_stored_unaudited_with_the_reason(node, node_token, case, reason):
@@ -91,6 +92,8 @@ async def test_a_proof_that_fails_its_challenge_is_stored_unaudited_with_the_rea
     elif case == "index_chosen":
         group = make_group(seed=proof.task_seed(challenge), index=12)
         group["proof"] = proof_of(group, challenge)
+    elif case == "own_model":  # no site can rebuild it, so no audit could ever check it or hold the node
+        group["proof"]["model"] = "Qwen/Qwen2.5-0.5B-Instruct"
     reply = await ask(socket, share_frame(group))
     # Not refused: stored, accepted, earning no credit (an honest node offline for a day sends the same).
     assert reply["accepted"] == [group["id"]], reply
