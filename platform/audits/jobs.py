@@ -116,9 +116,12 @@ def audit_run(audit_id: uuid.UUID) -> str:
     groups = _groups_to_replay(audit)
     try:
         tensors = replay.load_checkpoint(Path(audit.upload_path), sha256=audit.upload_sha256, weights=audit.weights)
+        tolerances = replay.tolerances_for(tensors)
         model, tokenizer = replay.load_model(audit.model, tensors, cache_dir=Path(settings.SAPO_AUDIT_MODEL_CACHE))
         del tensors
-        report = replay.replay_groups(model, tokenizer, groups, max_tokens=settings.SAPO_AUDIT_MAX_TOKENS)
+        report = replay.replay_groups(
+            model, tokenizer, groups, max_tokens=settings.SAPO_AUDIT_MAX_TOKENS, tolerances=tolerances
+        )
     except replay.AuditFailed as failed:
         cpu = time.process_time() - started
         audit_fail(audit_id=audit.id, reason=str(failed), cpu_seconds=cpu)

@@ -226,3 +226,16 @@ def test_a_worker_killed_mid_job_loses_no_audit(client, node, node_token, tiny_m
     assert done.returncode == 0, done.stdout + done.stderr
     audit.refresh_from_db()
     assert (audit.state, audit.attempts) == ("passed", 2), done.stdout + done.stderr
+
+
+def test_half_precision_uploads_are_replayed_within_the_half_precision_tolerances():
+    # SmolLM2 generated in bfloat16 misses float32's (0.02, 0.25) on 15 of 16 honest groups
+    # (docs/benchmarks.md, "Audit replay"): the worker must take the uploaded weights' precision.
+    from audits.replay import tolerances_for
+    from sapo_node import audit
+
+    f32 = {"w": torch.zeros(2, dtype=torch.float32), "b": torch.zeros(2, dtype=torch.float32)}
+    bf16 = {"w": torch.zeros(2, dtype=torch.bfloat16), "norm": torch.zeros(2, dtype=torch.float32)}
+    assert tolerances_for(f32) == (audit.EPS, audit.LOGPROB_TOL)
+    assert tolerances_for(bf16) == audit.HALF_TOLERANCES == tolerances_for({"w": torch.zeros(1, dtype=torch.float16)})
+    assert audit.HALF_TOLERANCES[0] > audit.EPS and audit.HALF_TOLERANCES[1] > audit.LOGPROB_TOL
