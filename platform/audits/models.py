@@ -80,17 +80,15 @@ class AuditGroup(models.Model):
 
 
 class AuditDraw(models.Model):
-    """The draw made once for each weights digest of a node: whether it is audited. A digest drawn
-    before is never drawn again (a node cannot resend groups until a draw spares it)."""
+    """A draw for a batch of a node's new groups under a weights digest no open audit covers: whether
+    that digest is audited. Every such batch is drawn, so a node told its digest was spared cannot then
+    add made-up groups under it unchecked; a resend inserts nothing and draws nothing."""
 
     node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+")
     weights = models.CharField(max_length=64, db_collation="C")
     probability = models.FloatField()
     chosen = models.BooleanField()
     drawn_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["node", "weights"], name="audits_draw_unique")]
 
     def __str__(self) -> str:
         return f"draw {self.weights[:12]} of node {self.node_id}: {self.chosen}"

@@ -109,8 +109,9 @@ def audit_wire(audit: Audit) -> dict[str, object]:
 
 def groups_stored(*, inserted: set[uuid.UUID], now: datetime | None = None) -> dict[int, list[dict[str, object]]]:
     """After the pool stored `inserted`: a held node's pending groups become unaudited; a digest with an
-    open audit has its new groups added to it; a digest seen for the first time is drawn. Returns the
-    audits newly asked of each node (for its ack)."""
+    open audit has its new groups added to it; any other digest is drawn, at every batch that adds
+    groups to it, so a digest once spared is not safe to add made-up groups to (each later batch is
+    drawn again). Returns the audits newly asked of each node (for its ack)."""
     digests = stored_digests(inserted)
     if not digests:
         return {}
@@ -128,8 +129,6 @@ def groups_stored(*, inserted: set[uuid.UUID], now: datetime | None = None) -> d
         ).first()
         if audit is not None:
             _cover(audit, digest.rollout_ids)
-            continue
-        if AuditDraw.objects.filter(node_id=digest.node_id, weights=digest.weights).exists():
             continue
         audit = _draw(digest, now=now, boosted_cache=boosted_cache)
         if audit is not None:

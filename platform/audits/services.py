@@ -50,6 +50,10 @@ def audit_pass(*, audit_id: uuid.UUID, cpu_seconds: float, groups: int, tokens: 
         )["t"]
         covered = Rollout.objects.filter(node_id=audit.node_id, audit_state=PENDING)
         covered = covered.filter(created_at__lte=last) if last else covered.filter(id__in=_group_ids(audit))
+        # Groups of weights another open audit asks for wait for that audit: a pass of honest weights
+        # must not credit made-up groups that a later draw has already caught.
+        waiting = Audit.objects.filter(node_id=audit.node_id, state__in=AuditState.open()).exclude(id=audit.id)
+        covered = covered.exclude(proof_weights__in=waiting.values("weights"))
         _set_audit_state(covered, AUDITED)
         _finish(audit, AuditState.PASSED, "", cpu_seconds=cpu_seconds, groups=groups, tokens=tokens)
     _delete_upload(audit)

@@ -48,6 +48,23 @@ def test_a_pass_credits_the_pending_groups_up_to_the_audited_weights(node, user)
     assert pending_credit(node_ids=[node.id])[node.id].groups == 1
 
 
+def test_a_pass_leaves_the_groups_another_open_audit_asks_about_to_that_audit(node):
+    # A node's made-up groups under weights it will never upload, caught by a draw, must not be credited
+    # by the pass of its honest weights shared after them: they wait for their own audit, which expires.
+    t0 = timezone.now() - timedelta(hours=1)
+    honest = pending_group(node, created_at=t0)
+    made_up = [pending_group(node, weights=OTHER_WEIGHTS, created_at=t0 + timedelta(minutes=m)) for m in (5, 6)]
+    later_honest = pending_group(node, created_at=t0 + timedelta(minutes=10))
+    caught = make_audit(node, made_up, weights=OTHER_WEIGHTS)
+    audit = uploaded(make_audit(node, [honest]))
+    assert audit_pass(audit_id=audit.id, cpu_seconds=1, groups=1, tokens=10) is not None
+    assert states(honest, later_honest) == ["audited", "audited"]
+    assert states(*made_up) == ["pending", "pending"]
+    audit_fail(audit_id=caught.id, reason=jobs.EXPIRED_REASON, state=AuditState.EXPIRED)
+    assert states(*made_up) == ["failed", "failed"]
+    assert states(honest, later_honest) == ["audited", "audited"]
+
+
 def test_a_failure_fails_the_pending_groups_takes_them_out_of_sampling_and_holds_the_node(node, user):
     passed_before = pending_group(node, audit_state="audited")
     pending = [pending_group(node) for _ in range(3)]

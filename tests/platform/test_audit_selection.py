@@ -56,16 +56,27 @@ def test_a_nodes_first_weights_are_always_audited_and_the_ack_says_where_to_uplo
     assert audits().node_audits(node_id=node.id) == asked[node.id]
 
 
-def test_later_weights_are_drawn_once_at_the_configured_rate(node, settings):
+def test_later_weights_are_drawn_at_the_configured_rate_at_every_batch_that_adds_groups(node, settings):
     node = old(node)
     stored(pending_group(node))  # the first digest
     settings.SAPO_AUDIT_RATE = 0.0
-    assert stored(pending_group(node, weights=OTHER_WEIGHTS)) == {}
+    probe = pending_group(node, weights=OTHER_WEIGHTS)
+    assert stored(probe) == {}
     draw = AuditDraw.objects.get(node=node, weights=OTHER_WEIGHTS)
     assert (draw.probability, draw.chosen) == (0.0, False)
+    # A node told its digest was spared adds made-up groups under it: that batch is drawn again.
     settings.SAPO_AUDIT_RATE = 1.0
-    assert stored(pending_group(node, weights=OTHER_WEIGHTS)) == {}  # drawn already: never again
-    assert stored(pending_group(node, weights="99" * 32))[node.id][0]["weights"] == "99" * 32
+    made_up = pending_group(node, weights=OTHER_WEIGHTS)
+    (asked,) = stored(made_up)[node.id]
+    assert asked["weights"] == OTHER_WEIGHTS
+    audit = Audit.objects.get(id=asked["id"])
+    assert made_up.id in set(AuditGroup.objects.filter(audit=audit).values_list("rollout_id", flat=True))
+    assert AuditDraw.objects.filter(node=node, weights=OTHER_WEIGHTS).count() == 2
+    # While that audit is open, its digest's new groups join it without another draw.
+    more = pending_group(node, weights=OTHER_WEIGHTS)
+    assert stored(more) == {}
+    assert AuditGroup.objects.filter(audit=audit, rollout_id=more.id).exists()
+    assert AuditDraw.objects.filter(node=node, weights=OTHER_WEIGHTS).count() == 2
 
 
 @pytest.mark.parametrize("why", ["young", "flagged", "top"])
