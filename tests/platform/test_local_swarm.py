@@ -75,6 +75,13 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     for node in ("local-1", "local-2", "silo-1"):
         assert f"[{node}] round 2/2:" in out, out[-3000:]
         assert f"[{node}] round 3/" not in out
+    # The log-in line names the interpreter as typed from the repository, and it runs as printed.
+    printed = next(line for line in out.splitlines() if "changepassword demo" in line)
+    assert "changepassword operator (staff" in printed
+    python = printed.split("terminal: ", 1)[1].split(" manage.py", 1)[0]
+    assert python != "python"
+    ran = subprocess.run([python, "manage.py", "changepassword", "--help"], cwd=REPO, env=env, capture_output=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]
     # the scheduled jobs ran beside the site, alerts among them, and the audits' worker
     assert "[jobs]   fold: ok" in out and "[jobs]   alerts: ok" in out, out[-3000:]
     assert "[audits] audit worker" in out, out[-3000:]
@@ -193,3 +200,18 @@ def test_make_run_opens_two_swarms_once_and_audits_them():
     paper = Swarm.objects.get(slug=PAPER_SLUG)
     assert [e["dataset"] for e in swarm_catalogue(swarm=paper).entries] == CATALOGUES["sapo"].datasets
     assert set(AuditEntry.objects.filter(target_type="swarm").values_list("actor__username", flat=True)) == {"operator"}
+
+
+@pytest.mark.django_db
+def test_a_local_node_started_with_another_model_is_a_new_node():
+    from localswarm.management.commands.sapo_local import local_node
+
+    from nodes.models import Node
+
+    first, _ = local_node("local-1", "tiny-mini")
+    again, _ = local_node("local-1", "tiny-mini")
+    assert again.id == first.id  # a restart with the same model goes on with its node
+    other, token = local_node("local-1", "smollm2-135m")
+    assert other.id != first.id and (other.name, other.model_id) == ("local-1", "smollm2-135m") and token
+    old = Node.objects.get(id=first.id)
+    assert old.retired_at is not None and old.model_id == "tiny-mini"  # its figures stay with tiny-mini

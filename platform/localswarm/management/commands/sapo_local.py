@@ -11,6 +11,7 @@ processes, the way a contributor would. Ctrl-C stops everything.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from django.utils import timezone
 from accounts.models import User
 from accounts.services import user_create
 from alerts.models import AlertSettings
-from nodes.services import node_provision
+from nodes.models import Node
+from nodes.services import node_provision, node_retire
 from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue
 from swarms.models import DEFAULT_TITLE, Swarm
@@ -170,7 +172,7 @@ class Command(BaseCommand):
         )
 
         for i, (name, model, external) in enumerate(plan):
-            node, token = node_provision(username="demo", node_name=name, model_id=model, rotate=True)
+            node, token = local_node(name, model)
             node_out = Path(out) / f"{node.name}-{model}"  # a node that changes model starts afresh
             cmd = [
                 sys.executable,
@@ -202,12 +204,35 @@ class Command(BaseCommand):
         demo_alerts_on(username="demo")
         time.sleep(2.0)  # let daphne bind before the first nodes dial in; they retry with backoff anyway
         swarm.start_ready_nodes(self.stdout)
+        manage = f"{shlex.quote(_python_as_typed())} manage.py changepassword"
         self.stdout.write(
             self.style.SUCCESS(
-                "Local swarm running. Log in as 'demo'? Set a password with: "
-                "python manage.py changepassword demo. Ctrl-C stops everything."
+                f"Local swarm running. To log in, set a password in another terminal: {manage} demo "
+                f"(the nodes' contributor), or {manage} operator (staff: moderation and swarm pages). "
+                "Ctrl-C stops everything."
             )
         )
+
+
+def local_node(name: str, model: str) -> tuple[Node, str]:
+    """The demo contributor's node `name` for `model`, with a fresh token. A node that trained another
+    model is retired (its history kept under its old record) and a new one made, so no figure of one
+    model is shown under another."""
+    node, token = node_provision(username="demo", node_name=name, model_id=model, rotate=True)
+    if node.model_id and node.model_id != model:
+        node_retire(node=node)
+        node, token = node_provision(username="demo", node_name=name, model_id=model, rotate=True)
+    return node, token
+
+
+def _python_as_typed() -> str:
+    """This interpreter as a user types it from the repository: `.venv/bin/python`, not a bare
+    `python` that may lack the site's packages."""
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(REPO))
+    except ValueError:
+        return str(exe)
 
 
 #: The second swarm of a local site: the SAPO paper's nine tasks, for GPU nodes, none started here.
