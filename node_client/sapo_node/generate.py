@@ -156,6 +156,13 @@ def sample_tokens(
     return ids, torch.log_softmax(scaled, dim=-1).gather(-1, ids[:, None]).squeeze(1)
 
 
+def random_keys(prompts: int, generations: int) -> list[list[bytes]]:
+    """Sampling keys for completions no challenge names, drawn from torch's generator so that a run
+    seeded with torch.manual_seed (a node's --seed) draws the same completions again."""
+    raw = torch.randint(0, 256, (prompts, generations, 32), dtype=torch.uint8).tolist()
+    return [[bytes(key) for key in row] for row in raw]
+
+
 def row_uniforms(keys: Sequence[bytes], steps: int, device: Any) -> torch.Tensor:
     """(N, steps) float64: each row's stream (proof.uniforms of its key), moved to the device once."""
     return torch.tensor([proof.uniforms(key, steps) for key in keys], dtype=torch.float64, device=device)
@@ -192,8 +199,7 @@ def generate_groups(
     if compile == "auto":
         compile = "reduce-overhead" if device.type == "cuda" else None
     if keys is None:
-        raw = torch.randint(0, 256, (len(prompts), generations, 32), dtype=torch.uint8).tolist()
-        keys = [[bytes(key) for key in row] for row in raw]
+        keys = random_keys(len(prompts), generations)
     if len(keys) != len(prompts) or any(len(row) != generations for row in keys):
         raise ValueError("keys must hold `generations` keys for each prompt")
     row_keys = [key for row in keys for key in row]  # prompt-major, as the rows

@@ -13,7 +13,6 @@ one process (the experiment) calls those three itself.
 from __future__ import annotations
 
 import copy
-import os
 import random
 import signal
 import sys
@@ -34,7 +33,7 @@ from sapo_node.baseline import OwnBaseline
 from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoint, restore_checkpoint, save_checkpoint
 from sapo_node.commitments import FOLDER, Commitment, CommitmentStore
 from sapo_node.config import NodeConfig
-from sapo_node.generate import Generated, generate_groups, pad_id
+from sapo_node.generate import Generated, generate_groups, pad_id, random_keys
 from sapo_node.groups import Group, make_proof
 from sapo_node.grpo import grpo_update, make_optimizer
 from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
@@ -336,8 +335,8 @@ def sampling_keys(
     questions: list[Question], stream: TaskStream, generations: int, *, committed: bool
 ) -> list[list[bytes]]:
     """Each completion's sampling key: proof.completion_key under the server's challenge for its
-    questions when the weights are committed (an audit replays them), else a random one (the same
-    sampler, unaudited)."""
+    questions when the weights are committed (an audit replays them), else one from torch's generator
+    (the same sampler, unaudited; a run seeded with --seed draws the same completions again)."""
     keys = []
     for q in questions:
         if committed and stream.under_challenge(q.ref):
@@ -345,7 +344,7 @@ def sampling_keys(
             c, ref = stream.challenge, q.ref
             keys.append([proof.completion_key(c, ref.dataset, ref.seed, ref.index, k) for k in range(generations)])
         else:
-            keys.append([os.urandom(32) for _ in range(generations)])
+            keys += random_keys(1, generations)
     return keys
 
 
