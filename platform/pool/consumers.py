@@ -186,6 +186,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (pool.ratelimit)
             self.stored = None  # the bytes the last share left stored this hour (its budgets' next check)
             self.challenge = SocketChallenge(node.id)  # welcome.challenge, ack.challenge
+            self.audits_told = False  # whether a welcome has named the uploads the node owes
         except ApplicationError as exc:
             await self.close(code=protocol.CLOSE_BANNED if exc.code == "banned" else protocol.CLOSE_UNAUTHENTICATED)
             return
@@ -371,7 +372,12 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 setattr(node, name, value)
             presence.socket_book().said(node.id, said)
         catalogue, limits = _catalogue_and_limits(place.catalogue, self.limits)
-        asked = await db_call(audit_seam.audits().node_audits, retry_lost=True)(node_id=node.id)  # uploads still owed
+        # The uploads still owed, at the socket's first welcome only: later ones reach the node in its
+        # shares' acks, and a node saying hello again on the socket costs no statement.
+        asked: list[dict[str, Any]] = []
+        if not self.audits_told:
+            asked = await db_call(audit_seam.audits().node_audits, retry_lost=True)(node_id=node.id)
+            self.audits_told = True
         # The limits announced are what the server will hold this node to: max_messages_per_minute is its
         # trust's share of the configured quota (moderation.trust), so the client paces itself to it
         # (a node told the configured 600 while held to 195 was refused by the hundred).
