@@ -9,7 +9,6 @@ Every refusal is an ApplicationError with a stable code (the view answers `{"cod
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import uuid
@@ -24,6 +23,7 @@ from django.utils import timezone
 from accounts import limits
 from audits.jobs import audit_enqueue_on_commit
 from audits.models import Audit, AuditState
+from audits.replay import file_sha256
 from common.errors import ApplicationError, NotFound
 from nodes.models import Node, NodeToken
 from nodes.services import token_hash, token_is_well_formed
@@ -123,7 +123,7 @@ def chunk_receive(
             audit.save(update_fields=["upload_path", "upload_total", "upload_size"])
             return {"state": audit.state, "received": audit.upload_size, "total": chunk.total}
         expected = sha256.strip().lower()  # type: ignore[union-attr]: checked above
-        matches = _sha256(part) == expected
+        matches = file_sha256(part) == expected
         if not matches:  # nothing parses it: the node starts again from byte 0 (the deadline bounds retries)
             part.unlink(missing_ok=True)
             audit.upload_size, audit.upload_total = 0, None
@@ -180,11 +180,3 @@ def _write(part: Path, chunk: ChunkRange, read: Callable[[int], bytes]) -> None:
             raise ApplicationError("bad_length", "The body's length is not the chunk's length.")
     finally:
         os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while data := f.read(READ_BYTES):
-            h.update(data)
-    return h.hexdigest()
