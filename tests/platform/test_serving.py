@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import io
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 
 from ops.serving import BACKLOG, HANDSHAKE_SECONDS, server_argv
@@ -52,3 +60,37 @@ def test_sapo_serve_prints_the_command_with_the_settings_frame_limit(server, set
     assert "8123" in out.getvalue()
     if server == "uvicorn":
         assert f"--ws-max-size {current_limits().websocket_max_bytes} " in out.getvalue()
+
+
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+def test_sapo_serve_runs_from_any_directory_with_no_pythonpath(server, tmp_path):
+    """As docs/deploy.md runs it: `manage.py sapo_serve` from another working directory, with no
+    platform folder on PYTHONPATH, serves /healthz (the server imports config.asgi in a new interpreter)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    platform_dir = str(settings.PLATFORM_DIR)
+    env = dict(os.environ)
+    kept = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path(platform_dir)]
+    if kept:  # a checkout's node_client, say: only the platform folder is what the command must add
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    manage = Path(settings.BASE_DIR) / "manage.py"
+    argv = [sys.executable, str(manage), "sapo_serve", "--server", server, "--host", "127.0.0.1"]
+    process = subprocess.Popen(
+        [*argv, "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                if process.poll() is not None:
+                    pytest.fail(f"sapo_serve exited {process.returncode}: {process.stdout.read().decode()[-2000:]}")
+                assert time.monotonic() < deadline, "sapo_serve did not answer /healthz within 90 s"
+                time.sleep(0.5)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

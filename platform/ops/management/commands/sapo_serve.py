@@ -1,9 +1,14 @@
 """`python manage.py sapo_serve [--server daphne|uvicorn] [--host H] [--port P]`: replace this process
-with the site's ASGI server (ops.serving), as deployed."""
+with the site's ASGI server (ops.serving), as deployed.
+
+The server is a new interpreter that imports `config.asgi`: manage.py put `platform/` on its own
+sys.path, which an exec does not pass on, so the server's PYTHONPATH names it (from any working
+directory, with no PYTHONPATH set by hand)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -31,4 +36,11 @@ class Command(BaseCommand):
         if print:
             self.stdout.write(" ".join(argv))
             return
-        os.execv(argv[0], argv)
+        os.execve(argv[0], argv, server_environ(os.environ))
+
+
+def server_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with the platform folder first on PYTHONPATH (kept once, whatever was there)."""
+    platform_dir = str(settings.PLATFORM_DIR)
+    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != platform_dir]
+    return {**environ, "PYTHONPATH": os.pathsep.join([platform_dir, *rest])}
