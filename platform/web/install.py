@@ -67,14 +67,14 @@ def install_machines(*, wheel_url: str, ws_url: str, swarm: str | None, token: s
             label="CPU",
             note=(
                 "Linux, or Windows through WSL (run `wsl --install` in PowerShell once, then `sudo apt install "
-                "python3-venv` in Ubuntu). torch's CPU build is a small download; --threads 1 keeps training fast "
-                "on a machine that also does other work (drop it on an idle one)."
+                "python3-venv` in Ubuntu). torch's CPU build is a small download. The node takes the cores other work leaves idle "
+                "(its first line says how many; --threads overrides)."
             ),
             lines=(
                 venv,
                 Line(f"pip install torch=={TORCH_VERSION} --index-url {TORCH_CPU_INDEX}"),
                 client,
-                Line(run_on("cpu").head, run_on("cpu").swarm, run_on("cpu").tail + " --threads 1"),
+                run_on("cpu"),
             ),
         ),
         Machine(

@@ -47,7 +47,7 @@ def test_tabs_picker_and_copy_from_the_keyboard(live_server, page, screenshot):
     lines = copied.split("\n")
     assert lines[1] == f"pip install torch==2.13.0 --index-url {TORCH_CPU_INDEX}"
     assert lines[3].startswith("SAPO_TOKEN=YOUR_NODE_TOKEN sapo-node run --server ws://")
-    assert lines[3].endswith("--swarm paper --device cpu --threads 1")
+    assert lines[3].endswith("--swarm paper --device cpu")
     # Shown as it copies: no line of the block wraps (it scrolls sideways instead).
     assert cpu.evaluate("e => getComputedStyle(e).whiteSpace") == "pre"
     page.set_viewport_size({"width": 600, "height": 800})

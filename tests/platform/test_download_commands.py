@@ -52,7 +52,7 @@ def test_a_cpu_machine_installs_torchs_cpu_build_first_at_the_tested_versions(cl
     assert cpu.index(torch_line) < client_line
     assert f"transformers=={TRANSFORMERS_VERSION}" in cpu[client_line]
     assert cpu[-1].startswith("SAPO_TOKEN=YOUR_NODE_TOKEN sapo-node run --server ws://testserver/ws/node/")
-    assert cpu[-1].endswith("--device cpu --threads 1")
+    assert cpu[-1].endswith("--device cpu")
     assert blocks["install-command-cuda-commands"][-1].endswith("--device cuda")
     mps = blocks["install-command-mps-commands"]
     assert mps[0] == "python3 -m venv ~/sapo && source ~/sapo/bin/activate" and mps[-1].endswith("--device mps")
