@@ -508,7 +508,8 @@ def _proof_fault(tokens: list[str], logprobs: list[str], max_tokens: int) -> tup
     """Why a proof's per-completion strings are malformed, as (field with its index, what), or None: each
     base64 of whole little-endian 4-byte words (sapo_node.proof's encodings), at most `max_tokens` + 1
     tokens a completion (the completion's character bound, and its EOS), as many log-probabilities as
-    tokens, each finite."""
+    tokens, each finite and at most 0 (a probability's logarithm; a sampling node weighs the completion by
+    them, sapo_node.grpo.importance_weights)."""
     longest = _b64_chars(max_tokens + 1)
     for k, (ids, floats) in enumerate(zip(tokens, logprobs, strict=True)):
         raw_ids = _b64_words(ids) if len(ids) <= longest else None
@@ -520,8 +521,9 @@ def _proof_fault(tokens: list[str], logprobs: list[str], max_tokens: int) -> tup
         # A sum of float32 values widened to doubles is finite exactly when each value is (a float32 is
         # at most 3.4e38 and there are at most a few thousand). The cast reads the machine's byte
         # order: little-endian on every platform the server runs on.
-        if not math.isfinite(sum(memoryview(raw_floats).cast("f"))):
-            return f"logprobs[{k}]", "expected finite log-probabilities"
+        values = memoryview(raw_floats).cast("f")
+        if not math.isfinite(sum(values)) or max(values) > 0.0:
+            return f"logprobs[{k}]", "expected finite log-probabilities, each at most 0"
     return None
 
 

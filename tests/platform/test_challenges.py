@@ -150,6 +150,7 @@ async def test_acks_carry_a_fresh_challenge_at_most_once_per_period(node, node_t
     [
         {"tokens": ["not base64!"] * 4},
         {"logprobs": [proof.encode_floats([-0.25] * 4)] * 4},  # 4 log-probabilities for 5 tokens
+        {"logprobs": [proof.encode_floats([-0.25, 0.5, -0.25, -0.25, -0.25])] * 4},  # a probability above 1
         {"tokens": [proof.encode_ids([1] * 5)] * 3},  # 3 entries for 4 completions
         {"weights": "AB" * 32},
         {"temperature": 11},

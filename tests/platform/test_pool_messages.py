@@ -463,6 +463,8 @@ _LOGPROB = "AAAAvw=="  # one float32 log-probability (-0.5)
         ({"logprobs": [_LOGPROB, "AAAAvwAAAL8="]}, "logprobs[1]"),  # two log-probabilities for one token
         ({"logprobs": [_LOGPROB, "AADAfw=="]}, "logprobs[1]"),  # NaN
         ({"logprobs": [_LOGPROB, "AACA/w=="]}, "logprobs[1]"),  # -inf
+        ({"logprobs": [_LOGPROB, "AAAAPw=="]}, "logprobs[1]"),  # 0.5: a probability above 1
+        ({"logprobs": [_LOGPROB, "YEKiDQ=="]}, "logprobs[1]"),  # 1e-30: above 0 all the same
         ({"tokens": None}, "tokens"),
     ],
 )
@@ -479,6 +481,15 @@ def test_a_malformed_proof_is_refused_by_its_field(changes, field):
     assert caught.value.code == "invalid_message"
     assert caught.value.detail.startswith(f"rollouts[0].proof.{field}"), caught.value.detail
     assert messages._typed_share(text, LIMITS) is None
+
+
+def test_a_proofs_log_probability_of_a_certain_token_is_zero_and_accepted():
+    from sapo_node import proof
+
+    base = {**_proof(tokens=1), "tokens": [_TOKEN, _TOKEN], "logprobs": ["AAAAAA==", "AAAAgA=="]}  # 0.0, -0.0
+    got = parse(share(proof=base)).rollouts[0].proof
+    assert [proof.decode_floats(x) for x in got.logprobs] == [[0.0], [-0.0]]
+    assert messages._typed_share(json.dumps(share(proof=base)), LIMITS) is not None
 
 
 def test_a_proofs_token_count_is_bounded_by_the_completion_bound():
