@@ -5,6 +5,11 @@ Nothing another node sent is trusted: an external group's question and answer mu
 node's verifier, and the text is tokenised with this node's own prompt format and tokenizer (so
 nodes with different models and tokenizers learn from each other's text). Groups whose rewards all
 agree carry no advantage and are dropped before sampling.
+
+`ExternalRules` go further (docs/node.md, "Corrected and gated sharing"): an external group keeps
+its sharer's per-token log-probabilities when they apply to this node's tokens (for the update's
+importance correction), is dropped without a verified-correct completion (success gate), and is
+chosen first when its reward mean lies in the learning zone.
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ from typing import Any
 
 from sapo_node.baseline import OwnBaseline
 from sapo_node.generate import Generated, encode_prompt
-from sapo_node.groups import Group, TrainGroup
+from sapo_node.groups import (
+    PLAIN_RULES,
+    ExternalRules,
+    Group,
+    TrainGroup,
+    has_success,
+    in_learning_zone,
+    sharer_logprobs,
+)
 from sapo_node.sample import entry_answer
 from sapo_node.tasks import Catalogue, ScoringTimeout, TaskError, build_entry, score_completions
 
@@ -37,6 +50,12 @@ class AssembleStats:
     #: This node's scores of every completion of the external groups that verified (kept or not).
     external_rewards: list[float] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
+    #: External groups that carry their sharer's log-probabilities for this node's tokens.
+    external_corrected: int = 0
+    #: External groups whose log-probabilities do not apply, by why (groups.sharer_logprobs' reasons).
+    external_uncorrected: dict[str, int] = field(default_factory=dict)
+    #: External groups dropped by the success gate (no verified-correct completion).
+    external_no_success: int = 0
 
     @property
     def zero_advantage_share(self) -> float:
@@ -100,10 +119,12 @@ def assemble(
     format_prompt: Callable[[Any, str], str],
     max_tokens: int,
     baseline: OwnBaseline | None = None,
+    rules: ExternalRules = PLAIN_RULES,
 ) -> tuple[list[TrainGroup], AssembleStats]:
     """Up to `n_local` informative own groups and up to `n_external` informative external ones,
-    each sampled uniformly at random. With `baseline`, an external group's completions are judged
-    against this node's own reward on its task (sapo_node.baseline) instead of the group's mean."""
+    each sampled uniformly at random (external ones in the learning zone first). With `baseline`, an
+    external group's completions are judged against this node's own reward on its task
+    (sapo_node.baseline) instead of the group's mean."""
     stats = AssembleStats(local_offered=len(own), external_offered=len(external))
     local = [local_train_group(g, gen) for g, gen in own]
 
@@ -121,12 +142,27 @@ def assemble(
             tg.baseline = baseline.get(group.task.dataset)
         stats.external_rescored += tg.extra["rescored"]
         stats.external_rewards.extend(tg.rewards)
+        if rules.success_gate and not has_success(tg.rewards):
+            stats.external_no_success += 1
+            continue
+        if rules.use_logprobs:
+            tg.sharer_logprobs, why = sharer_logprobs(group, tg.completion_ids, model=rules.model)
+            if tg.sharer_logprobs is None:
+                stats.external_uncorrected[why] = stats.external_uncorrected.get(why, 0) + 1
+                if rules.mismatch == "skip":
+                    continue
+            else:
+                stats.external_corrected += 1
         checked.append(tg)
 
     informative_local = [g for g in local if g.informative]
     informative_external = [g for g in checked if g.informative]
     stats.zero_advantage = (len(local) - len(informative_local)) + (len(checked) - len(informative_external))
     chosen_local = rng.sample(informative_local, min(n_local, len(informative_local)))
-    chosen_external = rng.sample(informative_external, min(n_external, len(informative_external)))
+    # Without a zone every group is inside it: the one draw is the plain uniform one.
+    inside = [g for g in informative_external if in_learning_zone(g.rewards, *rules.zone)]
+    outside = [g for g in informative_external if not in_learning_zone(g.rewards, *rules.zone)]
+    chosen_external = rng.sample(inside, min(n_external, len(inside)))
+    chosen_external += rng.sample(outside, min(n_external - len(chosen_external), len(outside)))
     stats.local_kept, stats.external_kept = len(chosen_local), len(chosen_external)
     return chosen_local + chosen_external, stats

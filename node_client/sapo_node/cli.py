@@ -58,12 +58,15 @@ METAVARS = {
     "server": "URL",
     "token": "T",
     "model": "ID_OR_PATH",
+    "correction_cap": "C",
 }
 CHOICES = {
     "device": None,
     "catalogue": ["easy", "sapo"],
     "ratio": ["fixed", "adaptive"],
     "external_baseline": ["group", "own"],
+    "correction": ["off", "token", "sequence"],
+    "correction_mismatch": ["uncorrected", "skip"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
 }
 

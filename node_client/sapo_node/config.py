@@ -74,6 +74,27 @@ class NodeConfig:
     """group: an external group's advantages are within the group (GRPO's, the paper's). own: its completions are
     judged against this node's own moving-average reward on that task, so a peer's success at a task this node
     fails at is learned whole (sapo_node.baseline)."""
+    correction: str = "off"
+    """Importance correction of external completions that carry their sharer's per-token log-probabilities
+    (a group made under a server challenge): off (trained as if this node had sampled them, the paper's),
+    token (each token's loss weighted by min(p_node / p_sharer, C), truncated importance sampling), or
+    sequence (the completion's tokens weighted by min(prod p_node / p_sharer, C)); docs/node.md."""
+    correction_cap: float = 2.0
+    """C: the truncation of the importance weights of --correction."""
+    correction_mismatch: str = "uncorrected"
+    """An external group whose log-probabilities do not apply to this node's tokens (none sent, another
+    model or tokenizer, greedy, tokens that differ once its text is tokenised here), when --correction or
+    --offpolicy-filter is on: uncorrected (trained with weight 1) or skip (left out)."""
+    offpolicy_filter: float | None = None
+    """F-TIS: an external completion of negative advantage whose mean per-token log(p_sharer / p_node) (the k1
+    estimate of KL(sharer || node)) exceeds this many nats gets weight 0; none: off."""
+    success_gate: bool = False
+    """Keep only external groups with at least one completion this node verifies correct (reward 1)."""
+    learning_zone_low: float = 0.0
+    """External groups whose reward mean lies in [learning-zone-low, learning-zone-high] are chosen first,
+    the others only to fill J; the default band [0, 1] holds every group (no preference)."""
+    learning_zone_high: float = 1.0
+    """The upper end of the learning zone (see --learning-zone-low)."""
     catalogue: str | None = None
     """Offline catalogue: easy or sapo; None picks easy for tiny models, sapo otherwise. Online the server's is used."""
     max_new_tokens: int | None = None
@@ -177,6 +198,11 @@ class NodeConfig:
             "threads must be >= 0": self.threads >= 0,
             "ratio must be fixed or adaptive": self.ratio in ("fixed", "adaptive"),
             "external_baseline must be group or own": self.external_baseline in ("group", "own"),
+            "correction must be off, token or sequence": self.correction in ("off", "token", "sequence"),
+            "correction_cap must be >= 1": self.correction_cap >= 1,
+            "correction_mismatch must be uncorrected or skip": self.correction_mismatch in ("uncorrected", "skip"),
+            "offpolicy_filter must be >= 0": self.offpolicy_filter is None or self.offpolicy_filter >= 0,
+            "learning_zone_low <= learning_zone_high": self.learning_zone_low <= self.learning_zone_high,
             "epochs must be >= 1": self.epochs >= 1,
             "micro_batch must be >= 1": self.micro_batch >= 1,
             "temperature must be > 0": self.temperature > 0,

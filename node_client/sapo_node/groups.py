@@ -134,8 +134,81 @@ class TrainGroup:
     #: What the completions are judged against: None, the group's mean (GRPO's); a number, this
     #: node's own reward on the task (sapo_node.baseline, for external groups with `own`).
     baseline: float | None = None
+    #: Per completion, the sharer's log-probability of each of `completion_ids`' tokens under its
+    #: sampling (an external group whose proof matches this node's tokens: `sharer_logprobs`); None
+    #: for own groups and external groups trained uncorrected.
+    sharer_logprobs: list[list[float]] | None = None
 
     @property
     def informative(self) -> bool:
         """False when all rewards agree: the group's advantages are all zero and it teaches nothing."""
         return max(self.rewards) - min(self.rewards) > 1e-6
+
+
+@dataclass(frozen=True)
+class ExternalRules:
+    """How a node takes external groups beyond verifying them (NodeConfig's correction, success_gate and
+    learning_zone options; docs/node.md, "Corrected and gated sharing"). The defaults change nothing."""
+
+    #: This node's model name: a proof naming another model was sampled with another tokenizer.
+    model: str = ""
+    #: Read the sharer's log-probabilities (the correction or the off-policy filter is on).
+    use_logprobs: bool = False
+    #: An external group whose log-probabilities do not apply: uncorrected (trained as it is) or skip.
+    mismatch: str = "uncorrected"
+    #: Keep only external groups with at least one verified-correct completion.
+    success_gate: bool = False
+    #: External groups whose reward mean lies in [low, high] are chosen first.
+    zone: tuple[float, float] = (0.0, 1.0)
+
+
+#: The rules of a node with every external option off: external groups as the paper takes them.
+PLAIN_RULES = ExternalRules()
+
+#: A reward at least this high is a verified-correct completion (reasoning-gym scores a right answer 1.0).
+CORRECT_REWARD = 1.0 - 1e-6
+
+
+def has_success(rewards: list[float]) -> bool:
+    """Whether a group holds at least one verified-correct completion (success-gated sampling)."""
+    return max(rewards) >= CORRECT_REWARD
+
+
+def in_learning_zone(rewards: list[float], low: float, high: float) -> bool:
+    """Whether a group's reward mean lies inside [low, high] (the learning-zone preference)."""
+    return low <= sum(rewards) / len(rewards) <= high
+
+
+def sharer_logprobs(
+    group: Group, completion_ids: list[list[int]], *, model: str
+) -> tuple[list[list[float]] | None, str]:
+    """The sharer's per-token log-probabilities of this node's tokens of each completion, or None and why not.
+
+    The sharer's log-probabilities apply to this node's tokens only when they are the same tokens in the
+    same context: the proof names this node's model (so the same tokenizer and prompt format), was
+    sampled (temperature > 0: a greedy proof logs no sampling distribution), and each completion's ids
+    as this node tokenised its text are a prefix of the ids the sharer sampled (its stop token, or a cut
+    at this node's max tokens, may follow). The proof is untrusted: it is decoded and held to one
+    finite, non-positive log-probability per token. Reasons: no_proof, other_model, greedy, malformed,
+    tokens_differ."""
+    wire = group.proof
+    if wire is None:
+        return None, "no_proof"
+    if wire.model != model:
+        return None, "other_model"
+    if not wire.temperature > 0:
+        return None, "greedy"
+    if not (len(wire.tokens) == len(wire.logprobs) == len(completion_ids)):
+        return None, "malformed"
+    aligned = []
+    for ids, encoded_ids, encoded_lps in zip(completion_ids, wire.tokens, wire.logprobs, strict=True):
+        try:
+            sampled, lps = proofs.decode_ids(encoded_ids), proofs.decode_floats(encoded_lps)
+        except ValueError:
+            return None, "malformed"
+        if len(sampled) != len(lps) or not all(math.isfinite(x) and x <= 0.0 for x in lps):
+            return None, "malformed"
+        if sampled[: len(ids)] != ids:
+            return None, "tokens_differ"
+        aligned.append(lps[: len(ids)])
+    return aligned, ""

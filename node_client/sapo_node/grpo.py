@@ -5,6 +5,9 @@ The maths is in three pure functions tested with hand-computed tensors:
                     baseline_advantages, for external groups with external_baseline = own)
   clipped_loss      token-level clipped-ratio loss (DAPO's token mean, clip-higher), optional k3 KL
   token_logprobs    log-probs of the completion tokens under a model, one full forward per sequence
+  importance_weights  the truncated importance weights of external completions that carry their
+                    sharer's log-probabilities (TIS, per token or per sequence), and the filter of
+                    off-policy negative-advantage completions (F-TIS); 1 for everything else
 `grpo_update` strings them together: one optimizer step per epoch over the whole training set,
 gradients accumulated over micro-batches. The "old" log-probs are those of the policy before the
 update: the first epoch's forward pass computes them (so its ratio is exactly 1: no separate
@@ -80,11 +83,14 @@ def clipped_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     num_tokens: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO objective to minimise, averaged over completion tokens (DAPO's token-level mean).
 
     logp, old_logp, ref_logp, mask: (N, T); advantages: (N,). `num_tokens` is the denominator
     (default: mask.sum()); give the whole training set's token count when accumulating micro-batches.
+    `weights` (N, T), detached, multiply each token's clipped policy-gradient term (not the KL
+    penalty): `importance_weights`; None is weight 1 everywhere.
     Returns (loss, stats) with stats' clip_fraction (share of tokens whose gradient the clip cut off)
     and kl (token mean of k3), both as sums over this batch divided by the same denominator.
     """
@@ -96,6 +102,8 @@ def clipped_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # (N, T)
+    if weights is not None:
+        per_token = per_token * weights
 
     kl = torch.zeros_like(per_token)
     if ref_logp is not None and kl_coef != 0.0:
@@ -111,6 +119,64 @@ def clipped_loss(
         "kl": (kl * mask).sum().detach() / denom,
     }
     return loss, stats
+
+
+#: What `importance_weights` does with external completions: off (trained as if sampled by this
+#: node, the paper's), token (TIS per token), sequence (TIS per completion).
+CORRECTIONS = ("off", "token", "sequence")
+
+
+def importance_weights(
+    old_logp: torch.Tensor,
+    sharer_logp: torch.Tensor,
+    has_sharer: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    correction: str = "off",
+    cap: float = 2.0,
+    filter_kl: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(N, T) weights of each token's policy-gradient term, for completions another policy sampled.
+
+    old_logp, sharer_logp, mask: (N, T), the policy before the update and the sharer's logged
+    log-probabilities of the same tokens; has_sharer, advantages: (N,). A row without the sharer's
+    log-probabilities (an own completion, an external one trained uncorrected) gets weight 1 exactly.
+    For the others, with log-ratio l_t = old_logp_t - sharer_logp_t (the node's policy over the
+    sharer's sampling, truncated importance sampling):
+      token     w_t = min(exp(l_t), cap)
+      sequence  w_t = min(exp(sum_t l_t), cap) for every token of the completion
+      off       w_t = 1
+    With `filter_kl`, a row of negative advantage whose mean of -l_t over its tokens (the k1 estimate
+    of KL(sharer || node) per token) exceeds it gets weight 0 (F-TIS: pushing down tokens this node
+    would rarely sample costs much and teaches little). The denominator of the loss is unchanged.
+    Returns (weights, stats): stats' corrected (rows weighted), filtered (rows set to 0) and
+    weight_sum (the sum of the corrected rows' token weights before filtering)."""
+    mask = mask.to(old_logp.dtype)
+    ext = has_sharer[:, None].to(old_logp.dtype)  # (N, 1)
+    log_ratio = (old_logp - sharer_logp) * mask * ext  # (N, T), 0 where not applicable
+    if correction == "token":
+        w = torch.exp(log_ratio).clamp(max=cap)
+    elif correction == "sequence":
+        w = torch.exp(log_ratio.sum(dim=-1, keepdim=True)).clamp(max=cap).expand_as(log_ratio)
+    elif correction == "off":
+        w = torch.ones_like(log_ratio)
+    else:
+        raise ValueError(f"correction must be one of {CORRECTIONS}")
+    w = torch.where(ext.bool(), w, torch.ones_like(w))  # (N, T)
+    zero = log_ratio.new_zeros(())
+    corrected = correction != "off"
+    stats = {
+        "corrected": ext.sum() if corrected else zero,
+        "weight_sum": (w * mask * ext).sum() if corrected else zero,
+        "filtered": zero,
+    }
+    if filter_kl is not None:
+        kl = -log_ratio.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)  # (N,)
+        drop = has_sharer.bool() & (advantages < 0) & (kl > filter_kl)  # (N,)
+        w = torch.where(drop[:, None], torch.zeros_like(w), w)
+        stats["filtered"] = drop.to(w.dtype).sum()
+    return w.detach(), {k: v.detach() for k, v in stats.items()}
 
 
 def token_logprobs(
@@ -339,6 +405,11 @@ class UpdateStats:
     tokens: int = 0
     sequences: int = 0
     steps: int = 0
+    #: External completions weighted by the importance correction, and the mean of their token weights.
+    corrected: int = 0
+    correction_weight: float = 0.0
+    #: External completions of negative advantage the off-policy filter set to weight 0.
+    filtered: int = 0
 
 
 def grpo_update(
@@ -355,16 +426,24 @@ def grpo_update(
     reference: Any = None,
     max_grad_norm: float = 1.0,
     temperature: float = 1.0,
+    correction: str = "off",
+    correction_cap: float = 2.0,
+    filter_kl: float | None = None,
 ) -> UpdateStats:
     """Train `model` on `groups` (each must have at least two completions). Returns the last epoch's
-    loss and clip fraction; no step is taken when `groups` is empty."""
+    loss and clip fraction; no step is taken when `groups` is empty. External groups that carry their
+    sharer's log-probabilities are weighted by `importance_weights` (correction, correction_cap,
+    filter_kl); the rest train exactly as without them."""
     rows = []
+    sharer: list[list[float] | None] = []
     # Ordered by prompt length so each micro-batch pads its prompts little; the loss is a sum over
     # tokens divided by the whole set's token count, so the order does not change it.
     for group in sorted(groups, key=lambda g: len(g.prompt_ids)):
         adv = train_group_advantages(group)
         rows += [(group.prompt_ids, ids, a) for ids, a in zip(group.completion_ids, adv, strict=True)]
+        sharer += group.sharer_logprobs or [None] * len(group.completion_ids)
     stats = UpdateStats(sequences=len(rows), tokens=sum(len(c) for _, c, _ in rows))
+    weighing = any(lps is not None for lps in sharer) and (correction != "off" or filter_kl is not None)
     if not rows or stats.tokens == 0:
         return stats
     if kl_coef and reference is None:
@@ -374,6 +453,8 @@ def grpo_update(
     batches = [collate_groups(rows[i : i + micro_batch], pad_id, device) for i in range(0, len(rows), micro_batch)]
     old: list[torch.Tensor] = []
     ref: list[torch.Tensor | None] = []
+    weights: list[torch.Tensor | None] = []
+    weighed = torch.zeros(3, device=device)  # corrected, weight sum, filtered
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()  # no dropout: the ratio must compare the same function
     for epoch in range(epochs):
@@ -384,6 +465,21 @@ def grpo_update(
             if epoch == 0:
                 old.append(logp.detach())  # the policy before the update: the first epoch's ratio is exactly 1
                 ref.append(_reference_logprobs(reference, batch, temperature) if kl_coef else None)
+                weights.append(None)
+                if weighing:
+                    start = i * micro_batch
+                    sharer_logp, has_sharer = collate_sharer(sharer[start : start + micro_batch], batch, device)
+                    weights[i], w = importance_weights(
+                        old[i],
+                        sharer_logp,
+                        has_sharer,
+                        batch.advantages,
+                        batch.completion_mask,
+                        correction=correction,
+                        cap=correction_cap,
+                        filter_kl=filter_kl,
+                    )
+                    weighed += torch.stack([w["corrected"], w["weight_sum"], w["filtered"]])
             loss, s = clipped_loss(
                 logp,
                 old[i],
@@ -394,6 +490,7 @@ def grpo_update(
                 ref_logp=ref[i],
                 kl_coef=kl_coef,
                 num_tokens=stats.tokens,
+                weights=weights[i],
             )
             loss.backward()
             sums += torch.stack([loss.detach(), s["clip_fraction"], s["kl"]])
@@ -402,7 +499,25 @@ def grpo_update(
         stats.loss, stats.clip_fraction, stats.kl = sums.tolist()
         stats.grad_norm, stats.steps = float(grad_norm), epoch + 1
     optimizer.zero_grad(set_to_none=True)
+    if weighing:
+        corrected, weight_sum, filtered = weighed.tolist()
+        corrected_tokens = sum(len(c) for (_, c, _), lps in zip(rows, sharer, strict=True) if lps is not None)
+        stats.corrected, stats.filtered = int(corrected), int(filtered)
+        stats.correction_weight = weight_sum / corrected_tokens if corrected and corrected_tokens else 0.0
     return stats
+
+
+def collate_sharer(
+    rows: list[list[float] | None], batch: GroupedBatch, device: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sharer's log-probabilities of a micro-batch's rows, laid out like its completions: (N, T)
+    float32, 0 at padding and on rows without them, and (N,) bool, which rows have them."""
+    t_len = batch.completion_ids.shape[1]
+    padded = [(lps or []) + [0.0] * (t_len - len(lps or [])) for lps in rows]
+    return (
+        torch.tensor(padded, dtype=torch.float32, device=device),
+        torch.tensor([lps is not None for lps in rows], device=device),
+    )
 
 
 @torch.no_grad()

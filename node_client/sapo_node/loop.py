@@ -34,7 +34,7 @@ from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoi
 from sapo_node.commitments import FOLDER, Commitment, CommitmentStore
 from sapo_node.config import NodeConfig
 from sapo_node.generate import Generated, generate_groups, pad_id, random_keys
-from sapo_node.groups import Group, make_proof
+from sapo_node.groups import ExternalRules, Group, make_proof
 from sapo_node.grpo import grpo_update, make_optimizer
 from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
@@ -240,6 +240,7 @@ def play_round(
             format_prompt=format_prompt,
             max_tokens=2 * config.max_new_tokens,
             baseline=node.baseline,
+            rules=external_rules(config),
         )
     with timer("update"):
         update = grpo_update(
@@ -255,6 +256,9 @@ def play_round(
             reference=node.reference,
             max_grad_norm=config.max_grad_norm,
             temperature=config.temperature,
+            correction=config.correction,
+            correction_cap=config.correction_cap,
+            filter_kl=config.offpolicy_filter,
         )
     node.last_round = n
     if node.ratio is not None:
@@ -310,6 +314,17 @@ def load_model(config: NodeConfig) -> tuple[Any, Any]:
     dtype = None if config.dtype == "auto" else config.dtype
     model, tokenizer, _device = load_policy(config.model, device=config.device, dtype=dtype)
     return model, tokenizer
+
+
+def external_rules(config: NodeConfig) -> ExternalRules:
+    """The config's corrected and gated sharing options, as assemble takes them."""
+    return ExternalRules(
+        model=config.model,
+        use_logprobs=config.correction != "off" or config.offpolicy_filter is not None,
+        mismatch=config.correction_mismatch,
+        success_gate=config.success_gate,
+        zone=(config.learning_zone_low, config.learning_zone_high),
+    )
 
 
 def seed_everything(seed: int) -> None:
