@@ -81,6 +81,9 @@ class Fingerprint(msgspec.Struct, frozen=True):
     exact: list[bytes]  # 16-byte BLAKE2b digest of each normalised completion
     simhash: list[int]
     lengths: list[int]  # normalised length of each completion
+    #: Each completion's normalised text, UTF-8 (what `exact` digests): measured (`distinct_grams`) only
+    #: when a completion matches another node's.
+    normalised: list[bytes]
     #: The simhashes as 8-byte big-endian signed integers, concatenated (`simhash_bytes`), as
     #: RolloutFingerprint.simhash stores them (PostgreSQL's int8send writes the same bytes).
     simhash_packed: bytes
@@ -102,12 +105,7 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
     exact = [hashlib.blake2b(e, digest_size=EXACT_BYTES).digest() for e in encoded]
     # A text's length in characters: its bytes' length unless it is not ASCII (rare: decoded again).
     lengths = [len(e) if e.isascii() else len(e.decode("utf-8")) for e in encoded]
-    array = kernels.simhashes(
-        [
-            e if n <= SIMHASH_CHARS or len(e) <= SIMHASH_CHARS else e.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
-            for e, n in zip(encoded, lengths, strict=True)
-        ]
-    )
+    array = kernels.simhashes([_simhashed(e, n) for e, n in zip(encoded, lengths, strict=True)])
     hashes = array.tolist()
     packed = simhash_bytes(hashes)  # once for the share, not per group
     out = []
@@ -119,11 +117,43 @@ def fingerprints(groups: Sequence[Sequence[str]]) -> list[Fingerprint]:
                 exact=exact[at:end],
                 simhash=hashes[at:end],
                 lengths=lengths[at:end],
+                normalised=encoded[at:end],
                 simhash_packed=packed[8 * at : 8 * end],
             )
         )
         at = end
     return out
+
+
+def _simhashed(encoded: bytes, length: int) -> bytes:
+    """What the simhash of a normalised text (UTF-8, `length` characters) reads: its first SIMHASH_CHARS
+    characters."""
+    if length <= SIMHASH_CHARS or len(encoded) <= SIMHASH_CHARS:
+        return encoded
+    return encoded.decode("utf-8")[:SIMHASH_CHARS].encode("utf-8")
+
+
+def distinct_grams(texts: Sequence[bytes]) -> list[int]:
+    """How many distinct byte 4-grams (the simhash's grams, kernels.SHINGLE bytes) each text holds: its
+    information once repeats are collapsed. `<answer>no</answer>no</answer>...` holds 12 however long
+    it runs; a varied text of n bytes nearly n. One numpy pass over all the texts: each gram as a
+    big-endian uint32 beside its text's number, the distinct pairs counted per text."""
+    if not texts:
+        return []
+    width = kernels.SHINGLE
+    data = np.frombuffer(b"".join(texts), dtype=np.uint8).astype(np.uint64)
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    starts = np.cumsum(lengths) - lengths
+    grams = np.maximum(lengths - width + 1, 0)  # (m,) windows of each text
+    if not grams.any():
+        return [0] * len(texts)
+    owner = np.repeat(np.arange(len(texts), dtype=np.uint64), grams)  # (g,) each window's text
+    at = np.repeat(starts - np.cumsum(grams) + grams, grams) + np.arange(int(grams.sum()))  # (g,) window starts
+    value = np.zeros(at.size, dtype=np.uint64)
+    for k in range(width):
+        value = (value << np.uint64(8)) | data[at + k]
+    keys = np.unique((owner << np.uint64(32)) | value)
+    return np.bincount((keys >> np.uint64(32)).astype(np.int64), minlength=len(texts)).tolist()
 
 
 class CopyIndex:
@@ -193,29 +223,43 @@ class CopyIndex:
 def copy_findings(
     fps: Sequence[Fingerprint], index: CopyIndex, rule: Rule, *, near: bool
 ) -> list[tuple[str, list[str]] | None]:
-    """Per group: (detail, [source rollout ids]) when at least `min_share` of its completions of at least
-    `min_chars` normalised characters copy another node's; None otherwise (or when none are long).
-    The near lookups of all the groups are one vectorised call."""
+    """Per group: (detail, [source rollout ids]) when at least `min_share` of its completions that count
+    copy another node's; None otherwise (or when none counts). A completion counts when it has at least
+    `min_chars` normalised characters and at least `min_distinct_grams` distinct 4-grams (in what its
+    fingerprint reads: the whole text for the exact rule, the simhash's first SIMHASH_CHARS characters
+    for the near one): a text that says so little, `<answer>no</answer>no</answer>...` up to a token
+    limit, is written the same by nodes that never saw each other's, so its coinciding is no evidence
+    of copying. The near lookups of all the groups are one vectorised call; the grams are counted only
+    in a group where a completion matched (nearly no share has one), where they decide what counts."""
     min_chars = rule["min_chars"]
     probes: list = []
-    chosen: list[int] = []  # per group, how many of its completions are long enough (probes, in order)
+    chosen: list[list[int]] = []  # per group, its completions long enough (looked up, in order)
     for fp in fps:
         values = fp.simhash if near else fp.exact
         if min(fp.lengths, default=min_chars) >= min_chars:  # all of them (honest groups nearly always)
             probes += values
-            chosen.append(len(values))
+            chosen.append(list(range(len(values))))
         else:
-            kept = [v for v, n in zip(values, fp.lengths, strict=True) if n >= min_chars]
-            probes += kept
-            chosen.append(len(kept))
+            kept = [i for i, n in enumerate(fp.lengths) if n >= min_chars]
+            probes += [values[i] for i in kept]
+            chosen.append(kept)
     flat = index.near_matches(probes, rule["max_distance"]) if near else index.exact_matches(probes)
     if not any(flat):  # no completion copies anything (nearly every share)
         return [None] * len(fps)
     findings: list[tuple[str, list[str]] | None] = []
     at = 0
-    for count in chosen:
-        sources = [m for m in flat[at : at + count] if m is not None]
-        at += count
+    for fp, kept in zip(fps, chosen, strict=True):
+        matches = flat[at : at + len(kept)]
+        at += len(kept)
+        if not any(matches):
+            findings.append(None)
+            continue
+        texts = [fp.normalised[i] for i in kept]
+        if near:
+            texts = [_simhashed(t, fp.lengths[i]) for t, i in zip(texts, kept, strict=True)]
+        counts = [n >= rule["min_distinct_grams"] for n in distinct_grams(texts)]
+        sources = [m for m, counted in zip(matches, counts, strict=True) if counted and m is not None]
+        count = sum(counts)
         if not sources or len(sources) / count < rule["min_share"]:
             findings.append(None)
             continue

@@ -19,6 +19,12 @@ from moderation.safe_regex import BlocklistError, validate_patterns
 
 CACHE_SECONDS = 10
 
+#: The copy rules ignore a completion with fewer distinct byte 4-grams than this
+#: (moderation.filters.copy_findings): a degenerate text such as `<answer>no</answer>no</answer>...`
+#: up to a token limit holds 12, and independent nodes write it alike.
+MIN_DISTINCT_GRAMS = 40
+MIN_DISTINCT_GRAMS_HELP = "Completions with fewer distinct 4-character pieces (once repeats collapse) are ignored."
+
 
 @dataclass(frozen=True)
 class Param:
@@ -60,6 +66,7 @@ RULES: dict[str, RuleSpec] = {
             "Completions whose normalised text equals a completion of another node's recent group on the same question.",
             {
                 "min_chars": Param(int, 40, 1, 100_000, "Completions shorter than this (normalised) are ignored."),
+                "min_distinct_grams": Param(int, MIN_DISTINCT_GRAMS, 0, 100_000, MIN_DISTINCT_GRAMS_HELP),
                 "min_share": Param(float, 0.5, 0.01, 1.0, "Share of a group's long completions that must match."),
                 "window_hours": Param(int, 72, 1, 24 * 90, "How far back to look."),
                 "max_candidates": Param(int, 50, 1, 1000, "Most recent other groups compared per question."),
@@ -71,6 +78,7 @@ RULES: dict[str, RuleSpec] = {
             "Like the exact rule, but on 64-bit simhashes of character 4-grams within a Hamming distance.",
             {
                 "min_chars": Param(int, 80, 1, 100_000, "Completions shorter than this (normalised) are ignored."),
+                "min_distinct_grams": Param(int, MIN_DISTINCT_GRAMS, 0, 100_000, MIN_DISTINCT_GRAMS_HELP),
                 "min_share": Param(float, 0.5, 0.01, 1.0, "Share of a group's long completions that must match."),
                 "max_distance": Param(int, 3, 0, 3, "Largest Hamming distance between simhashes (at most 3)."),
                 "window_hours": Param(int, 72, 1, 24 * 90, "How far back to look."),
