@@ -10,6 +10,9 @@ from audits.selectors import node_requested_audits
 
 
 class PoolAuditsImpl:
+    def nodes_held(self, *, node_ids: set[int]) -> set[int]:
+        return selection.held_node_ids(node_ids)
+
     def groups_stored(self, *, inserted: set[uuid.UUID]) -> dict[int, list[dict[str, Any]]]:
         return selection.groups_stored(inserted=inserted)
 

@@ -24,7 +24,7 @@ from audits.models import Audit, AuditDraw, AuditGroup, AuditState, NodeHold
 from figures import credit
 from moderation.models import ModerationFlag
 from nodes.models import Node
-from pool.models import Rollout
+from pool.models import AuditReason, Rollout
 
 #: A node's groups are `pending` when they carry a valid proof and no audit covered them yet.
 PENDING = "pending"
@@ -35,7 +35,7 @@ YOUNG = timedelta(days=1)
 #: A node in this top fraction of pending credit in the last hour is audited more often.
 TOP_FRACTION = 0.1
 #: pool_rollout.audit_reason of a held node's group (its hold says why).
-HELD_REASON = "node_held"
+HELD_REASON = AuditReason.NODE_HELD.value
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,8 @@ def audit_wire(audit: Audit) -> dict[str, object]:
 
 
 def groups_stored(*, inserted: set[uuid.UUID], now: datetime | None = None) -> dict[int, list[dict[str, object]]]:
-    """After the pool stored `inserted`: a held node's pending groups become unaudited; a digest with an
+    """After the pool stored `inserted`: a held node's pending groups (its hold began after the pool
+    asked, pool.ingest._holds_apply) become unaudited and leave sampling; a digest with an
     open audit has its new groups added to it; any other digest is drawn, at every batch that adds
     groups to it, so a digest once spared is not safe to add made-up groups to (each later batch is
     drawn again). Returns the audits newly asked of each node (for its ack)."""
@@ -119,7 +120,9 @@ def groups_stored(*, inserted: set[uuid.UUID], now: datetime | None = None) -> d
     held = held_node_ids({d.node_id for d in digests})
     if held:
         ids = [i for d in digests if d.node_id in held for i in d.rollout_ids]
-        Rollout.objects.filter(id__in=ids, audit_state=PENDING).update(audit_state=UNAUDITED, audit_reason=HELD_REASON)
+        Rollout.objects.filter(id__in=ids, audit_state=PENDING).update(
+            audit_state=UNAUDITED, audit_reason=HELD_REASON, sampleable=False
+        )
         digests = [d for d in digests if d.node_id not in held]
     asked: dict[int, list[dict[str, object]]] = {}
     boosted_cache: dict[str, set[int]] = {}

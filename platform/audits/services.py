@@ -5,8 +5,8 @@ Outcomes move the groups' audit state and, in the same transaction, the folded c
 - pass: the audit's groups and every pending group of its node up to the digest's last group become
   `audited`;
 - fail or expire: every pending group of the node (those since its last passed audit) becomes
-  `failed` and leaves sampling, and the node is held for review (its new groups are stored unaudited)
-  until staff release it.
+  `failed` and leaves sampling, and the node is held for review (its new groups are stored unaudited
+  and out of sampling) until staff release it.
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ def audit_fail(
 
 def node_release(*, actor: User, node_id: int) -> int:
     """Staff end a node's hold: its next groups with a valid proof are pending again. Its failed groups
-    stay failed. Returns the holds released (0 or 1)."""
+    stay failed, and the groups it shared while held stay unaudited and out of sampling: they were made
+    while its work was in question and no audit will cover them (docs/audits.md, "Outcomes"). Returns
+    the holds released (0 or 1)."""
     return NodeHold.objects.filter(node_id=node_id, released_at=None).update(
         released_at=timezone.now(), released_by=actor
     )

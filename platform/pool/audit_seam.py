@@ -1,9 +1,11 @@
 """What the pool asks of an audits layer, and the one it uses now.
 
-The pool is below the audits (docs/architecture.md): it never imports them. After a batch's statement
-it tells them which groups it stored (`groups_stored`: they choose which weights to audit, and answer
-what each node is asked to upload, for its ack), and when a node says hello it asks what that node
-must still upload (`node_audits`, for its welcome). The audits app registers its implementation in its
+The pool is below the audits (docs/architecture.md): it never imports them. Before a batch's statement
+it asks which of its nodes are held after a failed audit (`nodes_held`: their groups go in unaudited
+and out of sampling, so no sample ever sees them); after it, it tells them which groups it stored
+(`groups_stored`: they choose which weights to audit, and answer what each node is asked to upload, for
+its ack), and when a node says hello it asks what that node must still upload (`node_audits`, for its
+welcome). The audits app registers its implementation in its
 AppConfig.ready(); without it the pool asks for nothing.
 
 An audit as the wire carries it is sapo_node.protocol.WireAudit's fields, as a dict.
@@ -16,6 +18,10 @@ from typing import Any, Protocol
 
 
 class PoolAudits(Protocol):
+    def nodes_held(self, *, node_ids: set[int]) -> set[int]:
+        """Those of `node_ids` held for staff review after a failed audit."""
+        ...
+
     def groups_stored(self, *, inserted: set[uuid.UUID]) -> dict[int, list[dict[str, Any]]]:
         """After the statement that inserted `inserted`: the audits newly asked of each node, by node id."""
         ...
@@ -27,6 +33,9 @@ class PoolAudits(Protocol):
 
 class NoAudits:
     """The default: audits nothing."""
+
+    def nodes_held(self, *, node_ids: set[int]) -> set[int]:
+        return set()
 
     def groups_stored(self, *, inserted: set[uuid.UUID]) -> dict[int, list[dict[str, Any]]]:
         return {}

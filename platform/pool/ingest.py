@@ -38,7 +38,7 @@ from common.errors import ApplicationError
 from pool import audit_seam, turns
 from pool.budgets import StoredBytes, storage_check
 from pool.challenges import proofs_check, repeats_settle
-from pool.ingest_statement import ScreenedShare, SwarmOfBatch, insert_batch
+from pool.ingest_statement import NODE_HELD, ScreenedShare, SwarmOfBatch, insert_batch
 from pool.limits import Limits, current_limits
 from pool.messages import RolloutIn
 from pool.models import AuditState, Rollout, Verdict
@@ -359,6 +359,7 @@ def _screen_store_answer(
         shares=[ShareToScreen(shares[i].node.id, shares[i].rollouts, checks, swarm.swarm_id) for i, checks in verified]
     )
     audits = proofs_check([(shares[i].node, shares[i].rollouts, checks) for i, checks in verified])
+    _holds_apply([(shares[i].node.id, checks) for i, checks in verified], audits)
     screened = [
         ScreenedShare(shares[i].node, shares[i].rollouts, checks, set(screening.held), audit)
         for (i, checks), screening, audit in zip(verified, screenings, audits, strict=True)
@@ -379,6 +380,19 @@ def _screen_store_answer(
     for (i, _), share in zip(verified, screened, strict=True):
         results[i] = _answer(share, inserted, existing, stored_now, shares[i].stored)
         results[i].audits = asked.get(share.node.id, [])
+
+
+def _holds_apply(
+    shares: list[tuple[int, dict[uuid.UUID, Verification]]], audits: list[dict[uuid.UUID, tuple[str, str]]]
+) -> None:
+    """A held node's accepted groups, proof or none, go in unaudited and not sampleable
+    (ingest_statement.insert_batch): decided before the INSERT, so no sample sees them in between.
+    One query per batch with an accepted group."""
+    nodes = {node_id for node_id, checks in shares if any(c.accepted for c in checks.values())}
+    held = audit_seam.audits().nodes_held(node_ids=nodes) if nodes else set()
+    for (node_id, checks), audit in zip(shares, audits, strict=True):
+        if node_id in held:
+            audit.update({rollout_id: NODE_HELD for rollout_id, check in checks.items() if check.accepted})
 
 
 def _stored_before(screened: Sequence[ScreenedShare], inserted: set[uuid.UUID]) -> dict[uuid.UUID, tuple]:

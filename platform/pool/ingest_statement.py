@@ -18,7 +18,7 @@ from common.composed import cte_list, placeholder_names, placeholders, rendered
 from common.db import binary_array, prepare_hot, server_binding_cursor
 from pool.budgets import ROW_OVERHEAD_BYTES, StoredBytes, hour_of, owner_hour_bytes_sql, utf8_len
 from pool.messages import GROUP_FIELDS, RolloutIn
-from pool.models import AuditState
+from pool.models import AuditReason, AuditState
 from pool.seams import INSERT_CTE_NAMES, INSERT_PARAM_NAMES, RecordPart, RecordSql, record_sql_check
 from pool.verification import Verification, has_variance
 from swarms.models import sample_sequence_name
@@ -171,6 +171,8 @@ def insert_statement(record: RecordPart | None) -> str:
 
 
 _UNAUDITED = (AuditState.UNAUDITED.value, "")
+#: (audit_state, audit_reason) of an accepted group of a node held after a failed audit: never sampleable.
+NODE_HELD = (AuditState.UNAUDITED.value, AuditReason.NODE_HELD.value)
 #: The proof as the texts' jsonb column gets it: msgspec writes a Struct's JSON in C, in its field order.
 _PROOF_ENCODER = msgspec.json.Encoder()
 
@@ -212,7 +214,8 @@ def insert_batch(
     one transaction by itself, or part of the caller's. Return the ids actually inserted (an id
     already stored is left alone, and neither counted nor charged again) and, per node that stored
     something, its bytes stored this hour after it. The `held` ids go in with moderation status "held"
-    and not sampleable: no moment exists where a sample could see them."""
+    and not sampleable, and so do the groups whose audit state is NODE_HELD: no moment exists where a
+    sample could see them."""
     rollouts = [r for share in shares for r in share.rollouts]
     verdicts = [share.checks[r.id] for share in shares for r in share.rollouts]
     variance = [c.accepted and has_variance(c.verified_rewards) for c in verdicts]
@@ -273,7 +276,9 @@ def insert_batch(
         "verdict": binary_array("text", [c.verdict for c in verdicts]),
         "reason": binary_array("text", [c.reason for c in verdicts]),
         "has_variance": binary_array("bool", variance),
-        "sampleable": binary_array("bool", [v and not h for v, h in zip(variance, holds, strict=True)]),
+        "sampleable": binary_array(
+            "bool", [v and not h and a != NODE_HELD for v, h, a in zip(variance, holds, audits, strict=True)]
+        ),
         "held": binary_array("bool", holds),
         "proof": binary_array("text", proofs),
         "proof_weights": binary_array("text", [None if r.proof is None else r.proof.weights for r in rollouts]),

@@ -55,6 +55,9 @@ class AuditReason(models.TextChoices):
     INDEX_NOT_ISSUED = "index_not_issued", "Its task index is not one of its challenge's"
     REPEATED_QUESTION = "repeated_question", "The node answered this question of the challenge before"
     MODEL_NOT_AUDITABLE = "model_not_auditable", "Its model is not one an audit can rebuild"
+    # Not a fault of its proof: the node was held after a failed audit (audits.models.NodeHold). Such a
+    # group is stored out of sampling, with or without a proof, and stays out (docs/audits.md).
+    NODE_HELD = "node_held", "Its node was held for review after a failed audit"
 
 
 class RolloutQuerySet(models.QuerySet):

@@ -27,6 +27,7 @@ from pool.budgets import ROW_OVERHEAD_BYTES, hour_of, storage_charge, storage_ch
 from pool.limits import Limits, current_limits
 from pool.messages import Report
 from pool.models import (
+    AuditReason,
     AuditState,
     Consumption,
     ModerationStatus,
@@ -66,8 +67,13 @@ def rollout_set_moderation(*, rollouts: QuerySet[Rollout] | Iterable[uuid.UUID],
 def _set_moderation(queryset: QuerySet[Rollout], status: str) -> int:
     if status != ModerationStatus.OK:
         return queryset.update(moderation_status=status, sampleable=False)
-    # A group an audit failed over stays out of sampling whatever its moderation (docs/audits.md).
-    eligible = Q(verdict=Verdict.ACCEPTED, has_variance=True) & ~Q(audit_state=AuditState.FAILED)
+    # A group an audit failed over, or one its node shared while held after a failed audit, stays out
+    # of sampling whatever its moderation (docs/audits.md).
+    eligible = (
+        Q(verdict=Verdict.ACCEPTED, has_variance=True)
+        & ~Q(audit_state=AuditState.FAILED)
+        & ~Q(audit_reason=AuditReason.NODE_HELD)
+    )
     return queryset.update(
         moderation_status=status,
         sample_seq=Case(
