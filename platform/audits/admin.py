@@ -8,7 +8,9 @@ from audits.services import node_release
 
 @admin.register(Audit)
 class AuditAdmin(admin.ModelAdmin):
-    list_display = ("id", "node", "model", "state", "requested_at", "deadline", "finished_at", "cpu_seconds")
+    # An errored audit (its job failed every attempt) is the site's to look at: its reason names the
+    # exception, the worker's log and RQ's failed-job registry hold the trace.
+    list_display = ("id", "node", "model", "state", "attempts", "requested_at", "finished_at", "cpu_seconds", "reason")
     list_filter = ("state", "model")
     search_fields = ("id", "node__name", "weights")
     list_select_related = ("node",)

@@ -6,7 +6,10 @@ until a job decides it, and a job first claims it (`started_at`, `attempts`), so
 - a job lost before it ran (Redis restarted, the enqueue failed) or in the middle (the worker was
   killed) is queued again by the sweep (`audit_sweep`) once its lease has passed, up to
   SAPO_AUDIT_JOB_ATTEMPTS starts;
-- a job queued twice runs once: the second finds the audit claimed or decided.
+- a job queued twice runs once: the second finds the audit claimed or decided;
+- a job that raises (a bug, a file the replay cannot handle) gives its claim back at once, for the
+  sweep to queue again; the last attempt's failure, or a lost job with no attempt left, closes the
+  audit `errored` (audits.services.audit_error: the site's fault, the node loses nothing).
 Without REDIS_URL (one machine: `make run`) the worker takes uploaded audits from PostgreSQL itself.
 The sweep also expires the audits whose deadline passed without an upload. It runs with the site's
 scheduled jobs (ops.scheduled) and in every worker between jobs.
@@ -26,7 +29,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from audits.models import Audit, AuditGroup, AuditState
-from audits.services import audit_fail, audit_pass
+from audits.services import audit_error, audit_fail, audit_pass
 from pool.models import Rollout
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,8 @@ QUEUE = "audits"
 #: The RQ function a job runs (a dotted path: the site never imports the worker's torch).
 JOB_FUNCTION = "audits.jobs.audit_job"
 EXPIRED_REASON = "no checkpoint was uploaded by the audit's deadline"
+LOST_REASON = "the server lost its audit job ({attempts} attempts: a worker stopped); no credit is lost"
+RAISED_REASON = "the server could not replay it ({error}, {attempts} attempts); no credit is lost"
 
 
 def queue_name() -> str:
@@ -102,13 +107,37 @@ def audit_job(audit_id: str) -> str:
 
 def audit_run(audit_id: uuid.UUID) -> str:
     """Replay an uploaded audit and record its outcome; returns a line for the log. A failure of the
-    node's (its file, its tokens) fails the audit; one of the site's (the database) raises, and the
-    sweep queues the job again."""
-    from audits import replay
-
+    node's (its file, its tokens) fails the audit; anything else raised (a bug, the database) gives the
+    claim back and raises, and the sweep queues the job again, up to SAPO_AUDIT_JOB_ATTEMPTS starts:
+    the last one's failure closes the audit errored."""
     audit = audit_claim(audit_id)
     if audit is None:
         return f"audit {audit_id}: not waiting for a job (decided, or claimed by another)"
+    try:
+        return _replay_and_decide(audit)
+    except Exception as exc:
+        _job_raised(audit, exc)
+        raise
+
+
+def _job_raised(audit: Audit, exc: Exception) -> None:
+    """Give the claim back (queued_at NULL: the sweep's next pass queues it), or close the audit errored
+    on its last attempt. A failure here (the database down) leaves the claim to its lease."""
+    try:
+        if audit.attempts >= settings.SAPO_AUDIT_JOB_ATTEMPTS:
+            reason = RAISED_REASON.format(error=type(exc).__name__, attempts=audit.attempts)
+            audit_error(audit_id=audit.id, reason=reason)
+        else:
+            Audit.objects.filter(id=audit.id, state=AuditState.UPLOADED, started_at=audit.started_at).update(
+                started_at=None, queued_at=None
+            )
+    except Exception:  # noqa: BLE001 - the job's own exception is the one to raise
+        log.exception("audit %s: could not record its job's failure", audit.id)
+
+
+def _replay_and_decide(audit: Audit) -> str:
+    from audits import replay
+
     started = time.process_time()
     import torch
 
@@ -170,13 +199,21 @@ def audit_sweep(*, now: datetime | None = None) -> dict[str, int]:
     for audit_id in lost.values_list("id", flat=True):
         audit_enqueue(audit_id)
         requeued += 1
-    return {"expired": expired, "requeued": requeued}
+    # Out of attempts, the last job lost too (a job that raised closed its audit itself).
+    spent = Audit.objects.filter(state=AuditState.UPLOADED, attempts__gte=settings.SAPO_AUDIT_JOB_ATTEMPTS).filter(
+        Q(started_at=None) | Q(started_at__lt=lease)
+    )
+    errored = 0
+    for audit_id, attempts in spent.values_list("id", "attempts"):
+        if audit_error(audit_id=audit_id, reason=LOST_REASON.format(attempts=attempts), now=now):
+            errored += 1
+    return {"expired": expired, "requeued": requeued, "errored": errored}
 
 
 def audit_sweep_job() -> str:
     """The scheduled sweep (ops.scheduled)."""
     done = audit_sweep()
-    return f"{done['expired']} expired, {done['requeued']} queued again"
+    return f"{done['expired']} expired, {done['requeued']} queued again, {done['errored']} errored"
 
 
 def audits_waiting(*, now: datetime | None = None) -> list[uuid.UUID]:

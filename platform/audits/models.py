@@ -16,6 +16,9 @@ class AuditState(models.TextChoices):
     PASSED = "passed", "Passed"
     FAILED = "failed", "Failed"
     EXPIRED = "expired", "Expired"  # no upload by the deadline: counts as failed
+    # Its job failed SAPO_AUDIT_JOB_ATTEMPTS times (an exception, a worker lost): the site's fault, not
+    # the node's. Its groups stay pending for a later audit; no hold.
+    ERRORED = "errored", "Errored"
 
     @classmethod
     def open(cls) -> tuple[str, ...]:
@@ -31,7 +34,9 @@ class Audit(models.Model):
     weights = models.CharField(max_length=64, db_collation="C", help_text="proof.weights_digest committed to.")
     model = models.CharField(max_length=200, help_text="The model family the groups' proof names.")
     state = models.CharField(max_length=16, choices=AuditState.choices, default=AuditState.REQUESTED)
-    reason = models.TextField(blank=True, help_text="Why it failed or expired (shown to the contributor).")
+    reason = models.TextField(
+        blank=True, help_text="Why it failed, expired or errored (shown to the contributor and staff)."
+    )
     requested_at = models.DateTimeField(default=timezone.now)
     deadline = models.DateTimeField()
     upload_path = models.CharField(max_length=500, blank=True)
@@ -52,6 +57,10 @@ class Audit(models.Model):
             models.Index(fields=["node", "-requested_at"], name="audits_node_idx"),
             models.Index(
                 fields=["state", "deadline"], name="audits_open_idx", condition=models.Q(state__in=AuditState.open())
+            ),
+            # The few errored audits, for the ops gauge (ops.collectors) without reading every audit.
+            models.Index(
+                fields=["finished_at"], name="audits_errored_idx", condition=models.Q(state=AuditState.ERRORED)
             ),
         ]
         constraints = [

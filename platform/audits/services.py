@@ -6,7 +6,8 @@ Outcomes move the groups' audit state and, in the same transaction, the folded c
   `audited`;
 - fail or expire: every pending group of the node (those since its last passed audit) becomes
   `failed` and leaves sampling, and the node is held for review (its new groups are stored unaudited
-  and out of sampling) until staff release it.
+  and out of sampling) until staff release it;
+- error (its job failed every attempt: the site's fault): nothing moves; its groups stay pending.
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def audit_fail(
             _delete_upload(other)
     log.warning(
         "audit %s of node %s %s: %s (%d groups lost their credit)", audit.id, audit.node_id, state, reason, lost
+    )
+    _delete_upload(audit)
+    return audit
+
+
+def audit_error(*, audit_id: uuid.UUID, reason: str, now: datetime | None = None) -> Audit | None:
+    """Close an uploaded audit whose job keeps failing (SAPO_AUDIT_JOB_ATTEMPTS starts) as errored: the
+    site's fault, not the node's. Its groups stay pending, for the node's next audit (a pass covers
+    every pending group up to its digest's last one), and a new batch under its weights is drawn again;
+    the node is not held. None if it was not uploaded any more."""
+    with transaction.atomic():
+        audit = Audit.objects.select_for_update().filter(id=audit_id, state=AuditState.UPLOADED).first()
+        if audit is None:
+            return None
+        _finish(audit, AuditState.ERRORED, reason, now=now)
+    log.error(
+        "audit %s of node %s errored: %s (staff: the worker's log has the trace)", audit.id, audit.node_id, reason
     )
     _delete_upload(audit)
     return audit

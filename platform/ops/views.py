@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from common.loops import per_loop
 from common.redis_client import async_pool
-from ops.collectors import PoolCollector
+from ops.collectors import AuditsCollector, PoolCollector
 
 #: Seconds each readiness check may take before it counts as failed.
 READY_TIMEOUT = 3.0
@@ -140,6 +140,7 @@ def _registry() -> CollectorRegistry:
     else:
         registry.register(_ProcessRegistry())
     registry.register(PoolCollector())
+    registry.register(AuditsCollector())
     return registry
 
 

@@ -31,3 +31,19 @@ def test_a_failed_audit_shows_as_a_hold_on_the_node_page_and_in_the_contributors
     me = auth_client.get("/me/").content.decode()
     assert "Failed audits" in me and "token 2 is not the seeded draw" in me
     assert "badge-audit-failed" in me
+
+
+def test_the_node_page_shows_the_tokens_an_audit_replayed_and_an_errored_audit_without_a_hold(
+    client, auth_client, node
+):
+    from audits.services import audit_error
+
+    passed = make_audit(node, [])
+    Audit.objects.filter(id=passed.id).update(state=AuditState.PASSED, groups_replayed=4, tokens_replayed=2917)
+    errored = make_audit(node, [pending_group(node)], weights=OTHER_WEIGHTS)
+    Audit.objects.filter(id=errored.id).update(state=AuditState.UPLOADED)
+    audit_error(audit_id=errored.id, reason="the server could not replay it (KeyError, 3 attempts); no credit is lost")
+    page = client.get(f"/nodes/{node.id}/").content.decode()
+    assert 'data-label="Tokens replayed" class="num">2917<' in page
+    assert "badge-audit-errored" in page and "no credit is lost" in page and "held for review" not in page
+    assert "Failed audits" not in auth_client.get("/me/").content.decode()

@@ -49,7 +49,10 @@ class Command(BaseCommand):
             close_old_connections()
             waiting = jobs.audits_waiting()
             for audit_id in waiting:
-                self.stdout.write(jobs.audit_run(audit_id))
+                try:
+                    self.stdout.write(jobs.audit_run(audit_id))
+                except Exception:  # noqa: BLE001 - recorded on the audit (jobs.audit_run); the next one goes on
+                    log.exception("audit %s: its job failed", audit_id)
             if time.monotonic() - last_sweep > 60:
                 jobs.audit_sweep()
                 last_sweep = time.monotonic()

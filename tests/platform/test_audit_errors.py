@@ -1,0 +1,146 @@
+"""An audit whose job keeps failing (docs/audits.md, "The queue"): the real worker process, on RQ and
+polling PostgreSQL, meets an upload the site lost (its file gone from the upload folder, the site's
+fault): each failed start gives the claim back, and the last one closes the audit `errored`. The node
+loses nothing: no hold, its groups stay pending, its weights are drawn again, its inbox is empty; staff
+see the audit on /metrics."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+from support.audits import make_audit, pending_group
+
+from audits import jobs, selection
+from audits.models import Audit, AuditState
+from audits.selectors import node_hold_get, owner_failed_audits
+from audits.services import audit_error
+from pool.models import Rollout
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def worker_env(settings, tmp_path, redis_url) -> dict[str, str]:
+    settings.REDIS_URL = redis_url
+    settings.SAPO_REDIS_PREFIX = f"test-audit-errors-{uuid.uuid4().hex[:8]}"
+    settings.SAPO_AUDIT_UPLOAD_DIR = tmp_path / "uploads"
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": redis_url,
+        "SAPO_REDIS_PREFIX": settings.SAPO_REDIS_PREFIX,
+        "SAPO_AUDIT_UPLOAD_DIR": str(settings.SAPO_AUDIT_UPLOAD_DIR),
+        "SAPO_AUDIT_JOB_ATTEMPTS": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def lost_upload(node, folder: Path) -> tuple[Audit, Rollout]:
+    """An audit whose checkpoint arrived whole (hash checked) and was then lost by the site."""
+    group = pending_group(node)
+    audit = make_audit(node, [group])
+    data = b"weights the site no longer has"
+    Audit.objects.filter(id=audit.id).update(
+        state=AuditState.UPLOADED,
+        upload_path=str(folder / f"{audit.id}.safetensors"),
+        upload_size=len(data),
+        upload_total=len(data),
+        upload_sha256=hashlib.sha256(data).hexdigest(),
+        uploaded_at=timezone.now(),
+    )
+    return audit, group
+
+
+def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", "sapo_audit_worker", "--burst"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def assert_errored_and_the_node_unharmed(audit: Audit, group: Rollout, user, log: str) -> None:
+    audit.refresh_from_db()
+    assert audit.state == "errored", log
+    assert audit.attempts == 2 and "could not replay it (FileNotFoundError, 2 attempts)" in audit.reason
+    assert audit.finished_at is not None
+    assert Rollout.objects.get(id=group.id).audit_state == "pending"
+    assert node_hold_get(node_id=audit.node_id) is None and owner_failed_audits(owner=user) == []
+    # Nothing is open for its weights now: the node's next groups under them are drawn again.
+    later = pending_group(audit.node, index=500)
+    asked = selection.groups_stored(inserted={later.id})
+    assert [a["weights"] for a in asked[audit.node_id]] == [audit.weights]
+
+
+def test_a_job_that_keeps_raising_on_rq_ends_errored_not_failed(node, user, worker_env, settings):
+    audit, group = lost_upload(node, settings.SAPO_AUDIT_UPLOAD_DIR)
+    jobs.audit_enqueue(audit.id)
+    first = run_worker(worker_env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    after_one = Audit.objects.get(id=audit.id)
+    # Its claim given back at once (queued_at cleared): the worker's start-up sweep queues it again.
+    assert (after_one.state, after_one.attempts, after_one.started_at, after_one.queued_at) == (
+        "uploaded",
+        1,
+        None,
+        None,
+    )
+    second = run_worker(worker_env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert_errored_and_the_node_unharmed(audit, group, user, second.stdout + second.stderr)
+
+
+def test_the_polling_worker_survives_a_raising_job_and_ends_it_errored(node, user, worker_env, settings):
+    settings.REDIS_URL = ""
+    worker_env["REDIS_URL"] = ""
+    audit, group = lost_upload(node, settings.SAPO_AUDIT_UPLOAD_DIR)
+    done = run_worker(worker_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "its job failed" in done.stderr
+    assert_errored_and_the_node_unharmed(audit, group, user, done.stdout + done.stderr)
+
+
+def test_the_sweep_ends_errored_an_audit_whose_last_job_was_lost(node, user, settings):
+    settings.REDIS_URL = ""
+    settings.SAPO_AUDIT_JOB_ATTEMPTS = 1
+    audit, group = lost_upload(node, Path("/nonexistent"))
+    now = timezone.now()
+    assert jobs.audit_claim(audit.id, now=now) is not None  # its worker then killed
+    assert jobs.audit_sweep(now=now)["errored"] == 0  # within the lease: the job may still be running
+    later = now + timedelta(seconds=settings.SAPO_AUDIT_JOB_LEASE_SECONDS + 1)
+    assert jobs.audit_sweep(now=later) == {"expired": 0, "requeued": 0, "errored": 1}
+    audit.refresh_from_db()
+    assert audit.state == "errored" and "lost its audit job (1 attempts" in audit.reason
+    assert Rollout.objects.get(id=group.id).audit_state == "pending" and node_hold_get(node_id=node.id) is None
+
+
+def gauges(base_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples if not s.labels}
+
+
+def test_staff_see_errored_audits_on_metrics(node, live_server):
+    audit, _ = lost_upload(node, Path("/nonexistent"))
+    before = gauges(live_server.url)
+    assert (before["sapo_audits_uploaded"], before["sapo_audits_errored_last_day"]) == (1, 0)
+    assert audit_error(audit_id=audit.id, reason=jobs.LOST_REASON.format(attempts=3)) is not None
+    after = gauges(live_server.url)
+    assert (after["sapo_audits_uploaded"], after["sapo_audits_errored_last_day"]) == (0, 1)
