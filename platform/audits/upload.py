@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,8 @@ from nodes.services import token_hash, token_is_well_formed
 #: The largest chunk one request may carry.
 MAX_CHUNK_BYTES = 8 * 1024 * 1024
 READ_BYTES = 1 << 20
+#: The endpoint's path (audits.urls under /api/v1/), for the servers' check before any body is read.
+UPLOAD_PATH = re.compile(r"/api/v1/audits/[^/]+/checkpoint")
 _RANGE = re.compile(r"bytes (\d{1,15})-(\d{1,15})/(\d{1,15})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -72,6 +74,27 @@ def parse_range(header: str | None, *, max_total: int) -> ChunkRange:
     if last - first + 1 > MAX_CHUNK_BYTES:
         raise ApplicationError("chunk_too_large", f"A chunk is at most {MAX_CHUNK_BYTES} bytes.", 413)
     return ChunkRange(first, last, total)
+
+
+def body_refused(method: str, path: str, headers: Mapping[str, str]) -> ApplicationError | None:
+    """The refusal of an upload request whose body must not be read at all, from its headers (names in
+    lower case): no Content-Length (a chunked body, whose length nobody knows before reading it), one
+    that is not a number, one past MAX_CHUNK_BYTES, or one that is not its Content-Range's length. The
+    server checks it before reading a byte of the body (config.asgi: daphne's HTTP layer and the ASGI
+    application both); None for any other request, and for what the view checks itself."""
+    if method != "PUT" or not UPLOAD_PATH.fullmatch(path):
+        return None
+    length = headers.get("content-length")
+    if length is None:
+        return ApplicationError("length_required", "Send the chunk with its Content-Length.", 411)
+    if not length.isdigit() or len(length) > 15:
+        return ApplicationError("bad_length", "Content-Length must be the chunk's length, as Content-Range says.")
+    if int(length) > MAX_CHUNK_BYTES:
+        return ApplicationError("chunk_too_large", f"A chunk is at most {MAX_CHUNK_BYTES} bytes.", 413)
+    announced = _RANGE.fullmatch(headers.get("content-range", "").strip())
+    if announced is not None and int(announced[2]) - int(announced[1]) + 1 != int(length):
+        return ApplicationError("bad_length", "Content-Length must be the chunk's length, as Content-Range says.")
+    return None
 
 
 def upload_dir() -> Path:

@@ -3,7 +3,8 @@
 - `autobahn` (WebSocket frames, under daphne): debug text made only when a log line uses it; frames
   unmasked by `websockets`' C `apply_mask`.
 - `daphne` (its WebSocket protocol class): the protocol's frame limit instead of daphne's own, a
-  close code instead of a dropped connection, a text message's UTF-8 checked once.
+  close code instead of a dropped connection, a text message's UTF-8 checked once; (its HTTP request,
+  Twisted's) a request refused on its headers answered before its body is read.
 - `psycopg` (its statement conversion): statements up to common.db's STATEMENT_CACHE_BYTES keep their
   converted placeholders in psycopg's cache (installed by common.db).
 - `psycopg_pool` (the pool Django makes): each connection checked before it is handed out
@@ -32,10 +33,13 @@ def moved() -> list[str]:
     return [f"{library.__name__.rpartition('.')[2]}: {what}" for library in LIBRARIES for what in library.moved()]
 
 
-def install_for_serving(websocket_max_bytes: int) -> None:
+def install_for_serving(websocket_max_bytes: int, body_check: daphne.BodyCheck | None = None) -> None:
     """What a server process changes before it serves (config.asgi): daphne's and autobahn's frame
-    handling. The database pool's check is installed by the database backend (config.pg_backend)."""
+    handling, and the requests daphne answers before reading their body (`body_check`). The database
+    pool's check is installed by the database backend (config.pg_backend)."""
     daphne.follow_frame_limit(websocket_max_bytes)
+    if body_check is not None:
+        daphne.refuse_bodies_early(body_check)
     daphne.validate_utf8_once()
     autobahn.format_debug_lazily()
     autobahn.unmask_with_websockets()

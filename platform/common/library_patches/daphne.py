@@ -12,11 +12,19 @@ over whatever daphne was told.
 `validate_utf8_once`: autobahn checks a text message's UTF-8 in Python, then daphne decodes it, which
 checks it again in C at a fraction of the cost: the first check is off, and a decode that fails
 closes with autobahn's code for it (1007).
+
+`refuse_bodies_early`: Twisted, under daphne, reads a request's whole body (into memory, or a temporary
+file past 100 KB) before daphne hands the request to the application, whatever its size: a refusal by
+the view comes after the bytes are on the server's disk. A request that `check` refuses on its
+headers (an upload's announced length) is answered as soon as they are in, and its connection closed
+without reading the body.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
 
 from common.library_patches._inspect import names_used
 
@@ -56,6 +64,77 @@ def validate_utf8_once() -> None:
     WebSocketProtocol.utf8validateIncoming = False
 
 
+#: What `refuse_bodies_early` is given: (method, path, headers by lower-case name) -> (status, JSON
+#: body) of the answer, or None to read the request as usual. Content-Length is left out when the body
+#: has no announced length (chunked).
+BodyCheck = Callable[[str, str, Mapping[str, str]], "tuple[int, bytes] | None"]
+
+
+class _Discard:
+    """The refused request's content: whatever of the body already arrived with its headers."""
+
+    closed = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def seek(self, *args: int) -> int:
+        return 0
+
+    def read(self, *args: int) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def refuse_bodies_early(check: BodyCheck) -> None:
+    """Answer a request that `check` refuses once its headers are in, before any of its body is read,
+    and close its connection; daphne never sees it."""
+    from daphne.http_protocol import WebRequest
+
+    if getattr(WebRequest.gotLength, "checks_early", False):
+        WebRequest.gotLength.check = check
+        return
+    got_length, process = WebRequest.gotLength, WebRequest.process
+
+    @functools.wraps(got_length)
+    def gotLength(self, length: int | None) -> None:  # noqa: N802 - Twisted's name
+        channel = self.channel
+        command, uri = getattr(channel, "_command", b""), getattr(channel, "_path", b"")
+        headers = {
+            name.lower().decode("latin-1"): values[0].decode("latin-1")
+            for name, values in self.requestHeaders.getAllRawHeaders()
+        }
+        if length is None:
+            headers.pop("content-length", None)
+        path = uri.split(b"?", 1)[0].decode("latin-1")
+        answer = gotLength.check(command.decode("latin-1"), path, headers)
+        if answer is None:
+            return got_length(self, length)
+        status, body = answer
+        self.content, self.refused_early = _Discard(), True
+        self.requestHeaders.removeHeader(b"Expect")  # no "100 Continue" after the answer
+        phrase = HTTPStatus(status).phrase.encode()
+        channel.transport.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (status, phrase, len(body), body)
+        )
+        channel.loseConnection()  # stops reading: the body stays with the client
+
+    gotLength.checks_early = True
+    gotLength.check = check
+
+    @functools.wraps(process)
+    def process_unless_refused(self):
+        if getattr(self, "refused_early", False):
+            return None
+        return process(self)
+
+    WebRequest.gotLength = gotLength
+    WebRequest.process = process_unless_refused
+
+
 def moved() -> list[str]:
     """What the two changes rely on that this daphne (or the autobahn under it) no longer has where
     they expect it."""
@@ -82,4 +161,16 @@ def moved() -> list[str]:
             "daphne's WebSocketProtocol.onMessage no longer decodes a text message itself before "
             "queueing it: with autobahn's check off, bad UTF-8 would reach the consumer"
         )
+    from daphne.http_protocol import WebRequest
+    from twisted.web.http import HTTPChannel
+
+    if not {"gotLength", "requestHeaders"} <= names_used(HTTPChannel.allHeadersReceived):
+        found.append(
+            "Twisted's HTTPChannel.allHeadersReceived no longer calls the request's gotLength: "
+            "an upload's body is read before its length is checked"
+        )
+    if not {"_command", "_path"} <= names_used(HTTPChannel.lineReceived):
+        found.append("Twisted's HTTPChannel no longer keeps the request line as _command and _path")
+    if "content" not in names_used(WebRequest.process):
+        found.append("daphne's WebRequest.process no longer reads the request's content")
     return found
