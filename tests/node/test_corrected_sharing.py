@@ -21,8 +21,10 @@ from sapo_node.config import NodeConfig
 from sapo_node.generate import encode_prompt
 from sapo_node.groups import ExternalRules, Group, TrainGroup, has_success, make_proof, sharer_logprobs
 from sapo_node.grpo import clipped_loss, collate_groups, completion_logprobs, grpo_update, importance_weights
+from sapo_node.loop import play_round, start_node
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef, build_entry
+from sapo_node.transport import MemoryPool, MemoryTransport
 
 MODEL = "tiny-mini"
 
@@ -334,3 +336,38 @@ def test_the_options_are_in_run_help_and_validated():
     ):
         with pytest.raises(ValueError):
             NodeConfig(**bad).resolved()
+
+
+# ---------------------------------------------------------------------------- through the loop
+
+CHALLENGE = "c1.test.1700000000000.00112233445566aa.0123456789abcdef0123456789abcdef"
+
+
+def _loop_node(tmp_path, pool, name, model, **options):
+    config = NodeConfig(
+        out=str(tmp_path / name),
+        rounds=2,
+        questions=3,
+        generations=2,
+        max_new_tokens=6,
+        local=1,
+        external=3,
+        checkpoint_every=0,
+        connect_wait=0,
+        model=model,
+        seed=1,
+        **options,
+    )
+    return start_node(config, MemoryTransport(pool, name), policy=make_policy("a", seed=len(name)))
+
+
+def test_a_correcting_node_reads_the_log_probabilities_of_its_peers_groups_of_its_own_model(tmp_path):
+    pool = MemoryPool(EASY_CATALOGUE, only_informative=False, challenge=CHALLENGE)
+    play_round(_loop_node(tmp_path, pool, "sharer", "toy-a"))  # 3 groups, each with its proof
+    same = play_round(_loop_node(tmp_path, pool, "same", "toy-a", correction="token"))
+    # An untrained policy's random tokens may not come back from their text (tokens_differ): uncorrected.
+    assert same["external_corrected"] >= 1 and same["external_corrected"] + same["external_uncorrected"] == 3
+    other = play_round(_loop_node(tmp_path, pool, "other", "toy-b", correction="token"))
+    assert (other["external_corrected"], other["external_uncorrected"]) == (0, 3)  # another model's tokens
+    plain = play_round(_loop_node(tmp_path, pool, "plain", "toy-a"))
+    assert (plain["external_corrected"], plain["external_uncorrected"], plain["corrected"]) == (0, 0, 0)
