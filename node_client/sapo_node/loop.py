@@ -6,6 +6,9 @@ Each step is a function in a module named for it. The loop never waits on the ne
 appends to a durable outbox and external groups are whatever has already arrived. Ctrl-C (or
 SIGTERM) finishes the current step, saves a checkpoint and returns; `--resume` continues.
 
+A pause (the node's owner on the site, sapo_node.pause) is waited out at a round's start and between
+generating and sharing: the step in progress finishes, nothing is lost, and the round goes on after.
+
 `run` is start_node -> play_round ... -> finish_node; a driver that interleaves several nodes in
 one process (the experiment) calls those three itself.
 """
@@ -27,7 +30,7 @@ from typing import Any
 
 import torch
 
-from sapo_node import __version__, proof
+from sapo_node import __version__, proof, protocol
 from sapo_node.assemble import assemble
 from sapo_node.baseline import OwnBaseline
 from sapo_node.checkpoint import TrainingState, latest_checkpoint, read_checkpoint, restore_checkpoint, save_checkpoint
@@ -38,6 +41,7 @@ from sapo_node.groups import ExternalRules, Group, make_proof
 from sapo_node.grpo import grpo_update, make_optimizer
 from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
+from sapo_node.pause import PauseGate, pause_line
 from sapo_node.progress import RoundProgress
 from sapo_node.prompts import format_prompt
 from sapo_node.ratio import AdaptiveRatio
@@ -107,6 +111,8 @@ class Node:
     baseline: OwnBaseline | None = None
     #: The weights its groups were generated with, kept for audits (None in silo: no server audits it).
     commitments: CommitmentStore | None = None
+    #: Why the node must not work now (the site's pause, ...): waited on at the loop's boundaries.
+    gate: PauseGate = field(default_factory=PauseGate)
 
 
 def start_node(
@@ -136,6 +142,8 @@ def start_node(
     # ---- the swarm: say hello, take its catalogue if it answers in time
     owns_transport = transport is None
     transport = transport if transport is not None else make_transport(config, out)
+    gate = PauseGate()
+    transport.attach_gate(gate)
     transport.start(
         Hello(
             f"sapo-node/{__version__}",
@@ -177,6 +185,7 @@ def start_node(
         ratio=AdaptiveRatio(config.local + config.external, config.external) if config.ratio == "adaptive" else None,
         baseline=OwnBaseline() if config.external_baseline == "own" else None,
         commitments=commitments,
+        gate=gate,
     )
 
 
@@ -192,6 +201,8 @@ def play_round(
         node.state.stream,
     )
     n = node.last_round + 1
+    if not wait_while_paused(node, stop):
+        return None
     timer = PhaseTimer(on_enter=(lambda phase: on_phase(n, phase)) if on_phase else None)
     follow_swarm_catalogue(stream, transport)
     stream.follow(transport.challenge())
@@ -214,7 +225,7 @@ def play_round(
         )
     with timer("commit"):  # what generation did not hide of it; taken before the update changes the weights
         commitment = committing.result() if committing is not None else None
-    if stop is not None and stop.requested:
+    if (stop is not None and stop.requested) or not wait_while_paused(node, stop):
         return None
     with timer("score"):
         own = score_rollouts(n, questions, generated)
@@ -277,6 +288,11 @@ def play_round(
     # Per question (in draw order): which tasks the node can do, e.g. for the skill-transfer study.
     row["question_rewards"] = [sum(g.rewards) / len(g.rewards) for g, _ in own]
     node.metrics_log.write(row)
+    transport.tell_state(
+        protocol.NODE_TRAINING,
+        round_seconds=round(sum(timer.seconds.values()), 3),
+        tokens_per_second=round(row["tokens_per_s"], 1),
+    )
     transport.report(round_report(n, row, train_set, local=config.local, external=config.external))
     if config.checkpoint_every and n % config.checkpoint_every == 0:
         if save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints) is not None:
@@ -291,6 +307,7 @@ def finish_node(node: Node) -> TransportCounts | None:
         if save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints) is not None:
             node.last_saved = node.last_round
     transport = node.transport
+    transport.tell_state(protocol.NODE_IDLE)  # connected, with no round to play
     shares = None
     if not isinstance(transport, SiloTransport):
         if not transport.flush(node.config.flush_wait):
@@ -314,6 +331,27 @@ def load_model(config: NodeConfig) -> tuple[Any, Any]:
     dtype = None if config.dtype == "auto" else config.dtype
     model, tokenizer, _device = load_policy(config.model, device=config.device, dtype=dtype)
     return model, tokenizer
+
+
+def wait_while_paused(node: Node, stop: StopFlag | None) -> bool:
+    """Wait while the node's pause gate holds (one line says why), then say it trains. Returns False
+    when `stop` came meanwhile."""
+    transport = node.transport
+
+    held: list[frozenset[str]] = []
+
+    def paused(reasons: frozenset[str]) -> None:
+        held.append(reasons)
+        print(pause_line(reasons), flush=True)
+        transport.tell_state(protocol.NODE_PAUSED)
+
+    node.gate.wait(stop=lambda: stop is not None and stop.requested, on_pause=paused)
+    if stop is not None and stop.requested:
+        return False
+    if held:
+        print("resumed", flush=True)
+    transport.tell_state(protocol.NODE_TRAINING)
+    return True
 
 
 def external_rules(config: NodeConfig) -> ExternalRules:

@@ -62,16 +62,39 @@ HELLO = "hello"
 SHARE = "share"
 SAMPLE = "sample"
 REPORT = "report"
-NODE_MESSAGES = (HELLO, SHARE, SAMPLE, REPORT)
+#: What the node is doing ("state": one of NODE_STATES), its last round's seconds and tokens per second,
+#: and the reasons it is paused for (`paused_for`, PAUSE_SITE among them once it obeys a site pause).
+#: Sent only to a server whose welcome has "paused" (an older one answers unknown_type).
+STATUS = "status"
+NODE_MESSAGES = (HELLO, SHARE, SAMPLE, REPORT, STATUS)
 
-# Message types, server -> node ("ack" carries "for": SHARE or REPORT).
+# Message types, server -> node ("ack" carries "for": SHARE, REPORT or STATUS).
 WELCOME = "welcome"
 ACK = "ack"
 SAMPLES = "samples"
 ERROR = "error"
 #: The node's swarm was opened, paused or retired while it was connected ("state", "swarm", "detail").
 SWARM_STATE = "swarm_state"
-SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR, SWARM_STATE)
+#: The node's owner paused it, or resumed it, from the site ("paused": true or false). A client older than
+#: this message ignores it (a frame of unknown type) and keeps working; the site then says so.
+PAUSE = "pause"
+SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR, SWARM_STATE, PAUSE)
+
+#: A node's states, as `status.state` says them: loading or building its model, playing rounds,
+#: waiting on its pause gate (sapo_node.pause), connected with no round to play (its rounds are done).
+NODE_PREPARING = "preparing"
+NODE_TRAINING = "training"
+NODE_PAUSED = "paused"
+NODE_IDLE = "idle"
+NODE_STATES = (NODE_PREPARING, NODE_TRAINING, NODE_PAUSED, NODE_IDLE)
+#: The pause reason a `pause` frame sets (sapo_node.pause.PauseGate); a status's `paused_for` has at most
+#: MAX_PAUSE_REASONS reasons of at most MAX_PAUSE_REASON_CHARS characters each.
+PAUSE_SITE = "site"
+MAX_PAUSE_REASONS = 8
+MAX_PAUSE_REASON_CHARS = 32
+#: Bounds of a status's figures (pool.messages refuses a value outside them as invalid_message).
+MAX_ROUND_SECONDS = 7 * 86_400.0
+MAX_TOKENS_PER_SECOND = 10_000_000.0
 
 #: What `hello.swarm` may say instead of a swarm's slug: let the server choose (docs/protocol.md).
 ANY_SWARM = "any"

@@ -29,7 +29,7 @@ from community.models import Membership, Team
 from community.selectors import badges_of_teams, team_list
 from figures import credit as rule
 from figures.stats import Measures, live_rows, snapshot
-from nodes.models import ONLINE_WINDOW, Node
+from nodes.models import Node
 from nodes.presence import PresenceUnknown, connected_filter
 from swarms.models import Swarm
 
@@ -202,7 +202,6 @@ def _nodes_online_by_team(
     rows = (
         Node.objects.filter(
             connected,
-            last_seen_at__gte=now - ONLINE_WINDOW,
             retired_at__isnull=True,
             banned_at__isnull=True,
             owner__banned_at__isnull=True,

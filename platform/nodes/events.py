@@ -1,4 +1,5 @@
-"""Orders open node sockets must obey: closes (a token revoked, a ban) and swarms' changes.
+"""Orders open node sockets must obey: closes (a token revoked, a ban), a node paused or resumed by its
+owner, and swarms' changes.
 
 An order is a row of nodes.models.SocketOrder, written in the transaction that makes the change
 (`socket_order`): it commits with the change or not at all, so a process that stops after the change,
@@ -32,7 +33,7 @@ from common import outage
 from nodes.models import SocketOrder
 from sapo_node.protocol import CLOSE_BANNED, CLOSE_UNAUTHENTICATED
 
-__all__ = ["CLOSES_GROUP", "CLOSE_BANNED", "CLOSE_UNAUTHENTICATED", "close_event", "socket_order"]
+__all__ = ["CLOSES_GROUP", "CLOSE_BANNED", "CLOSE_UNAUTHENTICATED", "NODE_PAUSED", "close_event", "socket_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ CLOSES_GROUP = "node-closes"
 CLOSES_REJOIN_SECONDS = 5.0
 #: A close's type on the channel layer (a message between server processes, not a node protocol frame).
 CLOSE_EVENT = "node.disconnect"
+#: A node's pause's type on the channel layer: {"node_id", "paused": bool}; its sockets send it a `pause`.
+NODE_PAUSED = "node.paused"
 #: How far back each read of the orders looks: longer than any transaction that writes one stays open
 #: between its write and its commit (the row's time is the transaction's start).
 ORDERS_LOOKBACK_SECONDS = 600.0
@@ -85,6 +88,11 @@ def node_disconnect_on_commit(*, node_id: int, code: int, reason: str) -> None:
 def contributor_disconnect_on_commit(*, user_id: int, code: int, reason: str) -> None:
     """Close every open socket of every node of the contributor (one order, all server processes)."""
     socket_order(close_event(contributor_id=user_id, code=code, reason=reason))
+
+
+def node_pause_on_commit(*, node_id: int, paused: bool) -> None:
+    """Tell the node's open sockets it is paused (or resumed) once the current transaction commits."""
+    socket_order({"type": NODE_PAUSED, "node_id": node_id, "paused": paused})
 
 
 def _send(message: dict[str, Any]) -> None:

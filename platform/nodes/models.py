@@ -45,6 +45,17 @@ class Node(models.Model):
     banned_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     retired_at = models.DateTimeField(null=True, blank=True)
+    # The owner's pause from the site (nodes.services.node_pause_set): the node's sockets are told at
+    # once, and a node connecting meanwhile learns it from its welcome.
+    paused_at = models.DateTimeField(null=True, blank=True, help_text="Paused by its owner since (null: not paused).")
+    # What the node's client last said in `status` (self-reported; written with presence's beat).
+    reported_state = models.CharField(
+        max_length=16, blank=True, help_text="preparing, training, paused or idle (empty: never said)."
+    )
+    reported_paused = models.BooleanField(default=False, help_text="Its client holds the site's pause.")
+    round_seconds = models.FloatField(null=True, blank=True, help_text="Its last round's seconds.")
+    tokens_per_second = models.FloatField(null=True, blank=True, help_text="Its last round's generation speed.")
+    reported_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]

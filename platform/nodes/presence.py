@@ -48,7 +48,7 @@ from common.db import bookkeeping_transaction, db_call
 from common.loops import per_loop
 from common.redis_client import redis_client
 from nodes.models import Node, NodeConnection
-from nodes.services import nodes_mark_seen, nodes_record_hellos
+from nodes.services import nodes_mark_seen, nodes_record_hellos, nodes_record_statuses
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +280,7 @@ class SocketBook:
         self.moved: set[uuid.UUID] = set()  # sockets whose swarm is not written yet
         self.seen_nodes: set[int] = set()
         self.hellos: dict[int, dict[str, str]] = {}  # node id -> what it said (nodes.services.node_hello_fields)
+        self.statuses: dict[int, dict[str, object]] = {}  # node id -> its last status (node_status_fields)
         self.task: asyncio.Task | None = None
 
     def opened(self, *, node_id: int, connection_id: uuid.UUID) -> None:
@@ -302,6 +303,10 @@ class SocketBook:
         beat, within SEEN_EVERY_SECONDS."""
         self.hellos[node_id] = fields
 
+    def reported(self, node_id: int, fields: dict[str, object]) -> None:
+        """The node said this in `status`: written with the next beat (the last one a node said wins)."""
+        self.statuses[node_id] = fields
+
     def closed(self, connection_id: uuid.UUID) -> None:
         self.sockets.pop(connection_id, None)
         self.swarms.pop(connection_id, None)
@@ -309,7 +314,7 @@ class SocketBook:
         if not self.sockets and self.task is not None:
             self.task.cancel()  # nothing left to renew (frames of the last 10 s stay unwritten)
             self.task = None
-            if self.hellos:  # but what the nodes said is kept: one last write
+            if self.hellos or self.statuses:  # but what the nodes said is kept: one last write
                 asyncio.get_running_loop().create_task(self.beat(renew=False))
 
     async def _run(self) -> None:
@@ -323,17 +328,23 @@ class SocketBook:
             await self.beat(renew=renew)
 
     async def beat(self, *, renew: bool) -> None:
-        """Write the nodes seen, the hellos said and the swarms joined since the last beat and, with
+        """Write the nodes seen, the hellos and statuses said and the swarms joined since the last beat and, with
         `renew`, renew every socket's record.
         A failure is logged and tried again next beat (a record lasts three heartbeats)."""
         seen, self.seen_nodes = self.seen_nodes, set()
         hellos, self.hellos = self.hellos, {}
+        statuses, self.statuses = self.statuses, {}
         moved, self.moved = self.moved, set()
         if hellos:
             try:
                 await db_call(nodes_record_hellos)(hellos=hellos)
             except Exception:
                 logger.exception("recording %d nodes' hellos failed", len(hellos))
+        if statuses:
+            try:
+                await db_call(nodes_record_statuses)(statuses=statuses)
+            except Exception:
+                logger.exception("recording %d nodes' statuses failed", len(statuses))
         if seen:
             try:
                 await db_call(nodes_mark_seen)(node_ids=seen)

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from accounts.models import User
 from common.errors import NotFound
-from nodes.models import Node, NodeToken
+from nodes.models import ONLINE_WINDOW, Node, NodeStatus, NodeToken
 from nodes.presence import connected_among, is_connected, with_connected
 
 
@@ -56,3 +58,52 @@ def access_node(user: User, node_id: int | str) -> Node:
     if node is None or node.owner_id != user.id:
         raise NotFound("Node not found.")
     return node
+
+
+#: How long the site waits for a connected node's client to say it holds the site's pause before it
+#: says the client is too old to (a current client says so within a second; docs/node.md).
+PAUSE_ANSWER_WINDOW = timedelta(seconds=20)
+
+
+@dataclass(frozen=True)
+class NodeActivity:
+    """What a node's client says it is doing (self-reported), and where its owner's pause stands."""
+
+    #: protocol.NODE_STATES's word while the node is connected and said it lately; "" otherwise.
+    state: str
+    #: "" (not paused), "paused" (its client holds the pause), "requested" (the client has not said so
+    #: yet), "too_old" (connected, and its client did not say so in PAUSE_ANSWER_WINDOW: it predates
+    #: pausing) or "offline" (it stays paused when it connects).
+    pause: str
+    round_seconds: float | None
+    tokens_per_second: float | None
+
+
+def node_activity(node: Node, *, status: str, now: datetime | None = None) -> NodeActivity:
+    """`node`'s activity, given its status (node_statuses, or its figures'): no query."""
+    now = now or timezone.now()
+    connected = status in (NodeStatus.ONLINE, NodeStatus.IDLE)
+    said_lately = node.reported_at is not None and now - node.reported_at <= ONLINE_WINDOW
+    pause = ""
+    if node.paused_at is not None:
+        answered = node.reported_paused and node.reported_at is not None and node.reported_at >= node.paused_at
+        if not connected:
+            pause = "offline"
+        elif answered:
+            pause = "paused"
+        elif now - node.paused_at < PAUSE_ANSWER_WINDOW:
+            pause = "requested"
+        else:
+            pause = "too_old"
+    return NodeActivity(
+        state=node.reported_state if connected and said_lately else "",
+        pause=pause,
+        round_seconds=node.round_seconds,
+        tokens_per_second=node.tokens_per_second,
+    )
+
+
+def node_activities(nodes: Iterable[Node], statuses: dict[int, str]) -> dict[int, NodeActivity]:
+    """node_activity of each node, by id (`statuses`: node id -> status)."""
+    now = timezone.now()
+    return {node.id: node_activity(node, status=statuses.get(node.id, ""), now=now) for node in nodes}

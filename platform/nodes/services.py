@@ -18,8 +18,9 @@ from accounts import limits
 from accounts.models import User
 from common.composed import rendered
 from common.errors import ApplicationError
-from nodes.events import CLOSE_UNAUTHENTICATED, node_disconnect_on_commit
+from nodes.events import CLOSE_UNAUTHENTICATED, node_disconnect_on_commit, node_pause_on_commit
 from nodes.models import NODE_NAME_MAX_LENGTH, Node, NodeToken
+from sapo_node.protocol import PAUSE_SITE
 
 TOKEN_PREFIX = "sapo_"
 #: Characters of the plaintext kept (unhashed) for display: "sapo_" + 8.
@@ -197,6 +198,32 @@ def node_retire(*, node: Node) -> Node:
     return node
 
 
+@transaction.atomic
+def node_pause_set(*, node: Node, paused: bool) -> Node:
+    """The owner pauses the node (it finishes its step and waits, keeping what it holds) or resumes it.
+    Its open sockets are told once this commits (nodes.events); a node connecting later learns it from
+    its welcome. Raises ApplicationError node_retired (409)."""
+    _ensure_not_retired(node)
+    if (node.paused_at is not None) == paused:
+        return node
+    node.paused_at = timezone.now() if paused else None
+    node.save(update_fields=["paused_at"])
+    node_pause_on_commit(node_id=node.id, paused=paused)
+    return node
+
+
+def node_status_fields(
+    *, state: str, paused_for: Sequence[str], round_seconds: float | None, tokens_per_second: float | None
+) -> dict[str, object]:
+    """What a node says in `status` (parsed and bounded by pool.messages), as Node fields."""
+    return {
+        "reported_state": state,
+        "reported_paused": PAUSE_SITE in paused_for,
+        "round_seconds": round_seconds,
+        "tokens_per_second": tokens_per_second,
+    }
+
+
 def node_hello_fields(*, client: object, model: object, hardware: object) -> dict[str, str]:
     """What a node says about itself in `hello`, cleaned and cut to length (untrusted), as Node fields."""
     return {
@@ -268,6 +295,43 @@ def nodes_mark_seen(*, node_ids: Iterable[int], now: datetime | None = None) -> 
         cursor.execute(
             _SEEN_SQL,
             [sorted(set(node_ids)), now, now - SEEN_WRITE_INTERVAL],
+        )
+        return cursor.rowcount
+
+
+_STATUSES_SQL = rendered(
+    sql.SQL("""
+WITH {locked}
+UPDATE nodes_node n
+SET reported_state = v.state, reported_paused = v.paused, round_seconds = COALESCE(v.round_seconds, n.round_seconds),
+    tokens_per_second = COALESCE(v.tokens_per_second, n.tokens_per_second), reported_at = %s
+FROM unnest(%s::bigint[], %s::text[], %s::boolean[], %s::float8[], %s::float8[])
+         AS v(id, state, paused, round_seconds, tokens_per_second),
+     (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE n.id = v.id AND n.id IN (SELECT id FROM locked)
+""").format(locked=_LOCKED_IN_ID_ORDER)
+)
+
+
+def nodes_record_statuses(*, statuses: dict[int, dict[str, object]], now: datetime | None = None) -> int:
+    """Store what several nodes said in `status` (node id -> node_status_fields) in one statement whose
+    commit does not wait for the disk, as nodes_record_hellos (presence.SocketBook's beat); a figure a
+    status leaves out keeps the last one. Returns the rows written."""
+    if not statuses:
+        return 0
+    ids = list(statuses)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _STATUSES_SQL,
+            [
+                ids,
+                now or timezone.now(),
+                ids,
+                [statuses[i]["reported_state"] for i in ids],
+                [statuses[i]["reported_paused"] for i in ids],
+                [statuses[i]["round_seconds"] for i in ids],
+                [statuses[i]["tokens_per_second"] for i in ids],
+            ],
         )
         return cursor.rowcount
 

@@ -46,6 +46,7 @@ from common.loops import per_loop
 from nodes.events import (
     CLOSES_GROUP,
     CLOSES_REJOIN_SECONDS,
+    NODE_PAUSED,
     ORDER_KEY,
     ORDERS_LOOKBACK_SECONDS,
     socket_orders_prune,
@@ -75,6 +76,8 @@ class Closable(Protocol):
 
     def swarm_changed(self, event: dict[str, Any]) -> None: ...
 
+    def node_paused(self, paused: bool) -> None: ...
+
 
 class SocketCloses:
     """One event loop's open node sockets, and the orders delivered to them."""
@@ -89,6 +92,8 @@ class SocketCloses:
         self.recent: collections.deque[tuple[float, int | None, int | None, int]] = collections.deque()
         # swarm id -> (arrived at, its latest change)
         self.swarm_news: dict[int, tuple[float, dict[str, Any]]] = {}
+        # node id -> (arrived at, paused), oldest first: the nodes paused or resumed lately
+        self.pause_news: collections.OrderedDict[int, tuple[float, bool]] = collections.OrderedDict()
         # order id -> when it was delivered, oldest first
         self.delivered: collections.OrderedDict[int, float] = collections.OrderedDict()
         self.ready: asyncio.Future | None = None
@@ -202,6 +207,9 @@ class SocketCloses:
         if event.get("type") == SWARM_CHANGED:
             self._swarm_changed(event)
             return
+        if event.get("type") == NODE_PAUSED:
+            self._node_paused(event)
+            return
         code = event.get("code")
         code = code if isinstance(code, int) else protocol.CLOSE_UNAUTHENTICATED
         node_id, contributor_id = event.get("node_id"), event.get("contributor_id")
@@ -217,15 +225,33 @@ class SocketCloses:
         for socket in sockets:
             socket.close_for(code)
 
+    def _node_paused(self, event: dict[str, Any]) -> None:
+        node_id, paused = event.get("node_id"), event.get("paused")
+        if not isinstance(node_id, int) or not isinstance(paused, bool):
+            return
+        now = self.clock()
+        self.pause_news.pop(node_id, None)
+        self.pause_news[node_id] = (now, paused)
+        while self.pause_news and (
+            len(self.pause_news) > RECENT_MAX or next(iter(self.pause_news.values()))[0] < now - RECENT_SECONDS
+        ):
+            self.pause_news.popitem(last=False)
+        for socket in list(self.by_node.get(node_id, ())):
+            socket.node_paused(paused)
+
     def register(self, socket: Closable, *, node_id: int, contributor_id: int, since: float) -> int | None:
         """Count `socket` as open for closes of its node and contributor. Returns the code of a close
         of either that arrived at or after `since` (the clock() read before the socket's authenticating
-        call started): the call may have read the tables before that close committed."""
+        call started): the call may have read the tables before that close committed. A pause or resume
+        of its node that arrived since is told to it the same way."""
         for arrived, closed_node, closed_contributor, code in reversed(self.recent):
             if arrived < since:
                 break
             if closed_node == node_id or closed_contributor == contributor_id:
                 return code
+        news = self.pause_news.get(node_id)
+        if news is not None and news[0] >= since:
+            socket.node_paused(news[1])
         self.where[socket] = (node_id, contributor_id)
         self.by_node.setdefault(node_id, set()).add(socket)
         self.by_contributor.setdefault(contributor_id, set()).add(socket)

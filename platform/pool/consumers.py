@@ -25,9 +25,10 @@ Presence (nodes.presence): each accepted socket is one record, renewed by the pr
 died expires on its own. The record carries the socket's swarm once its hello (or its first frame,
 the site's default) placed it.
 
-Closes (a token revoked, a node retired, a ban) and swarms' changes are socket orders (nodes.events):
-the socket registers with its process's pool.closes.SocketCloses once authenticated, which closes it
-(protocol.CLOSE_UNAUTHENTICATED or CLOSE_BANNED) or tells it its swarm's new state; it joins no
+Closes (a token revoked, a node retired, a ban), a node's pause from the site and swarms' changes are
+socket orders (nodes.events): the socket registers with its process's pool.closes.SocketCloses once
+authenticated, which closes it (protocol.CLOSE_UNAUTHENTICATED or CLOSE_BANNED), sends it a `pause` or
+tells it its swarm's new state; it joins no
 channel-layer group of its own, and has no channel: the consumer reads only its own socket
 (`__call__`), with no task per frame.
 """
@@ -48,6 +49,7 @@ import psycopg
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.utils import timezone
 from redis.exceptions import RedisError
 
 from common import metrics, outage
@@ -55,7 +57,7 @@ from common.compact_json import Raw, dumps, dumps_object
 from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
-from nodes.services import node_hello_changed, node_hello_fields
+from nodes.services import node_hello_changed, node_hello_fields, node_status_fields
 from pool import audit_seam, ratelimit
 from pool.challenges import SocketChallenge
 from pool.closes import socket_closes
@@ -63,11 +65,12 @@ from pool.epoch import current_pool_epoch
 from pool.ingest import ShareIn, rollout_share_in_turn
 from pool.ingest_statement import SwarmOfBatch
 from pool.limits import Limits, current_limits
-from pool.messages import Hello, ProtocolError, Report, Sample, Share, frame_size, leading_ref, parse_frame
+from pool.messages import Hello, ProtocolError, Report, Sample, Share, Status, frame_size, leading_ref, parse_frame
 from pool.opening import session_opens
 from pool.sampling import rollout_sample
 from pool.services import node_round_report
 from pool.swarm_places import place_limits, place_of_hello, swarm_state_message
+from sapo_node import __version__ as LATEST_CLIENT
 from sapo_node import protocol
 from sapo_node.tasks import Catalogue
 from swarms.selectors import SwarmPlace
@@ -305,8 +308,17 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self._send(reply, message.ref)
         presence.socket_book().seen(node.id)  # written with the others' on the next beat
 
-    async def _dispatch(self, message: Hello | Share | Sample | Report) -> dict[str, Any] | None:
+    async def _dispatch(self, message: Hello | Share | Sample | Report | Status) -> dict[str, Any] | None:
         node = self.node
+        if isinstance(message, Status):  # written with the process's next beat (presence.SocketBook)
+            fields = node_status_fields(
+                state=message.state,
+                paused_for=message.paused_for,
+                round_seconds=message.round_seconds,
+                tokens_per_second=message.tokens_per_second,
+            )
+            presence.socket_book().reported(node.id, fields)
+            return {"type": protocol.ACK, "for": protocol.STATUS}
         if isinstance(message, Share):
             place = await self._in_swarm()
             if place.state == protocol.STATE_PAUSED:
@@ -388,6 +400,10 @@ class NodeConsumer(AsyncWebsocketConsumer):
             "node_name": node.name,
             "challenge": self.challenge.current(),
             "audits": asked,
+            # Whether the owner paused the node from the site (a `pause` frame tells it of a change), and
+            # the client version this site serves (node_client's, which web.wheel builds).
+            "paused": node.paused_at is not None,
+            "latest_client": LATEST_CLIENT,
             "catalogue": catalogue,
             "limits": limits,
             "swarm": {
@@ -442,6 +458,23 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self._send(message, None)
         if message["state"] == protocol.STATE_RETIRED:
             self.close_for(protocol.CLOSE_SWARM_RETIRED)
+
+    def node_paused(self, paused: bool) -> None:
+        """The owner paused the node from the site, or resumed it (pool.closes, on the event loop): tell it.
+        A client older than the `pause` message ignores it; the site shows that it did not say so."""
+        node = self.node
+        if node is None or self.closing or (node.paused_at is not None) == paused:
+            return
+        node.paused_at = timezone.now() if paused else None  # a hello again on this socket says the same
+        detail = "paused from the site: finish the step, then wait" if paused else "resumed from the site"
+        message = {"type": protocol.PAUSE, "paused": paused, "detail": detail}
+        task = asyncio.get_running_loop().create_task(self._tell(message))
+        _closing_tasks.add(task)
+        task.add_done_callback(_closing_tasks.discard)
+
+    async def _tell(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):  # the socket may be closing meanwhile
+            await self._send(message, None)
 
     async def _send(self, payload: dict[str, Any], ref: str | None) -> None:
         if self.closing:

@@ -128,7 +128,18 @@ class Report:
     used: tuple[uuid.UUID, ...]
 
 
-Message = Hello | Share | Sample | Report
+@dataclass(frozen=True)
+class Status:
+    ref: str | None
+    #: One of protocol.NODE_STATES.
+    state: str
+    #: The node's pause reasons (protocol.PAUSE_SITE among them once it holds the site's pause).
+    paused_for: tuple[str, ...]
+    round_seconds: float | None
+    tokens_per_second: float | None
+
+
+Message = Hello | Share | Sample | Report | Status
 
 
 class _Unrepresentable:
@@ -605,11 +616,41 @@ def _parse_report(data: dict[str, Any], ref: str | None, limits: Limits) -> Repo
     return Report(ref=ref, round=round_, figures=figures, used=used_ids)
 
 
+def _bounded_number(data: dict[str, Any], key: str, hi: float) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    number = _number(value, key)
+    if not 0 <= number <= hi:
+        raise _invalid(key, f"expected a number in [0, {hi:g}]")
+    return number
+
+
+def _parse_status(data: dict[str, Any], ref: str | None, limits: Limits) -> Status:
+    state = data.get("state")
+    if state not in protocol.NODE_STATES:
+        raise _invalid("state", f"expected one of {', '.join(protocol.NODE_STATES)}")
+    reasons = data.get("paused_for", [])
+    if not isinstance(reasons, list) or len(reasons) > protocol.MAX_PAUSE_REASONS:
+        raise _invalid("paused_for", f"expected a list of at most {protocol.MAX_PAUSE_REASONS} reasons")
+    for i, reason in enumerate(reasons):
+        if not isinstance(reason, str) or not 0 < len(reason) <= protocol.MAX_PAUSE_REASON_CHARS or not _clean(reason):
+            raise _invalid(f"paused_for[{i}]", f"expected a reason of 1-{protocol.MAX_PAUSE_REASON_CHARS} characters")
+    return Status(
+        ref=ref,
+        state=state,
+        paused_for=tuple(dict.fromkeys(reasons)),
+        round_seconds=_bounded_number(data, "round_seconds", protocol.MAX_ROUND_SECONDS),
+        tokens_per_second=_bounded_number(data, "tokens_per_second", protocol.MAX_TOKENS_PER_SECOND),
+    )
+
+
 _PARSERS = {
     protocol.HELLO: _parse_hello,
     protocol.SHARE: _parse_share,
     protocol.SAMPLE: _parse_sample,
     protocol.REPORT: _parse_report,
+    protocol.STATUS: _parse_status,
 }
 assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type has a parser"
 

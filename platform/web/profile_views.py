@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.services import profile_set_private
 from common.errors import NotFound
+from nodes.selectors import node_activity
 from web import profiles, selectors
 
 
@@ -29,10 +30,13 @@ def node_view(request: HttpRequest, node_id: int) -> HttpResponse:
         node = profiles.node_public_get(node_id=node_id, viewer=request.user)
     except NotFound as exc:
         raise Http404(exc.message) from exc
+    profile = profiles.node_profile(node=node)
+    status = next((f.status for f in profile.nodes if f.node_id == node.id), "")
     context = {
         "node": node,
-        "profile": profiles.node_profile(node=node),
+        "profile": profile,
         "swarm": selectors.node_swarms(nodes=[node]).get(node.id),
+        "activity": node_activity(node, status=status),
     }
     return render(request, "web/node.html", context)
 

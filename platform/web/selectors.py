@@ -16,7 +16,7 @@ from django.utils import timezone
 from figures.leaderboard import FIGURES_CACHE_SECONDS, listed, node_figures_all
 from figures.models import DatasetHour, NodeHour
 from figures.stats import Measures, active_node_ids, live_rows, snapshot
-from nodes.models import ONLINE_WINDOW, Node
+from nodes.models import Node
 from nodes.presence import PresenceUnknown, connected_filter
 from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
@@ -76,7 +76,6 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
     try:
         online_nodes = Node.objects.filter(
             connected_filter(now=now, swarm_id=swarm_id),
-            last_seen_at__gte=now - ONLINE_WINDOW,
             retired_at__isnull=True,
             banned_at__isnull=True,
             owner__banned_at__isnull=True,

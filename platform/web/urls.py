@@ -44,5 +44,7 @@ urlpatterns = [
     path("me/nodes/<int:node_id>/rotate/", views.node_rotate_view, name="node-rotate"),
     path("me/nodes/<int:node_id>/revoke/", views.node_revoke_view, name="node-revoke"),
     path("me/nodes/<int:node_id>/retire/", views.node_retire_view, name="node-retire"),
+    path("me/nodes/<int:node_id>/pause/", views.node_pause_view, name="node-pause"),
+    path("me/nodes/<int:node_id>/resume/", views.node_resume_view, name="node-resume"),
     path("api/v1/", include("web.api_urls")),
 ]

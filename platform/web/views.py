@@ -18,8 +18,16 @@ from common.errors import ApplicationError, NotFound
 from figures import credit, stats
 from figures import leaderboard as boards
 from moderation.selectors import rollout_inbox_list
-from nodes.selectors import access_node, node_list
-from nodes.services import node_create, node_rename, node_retire, node_token_issue, node_token_revoke, node_token_rotate
+from nodes.selectors import access_node, node_activities, node_list
+from nodes.services import (
+    node_create,
+    node_pause_set,
+    node_rename,
+    node_retire,
+    node_token_issue,
+    node_token_revoke,
+    node_token_rotate,
+)
 from swarms.selectors import swarm_list
 from web import selectors
 from web.install import TOKEN_PLACEHOLDER, TORCH_VERSION, TRANSFORMERS_VERSION, install_machines, install_swarms
@@ -146,9 +154,11 @@ def _site_swarm_context() -> dict:
 
 def _me_context(request: HttpRequest) -> dict:
     nodes = list(node_list(owner=request.user))
+    figures = boards.node_figures_for(nodes)
     return {
         "nodes": nodes,
-        "figures": boards.node_figures_for(nodes),
+        "figures": figures,
+        "activities": node_activities(nodes, {node_id: f.status for node_id, f in figures.items()}),
         "reports": selectors.last_reports(nodes=nodes),
         "swarms": selectors.node_swarms(nodes=nodes),
     }
@@ -211,9 +221,11 @@ def _access(request: HttpRequest, node_id: int):
 
 def _node_card(request: HttpRequest, node_id: int, **extra) -> HttpResponse:
     node = _access(request, node_id)
+    figure = boards.node_figures_for([node])[node.id]
     context = {
         "node": node,
-        "figure": boards.node_figures_for([node])[node.id],
+        "figure": figure,
+        "activity": node_activities([node], {node.id: figure.status})[node.id],
         "report": selectors.last_reports(nodes=[node]).get(node.id),
         "swarm": selectors.node_swarms(nodes=[node]).get(node.id),
         **extra,
@@ -275,6 +287,29 @@ def node_revoke_view(request: HttpRequest, node_id: int) -> HttpResponse:
 def node_retire_view(request: HttpRequest, node_id: int) -> HttpResponse:
     return _node_action(
         request, node_id, lambda node: node_retire(node=node) and {"notice": "Retired: its history is kept."}
+    )
+
+
+@never_cache
+@login_required
+@require_POST
+def node_pause_view(request: HttpRequest, node_id: int) -> HttpResponse:
+    return _node_action(
+        request,
+        node_id,
+        lambda node: (
+            node_pause_set(node=node, paused=True)
+            and {"notice": "Paused: the node finishes its step and waits, keeping what it holds."}
+        ),
+    )
+
+
+@never_cache
+@login_required
+@require_POST
+def node_resume_view(request: HttpRequest, node_id: int) -> HttpResponse:
+    return _node_action(
+        request, node_id, lambda node: node_pause_set(node=node, paused=False) and {"notice": "Resumed."}
     )
 
 

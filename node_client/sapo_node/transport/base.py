@@ -13,6 +13,7 @@ from sapo_node.tasks import Catalogue
 
 if TYPE_CHECKING:  # torch and safetensors: only a node that trains loads them
     from sapo_node.commitments import CommitmentStore
+    from sapo_node.pause import PauseGate
 
 
 @dataclass
@@ -92,6 +93,16 @@ class Transport(ABC):
 
     def answer_audits(self, store: CommitmentStore) -> None:  # noqa: B027 - optional hook
         """Upload from `store` the checkpoints the server asks to audit (a transport with a server)."""
+
+    def attach_gate(self, gate: PauseGate) -> None:  # noqa: B027 - optional hook
+        """The node's pause gate: a transport with a server holds it for protocol.PAUSE_SITE while the
+        node's owner has paused it from the site, and tells the server its reasons."""
+
+    def tell_state(  # noqa: B027 - optional hook
+        self, state: str, *, round_seconds: float | None = None, tokens_per_second: float | None = None
+    ) -> None:
+        """What the node is doing now (one of protocol.NODE_STATES) and its last round's figures, for the
+        site (a `status` frame where the server takes one)."""
 
     def wait_connected(self, timeout: float) -> bool:
         """Block up to `timeout` seconds for the swarm's welcome; True if it came."""

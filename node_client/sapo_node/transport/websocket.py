@@ -36,6 +36,14 @@ Audits (docs/protocol.md, "Proof of work"): the newest challenge of `welcome.cha
 or a share's ack names are handed to the CheckpointUploader (sapo_node.transport.upload) before the
 ack's verdicts are recorded, so the file an audit asks for is held before its groups stop keeping it;
 `unsettled_weights` names the weights of the groups still waiting for a verdict.
+
+Pause and status (docs/protocol.md, "status" and "pause"): a welcome's `paused` and a `pause` frame hold
+or release the node's pause gate (sapo_node.pause) for protocol.PAUSE_SITE; while the gate holds any
+reason nothing is shared, sampled or reported (the outbox keeps what waits), and the loop waits at its
+next step. A `status` frame tells the server the node's state, its last round's figures and the gate's
+reasons whenever one changes, and every STATUS_EVERY_SECONDS meanwhile (so a node in a long round is
+seen); only to a server whose welcome has `paused` (an older one would answer unknown_type). A
+welcome's `latest_client` newer than this client's version is said once (UPGRADE_LINE).
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from sapo_node import __version__, proof, protocol
 from sapo_node.groups import Group
 from sapo_node.ids import clock_set
 from sapo_node.outbox import ACCEPTED, ACK_RETENTION_SECONDS, PENDING, REFUSED, REJECTED, Outbox
+from sapo_node.pause import PauseGate
 from sapo_node.tasks import Catalogue
 from sapo_node.transport.base import Hello, Transport, TransportCounts
 from sapo_node.transport.upload import CheckpointUploader, http_base, parse_audits
@@ -77,6 +86,29 @@ BACKOFF_MAX = 60.0
 OPEN_TIMEOUT = 30.0
 #: Seconds an open socket waits for `welcome` before giving up and retrying.
 WELCOME_TIMEOUT = 60.0
+#: Seconds between two `status` frames when nothing changed: well within the site's two minutes of
+#: silence after which a node no longer counts as online (nodes.models.ONLINE_WINDOW).
+STATUS_EVERY_SECONDS = 30.0
+#: Said once when the server names a newer client (`welcome.latest_client`).
+UPGRADE_LINE = (
+    "sapo-node {latest} is out (this is {current}): upgrade with the install command on the site's /download/ page"
+)
+
+
+def version_key(version: str) -> tuple[int, ...] | None:
+    """A version's numbers for comparing ("0.10.2" -> (0, 10, 2)); None when it is not dotted numbers."""
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 6 or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def newer_client(latest: object, current: str = __version__) -> str | None:
+    """`latest` when it is a newer version than `current`, else None (unparsable: None)."""
+    if not isinstance(latest, str) or len(latest) > 40:
+        return None
+    ours, theirs = version_key(current), version_key(latest)
+    return latest if ours is not None and theirs is not None and theirs > ours else None
 
 
 def retry_pause(delay: float, rng: random.Random | None = None) -> float:
@@ -265,6 +297,14 @@ class WebSocketTransport(Transport):
         self._challenge: str | None = None  # the newest of welcome.challenge and ack.challenge
         self._uploader: CheckpointUploader | None = None  # answers audits once `answer_audits` is called
         self._kept_weights: set[str] = set()  # the commitments on disk when audits began to be answered
+        self.gate = PauseGate()  # the node's (attach_gate): held for protocol.PAUSE_SITE by the site
+        self.gate.on_change = self._gate_changed
+        self._node_state = protocol.NODE_PREPARING  # tell_state's, for the server's `status`
+        self._figures: dict[str, float | None] = {"round_seconds": None, "tokens_per_second": None}
+        self._status_due = True  # something changed since the last `status` went
+        self._status_at = 0.0  # when the last one went (monotonic)
+        self._takes_status = False  # the last welcome had "paused": this server takes `status` frames
+        self._told_upgrade = False
 
     # ------------------------------------------------------------------ the training thread's side
     def start(self, hello: Hello) -> None:
@@ -273,6 +313,28 @@ class WebSocketTransport(Transport):
         self._state = "connecting"
         self._thread = threading.Thread(target=self._thread_main, name="sapo-transport", daemon=True)
         self._thread.start()
+
+    def attach_gate(self, gate: PauseGate) -> None:
+        self.gate.on_change = None
+        if self.gate.paused and protocol.PAUSE_SITE in self.gate.reasons:  # a welcome came first
+            gate.pause(protocol.PAUSE_SITE)
+        self.gate = gate
+        gate.on_change = self._gate_changed
+
+    def tell_state(
+        self, state: str, *, round_seconds: float | None = None, tokens_per_second: float | None = None
+    ) -> None:
+        figures = self._figures
+        if round_seconds is not None or tokens_per_second is not None:
+            figures = {"round_seconds": round_seconds, "tokens_per_second": tokens_per_second}
+        if state != self._node_state or figures != self._figures:
+            self._node_state, self._figures = state, figures
+            self._status_due = True
+            self._poke()
+
+    def _gate_changed(self, reasons: frozenset[str]) -> None:
+        self._status_due = True
+        self._poke()
 
     def share(self, groups: list[Group]) -> None:
         with self._lock:
@@ -403,7 +465,8 @@ class WebSocketTransport(Transport):
             or (self._reports and self._state == "connected")
             or (self._uploader is not None and not self._uploader.idle())
         ):
-            if time.monotonic() >= deadline or self._state.startswith("refused"):
+            # A paused node sends nothing: what waits stays in the outbox for after the pause.
+            if time.monotonic() >= deadline or self._state.startswith("refused") or self.gate.paused:
                 return False
             self._poke()
             time.sleep(0.05)
@@ -590,7 +653,9 @@ class WebSocketTransport(Transport):
             self._wake.clear()
             if self._unwritten or self._verdicts:
                 self._write_back()
-            if not self._paused:
+            if self._takes_status and (self._status_due or time.monotonic() - self._status_at >= STATUS_EVERY_SECONDS):
+                await self._send_status(ws)
+            if not self._paused and not self.gate.paused:  # a paused node keeps its outbox for later
                 await self._send_shares(ws)
                 await self._request_samples(ws)
                 # A paused swarm refuses reports too: they wait and go merged into one once it opens.
@@ -609,6 +674,13 @@ class WebSocketTransport(Transport):
             await self._sleep(delay)  # returns early only when the node stops
         self.pacer.spend(size)
         await ws.send(text)
+
+    async def _send_status(self, ws: ClientConnection) -> None:
+        self._status_due = False
+        self._status_at = time.monotonic()
+        figures = {k: v for k, v in self._figures.items() if v is not None}
+        reasons = sorted(self.gate.reasons)[: protocol.MAX_PAUSE_REASONS]
+        await self._send(ws, protocol.frame(protocol.STATUS, state=self._node_state, paused_for=reasons, **figures))
 
     def _merged_report(self) -> dict[str, Any]:
         """The queued reports as one (taken off the queue): the newest round's figures and the `used`
@@ -645,6 +717,14 @@ class WebSocketTransport(Transport):
             offset = clock_set(server_time)
             if abs(offset) > 60:
                 log.warning("this machine's clock is %+.0f s off the server's: group ids follow the server's", -offset)
+        self._takes_status = "paused" in frame
+        if self._takes_status:
+            self._on_pause(frame)
+        self._status_due = True  # a new session: the server hears the node's state at once
+        latest = newer_client(frame.get("latest_client"))
+        if latest is not None and not self._told_upgrade:
+            self._told_upgrade = True
+            log.warning(UPGRADE_LINE.format(latest=latest, current=__version__))
         self._was_welcomed = self._ever_welcomed = True
         self._state = "paused" if self._paused else "connected"
         self._welcome.set()
@@ -783,6 +863,13 @@ class WebSocketTransport(Transport):
             self._state = "paused" if self._paused else "connected"
         log.warning("%s", detail)
 
+    def _on_pause(self, frame: dict[str, Any]) -> None:
+        """The owner paused the node from the site, or resumed it (a welcome's `paused` says the same)."""
+        if frame.get("paused") is True:
+            self.gate.pause(protocol.PAUSE_SITE)
+        elif frame.get("paused") is False:
+            self.gate.resume(protocol.PAUSE_SITE)
+
     def _on_error(self, frame: dict[str, Any]) -> None:
         code, ref = str(frame.get("code")), str(frame.get("ref"))
         log.warning("the server answered error %s: %s", code, frame.get("detail"))
@@ -809,6 +896,7 @@ class WebSocketTransport(Transport):
         protocol.SAMPLES: _on_samples,
         protocol.ERROR: _on_error,
         protocol.SWARM_STATE: _on_swarm_state,
+        protocol.PAUSE: _on_pause,
     }
 
     async def _send_shares(self, ws: ClientConnection) -> None:
