@@ -17,6 +17,7 @@ NODE_CLIENT = REPO / "node_client"
 LAYERS = [
     "sapo_node",
     "common",
+    "prebuilt",
     "accounts",
     "swarms",
     "nodes",

@@ -5,6 +5,7 @@
     sapo-node run --offline --rounds 20 --out runs/silo           # train alone
     sapo-node run --resume --out runs/silo --rounds 40            # continue a stopped run (online: with --server)
     sapo-node export --run runs/silo --out models/silo            # the trained model, as a HF folder
+    sapo-node service install --server URL --model tiny-mini      # run it as a user service (systemd, launchd)
 
 Adding a subcommand is one function `add_command(subparsers)` that registers a parser and sets
 `handler=callable(args) -> exit code`: write it in a module and list the module in COMMAND_MODULES
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 #: command's name, and what a user without the module is told.
 COMMAND_MODULES = {
     "sapo_node.export": ("export", "`sapo-node export` is part of the sapo-node package: reinstall it."),
+    "sapo_node.service": ("service", "`sapo-node service` is part of the sapo-node package: reinstall it."),
     "sapo_node.experiment": (
         "experiment",
         "`sapo-node experiment` runs the SAPO Swarm platform from its repository checkout, so the "
@@ -173,6 +175,10 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         config.threads = None  # the machine's load has changed since: chosen again unless given
     config.server = os.environ.get("SAPO_SERVER") or config.server
     config.token = os.environ.get("SAPO_TOKEN") or None
+    if not config.token and os.environ.get("SAPO_TOKEN_FILE"):  # a user service's (sapo_node.service)
+        from sapo_node.token_file import token_from_file
+
+        config.token = token_from_file(os.environ["SAPO_TOKEN_FILE"])
     config.swarm = os.environ.get("SAPO_SWARM") or config.swarm
     return dataclasses.replace(config, **given)
 

@@ -329,7 +329,8 @@ def finish_node(node: Node) -> TransportCounts | None:
 
 def load_model(config: NodeConfig) -> tuple[Any, Any]:
     dtype = None if config.dtype == "auto" else config.dtype
-    model, tokenizer, _device = load_policy(config.model, device=config.device, dtype=dtype)
+    server = None if config.offline else config.server  # a built-in model comes prebuilt from the site
+    model, tokenizer, _device = load_policy(config.model, device=config.device, dtype=dtype, server=server)
     return model, tokenizer
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from sapo_node.packaged import PACKAGED, ensure_converted
+from sapo_node.prebuilt import fetcher
 from sapo_node.tiny import VARIANTS, load_tiny
 
 #: The paper's model; any hub id or local folder of a causal LM works the same way.
@@ -56,14 +57,18 @@ def load_policy(
     device: str = "auto",
     cache_dir: Path | str | None = None,
     dtype: str | torch.dtype | None = None,
+    server: str | None = None,
 ) -> tuple[Any, Any, str]:
-    """(model, tokenizer, device) for `model`: the built-in ones (sapo_node.tiny.VARIANTS) are built on
-    first use, on `device`, and cached in `cache_dir`; a packaged one (sapo_node.packaged.PACKAGED) is
+    """(model, tokenizer, device) for `model`: the built-in ones (sapo_node.tiny.VARIANTS) are cached in
+    `cache_dir`, downloaded on first use from `server` when that site serves them prebuilt
+    (sapo_node.prebuilt), else built there, on `device`; a packaged one (sapo_node.packaged.PACKAGED) is
     converted into `cache_dir` on first use; anything else is a hub id or local folder for from_pretrained."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(device, dtype)
     if model in VARIANTS:
-        policy, tokenizer = load_tiny(model, cache_dir=Path(cache_dir) if cache_dir else None, device=device)
+        fetch = fetcher(server, model) if server else None
+        cache = Path(cache_dir) if cache_dir else None
+        policy, tokenizer = load_tiny(model, cache_dir=cache, device=device, fetch=fetch)
         policy = policy.to(device=device, dtype=torch_dtype)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer

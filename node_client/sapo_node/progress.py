@@ -122,12 +122,19 @@ class LineProgress:
 
     def _write(self) -> None:
         elapsed = time.monotonic() - self.started
-        done = f"{self.n:g}" + (f"/{self.total:g}" if self.total is not None else "")
+        done = _amount(self.n) + (f"/{_amount(self.total)}" if self.total is not None else "")
         rate = f", {self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 and self.n else ""
+        if rate and self.total is not None and self.n < self.total:
+            rate += f", ETA {duration((self.total - self.n) * elapsed / self.n)}"
         line = f"{self.desc}: {done} {self.unit} ({elapsed:.0f} s{rate})"
         print(f"{line} {self.postfix}".rstrip(), file=self.file, flush=True)
         self.last_line = time.monotonic()
         self._done_at_last_line = self.n
+
+
+def _amount(n: float) -> str:
+    """A count as is, a fractional amount (megabytes) to one decimal."""
+    return f"{n:g}" if float(n).is_integer() else f"{n:.1f}"
 
 
 #: A phase that takes at least this many seconds gets a line of its own in plain output.

@@ -3,9 +3,10 @@ BPE tokenizer trained on reasoning-gym text, and a short supervised warm start o
 catalogue so it starts with partial accuracy (GRPO learns nothing from groups that all fail or
 all succeed).
 
-Nothing is downloaded. The first `load_tiny` builds the model (about a minute on 2 CPU cores for
-"tiny") and saves it under <cache_dir>/<variant>-<recipe hash>/; later loads read it back. Two
-processes building the same recipe at once serialise on a file lock.
+This module downloads nothing. The first `load_tiny` builds the model (about a minute on 2 idle CPU
+cores for "tiny") and saves it under <cache_dir>/<variant>-<recipe hash>/; later loads read it back.
+Two processes building the same recipe at once serialise on a file lock. A node first asks its site
+for the same model prebuilt (sapo_node.prebuilt, passed in as `fetch`) and builds only without one.
 
     python -m sapo_node.tiny --variant tiny --eval     # build or load, then print accuracy
 """
@@ -24,7 +25,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -563,11 +564,16 @@ def recipe(variant: TinyVariant, seed: int, steps: int) -> dict[str, Any]:
     return out
 
 
-def tiny_path(variant: str = "tiny", cache_dir: Path | None = None, seed: int = 0, steps: int | None = None) -> Path:
-    """Where `load_tiny` with these arguments keeps its model."""
+def recipe_digest(variant: str = "tiny", seed: int = 0, steps: int | None = None) -> str:
+    """sha256 (hex) of the recipe: a prebuilt model is taken only when its digest is this one."""
     spec = get_variant(variant)
     text = json.dumps(recipe(spec, seed, spec.steps if steps is None else steps), sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tiny_path(variant: str = "tiny", cache_dir: Path | None = None, seed: int = 0, steps: int | None = None) -> Path:
+    """Where `load_tiny` with these arguments keeps its model."""
+    digest = recipe_digest(variant, seed, steps)[:12]
     return Path(cache_dir or default_cache_dir()) / f"{variant}-{digest}"
 
 
@@ -645,6 +651,19 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def staging_dir(path: Path) -> Path:
+    """A fresh folder beside `path` to write its model in before renaming it into place: a crash
+    never leaves a half-written model that a later load would take for a finished one."""
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+
+
+def drop_stale_staging(path: Path) -> None:
+    """Remove what a killed build or download left beside `path`. Caller holds `path`'s lock, so no
+    live writer owns any of them."""
+    for stale in path.parent.glob(f".{path.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def load_tiny(
     variant: str = "tiny",
     cache_dir: Path | None = None,
@@ -652,9 +671,11 @@ def load_tiny(
     steps: int | None = None,
     progress: bool = True,
     device: str = "cpu",
+    fetch: Callable[[Path], bool] | None = None,
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
-    """The built-in model `variant` and its tokenizer: read from the cache, built on first use (on
-    `device`: the warm start of "small" wants a GPU).
+    """The built-in model `variant` and its tokenizer: read from the cache, else placed there by
+    `fetch(path)` (a prebuilt copy: sapo_node.prebuilt; it returns False when it has none), else
+    built (on `device`: the warm start of "small" wants a GPU).
 
     Deterministic in (variant, seed, steps) on one device. The model comes back in eval mode,
     float32, on the CPU.
@@ -663,10 +684,10 @@ def load_tiny(
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"), quiet_transformers():
         if build_info(path) is None:
+            drop_stale_staging(path)
+        if build_info(path) is None and not (fetch is not None and fetch(path)):
             model, tokenizer, info = build_tiny(variant, seed, steps, progress, device)
-            # Write beside the final folder and rename: a crash never leaves a half-written model
-            # that a later load would take for a finished one.
-            staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+            staging = staging_dir(path)
             try:
                 model.save_pretrained(staging)
                 tokenizer.save_pretrained(staging)

@@ -163,6 +163,7 @@ INSTALLED_APPS = [
     "alerts",  # after moderation, before web (tests/test_layers.py)
     "figures",  # statistics and the credit rule: above the pool and community, below web
     "audits",  # checkpoint audits of nodes' groups: above figures (it moves folded credit), below web
+    "prebuilt",  # the built-in models served to nodes (/models/)
     "web",
 ]
 
@@ -344,6 +345,8 @@ SAPO_AUDIT_JOB_ATTEMPTS = env_int("SAPO_AUDIT_JOB_ATTEMPTS", 3)
 # Where uploads are written (private to the site) and where the worker keeps the built-in models.
 SAPO_AUDIT_UPLOAD_DIR = Path(env_str("SAPO_AUDIT_UPLOAD_DIR") or VAR_DIR / "audits")
 SAPO_AUDIT_MODEL_CACHE = Path(env_str("SAPO_AUDIT_MODEL_CACHE") or VAR_DIR / "audit-models")
+# The built-in models the site builds once and serves to nodes (`manage.py sapo_models build`, /models/).
+SAPO_PREBUILT_DIR = Path(env_str("SAPO_PREBUILT_DIR") or VAR_DIR / "models")
 
 # --- Channels --------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")

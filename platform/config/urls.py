@@ -16,6 +16,7 @@ urlpatterns = [
         name="api-docs",
     ),
     path("", include("ops.urls")),  # /healthz, /readyz, /metrics
+    path("models/", include("prebuilt.urls")),  # the built-in models, prebuilt for nodes
     path("moderation/", include("moderation.urls")),
     # --- Added by other helpers: the web app's pages (home, leaderboard, dashboard) go here. ---
     path("", include("web.urls")),

@@ -6,6 +6,7 @@ the live server, and cuts every current connection on command or when a chunk ma
     proxy.cut_when("down", lambda conn, chunk: b'"for":"share"' in chunk, hold=True)  # drop the first ack
     ...
     proxy.release()   # let connections through again
+    proxy.pace("down", 100_000)  # about 100 kB/s server -> node
 
 "up" is node -> server (masked WebSocket frames: only sizes mean something), "down" is
 server -> node (unmasked and uncompressed with daphne, so JSON text can be matched). The proxy runs
@@ -46,6 +47,7 @@ class CutProxy:
         self._open: dict[int, Connection] = {}
         self._held = False
         self._trigger: tuple[str, Trigger, bool] | None = None
+        self._pace: dict[str, float] = {}  # direction -> bytes per second
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="cut-proxy", daemon=True)
@@ -86,6 +88,14 @@ class CutProxy:
 
     def release(self) -> None:
         self._held = False
+
+    def pace(self, direction: str, bytes_per_second: float | None) -> None:
+        """Forward `direction` at about this rate (None: as fast as it comes), e.g. to stop a download
+        halfway."""
+        if bytes_per_second is None:
+            self._pace.pop(direction, None)
+        else:
+            self._pace[direction] = bytes_per_second
 
     def cut_when(self, direction: str, trigger: Trigger, *, hold: bool = False) -> None:
         """Arm a one-shot cut: the first chunk going `direction` ("up" or "down") for which
@@ -132,6 +142,8 @@ class CutProxy:
     ) -> None:
         try:
             while chunk := await reader.read(CHUNK):
+                if rate := self._pace.get(direction):
+                    await asyncio.sleep(len(chunk) / rate)
                 keep = self._check(conn, direction, chunk)
                 if keep is not None:
                     if keep > 0:  # the head of the chunk still goes through: the cut lands mid-frame

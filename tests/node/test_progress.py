@@ -41,6 +41,20 @@ def test_lines_are_spaced_by_every_seconds_and_carry_the_postfix(monkeypatch):
     assert lines[-1] == "sharing: 30/30 msg (30 s, 1 msg/s) accepted=7"
 
 
+def test_a_line_with_a_total_says_the_time_left_and_amounts_to_one_decimal(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with progress_bar(total=3.7, desc="downloading tiny-mini", unit="MB", file=out, every=10) as bar:
+        for _ in range(37):
+            clock[0] += 1.0
+            bar.update(0.1)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "downloading tiny-mini: 0/3.7 MB (0 s)"
+    assert lines[1] == "downloading tiny-mini: 1.0/3.7 MB (10 s, 0.1 MB/s, ETA 27 s)"
+    assert lines[-1] == "downloading tiny-mini: 3.7/3.7 MB (37 s, 0.1 MB/s)"
+
+
 def test_a_terminal_gets_a_live_bar():
     leader, follower = os.openpty()
     with os.fdopen(follower, "w") as tty:

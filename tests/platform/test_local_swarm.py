@@ -3,6 +3,7 @@ processes on loopback, against a database of its own on the test run's PostgreSQ
 
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,11 +38,19 @@ def scratch_database_url(django_db_setup):
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_database_url, tmp_path):
+def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_database_url, tmp_path, tiny_cache_dir):
+    from sapo_node.tiny import load_tiny, tiny_path
+
+    # The site holds tiny-mini already (the test cache's build, as a `make run` before left it); the
+    # nodes' cache is empty, so they download it from the site.
+    load_tiny("tiny-mini", cache_dir=tiny_cache_dir, progress=False)
+    built = tiny_path("tiny-mini", tiny_cache_dir)
+    shutil.copytree(built, tmp_path / "models" / built.name)
     env = {
         **os.environ,
         "DATABASE_URL": scratch_database_url,
-        "SAPO_CACHE": os.environ.get("SAPO_TEST_CACHE") or str(REPO / "var" / "test-cache"),
+        "SAPO_CACHE": str(tmp_path / "node-cache"),
+        "SAPO_PREBUILT_DIR": str(tmp_path / "models"),
         "SAPO_REDIS_PREFIX": f"sapolocal{uuid.uuid4().hex[:6]}",
         "SAPO_STATS_EXPORT_DIR": str(tmp_path / "stats"),  # its scheduled work writes the export
     }
@@ -60,7 +69,7 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
             "--port",
             str(_free_port()),
             "--out",
-            str(tmp_path),
+            str(tmp_path / "runs"),
         ],
         cwd=REPO,
         env=env,
@@ -85,6 +94,12 @@ def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_
     # the scheduled jobs ran beside the site, alerts among them, and the audits' worker
     assert "[jobs]   fold: ok" in out and "[jobs]   alerts: ok" in out, out[-3000:]
     assert "[audits] audit worker" in out, out[-3000:]
+    # tiny-mini was published once and the nodes took it from the site, bitwise
+    assert "[build tiny-mini] tiny-mini: " in out and "downloading tiny-mini: 3.7/3.7 MB" in out, out[-3000:]
+    downloaded = tiny_path("tiny-mini", tmp_path / "node-cache")
+    assert [(p.name, p.read_bytes()) for p in sorted(downloaded.iterdir())] == [
+        (p.name, p.read_bytes()) for p in sorted(built.iterdir())
+    ]
 
     with psycopg.connect(scratch_database_url) as conn:
         rows = conn.execute(
@@ -133,6 +148,7 @@ def test_ctrl_c_while_a_model_builds_stops_everything_quietly(scratch_database_u
         **os.environ,
         "DATABASE_URL": scratch_database_url,
         "SAPO_CACHE": str(cache),
+        "SAPO_PREBUILT_DIR": str(tmp_path / "models"),
         "SAPO_REDIS_PREFIX": f"sapolocal{uuid.uuid4().hex[:6]}",
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -179,8 +195,14 @@ def test_ctrl_c_while_a_model_builds_stops_everything_quietly(scratch_database_u
     out = "".join(seen)
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert "[build tiny-mini]" in out and "Node local-" not in out  # no node starts without its model
-    assert _cache_users(cache) == []  # the builder is gone
-    assert list(cache.glob("*/build.json")) == []  # and it left no model a later run could take for finished
+    # the builder is gone, and so are the helper processes the stopped ones leave (a multiprocessing
+    # fork server ends when it reads its parent's end of file)
+    deadline = time.monotonic() + 15
+    while _cache_users(cache) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _cache_users(cache) == []
+    # and it left no model a later run could take for finished, in the site's folder or the nodes' cache
+    assert list(cache.glob("*/build.json")) == [] and list((tmp_path / "models").glob("*/build.json")) == []
 
 
 @pytest.mark.django_db

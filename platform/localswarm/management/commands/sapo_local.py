@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -53,7 +54,8 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000, help="Port the site listens on.")
         parser.add_argument("--nodes", type=int, default=2, help="How many local nodes to start (0: the site only).")
         # tiny-mini by default: on a fresh machine its one build (~30 CPU-seconds) has every node training
-        # within about two minutes; "tiny" costs about two CPU-minutes more (--models tiny,tiny-mini).
+        # within about two minutes; "tiny" costs about two CPU-minutes more (--models tiny,tiny-mini). Built
+        # once for the site (var/models), which the nodes download it from.
         parser.add_argument(
             "--models", default="tiny-mini", help="Comma-separated models, cycled over the nodes (e.g. tiny,tiny-mini)."
         )
@@ -121,16 +123,19 @@ class Command(BaseCommand):
         rounds: int,
         out: str,
     ):
-        # The built-in models are built before their nodes start, side by side and beside the
-        # database and site start-up (on a fresh machine "tiny" costs about two CPU-minutes,
-        # "tiny-mini" a quarter of that); a node starts as soon as its model is ready. With the
-        # model cached, its builder only loads it (a few seconds, while the site starts).
+        # The site publishes the built-in models its nodes run (`manage.py sapo_models build`: built
+        # once into SAPO_PREBUILT_DIR, or copied from the nodes' cache when it holds the same recipe),
+        # side by side and beside the database and site start-up (on a fresh machine "tiny" costs
+        # about two CPU-minutes, "tiny-mini" a quarter of that). A node starts once its model is
+        # published and the site answers, and downloads it from the site unless its cache has it.
         built_in = sorted({model for _, model, _ in plan} & set(BUILT_IN_MODELS))
+        node_cache = env.get("SAPO_CACHE") or str(Path.home() / ".cache" / "sapo-node")
         for model in built_in:
-            swarm.build(model, {**env, "OMP_NUM_THREADS": _threads(len(built_in))})
+            swarm.build(model, node_cache, threads=_threads(len(built_in)), env=env)
         if built_in:
             self.stdout.write(
-                f"Preparing {', '.join(built_in)} (built on first use); each node starts when its model is ready."
+                f"Publishing {', '.join(built_in)} to the nodes (built on first use); each node starts when its "
+                "model is published, and downloads it from the site unless its cache has it."
             )
 
         call_command("migrate", interactive=False, verbosity=0)
@@ -163,9 +168,8 @@ class Command(BaseCommand):
             prefix="[audits]",
             cwd=REPO,
             env={
-                # The built-in models as the nodes' builders left them (sapo_node.tiny.default_cache_dir), so
-                # the worker loads them instead of building them again.
-                "SAPO_AUDIT_MODEL_CACHE": env.get("SAPO_CACHE") or str(Path.home() / ".cache" / "sapo-node"),
+                # The built-in models as the site published them to its nodes, not built again.
+                "SAPO_AUDIT_MODEL_CACHE": str(settings.SAPO_PREBUILT_DIR),
                 **env,
                 "OMP_NUM_THREADS": "1",
             },
@@ -202,7 +206,7 @@ class Command(BaseCommand):
             node_env = {**env, "SAPO_TOKEN": token, "OMP_NUM_THREADS": _threads(len(plan))}
             swarm.pending.append(_PendingNode(node.name, model, node_out, cmd, node_env))
         demo_alerts_on(username="demo")
-        time.sleep(2.0)  # let daphne bind before the first nodes dial in; they retry with backoff anyway
+        swarm.site = (host, port)
         swarm.start_ready_nodes(self.stdout)
         manage = f"{shlex.quote(_python_as_typed())} manage.py changepassword"
         self.stdout.write(
@@ -331,16 +335,21 @@ class _Swarm:
 
     builders: dict[str, subprocess.Popen] = field(default_factory=dict)
     server: subprocess.Popen | None = None
+    #: Where the site listens: nodes start once it accepts connections (they download their model there).
+    site: tuple[str, int] | None = None
     scheduler: subprocess.Popen | None = None
     auditor: subprocess.Popen | None = None
     pending: list[_PendingNode] = field(default_factory=list)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
-    def build(self, model: str, env: dict) -> None:
-        cmd = [sys.executable, "-m", "sapo_node.tiny", "--variant", model]
-        self.builders[model] = _spawn(cmd, prefix=f"[build {model}]", env=env)
+    def build(self, model: str, node_cache: str, *, threads: str, env: dict) -> None:
+        cmd = [sys.executable, "manage.py", "sapo_models", "build", "--models", model, "--from-cache", node_cache]
+        cmd += ["--threads", threads]
+        self.builders[model] = _spawn(cmd, prefix=f"[build {model}]", cwd=REPO, env=env)
 
     def start_ready_nodes(self, stdout) -> None:
+        if self.pending and not self._site_listens():
+            return
         for pending in list(self.pending):
             builder = self.builders.get(pending.model)
             if builder is not None and builder.poll() is None:
@@ -350,6 +359,15 @@ class _Swarm:
                 continue  # reported by failures()
             self.nodes[pending.name] = _spawn(pending.cmd, prefix=f"[{pending.name}]", env=pending.env)
             stdout.write(f"Node {pending.name} ({pending.model}) -> {pending.out}")
+
+    def _site_listens(self) -> bool:
+        if self.site is None:
+            return False
+        try:
+            with socket.create_connection(self.site, timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def done(self, rounds: int) -> bool:
         """A model failed to build (its nodes cannot start), or, with --rounds, every node has

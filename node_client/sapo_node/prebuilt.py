@@ -1,0 +1,297 @@
+"""The built-in models prebuilt by the site, and their checked download into the node cache.
+
+A node's first run of a built-in model (`--model tiny-mini`, `tiny`, ...) would build it: train a
+tokenizer and warm-start the model, minutes on an idle laptop, up to an hour on a busy one. A site
+builds each of them once instead (`manage.py sapo_models build`, with the same builder:
+sapo_node.tiny.load_tiny, seed 0) and serves
+
+    GET /models/manifest.json          the Manifest below
+    GET /models/<folder>/<file>        each file of a model, with its Content-Length
+
+where <folder> is the cache folder's own name (`tiny-mini-<recipe digest[:12]>`), so the site's
+folder of prebuilt models is laid out as a node cache.
+
+A node whose cache lacks the model asks the site it was told to join (`--server`) and takes its
+copy only when all of this holds, else it says why and builds the model itself:
+- the manifest's entry has the recipe digest this client computes itself (tiny.recipe_digest: the
+  variant's fields, seed, steps, the task catalogue, the prompt format, tiny.RECIPE_VERSION), so a
+  client only takes the model its own recipe would build;
+- every file has the declared size and sha256;
+- the files' build.json records that recipe, config.json the variant's architecture, and
+  tokenizer.json is the tokenizer the recipe trains (the client trains it again: a quarter of a
+  second), which is what an audit depends on: the site's audit worker rebuilds the architecture and
+  tokenizer and replays with the node's uploaded weights (docs/audits.md), not the base weights.
+The files are written in a staging folder beside the cache folder and renamed into place once all
+are checked: a failed, refused or interrupted download keeps nothing (sapo_node.tiny.load_tiny
+removes what a killed one left, under the model's lock).
+
+No Django: the site's app `prebuilt` imports the Manifest from here, so both sides read one shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import re
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TextIO
+from urllib.parse import urlsplit
+
+import msgspec
+
+from sapo_node import __version__
+
+MANIFEST_PATH = "/models/manifest.json"
+MODELS_PATH = "/models/"
+MANIFEST_FORMAT = 1
+#: Bounds on what a node reads from a site: the manifest's bytes, files per model, a model's bytes.
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_FILES = 16
+MAX_MODEL_BYTES = 2 << 30
+#: A folder or file name: one path component, no dot first (no "..", no hidden file).
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: The files a model folder must hold (tiny.load_tiny's build writes them).
+REQUIRED = ("build.json", "config.json", "model.safetensors", "tokenizer.json")
+#: Seconds a read from the site may stall; connection attempts (the site still starting, as under
+#: `make run`) and the pause between them.
+TIMEOUT = 30.0
+ATTEMPTS = 4
+RETRY_PAUSE = 2.0
+READ_CHUNK = 1 << 20
+
+
+class ManifestFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    size: int
+    sha256: str
+
+
+class ManifestModel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: The built-in model's name (sapo_node.tiny.VARIANTS), its recipe's sha256, its folder's name.
+    name: str
+    recipe: str
+    folder: str
+    files: list[ManifestFile]
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    format: int
+    models: list[ManifestModel]
+
+
+class PrebuiltUnavailable(Exception):
+    """The site has no usable prebuilt copy of the model; the message says why."""
+
+
+def parse_manifest(data: bytes) -> Manifest:
+    """The manifest, its names and sizes checked (a site's bytes are untrusted); raises
+    PrebuiltUnavailable."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise PrebuiltUnavailable(f"its manifest is over {MAX_MANIFEST_BYTES} bytes")
+    try:
+        manifest = msgspec.json.decode(data, type=Manifest)
+    except msgspec.DecodeError as exc:
+        raise PrebuiltUnavailable(f"its manifest is not one this client reads ({exc})") from None
+    if manifest.format != MANIFEST_FORMAT:
+        raise PrebuiltUnavailable(f"its manifest has format {manifest.format}, this client reads {MANIFEST_FORMAT}")
+    for model in manifest.models:
+        names = [f.name for f in model.files]
+        if not (NAME.match(model.folder) and SHA256.match(model.recipe)) or len(names) > MAX_FILES:
+            raise PrebuiltUnavailable(f"its manifest's entry for {model.name!r} is malformed")
+        if len(set(names)) != len(names) or not all(NAME.match(n) for n in names):
+            raise PrebuiltUnavailable(f"its manifest's entry for {model.name!r} names files badly")
+        if any(not SHA256.match(f.sha256) or f.size < 0 for f in model.files):
+            raise PrebuiltUnavailable(f"its manifest's entry for {model.name!r} has a bad size or sha256")
+        if sum(f.size for f in model.files) > MAX_MODEL_BYTES:
+            raise PrebuiltUnavailable(f"its {model.name} is over {MAX_MODEL_BYTES} bytes")
+    return manifest
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe_folder(name: str, recipe: str, folder: Path) -> ManifestModel:
+    """The manifest's entry for a finished model folder (the site's side)."""
+    files = [
+        ManifestFile(name=p.name, size=p.stat().st_size, sha256=file_sha256(p))
+        for p in sorted(folder.iterdir())
+        if p.is_file() and NAME.match(p.name)
+    ]
+    return ManifestModel(name=name, recipe=recipe, folder=folder.name, files=files)
+
+
+def site_origin(server: str) -> str:
+    """http(s)://host[:port] of the site a node's --server names (any form sapo-node run takes:
+    sapo_node.transport.node_endpoint)."""
+    parts = urlsplit(server.strip())
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"--server must be a ws://, wss://, http:// or https:// address, not {server!r}")
+    return f"{scheme}://{parts.netloc}"
+
+
+# ---------------------------------------------------------------------------- the node's side
+
+
+def fetcher(server: str, variant: str, *, seed: int = 0, steps: int | None = None, out: TextIO | None = None):
+    """`fetch` for tiny.load_tiny: places the site's prebuilt copy at the path it is given and returns
+    True, or says on `out` (default stderr) why it cannot and returns False (the caller builds)."""
+
+    def fetch(path: Path) -> bool:
+        stream = out if out is not None else sys.stderr
+        try:
+            origin = site_origin(server)
+        except ValueError as exc:
+            print(f"no prebuilt {variant}: {exc}; building it here", file=stream, flush=True)
+            return False
+        try:
+            download(origin, variant, path, seed=seed, steps=steps, out=stream)
+        except PrebuiltUnavailable as exc:
+            print(f"no prebuilt {variant} from {origin}: {exc}; building it here", file=stream, flush=True)
+            return False
+        return True
+
+    return fetch
+
+
+def download(origin: str, variant: str, path: Path, *, seed: int = 0, steps: int | None = None, out: TextIO) -> None:
+    """Download the site's `variant` into `path` (which must not exist yet), checked as the module
+    docstring says; raises PrebuiltUnavailable and leaves nothing when it cannot."""
+    from sapo_node import tiny
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the node's socket: no proxy
+    manifest = parse_manifest(_get_manifest(opener, origin + MANIFEST_PATH))
+    recipe = tiny.recipe_digest(variant, seed, steps)
+    entries = [m for m in manifest.models if m.name == variant]
+    if not entries:
+        raise PrebuiltUnavailable(f"the site publishes no {variant}")
+    entry = next((m for m in entries if m.recipe == recipe), None)
+    if entry is None or entry.folder != path.name:
+        raise PrebuiltUnavailable(
+            f"the site's {variant} is of another recipe than this client's (sapo-node {__version__}): "
+            "the site or this client is of another version"
+        )
+    names = {f.name for f in entry.files}
+    if missing := [n for n in REQUIRED if n not in names]:
+        raise PrebuiltUnavailable(f"its {variant} lacks {', '.join(missing)}")
+    total = sum(f.size for f in entry.files)
+    staging = tiny.staging_dir(path)
+    try:
+        _download_files(opener, f"{origin}{MODELS_PATH}{entry.folder}/", entry.files, staging, total, variant, out)
+        check_model_folder(staging, variant, seed=seed, steps=steps)
+        if path.exists():  # a folder without build.json: not a finished model (the caller holds the lock)
+            shutil.rmtree(path)
+        staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_model_folder(folder: Path, variant: str, *, seed: int = 0, steps: int | None = None) -> None:
+    """Raise PrebuiltUnavailable unless the folder's build.json records this client's recipe, its
+    config.json the variant's architecture and its tokenizer.json the tokenizer the recipe trains."""
+    from tokenizers import Tokenizer
+
+    from sapo_node import tiny
+
+    spec = tiny.get_variant(variant)
+    want = tiny.recipe(spec, seed, spec.steps if steps is None else steps)
+    try:
+        info = json.loads((folder / "build.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise PrebuiltUnavailable(f"its {variant} build.json or config.json does not load ({exc})") from None
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot read
+        raise PrebuiltUnavailable(f"its {variant} tokenizer.json does not load ({str(exc)[:200]})") from None
+    if not isinstance(info, dict) or info.get("recipe") != json.loads(json.dumps(want)):
+        raise PrebuiltUnavailable(f"its {variant} build.json records another recipe")
+    architecture = {
+        "model_type": "qwen2",
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "intermediate_size": spec.intermediate_size,
+        "tie_word_embeddings": True,
+    }
+    if not isinstance(config, dict) or any(config.get(k) != v for k, v in architecture.items()):
+        raise PrebuiltUnavailable(f"its {variant} config.json is not the variant's architecture")
+    if tokenizer.to_str() != tiny.train_tokenizer(spec).backend_tokenizer.to_str():
+        raise PrebuiltUnavailable(f"its {variant} tokenizer is not the one this client's recipe trains")
+
+
+def _open(opener: urllib.request.OpenerDirector, url: str):
+    """The response for GET `url`, retrying a refused or failed connection (a site still starting)."""
+    request = urllib.request.Request(url, headers={"User-Agent": f"sapo-node/{__version__}"})
+    for attempt in range(ATTEMPTS):
+        try:
+            return opener.open(request, timeout=TIMEOUT)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code == 404:
+                raise PrebuiltUnavailable("the site serves no prebuilt models (404)") from None
+            raise PrebuiltUnavailable(f"the site answered {exc.code} for {url}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            if attempt + 1 == ATTEMPTS:
+                reason = getattr(exc, "reason", exc)
+                raise PrebuiltUnavailable(f"cannot reach the site ({reason})") from None
+            time.sleep(RETRY_PAUSE)
+    raise AssertionError("unreachable")
+
+
+def _get_manifest(opener: urllib.request.OpenerDirector, url: str) -> bytes:
+    with _open(opener, url) as response:
+        try:
+            return response.read(MAX_MANIFEST_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise PrebuiltUnavailable(f"its manifest's download failed ({exc})") from None
+
+
+def _download_files(
+    opener: urllib.request.OpenerDirector,
+    base: str,
+    files: list[ManifestFile],
+    staging: Path,
+    total: int,
+    variant: str,
+    out: TextIO,
+) -> None:
+    from sapo_node.progress import progress_bar
+
+    megabytes = total / 1e6
+    with progress_bar(total=round(megabytes, 1), desc=f"downloading {variant}", unit="MB", file=out) as bar:
+        for f in files:
+            h = hashlib.sha256()
+            received = 0
+            with _open(opener, base + f.name) as response, open(staging / f.name, "wb") as sink:
+                length = response.headers.get("Content-Length")
+                if length is not None and length.strip() != str(f.size):
+                    raise PrebuiltUnavailable(f"{f.name}: the site sends {length} bytes, its manifest says {f.size}")
+                while received <= f.size:
+                    try:
+                        chunk = response.read(min(READ_CHUNK, f.size + 1 - received))
+                    except (OSError, http.client.HTTPException) as exc:
+                        raise PrebuiltUnavailable(f"{f.name}: the download broke off ({exc})") from None
+                    if not chunk:
+                        break
+                    received += len(chunk)
+                    h.update(chunk)
+                    sink.write(chunk)
+                    bar.update(len(chunk) / 1e6)
+            if received != f.size:
+                raise PrebuiltUnavailable(f"{f.name}: {received} bytes came, its manifest says {f.size}")
+            if h.hexdigest() != f.sha256:
+                raise PrebuiltUnavailable(f"{f.name}: its sha256 is not the manifest's")

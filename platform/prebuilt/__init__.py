@@ -1,0 +1,1 @@
+"""The built-in models, built once by the site and served to nodes (sapo_node.prebuilt, docs/node.md)."""
