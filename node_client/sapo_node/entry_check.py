@@ -7,6 +7,8 @@ take the machine's memory. The build runs in a worker process from the sandbox's
 from __future__ import annotations
 
 import itertools
+import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,29 +25,60 @@ class BuildTimeout(Exception):
     """Building a dataset's entry ran out of time (`build_first_bounded`)."""
 
 
+@dataclass(frozen=True)
+class BuildCost:
+    """What building a dataset and its first entry cost a worker: CPU seconds, and the most memory it
+    held beyond its size at start (its peak resident set, Linux's VmHWM; 0 where that cannot be read)."""
+
+    cpu_seconds: float
+    peak_bytes: int
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _build_first(conn: Connection, dataset: str, config: dict[str, Any], memory_bytes: int) -> None:
-    """A build worker: the first buildable entry of (dataset, config); sends None, or what went wrong."""
+    """A build worker: the first buildable entry of (dataset, config); sends its BuildCost, or what went
+    wrong (a str)."""
     if resource is not None:
         size = vm_bytes()
         if size is not None:
             resource.setrlimit(resource.RLIMIT_AS, (size + memory_bytes, size + memory_bytes))
     if not tell_parent(conn, "started"):  # the clock starts here, not while the fork server imports reasoning-gym
         return
+    try:  # the peak from here on: Linux resets VmHWM to the resident set on "5"
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    resident = _status_bytes("VmRSS")
+    started = time.process_time()
     try:
         build_first(TaskSpec(dataset, config), 0, itertools.count())
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever reasoning-gym raised
         tell_parent(conn, f"{exc}" or type(exc).__name__)
         return
-    tell_parent(conn, None)
+    peak = _status_bytes("VmHWM")
+    grown = max(0, peak - resident) if peak is not None and resident is not None else 0
+    tell_parent(conn, BuildCost(time.process_time() - started, grown))
 
 
 def build_first_bounded(
     dataset: str, config: dict[str, Any], *, seconds: float = BUILD_SECONDS, memory_bytes: int = MEMORY_BYTES
-) -> None:
+) -> BuildCost:
     """Build the first entry of (dataset, config) (tasks.build_first) in a worker process that is killed
     after `seconds` of wall clock and may add at most `memory_bytes`: for a configuration nobody has
-    reviewed (a catalogue staff save), with which reasoning-gym could build for ever. Raises BuildTimeout
-    when it ran out of time, RuntimeError with reasoning-gym's message when the build failed."""
+    reviewed (a catalogue staff save), with which reasoning-gym could build for ever. Returns what the
+    build cost the worker; raises BuildTimeout when it ran out of time, RuntimeError with reasoning-gym's
+    message when the build failed."""
     ctx = worker_context()
     receive, send = ctx.Pipe(duplex=False)
     process = ctx.Process(
@@ -59,12 +92,13 @@ def build_first_bounded(
                 receive.recv()  # "started"
             if not receive.poll(seconds):
                 raise BuildTimeout(f"building an entry took more than {seconds:g} s")
-            error = receive.recv()
+            answer = receive.recv()
         except (EOFError, OSError):  # killed by the kernel: out of memory, or crashed
-            error = "the build stopped without finishing (out of memory?)"
+            answer = "the build stopped without finishing (out of memory?)"
     finally:
         process.kill()
         process.join(timeout=5)
         receive.close()
-    if error is not None:
-        raise RuntimeError(error)
+    if not isinstance(answer, BuildCost):
+        raise RuntimeError(str(answer))
+    return answer

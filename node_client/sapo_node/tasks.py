@@ -38,6 +38,9 @@ class Catalogue:
     #: Each task's share of a node's draws, in the order of `tasks`; empty: all alike. A swarm's
     #: catalogue sets them (the server's `welcome`); the named catalogues below leave them empty.
     weights: tuple[float, ...] = ()
+    #: Datasets an earlier version of the swarm's catalogue had and this one does not: the server
+    #: answers a group of one `task_withdrawn` rather than `unknown_task`. Never sent: a node's has none.
+    withdrawn: frozenset[str] = frozenset()
 
     def get(self, dataset: str) -> TaskSpec | None:
         for spec in self.tasks:

@@ -69,7 +69,7 @@ from pool.messages import Hello, ProtocolError, Report, Sample, Share, Status, f
 from pool.opening import session_opens
 from pool.sampling import rollout_sample
 from pool.services import node_round_report
-from pool.swarm_places import place_limits, place_of_hello, swarm_state_message
+from pool.swarm_places import place_after_change, place_limits, place_of_hello, swarm_state_message
 from sapo_node import __version__ as LATEST_CLIENT
 from sapo_node import protocol
 from sapo_node.tasks import Catalogue
@@ -121,6 +121,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
     #: that needs it). Its state follows the swarm's through pool.closes.
     place: SwarmPlace | None = None
     frame_ref: str | None = None  # the ref of the frame being answered, once read
+    welcomed: dict[str, Any] | None = None  # the last welcome sent: told again with a new catalogue
+    recatalogue: asyncio.Task | None = None  # reading the place of the swarm's newer catalogue version
 
     async def __call__(self, scope, receive, send) -> None:
         # Channels' AsyncConsumer.__call__ makes each consumer a channel on the layer and waits on it
@@ -294,6 +296,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             ):  # the welcome names the pool's epoch (it changes on a restore) and the server's clock
                 reply["pool_epoch"] = await current_pool_epoch()
                 reply["server_time"] = round(time.time(), 3)  # the node makes its group ids by it
+                self.welcomed = reply
         except ApplicationError as exc:
             await self._error(exc.code, exc.message, message.ref)
             return
@@ -419,7 +422,10 @@ class NodeConsumer(AsyncWebsocketConsumer):
     # Swarms (pool.swarm_places) -------------------------------------------------------------
 
     async def _in_swarm(self) -> SwarmPlace:
-        """The socket's swarm: the site's default until a hello names one."""
+        """The socket's swarm: the site's default until a hello names one; once a change of it names a
+        newer catalogue version, that version's (read before the frame is handled)."""
+        if self.recatalogue is not None:
+            await asyncio.shield(self.recatalogue)
         if self.place is None:
             since = socket_closes().clock()
             place, cost = await db_call(place_of_hello, retry_lost=True)(slug=None)
@@ -442,8 +448,13 @@ class NodeConsumer(AsyncWebsocketConsumer):
         await self._send({"type": protocol.ERROR, "code": protocol.SWARM_PAUSED, "detail": detail}, ref)
 
     def swarm_changed(self, event: dict[str, Any]) -> None:
-        """The socket's swarm changed state (pool.closes, on the event loop): tell the node; a retired
-        swarm's sockets are closed with protocol.CLOSE_SWARM_RETIRED."""
+        """The socket's swarm changed (pool.closes, on the event loop): a newer catalogue version is read
+        and told (`_catalogue_changed`); a change of state is told; a retired swarm's sockets are closed
+        with protocol.CLOSE_SWARM_RETIRED."""
+        version = event.get("catalogue_version")
+        if self.place is not None and isinstance(version, int) and version > self.place.catalogue_version:
+            if self.recatalogue is None and not self.closing:
+                self.recatalogue = asyncio.get_running_loop().create_task(self._catalogue_changed(version))
         place, state = self.place, event.get("state")
         if place is None or self.closing or state == place.state or state not in _STATES:
             return
@@ -452,6 +463,27 @@ class NodeConsumer(AsyncWebsocketConsumer):
         task = asyncio.get_running_loop().create_task(self._tell_swarm_state(message))
         _closing_tasks.add(task)
         task.add_done_callback(_closing_tasks.discard)
+
+    async def _catalogue_changed(self, version: int) -> None:
+        """Take the swarm's catalogue `version` (or newer): the next share is verified against it, and
+        the node gets a welcome again with it (the frame whose catalogue a client follows)."""
+        try:
+            assert self.place is not None
+            place = await place_after_change(self.place.swarm_id, version)
+            if place.swarm_id == self.place.swarm_id and place.catalogue_version > self.place.catalogue_version:
+                self.place = dataclasses.replace(place, state=self.place.state)  # its state is swarm_state's
+                if self.welcomed is not None:
+                    catalogue, _ = _catalogue_and_limits(place.catalogue, self.limits)
+                    swarm = {**self.welcomed["swarm"], "catalogue_version": place.catalogue_version}
+                    welcome = {**self.welcomed, "catalogue": catalogue, "swarm": swarm, "audits": []}
+                    welcome.pop("ref", None)
+                    welcome.update(challenge=self.challenge.current(), server_time=round(time.time(), 3))
+                    await self._send(welcome, None)
+        except Exception as exc:  # the database down: the socket keeps its version until its next change
+            if not outage.dependency_failed(exc):
+                logger.exception("node socket: reading catalogue version %s of its swarm failed", version)
+        finally:
+            self.recatalogue = None
 
     async def _tell_swarm_state(self, message: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):  # the socket may be closing meanwhile

@@ -4,7 +4,8 @@
 0. turn: the share waits for its turn (pool.turns), then goes, with the shares of other nodes that
    waited at the same time, as one batch on a database thread (`rollout_share_in_turn`);
 1. budgets: the node's and its contributor's hourly storage budgets (pool.budgets), before any work;
-2. verify: every group rebuilt from its task and every completion scored again (pool.verification);
+2. verify: every group rebuilt from its task and every completion scored again (pool.verification),
+   its dataset built only within the catalogue check's bounds (pool.builds);
 3. screen: moderation's rules decide what is held (pool.seams, implemented by moderation), before
    anything is stored, so a held group is never sampleable; each accepted group's proof of work is
    checked against its challenge (pool.challenges), which decides its audit state;
@@ -37,13 +38,14 @@ from common.db import db_call
 from common.errors import ApplicationError
 from pool import audit_seam, turns
 from pool.budgets import StoredBytes, storage_check
+from pool.builds import ShareBuilds
 from pool.challenges import proofs_check, repeats_settle
 from pool.ingest_statement import NODE_HELD, ScreenedShare, SwarmOfBatch, insert_batch
 from pool.limits import Limits, current_limits
 from pool.messages import RolloutIn
 from pool.models import AuditState, Rollout, Verdict
 from pool.seams import ShareToScreen, moderation
-from pool.verification import Verification, verify_rollout
+from pool.verification import REJECTED, Verification, verify_rollout
 from sapo_node import protocol
 from sapo_node.ids import is_uuid7, uuid7_floor
 from sapo_node.tasks import Catalogue
@@ -66,6 +68,9 @@ class ShareResult:
     rejected: list[dict[str, str]] = field(default_factory=list)  # [{"id", "reason"}]
     stored: StoredBytes | None = None  # after this share (the one given to rollout_share if it stored nothing)
     audits: list[dict[str, Any]] = field(default_factory=list)  # asked of the node (pool.audit_seam): its ack's
+    #: The CPU seconds verifying this share took: its own (a dataset it made the server build is its cost
+    #: alone), where the rest of its batch's CPU is shared by groups.
+    verification_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -106,9 +111,11 @@ async def _batch_in_turn(batch: list[_InTurn]) -> list[tuple[ShareResult, float]
         shares=shares, catalogue=first.catalogue, limits=first.limits, swarm=first.swarm
     )
     groups = sum(len(share.rollouts) for share in shares) or 1
+    own = [0.0 if isinstance(result, Exception) else result.verification_seconds for result in results]
+    rest = max(0.0, cpu - sum(own))
     return [
-        result if isinstance(result, Exception) else (result, cpu * len(share.rollouts) / groups)
-        for share, result in zip(shares, results, strict=True)
+        result if isinstance(result, Exception) else (result, mine + rest * len(share.rollouts) / groups)
+        for share, result, mine in zip(shares, results, own, strict=True)
     ]
 
 
@@ -296,7 +303,8 @@ def _ingest_batch(
     batch; when storing several fails in the database, each is stored again alone (one share's
     failure is its own)."""
     within = _within_budgets(shares, batch, limits, results)
-    verified = _verify(shares, within, catalogue, results)
+    seconds: dict[int, float] = {}
+    verified = _verify(shares, within, catalogue, results, seconds)
     if not verified:
         return
     try:
@@ -310,6 +318,10 @@ def _ingest_batch(
                 _screen_store_answer(shares, [one], swarm, results)
             except DatabaseError as alone:
                 results[one[0]] = alone
+    for i, spent in seconds.items():
+        result = results[i]
+        if isinstance(result, ShareResult):
+            result.verification_seconds = spent
 
 
 def _within_budgets(
@@ -329,19 +341,33 @@ def _within_budgets(
 
 
 def _verify(
-    shares: Sequence[ShareIn], within: list[int], catalogue: Catalogue, results: list[ShareResult | Exception | None]
+    shares: Sequence[ShareIn],
+    within: list[int],
+    catalogue: Catalogue,
+    results: list[ShareResult | Exception | None],
+    seconds: dict[int, float],
 ) -> list[tuple[int, dict[uuid.UUID, Verification]]]:
-    """2. verify: each share's groups checked against their tasks, as (i, checks by id). CPU only,
-    before the statement, so no lock waits on it. A resent group is verified again (resends are rare;
-    a lookup first would cost every share a round trip)."""
+    """2. verify: each share's groups checked against their tasks, as (i, checks by id), and the CPU
+    seconds each share's took into `seconds`. A group whose dataset this share may not make the server
+    build (pool.builds) is rejected unverified. CPU only, before the statement, so no lock waits on it.
+    A resent group is verified again (resends are rare; a lookup first would cost every share a round
+    trip)."""
     verified = []
     for i in within:
+        started = time.thread_time()
+        builds = ShareBuilds(shares[i].node.id, catalogue)
         try:
             with metrics.VERIFICATION_SECONDS.time():
-                verified.append((i, {r.id: verify_rollout(r, catalogue) for r in shares[i].rollouts}))
+                verified.append((i, {r.id: _verify_group(r, catalogue, builds) for r in shares[i].rollouts}))
         except Exception as exc:  # noqa: BLE001 - a verifier's failure is its share's, not its batch-mates'
             results[i] = exc
+        seconds[i] = time.thread_time() - started
     return verified
+
+
+def _verify_group(rollout: RolloutIn, catalogue: Catalogue, builds: ShareBuilds) -> Verification:
+    refusal = builds.refusal(rollout)
+    return Verification(REJECTED, refusal, None) if refusal else verify_rollout(rollout, catalogue)
 
 
 def _screen_store_answer(

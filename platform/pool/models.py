@@ -34,6 +34,8 @@ class RejectReason(models.TextChoices):
     ANSWER_MISMATCH = "answer_mismatch", "Ground truth does not match its task"
     REWARD_MISMATCH = "reward_mismatch", "A claimed reward differs from the verified one"
     VERIFICATION_TIMEOUT = "verification_timeout", "A completion's scorer ran out of time"
+    TASK_WITHDRAWN = "task_withdrawn", "Dataset withdrawn from the swarm's catalogue"
+    BUILD_REFUSED = "build_refused", "Dataset too costly to build for a seed the server did not issue"
 
 
 class AuditState(models.TextChoices):

@@ -5,11 +5,14 @@ most once per settings.SAPO_SWARM_PLACE_SECONDS per process and swarm (a crowd o
 query per swarm); `any`'s choice (an aggregate over the open swarms' recent groups) is kept as long.
 Whoever's hello reads the tables pays what the read cost from its CPU budget (pool.ratelimit). A staff change of a swarm (swarms.signals.swarm_changed) is a socket order
 (nodes.events), written in the change's transaction: every server process forgets its copy and tells
-its sockets of that swarm (pool.closes, pool.consumers) within seconds, whatever Redis does.
+its sockets of that swarm (pool.closes, pool.consumers) within seconds, whatever Redis does. A change
+that names a newer catalogue version makes each socket read its place again (`place_after_change`,
+once per process), so a dataset staff withdrew is refused on sockets opened before the change.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from datetime import timedelta
@@ -20,7 +23,9 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from common.db import db_call
 from common.errors import ApplicationError
+from common.loops import per_loop
 from nodes.events import socket_order
 from pool.limits import Limits
 from pool.models import Rollout
@@ -92,6 +97,27 @@ def place_limits(site: Limits, place: SwarmPlace) -> Limits:
     return dataclasses.replace(site, **overrides) if overrides else site
 
 
+def place_of_swarm(*, swarm_id: int) -> SwarmPlace:
+    """The swarm's place as the tables hold it now (its current catalogue version), not this process's
+    copy: what a socket takes when a change of its swarm names a newer catalogue version."""
+    return swarm_place(swarm=Swarm.objects.get(id=swarm_id))
+
+
+async def place_after_change(swarm_id: int, version: int) -> SwarmPlace:
+    """`place_of_swarm`, read once per event loop for each (swarm, catalogue version) a change names,
+    however many of its sockets ask together (every socket of a swarm asks when its catalogue changes)."""
+    reads = _rereads()
+    key = (swarm_id, version)
+    task = reads.get(key)
+    if task is None:
+        task = reads[key] = asyncio.ensure_future(db_call(place_of_swarm, retry_lost=True)(swarm_id=swarm_id))
+        task.add_done_callback(lambda _: reads.pop(key, None))
+    return await asyncio.shield(task)
+
+
+_rereads = per_loop(dict)
+
+
 def swarm_state_message(*, slug: str, state: str, open_swarms: list[str]) -> dict[str, Any]:
     """The `swarm_state` frame a socket gets when its swarm changes state (docs/protocol.md)."""
     others = ", ".join(s for s in open_swarms if s != slug) or "none"
@@ -113,6 +139,7 @@ def swarm_changed_broadcast(*, swarm: Swarm, **_: Any) -> None:
             "swarm_id": swarm_id,
             "slug": swarm.slug,
             "state": swarm.state,
+            "catalogue_version": swarm.catalogue_version,  # a newer one: the sockets read their place again
             "open": swarm_open_slugs()[:MAX_NAMED],  # a short frame whatever the site hosts
         }
     )

@@ -36,7 +36,8 @@ class Verification(msgspec.Struct, frozen=True):
 def verify_rollout(rollout: RolloutIn, catalogue: Catalogue) -> Verification:
     spec = catalogue.get(rollout.dataset)
     if spec is None:
-        return Verification(REJECTED, "unknown_task", None)
+        reason = "task_withdrawn" if rollout.dataset in catalogue.withdrawn else "unknown_task"
+        return Verification(REJECTED, reason, None)
     try:
         entry = build_entry(spec, rollout.seed, rollout.index)
     except TaskError as exc:

@@ -91,14 +91,16 @@ def catalogue_entries_clean(entries: object) -> list[dict[str, Any]]:
     return cleaned
 
 
-def catalogue_from_entries(*, name: str, entries: list[dict[str, Any]]) -> Catalogue:
+def catalogue_from_entries(
+    *, name: str, entries: list[dict[str, Any]], withdrawn: frozenset[str] = frozenset()
+) -> Catalogue:
     """The node protocol's catalogue of stored entries (what `welcome` sends and shares are verified
-    against)."""
-    return _catalogue(name, json.dumps(entries, sort_keys=True))
+    against); `withdrawn`: the datasets earlier versions had that these entries do not."""
+    return _catalogue(name, json.dumps(entries, sort_keys=True), tuple(sorted(withdrawn)))
 
 
 @lru_cache(maxsize=256)
-def _catalogue(name: str, entries_json: str) -> Catalogue:
+def _catalogue(name: str, entries_json: str, withdrawn: tuple[str, ...] = ()) -> Catalogue:
     # One object per (name, entries): sockets of a swarm's version share it, so pool.turns batches
     # their shares together and the welcome's JSON is encoded once per process.
     entries = json.loads(entries_json)
@@ -106,6 +108,7 @@ def _catalogue(name: str, entries_json: str) -> Catalogue:
         name=name,
         tasks=tuple(TaskSpec(e["dataset"], dict(e.get("config") or {})) for e in entries),
         weights=tuple(float(e.get("weight", 1.0)) for e in entries),
+        withdrawn=frozenset(withdrawn) - {e["dataset"] for e in entries},
     )
 
 

@@ -13,8 +13,8 @@ from swarms.models import Swarm, SwarmCatalogue, SwarmState
 
 @dataclass(frozen=True)
 class SwarmPlace:
-    """What a node socket holds of its swarm: fixed from its hello until the next (a catalogue edit
-    reaches it at its next hello; a change of state through pool.closes)."""
+    """What a node socket holds of its swarm: from its hello until the next, or until a change of the
+    swarm reaches it through pool.closes (a new catalogue version: the socket reads its place again)."""
 
     swarm_id: int
     slug: str
@@ -57,12 +57,14 @@ def swarm_catalogue(*, swarm: Swarm, version: int | None = None) -> SwarmCatalog
 def swarm_place(*, swarm: Swarm) -> SwarmPlace:
     """The swarm's place for a socket: its current catalogue version, settings and state."""
     row = swarm_catalogue(swarm=swarm)
+    earlier = SwarmCatalogue.objects.filter(swarm=swarm, version__lt=row.version).values_list("entries", flat=True)
+    withdrawn = frozenset(e["dataset"] for entries in earlier for e in entries)
     return SwarmPlace(
         swarm_id=swarm.id,
         slug=swarm.slug,
         state=swarm.state,
         catalogue_version=row.version,
-        catalogue=catalogue_from_entries(name=f"{swarm.slug}@{row.version}", entries=row.entries),
+        catalogue=catalogue_from_entries(name=f"{swarm.slug}@{row.version}", entries=row.entries, withdrawn=withdrawn),
         recommended_models=tuple(swarm.recommended_models or ()),
         default_local=swarm.default_local,
         default_external=swarm.default_external,

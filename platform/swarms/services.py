@@ -202,8 +202,8 @@ def swarm_update(*, actor: Any, swarm: Swarm, reason: str = "", **fields: Any) -
 
 def swarm_catalogue_set(*, actor: Any, swarm: Swarm, entries: object, reason: str = "") -> SwarmCatalogue:
     """Write the swarm's next catalogue version and point the swarm at it. Groups stored before keep
-    their version; sockets open now keep verifying against the version their welcome announced until
-    they say hello again. Raises invalid_catalogue (with `field`), swarm_retired."""
+    their version; sockets open now take the new one once it commits (pool.swarm_places: the
+    swarm_changed order names it), and refuse groups of a dataset it dropped (`task_withdrawn`). Raises invalid_catalogue (with `field`), swarm_retired."""
     _require_staff(actor)
     catalogue = catalogue_entries_clean(entries)
     with transaction.atomic():

@@ -129,7 +129,7 @@ def _cpu_seconds() -> float:
 def _serve(conn: Connection, progress: Any, results: Any, memory_bytes: int) -> None:
     """A worker's loop: one batch per message; each score into `results`, then `progress` counts it."""
     global _armed
-    from sapo_node.datasets import TaskSpec, dataset_for  # imported before the hook is armed
+    from sapo_node.datasets import TaskSpec, dataset_for, datasets_forget  # imported before the hook is armed
 
     if resource is not None:
         size = vm_bytes()
@@ -149,7 +149,11 @@ def _serve(conn: Connection, progress: Any, results: Any, memory_bytes: int) -> 
                 soft = min(soft, hard)
             resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
         try:
-            instance = dataset_for(TaskSpec(dataset, config), seed)
+            try:
+                instance = dataset_for(TaskSpec(dataset, config), seed)
+            except MemoryError:  # the datasets this worker keeps took its memory: this one goes alone
+                datasets_forget()
+                instance = dataset_for(TaskSpec(dataset, config), seed)
         except Exception:
             instance = None
         progress.value = 0  # built: the clock of the first answer starts

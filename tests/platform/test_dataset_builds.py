@@ -1,0 +1,119 @@
+"""Datasets a share makes the server build (pool.builds) and the cache of built datasets
+(sapo_node.datasets): a costly dataset is measured once in a bounded worker and built only for a seed
+the server issued to the node, one a share, its CPU charged to that node until its budget runs out
+(`rate_limited`); the cache holds its bound in bytes and in count."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from factories import make_node_with_token, make_user
+from node_sockets import ask, open_socket
+from support.pool import make_group, proof_of, share_frame
+
+from pool import builds
+from pool.challenges import challenge_mint
+from pool.ingest import ShareIn, rollout_share_batch
+from pool.limits import Limits
+from pool.messages import parse_frame
+from sapo_node import datasets, proof
+from sapo_node.tasks import Catalogue, TaskSpec, build_entry
+from swarms.services import swarm_create
+
+COSTLY = TaskSpec("count_primes", {"min_n": 1, "max_n": 5_000_000})  # a 40 MiB sieve for every seed
+CHEAP = TaskSpec("basic_arithmetic", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2})
+CATALOGUE = Catalogue("t", (COSTLY, CHEAP))
+
+
+@pytest.fixture
+def fresh_cache():
+    datasets.datasets_forget()
+    yield
+    datasets.datasets_forget()
+
+
+def _rollouts(*groups: dict):
+    return parse_frame(json.dumps(share_frame(*groups)), Limits()).rollouts
+
+
+def _group(spec: TaskSpec, seed: int, index: int = 3, challenge: str | None = None) -> dict:
+    group = make_group(spec.dataset, catalogue=CATALOGUE, seed=seed, index=index)
+    if challenge is not None:
+        group["proof"] = proof_of(group, challenge)
+    return group
+
+
+def test_the_cache_holds_its_bound_in_bytes_and_count(fresh_cache, monkeypatch):
+    spec = TaskSpec("basic_arithmetic", {"min_terms": 2, "max_terms": 4})
+    datasets.dataset_bytes_set(spec, datasets.MAX_CACHED_BYTES // 3)
+    for seed in range(5):
+        build_entry(spec, seed, 1)
+        assert datasets.cached_bytes() <= datasets.MAX_CACHED_BYTES
+    assert [datasets.dataset_cached(spec, seed) for seed in range(5)] == [False, False, True, True, True]
+    huge = TaskSpec("basic_arithmetic", {"min_terms": 2, "max_terms": 5})
+    datasets.dataset_bytes_set(huge, datasets.MAX_CACHED_BYTES + 1)
+    build_entry(huge, 1, 1)
+    assert not datasets.dataset_cached(huge, 1)  # built for its use, not kept
+    monkeypatch.setattr(datasets, "MAX_CACHED_DATASETS", 2)
+    for seed in range(10, 14):
+        build_entry(CHEAP, seed, 1)
+    assert [datasets.dataset_cached(CHEAP, s) for s in range(10, 14)] == [False, False, True, True]
+
+
+def test_a_costly_dataset_is_built_only_for_an_issued_seed_once_a_share(fresh_cache, settings):
+    cost = builds.build_cost(COSTLY)
+    assert cost is not None and not builds.is_cheap(cost), cost  # measured in a worker
+    assert builds.is_cheap(builds.build_cost(CHEAP))
+    mine, again, other = challenge_mint(17), challenge_mint(17), challenge_mint(18)
+    groups = [
+        _group(COSTLY, 5),  # a seed the node chose
+        _group(COSTLY, proof.task_seed(mine), challenge=mine),  # its challenge's seed: built
+        _group(COSTLY, proof.task_seed(mine), index=4, challenge=mine),  # the same dataset again
+        _group(COSTLY, proof.task_seed(again), challenge=again),  # a second costly build in one share
+        _group(COSTLY, proof.task_seed(other), challenge=other),  # another node's challenge
+        _group(CHEAP, 5),  # cheap: any seed
+    ]
+    datasets.datasets_forget()  # built here by make_group: the server's to build
+    share = builds.ShareBuilds(17, CATALOGUE)
+    refusals = [share.refusal(r) for r in _rollouts(*groups)]
+    assert refusals == ["build_refused", "", "", "build_refused", "build_refused", ""]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_share_pays_for_the_dataset_it_made_the_server_build(fresh_cache):
+    builds.build_cost(COSTLY)  # measured before: the figures below are the build's, not the measurement's
+    (costly_node, _), (honest_node, _) = make_node_with_token(), make_node_with_token()
+    challenge = challenge_mint(costly_node.id)
+    costly = _group(COSTLY, proof.task_seed(challenge), challenge=challenge)
+    honest = _group(CHEAP, 8)
+    datasets.datasets_forget()  # the test's make_group built them here
+    results = rollout_share_batch(
+        shares=[ShareIn(costly_node, _rollouts(costly)), ShareIn(honest_node, _rollouts(honest))], catalogue=CATALOGUE
+    )
+    assert [r.accepted for r in results] == [[costly["id"]], [honest["id"]]]
+    assert results[0].verification_seconds > 0.1 > results[1].verification_seconds, results
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("fresh_rate_counts")
+async def test_a_node_building_fresh_seeds_runs_out_of_its_cpu_budget(fresh_cache, settings):
+    settings.SAPO_CHALLENGE_SECONDS = 0  # a fresh challenge, so a fresh seed, with every ack
+    entries = [{"dataset": s.dataset, "config": s.config, "weight": 1.0} for s in CATALOGUE.tasks]
+    staff = await sync_to_async(make_user)(is_staff=True)
+    await sync_to_async(swarm_create)(actor=staff, slug="primes", title="Primes", entries=entries)
+    node, token = await sync_to_async(make_node_with_token)()
+    socket = await open_socket(token)
+    challenge = (await ask(socket, {"type": "hello", "v": 1, "swarm": "primes"}))["challenge"]
+    for i in range(40):
+        group = await sync_to_async(_group)(COSTLY, proof.task_seed(challenge), challenge=challenge)
+        await sync_to_async(datasets.datasets_forget)()  # built here by make_group: the server's to build
+        reply = await ask(socket, share_frame(group, ref=str(i)))
+        if reply["type"] == "error":
+            break
+        assert reply["accepted"] == [group["id"]], reply
+        challenge = reply["challenge"]
+    assert (reply["type"], reply["code"]) == ("error", "rate_limited"), reply
+    assert 2 <= i < 40, i  # a few builds of 0.4 CPU-s or so fill a budget of 3 CPU-s a minute
+    await socket.disconnect()
