@@ -474,8 +474,15 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 self.place = dataclasses.replace(place, state=self.place.state)  # its state is swarm_state's
                 if self.welcomed is not None:
                     catalogue, _ = _catalogue_and_limits(place.catalogue, self.limits)
-                    swarm = {**self.welcomed["swarm"], "catalogue_version": place.catalogue_version}
+                    # What changed since that welcome is said as it is now: the swarm's state, the pause.
+                    swarm = {
+                        **self.welcomed["swarm"],
+                        "catalogue_version": place.catalogue_version,
+                        "state": self.place.state,
+                    }
                     welcome = {**self.welcomed, "catalogue": catalogue, "swarm": swarm, "audits": []}
+                    if "paused" in welcome and self.node is not None:
+                        welcome["paused"] = self.node.paused_at is not None
                     welcome.pop("ref", None)
                     welcome.update(challenge=self.challenge.current(), server_time=round(time.time(), 3))
                     await self._send(welcome, None)

@@ -5,7 +5,7 @@
   within the check's bound, while another node's socket is answered meanwhile; the server builds
   nothing for it;
 - staff withdraw a dataset from a swarm's catalogue: a socket opened before the change is told the
-  new catalogue in a welcome, its next share of the withdrawn dataset is refused with
+  new catalogue in a welcome (with the swarm's state as it is then), its next share of the withdrawn dataset is refused with
   `task_withdrawn`, and one of a kept dataset is accepted under the new version.
 """
 
@@ -23,7 +23,7 @@ from support.pool import make_group, share_frame
 from pool.models import Rollout
 from sapo_node.tasks import Catalogue, TaskSpec
 from sapo_node.verifiers.sandbox import BUILD_SECONDS
-from swarms.services import swarm_catalogue_set, swarm_create
+from swarms.services import swarm_catalogue_set, swarm_create, swarm_state_set
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -91,11 +91,16 @@ def test_a_dataset_withdrawn_by_staff_is_refused_on_a_socket_opened_before(swarm
         ws.send(json.dumps(share_frame(first, ref="a")))
         assert _reply(ws, "a")["accepted"] == [first["id"]]
 
+        # Paused before the change: the welcome that tells the new catalogue says so too, not its first one.
+        swarm_state_set(actor=staff, swarm=swarm, state="paused", reason="a new catalogue")
+        assert json.loads(ws.recv(timeout=WITHIN))["state"] == "paused"
         swarm_catalogue_set(actor=staff, swarm=swarm, entries=EASY_TWO[1:], reason="withdraw basic_arithmetic")
         told = json.loads(ws.recv(timeout=WITHIN))
         assert told["type"] == "welcome" and "ref" not in told, told
-        assert told["swarm"]["catalogue_version"] == 2
+        assert (told["swarm"]["catalogue_version"], told["swarm"]["state"]) == (2, "paused")
         assert [t["dataset"] for t in told["catalogue"]["tasks"]] == ["base_conversion"]
+        swarm_state_set(actor=staff, swarm=swarm, state="open", reason="done")
+        assert json.loads(ws.recv(timeout=WITHIN))["state"] == "open"
 
         withdrawn = make_group("basic_arithmetic", catalogue=before, index=2)
         kept = make_group("base_conversion", catalogue=before, index=3)
