@@ -156,6 +156,38 @@ def distinct_grams(texts: Sequence[bytes]) -> list[int]:
     return np.bincount((keys >> np.uint64(32)).astype(np.int64), minlength=len(texts)).tolist()
 
 
+#: Bytes of a question key: the SHA-1 of the normalised question (`question_hashes`, as raw bytes).
+QUESTION_BYTES = 20
+
+
+def question_keys(hashes: Sequence[str]) -> bytes:
+    """The question keys of question hashes (`question_hashes`' hex digests), concatenated."""
+    return b"".join(bytes.fromhex(h) for h in hashes)
+
+
+def _keys(questions: bytes) -> np.ndarray:
+    return np.frombuffer(questions, dtype=np.uint8).reshape(-1, QUESTION_BYTES)
+
+
+def _keyed_digests(exact: bytes, keys: np.ndarray) -> bytes:
+    """Digests (concatenated) XORed with the first EXACT_BYTES bytes of their question's key ((n, 20)
+    uint8, a row per digest). With `_keyed_hashes`: two fingerprints on one question compare as before
+    (equal digests stay equal, simhashes XOR one mask keep their distances); on two questions, a digest
+    or a simhash meets the other's only by chance (a simhash within distance 3 of another's: ~1e-12),
+    so a share's lookups, one call for all its groups, find copies on each group's own question only."""
+    if not len(keys):
+        return exact
+    return (np.frombuffer(exact, dtype=np.uint8).reshape(-1, EXACT_BYTES) ^ keys[:, :EXACT_BYTES]).tobytes()
+
+
+def _keyed_hashes(hashes: bytes, keys: np.ndarray) -> bytes:
+    """Simhashes (8 bytes each, big-endian) XORed with the last 8 bytes of their question's key."""
+    if not len(keys):
+        return hashes
+    masks = np.ascontiguousarray(keys[:, QUESTION_BYTES - 8 :]).view(">u8").reshape(-1)
+    return (np.frombuffer(hashes, dtype=">u8") ^ masks).astype(">u8").tobytes()
+
+
 class CopyIndex:
     """The completions of other nodes' recent groups, for exact and near lookups, held as the bytes the
     database returns (RolloutFingerprint's columns concatenated): no Python object per
@@ -169,26 +201,56 @@ class CopyIndex:
     lookups are moderation.kernels' (exact_first, near_first).
     """
 
-    def __init__(self, ids: bytes = b"", counts: Sequence[int] = (), exact: bytes = b"", hashes: bytes = b"") -> None:
+    def __init__(
+        self,
+        ids: bytes = b"",
+        counts: Sequence[int] = (),
+        exact: bytes = b"",
+        hashes: bytes = b"",
+        questions: bytes | None = None,
+    ) -> None:
         """The groups as the screening query returns them, in order (none by default): `ids` their UUIDs
         (16 bytes each), `counts` their completions, `exact` and `hashes` their fingerprints
-        concatenated (RolloutFingerprint's columns). Raises ValueError when the sizes disagree."""
+        concatenated (RolloutFingerprint's columns); `questions` their question keys (QUESTION_BYTES
+        each: `question_keys`), when a lookup is to find only the groups on the probe's own question
+        (`copy_findings`' `questions`), None when every group is a candidate for every probe. Raises
+        ValueError when the sizes disagree."""
         total = sum(counts)
         if len(ids) != 16 * len(counts) or len(exact) != EXACT_BYTES * total or len(hashes) != 8 * total:
             raise ValueError("fingerprint buffers of inconsistent sizes")
+        if questions is not None:
+            if len(questions) != QUESTION_BYTES * len(counts):
+                raise ValueError("fingerprint buffers of inconsistent sizes")
+            keys = np.repeat(_keys(questions), counts, axis=0)
+            exact, hashes = _keyed_digests(exact, keys), _keyed_hashes(hashes, keys)
         self._ids, self._counts, self._exact, self._hashes = ids, tuple(counts), exact, hashes
+        self.keyed = questions is not None
         self._ends: list[int] | None = None  # each group's end among the completions, once a match needs it
 
-    def after(self, groups: Sequence[tuple[uuid.UUID, Fingerprint]]) -> CopyIndex:
-        """A new index holding `groups` (id and fingerprint, in order) first, then this one's."""
+    def after(
+        self, groups: Sequence[tuple[uuid.UUID, Fingerprint]], questions: Sequence[str] | None = None
+    ) -> CopyIndex:
+        """A new index holding `groups` (id and fingerprint, in order) first, then this one's; a keyed
+        index (`keyed`) needs their question hashes, `questions`."""
         if not groups:
             return self
-        return CopyIndex(
-            b"".join(rid.bytes for rid, _ in groups) + self._ids,
-            [len(fp.exact) for _, fp in groups] + list(self._counts),
-            b"".join(fp.exact_bytes() for _, fp in groups) + self._exact,
-            b"".join(fp.simhash_packed for _, fp in groups) + self._hashes,
+        if self.keyed and (questions is None or len(questions) != len(groups)):
+            raise ValueError("an index keyed by question needs each group's question")
+        ahead = CopyIndex(
+            b"".join(rid.bytes for rid, _ in groups),
+            [len(fp.exact) for _, fp in groups],
+            b"".join(fp.exact_bytes() for _, fp in groups),
+            b"".join(fp.simhash_packed for _, fp in groups),
+            question_keys(questions) if self.keyed else None,
         )
+        joined = CopyIndex()
+        joined._ids, joined._counts = ahead._ids + self._ids, ahead._counts + self._counts
+        joined._exact, joined._hashes, joined.keyed = (
+            ahead._exact + self._exact,
+            ahead._hashes + self._hashes,
+            self.keyed,
+        )
+        return joined
 
     def _id(self, k: int) -> str:
         return str(uuid.UUID(bytes=self._ids[16 * k : 16 * (k + 1)]))
@@ -221,7 +283,12 @@ class CopyIndex:
 
 
 def copy_findings(
-    fps: Sequence[Fingerprint], index: CopyIndex, rule: Rule, *, near: bool
+    fps: Sequence[Fingerprint],
+    index: CopyIndex,
+    rule: Rule,
+    *,
+    near: bool,
+    questions: Sequence[str] | None = None,
 ) -> list[tuple[str, list[str]] | None]:
     """Per group: (detail, [source rollout ids]) when at least `min_share` of its completions that count
     copy another node's; None otherwise (or when none counts). A completion counts when it has at least
@@ -230,7 +297,10 @@ def copy_findings(
     for the near one): a text that says so little, `<answer>no</answer>no</answer>...` up to a token
     limit, is written the same by nodes that never saw each other's, so its coinciding is no evidence
     of copying. The near lookups of all the groups are one vectorised call; the grams are counted only
-    in a group where a completion matched (nearly no share has one), where they decide what counts."""
+    in a group where a completion matched (nearly no share has one), where they decide what counts.
+
+    `questions`: each group's question hash, for an index keyed by question (CopyIndex's `questions`):
+    a completion is then compared with the candidates on its own group's question only."""
     min_chars = rule["min_chars"]
     probes: list = []
     chosen: list[list[int]] = []  # per group, its completions long enough (looked up, in order)
@@ -243,6 +313,16 @@ def copy_findings(
             kept = [i for i, n in enumerate(fp.lengths) if n >= min_chars]
             probes += [values[i] for i in kept]
             chosen.append(kept)
+    if index.keyed:
+        if questions is None:
+            raise ValueError("an index keyed by question needs each group's question")
+        keys = np.repeat(_keys(question_keys(questions)), [len(kept) for kept in chosen], axis=0)
+        if near:
+            signed = np.asarray(probes, dtype=np.int64).astype(">i8").tobytes()
+            probes = np.frombuffer(_keyed_hashes(signed, keys), dtype=">i8").tolist()
+        else:
+            joined = _keyed_digests(b"".join(probes), keys)
+            probes = [joined[k : k + EXACT_BYTES] for k in range(0, len(joined), EXACT_BYTES)]
     flat = index.near_matches(probes, rule["max_distance"]) if near else index.exact_matches(probes)
     if not any(flat):  # no completion copies anything (nearly every share)
         return [None] * len(fps)

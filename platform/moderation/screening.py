@@ -87,14 +87,14 @@ class Screening:
 # descent per question (LATERAL ... LIMIT), so the work is bounded per question however popular it is;
 # and each node's trust streak (the low-trust rule), in the same round trip: a row per node of the
 # batch of shares (pool.ingest.rollout_share_batch; one node appears once). Parameters bound
-# server-side (as the pool's INSERT), the result in binary. The candidates come back as four byte
+# server-side (as the pool's INSERT), the result in binary. The candidates come back as five byte
 # strings (their ids as 16-byte UUIDs, their completion counts as 4-byte integers, their digests, their
-# simhashes; filters.CopyIndex), in the order the rules read them (question, then latest
+# simhashes, their questions' 20-byte keys; filters.CopyIndex), in the order the rules read them (question, then latest
 # first): at 50 groups per question, ~13,000 completions, a JSON document would cost the server more
 # to decode and index than the rest of the share, and PostgreSQL more to build.
 _SCREENING_READS_SQL = rendered(
     sql.SQL("""
-SELECT n.node, c.ids, c.counts, c.exact, c.simhash,
+SELECT n.node, c.ids, c.counts, c.exact, c.simhash, c.questions,
        (SELECT streak FROM moderation_trustrecord WHERE node_id = n.node)
 FROM unnest({nodes}::bigint[]) AS n(node)
 LEFT JOIN (
@@ -102,7 +102,8 @@ LEFT JOIN (
            string_agg(uuid_send(f.rollout_id), ''::bytea {order}) AS ids,
            string_agg(int4send(octet_length(f.simhash) / 8), ''::bytea {order}) AS counts,
            string_agg(f.exact, ''::bytea {order}) AS exact,
-           string_agg(f.simhash, ''::bytea {order}) AS simhash
+           string_agg(f.simhash, ''::bytea {order}) AS simhash,
+           string_agg(decode(q.hash, 'hex'), ''::bytea {order}) AS questions
     FROM unnest({questions}::text[], {question_nodes}::bigint[]) WITH ORDINALITY AS q(hash, node, n)
     CROSS JOIN LATERAL (
         SELECT rollout_id, exact, simhash, created_at FROM moderation_rolloutfingerprint
@@ -129,7 +130,7 @@ def _screening_reads(
     active = [r for r in (rules["duplicate_exact"], rules["duplicate_near"]) if r.enabled]
     want_trust = rules["low_trust"].enabled or trust_wanted
     if not want_trust and (not active or not any(questions.values())):
-        return {node: (filters.CopyIndex(), 1.0) for node in questions}
+        return {node: (filters.CopyIndex(questions=b""), 1.0) for node in questions}
     hashes, owners = [], []
     if active:
         for node, node_questions in questions.items():
@@ -147,11 +148,11 @@ def _screening_reads(
         cursor.execute(_SCREENING_READS_SQL, params, prepare=prepare_hot(), binary=True)
         rows = cursor.fetchall()
     found = {}
-    for node, ids, counts, exact, simhashes, streak in rows:
+    for node, ids, counts, exact, simhashes, keys, streak in rows:
         index = (
-            filters.CopyIndex(ids, struct.unpack(f">{len(counts) // 4}i", counts), exact, simhashes)
+            filters.CopyIndex(ids, struct.unpack(f">{len(counts) // 4}i", counts), exact, simhashes, keys)
             if ids
-            else filters.CopyIndex()
+            else filters.CopyIndex(questions=b"")
         )
         found[node] = (index, trust_value(streak or 0, rules["trust"]["half_streak"]) if want_trust else 1.0)
     return found
@@ -282,17 +283,22 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
         if copies and k:
             # The batch-mates ahead, latest first: their accepted groups on this node's questions.
             mine = wanted[screening.node_id]
-            index = index.after(
-                [
-                    (rid, fp)
-                    for mate in reversed(screenings[:k])
-                    if mate.node_id != screening.node_id
-                    for rid, (qh, fp) in reversed(mate.fingerprints.items())
-                    if qh in mine
-                ]
-            )
+            ahead = [
+                (rid, qh, fp)
+                for mate in reversed(screenings[:k])
+                if mate.node_id != screening.node_id
+                for rid, (qh, fp) in reversed(mate.fingerprints.items())
+                if qh in mine
+            ]
+            index = index.after([(rid, fp) for rid, _, fp in ahead], [qh for _, qh, _ in ahead])
         screening.findings = _findings(
-            share, fingerprints[first:end], {k: h[first:end] for k, h in text_hits.items()}, index, trust, rules
+            share,
+            fingerprints[first:end],
+            questions[first:end],
+            {k: h[first:end] for k, h in text_hits.items()},
+            index,
+            trust,
+            rules,
         )
         if own[k]:
             screening.findings += _swarm_findings(share, screening.findings, trust, own[k], screening.swarm_id)
@@ -302,16 +308,18 @@ def rollouts_screen(*, shares: Sequence[ShareToScreen], now: datetime | None = N
 def _findings(
     accepted: Sequence[RolloutIn],
     fps: Sequence[filters.Fingerprint],
+    question_hashes: Sequence[str],
     text_hits: dict[str, Sequence[str | None]],
     index: filters.CopyIndex,
     trust: float,
     rules: dict[str, Rule],
 ) -> list[Finding]:
-    """What the enabled rules find in one share's accepted groups (`text_hits`: the length and
-    characters rules' findings, by key, for the enabled ones)."""
+    """What the enabled rules find in one share's accepted groups (`question_hashes`: theirs, which the
+    copy rules compare each group's completions on; `text_hits`: the length and characters rules'
+    findings, by key, for the enabled ones)."""
     low_trust = rules["low_trust"]
     copies = {
-        key: filters.copy_findings(fps, index, rules[key], near=near)
+        key: filters.copy_findings(fps, index, rules[key], near=near, questions=question_hashes)
         for key, near in (("duplicate_exact", False), ("duplicate_near", True))
         if rules[key].enabled
     }

@@ -160,3 +160,20 @@ def test_the_bar_is_a_parameter_of_both_copy_rules_and_validated():
         assert RULES[key].params["min_distinct_grams"].default == 40
     with pytest.raises(Exception, match="min_distinct_grams"):
         set_rule("duplicate_near", min_distinct_grams=-1)
+
+
+def test_a_completion_is_compared_with_groups_on_its_own_question_only():
+    """The candidates of all a share's questions are looked up in one call, keyed by question: a
+    group on one question is no copy of another node's group on another question of the same share
+    (make run held tiny-mini groups on arithmetic as near copies of silo-1's on leap years)."""
+    first = group(35)
+    texts = long_reasoning(first)
+    share(make_node(), group(35, completions=texts))
+    mine = [
+        f"Working the sum through from the start, step by step, I reach {k}: <answer>{k}</answer>" for k in range(4)
+    ]
+    elsewhere, same = share(make_node(), group(36, completions=texts), group(35, completions=mine + texts[:1]))
+    assert holds_of(elsewhere) == []
+    assert holds_of(same) == []
+    (copied,) = share(make_node(), group(35, completions=texts))
+    assert holds_of(copied) == ["duplicate_exact"]
