@@ -271,8 +271,7 @@ def _download_files(
 ) -> None:
     from sapo_node.progress import progress_bar
 
-    megabytes = total / 1e6
-    with progress_bar(total=round(megabytes, 1), desc=f"downloading {variant}", unit="MB", file=out) as bar:
+    with progress_bar(total=total / 1e6, desc=f"downloading {variant}", unit="MB", file=out) as bar:
         for f in files:
             h = hashlib.sha256()
             received = 0

@@ -124,7 +124,7 @@ class LineProgress:
         elapsed = time.monotonic() - self.started
         done = _amount(self.n) + (f"/{_amount(self.total)}" if self.total is not None else "")
         rate = f", {self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 and self.n else ""
-        if rate and self.total is not None and self.n < self.total:
+        if rate and self.total is not None and self.n < 0.999 * self.total:  # not the float sum's last crumbs
             rate += f", ETA {duration((self.total - self.n) * elapsed / self.n)}"
         line = f"{self.desc}: {done} {self.unit} ({elapsed:.0f} s{rate})"
         print(f"{line} {self.postfix}".rstrip(), file=self.file, flush=True)
