@@ -294,7 +294,8 @@ def copy_findings(
     copy another node's; None otherwise (or when none counts). A completion counts when it has at least
     `min_chars` normalised characters and at least `min_distinct_grams` distinct 4-grams (in what its
     fingerprint reads: the whole text for the exact rule, the simhash's first SIMHASH_CHARS characters
-    for the near one): a text that says so little, `<answer>no</answer>no</answer>...` up to a token
+    for the near one, which also needs at least `min_distinct_share` of its grams distinct): a text
+    that says so little, `<answer>no</answer>no</answer>...` up to a token
     limit, is written the same by nodes that never saw each other's, so its coinciding is no evidence
     of copying. The near lookups of all the groups are one vectorised call; the grams are counted only
     in a group where a completion matched (nearly no share has one), where they decide what counts.
@@ -337,7 +338,15 @@ def copy_findings(
         texts = [fp.normalised[i] for i in kept]
         if near:
             texts = [_simhashed(t, fp.lengths[i]) for t, i in zip(texts, kept, strict=True)]
-        counts = [n >= rule["min_distinct_grams"] for n in distinct_grams(texts)]
+        least = rule["min_distinct_grams"]
+        if near:  # a simhash is its grams' majority vote: a text mostly of repeats votes its repeats
+            share = rule["min_distinct_share"]
+            counts = [
+                n >= least and n >= share * (len(t) - kernels.SHINGLE + 1)
+                for n, t in zip(distinct_grams(texts), texts, strict=True)
+            ]
+        else:
+            counts = [n >= least for n in distinct_grams(texts)]
         sources = [m for m, counted in zip(matches, counts, strict=True) if counted and m is not None]
         count = sum(counts)
         if not sources or len(sources) / count < rule["min_share"]:

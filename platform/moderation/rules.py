@@ -79,6 +79,14 @@ RULES: dict[str, RuleSpec] = {
             {
                 "min_chars": Param(int, 80, 1, 100_000, "Completions shorter than this (normalised) are ignored."),
                 "min_distinct_grams": Param(int, MIN_DISTINCT_GRAMS, 0, 100_000, MIN_DISTINCT_GRAMS_HELP),
+                "min_distinct_share": Param(
+                    float,
+                    0.5,
+                    0.0,
+                    1.0,
+                    "Completions whose 4-character pieces are mostly repeats (distinct ones below this share) are "
+                    "ignored: their simhash is their repeats'.",
+                ),
                 "min_share": Param(float, 0.5, 0.01, 1.0, "Share of a group's long completions that must match."),
                 "max_distance": Param(int, 3, 0, 3, "Largest Hamming distance between simhashes (at most 3)."),
                 "window_hours": Param(int, 72, 1, 24 * 90, "How far back to look."),

@@ -18,29 +18,40 @@ from pool.models import ModerationStatus
 
 pytestmark = pytest.mark.django_db
 
-#: What a collapsed tiny-mini policy writes up to its 48-token limit (each text is 48 tokens of its
-#: tokenizer, "</answer>No" four of them): the three nodes of `make run` (local-1, local-2, silo-1)
-#: wrote such texts without seeing one another's, and shared them as exact and near copies of each other.
-NO = " <answer>No" + "</answer>No" * 11
-YES = " <answer>Yes" + "</answer>Yes" * 11
-TWELVE = " <answer>12" + "</answer>12" * 8 + "</answer>"
-NO_CLOSED = " <answer>No</answer>" + "No</answer>" * 10  # 47 tokens and the end of text
-NO_AFTER_A_STRAY = " <answer>No</answer>., <answer>No" + "</answer>No" * 9
-NO_THEN_YES = " <answer>No" + "</answer>No" * 9 + "</answer>Yes</answer>No"
-DEGENERATE = {
-    "local-1": [NO, NO, NO, YES, NO, NO, TWELVE, NO],
-    "local-2": [NO, NO_CLOSED, NO, NO, NO, YES, NO, NO],  # exact copies of local-1's, by coincidence
-    "silo-1": [
-        NO_THEN_YES,
-        NO_AFTER_A_STRAY,
-        NO_THEN_YES,
-        NO_AFTER_A_STRAY,
-        NO_THEN_YES,
-        NO,
-        TWELVE + "1",
-        NO_AFTER_A_STRAY,
-    ],
-}
+#: Completions of make run's tiny-mini nodes once their policies had collapsed (from the pool's texts
+#: of a 15-minute run): local-1 wrote `</answer>No` up to its 48-token limit, silo-1 shorter runs of
+#: it, each without seeing the other's. local-1's later group is one the copy rules held as a near copy
+#: of silo-1's, and one text of silo-1's equals one of local-1's earlier group.
+LOCAL_1_EARLIER = [
+    " <answer>No</answer>No</answer>No</answer>",
+    " <answer>1</answer>No</answer>No</answer>",
+    " <answer>No</answer>No</answer>No</answer>",
+    " <answer>8</answer>No</answer>No</answer>No</answer>",
+    " <answer>No</answer>No</answer>No</answer>",
+    " <answer>No</answer>No</answer>No</answer>",
+    " <answer>Yes</answer>No</answer>No</answer>",
+    " <answer>No</answer>No</answer>No</answer>",
+]
+SILO_1 = [
+    " <answer>No</answer>",
+    " <answer>No</answer>",
+    " <answer>No</answer>No</answer>",
+    " <answer> above</answer>",
+    " <answer>No</answer>",
+    " <answer>No</answer>No</answer>No</answer>",
+    " <answer>No</answer>",
+    " <answer>No</answer>No</answer>",
+]
+LOCAL_1_LATER = [
+    " <answer>11</answer>No</answer>No</answer>No</answer>No</answer>2</answer>No</answer>No</answer>No</answer>No</answer>No</answer>",
+    " <answer>-11</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>",
+    " <answer>16</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>",
+    " <answer>11</answer>No</answer>No</answer>No</answer> with fraction computer/1</answer>No</answer>No</answer>No</answer>No</answer>?/No</",
+    " <answer>-11</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer> Yesk/1",
+    " <answer ></answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</",
+    " <answer>1</answer>No</answer>No</answer>-No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No",
+    " <answer>11</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -62,34 +73,50 @@ def holds_of(rollout) -> list[str]:
     return sorted(ModerationFlag.objects.filter(rollout=rollout).values_list("rule", flat=True))
 
 
-def shared_by_three_nodes(index: int) -> list:
-    """Each node's degenerate texts as its group on the same question, shared one node after the other."""
-    return [share(make_node(), group(index, completions=texts))[0] for texts in DEGENERATE.values()]
+def shared_as_in_make_run(index: int) -> list:
+    """local-1's earlier group, silo-1's, local-1's later one, on one question, shared in that order."""
+    local_1, silo_1 = make_node(), make_node()
+    return [
+        share(node, group(index, completions=texts))[0]
+        for node, texts in ((local_1, LOCAL_1_EARLIER), (silo_1, SILO_1), (local_1, LOCAL_1_LATER))
+    ]
 
 
 def test_the_real_texts_coincide_across_the_nodes():
-    """The texts themselves: long enough for both rules, and their fingerprints meet across nodes
-    (exactly or within the near rule's distance), so only their information tells them from copies."""
-    fps = {name: filters.fingerprints([texts])[0] for name, texts in DEGENERATE.items()}
-    assert all(n >= 80 for fp in fps.values() for n in fp.lengths)
-    first, *others = fps.values()
-    for fp in others:
-        assert any(filters.hamming(a, b) <= 3 for a in fp.simhash for b in first.simhash)
-    counts = filters.distinct_grams([t for fp in fps.values() for t in fp.normalised])
-    assert max(counts) < default_rule("duplicate_near")["min_distinct_grams"]
+    """The texts themselves: long enough for the rules, their fingerprints meet across the nodes
+    (silo-1's one long text is one of local-1's, local-1's later ones are within distance 1 of silo-1's
+    simhashes), so only their information tells them from copies: each holds fewer than 40 distinct
+    grams, but one of local-1's later texts (49), which is mostly repeats (37% of its grams distinct)."""
+    earlier, silo, later = (filters.fingerprints([texts])[0] for texts in (LOCAL_1_EARLIER, SILO_1, LOCAL_1_LATER))
+    assert [d in earlier.exact for d in silo.exact] == [False] * 5 + [True] + [False] * 2
+    assert min(later.lengths) >= 80
+    assert max(min(filters.hamming(a, b) for b in silo.simhash) for a in later.simhash) <= 1
+    counts = filters.distinct_grams(earlier.normalised + silo.normalised + later.normalised)
+    assert sorted(counts)[-2:] == [25, 49]
+    grams = len(later.normalised[3]) - 3
+    assert counts[-5] == 49 and 49 / grams < default_rule("duplicate_near")["min_distinct_share"]
 
 
 def test_degenerate_texts_of_independent_nodes_are_not_held():
-    rows = shared_by_three_nodes(31)
+    rows = shared_as_in_make_run(31)
     assert [holds_of(r) for r in rows] == [[], [], []]
 
 
-def test_without_the_bar_the_same_texts_are_held_as_copies():
-    """The bar is what spares them: at min_distinct_grams 0 the rules hold the later nodes' groups."""
+def test_without_the_bars_the_same_texts_are_held_as_copies():
+    """The bars are what spare them: at 0 the rules hold silo-1's group as an exact copy of local-1's,
+    and local-1's later group as a near copy of silo-1's."""
     set_rule("duplicate_exact", min_distinct_grams=0)
-    set_rule("duplicate_near", min_distinct_grams=0)
-    rows = shared_by_three_nodes(32)
+    set_rule("duplicate_near", min_distinct_grams=0, min_distinct_share=0.0)
+    rows = shared_as_in_make_run(32)
     assert [holds_of(r) for r in rows] == [[], ["duplicate_exact"], ["duplicate_near"]]
+
+
+def test_a_text_mostly_of_repeats_is_no_near_copy_however_many_its_distinct_grams():
+    """With the distinct-grams bar alone, local-1's later group is held on its one text of 49 distinct
+    grams (1 of 1 counted): its simhash is its repeats', which silo-1's short runs share."""
+    set_rule("duplicate_near", min_distinct_share=0.0)
+    rows = shared_as_in_make_run(37)
+    assert [holds_of(r) for r in rows] == [[], [], ["duplicate_near"]]
 
 
 def test_a_varied_completion_copied_verbatim_or_lightly_edited_is_still_held():
@@ -108,8 +135,8 @@ def test_copies_among_degenerate_texts_are_counted_among_the_informative_ones_on
     its own beside degenerate ones that coincide is not."""
     g = group(34)
     honest = long_reasoning(g)
-    spam = DEGENERATE["local-1"][:2]
-    share(make_node(), group(34, completions=honest + DEGENERATE["local-2"][:2]))
+    spam = LOCAL_1_LATER[:2]
+    share(make_node(), group(34, completions=honest + LOCAL_1_LATER[2:4]))
     (copier,) = share(make_node(), group(34, completions=honest[:2] + spam))
     mine = f"Multiplying out each bracket, then summing left to right, I get <answer>{g['answer']}</answer>"
     (own,) = share(make_node(), group(34, completions=[mine, *spam]))
@@ -158,6 +185,7 @@ def test_distinct_grams_counts_each_texts_distinct_four_byte_pieces():
 def test_the_bar_is_a_parameter_of_both_copy_rules_and_validated():
     for key in ("duplicate_exact", "duplicate_near"):
         assert RULES[key].params["min_distinct_grams"].default == 40
+    assert RULES["duplicate_near"].params["min_distinct_share"].default == 0.5
     with pytest.raises(Exception, match="min_distinct_grams"):
         set_rule("duplicate_near", min_distinct_grams=-1)
 
