@@ -136,24 +136,33 @@ def _simhashed(encoded: bytes, length: int) -> bytes:
 def distinct_grams(texts: Sequence[bytes]) -> list[int]:
     """How many distinct byte 4-grams (the simhash's grams, kernels.SHINGLE bytes) each text holds: its
     information once repeats are collapsed. `<answer>no</answer>no</answer>...` holds 12 however long
-    it runs; a varied text of n bytes nearly n. One numpy pass over all the texts: each gram as a
-    big-endian uint32 beside its text's number, the distinct pairs counted per text."""
+    it runs; a varied text of n bytes nearly n."""
+    return gram_profile(texts)[0]
+
+
+def gram_profile(texts: Sequence[bytes]) -> tuple[list[int], list[int]]:
+    """Per text, how many distinct byte 4-grams it holds (`distinct_grams`) and how many times its most
+    frequent one occurs. One numpy pass over all the texts: each gram as a big-endian uint32 beside its
+    text's number, the distinct pairs counted per text."""
     if not texts:
-        return []
+        return [], []
     width = kernels.SHINGLE
     data = np.frombuffer(b"".join(texts), dtype=np.uint8).astype(np.uint64)
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     starts = np.cumsum(lengths) - lengths
     grams = np.maximum(lengths - width + 1, 0)  # (m,) windows of each text
     if not grams.any():
-        return [0] * len(texts)
+        return [0] * len(texts), [0] * len(texts)
     owner = np.repeat(np.arange(len(texts), dtype=np.uint64), grams)  # (g,) each window's text
     at = np.repeat(starts - np.cumsum(grams) + grams, grams) + np.arange(int(grams.sum()))  # (g,) window starts
     value = np.zeros(at.size, dtype=np.uint64)
     for k in range(width):
         value = (value << np.uint64(8)) | data[at + k]
-    keys = np.unique((owner << np.uint64(32)) | value)
-    return np.bincount((keys >> np.uint64(32)).astype(np.int64), minlength=len(texts)).tolist()
+    keys, counts = np.unique((owner << np.uint64(32)) | value, return_counts=True)  # (d,) sorted by text
+    owners = (keys >> np.uint64(32)).astype(np.int64)
+    top = np.zeros(len(texts), dtype=np.int64)
+    np.maximum.at(top, owners, counts)
+    return np.bincount(owners, minlength=len(texts)).tolist(), top.tolist()
 
 
 #: Bytes of a question key: the SHA-1 of the normalised question (`question_hashes`, as raw bytes).
@@ -294,7 +303,8 @@ def copy_findings(
     copy another node's; None otherwise (or when none counts). A completion counts when it has at least
     `min_chars` normalised characters and at least `min_distinct_grams` distinct 4-grams (in what its
     fingerprint reads: the whole text for the exact rule, the simhash's first SIMHASH_CHARS characters
-    for the near one, which also needs at least `min_distinct_share` of its grams distinct): a text
+    for the near one, which also needs at least `min_distinct_share` of its grams distinct and its most
+    frequent gram at most `max_top_gram_share` of them): a text
     that says so little, `<answer>no</answer>no</answer>...` up to a token
     limit, is written the same by nodes that never saw each other's, so its coinciding is no evidence
     of copying. The near lookups of all the groups are one vectorised call; the grams are counted only
@@ -340,10 +350,12 @@ def copy_findings(
             texts = [_simhashed(t, fp.lengths[i]) for t, i in zip(texts, kept, strict=True)]
         least = rule["min_distinct_grams"]
         if near:  # a simhash is its grams' majority vote: a text mostly of repeats votes its repeats
-            share = rule["min_distinct_share"]
+            share, heaviest = rule["min_distinct_share"], rule["max_top_gram_share"]
+            # ... and so does one gram that outweighs the rest of the vote (`++++` in a text of varied junk)
+            windows = [len(t) - kernels.SHINGLE + 1 for t in texts]
             counts = [
-                n >= least and n >= share * (len(t) - kernels.SHINGLE + 1)
-                for n, t in zip(distinct_grams(texts), texts, strict=True)
+                n >= least and n >= share * w and top <= heaviest * w
+                for n, top, w in zip(*gram_profile(texts), windows, strict=True)
             ]
         else:
             counts = [n >= least for n in distinct_grams(texts)]

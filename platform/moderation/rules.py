@@ -87,6 +87,14 @@ RULES: dict[str, RuleSpec] = {
                     "Completions whose 4-character pieces are mostly repeats (distinct ones below this share) are "
                     "ignored: their simhash is their repeats'.",
                 ),
+                "max_top_gram_share": Param(
+                    float,
+                    0.1,
+                    0.0,
+                    1.0,
+                    "Completions whose most frequent 4-character piece is more than this share of their pieces are "
+                    "ignored: that one piece outweighs the rest of their simhash.",
+                ),
                 "min_share": Param(float, 0.5, 0.01, 1.0, "Share of a group's long completions that must match."),
                 "max_distance": Param(int, 3, 0, 3, "Largest Hamming distance between simhashes (at most 3)."),
                 "window_hours": Param(int, 72, 1, 24 * 90, "How far back to look."),

@@ -5,6 +5,7 @@ while a varied completion re-shared by another node, verbatim or with light edit
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import pytest
 from factories import make_node
@@ -51,6 +52,27 @@ LOCAL_1_LATER = [
     " <answer ></answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</",
     " <answer>1</answer>No</answer>No</answer>-No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No",
     " <answer>11</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>No</answer>",
+]
+
+
+#: A group of local-2 and a later one of local-1 on one question (make run's 'Simplify the fraction 6/9',
+#: from the nodes' outboxes): local-1's long text is varied junk (78% of its grams distinct) in which
+#: `++++` occurs 38 times in 238 grams, enough to outvote the rest of its simhash, which lies within
+#: distance 1 of local-2's short `++++++++++++++.`. make run held local-1's group as a near copy.
+LOCAL_2_PLUSES = [
+    " <answer>++++++++++++++.",
+    " <answer>1/1</answer>-",
+    " <answer>1/1</answer>",
+    " <answer>5/1</answer>",
+    " <answer>1/1</answer>",
+    " <answer>1/4</answer>",
+    " <answer>1/1</answer>",
+    " <answer>1/1</answer>",
+]
+LOCAL_1_PLUSES = [" <answer>1/1</answer>"] * 7 + [
+    " <answer>1/2er hexade programic+++++++++++++. binplyalcul Thurts>[-]>[-]<>++++++++[<++++++++++++++>-]<"
+    "brupputerarch>+++[<++++ this itselBitionalusiveetermlease&>-]< taxicabo| S Thursdaybl progr)."
+    "++++++++++++++. outputow----LIES symb tar y not"
 ]
 
 
@@ -119,6 +141,45 @@ def test_a_text_mostly_of_repeats_is_no_near_copy_however_many_its_distinct_gram
     assert [holds_of(r) for r in rows] == [[], [], ["duplicate_near"]]
 
 
+def test_one_heavy_gram_in_varied_junk_is_no_near_copy():
+    """local-1's text passes the distinct-grams bars (186 distinct, 78%) and lies within distance 1 of
+    local-2's `++++++++++++++.`: its `++++` (16% of its grams) decides its simhash. The top-gram bar
+    spares it; at 1.0 (off) the group is held as a near copy, as make run held it."""
+    theirs, mine = (filters.fingerprints([texts])[0] for texts in (LOCAL_2_PLUSES, LOCAL_1_PLUSES[-1:]))
+    assert filters.hamming(mine.simhash[0], theirs.simhash[0]) <= 1
+    distinct, top = filters.gram_profile(mine.normalised)
+    grams = len(mine.normalised[0]) - 3
+    assert (distinct, top, grams) == ([186], [38], 238)
+    assert top[0] / grams > default_rule("duplicate_near")["max_top_gram_share"]
+    assert [holds_of(r) for r in pluses_shared_as_in_make_run(38)] == [[], []]
+    set_rule("duplicate_near", max_top_gram_share=1.0)
+    assert [holds_of(r) for r in pluses_shared_as_in_make_run(41)] == [[], ["duplicate_near"]]
+
+
+def pluses_shared_as_in_make_run(index: int) -> list:
+    """local-2's group, then local-1's, on one question."""
+    return [share(make_node(), group(index, completions=texts))[0] for texts in (LOCAL_2_PLUSES, LOCAL_1_PLUSES)]
+
+
+def test_honest_varied_texts_are_far_below_the_top_gram_bar():
+    """Prose and worked arithmetic spread their grams: the most frequent is a few percent of them."""
+    texts = [
+        *long_reasoning(group(39)),
+        " ".join(f"step {k}: carry the {k * 7 % 10} and write {k * 37}" for k in range(20)),
+    ]
+    normalised = filters.normalised_utf8(texts)
+    _, top = filters.gram_profile(normalised)
+    shares = [t / (len(e) - 3) for t, e in zip(top, normalised, strict=True)]
+    assert max(shares) < default_rule("duplicate_near")["max_top_gram_share"] / 2
+
+
+def test_junk_with_a_heavy_gram_copied_verbatim_is_still_held():
+    """The bar is the near rule's: another node re-sharing local-1's text verbatim is an exact copy."""
+    share(make_node(), group(40, completions=LOCAL_1_PLUSES))
+    (copier,) = share(make_node(), group(40, completions=LOCAL_1_PLUSES))
+    assert holds_of(copier) == ["duplicate_exact"]
+
+
 def test_a_varied_completion_copied_verbatim_or_lightly_edited_is_still_held():
     g = group(33)
     honest = long_reasoning(g)
@@ -178,6 +239,9 @@ def test_distinct_grams_counts_each_texts_distinct_four_byte_pieces():
     texts.append(bytes(range(256)) * 3)
     by_the_book = [len({t[i : i + 4] for i in range(len(t) - 3)}) for t in texts]
     assert filters.distinct_grams(texts) == by_the_book
+    heaviest = [max(Counter(t[i : i + 4] for i in range(len(t) - 3)).values(), default=0) for t in texts]
+    assert filters.gram_profile(texts) == (by_the_book, heaviest)
+    assert heaviest[3:5] == [5, 42]
     assert by_the_book[4] == 12
     assert filters.distinct_grams([]) == []
 
@@ -186,6 +250,9 @@ def test_the_bar_is_a_parameter_of_both_copy_rules_and_validated():
     for key in ("duplicate_exact", "duplicate_near"):
         assert RULES[key].params["min_distinct_grams"].default == 40
     assert RULES["duplicate_near"].params["min_distinct_share"].default == 0.5
+    assert RULES["duplicate_near"].params["max_top_gram_share"].default == 0.1
+    with pytest.raises(Exception, match="max_top_gram_share"):
+        set_rule("duplicate_near", max_top_gram_share=1.5)
     with pytest.raises(Exception, match="min_distinct_grams"):
         set_rule("duplicate_near", min_distinct_grams=-1)
 
