@@ -61,6 +61,7 @@ METAVARS = {
     "token": "T",
     "model": "ID_OR_PATH",
     "correction_cap": "C",
+    "pause_when_busy": "LOAD",
 }
 CHOICES = {
     "device": None,
@@ -173,6 +174,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         refuse_a_server_the_user_has_not_named(saved.parent, config, given)
         config.server = None  # a resumed run connects to the user's --server or SAPO_SERVER only
         config.threads = None  # the machine's load has changed since: chosen again unless given
+        # The idle policy is the command's, not the run's: a service installed again without it stops pausing.
+        config.pause_when_busy, config.pause_on_battery = None, False
     config.server = os.environ.get("SAPO_SERVER") or config.server
     config.token = os.environ.get("SAPO_TOKEN") or None
     if not config.token and os.environ.get("SAPO_TOKEN_FILE"):  # a user service's (sapo_node.service)

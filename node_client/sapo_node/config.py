@@ -54,6 +54,12 @@ class NodeConfig:
     Online, the server is the one --server or SAPO_SERVER names: a folder naming another is refused."""
     seed: int | None = None
     """Seed of the question stream, sampling and initialisation; None draws one (saved in config.json)."""
+    pause_when_busy: float | None = None
+    """Pause while the 1-minute load average of the machine's other work (the node's own CPU use left out)
+    exceeds this; resume once it falls below 3/4 of it (sapo_node.idle); none: never. Not kept by --resume."""
+    pause_on_battery: bool = False
+    """Pause while the machine runs on battery (Linux: /sys/class/power_supply; macOS: pmset; elsewhere
+    not supported: the node says so and works on). Not kept by --resume."""
 
     # --- the round (SAPO Algorithm 1) ---
     rounds: int = 0
@@ -196,6 +202,7 @@ class NodeConfig:
             "local + external must be >= 1": self.local + self.external >= 1,
             "rounds must be >= 0": self.rounds >= 0,
             "threads must be >= 0": self.threads >= 0,
+            "pause_when_busy must be > 0": self.pause_when_busy is None or self.pause_when_busy > 0,
             "ratio must be fixed or adaptive": self.ratio in ("fixed", "adaptive"),
             "external_baseline must be group or own": self.external_baseline in ("group", "own"),
             "correction must be off, token or sequence": self.correction in ("off", "token", "sequence"),

@@ -6,8 +6,9 @@ Each step is a function in a module named for it. The loop never waits on the ne
 appends to a durable outbox and external groups are whatever has already arrived. Ctrl-C (or
 SIGTERM) finishes the current step, saves a checkpoint and returns; `--resume` continues.
 
-A pause (the node's owner on the site, sapo_node.pause) is waited out at a round's start and between
-generating and sharing: the step in progress finishes, nothing is lost, and the round goes on after.
+A pause (the node's owner on the site, or its idle policy: sapo_node.pause, sapo_node.idle) is waited
+out at a round's start and between generating and sharing: the step in progress finishes, nothing is
+lost, and the round goes on after.
 
 `run` is start_node -> play_round ... -> finish_node; a driver that interleaves several nodes in
 one process (the experiment) calls those three itself.
@@ -39,6 +40,7 @@ from sapo_node.config import NodeConfig
 from sapo_node.generate import Generated, generate_groups, pad_id, random_keys
 from sapo_node.groups import ExternalRules, Group, make_proof
 from sapo_node.grpo import grpo_update, make_optimizer
+from sapo_node.idle import IdleMonitor, start_idle_policy
 from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
 from sapo_node.pause import PauseGate, pause_line
@@ -113,6 +115,8 @@ class Node:
     commitments: CommitmentStore | None = None
     #: Why the node must not work now (the site's pause, ...): waited on at the loop's boundaries.
     gate: PauseGate = field(default_factory=PauseGate)
+    #: The idle policy's monitor (--pause-when-busy, --pause-on-battery), holding `gate`; None without one.
+    idle: IdleMonitor | None = None
 
 
 def start_node(
@@ -144,6 +148,7 @@ def start_node(
     transport = transport if transport is not None else make_transport(config, out)
     gate = PauseGate()
     transport.attach_gate(gate)
+    idle = start_idle_policy(gate, busy_load=config.pause_when_busy, battery=config.pause_on_battery)
     transport.start(
         Hello(
             f"sapo-node/{__version__}",
@@ -186,6 +191,7 @@ def start_node(
         baseline=OwnBaseline() if config.external_baseline == "own" else None,
         commitments=commitments,
         gate=gate,
+        idle=idle,
     )
 
 
@@ -306,6 +312,8 @@ def finish_node(node: Node) -> TransportCounts | None:
     if node.last_round > node.last_saved:
         if save_checkpoint(node.out, node.last_round, node.state, keep=node.config.keep_checkpoints) is not None:
             node.last_saved = node.last_round
+    if node.idle is not None:
+        node.idle.stop()
     transport = node.transport
     transport.tell_state(protocol.NODE_IDLE)  # connected, with no round to play
     shares = None
@@ -343,7 +351,7 @@ def wait_while_paused(node: Node, stop: StopFlag | None) -> bool:
 
     def paused(reasons: frozenset[str]) -> None:
         held.append(reasons)
-        print(pause_line(reasons), flush=True)
+        print(pause_line(reasons, node.gate.details), flush=True)
         transport.tell_state(protocol.NODE_PAUSED)
 
     node.gate.wait(stop=lambda: stop is not None and stop.requested, on_pause=paused)

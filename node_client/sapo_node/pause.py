@@ -17,18 +17,28 @@ from collections.abc import Callable
 
 from sapo_node import protocol
 
-#: What the node prints once when a pause for this reason begins (other reasons: "paused (<reason>)").
-PAUSE_LINES = {protocol.PAUSE_SITE: "paused from the site (resume on /me/)"}
+#: What the node prints when a pause for this reason begins (other reasons: "paused (<reason>)").
+PAUSE_LINES = {
+    protocol.PAUSE_SITE: "paused from the site (resume on /me/)",
+    "busy": "paused while the machine is busy (--pause-when-busy)",
+    "battery": "paused while on battery (--pause-on-battery)",
+}
 
 
-def pause_line(reasons: frozenset[str]) -> str:
-    """The one line that says why the node is paused."""
-    return "; ".join(PAUSE_LINES.get(r, f"paused ({r})") for r in sorted(reasons))
+def pause_line(reasons: frozenset[str], details: dict[str, str] | None = None) -> str:
+    """The one line that says why the node is paused; `details` (by reason) adds the figures behind one."""
+    details = details or {}
+    parts = []
+    for r in sorted(reasons):
+        line = PAUSE_LINES.get(r, f"paused ({r})")
+        parts.append(f"{line}: {details[r]}" if details.get(r) else line)
+    return "; ".join(parts)
 
 
 class PauseGate:
     def __init__(self) -> None:
         self._reasons: set[str] = set()
+        self._details: dict[str, str] = {}
         self._changed = threading.Condition()
         #: Called with the reasons after each change (the transport tells the server), outside the lock.
         self.on_change: Callable[[frozenset[str]], None] | None = None
@@ -43,8 +53,19 @@ class PauseGate:
         with self._changed:
             return bool(self._reasons)
 
-    def pause(self, reason: str) -> bool:
-        """Hold the gate for `reason`. Returns False when it already held it."""
+    @property
+    def details(self) -> dict[str, str]:
+        """What the holders said of their reasons (the figures behind a pause), by reason."""
+        with self._changed:
+            return {r: d for r, d in self._details.items() if r in self._reasons}
+
+    def pause(self, reason: str, detail: str = "") -> bool:
+        """Hold the gate for `reason` (`detail`: the figures behind it, for the pause line). Returns False
+        when it already held it."""
+        if detail:
+            with self._changed:
+                if reason not in self._reasons:
+                    self._details[reason] = detail
         return self._set(reason, True)
 
     def resume(self, reason: str) -> bool:
@@ -75,16 +96,19 @@ class PauseGate:
         poll: float = 0.5,
     ) -> float:
         """Block while any reason holds, or until `stop()` is true (checked every `poll` seconds).
-        `on_pause(reasons)` is called once when the wait begins (not at all when the gate is open).
-        Returns the seconds waited."""
+        `on_pause(reasons)` is called when the wait begins and again whenever the reasons holding change
+        during it (not at all when the gate is open), outside the lock. Returns the seconds waited."""
         started = time.monotonic()
-        with self._changed:
-            if not self._reasons:
-                return 0.0
-            reasons = frozenset(self._reasons)
-        if on_pause is not None:
-            on_pause(reasons)
-        with self._changed:
-            while self._reasons and not stop():
-                self._changed.wait(poll)
-        return time.monotonic() - started
+        told: frozenset[str] = frozenset()
+        while True:
+            with self._changed:
+                if self._reasons and frozenset(self._reasons) == told and not stop():
+                    self._changed.wait(poll)
+                reasons = frozenset(self._reasons)
+            if not reasons or stop():
+                break
+            if reasons != told:
+                told = reasons
+                if on_pause is not None:
+                    on_pause(reasons)
+        return 0.0 if not told else time.monotonic() - started

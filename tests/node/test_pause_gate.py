@@ -50,7 +50,10 @@ def test_wait_ends_when_the_node_stops():
 
 def test_the_pause_line_names_its_reasons():
     assert pause_line(frozenset({"site"})) == "paused from the site (resume on /me/)"
-    assert pause_line(frozenset({"site", "battery"})) == "paused (battery); paused from the site (resume on /me/)"
+    assert pause_line(frozenset({"site", "update"})) == "paused from the site (resume on /me/); paused (update)"
+    assert pause_line(frozenset({"battery"}), {"battery": "on battery since 9:00"}) == (
+        "paused while on battery (--pause-on-battery): on battery since 9:00"
+    )
 
 
 def test_pause_frames_hold_and_release_the_site_reason_of_the_attached_gate(tmp_path):
