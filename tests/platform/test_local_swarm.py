@@ -1,6 +1,7 @@
 """`make run`'s command, `manage.py sapo_local`, as a user starts it: the site and real node
 processes on loopback, against a database of its own on the test run's PostgreSQL server."""
 
+import io
 import os
 import queue
 import shutil
@@ -237,3 +238,17 @@ def test_a_local_node_started_with_another_model_is_a_new_node():
     assert other.id != first.id and (other.name, other.model_id) == ("local-1", "smollm2-135m") and token
     old = Node.objects.get(id=first.id)
     assert old.retired_at is not None and old.model_id == "tiny-mini"  # its figures stay with tiny-mini
+
+
+def test_a_stopped_nodes_resume_hint_says_make_run_resumes_it(capsys):
+    """A node's own hint names `sapo-node run --resume --server ... --out ...`; under make run the
+    node is resumed by make run itself, so its line says that instead of a command to type."""
+    from localswarm.management.commands.sapo_local import _pump
+
+    node_output = io.StringIO(
+        "round 3/10: reward 0.41\n"
+        "stopped after round 3; continue with: sapo-node run --resume --server ws://127.0.0.1:8000/ws/node/ --out var/local-swarm/local-1\n"
+    )
+    _pump("[local-1]", node_output)
+    out = capsys.readouterr().out
+    assert out == "[local-1] round 3/10: reward 0.41\n[local-1] stopped after round 3; make run resumes it\n"

@@ -40,8 +40,15 @@ from swarms.services import swarm_catalogue_set, swarm_create, swarm_default_ens
 REPO = Path(settings.BASE_DIR)
 
 
+#: What a node prints when stopped: its own resume command, which names --server and --out that this
+#: command gives it; `make run` resumes its nodes by itself, so that is what it says instead.
+_RESUME_HINT = "; continue with: "
+
+
 def _pump(prefix: str, stream) -> None:
     for line in iter(stream.readline, ""):
+        if _RESUME_HINT in line:
+            line = line.split(_RESUME_HINT, 1)[0] + "; make run resumes it\n"
         sys.stdout.write(f"{prefix} {line}")
         sys.stdout.flush()
 
