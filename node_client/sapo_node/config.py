@@ -239,12 +239,6 @@ class NodeConfig:
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
-    def describe(self) -> str:
-        """The full config, one field a line, for the start of a run."""
-        data = self.to_json()
-        width = max(len(k) for k in data)
-        return "\n".join(f"  {k:<{width}} = {v!r}" for k, v in data.items())
-
 
 @lru_cache(maxsize=1)
 def field_docs() -> dict[str, str]:

@@ -127,7 +127,8 @@ def start_node(
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     config.save(out / "config.json")
-    print(f"sapo-node {__version__}\n{config.describe()}", flush=True)
+    # The choices that matter were printed in one line (machine.describe_fit); the rest is on disk.
+    print(f"sapo-node {__version__}: every setting in {out / 'config.json'}", flush=True)
 
     # ---- the policy, its optimizer, and (only with a KL penalty) the frozen initial policy
     if config.threads:

@@ -68,7 +68,11 @@ def test_offline_run_writes_config_metrics_and_a_checkpoint(tmp_path, capsys):
     assert set(rows[0]["seconds"]) >= {"generate", "score", "share", "assemble", "update"}
     assert rows[0]["local_offered"] == 2 and rows[0]["connection"] == "silo"
     assert [p.name for p in list_checkpoints(out)] == ["round-000002"]
-    assert "questions" in capsys.readouterr().out  # the full config is printed at start
+    # The start says its choices in one line and where every setting is, not the config a field a line.
+    printed = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("config: model ") for line in printed) == 1
+    assert f"every setting in {out / 'config.json'}" in printed[1]
+    assert not any(line.lstrip().startswith("questions ") for line in printed)
 
 
 def test_resume_continues_the_round_count(tmp_path):
