@@ -8,7 +8,7 @@ for years decays by one multiplication when read (`recent_average_credit`).
 
 Every statistic reads these through the SQL fragments below (psycopg's `sql` module, over a pool row
 alias, `r` unless named) or through their Python twins, which are derived from the same constants.
-tests/platform/test_credit_once.py fails when a second definition appears elsewhere in platform/.
+tests/test_credit_once.py fails when a second definition appears elsewhere in platform/.
 """
 
 from __future__ import annotations
