@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from sapo_node import __version__
+from sapo_node.proof import file_sha256
 
 MANIFEST_PATH = "/models/manifest.json"
 MODELS_PATH = "/models/"
@@ -112,14 +113,6 @@ def parse_manifest(data: bytes) -> Manifest:
         if sum(f.size for f in model.files) > MAX_MODEL_BYTES:
             raise PrebuiltUnavailable(f"its {model.name} is over {MAX_MODEL_BYTES} bytes")
     return manifest
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def describe_folder(name: str, recipe: str, folder: Path) -> ManifestModel:

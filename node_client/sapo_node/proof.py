@@ -16,6 +16,7 @@ import functools
 import hashlib
 import struct
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 #: How many questions one challenge names (its indices j = 0..QUESTIONS_PER_CHALLENGE-1): enough for
 #: the fastest built-in model's rounds between two fresh challenges (SAPO_CHALLENGE_SECONDS), few
@@ -130,6 +131,16 @@ def decode_floats(text: str) -> list[float]:
     if len(raw) % 4:
         raise ValueError("log-probabilities are not whole float32s")
     return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file, read 1 MiB at a time: a checkpoint the node uploads and the server
+    checks, a prebuilt model's files, a wheel."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def weights_digest(tensors: Iterable[tuple[str, str, Sequence[int], bytes | memoryview]]) -> str:

@@ -9,15 +9,12 @@ only after its sha256 matched the one the node announced.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sapo_node import proof
-
-READ_CHUNK = 1 << 20
 
 
 class AuditFailed(Exception):
@@ -44,14 +41,6 @@ class ReplayReport:
     notes: list[str] = field(default_factory=list)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def auditable_models() -> frozenset[str]:
     """Models the site rebuilds itself (sapo_node.proof.AUDITABLE_MODELS). The pool stores a proof naming
     any other unaudited, so no audit of one is drawn; this check stands for audits drawn before."""
@@ -65,7 +54,7 @@ def load_checkpoint(path: Path, *, sha256: str, weights: str) -> dict[str, Any]:
 
     from sapo_node.commitments import tensors_digest
 
-    if file_sha256(path) != sha256:
+    if proof.file_sha256(path) != sha256:
         raise AuditFailed("the stored checkpoint does not match the sha256 its upload announced")
     try:
         tensors = load_file(str(path), device="cpu")

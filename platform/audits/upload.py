@@ -23,10 +23,10 @@ from django.utils import timezone
 from accounts import limits
 from audits.jobs import audit_enqueue_on_commit
 from audits.models import Audit, AuditState
-from audits.replay import file_sha256
 from common.errors import ApplicationError, NotFound
 from nodes.models import Node, NodeToken
 from nodes.services import token_hash, token_is_well_formed
+from sapo_node.proof import file_sha256
 
 #: The largest chunk one request may carry.
 MAX_CHUNK_BYTES = 8 * 1024 * 1024

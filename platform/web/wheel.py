@@ -23,6 +23,7 @@ from django.conf import settings
 from filelock import FileLock
 
 from common.errors import ApplicationError
+from sapo_node.proof import file_sha256
 
 SOURCE_DIR = Path(settings.BASE_DIR) / "node_client"
 _SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache"}
@@ -76,20 +77,12 @@ def client_version() -> str:
     return match.group(1) if match else "0"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _describe(path: Path) -> Wheel:
     sha_file = path.with_suffix(".sha256")
     if sha_file.exists():
         sha = sha_file.read_text().split()[0]
     else:
-        sha = _sha256(path)
+        sha = file_sha256(path)
         sha_file.write_text(f"{sha}  {path.name}\n")
     version = path.name.split("-")[1]
     return Wheel(path=path, version=version, sha256=sha, size=path.stat().st_size)

@@ -19,7 +19,6 @@ of weights the node no longer has is answered by nothing (the deadline decides) 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import queue
@@ -38,6 +37,7 @@ import msgspec
 
 from sapo_node import __version__, protocol
 from sapo_node.commitments import CommitmentStore
+from sapo_node.proof import file_sha256
 
 log = logging.getLogger("sapo_node.transport")
 
@@ -209,7 +209,7 @@ class CheckpointUploader:
 
     def _upload(self, audit: AuditRequest, path: Path, offset: int) -> None:
         total = path.stat().st_size
-        digest = _file_sha256(path)
+        digest = file_sha256(path)
         url = self.base_url + audit.upload
         with path.open("rb") as f:
             f.seek(offset)
@@ -254,11 +254,3 @@ def _received(exc: urllib.error.HTTPError) -> int | None:
         if type(value) is int and value >= 0:
             return value
     return None
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
