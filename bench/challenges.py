@@ -102,6 +102,7 @@ def _share(node_id: int, args: argparse.Namespace, challenge: str, first: int, w
 def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     from pool import challenges
     from pool.ingest import rollout_share
+    from pool.ingest_statement import SwarmOfBatch
     from pool.limits import current_limits
     from pool.messages import parse_frame
     from pool.models import Rollout
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     from swarms.selectors import swarm_place
     from swarms.services import swarm_default_ensure
 
-    limits, catalogue = current_limits(), swarm_place(swarm=swarm_default_ensure()).catalogue
+    limits, place = current_limits(), swarm_place(swarm=swarm_default_ensure())
+    catalogue, in_swarm = place.catalogue, SwarmOfBatch(place.swarm_id, place.catalogue_version)
     nodes = [node for node, _ in bench_pool.make_nodes(args.nodes, "proof")]
     per_challenge = 64 // args.groups  # a challenge names 64 questions
     parse_plain, parse_proof, check_cold, check_warm, whole = [], [], [], [], []
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
             (check_cold if s % per_challenge == 0 else check_warm).append((t4 - t3) / args.groups)
             assert all(state == challenges.PENDING for state in states[0].values()), states
             t5 = time.thread_time()
-            rollout_share(node=node, rollouts=share.rollouts, catalogue=catalogue, limits=limits)
+            rollout_share(node=node, rollouts=share.rollouts, catalogue=catalogue, limits=limits, swarm=in_swarm)
             whole.append((time.thread_time() - t5) / args.groups)
     pending = Rollout.objects.filter(audit_state="pending").count()
     us = 1e6

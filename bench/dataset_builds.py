@@ -106,6 +106,7 @@ def run(bench_pool, count: int) -> None:  # noqa: ANN001
     from pool.ingest import rollout_share
     from pool.limits import current_limits
     from pool.messages import parse_frame
+    from pool.ingest_statement import SwarmOfBatch
     from sapo_node import proof
     from swarms.models import SwarmCatalogue
     from swarms.selectors import swarm_place
@@ -135,7 +136,13 @@ def run(bench_pool, count: int) -> None:  # noqa: ANN001
         text = json.dumps({"type": "share", "v": 1, "rollouts": [group]})
         message = parse_frame(text, limits)
         t0 = time.thread_time()
-        result = rollout_share(node=node, rollouts=message.rollouts, catalogue=place.catalogue, limits=limits)
+        result = rollout_share(
+            node=node,
+            rollouts=message.rollouts,
+            catalogue=place.catalogue,
+            limits=limits,
+            swarm=SwarmOfBatch(place.swarm_id, place.catalogue_version),
+        )
         cpu = time.thread_time() - t0
         reason = result.rejected[0]["reason"] if result.rejected else "accepted"
         out.append(

@@ -131,6 +131,10 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
         from pool.ingest import rollout_share
     except ImportError:  # a tree before pool.ingest
         from pool.services import rollout_share
+    try:
+        from pool.ingest_statement import SwarmOfBatch
+    except ImportError:  # a tree before swarms: every group in the one pool
+        SwarmOfBatch = None
 
     if args.moderation == "off":
         moderation_register(NO_MODERATION)
@@ -165,7 +169,9 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     nodes = [node for node, _ in bench_pool.make_nodes(args.connections, "cpu")]
     frames = bench_pool.build_frames(args, seeds=[1000 + i for i in range(args.connections)])
     order = [(c, m) for m in range(args.messages) for c in range(args.connections)]
-    limits, catalogue = current_limits(), swarm_place(swarm=swarm_default_ensure()).catalogue
+    limits, place = current_limits(), swarm_place(swarm=swarm_default_ensure())
+    catalogue = place.catalogue
+    in_swarm = {} if SwarmOfBatch is None else {"swarm": SwarmOfBatch(place.swarm_id, place.catalogue_version)}
     connection.ensure_connection()
     pid = connection.connection.info.backend_pid
     backend_pid.append(pid)
@@ -205,7 +211,7 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
                 (c, _), (message,) = chunk[0], messages
                 kwargs = {"stored": stored.get(c)} if remembers else {}
                 result = rollout_share(
-                    node=nodes[c], rollouts=message.rollouts, catalogue=catalogue, limits=limits, **kwargs
+                    node=nodes[c], rollouts=message.rollouts, catalogue=catalogue, limits=limits, **kwargs, **in_swarm
                 )
                 stored[c] = getattr(result, "stored", None)
             else:
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
                     ShareIn(node=nodes[c], rollouts=message.rollouts, stored=stored.get(c))
                     for (c, _), message in zip(chunk, messages, strict=True)
                 ]
-                answers = rollout_share_batch(shares=shares, catalogue=catalogue, limits=limits)
+                answers = rollout_share_batch(shares=shares, catalogue=catalogue, limits=limits, **in_swarm)
                 for (c, _), result in zip(chunk, answers, strict=True):
                     if isinstance(result, Exception):
                         raise result

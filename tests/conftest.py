@@ -86,9 +86,9 @@ _limit_redis: dict[str, Any] = {}
 def _fresh_swarm_places() -> None:
     """A process keeps each swarm's place a few seconds (pool.swarm_places): a test's database (rolled
     back, or emptied after a transactional test) does not hold the previous test's swarms."""
-    from pool.swarm_places import place_forget
+    from pool.swarm_places import places_forget
 
-    place_forget()
+    places_forget()
 
 
 @pytest.fixture(autouse=True)

@@ -292,11 +292,9 @@ def rules_current(*, use_cache: bool = True) -> dict[str, Rule]:
     return _rules(use_cache).site
 
 
-def swarm_rules_current(swarm_id: int | None, *, use_cache: bool = True) -> dict[str, Rule]:
+def swarm_rules_current(swarm_id: int, *, use_cache: bool = True) -> dict[str, Rule]:
     """The enabled rules of a swarm of its own, by key (empty: none), applied to its shares besides the
     site's; read from the same copy as `rules_current`. Read it, never change it."""
-    if swarm_id is None:
-        return {}
     return _rules(use_cache).swarms.get(swarm_id, {})
 
 

@@ -73,7 +73,7 @@ class Screening:
     node_id: int
     rollouts: Sequence[RolloutIn]
     checks: Mapping[uuid.UUID, Verification]
-    swarm_id: int | None = None
+    swarm_id: int
     findings: list[Finding] = field(default_factory=list)
     fingerprints: dict[uuid.UUID, tuple[str, filters.Fingerprint]] = field(default_factory=dict)
 
@@ -344,7 +344,7 @@ def _findings(
 
 
 def _swarm_findings(
-    accepted: Sequence[RolloutIn], found: Sequence[Finding], trust: float, own: dict[str, Rule], swarm_id: int | None
+    accepted: Sequence[RolloutIn], found: Sequence[Finding], trust: float, own: dict[str, Rule], swarm_id: int
 ) -> list[Finding]:
     """What a swarm's own rules (`own`, enabled ones, by key) find in one share's accepted groups,
     besides what the site's rules found (`found`): a group the site's rule of a key caught already is

@@ -52,7 +52,7 @@ from nodes.events import (
     socket_orders_prune,
     socket_orders_recent,
 )
-from pool.swarm_places import SWARM_CHANGED, place_forget
+from pool.swarm_places import SWARM_CHANGED, place_forget, places_forget
 from sapo_node import protocol
 
 logger = logging.getLogger(__name__)
@@ -259,9 +259,10 @@ class SocketCloses:
 
     def _swarm_changed(self, event: dict[str, Any]) -> None:
         swarm_id = event.get("swarm_id")
-        place_forget(swarm_id if isinstance(swarm_id, int) else None)
         if not isinstance(swarm_id, int):
+            places_forget()
             return
+        place_forget(swarm_id)
         self.swarm_news[swarm_id] = (self.clock(), event)
         for socket in list(self.by_swarm.get(swarm_id, ())):
             socket.swarm_changed(event)

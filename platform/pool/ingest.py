@@ -49,7 +49,6 @@ from pool.verification import REJECTED, Verification, verify_rollout
 from sapo_node import protocol
 from sapo_node.ids import is_uuid7, uuid7_floor
 from sapo_node.tasks import Catalogue
-from swarms.services import swarm_default_ensure
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,7 @@ def rollout_share(
     catalogue: Catalogue,
     limits: Limits | None = None,
     stored: StoredBytes | None = None,
-    swarm: SwarmOfBatch | None = None,
+    swarm: SwarmOfBatch,
 ) -> ShareResult:
     """Verify and store a node's shared groups; answer a verdict per group, in the order sent.
 
@@ -148,9 +147,9 @@ def rollout_share(
     contributor has used this hour's storage budget (`storage_check`; against `stored`, the previous
     share's ShareResult.stored on the same socket, when it is of this hour: one query less per share).
 
-    The groups are stored in `swarm` (None: the site's default swarm, its current catalogue version),
-    verified against `catalogue`, that swarm's catalogue of that version: a dataset outside it gets
-    the verdict `unknown_task`.
+    The groups are stored in `swarm` (a swarm and its catalogue version), verified against
+    `catalogue`, that swarm's catalogue of that version: a dataset outside it gets the verdict
+    `unknown_task`.
 
     A batch of one of `rollout_share_batch`.
     """
@@ -167,7 +166,7 @@ def rollout_share_batch(
     shares: Sequence[ShareIn],
     catalogue: Catalogue,
     limits: Limits | None = None,
-    swarm: SwarmOfBatch | None = None,
+    swarm: SwarmOfBatch,
 ) -> list[ShareResult | Exception]:
     """`rollout_share` for several shares at once: what each would have answered alone, in order (a
     ShareResult, or what it would have raised: ApplicationError, the DatabaseError of a share whose
@@ -184,9 +183,6 @@ def rollout_share_batch(
     and with its batch-mates' ahead of it, as if the shares were stored one after the other
     (docs/moderation.md, "Copies")."""
     limits = limits or current_limits()
-    if swarm is None:
-        default = swarm_default_ensure()
-        swarm = SwarmOfBatch(default.id, default.catalogue_version)
     shares, refused = _ids_refused(shares)
     results: list[ShareResult | Exception | None] = [None] * len(shares)
     batch: list[int] = []

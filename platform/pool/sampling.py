@@ -36,7 +36,6 @@ from pool.payloads import SampledGroup, sampled_group_json
 from pool.seams import moderation
 from pool.selectors import SAMPLE_WINDOW, window_id_floor
 from pool.services import rollout_served_record
-from swarms.services import swarm_default_ensure
 
 # When the window's range of sample numbers is this small, list the eligible groups and pick from
 # them; above it, probe random numbers (rejection sampling), a few index lookups per group drawn.
@@ -83,14 +82,14 @@ def rollout_sample(
     node: Any,
     n: int,
     window_seconds: int,
-    swarm_id: int | None = None,
+    swarm_id: int,
     now: datetime | None = None,
     rng: random.Random | None = None,
 ) -> RawList:
     """What a `sample` of `n` by `node` is answered with: up to `n` distinct groups drawn uniformly at
-    random among the sampleable groups of the swarm's window (`swarm_id`, None: the site's default
-    swarm; the groups created in the last `window_seconds`) that `node` did not write, as the reply's
-    list of each group's protocol JSON; the groups are recorded as served to the node."""
+    random among the sampleable groups of swarm `swarm_id`'s window (the groups created in the last
+    `window_seconds`) that `node` did not write, as the reply's list of each group's protocol JSON;
+    the groups are recorded as served to the node."""
     with metrics.SAMPLE_SECONDS.time():
         # 1. draw and 2. keep.
         drawn = _draw(node=node, n=n, window_seconds=window_seconds, swarm_id=swarm_id, now=now, rng=rng)
@@ -115,7 +114,7 @@ def _draw(
     node: Any,
     n: int,
     window_seconds: int,
-    swarm_id: int | None,
+    swarm_id: int,
     now: datetime | None,
     rng: random.Random | None,
 ) -> list[_Hit]:
@@ -132,8 +131,6 @@ def _draw(
     rng = rng or random.SystemRandom()
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=window_seconds)
-    if swarm_id is None:
-        swarm_id = swarm_default_ensure().id
     id_floor = window_id_floor(cutoff)
     lo, hi, tried, hits = _first_draw(node.id, swarm_id, cutoff, id_floor, math.ceil(n * 1.3) + 4)
     if lo is None or hi is None or hi < lo:

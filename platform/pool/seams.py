@@ -45,7 +45,7 @@ class ShareToScreen:
     rollouts: Sequence[RolloutIn]
     checks: Mapping[uuid.UUID, Verification]
     #: The swarm the share is stored in (a swarm's own rules apply to it besides the site's).
-    swarm_id: int | None = None
+    swarm_id: int
 
 
 #: The names of the pool's INSERT statement (pool.ingest_statement, which asserts its composed statement

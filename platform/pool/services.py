@@ -39,7 +39,6 @@ from pool.models import (
 )
 from pool.signals import rollouts_moderation_changing
 from swarms.models import SAMPLE_SEQUENCE_PREFIX
-from swarms.services import swarm_default_ensure
 
 #: Served-group rows live this long past the sampling window: a node reports what it used within
 #: minutes of sampling it.
@@ -91,9 +90,7 @@ def _set_moderation(queryset: QuerySet[Rollout], status: str) -> int:
     )
 
 
-def node_round_report(
-    *, node: Any, report: Report, limits: Limits | None = None, swarm_id: int | None = None
-) -> NodeRound:
+def node_round_report(*, node: Any, report: Report, limits: Limits | None = None, swarm_id: int) -> NodeRound:
     """Store a node's round report (a resent round replaces the figures) and credit what it used.
 
     Credit is earned, not claimed: an id in `used` becomes a Consumption row (one per consumer and
@@ -103,12 +100,9 @@ def node_round_report(
     its own groups from its other nodes, nor anyone's groups it never sampled.
 
     The report's bytes count against the storage budgets; raises "over_budget" past them. The round is
-    the swarm's the node is in (`swarm_id`; None: the site's default swarm); a consumption is the
-    swarm's of the group consumed.
+    the swarm's the node is in (`swarm_id`); a consumption is the swarm's of the group consumed.
     """
     storage_check(node=node, limits=limits or current_limits())
-    if swarm_id is None:
-        swarm_id = swarm_default_ensure().id
     now = timezone.now()
     with transaction.atomic():
         node_round, _ = NodeRound.objects.update_or_create(

@@ -42,12 +42,17 @@ SWARM_CHANGED = "swarm.changed"
 _places: dict[str | None, tuple[float, SwarmPlace]] = {}
 
 
-def place_forget(swarm_id: int | None = None) -> None:
-    """Drop this process's copies (of one swarm, or all), and always the default's and `any`'s: a
-    change of any swarm may change which swarm is the default, and which needs nodes."""
+def place_forget(swarm_id: int) -> None:
+    """Drop this process's copy of one swarm's place, and always the default's and `any`'s: a change of
+    any swarm may change which swarm is the default, and which needs nodes."""
     for key, (_, place) in list(_places.items()):
-        if swarm_id is None or place.swarm_id == swarm_id or key in (None, protocol.ANY_SWARM):
+        if place.swarm_id == swarm_id or key in (None, protocol.ANY_SWARM):
             _places.pop(key, None)
+
+
+def places_forget() -> None:
+    """Drop this process's copies of every swarm's place."""
+    _places.clear()
 
 
 def place_of_hello(*, slug: str | None) -> tuple[SwarmPlace, float]:

@@ -9,7 +9,7 @@ from channels.db import database_sync_to_async as sync_to_async
 from factories import make_node, make_node_with_token
 from node_sockets import ask, open_socket
 from support.audits import make_audit, pending_group
-from support.pool import SAPO, challenged_group, make_group, sampled, share_frame, to_rollout_in
+from support.pool import SAPO, challenged_group, default_swarm, make_group, sampled, share_frame, to_rollout_in
 
 from audits import selection
 from audits.services import audit_fail, node_release
@@ -72,7 +72,9 @@ def test_moderation_and_release_do_not_return_a_held_period_group_to_sampling(no
     hold(node)
     challenge = challenges.challenge_mint(node.id)
     proved, plain = challenged_group(challenge, 1), make_group(index=91)
-    rollout_share(node=node, rollouts=[to_rollout_in(proved), to_rollout_in(plain)], catalogue=SAPO)
+    rollout_share(
+        node=node, rollouts=[to_rollout_in(proved), to_rollout_in(plain)], catalogue=SAPO, swarm=default_swarm()
+    )
     ids = [proved["id"], plain["id"]]
     rollout_set_moderation(rollouts=ids, status=ModerationStatus.QUARANTINED)
     rollout_set_moderation(rollouts=ids, status=ModerationStatus.OK)
@@ -80,7 +82,7 @@ def test_moderation_and_release_do_not_return_a_held_period_group_to_sampling(no
 
     assert node_release(actor=admin_user, node_id=node.id) == 1
     after = make_group(index=92)
-    rollout_share(node=node, rollouts=[to_rollout_in(after)], catalogue=SAPO)
+    rollout_share(node=node, rollouts=[to_rollout_in(after)], catalogue=SAPO, swarm=default_swarm())
     assert [stored(i) for i in ids] == [("unaudited", "node_held", False)] * 2
     assert stored(after["id"]) == ("unaudited", "", True)  # served again, as any old client's group
     reader = make_node(owner=node.owner, name="reader")

@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from factories import make_node_with_token, make_user
 from node_sockets import ask, open_socket
-from support.pool import make_group, proof_of, share_frame
+from support.pool import default_swarm, make_group, proof_of, share_frame
 
 from pool import builds
 from pool.challenges import challenge_mint
@@ -90,7 +90,9 @@ def test_a_share_pays_for_the_dataset_it_made_the_server_build(fresh_cache):
     honest = _group(CHEAP, 8)
     datasets.datasets_forget()  # the test's make_group built them here
     results = rollout_share_batch(
-        shares=[ShareIn(costly_node, _rollouts(costly)), ShareIn(honest_node, _rollouts(honest))], catalogue=CATALOGUE
+        shares=[ShareIn(costly_node, _rollouts(costly)), ShareIn(honest_node, _rollouts(honest))],
+        catalogue=CATALOGUE,
+        swarm=default_swarm(),
     )
     assert [r.accepted for r in results] == [[costly["id"]], [honest["id"]]]
     assert results[0].verification_seconds > 0.1 > results[1].verification_seconds, results

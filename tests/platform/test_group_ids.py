@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 from factories import make_node
-from support.pool import EASY, make_group, to_rollout_in
+from support.pool import EASY, default_swarm, make_group, to_rollout_in
 from test_web_data import make_group as stored_group
 
 from pool import retention
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 
 
 def share(node, *groups):
-    return rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=EASY)
+    return rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=EASY, swarm=default_swarm())
 
 
 def group(index: int, rollout_id: uuid.UUID | str | None = None):

@@ -6,7 +6,7 @@ import pytest
 from django.core.cache import cache
 from factories import make_node
 from rest_framework.test import APIClient
-from support.pool import SAPO, make_group, to_rollout_in
+from support.pool import SAPO, default_swarm, make_group, to_rollout_in
 
 from pool.ingest import rollout_share
 from pool.services import rollout_set_moderation
@@ -26,7 +26,9 @@ def shared():
     flat = make_group("base_conversion", index=2, right=2, wrong=0)
     forged = make_group("basic_arithmetic", index=3)
     forged["answer"] = "nope"
-    rollout_share(node=node, rollouts=[to_rollout_in(g) for g in (good, flat, forged)], catalogue=SAPO)
+    rollout_share(
+        node=node, rollouts=[to_rollout_in(g) for g in (good, flat, forged)], catalogue=SAPO, swarm=default_swarm()
+    )
     return {"good": good, "flat": flat, "forged": forged}
 
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from factories import make_node
-from support.pool import EASY, make_group, sampled, to_rollout_in
+from support.pool import EASY, default_swarm, make_group, sampled, to_rollout_in
 
 from common.compact_json import dumps_object
 from pool import sampling
@@ -24,7 +24,7 @@ DAY = 86_400
 
 
 def share(node, *groups):
-    return rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=EASY)
+    return rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=EASY, swarm=default_swarm())
 
 
 def easy_group(index: int, **kwargs):
@@ -187,7 +187,9 @@ def test_the_socket_s_json_is_the_protocol_object_of_each_group_drawn(path) -> N
     for group in groups[::2]:  # two wrong completions (reward 0) with texts JSON must escape
         group["completions"][2:] = odd[:2] if group is groups[0] else odd[1:]
     share(author, *groups)
-    drawn = sampling.rollout_sample(node=asker, n=8, window_seconds=DAY, rng=random.Random(3))
+    drawn = sampling.rollout_sample(
+        node=asker, n=8, window_seconds=DAY, swarm_id=default_swarm().swarm_id, rng=random.Random(3)
+    )
     reply = json.loads(dumps_object({"type": protocol.SAMPLES, "rollouts": drawn}))  # as the socket sends it
     assert [json.loads(text) for text in drawn.texts] == reply["rollouts"] and len(reply["rollouts"]) == 8
     ids = [uuid.UUID(group["id"]) for group in reply["rollouts"]]

@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from factories import make_node
 from support.moderation import group, long_reasoning, share
-from support.pool import SAPO, to_rollout_in
+from support.pool import SAPO, default_swarm, to_rollout_in
 
 from common.errors import ApplicationError
 from moderation.models import AuditEntry, ModerationDecision, ModerationFlag, RolloutFingerprint, TrustRecord
@@ -131,13 +131,19 @@ def test_a_batch_answers_stores_and_counts_what_sharing_one_after_the_other_does
         results = []
         for s in shares:
             try:
-                results.append(rollout_share(node=s.node, rollouts=s.rollouts, catalogue=SAPO, stored=s.stored))
+                results.append(
+                    rollout_share(
+                        node=s.node, rollouts=s.rollouts, catalogue=SAPO, stored=s.stored, swarm=default_swarm()
+                    )
+                )
             except ApplicationError as exc:
                 results.append(exc)
         return results
 
     alone, alone_answers, alone_state = _outcome(one_after_the_other)
-    batched, batched_answers, batched_state = _outcome(lambda: rollout_share_batch(shares=shares, catalogue=SAPO))
+    batched, batched_answers, batched_state = _outcome(
+        lambda: rollout_share_batch(shares=shares, catalogue=SAPO, swarm=default_swarm())
+    )
 
     assert batched_answers == alone_answers
     assert batched_state == alone_state
@@ -172,6 +178,7 @@ def test_a_share_that_fails_in_the_database_fails_alone():
             ShareIn(other, [to_rollout_in(g3)]),
         ],
         catalogue=SAPO,
+        swarm=default_swarm(),
     )
     assert results[0].accepted == [g1["id"]] and results[2].accepted == [g3["id"]]
     assert isinstance(results[1], IntegrityError)
@@ -180,4 +187,4 @@ def test_a_share_that_fails_in_the_database_fails_alone():
         [(good.id, 1), (other.id, 1)]
     )
     with pytest.raises(IntegrityError):  # alone, the same failure is the caller's, as before
-        rollout_share(node=gone, rollouts=[to_rollout_in(group(4))], catalogue=SAPO)
+        rollout_share(node=gone, rollouts=[to_rollout_in(group(4))], catalogue=SAPO, swarm=default_swarm())

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from factories import make_node
-from support.pool import SAPO, make_group, to_rollout_in
+from support.pool import SAPO, default_swarm, make_group, to_rollout_in
 
 from common.errors import ApplicationError
 from pool.budgets import StoredBytes
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 def _share(node, index: int, group: dict | None = None, **kwargs):
     group = group or make_group(index=index)
-    return rollout_share(node=node, rollouts=[to_rollout_in(group)], catalogue=SAPO, **kwargs)
+    return rollout_share(node=node, rollouts=[to_rollout_in(group)], catalogue=SAPO, swarm=default_swarm(), **kwargs)
 
 
 def _budget_queries(queries) -> int:

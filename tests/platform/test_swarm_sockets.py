@@ -192,11 +192,11 @@ async def test_any_places_the_node_in_the_open_swarm_with_the_fewest_active_node
 def test_any_is_chosen_once_per_few_seconds_per_process_and_a_change_of_a_swarm_chooses_again(
     django_assert_num_queries,
 ):
-    from pool.swarm_places import place_forget, place_of_hello
+    from pool.swarm_places import place_forget, place_of_hello, places_forget
 
     make_swarm(slug="busy", catalogue="easy")
     make_swarm(slug="quiet", catalogue="easy")
-    place_forget()
+    places_forget()
     place, cost = place_of_hello(slug=protocol.ANY_SWARM)
     assert cost > 0
     with django_assert_num_queries(0):  # a crowd of `any` hellos costs one aggregate per process

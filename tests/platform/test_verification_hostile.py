@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.pool import SAPO, make_group, to_rollout_in
+from support.pool import SAPO, default_swarm, make_group, to_rollout_in
 
 from pool.ingest import rollout_share
 from pool.models import Rollout, Verdict
@@ -107,7 +107,7 @@ def test_the_question_check_comes_before_the_sandbox(logic_changed):
 
 def test_a_timed_out_group_is_stored_in_the_rejection_inbox(db, node, logic_changed):
     group = slow_logic_group()
-    result = rollout_share(node=node, rollouts=[to_rollout_in(group)], catalogue=SAPO)
+    result = rollout_share(node=node, rollouts=[to_rollout_in(group)], catalogue=SAPO, swarm=default_swarm())
     assert result.rejected == [{"id": group["id"], "reason": "verification_timeout"}]
     row = Rollout.objects.get(id=group["id"])
     assert (row.verdict, row.reason, row.sampleable) == (Verdict.REJECTED, "verification_timeout", False)

@@ -9,12 +9,12 @@ from accounts.models import User
 from nodes.models import Node
 from pool.ingest import rollout_share
 from pool.models import Rollout
-from support.pool import SAPO, make_group, to_rollout_in
+from support.pool import SAPO, default_swarm, make_group, to_rollout_in
 
 
 def share(node: Node, *groups: dict[str, Any]) -> list[Rollout]:
     """Share groups as `node` through the pool (verification, automatic rules, storage); the stored rows."""
-    rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=SAPO)
+    rollout_share(node=node, rollouts=[to_rollout_in(g) for g in groups], catalogue=SAPO, swarm=default_swarm())
     rows = {r.id: r for r in Rollout.objects.with_texts().filter(id__in=[g["id"] for g in groups])}
     return [rows[uuid.UUID(g["id"])] for g in groups]
 

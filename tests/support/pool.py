@@ -6,6 +6,7 @@ import json
 import uuid
 from typing import Any
 
+from pool.ingest_statement import SwarmOfBatch
 from pool.limits import Limits
 from pool.messages import RolloutIn
 from sapo_node.ids import uuid7
@@ -94,7 +95,18 @@ DEFAULT_LIMITS = Limits()
 
 def sampled(node, n: int, *, window_seconds: int = 86_400, **kwargs) -> list[dict[str, Any]]:
     """The groups a `sample` of `n` by `node` is answered with, as the node reads them: what the socket
-    calls for the reply (pool.sampling.rollout_sample), each group's protocol JSON parsed."""
+    calls for the reply (pool.sampling.rollout_sample), each group's protocol JSON parsed; in the
+    site's default swarm unless `swarm_id` is given."""
     from pool.sampling import rollout_sample
 
+    kwargs.setdefault("swarm_id", default_swarm().swarm_id)
     return [json.loads(text) for text in rollout_sample(node=node, n=n, window_seconds=window_seconds, **kwargs).texts]
+
+
+def default_swarm() -> SwarmOfBatch:
+    """The site's default swarm and its current catalogue version: where a socket whose hello names no
+    swarm shares (the pool itself always takes the swarm from its caller)."""
+    from swarms.services import swarm_default_ensure
+
+    swarm = swarm_default_ensure()
+    return SwarmOfBatch(swarm.id, swarm.catalogue_version)
