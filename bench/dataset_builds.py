@@ -1,6 +1,7 @@
 """What a share naming a costly dataset's fresh seed costs the server, per frame: CPU seconds of the
-verifying thread and the process's resident memory, in process (`rollout_share`, no daphne), for one
-tree or several in alternation.
+verifying thread, of the worker processes that measured or built the dataset for it, what the share
+was charged (ShareResult.verification_seconds), and the process's resident memory, in process
+(`rollout_share`, no daphne), for one tree or several in alternation.
 
     .venv/bin/python bench/dataset_builds.py                      # this tree
     .venv/bin/python bench/dataset_builds.py --trees /tmp/base,.  # two trees, one after the other, twice
@@ -9,7 +10,8 @@ The swarm's catalogue is a count_primes of max_n 40 million (`--max-n`: a sieve 
 for every seed, which passes the catalogue check on an idle machine) and basic_arithmetic. Each frame is one group of count_primes
 (2.6 KB: a made-up question, which the server can only find wrong once it has built the dataset):
 `--frames` with fresh seeds the node chose (no proof), then as many with the task seed of a fresh
-challenge the server issued to the node (a proof naming it). Each tree runs in a subprocess with its
+challenge the server issued to the node (a proof naming it). The first frame's share pays for the
+dataset's measurement, where a tree charges it. Each tree runs in a subprocess with its
 own `platform` and `node_client` on its path, in a database of its own on DATABASE_URL's server
 (created, migrated, dropped). Prints the load average with each run.
 """
@@ -104,9 +106,9 @@ def run(bench_pool, count: int) -> None:  # noqa: ANN001
     from accounts.services import user_create
     from pool.challenges import challenge_mint
     from pool.ingest import rollout_share
+    from pool.ingest_statement import SwarmOfBatch
     from pool.limits import current_limits
     from pool.messages import parse_frame
-    from pool.ingest_statement import SwarmOfBatch
     from sapo_node import proof
     from swarms.models import SwarmCatalogue
     from swarms.selectors import swarm_place
@@ -150,6 +152,8 @@ def run(bench_pool, count: int) -> None:  # noqa: ANN001
                 "kind": kind,
                 "bytes": len(text),
                 "cpu_s": round(cpu, 3),
+                "workers_s": round(getattr(result, "worker_seconds", 0.0), 3),
+                "charged_s": round(result.verification_seconds, 3),
                 "rss_growth_mib": round((_status("VmRSS") - start_rss) / 2**20, 1),
                 "verdict": reason,
             }
@@ -192,8 +196,9 @@ def main() -> None:
             )
             for frame in result["frames"]:
                 print(
-                    f"  {frame['kind']:<12} {frame['bytes']:>5} B  {frame['cpu_s']:>6.3f} CPU-s  "
-                    f"RSS +{frame['rss_growth_mib']:>6.1f} MiB  {frame['verdict']}"
+                    f"  {frame['kind']:<12} {frame['bytes']:>5} B  {frame['cpu_s']:>6.3f} CPU-s here"
+                    f" + {frame['workers_s']:>6.3f} in workers, {frame['charged_s']:>6.3f} charged"
+                    f"  RSS +{frame['rss_growth_mib']:>6.1f} MiB  {frame['verdict']}"
                 )
 
 

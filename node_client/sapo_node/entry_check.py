@@ -1,13 +1,19 @@
-"""Building an entry of a configuration nobody has reviewed, bounded: a catalogue staff save names
-reasoning-gym keyword arguments, and some make it build for ever (a chain_sum of millions of terms) or
-take the machine's memory. The build runs in a worker process from the sandbox's fork server
+"""Work on a configuration nobody has reviewed, bounded: a catalogue staff save names reasoning-gym
+keyword arguments, and some make it build for ever (a chain_sum of millions of terms) or take the
+machine's memory. The work runs in a worker process from the sandbox's fork server
 (verifiers.sandbox), with the sandbox's memory limit, and is killed when its time is up.
+
+`build_first_bounded` builds a dataset's first entry (the catalogue check, and the server's one
+measurement of what a dataset costs); `run_bounded` runs any such work (the server verifying a
+share's groups of a dataset costly to build, pool.builds).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -22,16 +28,41 @@ START_SECONDS = 60.0
 
 
 class BuildTimeout(Exception):
-    """Building a dataset's entry ran out of time (`build_first_bounded`)."""
+    """Bounded work ran out of time (`run_bounded`); `cpu_seconds`: what its worker used by then."""
+
+    def __init__(self, message: str, cpu_seconds: float = 0.0) -> None:
+        super().__init__(message)
+        self.cpu_seconds = cpu_seconds
+
+
+class BuildFailed(RuntimeError):
+    """Bounded work raised, or its worker died (out of memory); `cpu_seconds`: what the worker used."""
+
+    def __init__(self, message: str, cpu_seconds: float = 0.0) -> None:
+        super().__init__(message)
+        self.cpu_seconds = cpu_seconds
 
 
 @dataclass(frozen=True)
 class BuildCost:
     """What building a dataset and its first entry cost a worker: CPU seconds, and the most memory it
-    held beyond its size at start (its peak resident set, Linux's VmHWM; 0 where that cannot be read)."""
+    held beyond its size at start (its peak resident set, Linux's VmHWM; 0 where that cannot be read).
+    `worker_seconds`: the worker's CPU in all, its start included (what the machine paid)."""
 
     cpu_seconds: float
     peak_bytes: int
+    worker_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """What bounded work returned (`value`), its CPU seconds and peak memory beyond the worker's size
+    at start (as BuildCost's), and the worker's CPU in all (`worker_seconds`, its start included)."""
+
+    value: Any
+    cpu_seconds: float
+    peak_bytes: int
+    worker_seconds: float
 
 
 def _status_bytes(field: str) -> int | None:
@@ -45,9 +76,26 @@ def _status_bytes(field: str) -> int | None:
     return None
 
 
-def _build_first(conn: Connection, dataset: str, config: dict[str, Any], memory_bytes: int) -> None:
-    """A build worker: the first buildable entry of (dataset, config); sends its BuildCost, or what went
-    wrong (a str)."""
+def _own_cpu() -> float:
+    if resource is None:
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_of(pid: int | None) -> float | None:
+    """The CPU seconds process `pid` has used (Linux's /proc/<pid>/stat), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _worker(conn: Connection, memory_bytes: int, work: Callable[..., Any], args: tuple) -> None:
+    """A bounded worker: `work(*args)` under the memory limit; sends a Bounded, or what went wrong (a
+    BuildFailed)."""
     if resource is not None:
         size = vm_bytes()
         if size is not None:
@@ -62,13 +110,65 @@ def _build_first(conn: Connection, dataset: str, config: dict[str, Any], memory_
     resident = _status_bytes("VmRSS")
     started = time.process_time()
     try:
-        build_first(TaskSpec(dataset, config), 0, itertools.count())
+        value = work(*args)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever reasoning-gym raised
-        tell_parent(conn, f"{exc}" or type(exc).__name__)
+        tell_parent(conn, BuildFailed(f"{exc}" or type(exc).__name__, _own_cpu()))
         return
+    spent = time.process_time() - started
     peak = _status_bytes("VmHWM")
     grown = max(0, peak - resident) if peak is not None and resident is not None else 0
-    tell_parent(conn, BuildCost(time.process_time() - started, grown))
+    tell_parent(conn, Bounded(value, spent, grown, _own_cpu()))
+
+
+def run_bounded(
+    work: Callable[..., Any],
+    args: tuple,
+    *,
+    seconds: float = BUILD_SECONDS,
+    memory_bytes: int = MEMORY_BYTES,
+    name: str = "sapo-build",
+) -> Bounded:
+    """`work(*args)` in a worker process that is killed after `seconds` of wall clock (from its start,
+    not counting the fork server's) and may add at most `memory_bytes`. `work` must be importable by
+    name (a module-level function) and its arguments and value picklable. Raises BuildTimeout when it
+    ran out of time, BuildFailed with its message when it raised or its worker died; both say the
+    worker's CPU seconds."""
+    ctx = worker_context()
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_worker, args=(send, memory_bytes, work, args), daemon=True, name=name)
+    begun = time.monotonic()
+    process.start()
+    send.close()
+    try:
+        try:
+            if receive.poll(START_SECONDS):
+                receive.recv()  # "started"
+            if not receive.poll(seconds):
+                used = _cpu_of(process.pid)  # before the kill: the fork server reaps it
+                used = time.monotonic() - begun if used is None else used
+                raise BuildTimeout(f"building an entry took more than {seconds:g} s", used)
+            answer = receive.recv()
+        except (EOFError, OSError):  # killed by the kernel: out of memory, or crashed
+            answer = BuildFailed("the build stopped without finishing (out of memory?)", time.monotonic() - begun)
+    finally:
+        process.kill()
+        process.join(timeout=5)
+        receive.close()
+    if isinstance(answer, BuildFailed):
+        raise answer
+    if not isinstance(answer, Bounded):
+        raise BuildFailed(f"the worker answered {type(answer).__name__}")
+    return answer
+
+
+def first_entry(dataset: str, config: dict[str, Any]) -> None:
+    """The first buildable entry of (dataset, config), built and dropped: the work a cost is measured on."""
+    build_first(TaskSpec(dataset, config), 0, itertools.count())
+
+
+def _build_first(conn: Connection, dataset: str, config: dict[str, Any], memory_bytes: int) -> None:
+    """A build worker of `first_entry`."""
+    _worker(conn, memory_bytes, first_entry, (dataset, dict(config)))
 
 
 def build_first_bounded(
@@ -77,28 +177,7 @@ def build_first_bounded(
     """Build the first entry of (dataset, config) (tasks.build_first) in a worker process that is killed
     after `seconds` of wall clock and may add at most `memory_bytes`: for a configuration nobody has
     reviewed (a catalogue staff save), with which reasoning-gym could build for ever. Returns what the
-    build cost the worker; raises BuildTimeout when it ran out of time, RuntimeError with reasoning-gym's
-    message when the build failed."""
-    ctx = worker_context()
-    receive, send = ctx.Pipe(duplex=False)
-    process = ctx.Process(
-        target=_build_first, args=(send, dataset, dict(config), memory_bytes), daemon=True, name="sapo-build"
-    )
-    process.start()
-    send.close()
-    try:
-        try:
-            if receive.poll(START_SECONDS):
-                receive.recv()  # "started"
-            if not receive.poll(seconds):
-                raise BuildTimeout(f"building an entry took more than {seconds:g} s")
-            answer = receive.recv()
-        except (EOFError, OSError):  # killed by the kernel: out of memory, or crashed
-            answer = "the build stopped without finishing (out of memory?)"
-    finally:
-        process.kill()
-        process.join(timeout=5)
-        receive.close()
-    if not isinstance(answer, BuildCost):
-        raise RuntimeError(str(answer))
-    return answer
+    build cost the worker; raises BuildTimeout when it ran out of time, BuildFailed (a RuntimeError)
+    with reasoning-gym's message when the build failed."""
+    done = run_bounded(first_entry, (dataset, dict(config)), seconds=seconds, memory_bytes=memory_bytes)
+    return BuildCost(done.cpu_seconds, done.peak_bytes, done.worker_seconds)

@@ -45,7 +45,7 @@ from pool.limits import Limits, current_limits
 from pool.messages import RolloutIn
 from pool.models import AuditState, Rollout, Verdict
 from pool.seams import ShareToScreen, moderation
-from pool.verification import REJECTED, Verification, verify_rollout
+from pool.verification import Verification, verify_rollout
 from sapo_node import protocol
 from sapo_node.ids import is_uuid7, uuid7_floor
 from sapo_node.tasks import Catalogue
@@ -70,6 +70,9 @@ class ShareResult:
     #: The CPU seconds verifying this share took: its own (a dataset it made the server build is its cost
     #: alone), where the rest of its batch's CPU is shared by groups.
     verification_seconds: float = 0.0
+    #: Of verification_seconds, what worker processes building its datasets cost (pool.builds), outside
+    #: the verifying thread's CPU.
+    worker_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -119,10 +122,11 @@ async def _batch_in_turn(batch: list[_InTurn]) -> list[tuple[ShareResult, float]
 
 
 def _share_batch_timed(**kwargs: Any) -> tuple[list[ShareResult | Exception], float]:
-    """`rollout_share_batch(**kwargs)`, and the CPU seconds its thread spent in it."""
+    """`rollout_share_batch(**kwargs)`, and the CPU seconds its thread and its workers spent in it."""
     started = time.thread_time()
     results = rollout_share_batch(**kwargs)
-    return results, time.thread_time() - started
+    workers = sum(result.worker_seconds for result in results if isinstance(result, ShareResult))
+    return results, time.thread_time() - started + workers
 
 
 def rollout_share(
@@ -299,7 +303,7 @@ def _ingest_batch(
     batch; when storing several fails in the database, each is stored again alone (one share's
     failure is its own)."""
     within = _within_budgets(shares, batch, limits, results)
-    seconds: dict[int, float] = {}
+    seconds: dict[int, tuple[float, float]] = {}
     verified = _verify(shares, within, catalogue, results, seconds)
     if not verified:
         return
@@ -314,10 +318,10 @@ def _ingest_batch(
                 _screen_store_answer(shares, [one], swarm, results)
             except DatabaseError as alone:
                 results[one[0]] = alone
-    for i, spent in seconds.items():
+    for i, (spent, workers) in seconds.items():
         result = results[i]
         if isinstance(result, ShareResult):
-            result.verification_seconds = spent
+            result.verification_seconds, result.worker_seconds = spent + workers, workers
 
 
 def _within_budgets(
@@ -341,29 +345,30 @@ def _verify(
     within: list[int],
     catalogue: Catalogue,
     results: list[ShareResult | Exception | None],
-    seconds: dict[int, float],
+    seconds: dict[int, tuple[float, float]],
 ) -> list[tuple[int, dict[uuid.UUID, Verification]]]:
     """2. verify: each share's groups checked against their tasks, as (i, checks by id), and the CPU
-    seconds each share's took into `seconds`. A group whose dataset this share may not make the server
-    build (pool.builds) is rejected unverified. CPU only, before the statement, so no lock waits on it.
+    seconds each share's took into `seconds` (this thread's, its build workers'). A group whose dataset
+    this share may not make the server build (pool.builds) is rejected unverified, and one of a costly
+    dataset it may is verified in a bounded worker. CPU only, before the statement, so no lock waits on it.
     A resent group is verified again (resends are rare; a lookup first would cost every share a round
     trip)."""
     verified = []
     for i in within:
         started = time.thread_time()
-        builds = ShareBuilds(shares[i].node.id, catalogue)
+        builds = ShareBuilds(shares[i].node.id, catalogue, shares[i].rollouts)
         try:
             with metrics.VERIFICATION_SECONDS.time():
                 verified.append((i, {r.id: _verify_group(r, catalogue, builds) for r in shares[i].rollouts}))
         except Exception as exc:  # noqa: BLE001 - a verifier's failure is its share's, not its batch-mates'
             results[i] = exc
-        seconds[i] = time.thread_time() - started
+        seconds[i] = (time.thread_time() - started, builds.cpu_seconds)
     return verified
 
 
 def _verify_group(rollout: RolloutIn, catalogue: Catalogue, builds: ShareBuilds) -> Verification:
-    refusal = builds.refusal(rollout)
-    return Verification(REJECTED, refusal, None) if refusal else verify_rollout(rollout, catalogue)
+    built = builds.verdict(rollout)
+    return built if built is not None else verify_rollout(rollout, catalogue)
 
 
 def _screen_store_answer(

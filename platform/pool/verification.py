@@ -10,11 +10,22 @@ answer (sapo_node.verifiers: length caps, bounded scorers, a sandbox with a cloc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 
 from common.native import native
 from pool.messages import RolloutIn
-from sapo_node.tasks import Catalogue, ScoringTimeout, TaskError, build_entry, rewards_match, score_completions
+from sapo_node.tasks import (
+    Catalogue,
+    ScoringTimeout,
+    TaskError,
+    TaskSpec,
+    build_entry,
+    rewards_match,
+    score_completions,
+)
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
@@ -38,10 +49,28 @@ def verify_rollout(rollout: RolloutIn, catalogue: Catalogue) -> Verification:
     if spec is None:
         reason = "task_withdrawn" if rollout.dataset in catalogue.withdrawn else "unknown_task"
         return Verification(REJECTED, reason, None)
+    entry = entry_rebuilt(spec, rollout)
+    if isinstance(entry, Verification):
+        return entry
+    fast = native()  # the answers taken in C (sapo_native.answers), else per completion in Python
+    extract = fast.answers if fast is not None else None
+    return verify_entry(
+        rollout, entry, lambda completions: score_completions(spec, rollout.seed, entry, completions, extract)
+    )
+
+
+def entry_rebuilt(spec: TaskSpec, rollout: RolloutIn) -> dict[str, Any] | Verification:
+    """The entry `rollout` names, rebuilt (its dataset built, or taken from the cache), or the verdict
+    of a task that cannot be rebuilt."""
     try:
-        entry = build_entry(spec, rollout.seed, rollout.index)
+        return build_entry(spec, rollout.seed, rollout.index)
     except TaskError as exc:
         return Verification(REJECTED, exc.code if exc.code in ("bad_index", "unknown_task") else "bad_index", None)
+
+
+def verify_entry(rollout: RolloutIn, entry: dict[str, Any], score: Callable[[list[str]], list[float]]) -> Verification:
+    """`rollout`'s verdict against its rebuilt `entry`, its completions scored by `score` (which may
+    raise ScoringTimeout): the question and answer first, so a forged group costs no scoring."""
     expected_answer = entry["answer"]
     if expected_answer is not None and not isinstance(expected_answer, str):
         expected_answer = str(expected_answer)
@@ -50,9 +79,7 @@ def verify_rollout(rollout: RolloutIn, catalogue: Catalogue) -> Verification:
     if rollout.answer != expected_answer:
         return Verification(REJECTED, "answer_mismatch", None)
     try:
-        fast = native()  # the answers taken in C (sapo_native.answers), else per completion in Python
-        extract = fast.answers if fast is not None else None
-        verified = tuple(score_completions(spec, rollout.seed, entry, list(rollout.completions), extract))
+        verified = tuple(score(list(rollout.completions)))
     except ScoringTimeout as exc:
         # Only a scorer outside the reviewed catalogue runs in the sandbox; what ran out of time is
         # stored as 0.0, and the group is rejected for it rather than judged on a guess.

@@ -6,6 +6,7 @@ the server issued to the node, one a share, its CPU charged to that node until i
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -32,6 +33,7 @@ def fresh_cache():
     datasets.datasets_forget()
     yield
     datasets.datasets_forget()
+    builds.costs_forget()  # a live server in this process measures its own (test_catalogue_live)
 
 
 def _rollouts(*groups: dict):
@@ -62,23 +64,101 @@ def test_the_cache_holds_its_bound_in_bytes_and_count(fresh_cache, monkeypatch):
     assert [datasets.dataset_cached(CHEAP, s) for s in range(10, 14)] == [False, False, True, True]
 
 
-def test_a_costly_dataset_is_built_only_for_an_issued_seed_once_a_share(fresh_cache, settings):
+def _verdicts(share: builds.ShareBuilds, rollouts) -> list[str | None]:
+    """Each group's verdict from `share`: its reason, "accepted", or None (verified in this process)."""
+    verdicts = [share.verdict(r) for r in rollouts]
+    return [None if v is None else v.reason or v.verdict for v in verdicts]
+
+
+def test_a_costly_dataset_is_built_only_for_an_issued_seed_once_a_share_in_a_worker(fresh_cache, settings):
     cost = builds.build_cost(COSTLY)
     assert cost is not None and not builds.is_cheap(cost), cost  # measured in a worker
     assert builds.is_cheap(builds.build_cost(CHEAP))
     mine, again, other = challenge_mint(17), challenge_mint(17), challenge_mint(18)
+    forged = _group(COSTLY, proof.task_seed(mine), index=5, challenge=mine)
+    forged["answer"] = "-1"
     groups = [
         _group(COSTLY, 5),  # a seed the node chose
         _group(COSTLY, proof.task_seed(mine), challenge=mine),  # its challenge's seed: built
         _group(COSTLY, proof.task_seed(mine), index=4, challenge=mine),  # the same dataset again
+        forged,  # the same dataset, verified by the worker too
         _group(COSTLY, proof.task_seed(again), challenge=again),  # a second costly build in one share
         _group(COSTLY, proof.task_seed(other), challenge=other),  # another node's challenge
         _group(CHEAP, 5),  # cheap: any seed
     ]
     datasets.datasets_forget()  # built here by make_group: the server's to build
-    share = builds.ShareBuilds(17, CATALOGUE)
-    refusals = [share.refusal(r) for r in _rollouts(*groups)]
-    assert refusals == ["build_refused", "", "", "build_refused", "build_refused", ""]
+    rollouts = _rollouts(*groups)
+    share = builds.ShareBuilds(17, CATALOGUE, rollouts)
+    verdicts = _verdicts(share, rollouts)
+    assert verdicts == [
+        "build_refused",
+        "accepted",
+        "accepted",
+        "answer_mismatch",
+        "build_refused",
+        "build_refused",
+        None,
+    ]
+    # The worker built it: this process holds nothing of it, and the share pays the worker's CPU.
+    assert not datasets.dataset_cached(COSTLY, proof.task_seed(mine))
+    assert share.cpu_seconds >= cost.cpu_seconds / 2, (share.cpu_seconds, cost)
+
+
+@pytest.mark.parametrize("bound", ["seconds", "memory"])
+def test_an_issued_seed_whose_build_passes_the_bounds_is_killed_and_refused(fresh_cache, monkeypatch, bound):
+    assert not builds.is_cheap(builds.build_cost(COSTLY))  # measured within the bounds
+    if bound == "seconds":  # a build of about 0.4 CPU-s, past a bound of 0.05 s
+        monkeypatch.setattr(builds, "BUILD_SECONDS", 0.05)
+    else:  # a 40 MiB sieve, past a bound of 8 MiB
+        monkeypatch.setattr(builds, "MEMORY_BYTES", 8 * 1024 * 1024)
+    challenge = challenge_mint(17)
+    group = _group(COSTLY, proof.task_seed(challenge), challenge=challenge)
+    datasets.datasets_forget()
+    rollouts = _rollouts(group)
+    share = builds.ShareBuilds(17, CATALOGUE, rollouts)
+    assert _verdicts(share, rollouts) == ["build_refused"]
+    assert share.cpu_seconds > 0, share.cpu_seconds  # the killed worker's CPU is the share's too
+    assert not datasets.dataset_cached(COSTLY, proof.task_seed(challenge))
+
+
+def test_the_measurement_is_paid_by_the_share_that_asked_for_it(fresh_cache):
+    builds.costs_forget()
+    rollouts = _rollouts(_group(COSTLY, 5))
+    datasets.datasets_forget()
+    first = builds.ShareBuilds(17, CATALOGUE, rollouts)
+    assert _verdicts(first, rollouts) == ["build_refused"]  # a seed the node chose: measured, not built
+    assert first.cpu_seconds > 0.1, first.cpu_seconds  # the measurement's worker: 0.4 CPU-s or so
+    second = builds.ShareBuilds(18, CATALOGUE, rollouts)
+    assert _verdicts(second, rollouts) == ["build_refused"]
+    assert second.cpu_seconds == 0.0  # known: nothing measured again
+
+
+def test_a_measurement_that_ran_out_of_time_is_tried_again_after_a_backoff(fresh_cache, monkeypatch):
+    rollouts = _rollouts(_group(COSTLY, 5))
+    datasets.datasets_forget()
+    builds.costs_forget()
+    monkeypatch.setattr(builds, "RETRY_SECONDS", 1.0)
+    bound = builds.BUILD_SECONDS
+    monkeypatch.setattr(builds, "BUILD_SECONDS", 0.01)  # a loaded machine: the worker is too slow
+    assert builds.build_cost(COSTLY) is None
+    monkeypatch.setattr(builds, "BUILD_SECONDS", bound)
+    waiting = builds.ShareBuilds(17, CATALOGUE, rollouts)
+    assert _verdicts(waiting, rollouts) == ["build_refused"]
+    assert waiting.cpu_seconds == 0.0  # within the backoff: refused without a worker
+    time.sleep(1.1)
+    cost = builds.build_cost(COSTLY)  # the backoff over: measured again, within the bound
+    assert cost is not None and not builds.is_cheap(cost), cost
+    # Each failure in a row doubles the backoff (here 1 s, then 2 s); a success forgets it.
+    builds.costs_forget()
+    monkeypatch.setattr(builds, "RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(builds, "BUILD_SECONDS", 0.01)
+    paid = []
+    for wait in (0.0, 1.2, 1.2, 1.0):  # measured, measured again (after 1 s), not yet (2 s), measured
+        time.sleep(wait)
+        share = builds.ShareBuilds(17, CATALOGUE, rollouts)
+        assert _verdicts(share, rollouts) == ["build_refused"]
+        paid.append(share.cpu_seconds > 0)
+    assert paid == [True, True, False, True], paid
 
 
 @pytest.mark.django_db(transaction=True)

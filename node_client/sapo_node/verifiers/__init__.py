@@ -29,7 +29,14 @@ from typing import Any
 from sapo_node.verifiers.answers import extract_answer
 from sapo_node.verifiers.vetted import VERIFIERS, delegate_in_process, max_answer_chars
 
-__all__ = ["ScoringTimeout", "extract_answer", "max_answer_chars", "score_answers"]
+__all__ = [
+    "ScoringTimeout",
+    "extract_answer",
+    "max_answer_chars",
+    "score_answers",
+    "score_answers_in_sandbox",
+    "scored_in_process",
+]
 
 #: The verdict reason of a group with an answer that ran out of time (docs/protocol.md).
 TIMEOUT_REASON = "verification_timeout"
@@ -59,10 +66,7 @@ def score_answers(
     entry of `spec` (a TaskSpec) built with `seed`; `instance` is its reasoning-gym dataset.
 
     Raises ScoringTimeout when the sandbox stopped a scorer."""
-    cap = max_answer_chars(spec.dataset)
-    # Each distinct answer is scored once: a group's completions often end in the same answer ("42"
-    # eight times), and a scorer's result depends only on the answer and the entry.
-    unique = list(dict.fromkeys(a for a in answers if a is not None and len(a) <= cap))
+    unique = _unique(spec, answers)
     if not unique:
         return [0.0] * len(answers)
     verifier = VERIFIERS.get(spec.dataset)
@@ -79,6 +83,28 @@ def score_answers(
         except Exception:  # a verifier choking on hostile text is a wrong answer, not a crash
             scored[answer] = 0.0
     return [scored.get(a, 0.0) if a is not None else 0.0 for a in answers]
+
+
+def scored_in_process(dataset: str, instance: Any) -> bool:
+    """Whether `score_answers` scores `dataset`'s answers in this process (else in the sandbox's
+    workers, which build the dataset themselves); `instance` is its reasoning-gym dataset."""
+    verifier = VERIFIERS.get(dataset)
+    return (verifier is not None and verifier.own is not None) or delegate_in_process(dataset, instance)
+
+
+def score_answers_in_sandbox(spec: Any, seed: int, entry: dict[str, Any], answers: Sequence[str | None]) -> list[float]:
+    """`score_answers` of a dataset not `scored_in_process`, without its dataset in this process: the
+    sandbox's workers build it (within their time and memory bounds). Raises ScoringTimeout as
+    score_answers does."""
+    unique = _unique(spec, answers)
+    return _score_in_sandbox(spec, seed, entry, answers, unique) if unique else [0.0] * len(answers)
+
+
+def _unique(spec: Any, answers: Sequence[str | None]) -> list[str]:
+    # Each distinct answer is scored once: a group's completions often end in the same answer ("42"
+    # eight times), and a scorer's result depends only on the answer and the entry.
+    cap = max_answer_chars(spec.dataset)
+    return list(dict.fromkeys(a for a in answers if a is not None and len(a) <= cap))
 
 
 def _score_in_sandbox(
