@@ -9,6 +9,7 @@ from django.db.models import Count, Q, QuerySet
 from accounts.models import User
 from common.errors import NotFound
 from community.models import Badge, Membership, Team
+from swarms.scope import Scope
 
 TEAM_SEARCH_MAX_LENGTH = 64
 
@@ -74,27 +75,25 @@ def current_teams_of(user_ids: Iterable[int]) -> dict[int, Team]:
     return {m.user_id: m.team for m in rows}
 
 
-def badges_of_users(user_ids: Iterable[int], *, swarm_id: int | None = None) -> dict[int, list[str]]:
-    """Each contributor's badges of the whole site, or (`swarm_id`) the rank badges earned in that swarm."""
+def _badges_in(scope: Scope) -> QuerySet[Badge]:
+    """The badges held in `scope`: the site's own (their swarm column empty), or those earned in one swarm."""
+    Scope.check(scope)
+    return Badge.objects.filter(swarm__isnull=True) if scope.is_site else Badge.objects.filter(swarm_id=scope.swarm_id)
+
+
+def badges_of_users(user_ids: Iterable[int], *, scope: Scope) -> dict[int, list[str]]:
+    """Each contributor's badges of the whole site, or the rank badges earned in one swarm (`scope`)."""
     out: dict[int, list[str]] = {}
-    rows = (
-        Badge.objects.filter(user_id__in=list(user_ids), swarm_id=swarm_id)
-        if swarm_id
-        else Badge.objects.filter(user_id__in=list(user_ids), swarm__isnull=True)
-    )
+    rows = _badges_in(scope).filter(user_id__in=list(user_ids))
     for user_id, kind in rows.values_list("user_id", "kind"):
         out.setdefault(user_id, []).append(kind)
     return out
 
 
-def badges_of_teams(team_ids: Iterable[int], *, swarm_id: int | None = None) -> dict[int, list[str]]:
-    """Each team's badges of the whole site, or (`swarm_id`) the rank badges earned in that swarm."""
+def badges_of_teams(team_ids: Iterable[int], *, scope: Scope) -> dict[int, list[str]]:
+    """Each team's badges of the whole site, or the rank badges earned in one swarm (`scope`)."""
     out: dict[int, list[str]] = {}
-    rows = (
-        Badge.objects.filter(team_id__in=list(team_ids), swarm_id=swarm_id)
-        if swarm_id
-        else Badge.objects.filter(team_id__in=list(team_ids), swarm__isnull=True)
-    )
+    rows = _badges_in(scope).filter(team_id__in=list(team_ids))
     for team_id, kind in rows.values_list("team_id", "kind"):
         out.setdefault(team_id, []).append(kind)
     return out

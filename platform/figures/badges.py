@@ -26,6 +26,7 @@ from community.models import MILESTONE_BADGES, RANK_BADGES, Badge, BadgeKind
 from figures.leaderboard import contributor_figures_all
 from figures.teams import team_figures_all
 from swarms.models import Swarm
+from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_list
 
 #: Recent credit (verified reward per day) above which a subject counts in the percentiles.
@@ -72,17 +73,15 @@ def established(subjects: dict[int, tuple[float, float]], since: dict[int, datet
     }
 
 
-def _apply(
-    holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, str]], swarm_id: int | None = None
-) -> tuple[int, int]:
-    """Make the rank badges of `holder` ("user" or "team") of the whole site, or of one swarm, exactly
-    `ranks`, and add the milestones. Returns (rank badges now held, milestones newly awarded). A fixed
+def _apply(holder: str, ranks: dict[int, str], milestones: Iterable[tuple[int, str]], scope: Scope) -> tuple[int, int]:
+    """Make the rank badges of `holder` ("user" or "team") of the whole site, or of one swarm (`scope`),
+    exactly `ranks`, and add the milestones. Returns (rank badges now held, milestones newly awarded). A fixed
     number of statements."""
     held = {
         (getattr(b, f"{holder}_id"), b.kind): b.id
         for b in Badge.objects.filter(
             **{f"{holder}__isnull": False},
-            **({"swarm_id": swarm_id} if swarm_id else {"swarm__isnull": True}),
+            **({"swarm__isnull": True} if scope.is_site else {"swarm_id": scope.swarm_id}),
             kind__in=list(RANK_BADGES) + list(MILESTONE_BADGES),
         )
     }
@@ -98,7 +97,7 @@ def _apply(
         Badge.objects.filter(id__in=stale).delete()
         Badge.objects.bulk_create(
             [
-                Badge(**{f"{holder}_id": subject}, kind=kind, swarm_id=swarm_id)
+                Badge(**{f"{holder}_id": subject}, kind=kind, swarm_id=None if scope.is_site else scope.swarm_id)
                 for subject, kind in new + new_milestones
             ],
             ignore_conflicts=True,
@@ -110,15 +109,16 @@ def _swarm_ranks(swarm: Swarm, joined: dict[int, datetime], founded: dict[int, d
     """Make the rank badges earned in `swarm` exactly those its figures give (the same rule, on the
     contributors' and teams' figures in that swarm; established as on the whole site). Returns how
     many are held."""
-    contributors = contributor_figures_all(swarm=swarm)
+    scope = Scope.swarm(swarm.id)
+    contributors = contributor_figures_all(scope=scope)
     ranks = rank_badges(
         established({c.owner_id: (c.verified_reward, c.recent_credit) for c in contributors}, joined, now)
     )
-    teams = team_figures_all(swarm=swarm)
+    teams = team_figures_all(scope=scope)
     team_ranks = rank_badges(
         established({t.team_id: (t.verified_reward, t.recent_credit) for t in teams}, founded, now)
     )
-    return _apply("user", ranks, [], swarm.id)[0] + _apply("team", team_ranks, [], swarm.id)[0]
+    return _apply("user", ranks, [], scope)[0] + _apply("team", team_ranks, [], scope)[0]
 
 
 def badges_assign() -> dict[str, tuple[int, int]]:
@@ -126,20 +126,20 @@ def badges_assign() -> dict[str, tuple[int, int]]:
     "swarms": (rank badges held in swarms, 0)}. Swarms have rank badges of their own when the site has
     more than one (with one, they would be the site's)."""
     now = timezone.now()
-    contributors = contributor_figures_all()
+    contributors = contributor_figures_all(scope=SITE)
     joined = dict(User.objects.filter(id__in=[c.owner_id for c in contributors]).values_list("id", "date_joined"))
     ranks = rank_badges(
         established({c.owner_id: (c.verified_reward, c.recent_credit) for c in contributors}, joined, now)
     )
     milestones = [(c.owner_id, kind) for c in contributors for kind, n in MILESTONE_GROUPS if c.accepted >= n]
     milestones += [(c.owner_id, BadgeKind.FIRST_HELPED) for c in contributors if c.helped > 0]
-    result = {"contributors": _apply("user", ranks, milestones)}
-    teams = team_figures_all()
+    result = {"contributors": _apply("user", ranks, milestones, SITE)}
+    teams = team_figures_all(scope=SITE)
     founded = {t.team_id: t.created_at for t in teams if t.created_at is not None}
     team_ranks = rank_badges(
         established({t.team_id: (t.verified_reward, t.recent_credit) for t in teams}, founded, now)
     )
-    result["teams"] = _apply("team", team_ranks, [])
+    result["teams"] = _apply("team", team_ranks, [], SITE)
     swarms = swarm_list()
     in_swarms = sum(_swarm_ranks(s, joined, founded, now) for s in swarms) if len(swarms) > 1 else 0
     result["swarms"] = (in_swarms, 0)

@@ -27,6 +27,7 @@ from figures.teams import TEAM_SORTS, team_figures_all
 from nodes.models import Node
 from nodes.presence import connected_among, is_connected, with_connected
 from swarms.models import Swarm
+from swarms.scope import SITE, Scope
 
 FIGURES_CACHE_SECONDS = 5
 PAGE_SIZE = 25
@@ -98,29 +99,29 @@ def _page_username(owner: User) -> str:
 
 
 def _folded_and_live(
-    swarm_id: int | None,
+    scope: Scope,
 ) -> tuple[dict[int, Any], dict[int, Measures], dict[int, int], dict[int, int]]:
-    """Per node: its folded row, its live measures, live helped and live rounds; of one swarm or all."""
+    """Per node: its folded row, its live measures, live helped and live rounds; in `scope`."""
     live = live_rows()
-    if swarm_id is None:
+    if scope.is_site:
         folded = {s.node_id: s for s in NodeStats.objects.all()}
         groups = live.groups.by_node
     else:
-        folded = {s.node_id: s for s in NodeSwarmStats.objects.filter(swarm_id=swarm_id)}
-        groups = {n: m for (n, s), m in live.groups.by_node_swarm.items() if s == swarm_id}
+        folded = {s.node_id: s for s in NodeSwarmStats.objects.filter(swarm_id=scope.swarm_id)}
+        groups = {n: m for (n, s), m in live.groups.by_node_swarm.items() if s == scope.swarm_id}
     helped: dict[int, int] = {}
     rounds: dict[int, int] = {}
     for counts, out in ((live.helped, helped), (live.rounds, rounds)):
         for (node_id, s), n in counts.items():
-            if swarm_id in (None, s):
+            if scope.holds(s):
                 out[node_id] = out.get(node_id, 0) + n
     return folded, groups, helped, rounds
 
 
-def _compute_node_figures(now: datetime, swarm_id: int | None = None) -> list[NodeFigures]:
+def _compute_node_figures(now: datetime, scope: Scope) -> list[NodeFigures]:
     stats_fold_if_due()
     with snapshot():
-        folded, live_groups, live_helped, live_rounds = _folded_and_live(swarm_id)
+        folded, live_groups, live_helped, live_rounds = _folded_and_live(scope)
         ids = set(folded) | set(live_groups) | set(live_helped) | set(live_rounds)
         nodes = list(with_connected(Node.objects.filter(id__in=ids).select_related("owner"), now=now))
     connected = connected_among(nodes, now=now)
@@ -169,13 +170,14 @@ def _compute_node_figures(now: datetime, swarm_id: int | None = None) -> list[No
     return figures
 
 
-def node_figures_all(*, swarm: Swarm | None = None) -> list[NodeFigures]:
-    """Every node that has shared, been used or reported (in `swarm`, or anywhere), with its figures
-    there (cached a few seconds)."""
-    key = "figures:node-figures" if swarm is None else f"figures:node-figures:{swarm.id}"
+def node_figures_all(*, scope: Scope = SITE) -> list[NodeFigures]:
+    """Every node that has shared, been used or reported in `scope` (the whole site unless given), with
+    its figures there (cached a few seconds)."""
+    Scope.check(scope)
+    key = "figures:node-figures" if scope.is_site else f"figures:node-figures:{scope.swarm_id}"
     cached = cache.get(key)
     if cached is None:
-        cached = _compute_node_figures(timezone.now(), None if swarm is None else swarm.id)
+        cached = _compute_node_figures(timezone.now(), scope)
         cache.set(key, cached, FIGURES_CACHE_SECONDS)
     return cached
 
@@ -184,7 +186,7 @@ def node_figures_for(nodes: list[Node]) -> dict[int, NodeFigures]:
     """Figures of the given nodes (a contributor's own), empty figures for those without any. Read them
     with nodes.presence.with_connected (nodes.selectors does) and their status costs no query."""
     now = timezone.now()
-    known = {f.node_id: f for f in node_figures_all()}
+    known = {f.node_id: f for f in node_figures_all(scope=SITE)}
     connected = connected_among(nodes, now=now)
     out = {}
     for node in nodes:
@@ -232,20 +234,20 @@ def listed(f: NodeFigures) -> bool:
     return f.public and f.accepted > 0
 
 
-def listed_node_figures(*, swarm: Swarm | None = None) -> list[NodeFigures]:
+def listed_node_figures(*, scope: Scope) -> list[NodeFigures]:
     """The nodes the public leaderboard lists (`listed`, on their figures over all swarms), with their
-    figures in `swarm` (or in all). Listing is decided on the totals, so a listed node's rows over the
-    swarms add up to its total row, the groups of a swarm where it has no accepted group included."""
-    if swarm is None:
-        return [f for f in node_figures_all() if listed(f)]
-    ids = {f.node_id for f in node_figures_all() if listed(f)}
-    return [f for f in node_figures_all(swarm=swarm) if f.node_id in ids]
+    figures in `scope`. Listing is decided on the totals, so a listed node's rows over the swarms add
+    up to its total row, the groups of a swarm where it has no accepted group included."""
+    if Scope.check(scope).is_site:
+        return [f for f in node_figures_all(scope=SITE) if listed(f)]
+    ids = {f.node_id for f in node_figures_all(scope=SITE) if listed(f)}
+    return [f for f in node_figures_all(scope=scope) if f.node_id in ids]
 
 
-def contributor_figures_all(*, swarm: Swarm | None = None) -> list[ContributorFigures]:
-    """Each contributor's listed nodes added up (in `swarm`, or in all)."""
+def contributor_figures_all(*, scope: Scope) -> list[ContributorFigures]:
+    """Each contributor's listed nodes added up, in `scope`."""
     by_owner: dict[int, ContributorFigures] = {}
-    for f in listed_node_figures(swarm=swarm):
+    for f in listed_node_figures(scope=scope):
         c = by_owner.setdefault(
             f.owner_id, ContributorFigures(owner_id=f.owner_id, contributor=f.contributor, username=f.username)
         )
@@ -271,32 +273,31 @@ class Leaderboard:
     descending: bool
     page: Page
     total: int
-    swarm: Swarm | None = None  # None: the whole site
+    swarm: Swarm | None = None  # the swarm picked on the page; None: none (the figures are the site's)
 
 
 def leaderboard(
     *, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1, swarm: Swarm | None = None
 ) -> Leaderboard:
-    """One sorted page of the public leaderboard, of the whole site or of one swarm; unknown parameters
-    fall back to the defaults."""
+    """One sorted page of the public leaderboard, of the swarm picked on the page (`swarm`) or of the
+    whole site when none is; unknown parameters fall back to the defaults."""
+    scope = SITE if swarm is None else Scope.swarm(swarm.id)
     view = view if view in VIEWS else "contributors"
     sorts = BOARD_SORTS[view]
     sort = sort if sort in sorts else "reward"
     descending = order != "asc"
     if view == "contributors":
-        rows: list[Any] = contributor_figures_all(swarm=swarm)
+        rows: list[Any] = contributor_figures_all(scope=scope)
     elif view == "nodes":
-        rows = listed_node_figures(swarm=swarm)
+        rows = listed_node_figures(scope=scope)
     else:
-        rows = team_figures_all(swarm=swarm)
+        rows = team_figures_all(scope=scope)
     # Ties broken by name, so the order is stable between polls.
     rows.sort(key=lambda f: (f.contributor if view == "contributors" else f.name).lower())
     rows.sort(key=sorts[sort], reverse=descending)
     page_rows = Paginator(rows, PAGE_SIZE).get_page(page)
     if view == "contributors":
-        badges = badges_of_users(
-            (f.owner_id for f in page_rows.object_list), swarm_id=None if swarm is None else swarm.id
-        )
+        badges = badges_of_users((f.owner_id for f in page_rows.object_list), scope=scope)
         for f in page_rows.object_list:
             f.badges = badges.get(f.owner_id, [])
     return Leaderboard(view, sort, descending, page_rows, len(rows), swarm)

@@ -32,6 +32,7 @@ from figures.stats import Measures, live_rows, snapshot
 from nodes.models import Node
 from nodes.presence import PresenceUnknown, connected_filter
 from swarms.models import Swarm
+from swarms.scope import SITE, Scope
 
 TEAM_FIGURES_CACHE_SECONDS = 15
 TEAM_CURVE_DAYS = 7
@@ -45,11 +46,11 @@ JOIN nodes_node n ON n.owner_id = m.user_id AND n.banned_at IS NULL
 """)
 
 
-def _hours_sql(team_filter: sql.Composable, swarm_id: int | None) -> sql.Composed:
+def _hours_sql(team_filter: sql.Composable, scope: Scope) -> sql.Composed:
     """Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it;
     of every swarm (web_nodehour) or of one (figures_nodeswarmhour, the same rows narrowed to it).
     Each hour's reward decays from the start of the hour."""
-    if swarm_id is None:
+    if scope.is_site:
         hours, swarm_filter = sql.Identifier("web_nodehour"), sql.SQL("")
     else:
         hours, swarm_filter = sql.Identifier("figures_nodeswarmhour"), sql.SQL("AND h.swarm_id = %(swarm)s")
@@ -70,10 +71,10 @@ GROUP BY 1, 2, 3, 4
     )
 
 
-def _parts_sql(team_filter: sql.Composable, swarm_id: int | None) -> sql.Composed:
+def _parts_sql(team_filter: sql.Composable, scope: Scope) -> sql.Composed:
     """The groups of the hour of joining before joining (sign -1) and of the hour of leaving before
     leaving (sign +1), from the pool, with the fold's figures (figures.credit); of one swarm or all."""
-    swarm_filter = sql.SQL("") if swarm_id is None else sql.SQL("AND r.swarm_id = %(swarm)s")
+    swarm_filter = sql.SQL("") if scope.is_site else sql.SQL("AND r.swarm_id = %(swarm)s")
     return sql.SQL("""
 SELECT m.id, m.team_id, m.user_id, p.sign, p.lo, {measures}
 {period_nodes}
@@ -124,24 +125,22 @@ class TeamCredit:
             self.hours.setdefault((team_id, hour), Measures()).add(m)
 
 
-def _team_credit(
-    *, team_id: int | None = None, since: datetime | None = None, swarm_id: int | None = None
-) -> TeamCredit:
-    """Every team's credit (or one team's), in every swarm or in one; with `since`, its hours from
-    then on (the curve)."""
+def _team_credit(*, scope: Scope, team_id: int | None = None, since: datetime | None = None) -> TeamCredit:
+    """Every team's credit (or one team's), in `scope`; with `since`, its hours from then on (the
+    curve)."""
     credit = TeamCredit()
     since = since or datetime(9999, 1, 1, tzinfo=UTC)
-    params: dict[str, Any] = {"team": team_id, "since": since, "swarm": swarm_id}
+    params: dict[str, Any] = {"team": team_id, "since": since, "swarm": None if scope.is_site else scope.swarm_id}
     one_team = team_id is not None
     team_filter = sql.SQL("m.team_id = %(team)s") if one_team else sql.SQL("TRUE")
     with snapshot():
         live = live_rows()
         with connection.cursor() as cursor:
-            cursor.execute(_hours_sql(team_filter, swarm_id), params)
+            cursor.execute(_hours_sql(team_filter, scope), params)
             for _, team, user, hour, accepted, completions, reward, growth in cursor.fetchall():
                 m = Measures(int(accepted), 0, 0, int(completions), float(reward), float(growth))
                 credit.add(team, user, m, hour)
-            cursor.execute(_parts_sql(team_filter, swarm_id), params)
+            cursor.execute(_parts_sql(team_filter, scope), params)
             for _, team, user, sign, hour, accepted, completions, reward in cursor.fetchall():
                 m = Measures(
                     sign * int(accepted),
@@ -153,10 +152,12 @@ def _team_credit(
                 )
                 credit.add(team, user, m, hour if hour >= since else None)
             live_since = _hour_of(live.since or _FAR_PAST)
-            if swarm_id is None:
+            if scope.is_site:
                 live_hours = live.groups.by_node_hour
             else:
-                live_hours = {(n, h): m for (n, s, h), m in live.groups.by_node_swarm_hour.items() if s == swarm_id}
+                live_hours = {
+                    (n, h): m for (n, s, h), m in live.groups.by_node_swarm_hour.items() if s == scope.swarm_id
+                }
             node_ids = sorted({node_id for node_id, _ in live_hours})
             periods: dict[int, list[tuple]] = {}
             if node_ids:
@@ -187,13 +188,11 @@ class TeamFigures:
     created_at: datetime | None = None
 
 
-def _nodes_online_by_team(
-    now: datetime, team_id: int | None = None, *, swarm_id: int | None = None
-) -> dict[int, int] | None:
-    """Online nodes of each team's current members (with a socket in the swarm `swarm_id` when given),
-    one grouped query; None when presence is unknown."""
+def _nodes_online_by_team(now: datetime, team_id: int | None = None, *, scope: Scope) -> dict[int, int] | None:
+    """Online nodes of each team's current members (with a socket in `scope`), one grouped query; None
+    when presence is unknown."""
     try:
-        connected = connected_filter(now=now, swarm_id=swarm_id)
+        connected = connected_filter(now=now, scope=scope)
     except PresenceUnknown:
         return None
     memberships = Membership.objects.filter(left_at__isnull=True)
@@ -214,26 +213,27 @@ def _nodes_online_by_team(
     return {row["owner__team_memberships__team_id"]: row["n"] for row in rows}
 
 
-def _credit_and_online(swarm: Swarm | None) -> tuple[dict[int, Measures], dict[int, int] | None]:
-    """Each team's measures (in every swarm or in one) and nodes online: the costly part, cached
+def _credit_and_online(scope: Scope) -> tuple[dict[int, Measures], dict[int, int] | None]:
+    """Each team's measures (in `scope`) and nodes online: the costly part, cached
     TEAM_FIGURES_CACHE_SECONDS."""
-    key = "figures:team-credit" if swarm is None else f"figures:team-credit:swarm:{swarm.id}"
+    key = "figures:team-credit" if scope.is_site else f"figures:team-credit:swarm:{scope.swarm_id}"
     cached = cache.get(key)
     if cached is None:
-        credit = _team_credit(swarm_id=None if swarm is None else swarm.id)
-        cached = (credit.by_team, _nodes_online_by_team(timezone.now(), swarm_id=None if swarm is None else swarm.id))
+        credit = _team_credit(scope=scope)
+        cached = (credit.by_team, _nodes_online_by_team(timezone.now(), scope=scope))
         cache.set(key, cached, TEAM_FIGURES_CACHE_SECONDS)
     return cached
 
 
-def team_figures_all(*, swarm: Swarm | None = None) -> list[TeamFigures]:
-    """Every listed team with its figures, in every swarm or in `swarm` (nodes online: those with a
-    socket in it). The list, names, members and badges are read on every
-    call (a team founded, renamed, hidden or joined shows at once); credit and nodes online are cached."""
+def team_figures_all(*, scope: Scope) -> list[TeamFigures]:
+    """Every listed team with its figures in `scope` (nodes online: those with a socket in it). The
+    list, names, members and badges are read on every call (a team founded, renamed, hidden or joined
+    shows at once); credit and nodes online are cached."""
+    Scope.check(scope)
     now = timezone.now()
-    credit, online = _credit_and_online(swarm)
+    credit, online = _credit_and_online(scope)
     teams = list(team_list())
-    badges = badges_of_teams((t.id for t in teams), swarm_id=None if swarm is None else swarm.id)
+    badges = badges_of_teams((t.id for t in teams), scope=scope)
     out = []
     for team in teams:
         m = credit.get(team.id, Measures())
@@ -266,32 +266,32 @@ TEAM_SORTS = {
 
 
 def team_rows(
-    *, q: str = "", sort: str = "reward", order: str = "desc", swarm: Swarm | None = None
+    *, q: str = "", sort: str = "reward", order: str = "desc", scope: Scope
 ) -> tuple[list[TeamFigures], str, bool]:
-    """Listed teams sorted (and searched by name), with their figures in every swarm or in `swarm`;
-    unknown parameters fall back to the defaults."""
+    """Listed teams sorted (and searched by name), with their figures in `scope`; unknown parameters
+    fall back to the defaults."""
     sort = sort if sort in TEAM_SORTS else "reward"
     descending = order != "asc"
     needle = " ".join(str(q or "").split())[:64].lower()
-    rows = [f for f in team_figures_all(swarm=swarm) if needle in f.name.lower()]
+    rows = [f for f in team_figures_all(scope=scope) if needle in f.name.lower()]
     rows.sort(key=lambda f: f.name.lower())
     rows.sort(key=TEAM_SORTS[sort], reverse=descending)
     return rows, sort, descending
 
 
-def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: Any = 1, swarm: Swarm | None = None):
-    rows, sort, descending = team_rows(q=q, sort=sort, order=order, swarm=swarm)
+def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: Any = 1, scope: Scope):
+    rows, sort, descending = team_rows(q=q, sort=sort, order=order, scope=scope)
     return Paginator(rows, TEAM_PAGE_SIZE).get_page(page), sort, descending, len(rows)
 
 
-def _team_credit_cached(*, team_id: int, since: datetime, swarm: Swarm | None) -> TeamCredit:
+def _team_credit_cached(*, team_id: int, since: datetime, scope: Scope) -> TeamCredit:
     """One team's credit and curve, cached TEAM_FIGURES_CACHE_SECONDS as the list's: each membership
     period costs two pool scans (the hours of joining and leaving), so a team of thousands of periods
     is computed once per interval, not at every view (docs/leaderboard.md#teams)."""
-    key = f"figures:team-credit:{team_id}:{since:%Y%m%d%H}:{'' if swarm is None else swarm.id}"
+    key = f"figures:team-credit:{team_id}:{since:%Y%m%d%H}:{'' if scope.is_site else scope.swarm_id}"
     credit = cache.get(key)
     if credit is None:
-        credit = _team_credit(team_id=team_id, since=since, swarm_id=None if swarm is None else swarm.id)
+        credit = _team_credit(scope=scope, team_id=team_id, since=since)
         cache.set(key, credit, TEAM_FIGURES_CACHE_SECONDS)
     return credit
 
@@ -303,15 +303,16 @@ class TeamDetail:
     members: list[dict[str, Any]]
     reward_per_hour: float
     curve: list[dict[str, Any]]
-    swarm: Swarm | None = None  # None: every swarm
+    swarm: Swarm | None = None  # the swarm picked on the page; None: none (the figures are the site's)
 
 
 def team_detail(*, team: Team, members: list[Membership], swarm: Swarm | None = None) -> TeamDetail:
-    """One team's page: its figures, each current member's credit for it, its hourly curve; in every
-    swarm or in `swarm`."""
+    """One team's page: its figures, each current member's credit for it, its hourly curve; in the
+    swarm picked on the page (`swarm`), or in the whole site when none is."""
+    scope = SITE if swarm is None else Scope.swarm(swarm.id)
     now = timezone.now()
     start = (now - timedelta(days=TEAM_CURVE_DAYS)).replace(minute=0, second=0, microsecond=0)
-    credit = _team_credit_cached(team_id=team.id, since=start, swarm=swarm)
+    credit = _team_credit_cached(team_id=team.id, since=start, scope=scope)
     hours = credit.hours
     m = credit.by_team.get(team.id, Measures())
     figures = TeamFigures(
@@ -320,13 +321,13 @@ def team_detail(*, team: Team, members: list[Membership], swarm: Swarm | None = 
         slug=team.slug,
         members=len(members),
         nodes_online=None
-        if (online := _nodes_online_by_team(now, team.id, swarm_id=None if swarm is None else swarm.id)) is None
+        if (online := _nodes_online_by_team(now, team.id, scope=scope)) is None
         else online.get(team.id, 0),
         accepted=m.accepted,
         completions=m.completions,
         verified_reward=m.reward,
         recent_credit=rule.recent_average_credit(m.growth, now=now),
-        badges=badges_of_teams([team.id], swarm_id=None if swarm is None else swarm.id).get(team.id, []),
+        badges=badges_of_teams([team.id], scope=scope).get(team.id, []),
     )
     rows = []
     for membership in members:

@@ -13,7 +13,7 @@ every SEEN_EVERY_SECONDS it writes the nodes that sent frames since (Node.last_s
 A frame therefore costs no database or Redis round trip for bookkeeping (docs/benchmarks.md, "Sockets").
 
 Each record carries the swarm its socket is in once its hello named one (`SocketBook.joined`, written
-with the next beat), so a swarm's nodes online are read from presence (`connected_filter(swarm_id=)`).
+with the next beat), so a swarm's nodes online are read from presence (`connected_filter(scope=Scope.swarm(id))`).
 
 Storage: Redis when REDIS_URL is set (one sorted set `<SAPO_REDIS_PREFIX>:presence`, member
 "<node id>|<server>|<connection id>", score = expiry as a Unix time, and the same members in one
@@ -49,6 +49,7 @@ from common.loops import per_loop
 from common.redis_client import redis_client
 from nodes.models import Node, NodeConnection
 from nodes.services import nodes_mark_seen, nodes_record_hellos, nodes_record_statuses
+from swarms.scope import SITE, Scope
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +80,18 @@ def _now(now: datetime | None) -> datetime:
 # ---------------------------------------------------------------------------- Redis
 
 
-def _redis_key(swarm_id: int | None = None) -> str:
-    """The sorted set of every record, or of the records of one swarm's sockets."""
-    if swarm_id is None:
-        return f"{settings.SAPO_REDIS_PREFIX}:presence"
+def _redis_key() -> str:
+    """The sorted set of every record."""
+    return f"{settings.SAPO_REDIS_PREFIX}:presence"
+
+
+def _swarm_key(swarm_id: int) -> str:
+    """The sorted set of the records of one swarm's sockets."""
     return f"{settings.SAPO_REDIS_PREFIX}:presence:swarm:{int(swarm_id)}"
+
+
+def _scope_key(scope: Scope) -> str:
+    return _redis_key() if scope.is_site else _swarm_key(scope.swarm_id)
 
 
 def _member(node_id: int, connection_id: uuid.UUID) -> str:
@@ -104,7 +112,7 @@ def connection_close(*, node_id: int, connection_id: uuid.UUID, swarm_id: int | 
             return
         with redis_client().pipeline(transaction=False) as pipe:
             pipe.zrem(_redis_key(), member)
-            pipe.zrem(_redis_key(swarm_id), member)
+            pipe.zrem(_swarm_key(swarm_id), member)
             pipe.execute()
         return
     # Raw SQL: the ORM's delete() collects related rows first, several times this statement's CPU
@@ -142,8 +150,8 @@ def connections_renew(
             pipe.zadd(_redis_key(), {_member(n, c): expires.timestamp() for c, n in connections.items()})
             pipe.zremrangebyscore(_redis_key(), "-inf", now.timestamp())
             for swarm_id, members in by_swarm.items():
-                pipe.zadd(_redis_key(swarm_id), members)
-                pipe.zremrangebyscore(_redis_key(swarm_id), "-inf", now.timestamp())
+                pipe.zadd(_swarm_key(swarm_id), members)
+                pipe.zremrangebyscore(_swarm_key(swarm_id), "-inf", now.timestamp())
             pipe.execute()
         return
     server = server_name()
@@ -180,11 +188,12 @@ class PresenceUnknown(Exception):
 
 
 def connection_counts(
-    node_ids: Iterable[int] | None = None, *, now: datetime | None = None, swarm_id: int | None = None
+    node_ids: Iterable[int] | None = None, *, now: datetime | None = None, scope: Scope = SITE
 ) -> dict[int, int]:
     """Open, unexpired sockets per node (nodes without one are left out); all nodes when node_ids is None;
-    only the sockets in the swarm `swarm_id` when given. Raises PresenceUnknown when Redis does not
+    the sockets of the whole site or of one swarm (`scope`). Raises PresenceUnknown when Redis does not
     answer."""
+    Scope.check(scope)
     now = _now(now)
     wanted = None if node_ids is None else {int(i) for i in node_ids}
     if wanted is not None and not wanted:
@@ -193,36 +202,32 @@ def connection_counts(
         if outage.REDIS.skip():
             raise PresenceUnknown
         try:
-            members = redis_client().zrangebyscore(_redis_key(swarm_id), f"({now.timestamp()}", "+inf")
+            members = redis_client().zrangebyscore(_scope_key(scope), f"({now.timestamp()}", "+inf")
         except RedisError as exc:
             outage.REDIS.failed(exc)
             raise PresenceUnknown from exc
         outage.REDIS.answered()
         counts = Counter(int(m.split(b"|", 1)[0]) for m in members)
         return {n: c for n, c in counts.items() if wanted is None or n in wanted}
-    rows = NodeConnection.objects.filter(expires_at__gt=now)
-    if swarm_id is not None:
-        rows = rows.filter(swarm_id=swarm_id)
+    rows = scope.rows(NodeConnection.objects.filter(expires_at__gt=now))
     if wanted is not None:
         rows = rows.filter(node_id__in=wanted)
     return dict(rows.values("node_id").annotate(n=Count("id")).values_list("node_id", "n"))
 
 
 def connected_node_ids(
-    node_ids: Iterable[int] | None = None, *, now: datetime | None = None, swarm_id: int | None = None
+    node_ids: Iterable[int] | None = None, *, now: datetime | None = None, scope: Scope = SITE
 ) -> set[int]:
-    """The nodes (of node_ids, or all) with at least one open, unexpired socket (in the swarm `swarm_id`
-    when given)."""
-    return set(connection_counts(node_ids, now=now, swarm_id=swarm_id))
+    """The nodes (of node_ids, or all) with at least one open, unexpired socket in `scope`."""
+    return set(connection_counts(node_ids, now=now, scope=scope))
 
 
 # The attribute with_connected annotates (database presence only).
 _CONNECTED = "presence_connected"
 
 
-def _connected_exists(now: datetime, swarm_id: int | None = None) -> Exists:
-    records = NodeConnection.objects.filter(node_id=OuterRef("pk"), expires_at__gt=now)
-    return Exists(records if swarm_id is None else records.filter(swarm_id=swarm_id))
+def _connected_exists(now: datetime, scope: Scope = SITE) -> Exists:
+    return Exists(scope.rows(NodeConnection.objects.filter(node_id=OuterRef("pk"), expires_at__gt=now)))
 
 
 def with_connected(nodes: QuerySet[Node], *, now: datetime | None = None) -> QuerySet[Node]:
@@ -252,14 +257,15 @@ def is_connected(connected: set[int] | None, node_id: int) -> bool | None:
     return None if connected is None else node_id in connected
 
 
-def connected_filter(*, now: datetime | None = None, swarm_id: int | None = None) -> Q:
-    """A filter on nodes: those with an open, unexpired socket (in the swarm `swarm_id` when given). In
-    the database an EXISTS inside the filtering query; with Redis the ids it holds (one call;
-    PresenceUnknown when it does not answer)."""
+def connected_filter(*, now: datetime | None = None, scope: Scope) -> Q:
+    """A filter on nodes: those with an open, unexpired socket in `scope`. In the database an EXISTS
+    inside the filtering query; with Redis the ids it holds (one call; PresenceUnknown when it does
+    not answer)."""
+    Scope.check(scope)
     now = _now(now)
     if settings.REDIS_URL:
-        return Q(id__in=connected_node_ids(now=now, swarm_id=swarm_id))
-    return Q(_connected_exists(now, swarm_id))
+        return Q(id__in=connected_node_ids(now=now, scope=scope))
+    return Q(_connected_exists(now, scope))
 
 
 # ---------------------------------------------------------------------------- this process's sockets

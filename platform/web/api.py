@@ -18,6 +18,7 @@ from community.services import team_disband, team_edit, team_found, team_hand_ov
 from figures import leaderboard, teams
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
+from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_catalogue, swarm_get
 from web import profiles, selectors
 from web.serializers import (
@@ -192,11 +193,12 @@ class TeamListApi(APIView):
         summary="Listed teams with their figures",
     )
     def get(self, request: Request) -> Response:
+        swarm = selectors.figures_swarm(request.query_params.get("swarm"))
         rows, _, _ = teams.team_rows(
             q=request.query_params.get("q", ""),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
-            swarm=selectors.figures_swarm(request.query_params.get("swarm")),
+            scope=SITE if swarm is None else Scope.swarm(swarm.id),
         )
         return Response(TeamFiguresSerializer(rows, many=True).data)
 

@@ -38,6 +38,7 @@ from community.models import Team
 from community.selectors import badges_of_teams, badges_of_users, current_teams_of
 from figures.leaderboard import contributor_figures_all, listed_node_figures
 from figures.teams import team_figures_all
+from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_list
 
 SCHEMA_VERSION = 1
@@ -122,12 +123,12 @@ def _time(value: datetime | None) -> str | None:
 
 def _rows() -> dict[str, list[dict[str, Any]]]:
     """Every table's rows, from the figures the pages show (one computation of each)."""
-    contributors = [c for c in contributor_figures_all() if c.username]  # private profiles have none
+    contributors = [c for c in contributor_figures_all(scope=SITE) if c.username]  # private profiles have none
     owner_ids = [c.owner_id for c in contributors]
-    user_badges, teams_of = badges_of_users(owner_ids), current_teams_of(owner_ids)
+    user_badges, teams_of = badges_of_users(owner_ids, scope=SITE), current_teams_of(owner_ids)
     public_owners = set(owner_ids)
-    teams = team_figures_all()
-    team_badges = badges_of_teams(t.team_id for t in teams)
+    teams = team_figures_all(scope=SITE)
+    team_badges = badges_of_teams((t.team_id for t in teams), scope=SITE)
     return {
         "contributors": [
             {
@@ -176,7 +177,7 @@ def _rows() -> dict[str, list[dict[str, Any]]]:
                 "hardware": f.hardware,
                 "last_seen_at": _time(f.last_seen_at),
             }
-            for f in sorted(listed_node_figures(), key=lambda f: f.node_id)
+            for f in sorted(listed_node_figures(scope=SITE), key=lambda f: f.node_id)
             if f.owner_id in public_owners
         ],
         **_swarm_rows(public_owners),
@@ -187,7 +188,8 @@ def _swarm_rows(public_owners: set[int]) -> dict[str, list[dict[str, Any]]]:
     """The per-swarm tables: each swarm's figures of the contributors and nodes of the total tables."""
     contributors, nodes = [], []
     for swarm in swarm_list():
-        for c in contributor_figures_all(swarm=swarm):
+        scope = Scope.swarm(swarm.id)
+        for c in contributor_figures_all(scope=scope):
             if c.owner_id in public_owners:
                 contributors.append(
                     {
@@ -200,7 +202,7 @@ def _swarm_rows(public_owners: set[int]) -> dict[str, list[dict[str, Any]]]:
                         "helped": c.helped,
                     }
                 )
-        for f in listed_node_figures(swarm=swarm):
+        for f in listed_node_figures(scope=scope):
             if f.owner_id in public_owners:
                 nodes.append(
                     {

@@ -24,6 +24,7 @@ from figures.models import NodeHour
 from figures.stats import Measures, live_rows, snapshot
 from nodes.models import Node
 from nodes.presence import with_connected
+from swarms.scope import SITE
 from web.selectors import NODE_CURVE_DAYS
 
 #: The per-dataset figures read the newest groups of the last NODE_CURVE_DAYS days, at most this many
@@ -147,7 +148,7 @@ def _profile(owner: User, nodes: list[Node]) -> Profile:
         nodes=[figures[n.id] for n in nodes],
         curve=_curve(ids, start),
         datasets=_datasets(ids, start),
-        badges=badges_of_users([owner.id]).get(owner.id, []),
+        badges=badges_of_users([owner.id], scope=SITE).get(owner.id, []),
         team=current_teams_of([owner.id]).get(owner.id),
         swarms=swarm_figures_of(node_ids=ids),
     )

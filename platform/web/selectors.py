@@ -22,6 +22,7 @@ from pool.limits import current_limits
 from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
 from swarms.models import Swarm
+from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_get
 from web.arms import NodeHourCell, arm_of, compare_arms
 
@@ -71,11 +72,11 @@ def _swarm_node_ids(swarm_id: int, since: datetime) -> set[int]:
 
 
 def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
-    swarm_id = None if swarm is None else swarm.id
-    public = [f for f in node_figures_all() if f.public]
+    scope = SITE if swarm is None else Scope.swarm(swarm.id)
+    public = [f for f in node_figures_all(scope=SITE) if f.public]
     try:
         online_nodes = Node.objects.filter(
-            connected_filter(now=now, swarm_id=swarm_id),
+            connected_filter(now=now, scope=scope),
             retired_at__isnull=True,
             banned_at__isnull=True,
             owner__banned_at__isnull=True,
@@ -84,30 +85,30 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
         online_nodes = None
     recent_window = timedelta(minutes=10)
     recent = Rollout.objects.filter(created_at__gte=now - recent_window)
-    if swarm_id is None:
+    if scope.is_site:
         recent = recent.filter(node_id__in=active_node_ids(now - recent_window))
     else:
         # A swarm's figures: its own groups, and the nodes active in it (a node may move between swarms).
-        in_swarm = _swarm_node_ids(swarm_id, now - SWARM_ACTIVE_WINDOW)
+        in_swarm = _swarm_node_ids(scope.swarm_id, now - SWARM_ACTIVE_WINDOW)
         public = [f for f in public if f.node_id in in_swarm]
-        recent = recent.filter(swarm_id=swarm_id)
+        recent = recent.filter(swarm_id=scope.swarm_id)
     figures = [f for f in public if listed(f)]
     online: int | None = None if online_nodes is None else online_nodes.count()
     recent_groups = recent.count()
     window = current_limits().sample_window_seconds
     if swarm is not None and swarm.sample_window_seconds:
         window = swarm.sample_window_seconds
-    swarm_ids = [swarm_id] if swarm_id is not None else list(Swarm.objects.values_list("id", flat=True))
+    swarm_ids = list(Swarm.objects.values_list("id", flat=True)) if scope.is_site else [scope.swarm_id]
     pool_size = _pool_size(now - timedelta(seconds=window), swarm_ids)
 
     curve_start = (now - timedelta(hours=SWARM_CURVE_HOURS)).replace(minute=0, second=0, microsecond=0)
     accuracy_start = now - timedelta(days=ACCURACY_DAYS)
-    dataset_hours = DatasetHour.objects.all() if swarm_id is None else DatasetHour.objects.filter(swarm_id=swarm_id)
+    dataset_hours = scope.rows(DatasetHour.objects.all())
     with snapshot():
         live = live_rows()
         hours = list(dataset_hours.filter(hour__gte=min(curve_start, accuracy_start)))
         node_hours = list(NodeHour.objects.filter(hour__gte=curve_start))
-        if swarm_id is None:
+        if scope.is_site:
             accepted = sum(f.accepted for f in public)
             rejected = sum(f.rejected for f in public)
             verified = sum(f.verified_reward for f in public)
@@ -117,7 +118,7 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
             )
             accepted, rejected, verified = totals["a"] or 0, totals["r"] or 0, totals["v"] or 0.0
             for (s, _, _), m in live.groups.by_dataset_hour.items():
-                if s == swarm_id:
+                if s == scope.swarm_id:
                     accepted, rejected, verified = accepted + m.accepted, rejected + m.rejected, verified + m.reward
     per_hour: dict[datetime, Measures] = {}
     per_dataset: dict[str, Measures] = {}
@@ -129,7 +130,7 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
         )
         for h in hours
     ]
-    buckets += [(d, h, m) for (s, d, h), m in live.groups.by_dataset_hour.items() if swarm_id in (None, s)]
+    buckets += [(d, h, m) for (s, d, h), m in live.groups.by_dataset_hour.items() if scope.holds(s)]
     for dataset, hour, m in buckets:
         if hour >= curve_start:
             per_hour.setdefault(hour, Measures()).add(m)
@@ -159,7 +160,7 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
             }
             for d, m in sorted(per_dataset.items())
         ],
-        "aha": aha_groups(swarm_id=swarm_id),
+        "aha": aha_groups(scope=scope),
         "arms": _swarm_arms(node_hours, live.groups.by_node_hour, {f.node_id for f in public}, curve_start),
     }
 
@@ -208,11 +209,11 @@ def _pool_size(cutoff: datetime, swarm_ids: Collection[int]) -> int:
 
 
 def aha_groups(
-    *, limit: int = 10, author_owner_ids: Collection[int] | None = None, swarm_id: int | None = None
+    *, scope: Scope, limit: int = 10, author_owner_ids: Collection[int] | None = None
 ) -> list[dict[str, Any]]:
     """Recent groups that several other nodes trained on, most used first (from the latest
-    AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids); `author_owner_ids`
-    keeps the groups of those contributors' nodes (a team's members), `swarm_id` one swarm's groups."""
+    AHA_RECENT_CONSUMPTIONS consumptions: a bounded read of the newest ids), in `scope`;
+    `author_owner_ids` keeps the groups of those contributors' nodes (a team's members)."""
     recent = Consumption.objects.order_by("-id").values_list("id", flat=True)[
         AHA_RECENT_CONSUMPTIONS - 1 : AHA_RECENT_CONSUMPTIONS
     ]
@@ -220,8 +221,7 @@ def aha_groups(
     consumptions = Consumption.objects.filter(id__gte=floor)
     if author_owner_ids is not None:
         consumptions = consumptions.filter(author__owner_id__in=list(author_owner_ids))
-    if swarm_id is not None:
-        consumptions = consumptions.filter(swarm_id=swarm_id)
+    consumptions = scope.rows(consumptions)
     rows = list(
         consumptions.values("rollout_id")
         .annotate(nodes=Count("consumer_id", distinct=True))

@@ -25,6 +25,7 @@ from community.services import (
 )
 from figures import teams
 from swarms.models import Swarm
+from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_list
 from web import selectors
 
@@ -52,7 +53,7 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
         page=request.GET.get("page", 1),
-        swarm=swarm,
+        scope=SITE if swarm is None else Scope.swarm(swarm.id),
     )
     return render(
         request,
@@ -88,7 +89,7 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
             "membership": mine,
             "is_member": mine is not None and mine.team_id == team.id,
             "is_founder": user.is_authenticated and team.founder_id == user.id,
-            "aha": selectors.aha_groups(author_owner_ids=[m.user_id for m in members]),
+            "aha": selectors.aha_groups(scope=SITE, author_owner_ids=[m.user_id for m in members]),
         },
     )
 

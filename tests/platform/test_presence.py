@@ -17,6 +17,7 @@ from factories import make_node
 from nodes import presence
 from nodes.models import Node, NodeConnection, NodeStatus
 from nodes.selectors import node_status
+from swarms.scope import Scope
 from web.selectors import swarm_overview
 
 pytestmark = pytest.mark.django_db
@@ -74,7 +75,7 @@ def test_a_restarted_server_forgets_its_own_sockets_not_other_servers(store, nod
     settings.SAPO_SERVER_NAME = "here"
     assert presence.presence_server_start() == 2
     assert presence.connected_node_ids() == {other.id}
-    assert presence.connected_node_ids(swarm_id=7) == {other.id}
+    assert presence.connected_node_ids(scope=Scope.swarm(7)) == {other.id}
 
 
 def test_a_sockets_record_carries_the_swarm_it_is_in(store, node):
@@ -86,19 +87,19 @@ def test_a_sockets_record_carries_the_swarm_it_is_in(store, node):
         connections={easy: node.id, paper: other.id, unplaced: third.id}, swarms={easy: 1, paper: 2}
     )
     assert presence.connected_node_ids() == {node.id, other.id, third.id}
-    assert presence.connected_node_ids(swarm_id=1) == {node.id}
-    assert presence.connection_counts(swarm_id=2) == {other.id: 1}
-    assert presence.connected_node_ids(swarm_id=3) == set()
-    in_paper = Node.objects.filter(presence.connected_filter(swarm_id=2)).values_list("id", flat=True)
+    assert presence.connected_node_ids(scope=Scope.swarm(1)) == {node.id}
+    assert presence.connection_counts(scope=Scope.swarm(2)) == {other.id: 1}
+    assert presence.connected_node_ids(scope=Scope.swarm(3)) == set()
+    in_paper = Node.objects.filter(presence.connected_filter(scope=Scope.swarm(2))).values_list("id", flat=True)
     assert list(in_paper) == [other.id]
     # The unplaced socket's hello named swarm 1: its next renewal moves it there.
     presence.connections_renew(connections={unplaced: third.id}, swarms={unplaced: 1})
-    assert presence.connected_node_ids(swarm_id=1) == {node.id, third.id}
+    assert presence.connected_node_ids(scope=Scope.swarm(1)) == {node.id, third.id}
     presence.connection_close(node_id=other.id, connection_id=paper, swarm_id=2)
-    assert presence.connected_node_ids(swarm_id=2) == set()
+    assert presence.connected_node_ids(scope=Scope.swarm(2)) == set()
     assert presence.connected_node_ids() == {node.id, third.id}
     later = timezone.now() + timedelta(seconds=presence.expires_after_seconds() + 1)
-    assert presence.connected_node_ids(swarm_id=1, now=later) == set()
+    assert presence.connected_node_ids(scope=Scope.swarm(1), now=later) == set()
 
 
 def test_status_reads_presence_and_last_seen(store, node):

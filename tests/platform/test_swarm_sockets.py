@@ -17,6 +17,7 @@ from nodes import presence
 from pool.models import NodeRound, Rollout
 from sapo_node import protocol
 from swarms.models import Swarm
+from swarms.scope import Scope
 from swarms.services import swarm_default_ensure, swarm_state_set
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
@@ -70,7 +71,7 @@ async def test_a_connected_nodes_presence_carries_the_swarm_its_hello_named():
     await presence.socket_book().beat(renew=False)  # the beat that follows within SEEN_EVERY_SECONDS
 
     def online_in(swarm) -> set[int]:
-        return presence.connected_node_ids([easy_node.id, paper_node.id], swarm_id=swarm.id)
+        return presence.connected_node_ids([easy_node.id, paper_node.id], scope=Scope.swarm(swarm.id))
 
     assert await sync_to_async(online_in)(easy) == {easy_node.id}
     assert await sync_to_async(online_in)(paper) == {paper_node.id}

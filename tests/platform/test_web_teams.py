@@ -15,6 +15,7 @@ from test_web_data import fresh_figures, make_group
 from community.models import Membership
 from community.services import team_join, team_leave, team_moderate
 from figures import stats, teams
+from swarms.scope import SITE
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
@@ -25,7 +26,7 @@ def _hour(hours_ago: int):
 
 def _team_row(team):
     fresh_figures()
-    return {f.team_id: f for f in teams.team_figures_all()}[team.id]
+    return {f.team_id: f for f in teams.team_figures_all(scope=SITE)}[team.id]
 
 
 @pytest.mark.parametrize("folded", [True, False], ids=["folded", "live"])
