@@ -4,8 +4,8 @@ node's prompt (system message and worked turns) and without its worked turns.
     .venv/bin/python bench/answers.py --model smollm2-135m --catalogue easy -n 200
     .venv/bin/python bench/answers.py --model smollm2-135m --catalogue sapo -n 200 --max-new-tokens 96
 
-Questions 0..n-1 of the held-out dataset seed (sapo_node.tiny.EVAL_SEED), generated in batches with
-the export's evaluation code (sapo_node.tiny.heldout_answers) and scored by the one rule node and
+Questions 0..n-1 of the held-out dataset seed (sapo_node.tiny.evaluation.EVAL_SEED), generated in batches with
+the export's evaluation code (sapo_node.tiny.evaluation.heldout_answers) and scored by the one rule node and
 server share (sapo_node.tasks.score_completion). `parsed` = the share of completions with an
 <answer>...</answer>; `accuracy` = the mean score. `bare` = the share of completions without tags
 whose last line (after its last "=") the verifier would score above 0: what a tolerant extraction
@@ -25,7 +25,7 @@ import torch
 
 from sapo_node.models import load_policy
 from sapo_node.tasks import CATALOGUES, extract_answer, score_completion
-from sapo_node.tiny import EVAL_SEED, heldout_answers
+from sapo_node.tiny.evaluation import EVAL_SEED, heldout_answers
 
 
 def last_line_answer(completion: str) -> str:

@@ -222,8 +222,8 @@ def trl_child(args: argparse.Namespace) -> None:
     from sapo_node.prompts import format_prompt
     from sapo_node.sample import sample_questions
     from sapo_node.tasks import CATALOGUES, TaskStream, score_completion
-    from sapo_node.tiny import VARIANTS as TINY
-    from sapo_node.tiny import build_info, tiny_path
+    from sapo_node.tiny.cache import build_info, tiny_path
+    from sapo_node.tiny.variants import VARIANTS as TINY
 
     started = time.perf_counter()
     if args.threads:
@@ -418,14 +418,17 @@ def prebuild(args: argparse.Namespace) -> None:
     """Build a built-in model that is not in the cache yet, in a process of its own: built by the first
     child, its tokenizer training and warm start counted in that child's peak memory (939 against 586
     MiB for tiny) and start-up (103 s)."""
-    from sapo_node.tiny import VARIANTS, build_info, tiny_path
+    from sapo_node.tiny.cache import build_info, tiny_path
+    from sapo_node.tiny.variants import VARIANTS
 
     if args.model not in VARIANTS:
         return
     if build_info(tiny_path(args.model, Path(args.cache_dir) if args.cache_dir else None)) is not None:
         return
     print(f"building the built-in model {args.model!r} once (not timed) ...", file=sys.stderr, flush=True)
-    code = "import sys; from sapo_node.tiny import load_tiny; load_tiny(sys.argv[1], cache_dir=sys.argv[2] or None)"
+    code = (
+        "import sys; from sapo_node.tiny.cache import load_tiny; load_tiny(sys.argv[1], cache_dir=sys.argv[2] or None)"
+    )
     subprocess.run([sys.executable, "-c", code, args.model, args.cache_dir or ""], check=True)
 
 

@@ -349,7 +349,7 @@ def tiny_policy(tiny_cache_dir: Path) -> tuple[Any, Any]:
     Shared by the whole session: a test that trains or otherwise changes it must use
     `tiny_policy_copy` (or a deep copy of its own) instead.
     """
-    from sapo_node.tiny import load_tiny
+    from sapo_node.tiny.cache import load_tiny
 
     return load_tiny("tiny", cache_dir=tiny_cache_dir, progress=False)
 
@@ -357,7 +357,7 @@ def tiny_policy(tiny_cache_dir: Path) -> tuple[Any, Any]:
 @pytest.fixture(scope="session")
 def tiny_mini_policy(tiny_cache_dir: Path) -> tuple[Any, Any]:
     """(model, tokenizer) of "tiny-mini" (another tokenizer: digits split); shared like tiny_policy."""
-    from sapo_node.tiny import load_tiny
+    from sapo_node.tiny.cache import load_tiny
 
     return load_tiny("tiny-mini", cache_dir=tiny_cache_dir, progress=False)
 

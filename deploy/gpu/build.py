@@ -9,7 +9,8 @@ import sys
 import time
 
 from sapo_node.models import load_policy
-from sapo_node.tiny import VARIANTS, build_info, tiny_path
+from sapo_node.tiny.cache import build_info, tiny_path
+from sapo_node.tiny.variants import VARIANTS
 
 
 def main(model: str, out: str) -> None:

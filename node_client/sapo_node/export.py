@@ -87,7 +87,7 @@ def read_run(run: Path) -> TrainedRun:
 
 def evaluate_both_ways(model: Any, tokenizer: Any, catalogue: Catalogue, *, n: int, max_new_tokens: int) -> dict:
     """{"greedy": {dataset: score}, "sampled": {dataset: score}} on questions 0..n-1 of EVAL_SEED."""
-    from sapo_node.tiny import evaluate
+    from sapo_node.tiny.evaluation import evaluate
 
     settings = {"catalogue": catalogue, "n": n, "max_new_tokens": max_new_tokens}
     return {
@@ -110,7 +110,7 @@ def export_run(
     The folder is written beside `out` and renamed into place, so a failure leaves no half export."""
     from sapo_node.checkpoint import CheckpointError, load_tensors
     from sapo_node.models import load_policy
-    from sapo_node.tiny import quiet_transformers
+    from sapo_node.tiny.cache import quiet_transformers
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -160,7 +160,7 @@ HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
 def model_names(model: str) -> tuple[str | None, str]:
     """(hub id or None, the name the card gives the base model). A local folder is named by its last
     component only: its full path (a home folder, a user name) stays on this machine."""
-    from sapo_node.tiny import VARIANTS
+    from sapo_node.tiny.variants import VARIANTS
 
     if model in VARIANTS:
         return None, model
@@ -173,7 +173,7 @@ def model_names(model: str) -> tuple[str | None, str]:
 def base_model_line(model: str) -> tuple[str | None, str]:
     """(hub id for the card's metadata or None, how the card's table names the base model)."""
     from sapo_node.packaged import PACKAGED
-    from sapo_node.tiny import VARIANTS
+    from sapo_node.tiny.variants import VARIANTS
 
     hub_id, name = model_names(model)
     if model in VARIANTS:
@@ -198,7 +198,7 @@ def swarm_line(config: NodeConfig) -> str:
 
 
 def model_card(trained: TrainedRun, evaluation: Evaluation) -> str:
-    from sapo_node.tiny import EVAL_SEED
+    from sapo_node.tiny.evaluation import EVAL_SEED
 
     config = trained.config
     hub_id, base = base_model_line(config.model)

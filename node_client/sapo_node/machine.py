@@ -66,7 +66,7 @@ class ModelShape:
         return self.layers * layer + self.vocab * h * (1 if self.tied else 2) + h
 
 
-#: The models a node knows by name, and the paper's (sapo_node.tiny.VARIANTS, sapo_node.packaged;
+#: The models a node knows by name, and the paper's (sapo_node.tiny.variants.VARIANTS, sapo_node.packaged;
 #: tests/node/test_machine.py checks these against the built models). Other hub ids and folders are
 #: read from their config.json when it is on disk.
 MODEL_SHAPES: dict[str, ModelShape] = {

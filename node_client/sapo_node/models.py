@@ -11,7 +11,8 @@ import torch
 
 from sapo_node.packaged import PACKAGED, ensure_converted
 from sapo_node.prebuilt import fetcher
-from sapo_node.tiny import VARIANTS, load_tiny
+from sapo_node.tiny.cache import load_tiny
+from sapo_node.tiny.variants import VARIANTS
 
 #: The paper's model; any hub id or local folder of a causal LM works the same way.
 DEFAULT_HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -59,7 +60,7 @@ def load_policy(
     dtype: str | torch.dtype | None = None,
     server: str | None = None,
 ) -> tuple[Any, Any, str]:
-    """(model, tokenizer, device) for `model`: the built-in ones (sapo_node.tiny.VARIANTS) are cached in
+    """(model, tokenizer, device) for `model`: the built-in ones (sapo_node.tiny.variants.VARIANTS) are cached in
     `cache_dir`, downloaded on first use from `server` when that site serves them prebuilt
     (sapo_node.prebuilt), else built there, on `device`; a packaged one (sapo_node.packaged.PACKAGED) is
     converted into `cache_dir` on first use; anything else is a hub id or local folder for from_pretrained."""

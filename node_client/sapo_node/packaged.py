@@ -92,7 +92,7 @@ def gguf_path(name: str) -> Path:
 
 def packaged_path(name: str, cache_dir: Path | None = None) -> Path:
     """The folder the converted model of `name` is kept in."""
-    from sapo_node.tiny import default_cache_dir
+    from sapo_node.tiny.cache import default_cache_dir
 
     spec = PACKAGED[name]
     return Path(cache_dir or default_cache_dir()) / f"{name}-{spec.distribution}-{spec.version}"
@@ -104,7 +104,7 @@ def convert(name: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sapo_node.tiny import quiet_transformers
+    from sapo_node.tiny.cache import quiet_transformers
 
     gguf = gguf_path(name)
     with quiet_transformers():
@@ -132,7 +132,7 @@ def ensure_converted(name: str, cache_dir: Path | None = None) -> Path:
         # Written beside the final folder and renamed: a crash never leaves a half-written model.
         staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
         try:
-            from sapo_node.tiny import quiet_transformers
+            from sapo_node.tiny.cache import quiet_transformers
 
             with quiet_transformers():
                 model.save_pretrained(staging, safe_serialization=True)

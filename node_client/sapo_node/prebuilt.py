@@ -3,7 +3,7 @@
 A node's first run of a built-in model (`--model tiny-mini`, `tiny`, ...) would build it: train a
 tokenizer and warm-start the model, minutes on an idle laptop, up to an hour on a busy one. A site
 builds each of them once instead (`manage.py sapo_models build`, with the same builder:
-sapo_node.tiny.load_tiny, seed 0) and serves
+sapo_node.tiny.cache.load_tiny, seed 0) and serves
 
     GET /models/manifest.json          the Manifest below
     GET /models/<folder>/<file>        each file of a model, with its Content-Length
@@ -13,8 +13,8 @@ folder of prebuilt models is laid out as a node cache.
 
 A node whose cache lacks the model asks the site it was told to join (`--server`) and takes its
 copy only when all of this holds, else it says why and builds the model itself:
-- the manifest's entry has the recipe digest this client computes itself (tiny.recipe_digest: the
-  variant's fields, seed, steps, the task catalogue, the prompt format, tiny.RECIPE_VERSION), so a
+- the manifest's entry has the recipe digest this client computes itself (tiny.recipe.recipe_digest: the
+  variant's fields, seed, steps, the task catalogue, the prompt format, tiny.recipe.RECIPE_VERSION), so a
   client only takes the model its own recipe would build;
 - every file has the declared size and sha256;
 - the files' build.json records that recipe, config.json the variant's architecture, and
@@ -22,7 +22,7 @@ copy only when all of this holds, else it says why and builds the model itself:
   second), which is what an audit depends on: the site's audit worker rebuilds the architecture and
   tokenizer and replays with the node's uploaded weights (docs/audits.md), not the base weights.
 The files are written in a staging folder beside the cache folder and renamed into place once all
-are checked: a failed, refused or interrupted download keeps nothing (sapo_node.tiny.load_tiny
+are checked: a failed, refused or interrupted download keeps nothing (sapo_node.tiny.cache.load_tiny
 removes what a killed one left, under the model's lock).
 
 No Django: the site's app `prebuilt` imports the Manifest from here, so both sides read one shape.
@@ -58,7 +58,7 @@ MAX_MODEL_BYTES = 2 << 30
 #: A folder or file name: one path component, no dot first (no "..", no hidden file).
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-#: The files a model folder must hold (tiny.load_tiny's build writes them).
+#: The files a model folder must hold (tiny.cache.load_tiny's build writes them).
 REQUIRED = ("build.json", "config.json", "model.safetensors", "tokenizer.json")
 #: Seconds a read from the site may stall; connection attempts (the site still starting, as under
 #: `make run`) and the pause between them.
@@ -75,7 +75,7 @@ class ManifestFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ManifestModel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: The built-in model's name (sapo_node.tiny.VARIANTS), its recipe's sha256, its folder's name.
+    #: The built-in model's name (sapo_node.tiny.variants.VARIANTS), its recipe's sha256, its folder's name.
     name: str
     recipe: str
     folder: str
@@ -139,7 +139,7 @@ def site_origin(server: str) -> str:
 
 
 def fetcher(server: str, variant: str, *, seed: int = 0, steps: int | None = None, out: TextIO | None = None):
-    """`fetch` for tiny.load_tiny: places the site's prebuilt copy at the path it is given and returns
+    """`fetch` for tiny.cache.load_tiny: places the site's prebuilt copy at the path it is given and returns
     True, or says on `out` (default stderr) why it cannot and returns False (the caller builds)."""
 
     def fetch(path: Path) -> bool:
@@ -162,11 +162,12 @@ def fetcher(server: str, variant: str, *, seed: int = 0, steps: int | None = Non
 def download(origin: str, variant: str, path: Path, *, seed: int = 0, steps: int | None = None, out: TextIO) -> None:
     """Download the site's `variant` into `path` (which must not exist yet), checked as the module
     docstring says; raises PrebuiltUnavailable and leaves nothing when it cannot."""
-    from sapo_node import tiny
+    from sapo_node.tiny.cache import staging_dir
+    from sapo_node.tiny.recipe import recipe_digest
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the node's socket: no proxy
     manifest = parse_manifest(_get_manifest(opener, origin + MANIFEST_PATH))
-    recipe = tiny.recipe_digest(variant, seed, steps)
+    recipe = recipe_digest(variant, seed, steps)
     entries = [m for m in manifest.models if m.name == variant]
     if not entries:
         raise PrebuiltUnavailable(f"the site publishes no {variant}")
@@ -180,7 +181,7 @@ def download(origin: str, variant: str, path: Path, *, seed: int = 0, steps: int
     if missing := [n for n in REQUIRED if n not in names]:
         raise PrebuiltUnavailable(f"its {variant} lacks {', '.join(missing)}")
     total = sum(f.size for f in entry.files)
-    staging = tiny.staging_dir(path)
+    staging = staging_dir(path)
     try:
         _download_files(opener, f"{origin}{MODELS_PATH}{entry.folder}/", entry.files, staging, total, variant, out)
         check_model_folder(staging, variant, seed=seed, steps=steps)
@@ -196,10 +197,12 @@ def check_model_folder(folder: Path, variant: str, *, seed: int = 0, steps: int 
     config.json the variant's architecture and its tokenizer.json the tokenizer the recipe trains."""
     from tokenizers import Tokenizer
 
-    from sapo_node import tiny
+    from sapo_node.tiny.recipe import recipe
+    from sapo_node.tiny.tokenizer import train_tokenizer
+    from sapo_node.tiny.variants import get_variant
 
-    spec = tiny.get_variant(variant)
-    want = tiny.recipe(spec, seed, spec.steps if steps is None else steps)
+    spec = get_variant(variant)
+    want = recipe(spec, seed, spec.steps if steps is None else steps)
     try:
         info = json.loads((folder / "build.json").read_text())
         config = json.loads((folder / "config.json").read_text())
@@ -222,7 +225,7 @@ def check_model_folder(folder: Path, variant: str, *, seed: int = 0, steps: int 
     }
     if not isinstance(config, dict) or any(config.get(k) != v for k, v in architecture.items()):
         raise PrebuiltUnavailable(f"its {variant} config.json is not the variant's architecture")
-    if tokenizer.to_str() != tiny.train_tokenizer(spec).backend_tokenizer.to_str():
+    if tokenizer.to_str() != train_tokenizer(spec).backend_tokenizer.to_str():
         raise PrebuiltUnavailable(f"its {variant} tokenizer is not the one this client's recipe trains")
 
 

@@ -30,7 +30,7 @@ MAX_CHALLENGE_CHARS = 128
 SEED_BOUND = 2**31
 INDEX_BOUND = 10**9
 #: The models an audit can replay: the ones every site rebuilds from its own copy, the built-in models
-#: (sapo_node.tiny.VARIANTS) and the packaged SmolLM2 (sapo_node.packaged.PACKAGED), named here without
+#: (sapo_node.tiny.variants.VARIANTS) and the packaged SmolLM2 (sapo_node.packaged.PACKAGED), named here without
 #: importing torch (tests/node/test_proof.py holds them equal). A proof naming any other model is
 #: stored unaudited: no audit could check it, so it can earn no credit and no node is held for it.
 AUDITABLE_MODELS = frozenset(

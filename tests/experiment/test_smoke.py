@@ -128,7 +128,7 @@ def test_held_out_accuracy_before_and_after_is_the_exports_evaluation(smoke):
     config, out, summary = smoke
     from sapo_node.models import load_policy
     from sapo_node.tasks import EASY_CATALOGUE
-    from sapo_node.tiny import evaluate
+    from sapo_node.tiny.evaluation import evaluate
 
     rows = read_csv(out / "heldout.csv")
     datasets = [spec.dataset for spec in EASY_CATALOGUE.tasks]

@@ -21,7 +21,7 @@ import pytest
 from django.test import override_settings
 
 from sapo_node.prebuilt import fetcher
-from sapo_node.tiny import build_info, load_tiny, tiny_path
+from sapo_node.tiny.cache import build_info, load_tiny, tiny_path
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,7 +144,7 @@ _DOWNLOAD = """
 import sys
 from pathlib import Path
 from sapo_node.prebuilt import fetcher
-from sapo_node.tiny import load_tiny
+from sapo_node.tiny.cache import load_tiny
 load_tiny("tiny-mini", cache_dir=Path(sys.argv[1]), progress=False, fetch=fetcher(sys.argv[2], "tiny-mini"))
 """
 

@@ -18,7 +18,7 @@ from sapo_node.cli import main
 from sapo_node.export import model_names, swarm_line
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE
-from sapo_node.tiny import evaluate
+from sapo_node.tiny.evaluation import evaluate
 
 ROUND = [
     "--questions",

@@ -118,7 +118,7 @@ def test_an_unknown_model_is_sized_from_its_config_on_disk(tmp_path):
 def test_the_table_matches_the_built_models():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sapo_node.tiny import VARIANTS
+    from sapo_node.tiny.variants import VARIANTS
 
     for name in ("tiny-mini", "tiny", "small", "tiny-learn"):
         v = VARIANTS[name]

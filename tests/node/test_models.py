@@ -11,7 +11,7 @@ import torch
 from sapo_node.models import describe_hardware, load_policy, prepare_tokenizer, resolve_device, resolve_dtype
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE, build_entry
-from sapo_node.tiny import generate_texts
+from sapo_node.tiny.generation import generate_texts
 
 
 def prompts(tokenizer, n=6):

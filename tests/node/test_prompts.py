@@ -8,7 +8,8 @@ import pytest
 
 from sapo_node.prompts import FEW_SHOT, SYSTEM_PROMPT, format_prompt, format_target
 from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, build_entry, extract_answer, score_completion
-from sapo_node.tiny import VARIANTS, train_tokenizer
+from sapo_node.tiny.tokenizer import train_tokenizer
+from sapo_node.tiny.variants import VARIANTS
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -15,7 +15,7 @@ def test_bounds_are_the_task_range_and_the_auditable_models_the_ones_a_site_rebu
     assert proof.SEED_BOUND == MAX_SEED + 1
     assert proof.INDEX_BOUND == MAX_INDEX
     from sapo_node.packaged import PACKAGED
-    from sapo_node.tiny import VARIANTS
+    from sapo_node.tiny.variants import VARIANTS
 
     assert proof.AUDITABLE_MODELS == set(VARIANTS) | set(PACKAGED)
 

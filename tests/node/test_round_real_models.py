@@ -19,7 +19,7 @@ def _config(out, **kw) -> NodeConfig:
 
 
 def test_tiny_and_tiny_mini_swarm(tmp_path, tiny_policy_copy, tiny_cache_dir):
-    from sapo_node.tiny import load_tiny
+    from sapo_node.tiny.cache import load_tiny
 
     mini = load_tiny("tiny-mini", cache_dir=tiny_cache_dir, progress=False)
     assert mini[1].get_vocab() != tiny_policy_copy[1].get_vocab()

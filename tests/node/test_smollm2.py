@@ -21,7 +21,7 @@ from sapo_node.models import load_policy
 from sapo_node.prompts import FEW_SHOT, format_prompt
 from sapo_node.shared_prefix import shared_prefix
 from sapo_node.tasks import extract_answer
-from sapo_node.tiny import generate_texts
+from sapo_node.tiny.generation import generate_texts
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,6 @@ import threading
 import pytest
 import torch
 
-from sapo_node import tiny
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import (
     EASY_CATALOGUE,
@@ -25,18 +24,16 @@ from sapo_node.tasks import (
     build_entry,
     build_first,
 )
-from sapo_node.tiny import (
-    BUILD_INFO,
-    VARIANTS,
-    build_info,
-    build_model,
-    count_params,
-    evaluate,
-    generate_texts,
-    load_tiny,
-    tiny_path,
-    train_tokenizer,
-)
+from sapo_node.tiny import cache
+from sapo_node.tiny.batches import default_workers, supervised_batch
+from sapo_node.tiny.cache import BUILD_INFO, build_info, load_tiny, tiny_path
+from sapo_node.tiny.cli import main
+from sapo_node.tiny.evaluation import evaluate
+from sapo_node.tiny.generation import generate_texts
+from sapo_node.tiny.model import build_model, count_params
+from sapo_node.tiny.tokenizer import train_tokenizer
+from sapo_node.tiny.variants import VARIANTS
+from sapo_node.tiny.warm_start import TRAIN_SEED, known_catalogue, warm_start
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +89,7 @@ def test_second_load_reads_the_cache_without_rebuilding(tiny_policy, tiny_cache_
     path = tiny_path("tiny", tiny_cache_dir)
     marker = path / BUILD_INFO
     built = marker.stat().st_mtime_ns
-    monkeypatch.setattr(tiny, "build_tiny", lambda *a, **k: pytest.fail("rebuilt a cached model"))
+    monkeypatch.setattr(cache, "build_tiny", lambda *a, **k: pytest.fail("rebuilt a cached model"))
 
     model, tokenizer = load_tiny("tiny", cache_dir=tiny_cache_dir, progress=False)
 
@@ -104,8 +101,8 @@ def test_second_load_reads_the_cache_without_rebuilding(tiny_policy, tiny_cache_
 
 def test_concurrent_builds_of_one_recipe_build_once(tmp_path, monkeypatch):
     calls = []
-    real_build = tiny.build_tiny
-    monkeypatch.setattr(tiny, "build_tiny", lambda *a, **k: calls.append(1) or real_build(*a, **k))
+    real_build = cache.build_tiny
+    monkeypatch.setattr(cache, "build_tiny", lambda *a, **k: calls.append(1) or real_build(*a, **k))
     results = []
 
     def load() -> None:
@@ -148,7 +145,7 @@ def test_warm_started_completions_use_the_answer_tags(tiny_policy):
 
 
 def test_command_line_prints_an_accuracy_table(tmp_path, capsys):
-    tiny.main(["--variant", "tiny-mini", "--steps", "2", "--cache-dir", str(tmp_path), "--eval", "-n", "2"])
+    main(["--variant", "tiny-mini", "--steps", "2", "--cache-dir", str(tmp_path), "--eval", "-n", "2"])
 
     out = capsys.readouterr().out
     assert "params" in out
@@ -174,16 +171,16 @@ def test_recipes_of_the_first_builds_keep_their_cache_folders(tmp_path):
 def test_bare_targets_drop_the_answer_tags_and_keep_the_answer(tokenizers):
     tokenizer = tokenizers["tiny-mini"]
     entry = build_entry(EASY_CATALOGUE.get("basic_arithmetic"), 5, 1)
-    input_ids, _, labels = tiny.supervised_batch(tokenizer, [entry, entry], bare=[False, True])
+    input_ids, _, labels = supervised_batch(tokenizer, [entry, entry], bare=[False, True])
     tagged, bare = (tokenizer.decode([t for t in row if t >= 0]) for row in labels.tolist())
     assert tagged == f" <answer>{entry['answer']}</answer><|endoftext|>"
     assert bare == f" {entry['answer']}<|endoftext|>"
 
 
 def test_a_variant_knows_only_its_datasets():
-    a, b = (tiny.known_catalogue(VARIANTS[name]).datasets for name in ("tiny-learn-a", "tiny-learn-b"))
+    a, b = (known_catalogue(VARIANTS[name]).datasets for name in ("tiny-learn-a", "tiny-learn-b"))
     assert set(a).isdisjoint(b) and set(a) | set(b) == set(EASY_CATALOGUE.datasets)
-    assert tiny.known_catalogue(VARIANTS["tiny-learn"]).datasets == EASY_CATALOGUE.datasets
+    assert known_catalogue(VARIANTS["tiny-learn"]).datasets == EASY_CATALOGUE.datasets
 
 
 def test_a_format_phase_build_records_its_recipe(tmp_path, monkeypatch):
@@ -240,22 +237,22 @@ def test_the_gpu_models_warm_start_passes_an_index_reasoning_gym_cannot_build(tm
     )
     spec = SAPO_CATALOGUE.get("decimal_arithmetic")
     with pytest.raises(TaskError, match="275922209"):
-        build_entry(spec, tiny.TRAIN_SEED, 275922209)
-    tokenizer = tiny.train_tokenizer(toy)
-    model = tiny.build_model(toy, tokenizer, seed=0)
-    loss = tiny.warm_start(model, tokenizer, toy, seed=0, steps=96, catalogue=SAPO_CATALOGUE, progress=False)
+        build_entry(spec, TRAIN_SEED, 275922209)
+    tokenizer = train_tokenizer(toy)
+    model = build_model(toy, tokenizer, seed=0)
+    loss = warm_start(model, tokenizer, toy, seed=0, steps=96, catalogue=SAPO_CATALOGUE, progress=False)
     assert loss == loss  # a finite loss: every step ran
 
 
 def test_build_first_skips_indices_that_cannot_be_built_and_gives_up_on_a_spec_that_builds_nothing():
     spec = SAPO_CATALOGUE.get("decimal_arithmetic")
     indices = iter([275922209, 7, 8])
-    assert build_first(spec, tiny.TRAIN_SEED, indices) == (7, build_entry(spec, tiny.TRAIN_SEED, 7))
-    assert build_first(spec, tiny.TRAIN_SEED, indices)[0] == 8  # callers sharing an iterator get the next one
+    assert build_first(spec, TRAIN_SEED, indices) == (7, build_entry(spec, TRAIN_SEED, 7))
+    assert build_first(spec, TRAIN_SEED, indices)[0] == 8  # callers sharing an iterator get the next one
     with pytest.raises(TaskError, match="cannot build dataset"):  # not an index problem: no redraw hides it
         build_first(TaskSpec("no_such_task", {}), 1, itertools.count())
     with pytest.raises(RuntimeError, match=f"{MAX_DRAWS} indices"):
-        build_first(spec, tiny.TRAIN_SEED, itertools.repeat(275922209))
+        build_first(spec, TRAIN_SEED, itertools.repeat(275922209))
     assert [e["question"] for e in build_entries(spec, 3, 2, start=5)] == [
         build_entry(spec, 3, i)["question"] for i in (5, 6)
     ]
@@ -265,14 +262,14 @@ def test_build_first_skips_indices_that_cannot_be_built_and_gives_up_on_a_spec_t
 def test_entries_built_in_worker_processes_give_the_same_weights(tmp_path):
     # A GPU build makes its batches in processes ahead of training; the model must not depend on it.
     quick = dataclasses.replace(VARIANTS["tiny-mini"], tokenizer_examples=10, steps=3, batch_size=4)
-    tokenizer = tiny.train_tokenizer(quick)
+    tokenizer = train_tokenizer(quick)
     weights = []
     for workers in (0, 2):
-        model = tiny.build_model(quick, tokenizer, seed=0)
-        tiny.warm_start(model, tokenizer, quick, seed=0, steps=3, progress=False, workers=workers)
+        model = build_model(quick, tokenizer, seed=0)
+        warm_start(model, tokenizer, quick, seed=0, steps=3, progress=False, workers=workers)
         weights.append(model.state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    assert tiny.default_workers("cpu") == 0 and tiny.default_workers("cuda") >= 0
+    assert default_workers("cpu") == 0 and default_workers("cuda") >= 0
 
 
 @pytest.mark.slow
@@ -283,11 +280,11 @@ def test_a_worker_that_cannot_start_breaks_the_build_at_once():
     program = (
         "import time\n"
         "from concurrent.futures.process import BrokenProcessPool\n"
-        "from sapo_node import tiny\n"
+        "from sapo_node.tiny.batches import batch_builder\n"
         "from sapo_node.tasks import TaskSpec\n"
         "started = time.monotonic()\n"
         "try:\n"
-        "    with tiny._batch_builder(2) as build:\n"
+        "    with batch_builder(2) as build:\n"
         "        list(build(iter([(TaskSpec('chain_sum', {}), 1, [0, 1], None)] * 4)))\n"
         "except BrokenProcessPool:\n"
         "    print('broken after', time.monotonic() - started)\n"

@@ -40,7 +40,7 @@ def scratch_database_url(django_db_setup):
 
 
 def test_make_run_serves_the_site_and_a_swarm_whose_groups_are_accepted(scratch_database_url, tmp_path, tiny_cache_dir):
-    from sapo_node.tiny import load_tiny, tiny_path
+    from sapo_node.tiny.cache import load_tiny, tiny_path
 
     # The site holds tiny-mini already (the test cache's build, as a `make run` before left it); the
     # nodes' cache is empty, so they download it from the site.

@@ -10,7 +10,8 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from sapo_node.tiny import load_tiny, recipe_digest, tiny_path
+from sapo_node.tiny.cache import load_tiny, tiny_path
+from sapo_node.tiny.recipe import recipe_digest
 
 
 def test_build_publishes_once_and_lists_every_file(settings, tmp_path, tiny_cache_dir):

@@ -122,7 +122,7 @@ def node_known(meta: dict[str, Any] | None) -> dict[int, frozenset[str]]:
     """Node k -> the datasets its built-in warm start knows, for the nodes whose model (from the
     study's settings in `meta`) is a tiny variant that knows a subset of its catalogue."""
     from sapo_node.experiment.presets import StudyConfig
-    from sapo_node.tiny import get_variant
+    from sapo_node.tiny.variants import get_variant
 
     study = (meta or {}).get("study") or {}
     if not str(study.get("model", "")).strip(" ,"):

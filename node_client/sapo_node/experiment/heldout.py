@@ -2,7 +2,7 @@
 
 Each model the nodes start from is evaluated once before the runs, and every node's final policy at
 the end of its run: questions 0..n-1 of every dataset of the catalogue at the held-out dataset seed
-(sapo_node.tiny.EVAL_SEED; the nodes train on their own seeds), answered greedily with the node's
+(sapo_node.tiny.evaluation.EVAL_SEED; the nodes train on their own seeds), answered greedily with the node's
 prompt, scored by the verifier the node and the server share. Rows go to heldout.csv (one per
 policy and dataset); the analysis compares each configuration with the silo seed by seed, as the
 primary endpoint does with cumulative reward.
@@ -39,7 +39,7 @@ def evaluate_policy(
 ) -> dict[str, dict[str, float]]:
     """{dataset: {"accuracy", "parsed", "seconds"}}: greedy answers to n held-out questions per dataset."""
     from sapo_node.tasks import extract_answer, score_completion
-    from sapo_node.tiny import EVAL_SEED, heldout_answers
+    from sapo_node.tiny.evaluation import EVAL_SEED, heldout_answers
 
     out = {}
     for spec in catalogue.tasks:

@@ -23,7 +23,7 @@ from sapo_node.experiment.presets import LEARN_LR
 from sapo_node.loop import run
 from sapo_node.models import load_policy
 from sapo_node.tasks import EASY_CATALOGUE, extract_answer, score_completion
-from sapo_node.tiny import EVAL_SEED, heldout_answers
+from sapo_node.tiny.evaluation import EVAL_SEED, heldout_answers
 
 
 def format_report(model: Any, tokenizer: Any, *, n: int, temperature: float, max_new_tokens: int) -> dict[str, tuple]:

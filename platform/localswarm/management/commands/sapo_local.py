@@ -299,7 +299,7 @@ def demo_alerts_on(*, username: str) -> None:
         AlertSettings.objects.create(user=user, email_alerts=True)
 
 
-#: Models the node client builds itself (sapo_node.tiny.VARIANTS, not imported here: it loads torch).
+#: Models the node client builds itself that make run publishes to its nodes (of sapo_node.tiny.variants.VARIANTS).
 BUILT_IN_MODELS = ("tiny", "tiny-mini")
 
 #: Node options for any other model (a real one, e.g. smollm2-135m) on a laptop: a GRPO update of 16

@@ -47,7 +47,7 @@ class Command(BaseCommand):
     def handle(self, *args, action: str, **options):
         if action == "build":
             names = [m.strip() for m in options["models"].split(",") if m.strip()]
-            from sapo_node.tiny import VARIANTS
+            from sapo_node.tiny.variants import VARIANTS
 
             threads = options["threads"]
             if threads < 1:
