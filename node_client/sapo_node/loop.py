@@ -117,6 +117,10 @@ class Node:
     gate: PauseGate = field(default_factory=PauseGate)
     #: The idle policy's monitor (--pause-when-busy, --pause-on-battery), holding `gate`; None without one.
     idle: IdleMonitor | None = None
+    #: Gives a proof (its log-probabilities) to each group a round made without a server challenge; None:
+    #: such groups go without one. The experiment's nodes, whose paired question streams ignore the
+    #: challenge, set it (experiment.swarm.LogprobProofs).
+    prove_unchallenged: Callable[[list[tuple[Group, Generated]]], None] | None = None
 
 
 def start_node(
@@ -238,6 +242,8 @@ def play_round(
         own = score_rollouts(n, questions, generated)
         if commitment is not None:
             attach_proofs(own, questions, stream, commitment, config)
+        if node.prove_unchallenged is not None:
+            node.prove_unchallenged(own)
     with timer("share"):
         share_groups(transport, [group for group, _ in own])
     with timer("assemble"):

@@ -98,3 +98,28 @@ def test_generation_cost_counts_completions_until_the_moving_average_reaches_a_l
     table = endpoints_markdown(endpoints(rows, window=2, cost_levels=[0.3, 0.4]))
     assert "| 4/4 | 0.3 | 32 | 32 |" in table and "| 4/4 | 0.4 | not reached |  |" in table
     assert endpoints(rows)["generation_cost"] is None  # no levels, no table
+
+
+def test_learning_zone_share_and_its_paired_difference_by_hand():
+    rows = []
+    # Per run, four own groups: silo 1 of 4 in the zone (0.25 and 0, 0, 1), swarm 2 of 4; seed 2: 0 and 3 of 4.
+    shares = {("8/0", 1): "0.2500;0.0000;0.0000;1.0000", ("4/4", 1): "0.5000;0.7500;0.0000;1.0000"}
+    shares |= {("8/0", 2): "0.0000;0.0000;1.0000;0.0000", ("4/4", 2): "0.2500;0.2500;0.5000;1.0000"}
+    for (config, seed), rewards in shares.items():
+        row = make_row(config, seed, 1, 1, 0.1)
+        row["questions"] = ";".join(f"basic_arithmetic/{seed}/{i}" for i in range(4))
+        row["question_rewards"] = rewards
+        rows.append(row)
+    result = endpoints(rows)["learning_zone"]
+    assert result["runs"] == {"8/0": {1: 0.25, 2: 0.0}, "4/4": {1: 0.5, 2: 0.75}}
+    paired = result["paired"]["4/4"]
+    assert paired["diff_points"] == [25.0, 75.0] and paired["mean_points"] == pytest.approx(50.0)
+    assert paired["sd_points"] == pytest.approx(35.355339) and paired["seeds_gaining"] == 2
+    assert "Learning zone" in endpoints_markdown(endpoints(rows))
+
+
+def test_the_paired_gain_gives_its_spread():
+    rows = []
+    for seed, (silo, swarm) in enumerate([(1.0, 1.1), (2.0, 2.3), (1.0, 1.2), (2.0, 1.6)], start=1):
+        rows += _run("8/0", seed, [silo]) + _run("4/4", seed, [swarm])
+    assert paired_endpoint(rows, "4/4")["gain_pct_sd"] == pytest.approx(17.969882)

@@ -45,6 +45,7 @@ def test_paired_difference_from_the_silo_by_hand():
     paired = result["paired"]["4/4"]
     assert paired["diff_points"] == pytest.approx([5.0, 3.0, -2.0])
     assert paired["mean_points"] == pytest.approx(2.0) and paired["seeds_gaining"] == 2
+    assert paired["sd_points"] == pytest.approx(3.605551)
     assert paired["wilcoxon_p"] == pytest.approx(0.5)  # ranks 3, 2, 1: W- = 1, 2 of 8 sign patterns as extreme
     low, high = paired["ci95_points"]
     assert low < 2.0 < high and high - low == pytest.approx(2 * 4.302653 * 3.605551 / 3**0.5, rel=1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sapo_node.experiment import main as experiment_main
-from sapo_node.experiment.presets import preset
+from sapo_node.experiment.presets import node_options, preset
 from sapo_node.experiment.study import node_seed
 from sapo_node.experiment.swarm import StratifiedTaskStream
 from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE
@@ -74,3 +74,51 @@ def test_cpu_real_is_the_packaged_real_model_silo_first_then_four_four():
     cfg = preset("cpu-real")
     assert (cfg.model, cfg.catalogue, cfg.nodes, len(cfg.seeds)) == ("smollm2-135m", "easy", 4, 3)
     assert cfg.counts() == [("8/0", 4, 0), ("4/4", 2, 2)]
+
+
+def test_option_suffixes_set_the_corrected_and_gated_node_options():
+    assert node_options("4/4+tis") == {
+        "ratio": "fixed",
+        "external_baseline": "group",
+        "correction": "token",
+        "offpolicy_filter": 0.5,
+    }
+    assert node_options("4/4+gate+own") == {"ratio": "fixed", "external_baseline": "own", "success_gate": True}
+    with pytest.raises(ValueError, match="unknown option"):
+        preset("smoke", configs=["8/0", "4/4+typo"])
+
+
+def test_cpu_real_hard_is_three_configurations_after_a_pilot_on_seeds_it_does_not_count():
+    cfg = preset("cpu-real-hard")
+    assert (cfg.model, cfg.catalogue, cfg.nodes, cfg.seeds, cfg.heldout) == (
+        "smollm2-135m",
+        "sapo",
+        4,
+        [1, 2, 3, 4, 5, 6],
+        100,
+    )
+    assert cfg.counts() == [("8/0", 4, 0), ("4/4", 2, 2)]  # the pilot's place has no counts yet
+    assert cfg.pilot_counts() == [("4/4+tis", 2, 2), ("4/4+gate", 2, 2)]
+    chosen = cfg.with_choice("4/4+gate")
+    assert chosen.configs == ["8/0", "4/4", "4/4+gate"] and not chosen.pilot_seeds
+    assert [spec.dataset for spec in cfg.task_catalogue().tasks] == [
+        "basic_arithmetic",
+        "calendar_arithmetic",
+        "decimal_arithmetic",
+        "fraction_simplification",
+    ]
+    with pytest.raises(ValueError, match="not counted"):
+        preset("cpu-real-hard", seeds=[1, 101])
+    with pytest.raises(ValueError, match="held-out"):
+        preset("cpu-real-hard", heldout=0)
+    with pytest.raises(ValueError, match="a pilot needs"):
+        preset("cpu-real-hard", configs=["8/0", "4/4"])
+    with pytest.raises(ValueError, match="not in catalogue"):
+        preset("cpu-real-hard", datasets=["arc_1d", "leap_years"])
+
+
+def test_a_stream_limited_to_datasets_draws_only_those_and_the_whole_catalogue_as_before():
+    limited = StratifiedTaskStream(SAPO_CATALOGUE, 5, ["basic_arithmetic", "decimal_arithmetic"])
+    assert {r.dataset for r in limited.draw(6)} == {"basic_arithmetic", "decimal_arithmetic"}
+    every = [spec.dataset for spec in SAPO_CATALOGUE.tasks]
+    assert StratifiedTaskStream(SAPO_CATALOGUE, 5, every).draw(8) == StratifiedTaskStream(SAPO_CATALOGUE, 5).draw(8)

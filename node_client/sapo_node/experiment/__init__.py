@@ -36,7 +36,14 @@ a synchronous schedule of asynchronous nodes, each with its own WebSocket to the
 Writes rounds.csv, table.csv/.md, rewards.png, significance.csv/.png and summary.json to --out."""
 
 #: Fields with a list value, given on the command line comma-separated.
-LIST_FIELDS = {"seeds": int, "configs": str, "cost_levels": float}
+LIST_FIELDS = {
+    "seeds": int,
+    "configs": str,
+    "cost_levels": float,
+    "datasets": str,
+    "pilot_seeds": int,
+    "pilot_configs": str,
+}
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +188,13 @@ def experiment_command(args: argparse.Namespace) -> int:
         print(
             f"study ({cfg.preset}): {len(cfg.seeds)} seeds x {len(cfg.configs)} configurations "
             f"{', '.join(f'{c} as {i}/{j}' for c, i, j in cfg.counts())}; {cfg.nodes} nodes x {cfg.rounds} rounds, "
-            f"B={cfg.questions}, G={cfg.generations}, model {cfg.model}",
+            f"B={cfg.questions}, G={cfg.generations}, model {cfg.model}"
+            + (
+                f"; first a pilot of {', '.join(cfg.pilot_configs)} on seeds "
+                f"{', '.join(map(str, cfg.pilot_seeds))} chooses the configuration in place of 'pilot'"
+                if cfg.pilot_seeds
+                else ""
+            ),
             flush=True,
         )
         try:

@@ -11,6 +11,8 @@
 - **Generation cost** (sharing's promise: the same reward for fewer rollouts): per run, the
   completions its nodes generated up to the first round where the trailing `window`-round moving
   average of their mean reward reached each of the study's `cost_levels`.
+- **Learning zone**: per run, the share of the nodes' own groups whose mean reward lies strictly
+  between 0 and 1 (informative to GRPO), and its paired difference from the silo in points.
 - **Transfer** (when nodes start from built-in warm starts that know different datasets, e.g.
   tiny-learn-a and tiny-learn-b): per run, the nodes' mean reward on the questions of datasets their
   own warm start does not know (the tasks they could not do alone), over the whole run and the last
@@ -77,6 +79,7 @@ def paired_endpoint(rows: Sequence[dict[str, Any]], config: str, baseline: str |
         "seeds": seeds,
         "gain_pct": {s: float(g) for s, g in zip(seeds, gain, strict=True)},
         "gain_pct_mean": float(gain.mean()),
+        "gain_pct_sd": float(gain.std(ddof=1)) if len(gain) > 1 else None,
         "seeds_gaining": int((diff > 0).sum()),
         "ci95_pct": None,
         "wilcoxon_p": None,
@@ -180,6 +183,46 @@ def transfer(
     return out
 
 
+def learning_zone(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """{"runs": {config: {seed: share}}, "paired": {config: ...}}: per run, the share of its nodes' own groups
+    in the learning zone, those whose mean reward lies strictly between 0 and 1 (some completions right,
+    some not: the groups GRPO learns from), from the per-question rewards in rounds.csv; and each
+    configuration's paired difference from the silo in points, seed by seed (mean, sd, 95% t interval,
+    seeds gaining, two-sided Wilcoxon p)."""
+    acc: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for row, _dataset, reward in _question_rewards(rows):
+        acc[(row["config"], row["seed"])].append(1.0 if 1e-6 < reward < 1.0 - 1e-6 else 0.0)
+    runs: dict[str, dict[int, float]] = {}
+    for config in config_order(rows):
+        seeds = sorted(s for c, s in acc if c == config)
+        if seeds:
+            runs[config] = {s: float(np.mean(acc[(config, s)])) for s in seeds}
+    base = baseline_config(rows)
+    paired = {}
+    for config, by_seed in runs.items():
+        if base is None or config == base or base not in runs:
+            continue
+        seeds = sorted(set(by_seed) & set(runs[base]))
+        if seeds:
+            paired[config] = paired_points([by_seed[s] for s in seeds], [runs[base][s] for s in seeds], seeds)
+    return {"runs": runs, "paired": paired}
+
+
+def paired_points(values: Sequence[float], baseline: Sequence[float], seeds: Sequence[int]) -> dict[str, Any]:
+    """Paired differences of shares (0..1) from the baseline's, seed by seed, in points (x 100): the
+    per-seed differences, their mean, sd, 95% t interval, seeds gaining and two-sided Wilcoxon p."""
+    diffs = 100.0 * (np.asarray(values, dtype=float) - np.asarray(baseline, dtype=float))
+    return {
+        "seeds": list(seeds),
+        "diff_points": [round(float(d), 3) for d in diffs],
+        "mean_points": float(diffs.mean()),
+        "sd_points": float(diffs.std(ddof=1)) if len(diffs) > 1 else None,
+        "ci95_points": t_interval(diffs),
+        "seeds_gaining": int((diffs > 0).sum()),
+        "wilcoxon_p": wilcoxon_p(diffs),
+    }
+
+
 def generation_cost(rows: Sequence[dict[str, Any]], levels: Sequence[float], window: int = 5) -> dict[str, Any]:
     """{"levels", "window", "runs": {config: {seed: {level: completions the run's nodes generated up to
     the first round whose `window`-round moving average of their mean reward reached `level`, or
@@ -215,7 +258,18 @@ def endpoints(
         "known": {k: sorted(v) for k, v in (known or {}).items()},
         "transfer": transfer(rows, known, span) if known else {},
         "generation_cost": generation_cost(rows, cost_levels, window) if cost_levels else None,
+        "learning_zone": learning_zone(rows),
     }
+
+
+def points_summary(p: dict[str, Any] | None) -> str:
+    """One cell for a paired_points result: mean (sd), 95% CI, seeds gaining, Wilcoxon p."""
+    if not p:
+        return ""
+    sd = f" (sd {p['sd_points']:.1f})" if p["sd_points"] is not None else ""
+    ci = f", CI {p['ci95_points'][0]:+.1f} .. {p['ci95_points'][1]:+.1f}" if p["ci95_points"] else ""
+    pval = f", p {p['wilcoxon_p']:.3g}" if p["wilcoxon_p"] is not None else ""
+    return f"{p['mean_points']:+.1f}{sd}{ci}, {p['seeds_gaining']}/{len(p['seeds'])} gaining{pval}"
 
 
 def endpoints_markdown(result: dict[str, Any]) -> str:
@@ -235,18 +289,32 @@ def endpoints_markdown(result: dict[str, Any]) -> str:
             "",
             "Paired cumulative-reward gain over the silo, seed by seed",
             "",
-            "| config | seeds | mean gain | 95% CI | seeds gaining | Wilcoxon p (two-sided) |",
-            "|---|---|---|---|---|---|",
+            "| config | seeds | mean gain | sd | 95% CI | seeds gaining | Wilcoxon p (two-sided) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for config, p in result["paired"].items():
             if p is None:
                 continue
             ci = f"{p['ci95_pct'][0]:+.1f}% .. {p['ci95_pct'][1]:+.1f}%" if p["ci95_pct"] else ""
             pval = f"{p['wilcoxon_p']:.3g}" if p["wilcoxon_p"] is not None else ""
+            sd = f"{p['gain_pct_sd']:.1f}" if p.get("gain_pct_sd") is not None else ""
             lines.append(
-                f"| {config} | {len(p['seeds'])} | {p['gain_pct_mean']:+.1f}% | {ci} | "
+                f"| {config} | {len(p['seeds'])} | {p['gain_pct_mean']:+.1f}% | {sd} | {ci} | "
                 f"{p['seeds_gaining']}/{len(p['seeds'])} | {pval} |"
             )
+    zone = result.get("learning_zone")
+    if zone and zone["runs"]:
+        seeds = sorted({s for runs in zone["runs"].values() for s in runs})
+        lines += [
+            "",
+            "Learning zone: share of the nodes' own groups with a mean reward strictly between 0 and 1",
+            "",
+            "| config | " + " | ".join(f"seed {s}" for s in seeds) + " | paired difference from the silo (points) |",
+            "|---|" + "---|" * (len(seeds) + 1),
+        ]
+        for config, runs in zone["runs"].items():
+            cells = [f"{runs[s]:.3f}" if s in runs else "" for s in seeds]
+            lines.append(f"| {config} | " + " | ".join(cells) + f" | {points_summary(zone['paired'].get(config))} |")
     cost = result.get("generation_cost")
     if cost and cost["runs"]:
         seeds = sorted({s for runs in cost["runs"].values() for s in runs})

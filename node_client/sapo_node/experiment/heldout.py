@@ -147,6 +147,7 @@ def summarise(rows: Sequence[dict[str, Any]], baseline: str | None, order: Seque
                 "seeds": seeds,
                 "diff_points": [round(float(d), 3) for d in diffs],
                 "mean_points": float(diffs.mean()),
+                "sd_points": float(diffs.std(ddof=1)) if len(diffs) > 1 else None,
                 "ci95_points": t_interval(diffs),
                 "seeds_gaining": int((diffs > 0).sum()),
                 "wilcoxon_p": wilcoxon_p(diffs),
@@ -202,15 +203,16 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "Held-out accuracy after, paired difference from the silo, seed by seed (accuracy points)",
             "",
-            "| config | seeds | per seed | mean | 95% CI | seeds gaining | Wilcoxon p (two-sided) |",
-            "|---|---|---|---|---|---|---|",
+            "| config | seeds | per seed | mean | sd | 95% CI | seeds gaining | Wilcoxon p (two-sided) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for config, p in result["paired"].items():
             ci = f"{p['ci95_points'][0]:+.1f} .. {p['ci95_points'][1]:+.1f}" if p["ci95_points"] else ""
             pval = f"{p['wilcoxon_p']:.3g}" if p["wilcoxon_p"] is not None else ""
             per_seed = ", ".join(f"{d:+.1f}" for d in p["diff_points"])
+            sd = f"{p['sd_points']:.1f}" if p.get("sd_points") is not None else ""
             lines.append(
-                f"| {config} | {len(p['seeds'])} | {per_seed} | {p['mean_points']:+.1f} | {ci} | "
+                f"| {config} | {len(p['seeds'])} | {per_seed} | {p['mean_points']:+.1f} | {sd} | {ci} | "
                 f"{p['seeds_gaining']}/{len(p['seeds'])} | {pval} |"
             )
     return "\n".join(lines) + "\n"

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sapo_node.tasks import CATALOGUES, Catalogue
+
 #: The paper's configurations: local/external groups out of 8 per round (8/0 is the silo).
 PAPER_CONFIGS = ("8/0", "6/2", "4/4", "2/6")
 
@@ -23,6 +25,24 @@ ADAPTIVE = "auto"
 #: A configuration label's suffix for external groups judged against the node's own reward
 #: (NodeConfig.external_baseline = "own", sapo_node.baseline): "4/4+own".
 OWN_BASELINE = "+own"
+
+#: The off-policy filter's bar of the `+tis` configurations, in nats per token: the value the corrected
+#: sharing pilot ran (docs/node.md, "Corrected and gated sharing").
+TIS_FILTER_NATS = 0.5
+
+#: Configuration suffixes and the NodeConfig fields each sets (docs/node.md, "Corrected and gated
+#: sharing"); a label may carry several, as "4/4+tis+gate".
+OPTION_SUFFIXES: dict[str, dict[str, Any]] = {
+    OWN_BASELINE: {"external_baseline": "own"},
+    # Truncated importance sampling of each external token with the F-TIS filter of negative-advantage
+    # completions far from this node's policy.
+    "+tis": {"correction": "token", "offpolicy_filter": TIS_FILTER_NATS},
+    # Only external groups with a completion this node's verifier scores right.
+    "+gate": {"success_gate": True},
+}
+
+#: The configuration a study's pilot chooses (StudyConfig.pilot_configs), as it stands in `configs`.
+PILOT = "pilot"
 
 
 @dataclass
@@ -70,7 +90,8 @@ class StudyConfig:
     """PostgreSQL server for the per-run pools (a URL of a database where CREATE DATABASE is allowed); empty =
     DATABASE_URL, else the platform's embedded PostgreSQL (started with manage.py sapo_db start)."""
     flush_wait: float = 30.0
-    """Seconds a node waits, at the end of its turn, for the server to acknowledge its shares (then the run fails)."""
+    """Seconds a node waits, at the end of its turn, for the server to acknowledge its shares before a line says
+    it still waits (it waits on while the run's server lives: a busy machine can hold an acknowledgement back)."""
     connect_wait: float = 60.0
     """Seconds to wait for every node's welcome at the start of a run."""
     window: int = 5
@@ -92,6 +113,15 @@ class StudyConfig:
     heldout: int = 0
     """Held-out questions per dataset answered greedily by each model's initial policy and by every node's
     policy at the end of its run (experiment/heldout.py, heldout.csv); 0 = no held-out evaluation."""
+    datasets: list[str] = field(default_factory=list)
+    """The catalogue's datasets the nodes draw from and the held-out evaluation asks (the server still serves
+    the whole catalogue); empty = all of them."""
+    pilot_seeds: list[int] = field(default_factory=list)
+    """Seeds of the pilot, run before the counted seeds and never counted: each of `pilot_configs` once per
+    seed, in OUT/pilot/; the one whose nodes' final policies have the highest mean held-out accuracy takes
+    the place of `pilot` in `configs` (the first listed on a tie). Empty = no pilot."""
+    pilot_configs: list[str] = field(default_factory=list)
+    """The configurations the pilot chooses among."""
 
     def node_models(self) -> list[str]:
         """The model of node 1, 2, ..., N."""
@@ -100,17 +130,21 @@ class StudyConfig:
 
     def counts(self) -> list[tuple[str, int, int]]:
         """(label, I, J) per configuration, scaled to `groups` (or B) training groups per round. The
-        adaptive configuration (ADAPTIVE) is 0/T: its nodes pick J in [0, T] each round (sapo_node.ratio)."""
+        adaptive configuration (ADAPTIVE) is 0/T: its nodes pick J in [0, T] each round (sapo_node.ratio).
+        The pilot's place (PILOT) has no counts until its choice is made (with_choice)."""
+        return [self._count(label) for label in self.configs if label != PILOT]
+
+    def pilot_counts(self) -> list[tuple[str, int, int]]:
+        """counts() of the pilot's configurations."""
+        return [self._count(label) for label in self.pilot_configs]
+
+    def _count(self, label: str) -> tuple[str, int, int]:
         total = self.groups or self.questions
-        out = []
-        for label in self.configs:
-            if label.removesuffix(OWN_BASELINE) == ADAPTIVE:
-                out.append((label, 0, total))
-                continue
-            local, external = parse_config(label)
-            scaled_local = round(local * total / (local + external))
-            out.append((label, scaled_local, total - scaled_local))
-        return out
+        if config_base(label) == ADAPTIVE:
+            return label, 0, total
+        local, external = parse_config(label)
+        scaled_local = round(local * total / (local + external))
+        return label, scaled_local, total - scaled_local
 
     def validate(self) -> None:
         problems = []
@@ -118,10 +152,15 @@ class StudyConfig:
             problems.append("nodes, rounds and seeds must be at least 1")
         if self.questions < 1 or self.generations < 2:
             problems.append("questions must be >= 1 and generations >= 2")
-        labels = [label for label, _, _ in self.counts()]
-        if len(set(labels)) != len(labels):
+        if (PILOT in self.configs) != bool(self.pilot_seeds and self.pilot_configs):
+            problems.append(f"a pilot needs {PILOT!r} among the configurations, pilot seeds and pilot configurations")
+        if self.pilot_seeds and not self.heldout:
+            problems.append("a pilot chooses by held-out accuracy: give heldout")
+        if set(self.pilot_seeds) & set(self.seeds):
+            problems.append("pilot seeds are not counted: they must differ from the seeds")
+        if len(set(self.configs)) != len(self.configs) or len(set(self.pilot_configs)) != len(self.pilot_configs):
             problems.append("configurations must differ")
-        for label, local, external in self.counts():
+        for label, local, external in self.counts() + self.pilot_counts():
             if local > self.questions:
                 problems.append(f"{label}: {local} local groups but only {self.questions} questions per round")
             if local + external < 1:
@@ -136,8 +175,23 @@ class StudyConfig:
             problems.append("model must name at least one model")
         if self.catalogue not in ("easy", "sapo"):
             problems.append("catalogue must be easy or sapo")
+        elif unknown := set(self.datasets) - {spec.dataset for spec in CATALOGUES[self.catalogue].tasks}:
+            problems.append(f"datasets not in catalogue {self.catalogue}: {', '.join(sorted(unknown))}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def with_choice(self, choice: str) -> StudyConfig:
+        """The study once its pilot chose `choice`: it stands where `pilot` stood, and no pilot is left."""
+        configs = [choice if label == PILOT else label for label in self.configs]
+        return dataclasses.replace(self, configs=configs, pilot_seeds=[], pilot_configs=[])
+
+    def task_catalogue(self) -> Catalogue:
+        """The catalogue the nodes draw from and are evaluated on: `catalogue`, limited to `datasets`."""
+        whole = CATALOGUES[self.catalogue]
+        if not self.datasets:
+            return whole
+        tasks = tuple(spec for spec in whole.tasks if spec.dataset in self.datasets)
+        return dataclasses.replace(whole, tasks=tasks, weights=())
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -146,19 +200,41 @@ class StudyConfig:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
-def node_options(label: str) -> dict[str, str]:
-    """The NodeConfig fields a configuration label sets: "auto+own" -> adaptive ratio, own baseline."""
-    base = label.removesuffix(OWN_BASELINE)
-    return {
-        "ratio": "adaptive" if base == ADAPTIVE else "fixed",
-        "external_baseline": "own" if label.endswith(OWN_BASELINE) else "group",
+def config_base(label: str) -> str:
+    """A configuration label without its option suffixes: "4/4+tis+gate" -> "4/4"."""
+    return label.split("+", 1)[0]
+
+
+def config_suffixes(label: str) -> list[str]:
+    """A label's option suffixes, each one of OPTION_SUFFIXES: "4/4+tis+gate" -> ["+tis", "+gate"]."""
+    suffixes = ["+" + part for part in label.split("+")[1:]]
+    unknown = [s for s in suffixes if s not in OPTION_SUFFIXES]
+    if unknown:
+        raise ValueError(
+            f"configuration {label!r}: unknown option {unknown[0]!r} (choose among {sorted(OPTION_SUFFIXES)})"
+        )
+    return suffixes
+
+
+def node_options(label: str) -> dict[str, Any]:
+    """The NodeConfig fields a configuration label sets: "auto+own" -> adaptive ratio, own baseline;
+    "4/4+tis" -> token correction and the off-policy filter."""
+    options: dict[str, Any] = {
+        "ratio": "adaptive" if config_base(label) == ADAPTIVE else "fixed",
+        "external_baseline": "group",
     }
+    for suffix in config_suffixes(label):
+        options.update(OPTION_SUFFIXES[suffix])
+    return options
 
 
 def parse_config(label: str) -> tuple[int, int]:
-    """ "6/2" -> (6, 2); "4/4+own" -> (4, 4) (the suffix is node_options')."""
+    """ "6/2" -> (6, 2); "4/4+own" -> (4, 4) (the suffixes are node_options')."""
+    if label == PILOT:
+        raise ValueError(f"configuration {PILOT!r} stands for the pilot's choice, which is not made yet")
+    config_suffixes(label)
     try:
-        local, external = (int(x) for x in label.removesuffix(OWN_BASELINE).split("/"))
+        local, external = (int(x) for x in config_base(label).split("/"))
     except ValueError as exc:
         raise ValueError(f"configuration {label!r}: expected LOCAL/EXTERNAL, e.g. 4/4") from exc
     if local < 0 or external < 0 or local + external == 0:
@@ -287,6 +363,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         threads=1,
         heldout=50,
         cost_levels=[0.25, 0.30],
+    ),
+    # SmolLM2-135M-Instruct where it rarely finds a reward: four of the paper's datasets on which its greedy
+    # answers with the worked-turn prompt are right 1-15% of the time (docs/node.md, "Answers a real model
+    # gives"), so most of a silo node's own groups score 0 in every completion and another node's find
+    # is worth most. 8/0, 4/4 and the corrected or gated 4/4 a pilot on seeds 101 and 102 chooses; every
+    # node's final policy answers 100 held-out questions per dataset (the primary endpoint).
+    "cpu-real-hard": dict(
+        nodes=4,
+        rounds=30,
+        seeds=[1, 2, 3, 4, 5, 6],
+        configs=["8/0", "4/4", PILOT],
+        pilot_seeds=[101, 102],
+        pilot_configs=["4/4+tis", "4/4+gate"],
+        questions=4,
+        generations=4,
+        model="smollm2-135m",
+        catalogue="sapo",
+        datasets=["basic_arithmetic", "calendar_arithmetic", "fraction_simplification", "decimal_arithmetic"],
+        max_new_tokens=48,
+        micro_batch=8,
+        window=5,
+        threads=1,
+        heldout=100,
+        cost_levels=[0.05, 0.10],
     ),
     # The paper's per-round settings on a GPU with no hub: "small" (~26M params) is built on the GPU
     # from reasoning-gym data (tokenizer + supervised warm start on the nine tasks), then 8 nodes.

@@ -75,6 +75,7 @@ class Platform:
     admin_url: str = ""
     tokens: dict[str, str] = field(default_factory=dict)
     _databases: list[str] = field(default_factory=list)
+    _server: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
         self.root = check_root(self.root)
@@ -168,6 +169,10 @@ class Platform:
             raise PlatformError("token provisioning returned other nodes than asked")
         return tokens
 
+    def serving(self) -> bool:
+        """Whether the current run's server process is alive."""
+        return self._server is not None and self._server.poll() is None
+
     # ------------------------------------------------------------------ one run
     @contextlib.contextmanager
     def run(self, label: str) -> Iterator[str]:
@@ -198,10 +203,12 @@ class Platform:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+        self._server = proc
         try:
             _wait_listening(proc, port, timeout, log_path)
             yield f"ws://127.0.0.1:{port}/ws/node/"
         finally:
+            self._server = None
             proc.terminate()
             try:
                 proc.wait(timeout=15)

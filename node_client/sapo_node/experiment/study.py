@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from sapo_node.experiment import heldout
 from sapo_node.experiment.analysis import analyse_study, read_rounds, write_rounds
 from sapo_node.experiment.heldout import HELDOUT_FILE
 from sapo_node.experiment.presets import StudyConfig, node_options
-from sapo_node.experiment.server import DEFAULT_ROOT, Platform
+from sapo_node.experiment.server import DEFAULT_ROOT, Platform, PlatformError
 from sapo_node.progress import progress_bar
 from sapo_node.tasks import CATALOGUES
 
@@ -44,6 +44,14 @@ NODE_SEED_STRIDE = 1000
 
 #: How often a node's transport polls; short, because in a study every node turn is short.
 POLL_INTERVAL = 0.25
+
+#: The pilot's folder inside a study's, and the file that keeps its choice.
+PILOT = "pilot"
+CHOICE_FILE = "choice.json"
+#: How the pilot chooses (docs/experiment.md states it before any pilot runs).
+PILOT_RULE = (
+    "highest mean held-out accuracy of the final policies over seeds, nodes and datasets; first listed on a tie"
+)
 
 
 def node_seed(seed: int, node: int) -> int:
@@ -118,6 +126,11 @@ def run_study(
     gone with its server. `analysis` False (a part of a parallel study) writes rounds.csv only."""
     cfg.validate()
     out = out_dir(cfg)
+    if cfg.pilot_seeds:
+        choice = run_pilot(cfg, resume=resume, progress=progress)
+        if choice is None:
+            return {"meta": {"pilot": f"stopped before its runs were complete; --resume continues it ({out / PILOT})"}}
+        cfg = cfg.with_choice(choice)
     if cfg.parallel > 1 and len(cfg.configs) > 1:
         return run_parallel(cfg, resume=resume, progress=progress)
     import torch
@@ -146,6 +159,56 @@ def run_study(
         (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         return {"meta": meta}
     return analyse_complete(out, cfg, meta)
+
+
+def run_pilot(cfg: StudyConfig, *, resume: bool, progress: bool) -> str | None:
+    """The pilot (StudyConfig.pilot_seeds, pilot_configs), run as a study of its own in OUT/pilot/ unless its
+    choice is there already (choice.json); returns the configuration chosen, or None when it stopped before
+    every one of its runs was complete. The rule, fixed before it runs: the highest mean held-out accuracy
+    of the nodes' final policies over the pilot's seeds, nodes and datasets; the first listed on a tie."""
+    folder = out_dir(cfg) / PILOT
+    saved = _read_json(folder / CHOICE_FILE)
+    if saved is not None:
+        return str(saved["choice"])
+    pilot = dataclasses.replace(
+        cfg, seeds=list(cfg.pilot_seeds), configs=list(cfg.pilot_configs), pilot_seeds=[], pilot_configs=[]
+    )
+    pilot.out = str(folder)
+    print(
+        f"pilot: {', '.join(pilot.configs)} on seeds {', '.join(map(str, pilot.seeds))} (not counted), in {folder}",
+        file=sys.stderr,
+        flush=True,
+    )
+    run_study(pilot, resume=resume, progress=progress, analysis=False)
+    rows = read_rounds(folder / "rounds.csv") if (folder / "rounds.csv").exists() else []
+    complete = complete_runs(rows, pilot)
+    if any((label, seed) not in complete for seed in pilot.seeds for label in pilot.configs):
+        return None
+    accuracy = pilot_accuracy(heldout.read_heldout(folder / HELDOUT_FILE), pilot.configs)
+    choice = choose_pilot(accuracy, pilot.configs)
+    (folder / CHOICE_FILE).write_text(
+        json.dumps({"choice": choice, "rule": PILOT_RULE, "heldout_accuracy": accuracy}, indent=2) + "\n"
+    )
+    print(f"pilot chose {choice} (held-out accuracy {accuracy})", file=sys.stderr, flush=True)
+    return choice
+
+
+def pilot_accuracy(rows: list[dict[str, Any]], configs: list[str]) -> dict[str, float | None]:
+    """Per configuration, the mean held-out accuracy of its runs' final policies (over seeds, nodes and
+    datasets); None for one with no such row."""
+    out: dict[str, float | None] = {}
+    for label in configs:
+        values = [r["accuracy"] for r in rows if r["stage"] == "after" and r["config"] == label]
+        out[label] = round(sum(values) / len(values), 6) if values else None
+    return out
+
+
+def choose_pilot(accuracy: dict[str, float | None], configs: list[str]) -> str:
+    """PILOT_RULE: the configuration of highest accuracy, the first listed on a tie."""
+    scored = [label for label in configs if accuracy.get(label) is not None]
+    if not scored:
+        raise ValueError("the pilot has no held-out accuracy to choose by (give --heldout)")
+    return max(scored, key=lambda label: (accuracy[label], -configs.index(label)))
 
 
 def open_rounds(out: Path, cfg: StudyConfig, *, resume: bool) -> set[tuple[str, int]]:
@@ -194,7 +257,7 @@ def _evaluate(cfg: StudyConfig, policy: Any, tokenizer: Any, **where: Any) -> li
     """heldout.csv's rows of one policy, labelled by `where` (heldout.heldout_rows' keywords: its model's
     name, stage, ...)."""
     scores = heldout.evaluate_policy(
-        policy, tokenizer, CATALOGUES[cfg.catalogue], n=cfg.heldout, max_new_tokens=cfg.max_new_tokens
+        policy, tokenizer, cfg.task_catalogue(), n=cfg.heldout, max_new_tokens=cfg.max_new_tokens
     )
     return heldout.heldout_rows(scores, n=cfg.heldout, **where)
 
@@ -468,7 +531,7 @@ def run_swarm(
             for k, model in enumerate(cfg.node_models(), start=1):
                 token = platform.tokens[node_name(k)]
                 config = node_config(cfg, url, token, model, run_dir / node_name(k), seed, k, label, local, external)
-                nodes.append(start_node(k, config, initial[model]))
+                nodes.append(start_node(k, config, initial[model], datasets=cfg.datasets))
                 check_served_catalogue(nodes[-1].transport, cfg)
             bar = progress_bar(
                 total=cfg.rounds,
@@ -546,9 +609,10 @@ def node_config(
     )
 
 
-def start_node(k: int, config: NodeConfig, initial: tuple[Any, Any]) -> SwarmNode:
+def start_node(k: int, config: NodeConfig, initial: tuple[Any, Any], datasets: Collection[str] = ()) -> SwarmNode:
     """Node k (a SwarmNode) on a copy of its initial weights, its transport connected to `config.server`
-    and its outbox in its run folder. The transport keeps J external groups at most."""
+    and its outbox in its run folder, drawing from `datasets` of the catalogue (empty: all). The transport
+    keeps J external groups at most."""
     from sapo_node.experiment.swarm import SwarmNode, clone_policy
     from sapo_node.transport import OUTBOX_FILE
     from sapo_node.transport.websocket import WebSocketTransport
@@ -563,7 +627,7 @@ def start_node(k: int, config: NodeConfig, initial: tuple[Any, Any]) -> SwarmNod
         max_buffer_size=config.external,
         poll_interval=POLL_INTERVAL,
     )
-    return SwarmNode.start(k, config, transport, clone_policy(initial))
+    return SwarmNode.start(k, config, transport, clone_policy(initial), datasets)
 
 
 def check_served_catalogue(transport: WebSocketTransport, cfg: StudyConfig) -> None:
@@ -581,13 +645,29 @@ def play_round(
     round_rows = []
     for node in nodes:
         row = node.step()
-        if not node.transport.flush(cfg.flush_wait):
-            raise RuntimeError(
-                f"the server did not acknowledge node {node.index}'s shares within {cfg.flush_wait} s "
-                f"({node.transport.status}); see {platform.log_dir}"
-            )
+        wait_acknowledged(cfg, platform, node)
         round_rows.append(_csv_row(row, label=label, local=local, external=external, seed=seed, node=node.index))
     return round_rows
+
+
+def wait_acknowledged(cfg: StudyConfig, platform: Platform, node: SwarmNode) -> None:
+    """Wait until the server has acknowledged the node's shares. A busy machine can hold an
+    acknowledgement back for minutes: each `flush_wait` seconds without one is a line on stderr and the
+    wait goes on, for as long as the run's server process lives (the transport reconnects and resends
+    meanwhile). Raises PlatformError when the server has exited."""
+    waited = 0.0
+    while not node.transport.flush(cfg.flush_wait):
+        waited += cfg.flush_wait
+        if not platform.serving():
+            raise PlatformError(
+                f"the server exited before acknowledging node {node.index}'s shares; see {platform.log_dir}"
+            )
+        print(
+            f"the server has not acknowledged node {node.index}'s shares after {waited:.0f} s "
+            f"({node.transport.status}); waiting",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _csv_row(row: dict[str, Any], *, label: str, local: int, external: int, seed: int, node: int) -> dict[str, Any]:

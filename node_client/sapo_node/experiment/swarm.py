@@ -14,10 +14,11 @@ asynchronous node has when its peers run at the same speed.
 
 A round is the node client's own: `sapo_node.loop.start_node` builds the node and
 `sapo_node.loop.play_round` plays one round of it (sample -> generate -> score -> share ->
-assemble -> update -> report and log), exactly what `sapo-node run` does. The study adds three
+assemble -> update -> report and log), exactly what `sapo-node run` does. The study adds four
 things around it: a question stream drawing B distinct datasets per round (the paper's "one
 question from each of 8 of the 9 specialties"), a torch RNG state per node (so what node k samples
-does not depend on the other nodes' draws), and no checkpoints (a study never resumes a node).
+does not depend on the other nodes' draws), no checkpoints (a study never resumes a node), and a
+proof with its log-probabilities for each group the node shares (LogprobProofs).
 """
 
 from __future__ import annotations
@@ -25,15 +26,23 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from sapo_node.audit import model_digest
 from sapo_node.config import NodeConfig
+from sapo_node.generate import Generated
+from sapo_node.groups import Group, make_proof
 from sapo_node.loop import Node, play_round, start_node
-from sapo_node.tasks import MAX_INDEX, TaskRef, TaskStream
+from sapo_node.tasks import MAX_INDEX, Catalogue, TaskRef, TaskStream
 from sapo_node.transport import Transport
+
+#: A proof's challenge when the socket has none yet (the pool needs a non-empty one and stores the
+#: group unaudited either way).
+UNCHALLENGED = "unchallenged"
 
 
 class StratifiedTaskStream(TaskStream):
@@ -44,10 +53,17 @@ class StratifiedTaskStream(TaskStream):
 
     last_draw: list[TaskRef] = []
 
+    def __init__(self, catalogue: Catalogue, seed: int, datasets: Collection[str] = ()) -> None:
+        super().__init__(catalogue, seed)
+        #: The datasets drawn (StudyConfig.datasets; empty: the whole catalogue). Kept apart from the
+        #: catalogue, which the loop sets to the swarm's whole one and which re-scores external groups.
+        self.datasets = frozenset(datasets)
+
     def draw(self, n: int) -> list[TaskRef]:
+        tasks = [spec for spec in self.catalogue.tasks if not self.datasets or spec.dataset in self.datasets]
         picked: list[Any] = []
         while len(picked) < n:
-            shuffled = self._rng.sample(list(self.catalogue.tasks), len(self.catalogue.tasks))
+            shuffled = self._rng.sample(tasks, len(tasks))
             picked.extend(shuffled[: n - len(picked)])
         self.last_draw = [TaskRef(spec.dataset, self.seed, self._rng.randrange(MAX_INDEX)) for spec in picked]
         return list(self.last_draw)
@@ -67,16 +83,25 @@ class SwarmNode:
     rng_state: dict[str, Any]
 
     @classmethod
-    def start(cls, index: int, config: NodeConfig, transport: Transport, policy: tuple[Any, Any]) -> SwarmNode:
-        """Build the node, say hello and wait (config.connect_wait) for the server's catalogue."""
+    def start(
+        cls,
+        index: int,
+        config: NodeConfig,
+        transport: Transport,
+        policy: tuple[Any, Any],
+        datasets: Collection[str] = (),
+    ) -> SwarmNode:
+        """Build the node, say hello and wait (config.connect_wait) for the server's catalogue; it draws
+        from `datasets` of it (empty: all) and shares its groups with their log-probabilities."""
         with contextlib.redirect_stdout(io.StringIO()):  # start_node prints its config; config.json keeps it
             node = start_node(config, transport, policy=policy)
         catalogue = transport.catalogue()
         if catalogue is None:
             detail = getattr(transport, "last_error", None)
             raise RuntimeError(f"node {index} got no welcome from the server ({transport.status}; {detail})")
-        stream = StratifiedTaskStream(catalogue, node.config.seed)
+        stream = StratifiedTaskStream(catalogue, node.config.seed, datasets)
         node.state.stream = stream
+        node.prove_unchallenged = LogprobProofs(node)
         with torch.random.fork_rng(devices=_cuda_devices(node.model)):
             torch.manual_seed(node.config.seed)
             rng_state = _get_rng(node.model)
@@ -106,6 +131,40 @@ class SwarmNode:
         flushed = self.transport.flush(flush_wait)
         self.transport.close()
         return flushed
+
+
+class LogprobProofs:
+    """Gives a node's groups made without a server challenge a proof: each completion's sampled token ids
+    and log-probabilities, the digest of the weights that generated them, and the challenge its socket
+    holds (loop.Node.prove_unchallenged).
+
+    The study's nodes draw their own paired question streams (the same questions in every configuration
+    of a seed), never the challenge's, so without this their groups would carry no log-probabilities and
+    `--correction` and `--offpolicy-filter` would change nothing. The pool stores such a group unaudited
+    (its question is not the challenge's: pool.challenges) and serves it with its proof like any other, so
+    a receiving node reads the sharer's log-probabilities (groups.sharer_logprobs) as it would a live
+    node's. Every configuration's nodes do this, the silo's too, so the arms differ only in what they take.
+    """
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def __call__(self, own: list[tuple[Group, Generated]]) -> None:
+        missing = [(group, generated) for group, generated in own if group.proof is None]
+        if not missing:
+            return
+        config = self.node.config
+        challenge = self.node.transport.challenge() or UNCHALLENGED
+        weights = model_digest(self.node.model)  # before the update: the weights that generated them
+        for group, generated in missing:
+            group.proof = make_proof(
+                challenge=challenge,
+                weights=weights,
+                model=config.model,
+                temperature=config.temperature,
+                completion_ids=generated.completion_ids,
+                logprobs=generated.logprobs,
+            )
 
 
 def clone_policy(policy: tuple[Any, Any]) -> tuple[Any, Any]:
