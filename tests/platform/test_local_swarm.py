@@ -252,3 +252,20 @@ def test_a_stopped_nodes_resume_hint_says_make_run_resumes_it(capsys):
     _pump("[local-1]", node_output)
     out = capsys.readouterr().out
     assert out == "[local-1] round 3/10: reward 0.41\n[local-1] stopped after round 3; make run resumes it\n"
+
+
+def test_make_runs_built_in_models_anchored_to_their_initial_policy():
+    """make run's built-in nodes train with a KL penalty to the policy they started from, which keeps a
+    tiny model out of the one-character runs the characters rule holds (docs/moderation.md, "Today's
+    make run"); a real model keeps its own settings and the laptop's memory bounds."""
+    from localswarm.management.commands.sapo_local import BUILT_IN_MODELS, model_flags
+
+    from sapo_node.cli import build_parser, config_from_args
+
+    def config(model):
+        return config_from_args(build_parser().parse_args(["run", "--model", model, *model_flags(model)]))
+
+    for model in BUILT_IN_MODELS:
+        assert config(model).kl_coef == 0.1
+    real = config("smollm2-135m")
+    assert (real.kl_coef, real.max_new_tokens, real.micro_batch) == (0.0, 64, 4)

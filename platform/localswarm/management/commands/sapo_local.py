@@ -206,8 +206,7 @@ class Command(BaseCommand):
                 cmd += ["--rounds", str(rounds)]
             if external is not None:
                 cmd += ["--external", str(external)]
-            if model not in BUILT_IN_MODELS:
-                cmd += REAL_MODEL_FLAGS
+            cmd += model_flags(model)
             # Nodes share the machine's cores instead of each taking all of them (torch's default),
             # which on a small machine makes every node slower than one would be alone.
             node_env = {**env, "SAPO_TOKEN": token, "OMP_NUM_THREADS": _threads(len(plan))}
@@ -305,6 +304,17 @@ BUILT_IN_MODELS = ("tiny", "tiny-mini")
 #: Node options for any other model (a real one, e.g. smollm2-135m) on a laptop: a GRPO update of 16
 #: sequences of up to 256 new tokens at once held 11 GB for SmolLM2-135M (docs/node.md).
 REAL_MODEL_FLAGS = ["--max-new-tokens", "64", "--micro-batch", "4"]
+
+#: Node options for the built-in models: a KL penalty to the initial policy. make run plays a thousand
+#: rounds a node in fifteen minutes, and without the anchor a tiny model's policy drifts into runs of one
+#: character (`<answer>>>>>>>>>>>>>>>>>`) that the characters rule rightly holds (docs/moderation.md,
+#: "Today's make run").
+BUILT_IN_MODEL_FLAGS = ["--kl-coef", "0.1"]
+
+
+def model_flags(model: str) -> list[str]:
+    """The node options make run adds for `model`, beside the ones every node gets."""
+    return list(BUILT_IN_MODEL_FLAGS if model in BUILT_IN_MODELS else REAL_MODEL_FLAGS)
 
 
 def _threads(processes: int) -> str:
