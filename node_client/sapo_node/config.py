@@ -60,6 +60,10 @@ class NodeConfig:
     pause_on_battery: bool = False
     """Pause while the machine runs on battery (Linux: /sys/class/power_supply; macOS: pmset; elsewhere
     not supported: the node says so and works on). Not kept by --resume."""
+    no_heldout_check: bool = False
+    """Do not answer the server's held-out checks (a few questions answered greedily between rounds, which
+    the site's held-out accuracy is made of; docs/node.md): for a machine where a few extra answers a
+    minute are too slow. The server then never asks this node."""
 
     # --- the round (SAPO Algorithm 1) ---
     rounds: int = 0

@@ -40,6 +40,7 @@ from sapo_node.config import NodeConfig
 from sapo_node.generate import Generated, generate_groups, pad_id, random_keys
 from sapo_node.groups import ExternalRules, Group, make_proof
 from sapo_node.grpo import grpo_update, make_optimizer
+from sapo_node.heldout_check import answer_pending_check
 from sapo_node.idle import IdleMonitor, start_idle_policy
 from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
 from sapo_node.models import describe_hardware, load_policy
@@ -162,6 +163,7 @@ def start_node(
             config.local,
             config.external,
             swarm=config.swarm,
+            heldout=not config.no_heldout_check,
         )
     )
     commitments = None
@@ -307,6 +309,8 @@ def play_round(
         tokens_per_second=round(row["tokens_per_s"], 1),
     )
     transport.report(round_report(n, row, train_set, local=config.local, external=config.external))
+    # The server's held-out check, if it asked one: a few greedy answers between two rounds.
+    answer_pending_check(model, tokenizer, transport, round=n, max_new_tokens=config.max_new_tokens)
     if config.checkpoint_every and n % config.checkpoint_every == 0:
         if save_checkpoint(node.out, n, node.state, keep=config.keep_checkpoints) is not None:
             node.last_saved = n

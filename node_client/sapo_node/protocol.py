@@ -66,7 +66,10 @@ REPORT = "report"
 #: and the reasons it is paused for (`paused_for`, PAUSE_SITE among them once it obeys a site pause).
 #: Sent only to a server whose welcome has "paused" (an older one answers unknown_type).
 STATUS = "status"
-NODE_MESSAGES = (HELLO, SHARE, SAMPLE, REPORT, STATUS)
+#: A node's greedy answers to a held-out check the server asked of it (`heldout_check`): "check", "round",
+#: "answers" ([{"id", "text"}], one per question asked). Sent only by a node whose hello said `heldout`.
+HELDOUT_ANSWERS = "heldout_answers"
+NODE_MESSAGES = (HELLO, SHARE, SAMPLE, REPORT, STATUS, HELDOUT_ANSWERS)
 
 # Message types, server -> node ("ack" carries "for": SHARE, REPORT or STATUS).
 WELCOME = "welcome"
@@ -78,7 +81,10 @@ SWARM_STATE = "swarm_state"
 #: The node's owner paused it, or resumed it, from the site ("paused": true or false). A client older than
 #: this message ignores it (a frame of unknown type) and keeps working; the site then says so.
 PAUSE = "pause"
-SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR, SWARM_STATE, PAUSE)
+#: A held-out check (WireHeldoutCheck): a few questions of the swarm's held-out stream, to answer greedily
+#: with the node's current policy before the deadline. Only to a node whose hello said `heldout`.
+HELDOUT_CHECK = "heldout_check"
+SERVER_MESSAGES = (WELCOME, ACK, SAMPLES, ERROR, SWARM_STATE, PAUSE, HELDOUT_CHECK)
 
 #: A node's states, as `status.state` says them: loading or building its model, playing rounds,
 #: waiting on its pause gate (sapo_node.pause), connected with no round to play (its rounds are done).
@@ -121,6 +127,9 @@ INTERNAL_ERROR = "internal_error"  # the server failed while handling the frame
 UNKNOWN_SWARM = "unknown_swarm"  # hello names no swarm of this site (then closed with CLOSE_UNKNOWN_SWARM)
 SWARM_RETIRED = "swarm_retired"  # hello names a retired swarm (then closed with CLOSE_SWARM_RETIRED)
 SWARM_PAUSED = "swarm_paused"  # a share or sample while the node's swarm is paused: train in silo meanwhile
+HELDOUT_UNASKED = "heldout_unasked"  # heldout_answers for a check or a question the server did not ask this socket
+HELDOUT_LATE = "heldout_late"  # heldout_answers after the check's deadline
+HELDOUT_DUPLICATE = "heldout_duplicate"  # heldout_answers for a check already answered, or a question twice
 ERROR_CODES = (
     INVALID_JSON,
     UNSUPPORTED_VERSION,
@@ -138,6 +147,9 @@ ERROR_CODES = (
     UNKNOWN_SWARM,
     SWARM_RETIRED,
     SWARM_PAUSED,
+    HELDOUT_UNASKED,
+    HELDOUT_LATE,
+    HELDOUT_DUPLICATE,
 )
 
 # WebSocket close codes the server uses (and HTTP statuses at the upgrade map onto the first two).
@@ -238,6 +250,36 @@ class SampledWireGroup(WireGroup, kw_only=True):
     author node's public name (which the server always writes)."""
 
     node: str | None = None
+
+
+#: The held-out stream's dataset seed (docs/protocol.md, "heldout_check"): the server's checks ask
+#: questions of it, the export's card and the studies evaluate on it (sapo_node.tiny's EVAL_SEED is the
+#: same seed), and a node's own stream never takes it (sapo_node.tasks.TaskStream).
+HELDOUT_SEED = 987_654
+#: A held-out check's bounds, both sides: questions per check, tokens per answer. The server asks fewer
+#: (its settings); a node ignores a check outside them.
+HELDOUT_MAX_QUESTIONS = 16
+HELDOUT_MAX_NEW_TOKENS = 512
+
+
+class WireHeldoutQuestion(msgspec.Struct, kw_only=True):
+    """One question of a held-out check: its number in the check, its dataset (for the prompt's
+    vocabulary and the page's breakdown) and its text."""
+
+    id: int
+    dataset: str
+    question: str
+
+
+class WireHeldoutCheck(msgspec.Struct, kw_only=True):
+    """A held-out check as `heldout_check` carries it (docs/protocol.md, "heldout_check")."""
+
+    check: uuid.UUID
+    questions: list[WireHeldoutQuestion]
+    #: The most tokens an answer may take (the node takes the lower of this and its own max_new_tokens).
+    max_new_tokens: int
+    #: Unix seconds after which the server refuses the answers (heldout_late).
+    deadline: float
 
 
 def frame(kind: str, **fields: object) -> dict[str, object]:

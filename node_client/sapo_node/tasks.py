@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sapo_node import proof
+from sapo_node import proof, protocol
 from sapo_node.datasets import MAX_INDEX, TaskSpec, build_lock, dataset_for
 from sapo_node.verifiers import ScoringTimeout, extract_answer, score_answers
 
@@ -271,6 +271,8 @@ class TaskStream:
     def __init__(self, catalogue: Catalogue, seed: int) -> None:
         self.catalogue = catalogue
         self.seed = seed % (MAX_SEED + 1)
+        if self.seed == protocol.HELDOUT_SEED:  # the server's held-out stream: no node trains on it
+            self.seed += 1
         self._rng = random.Random(seed)
         #: The newest challenge taken (None: none yet), and its next question j.
         self.challenge: str | None = None

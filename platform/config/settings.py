@@ -59,7 +59,7 @@ import warnings
 from pathlib import Path
 
 from common.env import EnvError, env_bool, env_float, env_int, env_list, env_str, parse_database_url
-from sapo_node.protocol import LIMIT_NAMES
+from sapo_node.protocol import HELDOUT_MAX_NEW_TOKENS, HELDOUT_MAX_QUESTIONS, LIMIT_NAMES
 
 BASE_DIR = Path(__file__).resolve().parents[2]  # the repository root
 PLATFORM_DIR = BASE_DIR / "platform"
@@ -281,6 +281,27 @@ SAPO_CHALLENGE_SECONDS = env_float("SAPO_CHALLENGE_SECONDS", 20.0)
 SAPO_CHALLENGE_TTL_SECONDS = env_int("SAPO_CHALLENGE_TTL_SECONDS", 86_400)
 if SAPO_CHALLENGE_SECONDS < 0 or SAPO_CHALLENGE_TTL_SECONDS <= 0:
     raise EnvError("SAPO_CHALLENGE_SECONDS must be at least 0 and SAPO_CHALLENGE_TTL_SECONDS positive")
+# Held-out checks (docs/protocol.md, "heldout_check"): a node socket whose hello says `heldout` is asked
+# SAPO_HELDOUT_QUESTIONS questions of its swarm's held-out stream after every SAPO_HELDOUT_EVERY_ROUNDS
+# rounds it reports (0: never), at most once every SAPO_HELDOUT_MIN_SECONDS, answers of at most
+# SAPO_HELDOUT_MAX_NEW_TOKENS tokens, due SAPO_HELDOUT_DEADLINE_SECONDS after they were asked.
+SAPO_HELDOUT_EVERY_ROUNDS = env_int("SAPO_HELDOUT_EVERY_ROUNDS", 10)
+SAPO_HELDOUT_MIN_SECONDS = env_float("SAPO_HELDOUT_MIN_SECONDS", 30.0)
+SAPO_HELDOUT_QUESTIONS = env_int("SAPO_HELDOUT_QUESTIONS", 4)
+SAPO_HELDOUT_MAX_NEW_TOKENS = env_int("SAPO_HELDOUT_MAX_NEW_TOKENS", 64)
+SAPO_HELDOUT_DEADLINE_SECONDS = env_float("SAPO_HELDOUT_DEADLINE_SECONDS", 300.0)
+if not (
+    SAPO_HELDOUT_EVERY_ROUNDS >= 0
+    and SAPO_HELDOUT_MIN_SECONDS >= 0
+    and 1 <= SAPO_HELDOUT_QUESTIONS <= HELDOUT_MAX_QUESTIONS
+    and 1 <= SAPO_HELDOUT_MAX_NEW_TOKENS <= HELDOUT_MAX_NEW_TOKENS
+    and SAPO_HELDOUT_DEADLINE_SECONDS > 0
+):
+    raise EnvError(
+        "SAPO_HELDOUT_EVERY_ROUNDS and SAPO_HELDOUT_MIN_SECONDS must be at least 0, SAPO_HELDOUT_QUESTIONS in "
+        f"[1, {HELDOUT_MAX_QUESTIONS}], SAPO_HELDOUT_MAX_NEW_TOKENS in [1, {HELDOUT_MAX_NEW_TOKENS}] "
+        "and SAPO_HELDOUT_DEADLINE_SECONDS positive"
+    )
 # G of the group-worth bound (figures.credit, docs/leaderboard.md): a group of n completions is credited
 # its verified rewards' sum times min(1, G / n), so more completions per group earn no more credit.
 SAPO_CREDIT_COMPLETIONS = env_int("SAPO_CREDIT_COMPLETIONS", 8)

@@ -49,6 +49,7 @@ import psycopg
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -62,10 +63,22 @@ from pool import audit_seam, ratelimit
 from pool.challenges import SocketChallenge
 from pool.closes import socket_closes
 from pool.epoch import current_pool_epoch
+from pool.heldout import SocketHeldout, heldout_check_make, heldout_score_record
 from pool.ingest import ShareIn, rollout_share_in_turn
 from pool.ingest_statement import SwarmOfBatch
 from pool.limits import Limits, current_limits
-from pool.messages import Hello, ProtocolError, Report, Sample, Share, Status, frame_size, leading_ref, parse_frame
+from pool.messages import (
+    HeldoutAnswers,
+    Hello,
+    ProtocolError,
+    Report,
+    Sample,
+    Share,
+    Status,
+    frame_size,
+    leading_ref,
+    parse_frame,
+)
 from pool.opening import session_opens
 from pool.sampling import rollout_sample
 from pool.services import node_round_report
@@ -192,6 +205,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             self.stored = None  # the bytes the last share left stored this hour (its budgets' next check)
             self.challenge = SocketChallenge(node.id)  # welcome.challenge, ack.challenge
             self.audits_told = False  # whether a welcome has named the uploads the node owes
+            self.heldout = SocketHeldout()  # the held-out checks asked on this socket (pool.heldout)
         except ApplicationError as exc:
             await self.close(code=protocol.CLOSE_BANNED if exc.code == "banned" else protocol.CLOSE_UNAUTHENTICATED)
             return
@@ -309,9 +323,13 @@ class NodeConsumer(AsyncWebsocketConsumer):
         outage.DATABASE.answered()
         if reply is not None:
             await self._send(reply, message.ref)
+        if isinstance(message, Report):
+            await self._ask_heldout(message.round)
         presence.socket_book().seen(node.id)  # written with the others' on the next beat
 
-    async def _dispatch(self, message: Hello | Share | Sample | Report | Status) -> dict[str, Any] | None:
+    async def _dispatch(
+        self, message: Hello | Share | Sample | Report | Status | HeldoutAnswers
+    ) -> dict[str, Any] | None:
         node = self.node
         if isinstance(message, Status):  # written with the process's next beat (presence.SocketBook)
             fields = node_status_fields(
@@ -362,6 +380,20 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 return None
             await db_call(node_round_report)(node=node, report=message, limits=self.limits, swarm_id=place.swarm_id)
             return {"type": protocol.ACK, "for": protocol.REPORT, "round": message.round}
+        if isinstance(message, HeldoutAnswers):
+            place = await self._in_swarm()
+            check, texts = self.heldout.take(message, time.time())  # a refusal raises: nothing stored
+            score = await db_call(heldout_score_record)(
+                node_id=node.id, swarm_id=place.swarm_id, check=check, texts=texts, round_=message.round
+            )
+            check.answered = True
+            return {
+                "type": protocol.ACK,
+                "for": protocol.HELDOUT_ANSWERS,
+                "check": str(check.id),
+                "score": score.score,
+                "questions": score.questions,
+            }
         if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
             assert_never(message)
         since = socket_closes().clock()
@@ -377,6 +409,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self._shut(_HELLO_CLOSES[exc.code])
             return None
         self._join(place, since=since)
+        self.heldout.supported = message.heldout
         # What the node says about itself is written with the process's next beat (presence.SocketBook,
         # one statement for every node that said something new), not by a call per hello; a node
         # reconnecting says the same again, and nothing is written. (Its last seen was written when
@@ -418,6 +451,27 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 "external": place.default_external,
             },
         }
+
+    async def _ask_heldout(self, round_: int) -> None:
+        """Ask the node a held-out check when its report of `round_` earns one (pool.heldout). Never
+        fails the socket: a check not asked is only a figure missing."""
+        now = time.time()
+        place = self.place
+        if place is None or place.state != protocol.STATE_OPEN or not self.heldout.due(round_, now):
+            return
+        try:
+            check = await asyncio.to_thread(
+                heldout_check_make,
+                catalogue=place.catalogue,
+                questions=settings.SAPO_HELDOUT_QUESTIONS,
+                now=now,
+                rng=self.heldout.rng,
+            )
+        except Exception:
+            logger.exception("node %s: making a held-out check failed", self.node.id)
+            return
+        self.heldout.record(check, round_, now)
+        await self._send(check.wire(settings.SAPO_HELDOUT_MAX_NEW_TOKENS), None)
 
     # Swarms (pool.swarm_places) -------------------------------------------------------------
 

@@ -106,6 +106,8 @@ class Hello:
     external: int | None
     #: The swarm's slug, protocol.ANY_SWARM, or None: the site's default swarm.
     swarm: str | None = None
+    #: The node answers held-out checks (`hello.heldout` true); an older client never says so.
+    heldout: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,16 @@ class Status:
     tokens_per_second: float | None
 
 
-Message = Hello | Share | Sample | Report | Status
+@dataclass(frozen=True)
+class HeldoutAnswers:
+    ref: str | None
+    check: uuid.UUID
+    round: int
+    #: (question id, answer text), in the frame's order; ids not yet checked against what was asked.
+    answers: tuple[tuple[int, str], ...]
+
+
+Message = Hello | Share | Sample | Report | Status | HeldoutAnswers
 
 
 class _Unrepresentable:
@@ -372,8 +383,12 @@ def _parse_hello(data: dict[str, Any], ref: str | None, limits: Limits) -> Hello
     swarm = data.get("swarm")
     if swarm is not None and (not isinstance(swarm, str) or not _SWARM_RE.fullmatch(swarm)):
         raise _invalid("swarm", f"expected a swarm's slug (1-{MAX_SWARM_CHARS} lowercase letters, digits, hyphens)")
+    heldout = data.get("heldout", False)
+    if heldout is not None and not isinstance(heldout, bool):
+        raise _invalid("heldout", "expected true or false")
     return Hello(
         ref=ref,
+        heldout=bool(heldout),
         local=_int(data, "local", "", 0, 10_000, required=False),
         external=_int(data, "external", "", 0, 10_000, required=False),
         swarm=swarm,
@@ -645,12 +660,34 @@ def _parse_status(data: dict[str, Any], ref: str | None, limits: Limits) -> Stat
     )
 
 
+def _parse_heldout_answers(data: dict[str, Any], ref: str | None, limits: Limits) -> HeldoutAnswers:
+    answers = data.get("answers")
+    if not isinstance(answers, list) or not 0 < len(answers) <= protocol.HELDOUT_MAX_QUESTIONS:
+        raise _invalid("answers", f"expected a list of 1-{protocol.HELDOUT_MAX_QUESTIONS} answers")
+    parsed = []
+    for i, item in enumerate(answers):
+        if not isinstance(item, dict):
+            raise _invalid(f"answers[{i}]", 'expected {"id", "text"}')
+        question = _int_value(item.get("id", _ABSENT), f"answers[{i}].id", 0, protocol.HELDOUT_MAX_QUESTIONS - 1)
+        text = _text(
+            item.get("text"), f"answers[{i}].text", limits.max_chars_per_completion, protocol.COMPLETION_TOO_LONG
+        )
+        parsed.append((question, text))
+    return HeldoutAnswers(
+        ref=ref,
+        check=_uuid(data.get("check"), "check"),
+        round=_int_value(data.get("round", _ABSENT), "round", 0, MAX_ROUND),
+        answers=tuple(parsed),
+    )
+
+
 _PARSERS = {
     protocol.HELLO: _parse_hello,
     protocol.SHARE: _parse_share,
     protocol.SAMPLE: _parse_sample,
     protocol.REPORT: _parse_report,
     protocol.STATUS: _parse_status,
+    protocol.HELDOUT_ANSWERS: _parse_heldout_answers,
 }
 assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type has a parser"
 

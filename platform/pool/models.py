@@ -9,7 +9,7 @@ so the sampling index stays partial and small.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from sapo_node.ids import uuid7
@@ -321,3 +321,29 @@ class EpochMarker(models.Model):
 
     def __str__(self) -> str:
         return f"epoch marker {self.token}"
+
+
+class HeldoutScore(models.Model):
+    """A node's answers to one held-out check, scored by the swarm's verifiers (pool.heldout,
+    docs/protocol.md, "heldout_check"): questions of the held-out stream no node trains on, answered
+    greedily by the node's policy after round `round`. Kept for good, like the ledger."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+")
+    swarm = models.ForeignKey("swarms.Swarm", on_delete=models.PROTECT, related_name="+")
+    round = models.PositiveIntegerField(help_text="The node's last round when it answered.")
+    questions = models.PositiveSmallIntegerField()
+    score = models.FloatField(help_text="Sum of the answers' verified rewards, each in [0, 1].")
+    asked_at = models.DateTimeField()
+    answered_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["swarm", "answered_at"], name="pool_heldout_swarm_at"),
+            models.Index(fields=["node", "answered_at"], name="pool_heldout_node_at"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(score__gte=0) & Q(score__lte=F("questions")), name="pool_heldout_score"),
+        ]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} round {self.round}: {self.score:g}/{self.questions}"

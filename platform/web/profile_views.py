@@ -37,6 +37,7 @@ def node_view(request: HttpRequest, node_id: int) -> HttpResponse:
         "profile": profile,
         "swarm": selectors.node_swarms(nodes=[node]).get(node.id),
         "activity": node_activity(node, status=status),
+        "node_heldout": selectors.node_heldout_curve(node=node),
     }
     return render(request, "web/node.html", context)
 

@@ -19,12 +19,13 @@ from figures.stats import Measures, active_node_ids, live_rows, snapshot
 from nodes.models import Node
 from nodes.presence import PresenceUnknown, connected_filter
 from pool.limits import current_limits
-from pool.models import Consumption, ModerationStatus, NodeRound, Rollout
+from pool.models import Consumption, HeldoutScore, ModerationStatus, NodeRound, Rollout
 from pool.selectors import sample_window
 from swarms.models import Swarm
 from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_get
 from web.arms import NodeHourCell, arm_of, compare_arms
+from web.heldout import HeldoutCell, compare_heldout, node_heldout
 
 SWARM_CURVE_HOURS = 48
 ACCURACY_DAYS = 7
@@ -314,3 +315,34 @@ def node_swarms(*, nodes: Collection[Node]) -> dict[int, Swarm]:
             chosen[node_id] = group_swarm
     swarms = Swarm.objects.in_bulk(set(chosen.values()))
     return {node_id: swarms[swarm_id] for node_id, swarm_id in chosen.items() if swarm_id in swarms}
+
+
+# ---------------------------------------------------------------------------- held-out accuracy
+
+#: A node page's held-out checks shown (its newest).
+NODE_HELDOUT_CHECKS = 50
+
+
+def swarm_heldout(*, swarm: Swarm) -> dict[str, Any]:
+    """Held-out accuracy of the swarm's sharing and silo nodes over the last SWARM_CURVE_HOURS hours
+    (web.heldout), public nodes only (cached a few seconds, as the swarm's other figures)."""
+    key = f"web:heldout:{swarm.id}"
+    cached = cache.get(key)
+    if cached is None:
+        since = timezone.now() - timedelta(hours=SWARM_CURVE_HOURS)
+        public = {f.node_id for f in node_figures_all() if f.public}
+        rows = HeldoutScore.objects.filter(swarm=swarm, answered_at__gte=since, node_id__in=public)
+        cells = [HeldoutCell(*r) for r in rows.values_list("node_id", "answered_at", "questions", "score")]
+        cached = compare_heldout(cells, node_arms({c.node_id for c in cells}))
+        cache.set(key, cached, FIGURES_CACHE_SECONDS)
+    return cached
+
+
+def node_heldout_curve(*, node: Node) -> dict[str, Any]:
+    """The node's newest NODE_HELDOUT_CHECKS held-out checks, oldest first, and their accuracy together."""
+    rows = list(
+        HeldoutScore.objects.filter(node=node)
+        .order_by("-answered_at")
+        .values_list("node_id", "answered_at", "questions", "score", "round")[:NODE_HELDOUT_CHECKS]
+    )[::-1]
+    return node_heldout([HeldoutCell(*r[:4]) for r in rows], [r[4] for r in rows])

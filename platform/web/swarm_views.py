@@ -19,6 +19,7 @@ from moderation.views import staff_required
 from swarms.selectors import swarm_catalogue, swarm_get, swarm_list
 from swarms.services import swarm_catalogue_set, swarm_create, swarm_make_default, swarm_state_set, swarm_update
 from web import selectors
+from web.heldout import MIN_ANSWERS
 
 #: The fields of the staff form, as swarms.services takes them.
 _FORM_FIELDS = (
@@ -55,6 +56,8 @@ def _page_context(swarm: Any) -> dict[str, Any]:
     return {
         "swarm": selectors.swarm_overview(swarm=swarm),
         "swarm_obj": swarm,
+        "heldout": selectors.swarm_heldout(swarm=swarm),
+        "min_answers": MIN_ANSWERS,
         "figures_url": reverse("web:swarm-one-figures", args=[swarm.slug]),
         "api_url": reverse("web:api-swarm-one", args=[swarm.slug]),
     }

@@ -27,9 +27,13 @@ class Hello:
     external: int
     #: The swarm's slug, protocol.ANY_SWARM, or None (the site's default swarm: the field is left out).
     swarm: str | None = None
+    #: The node answers held-out checks (protocol.HELDOUT_CHECK): the server asks only those that say so.
+    heldout: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"swarm": self.swarm} if self.swarm is not None else {}
+        if self.heldout:
+            fields["heldout"] = True
         return protocol.frame(
             protocol.HELLO,
             client=self.client,
@@ -103,6 +107,16 @@ class Transport(ABC):
     ) -> None:
         """What the node is doing now (one of protocol.NODE_STATES) and its last round's figures, for the
         site (a `status` frame where the server takes one)."""
+
+    def heldout_check(self) -> protocol.WireHeldoutCheck | None:
+        """The held-out check the server asked and the node has not taken yet (taking it clears it); None
+        when there is none, or no server."""
+        return None
+
+    def answer_heldout(  # noqa: B027 - optional hook
+        self, check: protocol.WireHeldoutCheck, *, round: int, texts: list[str]
+    ) -> None:
+        """Send the node's answers to `check`, one text per question in its order (best effort)."""
 
     def wait_connected(self, timeout: float) -> bool:
         """Block up to `timeout` seconds for the swarm's welcome; True if it came."""

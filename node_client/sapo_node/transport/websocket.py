@@ -62,6 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
@@ -305,6 +306,8 @@ class WebSocketTransport(Transport):
         self._status_at = 0.0  # when the last one went (monotonic)
         self._takes_status = False  # the last welcome had "paused": this server takes `status` frames
         self._told_upgrade = False
+        self._heldout: protocol.WireHeldoutCheck | None = None  # asked, not taken yet (under _lock)
+        self._heldout_answers: collections.deque[dict[str, Any]] = collections.deque(maxlen=4)
 
     # ------------------------------------------------------------------ the training thread's side
     def start(self, hello: Hello) -> None:
@@ -417,6 +420,18 @@ class WebSocketTransport(Transport):
 
     def report(self, report: dict[str, Any]) -> None:
         self._reports.append(dict(report))
+        self._poke()
+
+    def heldout_check(self) -> protocol.WireHeldoutCheck | None:
+        with self._lock:
+            check, self._heldout = self._heldout, None
+        return check
+
+    def answer_heldout(self, check: protocol.WireHeldoutCheck, *, round: int, texts: list[str]) -> None:
+        answers = [{"id": q.id, "text": t} for q, t in zip(check.questions, texts, strict=True)]
+        self._heldout_answers.append(
+            protocol.frame(protocol.HELDOUT_ANSWERS, check=str(check.check), round=round, answers=answers)
+        )
         self._poke()
 
     @property
@@ -661,6 +676,8 @@ class WebSocketTransport(Transport):
                 # A paused swarm refuses reports too: they wait and go merged into one once it opens.
                 if self._reports and time.monotonic() >= self._next_share:  # not while backing off
                     await self._send(ws, protocol.frame(protocol.REPORT, **self._merged_report()))
+            while self._heldout_answers:  # due by a deadline: sent whatever the pauses
+                await self._send(ws, self._heldout_answers.popleft())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
 
@@ -870,6 +887,25 @@ class WebSocketTransport(Transport):
         elif frame.get("paused") is False:
             self.gate.resume(protocol.PAUSE_SITE)
 
+    def _on_heldout_check(self, frame: dict[str, Any]) -> None:
+        """A held-out check: kept for the loop to answer between rounds (sapo_node.heldout_check); a newer
+        one replaces it. One outside the protocol's bounds is ignored."""
+        fields = {k: v for k, v in frame.items() if k not in ("type", "v", "ref")}
+        try:
+            check = msgspec.convert(fields, protocol.WireHeldoutCheck, strict=False)
+        except msgspec.ValidationError as exc:
+            log.warning("ignoring a held-out check: %s", exc)
+            return
+        if not (
+            0 < len(check.questions) <= protocol.HELDOUT_MAX_QUESTIONS
+            and 0 < check.max_new_tokens <= protocol.HELDOUT_MAX_NEW_TOKENS
+            and all(len(q.question) <= self.limits["max_chars_per_completion"] for q in check.questions)
+        ):
+            log.warning("ignoring a held-out check outside the protocol's bounds")
+            return
+        with self._lock:
+            self._heldout = check
+
     def _on_error(self, frame: dict[str, Any]) -> None:
         code, ref = str(frame.get("code")), str(frame.get("ref"))
         log.warning("the server answered error %s: %s", code, frame.get("detail"))
@@ -897,6 +933,7 @@ class WebSocketTransport(Transport):
         protocol.ERROR: _on_error,
         protocol.SWARM_STATE: _on_swarm_state,
         protocol.PAUSE: _on_pause,
+        protocol.HELDOUT_CHECK: _on_heldout_check,
     }
 
     async def _send_shares(self, ws: ClientConnection) -> None:
