@@ -9,10 +9,12 @@ until a job decides it, and a job first claims it (`started_at`, `attempts`), so
 - a job queued twice runs once: the second finds the audit claimed or decided;
 - a job that raises (a bug, a file the replay cannot handle) gives its claim back at once, for the
   sweep to queue again; the last attempt's failure, or a lost job with no attempt left, closes the
-  audit `errored` (audits.services.audit_error: the site's fault, the node loses nothing).
+  audit `errored` (audits.services.audit_error: the site's fault, the node loses nothing), which keeps
+  its upload for staff to run it again (`audit_rerun`).
 Without REDIS_URL (one machine: `make run`) the worker takes uploaded audits from PostgreSQL itself.
-The sweep also expires the audits whose deadline passed without an upload. It runs with the site's
-scheduled jobs (ops.scheduled) and in every worker between jobs.
+The sweep also expires the audits whose deadline passed without an upload, and deletes the uploads
+errored audits keep past their retention. It runs with the site's scheduled jobs (ops.scheduled) and in
+every worker between jobs.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from accounts.models import User
 from audits.models import Audit, AuditGroup, AuditState
-from audits.services import audit_error, audit_fail, audit_pass
+from audits.services import audit_error, audit_fail, audit_pass, errored_uploads_expire
+from common.errors import ApplicationError
 from pool.models import Rollout
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,36 @@ def audit_enqueue(audit_id: uuid.UUID) -> bool:
 def audit_enqueue_on_commit(audit_id: uuid.UUID) -> None:
     """Queue the job once the upload's transaction committed (a worker must find it `uploaded`)."""
     transaction.on_commit(lambda: audit_enqueue(audit_id))
+
+
+def audit_rerun(*, audit_id: uuid.UUID, actor: User | None = None) -> Audit:
+    """Staff run an errored audit again, on the upload it kept: it is `uploaded` again with its attempts
+    at 0 and its job queued once this commits; its outcome is then decided as any audit's. Raises
+    ApplicationError: `not_found`, `not_errored` (only an errored audit runs again), `upload_gone` (the
+    retention deleted it, or the site lost it), `audit_open` (another audit of the node's weights is open:
+    its outcome decides them)."""
+    with transaction.atomic():
+        audit = Audit.objects.select_for_update().filter(id=audit_id).first()
+        if audit is None:
+            raise ApplicationError("not_found", f"no audit {audit_id}", status=404)
+        if audit.state != AuditState.ERRORED:
+            raise ApplicationError(
+                "not_errored", f"audit {audit.id} is {audit.state}: only an errored audit runs again"
+            )
+        if not audit.upload_path or not Path(audit.upload_path).is_file():
+            raise ApplicationError("upload_gone", f"audit {audit.id}'s upload is deleted: the node uploads anew")
+        if Audit.objects.filter(node_id=audit.node_id, weights=audit.weights, state__in=AuditState.open()).exists():
+            raise ApplicationError("audit_open", f"another audit of these weights of node {audit.node_id} is open")
+        audit.state, audit.reason, audit.attempts = AuditState.UPLOADED, "", 0
+        audit.started_at = audit.queued_at = audit.finished_at = None
+        try:
+            with transaction.atomic():
+                audit.save(update_fields=["state", "reason", "attempts", "started_at", "queued_at", "finished_at"])
+        except IntegrityError:  # one opened for its weights meanwhile (audits_one_open)
+            raise ApplicationError("audit_open", f"another audit of node {audit.node_id}'s weights opened") from None
+        audit_enqueue_on_commit(audit.id)
+    log.warning("audit %s of node %s run again by %s", audit.id, audit.node_id, actor or "manage.py")
+    return audit
 
 
 def audit_claim(audit_id: uuid.UUID, *, now: datetime | None = None) -> Audit | None:
@@ -185,7 +219,8 @@ def _groups_to_replay(audit: Audit) -> list:
 
 def audit_sweep(*, now: datetime | None = None) -> dict[str, int]:
     """Expire the requested audits past their deadline; queue again the uploaded ones whose job was
-    lost (queued or started longer than the lease ago, attempts left)."""
+    lost (queued or started longer than the lease ago, attempts left); close errored the ones out of
+    attempts; delete errored audits' uploads past their retention."""
     now = now or timezone.now()
     expired = 0
     for audit_id in Audit.objects.filter(state=AuditState.REQUESTED, deadline__lte=now).values_list("id", flat=True):
@@ -207,13 +242,17 @@ def audit_sweep(*, now: datetime | None = None) -> dict[str, int]:
     for audit_id, attempts in spent.values_list("id", "attempts"):
         if audit_error(audit_id=audit_id, reason=LOST_REASON.format(attempts=attempts), now=now):
             errored += 1
-    return {"expired": expired, "requeued": requeued, "errored": errored}
+    uploads_deleted = errored_uploads_expire(now=now)
+    return {"expired": expired, "requeued": requeued, "errored": errored, "uploads_deleted": uploads_deleted}
 
 
 def audit_sweep_job() -> str:
     """The scheduled sweep (ops.scheduled)."""
     done = audit_sweep()
-    return f"{done['expired']} expired, {done['requeued']} queued again, {done['errored']} errored"
+    return (
+        f"{done['expired']} expired, {done['requeued']} queued again, {done['errored']} errored,"
+        f" {done['uploads_deleted']} errored uploads deleted"
+    )
 
 
 def audits_waiting(*, now: datetime | None = None) -> list[uuid.UUID]:

@@ -7,16 +7,19 @@ Outcomes move the groups' audit state and, in the same transaction, the folded c
 - fail or expire: every pending group of the node (those since its last passed audit) becomes
   `failed` and leaves sampling, and the node is held for review (its new groups are stored unaudited
   and out of sampling) until staff release it;
-- error (its job failed every attempt: the site's fault): nothing moves; its groups stay pending.
+- error (its job failed every attempt: the site's fault): nothing moves; its groups stay pending, and
+  its upload is kept for staff to run it again (audits.jobs.audit_rerun) until the sweep's retention
+  deletes it (`errored_uploads_expire`).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, QuerySet
 from django.utils import timezone
@@ -97,17 +100,45 @@ def audit_error(*, audit_id: uuid.UUID, reason: str, now: datetime | None = None
     """Close an uploaded audit whose job keeps failing (SAPO_AUDIT_JOB_ATTEMPTS starts) as errored: the
     site's fault, not the node's. Its groups stay pending, for the node's next audit (a pass covers
     every pending group up to its digest's last one), and a new batch under its weights is drawn again;
-    the node is not held. None if it was not uploaded any more."""
+    the node is not held. Its upload is kept, for staff to run it again once the fault is mended
+    (audits.jobs.audit_rerun), within the retention of `errored_uploads_expire`. None if it was not
+    uploaded any more."""
     with transaction.atomic():
         audit = Audit.objects.select_for_update().filter(id=audit_id, state=AuditState.UPLOADED).first()
         if audit is None:
             return None
         _finish(audit, AuditState.ERRORED, reason, now=now)
     log.error(
-        "audit %s of node %s errored: %s (staff: the worker's log has the trace)", audit.id, audit.node_id, reason
+        "audit %s of node %s errored: %s (staff: the worker's log has the trace; its upload is kept to run it again)",
+        audit.id,
+        audit.node_id,
+        reason,
     )
-    _delete_upload(audit)
     return audit
+
+
+def errored_uploads_expire(*, now: datetime | None = None) -> int:
+    """Delete the uploads errored audits keep past SAPO_AUDIT_ERRORED_KEEP_SECONDS, and the oldest past
+    SAPO_AUDIT_ERRORED_KEEP_BYTES in all (a fault that errors every audit must not fill the disk);
+    their audits can no longer run again. Returns the uploads deleted."""
+    now = now or timezone.now()
+    oldest = now - timedelta(seconds=settings.SAPO_AUDIT_ERRORED_KEEP_SECONDS)
+    kept = (
+        Audit.objects.filter(state=AuditState.ERRORED)
+        .exclude(upload_path="")
+        .order_by("-finished_at")
+        .values_list("id", "upload_path", "upload_size", "finished_at")
+    )
+    total, deleted = 0, 0
+    for audit_id, path, size, finished_at in kept:
+        total += size
+        if finished_at >= oldest and total <= settings.SAPO_AUDIT_ERRORED_KEEP_BYTES:
+            continue
+        # The row first: an audit run again meanwhile is uploaded now, and keeps its file.
+        if Audit.objects.filter(id=audit_id, state=AuditState.ERRORED, upload_path=path).update(upload_path=""):
+            Path(path).unlink(missing_ok=True)
+            deleted += 1
+    return deleted
 
 
 def node_release(*, actor: User, node_id: int) -> int:

@@ -363,6 +363,11 @@ SAPO_AUDIT_MAX_TOKENS = env_int("SAPO_AUDIT_MAX_TOKENS", 16_384)
 # worker that crashed mid-job loses no audit), and how many times before it fails as lost.
 SAPO_AUDIT_JOB_LEASE_SECONDS = env_int("SAPO_AUDIT_JOB_LEASE_SECONDS", 900)
 SAPO_AUDIT_JOB_ATTEMPTS = env_int("SAPO_AUDIT_JOB_ATTEMPTS", 3)
+# How long an errored audit keeps its upload for staff to run it again (`manage.py sapo_audit_rerun`,
+# the admin's action), and the bytes all kept uploads may take: the sweep deletes any older, and the
+# oldest past the bytes (a fault that errors every audit must not fill the disk).
+SAPO_AUDIT_ERRORED_KEEP_SECONDS = env_int("SAPO_AUDIT_ERRORED_KEEP_SECONDS", 7 * 86_400)
+SAPO_AUDIT_ERRORED_KEEP_BYTES = env_int("SAPO_AUDIT_ERRORED_KEEP_BYTES", 20 << 30)
 # Where uploads are written (private to the site) and where the worker keeps the built-in models.
 SAPO_AUDIT_UPLOAD_DIR = Path(env_str("SAPO_AUDIT_UPLOAD_DIR") or VAR_DIR / "audits")
 SAPO_AUDIT_MODEL_CACHE = Path(env_str("SAPO_AUDIT_MODEL_CACHE") or VAR_DIR / "audit-models")

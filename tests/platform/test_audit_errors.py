@@ -22,9 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.audits import make_audit, pending_group
 
 from audits import jobs, selection
+from audits.jobs import audit_rerun
 from audits.models import Audit, AuditState
 from audits.selectors import node_hold_get, owner_failed_audits
 from audits.services import audit_error
+from common.errors import ApplicationError
 from pool.models import Rollout
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -125,10 +127,71 @@ def test_the_sweep_ends_errored_an_audit_whose_last_job_was_lost(node, user, set
     assert jobs.audit_claim(audit.id, now=now) is not None  # its worker then killed
     assert jobs.audit_sweep(now=now)["errored"] == 0  # within the lease: the job may still be running
     later = now + timedelta(seconds=settings.SAPO_AUDIT_JOB_LEASE_SECONDS + 1)
-    assert jobs.audit_sweep(now=later) == {"expired": 0, "requeued": 0, "errored": 1}
+    assert jobs.audit_sweep(now=later) == {"expired": 0, "requeued": 0, "errored": 1, "uploads_deleted": 0}
     audit.refresh_from_db()
     assert audit.state == "errored" and "lost its audit job (1 attempts" in audit.reason
     assert Rollout.objects.get(id=group.id).audit_state == "pending" and node_hold_get(node_id=node.id) is None
+
+
+def errored_with_upload(node, folder: Path, size: int, finished_at) -> Audit:
+    """An errored audit whose upload the site kept: `size` bytes on disk."""
+    folder.mkdir(parents=True, exist_ok=True)
+    audit = make_audit(node, [pending_group(node)], weights=uuid.uuid4().hex * 2)
+    path = folder / f"{audit.id}.safetensors"
+    path.write_bytes(b"w" * size)
+    Audit.objects.filter(id=audit.id).update(
+        state=AuditState.ERRORED, upload_path=str(path), upload_size=size, finished_at=finished_at
+    )
+    return Audit.objects.get(id=audit.id)
+
+
+def test_the_sweep_deletes_errored_uploads_past_their_days_or_their_bytes(node, settings, tmp_path):
+    settings.REDIS_URL = ""
+    settings.SAPO_AUDIT_ERRORED_KEEP_SECONDS = 7 * 86_400
+    settings.SAPO_AUDIT_ERRORED_KEEP_BYTES = 250
+    now = timezone.now()
+    old = errored_with_upload(node, tmp_path, 10, now - timedelta(days=8))
+    older_in_bytes = errored_with_upload(node, tmp_path, 100, now - timedelta(days=2))
+    newer = [errored_with_upload(node, tmp_path, 100, now - timedelta(days=1, hours=h)) for h in (1, 0)]
+    assert jobs.audit_sweep(now=now)["uploads_deleted"] == 2  # 8 days old; past 250 bytes with the newer two
+    for audit, kept in ((old, False), (older_in_bytes, False), (newer[0], True), (newer[1], True)):
+        audit.refresh_from_db()
+        assert (bool(audit.upload_path), any(tmp_path.glob(f"{audit.id}*"))) == (kept, kept), audit
+    assert jobs.audit_sweep(now=now)["uploads_deleted"] == 0
+    with pytest.raises(ApplicationError) as gone:  # its upload deleted: the node uploads anew
+        audit_rerun(audit_id=old.id)
+    assert gone.value.code == "upload_gone"
+
+
+def test_an_errored_audit_does_not_run_again_while_its_weights_have_an_open_audit(node, settings, tmp_path):
+    settings.REDIS_URL = ""
+    audit = errored_with_upload(node, tmp_path, 10, timezone.now())
+    make_audit(node, [pending_group(node)], weights=audit.weights)  # drawn again since it errored
+    with pytest.raises(ApplicationError) as refused:
+        audit_rerun(audit_id=audit.id)
+    assert refused.value.code == "audit_open"
+    assert Audit.objects.get(id=audit.id).state == "errored"
+    with pytest.raises(ApplicationError) as unknown:
+        audit_rerun(audit_id=uuid.uuid4())
+    assert unknown.value.code == "not_found"
+
+
+def test_staff_run_errored_audits_again_from_the_admin(node, admin_client, settings, tmp_path):
+    settings.REDIS_URL = ""  # the PostgreSQL poller takes it: no queue to look at
+    audit = errored_with_upload(node, tmp_path, 10, timezone.now())
+    passed = make_audit(node, [pending_group(node)], weights="ef" * 32, state=AuditState.PASSED)
+    listing = admin_client.get("/admin/audits/audit/?state__exact=errored")
+    assert listing.status_code == 200 and str(audit.id) in listing.content.decode()
+    response = admin_client.post(
+        "/admin/audits/audit/",
+        {"action": "rerun", "_selected_action": [str(audit.id), str(passed.id)]},
+        follow=True,
+    )
+    shown = [str(m) for m in response.context["messages"]]
+    assert "1 audit(s) queued again." in shown and any(m.startswith("not_errored:") for m in shown), shown
+    audit.refresh_from_db()
+    assert (audit.state, audit.attempts) == ("uploaded", 0)
+    assert jobs.audits_waiting() == [audit.id]
 
 
 def gauges(base_url: str) -> dict[str, float]:

@@ -109,7 +109,7 @@ def test_the_sweep_expires_audits_past_their_deadline_as_failures(node, settings
     groups = [pending_group(node) for _ in range(2)]
     late = make_audit(node, groups, deadline_in=-1)
     waiting = make_audit(node, [], weights=OTHER_WEIGHTS, deadline_in=600)
-    assert jobs.audit_sweep() == {"expired": 1, "requeued": 0, "errored": 0}
+    assert jobs.audit_sweep() == {"expired": 1, "requeued": 0, "errored": 0, "uploads_deleted": 0}
     late.refresh_from_db()
     assert (late.state, late.reason) == ("expired", jobs.EXPIRED_REASON)
     assert states(*groups) == ["failed", "failed"]
@@ -133,7 +133,12 @@ def test_the_sweep_queues_again_an_audit_whose_job_was_lost(node, settings):
     assert jobs.audit_claim(audit.id, now=now + timedelta(seconds=61)).attempts == 2
     # Out of attempts, the last job lost too: errored (not failed: the fault is the site's).
     settings.SAPO_AUDIT_JOB_ATTEMPTS = 2
-    assert jobs.audit_sweep(now=now + timedelta(seconds=200)) == {"expired": 0, "requeued": 0, "errored": 1}
+    assert jobs.audit_sweep(now=now + timedelta(seconds=200)) == {
+        "expired": 0,
+        "requeued": 0,
+        "errored": 1,
+        "uploads_deleted": 0,
+    }
     assert Audit.objects.get(id=audit.id).state == "errored"
 
 

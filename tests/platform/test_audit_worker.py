@@ -13,11 +13,13 @@ import sys
 import time
 import uuid
 from datetime import timedelta
+from io import StringIO
 from pathlib import Path
 
 import pytest
 import torch
 from django.conf import settings as django_settings
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 from safetensors.torch import save
@@ -226,6 +228,42 @@ def test_a_worker_killed_mid_job_loses_no_audit(client, node, node_token, tiny_m
     assert done.returncode == 0, done.stdout + done.stderr
     audit.refresh_from_db()
     assert (audit.state, audit.attempts) == ("passed", 2), done.stdout + done.stderr
+
+
+def test_an_errored_audit_keeps_its_upload_and_staff_run_it_again(
+    client, node, node_token, tiny_mini_policy, worker_env, settings, tmp_path
+):
+    model, tokenizer = tiny_mini_policy
+    data, digest = checkpoint(model)
+    groups = honest_groups(model, tokenizer, node, digest)
+    audit = make_audit(node, groups, weights=digest)
+    upload(client, node_token, audit, data)
+    # The site's fault: the worker cannot build its copy of the model (a cache folder it cannot make).
+    (tmp_path / "a-file").write_text("")
+    settings.SAPO_AUDIT_MODEL_CACHE = tmp_path / "a-file" / "models"
+    settings.SAPO_AUDIT_JOB_ATTEMPTS = 1
+    with pytest.raises(OSError):
+        jobs.audit_run(audit.id)
+    audit.refresh_from_db()
+    assert audit.state == "errored" and "could not replay it" in audit.reason
+    assert Path(audit.upload_path).read_bytes() == data  # kept for staff
+    assert {Rollout.objects.get(id=g.id).audit_state for g in groups} == {"pending"}
+
+    # Mended (the worker process has the models' cache), staff run it again: queued on RQ, and the
+    # worker decides it on the kept upload.
+    out = StringIO()
+    call_command("sapo_audit_rerun", str(audit.id), stdout=out)
+    assert out.getvalue() == f"audit {audit.id}: queued again\n"
+    audit.refresh_from_db()
+    assert (audit.state, audit.attempts, audit.reason, audit.finished_at) == ("uploaded", 0, "", None)
+    done = run_worker(worker_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    audit.refresh_from_db()
+    assert (audit.state, audit.reason) == ("passed", ""), done.stdout + done.stderr
+    assert {Rollout.objects.get(id=g.id).audit_state for g in groups} == {"audited"}
+    assert not Path(audit.upload_path).exists()  # decided: deleted, as any audit's
+    with pytest.raises(CommandError, match="1 of 1"):  # only an errored audit runs again
+        call_command("sapo_audit_rerun", str(audit.id), stdout=StringIO(), stderr=StringIO())
 
 
 def test_half_precision_uploads_are_replayed_within_the_half_precision_tolerances():
