@@ -44,15 +44,15 @@ _threads: DbThreads | None = None
 #: psycopg converts a statement's %(name)s placeholders once per text and caches the result, but only
 #: for texts of at most 4,096 bytes (a guard against ORMs' ever-different statements); a longer one is
 #: parsed again at every execution. The pool's INSERT with moderation's record (pool.seams.RecordPart)
-#: is ~6 KB and runs for every share: parsed each time, 86 us. Its texts are fixed, a handful, so the
-#: limit is raised for them (common.library_patches.psycopg; tests/platform/test_pool_schema.py checks
-#: the statements fit, and that psycopg caches them).
+#: is longer and runs for every share, so it would be parsed again at every share. Its texts are
+#: fixed, a handful, so the limit is raised for them (common.library_patches.psycopg;
+#: tests/platform/test_pool_schema.py checks the statements fit, and that psycopg caches them).
 STATEMENT_CACHE_BYTES = 8192
 cache_statements_up_to(STATEMENT_CACHE_BYTES)
 
 #: How long a database thread keeps the connection it borrowed from the pool before giving it back
-#: (with the pool on, SAPO_CONN_MAX_AGE 0). Borrowing and returning one around every call cost ~140 us
-#: of CPU per call (Django's connect() and close() with the pool), more than a small query itself.
+#: (with the pool on, SAPO_CONN_MAX_AGE 0): borrowing and returning one around every call (Django's
+#: connect() and close() with the pool) costs more CPU than a small query itself.
 KEEP_CONNECTION_SECONDS = 300.0
 
 
@@ -71,15 +71,14 @@ class _Seat:
 class DbThreads:
     """`size` threads taking calls in the order they come. A call's result (or exception) goes straight
     back to the event loop that made it: no concurrent.futures Future, no asgiref layer. asgiref's
-    `sync_to_async` and ThreadPoolExecutor cost ~90 us of CPU per call on top of the call itself
-    (a SyncToAsync object per call, two Futures chained across threads, the executor's idle
-    semaphore on every submit; measured in docs/benchmarks.md, "Sockets"), and a socket makes
-    several calls.
+    `sync_to_async` and ThreadPoolExecutor add CPU to every call on top of the call itself (a
+    SyncToAsync object per call, two Futures chained across threads, the executor's idle semaphore on
+    every submit; docs/benchmarks.md, "Sockets"), and a socket makes several calls.
 
     A call goes to the thread that went idle last (a stack of idle threads, not a shared queue, whose
     waiting threads take turns): under light load the same few threads and their connections do all
     the work, with their CPU caches, their PostgreSQL backends' caches and their prepared statements
-    warm. Taking turns among ten, every share ran on a cold thread and backend (docs/benchmarks.md,
+    warm. Taking turns, every share would run on a cold thread and backend (docs/benchmarks.md,
     "What a socket costs")."""
 
     def __init__(self, size: int, name: str = "sapo-db") -> None:
@@ -305,8 +304,8 @@ def server_binding_cursor() -> AbstractContextManager[psycopg.Cursor]:
     runs in that transaction. It binds `binary_array`'s arrays as they are.
 
     One cursor per connection, kept on it for its next statements (the `with` does not close it): a
-    new one registered the arrays' dumper and looked every parameter's dumper up afresh, ~20 us of
-    CPU per statement, two statements a share. It holds its last result until its next statement."""
+    new one would register the arrays' dumper and look every parameter's dumper up afresh at every
+    statement, two statements a share. It holds its last result until its next statement."""
     connection.ensure_connection()
     raw = connection.connection
     if raw not in _generic_plans and connection.get_autocommit() and prepare_hot():
@@ -323,7 +322,7 @@ def server_binding_cursor() -> AbstractContextManager[psycopg.Cursor]:
 #: The connections whose prepared statements are planned once (generic plans), as `prepare_hot` means:
 #: left to choose, PostgreSQL plans the first five executions of each afresh, and goes on doing so
 #: while that plan looks cheaper than the generic one, as it does for the screening's read of a share
-#: with few questions: every share, 0.23 ms of its CPU, more than the read itself (docs/benchmarks.md,
+#: with few questions: at every share, for more CPU than the read itself (docs/benchmarks.md,
 #: "A share's fixed cost"). Set per session, not as a start-up option (PgBouncer refuses start-up
 #: options it does not track); it changes nothing but prepared statements' plans, and Django's own
 #: queries are never prepared.
@@ -353,8 +352,8 @@ ARRAY_KINDS = {
 def binary_array(kind: str, values: list) -> BinaryArray | list:
     """`values` (None for NULL) as a parameter of type `kind`[] for a `server_binding_cursor`'s `%(...)b`
     placeholder: encoded in C in one call (common.native) when the extension is there, else the list
-    itself, which psycopg dumps element by element in Python (~1 us each: 0.5 ms for a share's INSERT
-    on a 2-core machine, docs/benchmarks.md). In C, an element of another type raises TypeError, an
+    itself, which psycopg dumps element by element in Python, a cost a share's INSERT pays for every
+    element of its arrays (docs/benchmarks.md). In C, an element of another type raises TypeError, an
     integer out of range OverflowError, a lone surrogate UnicodeEncodeError."""
     fast = native()
     if fast is None:

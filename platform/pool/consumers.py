@@ -1,8 +1,10 @@
 """The node WebSocket, `/ws/node/` (docs/protocol.md). A dispatcher: authenticate, parse a frame with
 pool.messages, make one call per request type, send the reply (its message type and codes are
 sapo_node.protocol's names). A share is one call into its pipeline, pool.ingest (which waits for the
-share's turn and runs the batch on a database thread); a sample, report or hello is one call to
-pool.sampling, pool.services or pool.swarm_places through common.db.db_call.
+share's turn and runs the batch on a database thread); a sample or a report is one call to
+pool.sampling or pool.services through common.db.db_call. A hello places the socket in its swarm
+(pool.swarm_places), hands what the node says about itself to the presence beat and, at the socket's
+first welcome, reads the uploads the node owes (pool.audit_seam).
 
 Database calls run on db_call's threads, in parallel across sockets, each thread keeping its
 connection (not on Channels' one shared thread): opening a socket is one call (authenticate and open
