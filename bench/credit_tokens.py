@@ -1,5 +1,5 @@
 """What a credit per generated token would pay, against the credit rule's verified reward, per CPU-second
-of generation (docs/leaderboard.md, "What a credited group is worth").
+of generation (docs/figures.md, "What a credited group is worth").
 
     .venv/bin/python bench/credit_tokens.py                      # tiny-mini, caps 32 and 256
     .venv/bin/python bench/credit_tokens.py --model tiny --rounds 2

@@ -1,7 +1,8 @@
 """The project's files describe the product, not the story of its making (docs/architecture.md,
 "Docs and comments"): no periods of work, tracker numbers, branch names or "was X, now Y" in docs,
-code or tests; docs/benchmarks.md states today's figures in a few hundred lines; and every pointer
-from the code to a section of docs/benchmarks.md names a section that exists."""
+code or tests; docs/benchmarks.md states today's figures in a few hundred lines; every pointer
+from the code to a section of docs/benchmarks.md names a section that exists; and every pointer to a
+doc (`docs/name.md#anchor`, a Markdown link `](name.md#anchor)`) names a doc and a heading that exist."""
 
 from __future__ import annotations
 
@@ -130,3 +131,42 @@ def test_the_benchmark_sections_the_files_point_to_exist():
 def test_the_pointer_pattern_reads_a_pointer_split_over_comment_lines():
     text = '(docs/benchmarks.md, "A share\'s\n    #: fixed cost")'
     assert _pointed_sections(text) == ["A share's fixed cost"]
+
+
+#: `docs/name.md` with its `#anchor`, anywhere; and a relative Markdown link `](name.md#anchor)`.
+_DOC_POINTER = re.compile(r"\bdocs/([\w/.-]+?\.md)(?:#([\w-]+))?")
+_DOC_LINK = re.compile(r"\]\(([\w/.-]+?\.md)(?:#([\w-]+))?\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub makes them: lower case, spaces to hyphens,
+    other punctuation dropped."""
+    return {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in path.read_text().splitlines()
+        if line.startswith("#")
+    }
+
+
+def _doc_pointers(path: Path) -> list[tuple[Path, str]]:
+    text = path.read_text(errors="replace")
+    found = [(REPO / "docs" / name, anchor) for name, anchor in _DOC_POINTER.findall(text)]
+    if path.suffix == ".md":
+        found += [(path.parent / name, anchor) for name, anchor in _DOC_LINK.findall(text)]
+    return found
+
+
+def test_the_docs_the_files_point_to_exist():
+    stale = [
+        f"{path.relative_to(REPO)}: {target.relative_to(REPO) if target.is_relative_to(REPO) else target}"
+        + (f"#{anchor}" if anchor else "")
+        for path in FILES
+        for target, anchor in _doc_pointers(path)
+        if not target.resolve().is_file() or (anchor and anchor not in _anchors(target.resolve()))
+    ]
+    assert not stale, "pointers to docs or headings that do not exist:\n" + "\n".join(stale)
+
+
+def test_the_anchor_rule_is_github_s():
+    doc = REPO / "docs" / "figures.md"
+    assert {"cost-nothing-scans-the-pool-per-request", "daily-statistics-export"} <= _anchors(doc)

@@ -1,6 +1,6 @@
 """The account's email address: one per account, for password resets and, when its owner turns them
 on, alerts (alerts reads it). An address is used only once its owner confirmed it by following a
-signed link mailed to it (docs/leaderboard.md, "Your account")."""
+signed link mailed to it (docs/community.md, "Your account")."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ admin.site.login = _login_answering_429_when_locked
 
 @admin.register(User)
 class UserAdmin(DjangoUserAdmin):
-    # Names go through accounts.services.user_names_set, as at sign-up (docs/leaderboard.md#names).
+    # Names go through accounts.services.user_names_set, as at sign-up (docs/community.md#names).
     form = AdminUserChangeForm
     add_form = AdminUserAddForm
     list_display = ("username", "display_name", "email", "is_staff", "banned_at", "date_joined", "deleted_at")

@@ -2,7 +2,7 @@
 node creations and token rotations (nodes.services) and the REST API's throttles (accounts.throttling).
 The limits themselves are settings (config/settings.py), documented in docs/moderation.md#limits;
 those on password resets and address confirmations are constants below, documented in
-docs/leaderboard.md ("Your account").
+docs/community.md ("Your account").
 
 A counter is a window that opens at its first hit and closes `window` seconds later, whatever happens
 in between: a limit of N per window lets through at most N hits in any window, with no burst at a
@@ -215,7 +215,7 @@ def password_reset_email_allowed(email: str) -> bool:
 
 #: Confirmation emails a day: per account asking; per address from one client network; per address in
 #: all. An address's own limit is per network, under a wider one for all, so accounts made on one
-#: network cannot use up what its owner's network may still send it (docs/leaderboard.md, "Your account").
+#: network cannot use up what its owner's network may still send it (docs/community.md, "Your account").
 CONFIRMATIONS_PER_ACCOUNT_PER_DAY = 3
 CONFIRMATIONS_PER_ADDRESS_PER_NETWORK_PER_DAY = 3
 CONFIRMATIONS_PER_ADDRESS_PER_DAY = 10

@@ -14,7 +14,7 @@ class User(AbstractUser):
     the pool; the account itself can still log in to see why.
 
     `profile_private` set: every public page, row and export names the contributor "anonymous", and
-    their public pages answer 404 to everyone else (docs/leaderboard.md#public-pages).
+    their public pages answer 404 to everyone else (docs/community.md#public-pages).
 
     `deleted_at` set: the account was deleted; the row is anonymous and can no longer log in.
     """
@@ -44,7 +44,7 @@ class User(AbstractUser):
         default=False, help_text='Shown as "anonymous" to others; public pages answer 404 to them.'
     )
     #: When its owner deleted the account (web.account): the row stays, emptied and anonymous, so the
-    #: groups its nodes shared and the swarm's figures stay whole (docs/leaderboard.md, "Your account").
+    #: groups its nodes shared and the swarm's figures stay whole (docs/community.md, "Your account").
     deleted_at = models.DateTimeField(null=True, blank=True)
 
     #: createsuperuser asks for a display name (DJANGO_SUPERUSER_DISPLAY_NAME without a prompt): every

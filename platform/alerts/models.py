@@ -1,4 +1,4 @@
-"""A contributor's alert settings and the alerts raised about their nodes (docs/leaderboard.md, "Alerts")."""
+"""A contributor's alert settings and the alerts raised about their nodes (docs/community.md, "Alerts")."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class Channel(models.TextChoices):
 
 class Transmission(models.Model):
     """One email or one webhook POST (a retry is another) sent, or reserved to be sent, to a contributor's
-    address: what the daily caps count (docs/leaderboard.md, "Alerts"). Rows older than a day are pruned."""
+    address: what the daily caps count (docs/community.md, "Alerts"). Rows older than a day are pruned."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     channel = models.CharField(max_length=16, choices=Channel.choices)

@@ -17,7 +17,7 @@ read from the environment: it is empty on every deployment, and only the tests s
 server they start on 127.0.0.1).
 
 Each POST carries `X-Sapo-Timestamp` (Unix seconds) and `X-Sapo-Signature: sha256=<hex>`, the
-HMAC-SHA256 with the contributor's secret of `<timestamp>.<body>` (docs/leaderboard.md, "Alerts").
+HMAC-SHA256 with the contributor's secret of `<timestamp>.<body>` (docs/community.md, "Alerts").
 """
 
 from __future__ import annotations

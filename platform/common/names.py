@@ -1,5 +1,5 @@
 """Names people choose for others to read (display names, team names) and the hosts of the addresses
-they link to: look-alikes, invisible characters and the reserved name (docs/leaderboard.md#names).
+they link to: look-alikes, invisible characters and the reserved name (docs/community.md#names).
 
 Two names are the same name when their confusable skeletons are equal: Unicode's UTS #39 skeleton
 (ICU's SpoofChecker, the reference implementation) of the NFKC text, case-folded before or after, so

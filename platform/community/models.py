@@ -1,4 +1,4 @@
-"""Teams, their membership periods, and badges (docs/leaderboard.md#teams, #badges).
+"""Teams, their membership periods, and badges (docs/community.md#teams, #badges).
 
 A team's credit is what its members earned *while members*: a `Membership` row is one period
 (joined_at, left_at), never deleted, so the figures (figures.teams) can count each period's hours and

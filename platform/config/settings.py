@@ -302,7 +302,7 @@ if not (
         f"[1, {HELDOUT_MAX_QUESTIONS}], SAPO_HELDOUT_MAX_NEW_TOKENS in [1, {HELDOUT_MAX_NEW_TOKENS}] "
         "and SAPO_HELDOUT_DEADLINE_SECONDS positive"
     )
-# G of the group-worth bound (figures.credit, docs/leaderboard.md): a group of n completions is credited
+# G of the group-worth bound (figures.credit, docs/figures.md): a group of n completions is credited
 # its verified rewards' sum times min(1, G / n), so more completions per group earn no more credit.
 SAPO_CREDIT_COMPLETIONS = env_int("SAPO_CREDIT_COMPLETIONS", 8)
 if SAPO_CREDIT_COMPLETIONS < 1:
@@ -439,7 +439,7 @@ SAPO_TEAMS_PER_ACCOUNT_PER_MONTH = env_int("SAPO_TEAMS_PER_ACCOUNT_PER_MONTH", 3
 SAPO_TEAMS_PER_ADDRESS_PER_DAY = env_int("SAPO_TEAMS_PER_ADDRESS_PER_DAY", 5)
 SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY = env_int("SAPO_TEAM_MOVES_PER_ACCOUNT_PER_DAY", 10)
 
-# --- The daily statistics export (docs/leaderboard.md#daily-statistics-export) ----------------
+# --- The daily statistics export (docs/figures.md#daily-statistics-export) ----------------
 # Written by the scheduled job `export` and `manage.py sapo_stats export`; served at /stats/. Every
 # site process must see the same folder (a shared volume when they run on several machines).
 SAPO_STATS_EXPORT_DIR = Path(env_str("SAPO_STATS_EXPORT_DIR") or VAR_DIR / "stats")

@@ -1,4 +1,4 @@
-"""Badges, assigned by the scheduled job `badges` (ops.scheduled): docs/leaderboard.md#badges.
+"""Badges, assigned by the scheduled job `badges` (ops.scheduled): docs/community.md#badges.
 
 Rank badges follow BOINC's rule (html/ops/badge_assign.php): among *active* subjects (recent credit
 above ACTIVE_RECENT_CREDIT), the threshold of the top p% is the recent credit found at position
@@ -32,7 +32,7 @@ from swarms.selectors import swarm_list
 #: Recent credit (verified reward per day) above which a subject counts in the percentiles.
 ACTIVE_RECENT_CREDIT = 0.1
 #: An account or team this young, or with less verified reward in all, holds no rank badge and does
-#: not count in the percentiles (docs/leaderboard.md#badges).
+#: not count in the percentiles (docs/community.md#badges).
 BADGE_MIN_AGE = timedelta(days=14)
 BADGE_MIN_VERIFIED_REWARD = 20.0
 RANK_PERCENTS = ((BadgeKind.TOP_1, 1), (BadgeKind.TOP_5, 5), (BadgeKind.TOP_25, 25))

@@ -1,4 +1,4 @@
-"""The credit rule and the recent-credit decay, defined here and nowhere else (docs/leaderboard.md).
+"""The credit rule and the recent-credit decay, defined here and nowhere else (docs/figures.md).
 
 A group is *credited* when the verifier accepted it, moderation has not taken it out (quarantined or
 rejected) and a passed audit covered it (`audit_state` audited: docs/audits.md); its *reward* is the
@@ -68,7 +68,7 @@ def reward(alias: str = "r") -> sql.Composed:
 
 def growth(value: sql.Composable, at: sql.Composable) -> sql.Composed:
     """The decay's weight applied to `value` earned at `at`. In float8: extract() gives numeric, whose
-    power() costs about 40 times as much (docs/leaderboard.md, "Cost")."""
+    power() costs about 40 times as much (docs/figures.md, "Cost")."""
     return sql.SQL("{value} * power(2.0::float8, extract(epoch FROM {at} - {epoch})::float8 / {half_life})").format(
         value=value,
         at=at,

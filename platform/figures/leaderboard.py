@@ -1,5 +1,5 @@
 """Per-node, per-contributor and leaderboard figures, of the whole site or of one swarm
-(docs/leaderboard.md). The same functions feed the pages, the JSON API, the badges and the export.
+(docs/figures.md). The same functions feed the pages, the JSON API, the badges and the export.
 
 A node's figures are its folded totals (NodeStats; per swarm NodeSwarmStats) plus the live rows the
 fold has not counted yet (figures.stats), read in one snapshot, and cached for FIGURES_CACHE_SECONDS

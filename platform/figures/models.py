@@ -1,4 +1,4 @@
-"""Folded figures of the pool, so that pages never scan it (docs/leaderboard.md).
+"""Folded figures of the pool, so that pages never scan it (docs/figures.md).
 
 The pool's groups, consumptions and round reports are folded into these small tables by
 `figures.stats.stats_fold`, incrementally: rows older than FOLD_LAG are added once, in order of time

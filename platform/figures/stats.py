@@ -6,7 +6,7 @@ once, by `stats_fold`, which runs at most every FOLD_EVERY seconds (lazily from 
 `manage.py sapo_stats fold`). Readers add the rows newer than the cursor ("live" rows: a few
 minutes' worth, found through the pool's (node, created_at) index for the nodes active since then).
 Both parts are read in one REPEATABLE READ snapshot, so a fold committing meanwhile is never
-counted twice or missed. docs/leaderboard.md explains each figure.
+counted twice or missed. docs/figures.md explains each figure.
 
 The lag exists because a group's `created_at` is taken before its transaction commits: a fold that
 stopped exactly at "now" could miss a group committed a moment later with an earlier time.

@@ -1,5 +1,5 @@
 """Team figures: what members earned while members, from the folded per-hour table (NodeHour) plus
-the live rows the fold has not counted yet, read in one snapshot (figures.stats). docs/leaderboard.md#teams.
+the live rows the fold has not counted yet, read in one snapshot (figures.stats). docs/community.md#teams.
 
 A membership period [joined_at, left_at) counts, for each of the member's nodes:
 - the whole hours from the hour of joining up to (not including) the hour of leaving, from the hour
@@ -287,7 +287,7 @@ def team_page(*, q: str = "", sort: str = "reward", order: str = "desc", page: A
 def _team_credit_cached(*, team_id: int, since: datetime, scope: Scope) -> TeamCredit:
     """One team's credit and curve, cached TEAM_FIGURES_CACHE_SECONDS as the list's: each membership
     period costs two pool scans (the hours of joining and leaving), so a team of thousands of periods
-    is computed once per interval, not at every view (docs/leaderboard.md#teams)."""
+    is computed once per interval, not at every view (docs/community.md#teams)."""
     key = f"figures:team-credit:{team_id}:{since:%Y%m%d%H}:{'' if scope.is_site else scope.swarm_id}"
     credit = cache.get(key)
     if credit is None:

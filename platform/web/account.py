@@ -2,7 +2,7 @@
 because both span every app that holds something of an account (nodes, community, alerts, figures);
 each part is read or written by that app's own selector or service.
 
-What deletion does and keeps is docs/leaderboard.md, "Your account".
+What deletion does and keeps is docs/community.md, "Your account".
 """
 
 from __future__ import annotations

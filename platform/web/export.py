@@ -1,5 +1,5 @@
 """The daily statistics export: one gzip file per table and format, written to SAPO_STATS_EXPORT_DIR
-and served as files at /stats/ (docs/leaderboard.md#daily-statistics-export documents the schema).
+and served as files at /stats/ (docs/figures.md#daily-statistics-export documents the schema).
 
 Written by the scheduled job `export` when the last export is EXPORT_EVERY old, and on demand by
 `manage.py sapo_stats export`. Each file is written to a temporary name and renamed into place, and

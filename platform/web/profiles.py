@@ -1,5 +1,5 @@
 """Public pages of a contributor (/contributors/<username>/) and of a node (/nodes/<id>/): who may see
-them, and what they show. docs/leaderboard.md#public-pages.
+them, and what they show. docs/community.md#public-pages.
 
 A private profile (accounts.User.profile_private), a banned contributor or a banned node answers
 NotFound to everyone but the contributor themself (a banned one sees /me/ instead): the same answer

@@ -1,6 +1,6 @@
 """Reads behind the swarm pages, a contributor's own nodes and the public pages' extras (the same
 functions feed the pages and the JSON API). Per-node and leaderboard figures are figures.leaderboard's;
-docs/leaderboard.md says how each figure is computed.
+docs/figures.md says how each figure is computed.
 """
 
 from __future__ import annotations

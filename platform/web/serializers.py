@@ -32,7 +32,7 @@ class ContributorFiguresSerializer(serializers.Serializer):
     helped = serializers.IntegerField()
     recent_credit = serializers.FloatField()
     rounds = serializers.IntegerField(help_text="Self-reported.")
-    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/leaderboard.md).")
+    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/community.md#badges).")
 
 
 class TeamFiguresSerializer(serializers.Serializer):
@@ -44,7 +44,7 @@ class TeamFiguresSerializer(serializers.Serializer):
     verified_reward = serializers.FloatField(help_text="Verified reward its members earned while members.")
     accepted = serializers.IntegerField(help_text="Groups accepted from its members while members.")
     recent_credit = serializers.FloatField(help_text="Verified reward per day, 7-day half-life.")
-    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/leaderboard.md).")
+    badges = serializers.ListField(child=serializers.CharField(), help_text="Badge kinds (docs/community.md#badges).")
 
 
 class LeaderboardSerializer(serializers.Serializer):
@@ -124,7 +124,7 @@ class SwarmSerializer(serializers.Serializer):
     reward_curve = RewardPointSerializer(many=True)
     accuracy = DatasetAccuracySerializer(many=True)
     aha = AhaGroupSerializer(many=True)
-    arms = ArmsSerializer(help_text="Swarm against silo, last 48 hours (docs/leaderboard.md).")
+    arms = ArmsSerializer(help_text="Swarm against silo, last 48 hours (docs/figures.md).")
 
 
 class SwarmRefSerializer(serializers.Serializer):

@@ -115,7 +115,7 @@ def test_found_join_credit_pages_badges_export_and_privacy(
         in_thread(call_command, "sapo_scheduled")
         joiner.goto(base + "/contributors/carol/")
         expect(joiner.locator("h1 .badge-first_group")).to_be_visible()
-        # A new account ranks only once established (docs/leaderboard.md#badges).
+        # A new account ranks only once established (docs/community.md#badges).
         expect(joiner.locator("h1 .badge-top1")).to_have_count(0)
         screenshot(joiner, "contributor")
         joiner.goto(base + "/stats/")
