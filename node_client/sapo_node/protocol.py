@@ -254,7 +254,8 @@ class SampledWireGroup(WireGroup, kw_only=True):
 
 #: The held-out stream's dataset seed (docs/protocol.md, "heldout_check"): the server's checks ask
 #: questions of it, the export's card and the studies evaluate on it (sapo_node.tiny's EVAL_SEED is the
-#: same seed), and a node's own stream never takes it (sapo_node.tasks.TaskStream).
+#: same seed); a node's own stream never takes it (sapo_node.tasks.TaskStream) and the pool refuses a
+#: group of it (pool.verification), so no node trains on its questions.
 HELDOUT_SEED = 987_654
 #: A held-out check's bounds, both sides: questions per check, tokens per answer. The server asks fewer
 #: (its settings); a node ignores a check outside them.

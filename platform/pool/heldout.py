@@ -3,7 +3,7 @@
 Now and then (after every SAPO_HELDOUT_EVERY_ROUNDS rounds a node reports, at most once every
 SAPO_HELDOUT_MIN_SECONDS) the server asks a node socket whose hello said `heldout` a few questions of its
 swarm's held-out stream: dataset seed protocol.HELDOUT_SEED, which a node's own stream never takes
-(sapo_node.tasks.TaskStream), at random indices, datasets drawn by the catalogue's weights. The node answers greedily with its current policy between two rounds (sapo_node.heldout_check);
+(sapo_node.tasks.TaskStream) and the pool refuses in a share (pool.verification), at random indices, datasets drawn by the catalogue's weights. The node answers greedily with its current policy between two rounds (sapo_node.heldout_check);
 the answers are scored by the verifiers a share is verified with and one row per check is stored
 (pool.models.HeldoutScore). The figures read those rows (web.heldout).
 

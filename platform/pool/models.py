@@ -36,6 +36,7 @@ class RejectReason(models.TextChoices):
     VERIFICATION_TIMEOUT = "verification_timeout", "A completion's scorer ran out of time"
     TASK_WITHDRAWN = "task_withdrawn", "Dataset withdrawn from the swarm's catalogue"
     BUILD_REFUSED = "build_refused", "Dataset too costly to build for a seed the server did not issue"
+    HELDOUT_SEED = "heldout_seed", "A question of the held-out stream, which no node may train on"
 
 
 class AuditState(models.TextChoices):

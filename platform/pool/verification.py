@@ -17,6 +17,7 @@ import msgspec
 
 from common.native import native
 from pool.messages import RolloutIn
+from sapo_node import protocol
 from sapo_node.tasks import (
     Catalogue,
     ScoringTimeout,
@@ -29,6 +30,8 @@ from sapo_node.tasks import (
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
+#: The reason of a group of the held-out stream's seed, which no node may train on (pool.heldout).
+HELDOUT_SEED = "heldout_seed"
 
 
 class Verification(msgspec.Struct, frozen=True):
@@ -49,6 +52,8 @@ def verify_rollout(rollout: RolloutIn, catalogue: Catalogue) -> Verification:
     if spec is None:
         reason = "task_withdrawn" if rollout.dataset in catalogue.withdrawn else "unknown_task"
         return Verification(REJECTED, reason, None)
+    if rollout.seed == protocol.HELDOUT_SEED:  # shared, it would be trained on: refused unbuilt
+        return Verification(REJECTED, HELDOUT_SEED, None)
     entry = entry_rebuilt(spec, rollout)
     if isinstance(entry, Verification):
         return entry

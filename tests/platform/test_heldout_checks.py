@@ -16,12 +16,14 @@ import factories
 import pytest
 from django.utils import timezone
 from support.live_nodes import HELLO, TIMEOUT
+from support.pool import make_group, to_rollout_in
 from websockets.sync.client import ClientConnection, connect
 
 from pool.heldout import AskedCheck, heldout_score_record
 from pool.models import HeldoutScore
+from pool.verification import HELDOUT_SEED, verify_rollout
 from sapo_node import protocol
-from sapo_node.tasks import EASY_CATALOGUE, build_first
+from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, build_first
 from swarms.services import swarm_default_ensure
 
 #: The server's settings: a check after every second round reported, three questions, no pause between.
@@ -161,3 +163,12 @@ def test_the_answers_are_scored_by_the_verifiers(node):
     texts = right[:3] + [f"<answer>{int(entries[3]['answer']) + 1}</answer>"]
     row = heldout_score_record(node_id=node.id, swarm_id=swarm_default_ensure().id, check=check, texts=texts, round_=9)
     assert (row.questions, row.score, row.round) == (4, 3.0, 9)
+
+
+def test_the_pool_refuses_a_group_of_the_held_out_stream():
+    """Shared, a group of the held-out seed would be trained on by other nodes: refused, unbuilt."""
+    honest = make_group(seed=protocol.HELDOUT_SEED + 1)
+    assert verify_rollout(to_rollout_in(honest), SAPO_CATALOGUE).accepted
+    held_out = make_group(seed=protocol.HELDOUT_SEED)
+    verdict = verify_rollout(to_rollout_in(held_out), SAPO_CATALOGUE)
+    assert (verdict.accepted, verdict.reason, verdict.verified_rewards) == (False, HELDOUT_SEED, None)
