@@ -1,6 +1,6 @@
 """Which weights are audited, decided once per weights digest of a node when its first groups are
-stored (docs/audits.md, "Selection"): a node's first digest always; any later one with probability
-SAPO_AUDIT_RATE, times SAPO_AUDIT_BOOST for a node younger than a day, one the outlier rule flagged
+stored (docs/audits.md, "Selection"): a node's first digest always; any later one with its model's
+rate (`model_rate`: SAPO_AUDIT_RATE, less for a model whose audits cost more), times SAPO_AUDIT_BOOST for a node younger than a day, one the outlier rule flagged
 and one in the top tenth of nodes by pending credit in the last hour. Drawn with `secrets`, so neither
 the node nor anyone reading the code can tell which digest will be drawn.
 """
@@ -36,6 +36,23 @@ YOUNG = timedelta(days=1)
 TOP_FRACTION = 0.1
 #: pool_rollout.audit_reason of a held node's group (its hold says why).
 HELD_REASON = AuditReason.NODE_HELD.value
+#: CPU-seconds one audit job costs, per model (docs/audits.md, "Cost": bench/audit_job.py, one torch
+#: thread); the tiny-learn variants are tiny-mini's shape. A model not listed counts as the costliest.
+JOB_SECONDS = {
+    "tiny-mini": 0.11,
+    "tiny-learn": 0.11,
+    "tiny-learn-a": 0.11,
+    "tiny-learn-b": 0.11,
+    "tiny-sparse": 0.11,
+    "tiny": 0.25,
+    "smollm2-135m": 19.6,
+}
+#: A model whose job costs at most this many CPU-seconds is audited at SAPO_AUDIT_RATE; a costlier one
+#: at that rate scaled down in proportion to its cost, to no less than MIN_RATE_SHARE of it, so the
+#: audits' CPU per round stays near the tiny models' while a real model is still drawn often enough
+#: (SmolLM2: a tenth of the rate, docs/audits.md).
+FULL_RATE_SECONDS = 1.0
+MIN_RATE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -85,10 +102,20 @@ def top_pending_node_ids(*, now: datetime) -> set[int]:
     return {node_id for node_id, pending in rows[:top] if pending > 0}
 
 
-def draw_probability(*, node: Node, first: bool, boosted: bool) -> float:
+def model_rate(model: str) -> float:
+    """The chance that a later digest of `model` is drawn, before any boost: SAPO_AUDIT_RATES' for the
+    model when it names one, else SAPO_AUDIT_RATE scaled by the model's job cost (JOB_SECONDS)."""
+    named = settings.SAPO_AUDIT_RATES.get(model)
+    if named is not None:
+        return named
+    seconds = JOB_SECONDS.get(model, max(JOB_SECONDS.values()))
+    return settings.SAPO_AUDIT_RATE * max(MIN_RATE_SHARE, min(1.0, FULL_RATE_SECONDS / seconds))
+
+
+def draw_probability(*, node: Node, first: bool, boosted: bool, model: str) -> float:
     if first:
         return 1.0
-    rate = settings.SAPO_AUDIT_RATE * (settings.SAPO_AUDIT_BOOST if boosted else 1.0)
+    rate = model_rate(model) * (settings.SAPO_AUDIT_BOOST if boosted else 1.0)
     return min(1.0, rate)
 
 
@@ -153,7 +180,10 @@ def _draw(digest: StoredDigest, *, now: datetime, boosted_cache: dict[str, set[i
     node = Node.objects.get(id=digest.node_id)
     first = not AuditDraw.objects.filter(node_id=node.id).exists()
     probability = draw_probability(
-        node=node, first=first, boosted=not first and _boosted(node, now=now, cache=boosted_cache)
+        node=node,
+        first=first,
+        boosted=not first and _boosted(node, now=now, cache=boosted_cache),
+        model=digest.model,
     )
     chosen = drawn(probability)
     try:

@@ -349,6 +349,17 @@ if not (0 <= SAPO_AUDIT_RATE <= 1 and SAPO_AUDIT_BOOST >= 1):
     raise EnvError(
         f"SAPO_AUDIT_RATE must be in [0, 1] and SAPO_AUDIT_BOOST at least 1, got {SAPO_AUDIT_RATE}, {SAPO_AUDIT_BOOST}"
     )
+# Per model, the rate that stands for SAPO_AUDIT_RATE ("smollm2-135m=0.01,tiny-mini=0.05"); a model not
+# named gets SAPO_AUDIT_RATE scaled down by its measured audit cost (audits.selection.model_rate).
+SAPO_AUDIT_RATES: dict[str, float] = {}
+for _pair in env_list("SAPO_AUDIT_RATES"):
+    _model, _, _rate = _pair.partition("=")
+    try:
+        SAPO_AUDIT_RATES[_model.strip()] = float(_rate)
+    except ValueError:
+        raise EnvError(f"SAPO_AUDIT_RATES: expected model=rate pairs, got {_pair!r}") from None
+    if not (_model.strip() and 0 <= SAPO_AUDIT_RATES[_model.strip()] <= 1):
+        raise EnvError(f"SAPO_AUDIT_RATES: a model name and a rate in [0, 1], got {_pair!r}")
 # Seconds a node has to upload the checkpoint an audit asks for (a node offline meanwhile has this
 # long, not an instant penalty).
 SAPO_AUDIT_DEADLINE_SECONDS = env_int("SAPO_AUDIT_DEADLINE_SECONDS", 3600)

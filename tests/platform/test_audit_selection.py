@@ -104,6 +104,33 @@ def test_an_ordinary_node_is_drawn_at_the_base_rate(node, settings):
     assert AuditDraw.objects.get(node=node, weights=OTHER_WEIGHTS).probability == pytest.approx(0.05)
 
 
+def smollm2_group(node: Node, weights: str):
+    proof = {"challenge": "c", "weights": weights, "model": "smollm2-135m", "temperature": 1.0}
+    return pending_group(node, weights=weights, proof=proof)
+
+
+@pytest.mark.parametrize("boosted", [False, True])
+def test_a_model_whose_audits_cost_more_is_drawn_at_its_own_lower_rate(node, settings, boosted):
+    settings.SAPO_AUDIT_RATE, settings.SAPO_AUDIT_BOOST, settings.SAPO_AUDIT_RATES = 0.05, 4.0, {}
+    if not boosted:
+        node = old(node)
+    assert stored(smollm2_group(node, WEIGHTS))  # a node's first weights: always, whatever the model
+    stored(smollm2_group(node, OTHER_WEIGHTS))
+    # SmolLM2's job costs ~180x tiny-mini's: a tenth of the rate (the floor), boosted as any node's.
+    expected = 0.005 * (4.0 if boosted else 1.0)
+    assert AuditDraw.objects.get(node=node, weights=OTHER_WEIGHTS).probability == pytest.approx(expected)
+
+
+def test_the_rate_per_model_follows_its_cost_and_the_settings_name_it(settings):
+    settings.SAPO_AUDIT_RATE, settings.SAPO_AUDIT_RATES = 0.05, {}
+    assert selection.model_rate("tiny-mini") == selection.model_rate("tiny") == pytest.approx(0.05)
+    assert selection.model_rate("smollm2-135m") == pytest.approx(0.005)
+    assert selection.model_rate("small") == pytest.approx(0.005)  # not measured: counted as the costliest
+    settings.SAPO_AUDIT_RATES = {"smollm2-135m": 0.02, "tiny": 0.0}
+    assert (selection.model_rate("smollm2-135m"), selection.model_rate("tiny")) == (0.02, 0.0)
+    assert selection.model_rate("tiny-mini") == pytest.approx(0.05)
+
+
 def test_groups_without_a_valid_proof_are_never_audited(node):
     unaudited = pending_group(node, audit_state="unaudited")
     assert stored(unaudited) == {}
