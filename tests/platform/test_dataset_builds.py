@@ -121,6 +121,28 @@ def test_an_issued_seed_whose_build_passes_the_bounds_is_killed_and_refused(fres
     assert not datasets.dataset_cached(COSTLY, proof.task_seed(challenge))
 
 
+def test_a_costly_dataset_whose_scorer_is_unreviewed_is_scored_in_the_sandbox(fresh_cache, monkeypatch):
+    # spiral_matrix's scorer is not reviewed (tests/node/test_verifiers_sandbox.py): the build worker
+    # rebuilds the entry and the sandbox's own workers score the answers, building the dataset there.
+    spiral = TaskSpec("spiral_matrix", {})
+    catalogue = Catalogue("t", (spiral,))
+    monkeypatch.setattr(builds, "CHEAP_SECONDS", -1.0)  # every measured dataset counts as costly
+    challenge = challenge_mint(17)
+    seed = proof.task_seed(challenge)
+    group = make_group("spiral_matrix", catalogue=catalogue, seed=seed, index=2)
+    group["proof"] = proof_of(group, challenge)
+    lying = make_group("spiral_matrix", catalogue=catalogue, seed=seed, index=3)
+    lying["rewards"] = [1.0] * len(lying["rewards"])
+    lying["proof"] = proof_of(lying, challenge)
+    datasets.datasets_forget()
+    rollouts = _rollouts(group, lying)
+    share = builds.ShareBuilds(17, catalogue, rollouts)
+    verdicts = [share.verdict(r) for r in rollouts]
+    assert [v.reason or v.verdict for v in verdicts] == ["accepted", "reward_mismatch"]
+    assert verdicts[0].verified_rewards == tuple(group["rewards"]) and 1.0 in group["rewards"]
+    assert not datasets.dataset_cached(spiral, seed)
+
+
 def test_the_measurement_is_paid_by_the_share_that_asked_for_it(fresh_cache):
     builds.costs_forget()
     rollouts = _rollouts(_group(COSTLY, 5))
