@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alerts.services import alerts_check
+from alerts.check import alerts_check
 
 
 def run() -> str:

@@ -19,8 +19,9 @@ from factories import make_node, make_node_token, make_user
 from accounts import limits
 from accounts.addresses import CONFIRM_MAX_AGE, CONFIRM_SALT, user_email_set
 from accounts.models import User
+from alerts.check import alerts_check
+from alerts.delivery import node_label
 from alerts.models import AlertSettings
-from alerts.services import alerts_check, node_label
 from common.errors import ApplicationError
 from nodes.models import Node
 from pool.models import NodeVerdictCounts

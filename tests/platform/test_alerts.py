@@ -1,5 +1,6 @@
-"""Alerts about a contributor's nodes (alerts.services): each condition raises one alert and one
-message, stays quiet while it holds, clears with one recovery message; the daily cap; the settings.
+"""Alerts about a contributor's nodes (alerts.check, alerts.delivery, alerts.services): each condition
+raises one alert and one message, stays quiet while it holds, clears with one recovery message; the
+daily cap; the settings.
 
 Email goes through Django's email framework (pytest-django's locmem backend: mail.outbox)."""
 
@@ -13,8 +14,9 @@ from django.utils import timezone
 from factories import make_node, make_node_token, make_user
 from test_web_data import make_group
 
+from alerts.check import MIN_JUDGED, alerts_check
 from alerts.models import Alert, AlertSettings, Condition
-from alerts.services import MIN_JUDGED, alert_secret_rotate, alert_settings_update, alerts_check
+from alerts.services import alert_secret_rotate, alert_settings_update
 from common.errors import ApplicationError
 from nodes.models import Node
 from nodes.services import node_token_revoke, node_token_rotate
@@ -220,16 +222,16 @@ def test_a_second_check_while_one_runs_does_nothing(settings):
     import psycopg
     from django.db import connection
 
-    from alerts import services
+    from alerts import check
 
     user, node = _watched(silence=5)
     _seen(node, timezone.now() - timedelta(minutes=10))
     params = connection.get_connection_params()
     dsn = {k: params[k] for k in ("dbname", "user", "host", "port") if params.get(k)}
     with psycopg.connect(**dsn, autocommit=True) as other:
-        other.execute("SELECT pg_advisory_lock(%s)", [services._LOCK_KEY])
+        other.execute("SELECT pg_advisory_lock(%s)", [check._LOCK_KEY])
         assert alerts_check().raised == 0 and not Alert.objects.exists()
         # Unlocked here, not by closing: a closed session's locks go when its backend has exited, which
         # the next statement on another connection may come before.
-        other.execute("SELECT pg_advisory_unlock(%s)", [services._LOCK_KEY])
+        other.execute("SELECT pg_advisory_unlock(%s)", [check._LOCK_KEY])
     assert alerts_check().raised == 1

@@ -20,8 +20,9 @@ from django.utils import timezone
 from factories import make_node, make_node_token, make_user
 
 from alerts import webhooks
+from alerts.check import alerts_check
 from alerts.models import Alert, AlertSettings
-from alerts.services import alert_settings_update, alerts_check
+from alerts.services import alert_settings_update
 from nodes.models import Node
 from pool.models import NodeVerdictCounts
 
