@@ -125,6 +125,7 @@ class SwarmDetailApi(APIView):
             "swarm": swarm,
             "catalogue": swarm_catalogue(swarm=swarm).entries,
             "figures": selectors.swarm_overview(swarm=swarm),
+            "heldout": selectors.swarm_heldout(swarm=swarm),
         }
         return Response(SwarmDetailSerializer(body).data)
 

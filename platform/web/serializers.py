@@ -156,10 +156,37 @@ class CatalogueEntrySerializer(serializers.Serializer):
     weight = serializers.FloatField(help_text="Its share of a node's draws.")
 
 
+class HeldoutAccuracySerializer(serializers.Serializer):
+    answers = serializers.IntegerField(help_text="Held-out answers scored.")
+    accuracy = serializers.FloatField(allow_null=True, help_text="Their summed rewards over their number.")
+    low = serializers.FloatField(allow_null=True, help_text="Wilson 95% interval, low end.")
+    high = serializers.FloatField(allow_null=True, help_text="Wilson 95% interval, high end.")
+
+
+class HeldoutArmSerializer(HeldoutAccuracySerializer):
+    nodes = serializers.IntegerField()
+
+
+class HeldoutSpanSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    sharing = HeldoutAccuracySerializer()
+    silo = HeldoutAccuracySerializer()
+
+
+class HeldoutSerializer(serializers.Serializer):
+    curve = HeldoutSpanSerializer(many=True, help_text="Six spans from the first answer to the last.")
+    sharing = HeldoutArmSerializer(help_text="Nodes that report J > 0; figures from 8 answers.")
+    silo = HeldoutArmSerializer(help_text="Nodes that report J = 0; figures from 8 answers.")
+    enough = serializers.BooleanField(help_text="Both arms have a figure.")
+    unknown_nodes = serializers.IntegerField(help_text="Nodes whose reports give no J (older clients).")
+
+
 class SwarmDetailSerializer(serializers.Serializer):
     swarm = SwarmRefSerializer()
     catalogue = CatalogueEntrySerializer(many=True, help_text="The current version's entries.")
     figures = SwarmSerializer(help_text="The swarm page's figures and charts, of this swarm.")
+    heldout = HeldoutSerializer(help_text="Held-out accuracy, sharing against silo, last 48 hours (docs/figures.md).")
 
 
 class MyNodeSerializer(NodeFiguresSerializer):
