@@ -628,6 +628,7 @@ class WebSocketTransport(Transport):
         self._next_share = 0.0
         self._ref = 0
         self._welcome = asyncio.Event()
+        self._forget_heldout()
         await self._send(ws, self._hello.to_wire())
         tasks = [asyncio.create_task(self._reader(ws)), asyncio.create_task(self._writer(ws))]
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -905,6 +906,13 @@ class WebSocketTransport(Transport):
             return
         with self._lock:
             self._heldout = check
+
+    def _forget_heldout(self) -> None:
+        """A new socket: a check belongs to the socket that asked it (another refuses its answers as
+        heldout_unasked), so the one not taken yet and the answers not sent yet are dropped."""
+        with self._lock:
+            self._heldout = None
+        self._heldout_answers.clear()
 
     def _on_error(self, frame: dict[str, Any]) -> None:
         code, ref = str(frame.get("code")), str(frame.get("ref"))
