@@ -1,12 +1,14 @@
 """What the benchmark scripts share: this checkout's packages on the import path, bench/pool.py's
 helpers (servers, databases, nodes, the CPU of a process), a throwaway site (its own PostgreSQL, its
-nodes' tokens, a daphne on it) and the load average as they print it.
+nodes' tokens, a daphne on it), the set-up of a subprocess that measures another source tree
+(`tree_run`) and the load average as they print it.
 
 bench/pool.py is loaded by path, once: imported by its name it would be the platform's `pool` app.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib.util
 import os
@@ -146,3 +148,28 @@ def throwaway_site(name: str, nodes: int) -> Iterator[ThrowawaySite]:
     finally:
         embedded_db.stop()
         shutil.rmtree(var, ignore_errors=True)
+
+
+@contextmanager
+def tree_run(args: argparse.Namespace, **env: str) -> Iterator[ModuleType]:
+    """The set-up of a benchmark's subprocess that measures the source tree `args.child`: that tree's
+    `platform` and `node_client` first on the import path, a database of its own (`args.db_name`,
+    created anew on `args.database_url`'s server and migrated with the tree's migrations), and Django
+    set up on it as deployed (SAPO_DEBUG=0, warnings only, no Redis; `env` on top; the catalogue
+    `args.catalogue`). Yields bench/pool.py's module; on leaving, the database is dropped."""
+    # bench/pool.py puts this script's tree on the path when loaded: the measured tree goes before it.
+    path = list(sys.path)
+    bench_pool = pool_bench()
+    sys.path[:] = [*bench_pool.tree_path(Path(args.child).resolve()), *path]
+    args.bench_url = bench_pool.with_db(args.database_url, args.db_name)
+    bench_pool.recreate_database(args.database_url, args.db_name)
+    try:
+        os.environ.update(SAPO_DEBUG="0", SAPO_LOG_LEVEL="WARNING", **env)
+        os.environ.pop("REDIS_URL", None)
+        bench_pool.setup_django(args)
+        yield bench_pool
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        bench_pool.recreate_database(args.database_url, args.db_name, drop_only=True)

@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchkit import load, pool_bench
+from benchkit import load, tree_run
 
 HERE = Path(__file__).resolve().parent
 COSTLY = {"dataset": "count_primes", "config": {"min_n": 1, "max_n": 40_000_000}, "weight": 1.0}
@@ -83,23 +83,9 @@ def _group(seed: int, challenge: str | None) -> dict:
 
 
 def child(args: argparse.Namespace) -> None:
-    tree = Path(args.child).resolve()
-    path = list(sys.path)
-    bench_pool = pool_bench()
-    sys.path[:] = [*bench_pool.tree_path(tree), *path]
-    url = bench_pool.with_db(args.database_url, args.db_name)
-    bench_pool.recreate_database(args.database_url, args.db_name)
-    try:
-        os.environ.update(SAPO_DEBUG="0", SAPO_LOG_LEVEL="WARNING")
-        os.environ.pop("REDIS_URL", None)
-        args.bench_url, args.catalogue = url, "easy"
-        bench_pool.setup_django(args)
+    args.catalogue = "easy"
+    with tree_run(args) as bench_pool:
         run(bench_pool, args.frames)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        bench_pool.recreate_database(args.database_url, args.db_name, drop_only=True)
 
 
 def run(bench_pool, count: int) -> None:  # noqa: ANN001

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchkit import pool_bench
+from benchkit import pool_bench, tree_run
 
 HERE = Path(__file__).resolve().parent
 
@@ -93,26 +93,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def child(args: argparse.Namespace) -> None:
-    tree = Path(args.child).resolve()
-    # bench/pool.py's frame builder, loaded with the tree's packages first on the path (it puts this
-    # script's tree there when imported: undone).
-    path = list(sys.path)
-    bench_pool = pool_bench()
-    sys.path[:] = [*bench_pool.tree_path(tree), *path]
-
-    url = bench_pool.with_db(args.database_url, args.db_name)
-    bench_pool.recreate_database(args.database_url, args.db_name)
-    try:
-        args.bench_url = url
-        os.environ.update(SAPO_DEBUG="0", SAPO_LOG_LEVEL="WARNING", SAPO_CONN_MAX_AGE="600")
-        os.environ.pop("REDIS_URL", None)
-        bench_pool.setup_django(args)
+    with tree_run(args, SAPO_CONN_MAX_AGE="600") as bench_pool:
         run(args, bench_pool)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        bench_pool.recreate_database(args.database_url, args.db_name, drop_only=True)
 
 
 def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
