@@ -216,8 +216,11 @@ async def test_a_node_building_fresh_seeds_runs_out_of_its_cpu_budget(fresh_cach
         reply = await ask(socket, share_frame(group, ref=str(i)))
         if reply["type"] == "error":
             break
-        assert reply["accepted"] == [group["id"]], reply
+        # Built in its worker; on a loaded machine the worker may reach its 10 s first: refused, and paid
+        # for all the same.
+        refused = [{"id": group["id"], "reason": "build_refused"}]
+        assert reply["accepted"] == [group["id"]] or reply["rejected"] == refused, reply
         challenge = reply["challenge"]
     assert (reply["type"], reply["code"]) == ("error", "rate_limited"), reply
-    assert 2 <= i < 40, i  # a few builds of 0.4 CPU-s or so fill a budget of 3 CPU-s a minute
+    assert 1 <= i < 40, i  # a few builds of 0.4 CPU-s or so (the first also measures) fill 3 CPU-s a minute
     await socket.disconnect()
