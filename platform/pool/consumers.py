@@ -475,6 +475,8 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.heldout.record(check, round_, now)
         await self._send(check.wire(settings.SAPO_HELDOUT_MAX_NEW_TOKENS), None)
 
+        if check is None:
+            return
     # Swarms (pool.swarm_places) -------------------------------------------------------------
 
     async def _in_swarm(self) -> SwarmPlace:

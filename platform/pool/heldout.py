@@ -26,6 +26,7 @@ from django.conf import settings
 
 from common.errors import ApplicationError
 from common.native import native
+from pool.builds import build_cost, is_cheap
 from pool.messages import HeldoutAnswers
 from pool.models import HeldoutScore
 from sapo_node import protocol
@@ -60,11 +61,16 @@ class AskedCheck:
         return {"type": protocol.HELDOUT_CHECK, **msgspec.to_builtins(check)}
 
 
-def heldout_check_make(*, catalogue: Catalogue, questions: int, now: float, rng: random.Random) -> AskedCheck:
+def heldout_check_make(*, catalogue: Catalogue, questions: int, now: float, rng: random.Random) -> AskedCheck | None:
     """A check of `questions` questions of the held-out stream of `catalogue` (CPU: run off the event
-    loop, building entries costs reasoning-gym's time)."""
-    weights = list(catalogue.weights) or None
-    specs = rng.choices(catalogue.tasks, weights=weights, k=questions)
+    loop, building entries costs reasoning-gym's time), drawn from its datasets that are cheap to build
+    (pool.builds): a check is the server's own doing, charged to no share, so it never builds a costly
+    dataset. None when the catalogue has no cheap dataset."""
+    weights = list(catalogue.weights) or [1.0] * len(catalogue.tasks)
+    cheap = [(spec, w) for spec, w in zip(catalogue.tasks, weights, strict=True) if is_cheap(build_cost(spec))]
+    if not cheap:
+        return None
+    specs = rng.choices([spec for spec, _ in cheap], weights=[w for _, w in cheap], k=questions)
     asked = [(spec, build_first(spec, protocol.HELDOUT_SEED, random_indices(rng))[1]) for spec in specs]
     return AskedCheck(
         id=uuid.uuid4(),

@@ -6,6 +6,7 @@ the server issued to the node, one a share, its CPU charged to that node until i
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import pytest
@@ -16,10 +17,11 @@ from support.pool import default_swarm, make_group, proof_of, share_frame
 
 from pool import builds
 from pool.challenges import challenge_mint
+from pool.heldout import heldout_check_make
 from pool.ingest import ShareIn, rollout_share_batch
 from pool.limits import Limits
 from pool.messages import parse_frame
-from sapo_node import datasets, proof
+from sapo_node import datasets, proof, protocol
 from sapo_node.tasks import Catalogue, TaskSpec, build_entry
 from swarms.services import swarm_create
 
@@ -224,3 +226,17 @@ async def test_a_node_building_fresh_seeds_runs_out_of_its_cpu_budget(fresh_cach
     assert (reply["type"], reply["code"]) == ("error", "rate_limited"), reply
     assert 1 <= i < 40, i  # a few builds of 0.4 CPU-s or so (the first also measures) fill 3 CPU-s a minute
     await socket.disconnect()
+
+
+def test_a_held_out_check_asks_only_cheap_datasets(fresh_cache):
+    """A held-out check is the server's own doing, charged to no share: it draws its questions from the
+    catalogue's datasets that are cheap to build, and asks nothing when none is."""
+    builds.costs_forget()
+    check = heldout_check_make(catalogue=CATALOGUE, questions=12, now=time.time(), rng=random.Random(3))
+    assert check is not None
+    assert {spec.key for spec, _ in check.questions} == {CHEAP.key}
+    assert (
+        heldout_check_make(catalogue=Catalogue("costly", (COSTLY,)), questions=4, now=time.time(), rng=random.Random(3))
+        is None
+    )
+    assert not datasets.dataset_cached(COSTLY, protocol.HELDOUT_SEED)
