@@ -6,7 +6,7 @@ import pytest
 
 from sapo_node.experiment import main as experiment_main
 from sapo_node.experiment.presets import node_options, preset
-from sapo_node.experiment.study import node_seed
+from sapo_node.experiment.study import node_config, node_seed
 from sapo_node.experiment.swarm import StratifiedTaskStream
 from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE
 
@@ -122,3 +122,10 @@ def test_a_stream_limited_to_datasets_draws_only_those_and_the_whole_catalogue_a
     assert {r.dataset for r in limited.draw(6)} == {"basic_arithmetic", "decimal_arithmetic"}
     every = [spec.dataset for spec in SAPO_CATALOGUE.tasks]
     assert StratifiedTaskStream(SAPO_CATALOGUE, 5, every).draw(8) == StratifiedTaskStream(SAPO_CATALOGUE, 5).draw(8)
+
+
+def test_a_study_node_takes_no_live_held_out_check(tmp_path):
+    """A study measures held-out accuracy itself: its nodes do not announce the site's live check, so no
+    greedy answers run between their rounds."""
+    config = node_config(preset("cpu-real-hard"), "ws://x", "t", "smollm2-135m", tmp_path, 1, 0, "4/4", 2, 2)
+    assert config.no_heldout_check

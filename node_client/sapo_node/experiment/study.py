@@ -605,6 +605,9 @@ def node_config(
         checkpoint_every=0,
         connect_wait=cfg.connect_wait,
         flush_wait=cfg.flush_wait,
+        # The study measures held-out accuracy itself (experiment.heldout), on its own schedule; the
+        # site's live check would add greedy answers between rounds that no arm of another version had.
+        no_heldout_check=True,
         **node_options(label),
     )
 
