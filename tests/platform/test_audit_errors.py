@@ -7,19 +7,15 @@ see the audit on /metrics."""
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 import urllib.request
 import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
-from support.audits import make_audit, pending_group
+from support.audits import audit_worker_env, make_audit, pending_group, run_audit_worker
 
 from audits import jobs, selection
 from audits.jobs import audit_rerun
@@ -31,24 +27,13 @@ from pool.models import Rollout
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def worker_env(settings, tmp_path, redis_url) -> dict[str, str]:
     settings.REDIS_URL = redis_url
     settings.SAPO_REDIS_PREFIX = f"test-audit-errors-{uuid.uuid4().hex[:8]}"
     settings.SAPO_AUDIT_UPLOAD_DIR = tmp_path / "uploads"
-    db = connection.settings_dict
-    return {
-        **os.environ,
-        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": redis_url,
-        "SAPO_REDIS_PREFIX": settings.SAPO_REDIS_PREFIX,
-        "SAPO_AUDIT_UPLOAD_DIR": str(settings.SAPO_AUDIT_UPLOAD_DIR),
-        "SAPO_AUDIT_JOB_ATTEMPTS": "2",
-        "OMP_NUM_THREADS": "1",
-    }
+    return audit_worker_env(SAPO_AUDIT_JOB_ATTEMPTS="2")
 
 
 def lost_upload(node, folder: Path) -> tuple[Audit, Rollout]:
@@ -67,17 +52,6 @@ def lost_upload(node, folder: Path) -> tuple[Audit, Rollout]:
     return audit, group
 
 
-def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "manage.py", "sapo_audit_worker", "--burst"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
 def assert_errored_and_the_node_unharmed(audit: Audit, group: Rollout, user, log: str) -> None:
     audit.refresh_from_db()
     assert audit.state == "errored", log
@@ -94,7 +68,7 @@ def assert_errored_and_the_node_unharmed(audit: Audit, group: Rollout, user, log
 def test_a_job_that_keeps_raising_on_rq_ends_errored_not_failed(node, user, worker_env, settings):
     audit, group = lost_upload(node, settings.SAPO_AUDIT_UPLOAD_DIR)
     jobs.audit_enqueue(audit.id)
-    first = run_worker(worker_env)
+    first = run_audit_worker(worker_env, timeout=240)
     assert first.returncode == 0, first.stdout + first.stderr
     after_one = Audit.objects.get(id=audit.id)
     # Its claim given back at once (queued_at cleared): the worker's start-up sweep queues it again.
@@ -104,7 +78,7 @@ def test_a_job_that_keeps_raising_on_rq_ends_errored_not_failed(node, user, work
         None,
         None,
     )
-    second = run_worker(worker_env)
+    second = run_audit_worker(worker_env, timeout=240)
     assert second.returncode == 0, second.stdout + second.stderr
     assert_errored_and_the_node_unharmed(audit, group, user, second.stdout + second.stderr)
 
@@ -113,7 +87,7 @@ def test_the_polling_worker_survives_a_raising_job_and_ends_it_errored(node, use
     settings.REDIS_URL = ""
     worker_env["REDIS_URL"] = ""
     audit, group = lost_upload(node, settings.SAPO_AUDIT_UPLOAD_DIR)
-    done = run_worker(worker_env)
+    done = run_audit_worker(worker_env, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "its job failed" in done.stderr
     assert_errored_and_the_node_unharmed(audit, group, user, done.stdout + done.stderr)

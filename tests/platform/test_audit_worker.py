@@ -6,7 +6,6 @@ queues the audit again) each end as they must. The upload goes through the endpo
 from __future__ import annotations
 
 import hashlib
-import os
 import signal
 import subprocess
 import sys
@@ -20,10 +19,9 @@ import pytest
 import torch
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.utils import timezone
 from safetensors.torch import save
-from support.audits import make_audit, pending_group
+from support.audits import REPO, audit_worker_env, make_audit, pending_group, run_audit_worker
 
 from audits import jobs
 from audits.models import Audit
@@ -35,7 +33,6 @@ from sapo_node.prompts import format_prompt
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[2]
 CHALLENGE = "c1.test.audit"
 CHUNK = 256 * 1024
 
@@ -48,16 +45,7 @@ def worker_env(settings, tmp_path, tiny_cache_dir, redis_url) -> dict[str, str]:
     settings.SAPO_REDIS_PREFIX = f"test-audits-{uuid.uuid4().hex[:8]}"
     settings.SAPO_AUDIT_UPLOAD_DIR = tmp_path / "uploads"
     settings.SAPO_AUDIT_MODEL_CACHE = tiny_cache_dir
-    db = connection.settings_dict
-    return {
-        **os.environ,
-        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": redis_url,
-        "SAPO_REDIS_PREFIX": settings.SAPO_REDIS_PREFIX,
-        "SAPO_AUDIT_UPLOAD_DIR": str(settings.SAPO_AUDIT_UPLOAD_DIR),
-        "SAPO_AUDIT_MODEL_CACHE": str(tiny_cache_dir),
-        "OMP_NUM_THREADS": "1",
-    }
+    return audit_worker_env(SAPO_AUDIT_MODEL_CACHE=str(tiny_cache_dir))
 
 
 def honest_groups(model, tokenizer, node, digest: str, *, count: int = 2, tamper: bool = False) -> list[Rollout]:
@@ -120,17 +108,6 @@ def upload(client, token: str, audit: Audit, data: bytes) -> dict:
     return answer
 
 
-def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "manage.py", "sapo_audit_worker", "--burst"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def checkpoint(model) -> tuple[bytes, str]:
     tensors = model_tensors(model)
     return save(tensors), tensors_digest(tensors)
@@ -144,7 +121,7 @@ def test_honest_groups_pass_in_a_worker_process_and_the_upload_is_deleted(
     groups = honest_groups(model, tokenizer, node, digest)
     audit = make_audit(node, groups, weights=digest)
     assert upload(client, node_token, audit, data)["state"] == "uploaded"
-    done = run_worker(worker_env)
+    done = run_audit_worker(worker_env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     audit.refresh_from_db()
     assert (audit.state, audit.reason) == ("passed", ""), done.stdout + done.stderr
@@ -224,7 +201,7 @@ def test_a_worker_killed_mid_job_loses_no_audit(client, node, node_token, tiny_m
     later = timezone.now() + timedelta(seconds=settings.SAPO_AUDIT_JOB_LEASE_SECONDS + 1)
     assert jobs.audit_sweep(now=later)["requeued"] == 1
     worker_env["SAPO_AUDIT_JOB_LEASE_SECONDS"] = "1"  # the restarted worker's claim sees the lease as passed
-    done = run_worker(worker_env)
+    done = run_audit_worker(worker_env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     audit.refresh_from_db()
     assert (audit.state, audit.attempts) == ("passed", 2), done.stdout + done.stderr
@@ -256,7 +233,7 @@ def test_an_errored_audit_keeps_its_upload_and_staff_run_it_again(
     assert out.getvalue() == f"audit {audit.id}: queued again\n"
     audit.refresh_from_db()
     assert (audit.state, audit.attempts, audit.reason, audit.finished_at) == ("uploaded", 0, "", None)
-    done = run_worker(worker_env)
+    done = run_audit_worker(worker_env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     audit.refresh_from_db()
     assert (audit.state, audit.reason) == ("passed", ""), done.stdout + done.stderr

@@ -1,9 +1,16 @@
-"""Shared helpers for the audit tests (no tests here): pending groups as the pool stores them, audits."""
+"""Shared helpers for the audit tests (no tests here): pending groups as the pool stores them, audits,
+and the audit worker as a separate process."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta
+from pathlib import Path
 
+from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from audits.models import Audit, AuditGroup
@@ -14,6 +21,7 @@ from swarms.services import swarm_default_ensure
 
 WEIGHTS = "ab" * 32
 OTHER_WEIGHTS = "cd" * 32
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pending_group(
@@ -86,3 +94,30 @@ def mark_audited(node: Node) -> int:
     """The node's groups with a proof or without marked audited, as a passed audit would: for tests of
     the figures, which count audited work only (the audit itself is tested in test_audit_*)."""
     return Rollout.objects.filter(node=node, verdict=Verdict.ACCEPTED).update(audit_state="audited")
+
+
+def audit_worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a worker process that shares the test's database, Redis queue (REDIS_URL and
+    SAPO_REDIS_PREFIX as the test set them) and upload folder, plus `extra`."""
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "SAPO_REDIS_PREFIX": settings.SAPO_REDIS_PREFIX,
+        "SAPO_AUDIT_UPLOAD_DIR": str(settings.SAPO_AUDIT_UPLOAD_DIR),
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }
+
+
+def run_audit_worker(env: dict[str, str], *, timeout: float) -> subprocess.CompletedProcess:
+    """One `manage.py sapo_audit_worker --burst` process: it runs what is queued, then exits."""
+    return subprocess.run(
+        [sys.executable, "manage.py", "sapo_audit_worker", "--burst"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
