@@ -65,7 +65,7 @@ def near_replay(groups: dict[str, list[dict]], top_share: float) -> None:
                 continue
             looked_up += 1
             others = (h for h, o in zip(hashes, owners, strict=True) if o != owners[i])
-            if min((filters.hamming(hashes[i], h) for h in others), default=64) > rule["max_distance"]:
+            if min((((hashes[i] ^ h) & (1 << 64) - 1).bit_count() for h in others), default=64) > rule["max_distance"]:
                 continue
             matched += 1
             counted = top <= top_share * windows

@@ -211,24 +211,6 @@ class Sequences:
     advantages: torch.Tensor  # (N,)
 
 
-def collate(rows: list[tuple[list[int], list[int], float]], pad: int, device: Any) -> Sequences:
-    """(prompt ids, completion ids, advantage) rows -> left-padded prompts, right-padded completions."""
-    p_len = max(len(p) for p, _, _ in rows)
-    t_len = max(max(len(c) for _, c, _ in rows), 1)
-    ids, attn, cmask = [], [], []
-    for prompt, completion, _ in rows:
-        left, right = p_len - len(prompt), t_len - len(completion)
-        ids.append([pad] * left + prompt + completion + [pad] * right)
-        attn.append([0] * left + [1] * (len(prompt) + len(completion)) + [0] * right)
-        cmask.append([1] * len(completion) + [0] * right)
-    return Sequences(
-        input_ids=torch.tensor(ids, device=device),
-        attention_mask=torch.tensor(attn, device=device),
-        completion_mask=torch.tensor(cmask, device=device),
-        advantages=torch.tensor([a for _, _, a in rows], dtype=torch.float32, device=device),
-    )
-
-
 @dataclass
 class GroupedBatch:
     """A micro-batch laid out for `completion_logprobs`: each distinct prompt once, and the rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 
 _VERSION_7 = 0x7 << 76
 _VARIANT = 0b10 << 62
@@ -51,11 +51,6 @@ def is_uuid7(value: uuid.UUID) -> bool:
     """Version 7 and the RFC's variant (read from the bits: uuid.UUID's properties cost more)."""
     bits = value.int
     return (bits >> 76) & 0xF == 7 and (bits >> 62) & 0x3 == 0b10
-
-
-def uuid7_time(value: uuid.UUID) -> datetime:
-    """The time a UUIDv7 was made at (its first 48 bits), in UTC."""
-    return datetime.fromtimestamp((value.int >> 80) / 1000, tz=UTC)
 
 
 def _ms(at: datetime | float) -> int:

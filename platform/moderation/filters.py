@@ -28,7 +28,6 @@ from moderation.rules import Rule
 # --- normalising and fingerprints -----------------------------------------------------------------
 
 SIMHASH_CHARS = 4000
-_MASK64 = (1 << 64) - 1
 
 
 def normalise(text: str) -> str:
@@ -68,10 +67,6 @@ def simhashes(normalised: Sequence[str]) -> list[int]:
 def simhash(normalised: str) -> int:
     """The simhash of one text (see `simhashes`)."""
     return simhashes([normalised])[0]
-
-
-def hamming(a: int, b: int) -> int:
-    return ((a ^ b) & _MASK64).bit_count()
 
 
 class Fingerprint(msgspec.Struct, frozen=True):

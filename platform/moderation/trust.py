@@ -134,10 +134,6 @@ def trust_for_nodes(node_ids: Iterable[int]) -> dict[int, float]:
     return {n: trust_value(streaks.get(n, 0), half) for n in node_ids}
 
 
-def trust_for_node(node_id: int) -> float:
-    return trust_for_nodes([node_id])[node_id]
-
-
 def node_message_quotas(*, node_ids: Sequence[int], base: int) -> dict[int, int]:
     """Messages per minute allowed to each node: base * (floor + (1 - floor) * trust) when the "trust"
     rule is enabled, else base. Never below 1. One query for all of them (sockets opening together

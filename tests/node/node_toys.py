@@ -1,7 +1,8 @@
 """Throwaway tiny policies for the node tests: a Qwen2 model of a few thousand parameters with its
 own quickly trained byte-level BPE tokenizer. Two recipes give two different tokenizers, for the
 heterogeneous-swarm test. Built in well under a second; untrained (the tests that need a reward
-signal build their groups by hand)."""
+signal build their groups by hand). And `collate`, the plain layout of a batch (each row its whole
+prompt and completion) that the node's grouped layout and `completion_logprobs` are checked against."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from sapo_node.grpo import Sequences
 from sapo_node.prompts import format_plain, format_target
 from sapo_node.tasks import EASY_CATALOGUE, build_entry
 
@@ -85,3 +87,21 @@ def fake_load_policy(
     """Stands in for sapo_node.models.load_policy: "tiny" -> variant a, anything else -> variant b."""
     m, t = make_policy("a" if model == "tiny" else "b")
     return m, t, "cpu"
+
+
+def collate(rows: list[tuple[list[int], list[int], float]], pad: int, device: Any) -> Sequences:
+    """(prompt ids, completion ids, advantage) rows -> left-padded prompts, right-padded completions."""
+    p_len = max(len(p) for p, _, _ in rows)
+    t_len = max(max(len(c) for _, c, _ in rows), 1)
+    ids, attn, cmask = [], [], []
+    for prompt, completion, _ in rows:
+        left, right = p_len - len(prompt), t_len - len(completion)
+        ids.append([pad] * left + prompt + completion + [pad] * right)
+        attn.append([0] * left + [1] * (len(prompt) + len(completion)) + [0] * right)
+        cmask.append([1] * len(completion) + [0] * right)
+    return Sequences(
+        input_ids=torch.tensor(ids, device=device),
+        attention_mask=torch.tensor(attn, device=device),
+        completion_mask=torch.tensor(cmask, device=device),
+        advantages=torch.tensor([a for _, _, a in rows], dtype=torch.float32, device=device),
+    )

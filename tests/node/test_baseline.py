@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from node_toys import make_policy
+from node_toys import collate, make_policy
 
 from sapo_node.assemble import assemble
 from sapo_node.baseline import MAX_ADVANTAGE, OwnBaseline
@@ -14,7 +14,7 @@ from sapo_node.config import NodeConfig
 from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.generate import encode_prompt
 from sapo_node.groups import Group, TrainGroup
-from sapo_node.grpo import baseline_advantages, collate, grpo_update, token_logprobs, train_group_advantages
+from sapo_node.grpo import baseline_advantages, grpo_update, token_logprobs, train_group_advantages
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE, TaskRef, build_entry
 

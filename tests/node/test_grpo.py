@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
-from node_toys import make_policy
+from node_toys import collate, make_policy
 
 from sapo_node.generate import encode_prompt
 from sapo_node.groups import TrainGroup
 from sapo_node.grpo import (
     ADVANTAGE_EPS,
     clipped_loss,
-    collate,
     collate_groups,
     completion_logprobs,
     group_advantages,

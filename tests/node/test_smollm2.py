@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from node_toys import collate
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -16,7 +17,7 @@ from sapo_node import packaged
 from sapo_node.checkpoint import latest_checkpoint
 from sapo_node.cli import main
 from sapo_node.generate import encode_prompt
-from sapo_node.grpo import collate, collate_groups, completion_logprobs, token_logprobs
+from sapo_node.grpo import collate_groups, completion_logprobs, token_logprobs
 from sapo_node.models import load_policy
 from sapo_node.prompts import FEW_SHOT, format_prompt
 from sapo_node.shared_prefix import shared_prefix

@@ -13,7 +13,7 @@ from factories import make_swarm, make_user
 from node_sockets import ask, close_code, open_socket
 from support.pool import make_group, share_frame
 
-from moderation.trust import trust_for_node
+from moderation.trust import trust_for_nodes
 from nodes.events import CLOSE_BANNED, CLOSES_GROUP, close_event
 from nodes.models import Node
 from nodes.presence import connection_counts, socket_book
@@ -213,7 +213,7 @@ async def test_forged_groups_are_rejected_stored_and_counted(node, node_token):
     counts = await sync_to_async(NodeVerdictCounts.objects.get)(node=node)
     assert (counts.accepted_groups, counts.rejected_groups) == (0, 4)
     # The node's one trust is moderation's: four rejections leave its streak at 0, a new node's trust.
-    assert await sync_to_async(trust_for_node)(node.id) == pytest.approx(0.1)
+    assert await sync_to_async(trust_for_nodes)([node.id]) == pytest.approx({node.id: 0.1})
     await socket.disconnect()
 
 

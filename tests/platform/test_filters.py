@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from factories import make_node
-from support.moderation import group, long_reasoning, share, staff
+from support.moderation import group, hamming, long_reasoning, share, staff
 
 from moderation import filters, kernels, safe_regex
 from moderation.models import AuditEntry, ModerationDecision, ModerationFlag, RolloutFingerprint
@@ -186,8 +186,8 @@ def test_simhash_distance_is_small_for_near_texts_and_large_for_different_ones()
     a = filters.simhash(filters.normalise("the quick brown fox jumps over the lazy dog " * 4))
     b = filters.simhash(filters.normalise("the quick brown fox jumps over the lazy cat " * 4))
     c = filters.simhash(filters.normalise("completely unrelated text about arithmetic and carrying digits"))
-    assert filters.hamming(a, b) <= 8
-    assert filters.hamming(a, c) > 12
+    assert hamming(a, b) <= 8
+    assert hamming(a, c) > 12
 
 
 def _simhash_by_the_book(text: str) -> int:
@@ -228,7 +228,7 @@ def _near_by_definition(added: list[tuple[str, int]], probe: int, distance: int)
         value = (probe >> (16 * band)) & 0xFFFF
         sharing = [(g, h) for g, h in added if (h >> (16 * band)) & 0xFFFF == value]
         for g, h in sharing[: filters.BAND_BUCKET]:
-            if filters.hamming(probe, h) <= distance:
+            if hamming(probe, h) <= distance:
                 return g
     return None
 

@@ -12,14 +12,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 from factories import make_node
-from support.pool import EASY, default_swarm, make_group, to_rollout_in
+from support.pool import EASY, default_swarm, make_group, to_rollout_in, uuid7_time
 from test_web_data import make_group as stored_group
 
 from pool import retention
 from pool.ingest import id_fits, rollout_share
 from pool.models import NodeVerdictCounts, Rollout, RolloutText
 from sapo_node import protocol
-from sapo_node.ids import is_uuid7, uuid7, uuid7_floor, uuid7_time
+from sapo_node.ids import is_uuid7, uuid7, uuid7_floor
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 from factories import make_node
-from support.moderation import group, long_reasoning, share, staff
+from support.moderation import group, hamming, long_reasoning, share, staff
 
 from moderation import filters
 from moderation.models import ModerationFlag
@@ -112,7 +112,7 @@ def test_the_real_texts_coincide_across_the_nodes():
     earlier, silo, later = (filters.fingerprints([texts])[0] for texts in (LOCAL_1_EARLIER, SILO_1, LOCAL_1_LATER))
     assert [d in earlier.exact for d in silo.exact] == [False] * 5 + [True] + [False] * 2
     assert min(later.lengths) >= 80
-    assert max(min(filters.hamming(a, b) for b in silo.simhash) for a in later.simhash) <= 1
+    assert max(min(hamming(a, b) for b in silo.simhash) for a in later.simhash) <= 1
     counts = filters.distinct_grams(earlier.normalised + silo.normalised + later.normalised)
     assert sorted(counts)[-2:] == [25, 49]
     grams = len(later.normalised[3]) - 3
@@ -146,7 +146,7 @@ def test_one_heavy_gram_in_varied_junk_is_no_near_copy():
     local-2's `++++++++++++++.`: its `++++` (16% of its grams) decides its simhash. The top-gram bar
     spares it; at 1.0 (off) the group is held as a near copy, as make run held it."""
     theirs, mine = (filters.fingerprints([texts])[0] for texts in (LOCAL_2_PLUSES, LOCAL_1_PLUSES[-1:]))
-    assert filters.hamming(mine.simhash[0], theirs.simhash[0]) <= 1
+    assert hamming(mine.simhash[0], theirs.simhash[0]) <= 1
     distinct, top = filters.gram_profile(mine.normalised)
     grams = len(mine.normalised[0]) - 3
     assert (distinct, top, grams) == ([186], [38], 238)

@@ -14,7 +14,7 @@ from moderation.trust import (
     VerdictCounts,
     node_message_quotas,
     sample_acceptance,
-    trust_for_node,
+    trust_for_nodes,
     trust_value,
     verdict_counts,
 )
@@ -95,15 +95,15 @@ def test_the_statements_trust_counts_are_verdict_counts_of_the_groups_it_inserte
 
 def test_a_run_of_accepted_groups_raises_trust_and_a_rejection_resets_it():
     node = make_node()
-    assert trust_for_node(node.id) == pytest.approx(0.1)  # a new node
+    assert trust_for_nodes([node.id]) == pytest.approx({node.id: 0.1})  # a new node
     share(node, *[group(i) for i in range(1, 9)])
     assert TrustRecord.objects.get(node=node).streak == 8
-    assert trust_for_node(node.id) == pytest.approx(0.5)
+    assert trust_for_nodes([node.id]) == pytest.approx({node.id: 0.5})
 
     share(node, group(20), forged(21), group(22))  # the streak restarts after the rejection
     record = TrustRecord.objects.get(node=node)
     assert (record.streak, record.accepted, record.rejected) == (1, 10, 1)
-    assert trust_for_node(node.id) == pytest.approx(2 / 11)
+    assert trust_for_nodes([node.id]) == pytest.approx({node.id: 2 / 11})
 
 
 def test_a_moderator_rejection_resets_the_streak():

@@ -57,3 +57,9 @@ def staff(username: str | None = None) -> User:
     if username and User.objects.filter(username=username).exists():
         return User.objects.get(username=username)
     return make_user(username=username, is_staff=True)
+
+
+def hamming(a: int, b: int) -> int:
+    """Bits apart of two simhashes (signed 64-bit, as moderation.kernels gives them): the distance the
+    near-copy rule bounds, which the product computes in moderation.kernels."""
+    return ((a ^ b) & ((1 << 64) - 1)).bit_count()

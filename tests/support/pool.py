@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from pool.ingest_statement import SwarmOfBatch
@@ -110,3 +111,9 @@ def default_swarm() -> SwarmOfBatch:
 
     swarm = swarm_default_ensure()
     return SwarmOfBatch(swarm.id, swarm.catalogue_version)
+
+
+def uuid7_time(value: uuid.UUID) -> datetime:
+    """The time a UUIDv7 was made at (its first 48 bits), in UTC: what a test reads back from an id
+    sapo_node.ids made (the product only compares ids, uuid7_floor)."""
+    return datetime.fromtimestamp((value.int >> 80) / 1000, tz=UTC)
