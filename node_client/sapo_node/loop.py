@@ -43,8 +43,9 @@ from sapo_node.grpo import grpo_update, make_optimizer
 from sapo_node.heldout_check import answer_pending_check
 from sapo_node.idle import IdleMonitor, start_idle_policy
 from sapo_node.metrics import MetricsLog, PhaseTimer, round_metrics, round_report
-from sapo_node.models import describe_hardware, load_policy
+from sapo_node.models import describe_hardware, load_policy, resolve_device
 from sapo_node.pause import PauseGate, pause_line
+from sapo_node.preparing import telling_preparing
 from sapo_node.progress import RoundProgress
 from sapo_node.prompts import format_prompt
 from sapo_node.ratio import AdaptiveRatio
@@ -135,26 +136,19 @@ def start_node(
     # The choices that matter were printed in one line (machine.describe_fit); the rest is on disk.
     print(f"sapo-node {__version__}: every setting in {out / 'config.json'}", flush=True)
 
-    # ---- the policy, its optimizer, and (only with a KL penalty) the frozen initial policy
     if config.threads:
         torch.set_num_threads(config.threads)
     seed_everything(config.seed)
-    model, tokenizer = policy if policy is not None else load_model(config)
-    reference = None
-    if config.kl_coef:  # the initial policy, frozen (a resumed run reloads it, not the checkpoint)
-        reference = copy.deepcopy(model) if policy is not None else load_model(config)[0]
-        reference.requires_grad_(False)
-    optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     # Read (and check) the checkpoint before saying hello: one that cannot be read safely stops here.
     found = latest_checkpoint(out) if config.resume else None
-    checkpoint = read_checkpoint(found, next(model.parameters()).device) if found is not None else None
+    device = next(policy[0].parameters()).device if policy is not None else resolve_device(config.device)
+    checkpoint = read_checkpoint(found, device) if found is not None else None
 
-    # ---- the swarm: say hello, take its catalogue if it answers in time
+    # ---- the swarm: say hello before the model loads, so the site shows the node preparing meanwhile
     owns_transport = transport is None
     transport = transport if transport is not None else make_transport(config, out)
     gate = PauseGate()
     transport.attach_gate(gate)
-    idle = start_idle_policy(gate, busy_load=config.pause_when_busy, battery=config.pause_on_battery)
     transport.start(
         Hello(
             f"sapo-node/{__version__}",
@@ -166,6 +160,23 @@ def start_node(
             heldout=not config.no_heldout_check,
         )
     )
+
+    # ---- the policy, its optimizer, and (only with a KL penalty) the frozen initial policy
+    try:
+        with telling_preparing(transport):
+            model, tokenizer = policy if policy is not None else load_model(config)
+            reference = None
+            if config.kl_coef:  # the initial policy, frozen (a resumed run reloads it, not the checkpoint)
+                reference = copy.deepcopy(model) if policy is not None else load_model(config)[0]
+                reference.requires_grad_(False)
+    except BaseException as exc:
+        if owns_transport:
+            transport.close()
+        if isinstance(exc, KeyboardInterrupt):
+            print(f"stopped while preparing {config.model}; the same command prepares it again", file=sys.stderr)
+        raise
+    optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
+    idle = start_idle_policy(gate, busy_load=config.pause_when_busy, battery=config.pause_on_battery)
     commitments = None
     if not isinstance(transport, SiloTransport):
         commitments = CommitmentStore(out / FOLDER)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tqdm.auto import tqdm
@@ -55,8 +57,41 @@ def progress_bar(
         total = len(iterable)
     if live if live is not None else is_terminal(file):
         tqdm_kwargs.setdefault("dynamic_ncols", True)
-        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, file=file, **tqdm_kwargs)
-    return LineProgress(iterable, total=total, desc=desc, unit=unit, initial=initial, file=file, every=every)
+        bar = tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, file=file, **tqdm_kwargs)
+    else:
+        bar = LineProgress(iterable, total=total, desc=desc, unit=unit, initial=initial, file=file, every=every)
+    _open_bars.append((weakref.ref(bar), time.monotonic()))
+    del _open_bars[:-8]
+    return bar
+
+
+@dataclass(frozen=True)
+class BarState:
+    """Where a bar stands: its description, the amount done, its total (None: unknown), the seconds
+    it has run, and the seconds left at its pace so far (None until it has a pace and a total)."""
+
+    desc: str
+    n: float
+    total: float | None
+    elapsed: float
+    eta: float | None
+
+
+#: The bars progress_bar made (a weak reference and when it was made), newest last: what a node
+#: shows the site while it prepares its model (sapo_node.preparing) is the newest open one.
+_open_bars: list[tuple[weakref.ref, float]] = []
+
+
+def current_bar() -> BarState | None:
+    """The newest bar that is still open (another thread may read it), or None."""
+    for ref, started in reversed(list(_open_bars)):
+        bar = ref()
+        if bar is None or getattr(bar, "closed", False) or getattr(bar, "disable", False):
+            continue  # a LineProgress says `closed`, a tqdm bar `disable` once closed
+        elapsed, n, total = time.monotonic() - started, float(bar.n), bar.total
+        eta = (total - n) * elapsed / n if total and n > 0 and elapsed > 0 else None
+        return BarState(str(bar.desc), n, total, elapsed, max(eta, 0.0) if eta is not None else None)
+    return None
 
 
 class LineProgress:

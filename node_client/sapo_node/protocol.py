@@ -93,6 +93,12 @@ NODE_TRAINING = "training"
 NODE_PAUSED = "paused"
 NODE_IDLE = "idle"
 NODE_STATES = (NODE_PREPARING, NODE_TRAINING, NODE_PAUSED, NODE_IDLE)
+#: While a node is preparing, what it is doing (`status.preparing`: one of PREPARING_STEPS), how far it is
+#: (`progress`, 0 to 1) and the seconds it expects that to take still (`eta_seconds`), each when known.
+PREPARING_LOAD = "load"
+PREPARING_DOWNLOAD = "download"
+PREPARING_BUILD = "build"
+PREPARING_STEPS = (PREPARING_LOAD, PREPARING_DOWNLOAD, PREPARING_BUILD)
 #: The pause reason a `pause` frame sets (sapo_node.pause.PauseGate); a status's `paused_for` has at most
 #: MAX_PAUSE_REASONS reasons of at most MAX_PAUSE_REASON_CHARS characters each.
 PAUSE_SITE = "site"

@@ -55,6 +55,12 @@ class Node(models.Model):
     reported_paused = models.BooleanField(default=False, help_text="Its client holds the site's pause.")
     round_seconds = models.FloatField(null=True, blank=True, help_text="Its last round's seconds.")
     tokens_per_second = models.FloatField(null=True, blank=True, help_text="Its last round's generation speed.")
+    # While preparing: what it does (sapo_node.protocol.PREPARING_STEPS), how far, and the seconds left it said.
+    reported_preparing = models.CharField(
+        max_length=16, blank=True, help_text="load, download or build (empty: not said)."
+    )
+    reported_progress = models.FloatField(null=True, blank=True, help_text="How far its preparing is (0 to 1).")
+    reported_eta_seconds = models.FloatField(null=True, blank=True, help_text="Seconds its preparing has left.")
     reported_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

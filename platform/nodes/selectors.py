@@ -11,6 +11,7 @@ from accounts.models import User
 from common.errors import NotFound
 from nodes.models import ONLINE_WINDOW, Node, NodeStatus, NodeToken
 from nodes.presence import connected_among, is_connected, with_connected
+from sapo_node.protocol import NODE_PREPARING
 
 
 def _with_details(queryset: QuerySet[Node]) -> QuerySet[Node]:
@@ -77,6 +78,11 @@ class NodeActivity:
     pause: str
     round_seconds: float | None
     tokens_per_second: float | None
+    #: While its state is "preparing": what it does (sapo_node.protocol.PREPARING_STEPS, "" if not said),
+    #: how far (0 to 1) and the seconds it said were left, each None when not said.
+    preparing: str = ""
+    progress: float | None = None
+    eta_seconds: float | None = None
 
 
 def node_activity(node: Node, *, status: str, now: datetime | None = None) -> NodeActivity:
@@ -95,11 +101,16 @@ def node_activity(node: Node, *, status: str, now: datetime | None = None) -> No
             pause = "requested"
         else:
             pause = "too_old"
+    state = node.reported_state if connected and said_lately else ""
+    preparing = state == NODE_PREPARING
     return NodeActivity(
-        state=node.reported_state if connected and said_lately else "",
+        state=state,
         pause=pause,
         round_seconds=node.round_seconds,
         tokens_per_second=node.tokens_per_second,
+        preparing=node.reported_preparing if preparing else "",
+        progress=node.reported_progress if preparing else None,
+        eta_seconds=node.reported_eta_seconds if preparing else None,
     )
 
 

@@ -20,7 +20,7 @@ from common.composed import rendered
 from common.errors import ApplicationError
 from nodes.events import CLOSE_UNAUTHENTICATED, node_disconnect_on_commit, node_pause_on_commit
 from nodes.models import NODE_NAME_MAX_LENGTH, Node, NodeToken
-from sapo_node.protocol import PAUSE_SITE
+from sapo_node.protocol import NODE_PREPARING, PAUSE_SITE
 
 TOKEN_PREFIX = "sapo_"
 #: Characters of the plaintext kept (unhashed) for display: "sapo_" + 8.
@@ -213,14 +213,26 @@ def node_pause_set(*, node: Node, paused: bool) -> Node:
 
 
 def node_status_fields(
-    *, state: str, paused_for: Sequence[str], round_seconds: float | None, tokens_per_second: float | None
+    *,
+    state: str,
+    paused_for: Sequence[str],
+    round_seconds: float | None,
+    tokens_per_second: float | None,
+    preparing: str = "",
+    progress: float | None = None,
+    eta_seconds: float | None = None,
 ) -> dict[str, object]:
-    """What a node says in `status` (parsed and bounded by pool.messages), as Node fields."""
+    """What a node says in `status` (parsed and bounded by pool.messages), as Node fields. What it
+    prepares is kept only while it says it prepares."""
+    preparing_now = state == NODE_PREPARING
     return {
         "reported_state": state,
         "reported_paused": PAUSE_SITE in paused_for,
         "round_seconds": round_seconds,
         "tokens_per_second": tokens_per_second,
+        "reported_preparing": preparing if preparing_now else "",
+        "reported_progress": progress if preparing_now else None,
+        "reported_eta_seconds": eta_seconds if preparing_now else None,
     }
 
 
@@ -304,9 +316,10 @@ _STATUSES_SQL = rendered(
 WITH {locked}
 UPDATE nodes_node n
 SET reported_state = v.state, reported_paused = v.paused, round_seconds = COALESCE(v.round_seconds, n.round_seconds),
-    tokens_per_second = COALESCE(v.tokens_per_second, n.tokens_per_second), reported_at = %s
-FROM unnest(%s::bigint[], %s::text[], %s::boolean[], %s::float8[], %s::float8[])
-         AS v(id, state, paused, round_seconds, tokens_per_second),
+    tokens_per_second = COALESCE(v.tokens_per_second, n.tokens_per_second), reported_preparing = v.preparing,
+    reported_progress = v.progress, reported_eta_seconds = v.eta_seconds, reported_at = %s
+FROM unnest(%s::bigint[], %s::text[], %s::boolean[], %s::float8[], %s::float8[], %s::text[], %s::float8[], %s::float8[])
+         AS v(id, state, paused, round_seconds, tokens_per_second, preparing, progress, eta_seconds),
      (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE n.id = v.id AND n.id IN (SELECT id FROM locked)
 """).format(locked=_LOCKED_IN_ID_ORDER)
@@ -331,6 +344,9 @@ def nodes_record_statuses(*, statuses: dict[int, dict[str, object]], now: dateti
                 [statuses[i]["reported_paused"] for i in ids],
                 [statuses[i]["round_seconds"] for i in ids],
                 [statuses[i]["tokens_per_second"] for i in ids],
+                [statuses[i]["reported_preparing"] for i in ids],
+                [statuses[i]["reported_progress"] for i in ids],
+                [statuses[i]["reported_eta_seconds"] for i in ids],
             ],
         )
         return cursor.rowcount

@@ -339,6 +339,9 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 paused_for=message.paused_for,
                 round_seconds=message.round_seconds,
                 tokens_per_second=message.tokens_per_second,
+                preparing=message.preparing,
+                progress=message.progress,
+                eta_seconds=message.eta_seconds,
             )
             presence.socket_book().reported(node.id, fields)
             return {"type": protocol.ACK, "for": protocol.STATUS}
@@ -472,11 +475,11 @@ class NodeConsumer(AsyncWebsocketConsumer):
         except Exception:
             logger.exception("node %s: making a held-out check failed", self.node.id)
             return
+        if check is None:
+            return
         self.heldout.record(check, round_, now)
         await self._send(check.wire(settings.SAPO_HELDOUT_MAX_NEW_TOKENS), None)
 
-        if check is None:
-            return
     # Swarms (pool.swarm_places) -------------------------------------------------------------
 
     async def _in_swarm(self) -> SwarmPlace:

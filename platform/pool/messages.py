@@ -139,6 +139,10 @@ class Status:
     paused_for: tuple[str, ...]
     round_seconds: float | None
     tokens_per_second: float | None
+    #: While preparing: one of protocol.PREPARING_STEPS ("" when not said), its progress (0 to 1) and ETA.
+    preparing: str = ""
+    progress: float | None = None
+    eta_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -651,12 +655,18 @@ def _parse_status(data: dict[str, Any], ref: str | None, limits: Limits) -> Stat
     for i, reason in enumerate(reasons):
         if not isinstance(reason, str) or not 0 < len(reason) <= protocol.MAX_PAUSE_REASON_CHARS or not _clean(reason):
             raise _invalid(f"paused_for[{i}]", f"expected a reason of 1-{protocol.MAX_PAUSE_REASON_CHARS} characters")
+    preparing = data.get("preparing")
+    if preparing is not None and preparing not in protocol.PREPARING_STEPS:
+        raise _invalid("preparing", f"expected one of {', '.join(protocol.PREPARING_STEPS)}")
     return Status(
         ref=ref,
         state=state,
         paused_for=tuple(dict.fromkeys(reasons)),
         round_seconds=_bounded_number(data, "round_seconds", protocol.MAX_ROUND_SECONDS),
         tokens_per_second=_bounded_number(data, "tokens_per_second", protocol.MAX_TOKENS_PER_SECOND),
+        preparing=preparing or "",
+        progress=_bounded_number(data, "progress", 1.0),
+        eta_seconds=_bounded_number(data, "eta_seconds", protocol.MAX_ROUND_SECONDS),
     )
 
 

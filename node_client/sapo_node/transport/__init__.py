@@ -8,13 +8,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from sapo_node.transport.base import Hello, SiloTransport, Transport, TransportCounts
+from sapo_node.transport.base import Hello, Preparing, SiloTransport, Transport, TransportCounts
 from sapo_node.transport.memory import MemoryPool, MemoryTransport
 
 if TYPE_CHECKING:
     from sapo_node.config import NodeConfig
 
-__all__ = ["Hello", "MemoryPool", "MemoryTransport", "SiloTransport", "Transport", "TransportCounts", "make_transport"]
+__all__ = [
+    "Hello",
+    "MemoryPool",
+    "MemoryTransport",
+    "Preparing",
+    "SiloTransport",
+    "Transport",
+    "TransportCounts",
+    "make_transport",
+]
 
 #: The outbox of a run, inside --out.
 OUTBOX_FILE = "outbox.sqlite3"

@@ -16,6 +16,26 @@ if TYPE_CHECKING:  # torch and safetensors: only a node that trains loads them
     from sapo_node.pause import PauseGate
 
 
+@dataclass(frozen=True)
+class Preparing:
+    """What a node does before its first round (a `status`'s `preparing`), how far it is and the
+    seconds it expects that to take still, each when known."""
+
+    #: One of protocol.PREPARING_STEPS.
+    step: str
+    #: 0 to 1.
+    progress: float | None = None
+    eta_seconds: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"preparing": self.step}
+        if self.progress is not None:
+            fields["progress"] = round(min(max(self.progress, 0.0), 1.0), 3)
+        if self.eta_seconds is not None:
+            fields["eta_seconds"] = round(min(max(self.eta_seconds, 0.0), protocol.MAX_ROUND_SECONDS))
+        return fields
+
+
 @dataclass
 class Hello:
     """What a node says about itself when it connects (protocol `hello`)."""
@@ -103,10 +123,15 @@ class Transport(ABC):
         node's owner has paused it from the site, and tells the server its reasons."""
 
     def tell_state(  # noqa: B027 - optional hook
-        self, state: str, *, round_seconds: float | None = None, tokens_per_second: float | None = None
+        self,
+        state: str,
+        *,
+        round_seconds: float | None = None,
+        tokens_per_second: float | None = None,
+        preparing: Preparing | None = None,
     ) -> None:
-        """What the node is doing now (one of protocol.NODE_STATES) and its last round's figures, for the
-        site (a `status` frame where the server takes one)."""
+        """What the node is doing now (one of protocol.NODE_STATES) and its last round's figures, or
+        while it prepares what it prepares, for the site (a `status` frame where the server takes one)."""
 
     def heldout_check(self) -> protocol.WireHeldoutCheck | None:
         """The held-out check the server asked and the node has not taken yet (taking it clears it); None

@@ -72,7 +72,7 @@ from sapo_node.ids import clock_set
 from sapo_node.outbox import ACCEPTED, ACK_RETENTION_SECONDS, PENDING, REFUSED, REJECTED, Outbox
 from sapo_node.pause import PauseGate
 from sapo_node.tasks import Catalogue
-from sapo_node.transport.base import Hello, Transport, TransportCounts
+from sapo_node.transport.base import Hello, Preparing, Transport, TransportCounts
 from sapo_node.transport.upload import CheckpointUploader, http_base, parse_audits
 
 if TYPE_CHECKING:
@@ -302,6 +302,7 @@ class WebSocketTransport(Transport):
         self.gate.on_change = self._gate_changed
         self._node_state = protocol.NODE_PREPARING  # tell_state's, for the server's `status`
         self._figures: dict[str, float | None] = {"round_seconds": None, "tokens_per_second": None}
+        self._preparing: Preparing | None = None  # tell_state's, while the state is preparing
         self._status_due = True  # something changed since the last `status` went
         self._status_at = 0.0  # when the last one went (monotonic)
         self._takes_status = False  # the last welcome had "paused": this server takes `status` frames
@@ -325,13 +326,19 @@ class WebSocketTransport(Transport):
         gate.on_change = self._gate_changed
 
     def tell_state(
-        self, state: str, *, round_seconds: float | None = None, tokens_per_second: float | None = None
+        self,
+        state: str,
+        *,
+        round_seconds: float | None = None,
+        tokens_per_second: float | None = None,
+        preparing: Preparing | None = None,
     ) -> None:
         figures = self._figures
         if round_seconds is not None or tokens_per_second is not None:
             figures = {"round_seconds": round_seconds, "tokens_per_second": tokens_per_second}
-        if state != self._node_state or figures != self._figures:
-            self._node_state, self._figures = state, figures
+        preparing = preparing if state == protocol.NODE_PREPARING else None
+        if state != self._node_state or figures != self._figures or preparing != self._preparing:
+            self._node_state, self._figures, self._preparing = state, figures, preparing
             self._status_due = True
             self._poke()
 
@@ -698,6 +705,8 @@ class WebSocketTransport(Transport):
         self._status_at = time.monotonic()
         figures = {k: v for k, v in self._figures.items() if v is not None}
         reasons = sorted(self.gate.reasons)[: protocol.MAX_PAUSE_REASONS]
+        if self._preparing is not None:
+            figures.update(self._preparing.to_wire())
         await self._send(ws, protocol.frame(protocol.STATUS, state=self._node_state, paused_for=reasons, **figures))
 
     def _merged_report(self) -> dict[str, Any]:
