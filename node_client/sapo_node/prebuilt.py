@@ -30,9 +30,10 @@ No Django: the site's app `prebuilt` imports the Manifest from here, so both sid
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import http.client
 import json
+import os
 import re
 import shutil
 import sys
@@ -40,7 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 import msgspec
@@ -182,14 +183,27 @@ def download(origin: str, variant: str, path: Path, *, seed: int = 0, steps: int
         raise PrebuiltUnavailable(f"its {variant} lacks {', '.join(missing)}")
     total = sum(f.size for f in entry.files)
     staging = staging_dir(path)
+    parts = partial_dir(path)
     try:
-        _download_files(opener, f"{origin}{MODELS_PATH}{entry.folder}/", entry.files, staging, total, variant, out)
+        _download_files(
+            opener, f"{origin}{MODELS_PATH}{entry.folder}/", entry.files, staging, parts, total, variant, out
+        )
         check_model_folder(staging, variant, seed=seed, steps=steps)
         if path.exists():  # a folder without build.json: not a finished model (the caller holds the lock)
             shutil.rmtree(path)
         staging.rename(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            parts.rmdir()  # when no cut download's part is left in it
+
+
+def partial_dir(path: Path) -> Path:
+    """Where the parts of `path`'s files that a cut download left wait to be resumed: each named for
+    its file and the sha256 the manifest gives it (`model.safetensors.<sha256>.part`), so a part is
+    only ever resumed toward that same file, and taken only once the whole file has that sha256. Its
+    name is not a staging folder's (tiny.cache.drop_stale_staging keeps it)."""
+    return path.parent / f".partial-{path.name}"
 
 
 def check_model_folder(folder: Path, variant: str, *, seed: int = 0, steps: int | None = None) -> None:
@@ -229,14 +243,16 @@ def check_model_folder(folder: Path, variant: str, *, seed: int = 0, steps: int 
         raise PrebuiltUnavailable(f"its {variant} tokenizer is not the one this client's recipe trains")
 
 
-def _open(opener: urllib.request.OpenerDirector, url: str):
+def _open(opener: urllib.request.OpenerDirector, url: str, headers: dict[str, str] | None = None):
     """The response for GET `url`, retrying a refused or failed connection (a site still starting)."""
-    request = urllib.request.Request(url, headers={"User-Agent": f"sapo-node/{__version__}"})
+    request = urllib.request.Request(url, headers={"User-Agent": f"sapo-node/{__version__}", **(headers or {})})
     for attempt in range(ATTEMPTS):
         try:
             return opener.open(request, timeout=TIMEOUT)
         except urllib.error.HTTPError as exc:
             exc.close()
+            if exc.code == 416:
+                raise _BrokeOff("the site cannot serve the rest of the part kept (416)") from None
             if exc.code == 404:
                 raise PrebuiltUnavailable("the site serves no prebuilt models (404)") from None
             raise PrebuiltUnavailable(f"the site answered {exc.code} for {url}") from None
@@ -256,37 +272,91 @@ def _get_manifest(opener: urllib.request.OpenerDirector, url: str) -> bytes:
             raise PrebuiltUnavailable(f"its manifest's download failed ({exc})") from None
 
 
+class _BrokeOff(Exception):
+    """A file's download stopped before its end: resumed from what came, a few times."""
+
+
 def _download_files(
     opener: urllib.request.OpenerDirector,
     base: str,
     files: list[ManifestFile],
     staging: Path,
+    parts: Path,
     total: int,
     variant: str,
     out: TextIO,
 ) -> None:
+    """Each file into `staging`, through its part in `parts`: a connection that breaks off is
+    resumed from the part's end (ATTEMPTS times in a row), and a part a cut run left is resumed too."""
     from sapo_node.progress import progress_bar
 
+    parts.mkdir(exist_ok=True)
     with progress_bar(total=total / 1e6, desc=f"downloading {variant}", unit="MB", file=out) as bar:
         for f in files:
-            h = hashlib.sha256()
-            received = 0
-            with _open(opener, base + f.name) as response, open(staging / f.name, "wb") as sink:
-                length = response.headers.get("Content-Length")
-                if length is not None and length.strip() != str(f.size):
-                    raise PrebuiltUnavailable(f"{f.name}: the site sends {length} bytes, its manifest says {f.size}")
-                while received <= f.size:
-                    try:
-                        chunk = response.read(min(READ_CHUNK, f.size + 1 - received))
-                    except (OSError, http.client.HTTPException) as exc:
+            part = parts / f"{f.name}.{f.sha256}.part"
+            for other in parts.glob(f"{f.name}.*.part"):  # a part of another copy of the file: useless
+                if other != part:
+                    other.unlink()
+            if part.exists():  # left by a cut run: what it holds counts as done
+                bar.update(min(part.stat().st_size, f.size) / 1e6)
+            for attempt in range(ATTEMPTS):
+                try:
+                    _fetch_part(opener, base + f.name, f, part, bar)
+                    break
+                except _BrokeOff as exc:
+                    if attempt + 1 == ATTEMPTS:
                         raise PrebuiltUnavailable(f"{f.name}: the download broke off ({exc})") from None
-                    if not chunk:
-                        break
-                    received += len(chunk)
-                    h.update(chunk)
-                    sink.write(chunk)
-                    bar.update(len(chunk) / 1e6)
-            if received != f.size:
-                raise PrebuiltUnavailable(f"{f.name}: {received} bytes came, its manifest says {f.size}")
-            if h.hexdigest() != f.sha256:
+                    time.sleep(RETRY_PAUSE)
+            if file_sha256(part) != f.sha256:  # a part is trusted only as far as the whole file's checksum
+                part.unlink()
                 raise PrebuiltUnavailable(f"{f.name}: its sha256 is not the manifest's")
+            os.replace(part, staging / f.name)
+
+
+def _fetch_part(opener: urllib.request.OpenerDirector, url: str, f: ManifestFile, part: Path, bar: Any) -> None:
+    """Bring `part` to `f.size` bytes: the rest of it (a 206 for `Range`, only while the site's file
+    is still the one its ETag names) or the whole file again (a 200). Raises _BrokeOff when fewer
+    bytes came, PrebuiltUnavailable when the site sends what its manifest does not say."""
+    have = part.stat().st_size if part.exists() else 0
+    if have > f.size:
+        part.unlink()
+        have = 0
+    if have == f.size:
+        return
+    headers = {"Range": f"bytes={have}-", "If-Range": f'"{f.sha256}"'} if have else {}
+    try:
+        response = _open(opener, url, headers)
+    except _BrokeOff:
+        part.unlink(missing_ok=True)  # the site's file is shorter than the part: start again
+        raise
+    with response:
+        if response.status == 206:
+            expected = f"bytes {have}-{f.size - 1}/{f.size}"
+            if response.headers.get("Content-Range") != expected:
+                raise PrebuiltUnavailable(
+                    f"{f.name}: the site sends {response.headers.get('Content-Range')}, not {expected}"
+                )
+            mode = "ab"
+        else:
+            have, mode = 0, "wb"
+        length = response.headers.get("Content-Length")
+        if length is not None and length.strip() != str(f.size - have):
+            due = f"{f.size - have} were due from byte {have}" if have else f"its manifest says {f.size}"
+            raise PrebuiltUnavailable(f"{f.name}: the site sends {length} bytes, {due}")
+        received, want = 0, f.size - have
+        with open(part, mode) as sink:
+            while received <= want:
+                try:
+                    chunk = response.read(min(READ_CHUNK, want + 1 - received))
+                except (OSError, http.client.HTTPException) as exc:
+                    raise _BrokeOff(str(exc)) from None
+                if not chunk:
+                    break
+                received += len(chunk)
+                sink.write(chunk)
+                bar.update(len(chunk) / 1e6)
+    if received > want:
+        part.unlink()
+        raise PrebuiltUnavailable(f"{f.name}: more bytes came than its manifest says ({f.size})")
+    if received < want:
+        raise _BrokeOff(f"{have + received} of {f.size} bytes")

@@ -1,7 +1,9 @@
 """A node takes the site's prebuilt model over real HTTP (daphne serving /models/, sapo_node.prebuilt
 downloading): checked and bitwise the published files; a file whose sha256 or size is not the
-manifest's, a connection cut mid-file, Ctrl-C or a kill mid-download keep nothing a later load could
-take for a model; a site without a usable copy makes the node build its own, saying why."""
+manifest's keeps nothing; a connection cut mid-file, Ctrl-C or a kill mid-download keep only the part
+of the file that came, which the next download resumes (a Range the site serves while the file's ETag
+holds) and which a changed file on the site makes it drop; a site without a usable copy makes the node
+build its own, saying why."""
 
 from __future__ import annotations
 
@@ -127,17 +129,78 @@ def test_a_file_that_is_not_the_manifests_is_refused_and_nothing_kept(served, tm
     assert list(cache.iterdir()) == []
 
 
-def test_a_download_cut_mid_file_keeps_nothing(served, tmp_path, proxies):
-    server, _ = served
+def test_a_download_cut_mid_file_resumes_to_the_right_file(served, tmp_path, proxies):
+    server, folder = served
     proxy = proxies(server.port)
     # The connection that has carried 500 kB of a file is cut (the manifest's is far smaller).
     proxy.cut_when("down", lambda conn, chunk: 1000 if conn.down_bytes + len(chunk) > 500_000 else None)
     cache, out = tmp_path / "cache", io.StringIO()
     cache.mkdir()
-    assert fetcher(f"http://127.0.0.1:{proxy.port}", MODEL, out=out)(tiny_path(MODEL, cache)) is False
+    path = tiny_path(MODEL, cache)
+    assert fetcher(f"http://127.0.0.1:{proxy.port}", MODEL, out=out)(path) is True, out.getvalue()
     assert proxy.cuts == 1
-    assert "model.safetensors: " in out.getvalue() and "building it here" in out.getvalue(), out.getvalue()
-    assert list(cache.iterdir()) == []
+    assert _tree(path) == _tree(tiny_path(MODEL, folder))
+    # Resumed, not begun again: the files' bytes came through the proxy about once.
+    size = sum(p.stat().st_size for p in path.iterdir())
+    assert sum(c.down_bytes for c in proxy.history) < size + 200_000
+    assert sorted(p.name for p in cache.iterdir()) == [path.name]  # no part left
+
+
+def test_a_part_of_a_file_the_site_has_changed_since_is_not_resumed(served, tmp_path, proxies):
+    from prebuilt import services
+
+    server, folder = served
+    proxy = proxies(server.port)
+    # Cut at 500 kB, and the proxy refuses the connections after: the download stops with a part kept.
+    proxy.cut_when("down", lambda conn, chunk: 1000 if conn.down_bytes + len(chunk) > 500_000 else None, hold=True)
+    cache, out = tmp_path / "cache", io.StringIO()
+    cache.mkdir()
+    path = tiny_path(MODEL, cache)
+    assert fetcher(f"http://127.0.0.1:{proxy.port}", MODEL, out=out)(path) is False
+    parts = list((cache / f".partial-{path.name}").iterdir())
+    assert [p.name.split(".")[0] for p in parts] == ["model"] and 0 < parts[0].stat().st_size, parts
+    # The site rebuilds the file (another sha256, another ETag) and publishes it again.
+    target = tiny_path(MODEL, folder) / "model.safetensors"
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0x01  # within the part the node holds: resuming it would give a wrong file
+    target.write_bytes(bytes(data))
+    with override_settings(SAPO_PREBUILT_DIR=str(folder)):
+        services.manifest_write()
+    assert fetcher(server.url, MODEL, out=io.StringIO())(path) is True
+    assert _tree(path) == _tree(tiny_path(MODEL, folder))  # the new file, from byte 0
+    assert sorted(p.name for p in cache.iterdir()) == [path.name]
+
+
+def test_the_site_serves_a_range_while_the_etag_holds(served):
+    server, folder = served
+    published = tiny_path(MODEL, folder)
+    body = (published / "model.safetensors").read_bytes()
+    url, etag = f"{server.url}/models/{published.name}/model.safetensors", f'"{hashlib.sha256(body).hexdigest()}"'
+
+    def get(**headers: str):
+        try:
+            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers))
+        except urllib.error.HTTPError as refused:
+            return refused.code, dict(refused.headers), b""
+        with response:
+            return response.status, dict(response.headers), response.read()
+
+    status, headers, part = get(Range="bytes=1000-", **{"If-Range": etag})
+    assert status == 206 and part == body[1000:]
+    assert headers["Content-Range"] == f"bytes 1000-{len(body) - 1}/{len(body)}"
+    assert headers["Content-Length"] == str(len(body) - 1000) and headers["ETag"] == etag
+    status, headers, part = get(Range="bytes=10-19")
+    assert status == 206 and part == body[10:20] and headers["Content-Range"] == f"bytes 10-19/{len(body)}"
+    # Another ETag: the node's part is of another file, so the whole file comes.
+    status, _, whole = get(Range="bytes=1000-", **{"If-Range": '"' + "0" * 64 + '"'})
+    assert status == 200 and whole == body
+    # A range past the end: 416, with the size.
+    status, headers, _ = get(Range=f"bytes={len(body)}-")
+    assert status == 416 and headers["Content-Range"] == f"bytes */{len(body)}"
+    # Forms served whole (several ranges, a suffix, nonsense).
+    for form in ("bytes=0-1,5-9", "bytes=-100", "pages=1-2"):
+        status, _, whole = get(Range=form)
+        assert status == 200 and whole == body, form
 
 
 _DOWNLOAD = """
@@ -157,7 +220,7 @@ def _download_stopped(cache: Path, url: str, how: signal.Signals) -> None:
     )
     try:
         deadline = time.monotonic() + 120
-        while not any(p.stat().st_size > 0 for p in cache.glob(".tiny-mini-*/model.safetensors")):
+        while not any(p.stat().st_size > 0 for p in cache.glob(".partial-tiny-mini-*/model.safetensors.*.part")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-2000:]
             time.sleep(0.05)
         proc.send_signal(how)
@@ -175,15 +238,19 @@ def test_ctrl_c_or_a_kill_mid_download_leaves_nothing_a_load_takes_for_a_model(s
     cache.mkdir()
     path = tiny_path(MODEL, cache)
 
+    parts = cache / f".partial-{path.name}"
     _download_stopped(cache, f"http://127.0.0.1:{proxy.port}", signal.SIGINT)
-    assert sorted(p.name for p in cache.iterdir()) == [f"{path.name}.lock"]  # the staging folder went with it
+    # The staging folder went with it; the part of the file kept for a resume is not a model.
+    assert sorted(p.name for p in cache.iterdir()) == [parts.name, f"{path.name}.lock"]
+    held = sum(p.stat().st_size for p in parts.iterdir())
+    assert held > 0 and build_info(path) is None
 
     _download_stopped(cache, f"http://127.0.0.1:{proxy.port}", signal.SIGKILL)
-    left = [p.name for p in cache.iterdir() if p.name.startswith(".")]
-    assert len(left) == 1 and build_info(path) is None  # a killed process cleans nothing up, but nothing is taken
+    assert build_info(path) is None  # a killed process cleans nothing up, but nothing is taken for a model
+    assert sum(p.stat().st_size for p in parts.iterdir()) >= held  # the part is kept, never cut back
 
     load_tiny(MODEL, cache_dir=cache, progress=False, fetch=fetcher(server.url, MODEL, out=io.StringIO()))
-    assert sorted(p.name for p in cache.iterdir()) == [path.name, f"{path.name}.lock"]  # the leftover went
+    assert sorted(p.name for p in cache.iterdir()) == [path.name, f"{path.name}.lock"]  # the leftovers went
     assert _tree(path) == _tree(tiny_path(MODEL, folder))
 
 
