@@ -56,7 +56,7 @@ import torch
 
 from sapo_node import proof, protocol
 from sapo_node.prompts import has_chat_template
-from sapo_node.shared_prefix import prompt_layout, prompt_pass
+from sapo_node.shared_prefix import prompt_layout, prompt_pass, returned_cache, with_cache
 
 
 @dataclass
@@ -259,7 +259,7 @@ def _sample_rows(
     width = input_ids.shape[1]
     out = prompt_pass(model, input_ids, prompt_mask, shared, logits_to_keep=1)
     owner = torch.tensor([distinct.index(b) for b in owners], device=device)  # (N,) row -> its prompt
-    cache = out.past_key_values
+    cache = returned_cache(out)
     cache.reorder_cache(owner)  # each distinct prompt's keys/values copied to its rows
     logits = out.logits[:, -1][owner]  # (N, V)
 
@@ -293,10 +293,10 @@ def _sample_rows(
             input_ids=next_ids[:, None],
             attention_mask=mask[active, : width + t + 1],
             position_ids=(position[active] + t)[:, None],
-            past_key_values=cache,
             use_cache=True,
+            **with_cache(model, cache),
         )
-        cache = out.past_key_values
+        cache = returned_cache(out)
         logits = out.logits[:, -1]  # (A, V)
     lengths_list = lengths.tolist()
     rows = [row[:length] for row, length in zip(tokens.tolist(), lengths_list, strict=True)]
@@ -338,7 +338,7 @@ def _sample_rows_static(
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
-        past_key_values=cache,
+        **with_cache(model, cache),
         cache_position=torch.arange(width, device=device),
         use_cache=True,
         logits_to_keep=1,
@@ -366,7 +366,7 @@ def _sample_rows_static(
             input_ids=next_ids[:, None],
             attention_mask=mask,
             position_ids=(position + t)[:, None],
-            past_key_values=cache,
+            **with_cache(model, cache),
             cache_position=cache_positions[t : t + 1],
             use_cache=True,
         ).logits[:, -1]
