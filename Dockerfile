@@ -42,7 +42,7 @@ RUN SAPO_ENV=production SAPO_SECRET_KEY=build-only SAPO_ALLOWED_HOSTS=build \
     python manage.py collectstatic --noinput -v0
 
 RUN useradd --create-home --uid 1000 sapo \
-    && mkdir -p /app/var/stats /app/var/archive /tokens /home/sapo/.cache/sapo-node \
+    && mkdir -p /app/var/stats /app/var/archive /app/var/models /tokens /home/sapo/.cache/sapo-node \
     && chown -R sapo /app/var /tokens /home/sapo/.cache
 USER sapo
 
