@@ -7,12 +7,14 @@ from typing import Any
 
 import torch
 
+from sapo_node import protocol
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE, Catalogue, TaskSpec, build_entries, score_completion
 from sapo_node.tiny.generation import generate_texts
 
-#: The held-out dataset seed: no warm start (sapo_node.tiny.warm_start.TRAIN_SEED + seed) draws from it.
-EVAL_SEED = 987_654
+#: The held-out dataset seed, the site's live checks' too (docs/protocol.md, "heldout_check"): no warm
+#: start (sapo_node.tiny.warm_start.TRAIN_SEED + seed) and no node's stream draws from it.
+EVAL_SEED = protocol.HELDOUT_SEED
 
 
 def heldout_answers(
