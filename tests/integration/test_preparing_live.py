@@ -74,7 +74,7 @@ def test_a_node_downloading_its_model_is_shown_preparing_and_ctrl_c_says_so(
             assert "badge badge-online" in card.group(0), card.group(0)[:1500]
             state = re.search(r"<dd data-state>(.*?)</dd>", card.group(0), re.S).group(1)
             assert state.startswith("preparing") and "downloading its model" in state, state
-            assert re.search(r"\d+%, about [\d,]+ s left", state), state
+            assert re.search(r"\d+%, about [\d.]+ (s|min|h) left", state), state
 
             proc.send_signal(signal.SIGINT)
             output, _ = proc.communicate(timeout=60)

@@ -27,6 +27,12 @@ def test_figures_that_round_to_zero_read_as_zero():
     assert _render("{{ v|num:0 }}", v=-12345.6) == "-12,346"
 
 
+def test_a_time_left_reads_in_the_unit_anyone_reads_it_in():
+    assert _render(
+        "{{ a|time_left }}, {{ b|time_left }}, {{ c|time_left }}, {{ d|time_left }}", a=40.2, b=600, c=6100.0, d=None
+    ) == ("40 s, 10 min, 1.7 h, —")
+
+
 def test_operator_text_shows_backticked_commands_as_code_and_escapes_the_rest():
     text = "The nodes `make run` starts <here>.\nSecond line, a lone ` backtick."
     html = _render("{{ t|inline_code }}", t=text)

@@ -11,6 +11,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from community.models import BadgeKind
+from sapo_node.progress import duration
 
 register = template.Library()
 
@@ -37,6 +38,15 @@ def num(value: float | int | None, digits: int = 1) -> str:
     if value is None:
         return "—"
     return _unsigned_zero(f"{value:,.{int(digits)}f}")
+
+
+@register.filter
+def time_left(seconds: float | None) -> str:
+    """Seconds a node said it has left, as its own progress line says them: "40 s", "12 min", "1.7 h";
+    None -> an em dash."""
+    if seconds is None:
+        return "—"
+    return duration(max(0.0, float(seconds)))
 
 
 @register.filter
