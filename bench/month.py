@@ -375,10 +375,10 @@ def measure_jobs(args: Namespace, world: dict, last: bool) -> dict[str, float]:
     from django.utils import timezone
 
     from figures.badges import badges_assign_job
+    from figures.export import stats_export
     from figures.stats import FOLD_LAG, stats_fold
     from pool.models import RetentionDay
     from pool.retention import retention_job
-    from web.export import stats_export
 
     out = {"fold": timed(stats_fold, now=max(timezone.now(), world["ingested_until"]) + FOLD_LAG)}
     out["badges"] = timed(badges_assign_job)

@@ -3,7 +3,7 @@
 What higher apps derived from a person and published (the statistics export's files) must drop them
 at once, not at their next schedule. This app cannot call those apps (they sit above it), so it sends
 `withdrawn` after the commit that withdrew them, and they connect to it in their AppConfig.ready()
-(web: web.export.export_withdraw).
+(figures: figures.export.export_withdraw).
 """
 
 from __future__ import annotations

@@ -11,3 +11,8 @@ class FiguresConfig(AppConfig):
         from figures.stats import follow_moderation
 
         follow_moderation()
+        # A profile turned private or a ban leaves the published export at once (accounts.events).
+        from accounts.events import withdrawn
+        from figures.export import export_withdraw
+
+        withdrawn.connect(export_withdraw, dispatch_uid="figures.export.export_withdraw")

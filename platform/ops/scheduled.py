@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 JOBS: list[tuple[str, str]] = [
     ("fold", "figures.stats.stats_fold_job"),
     ("badges", "figures.badges.badges_assign_job"),
-    ("export", "web.export.stats_export_job"),
+    ("export", "figures.export.stats_export_job"),
     ("retention", "pool.retention.retention_job"),
     ("alerts", "alerts.jobs.run"),
     ("audits", "audits.jobs.audit_sweep_job"),

@@ -15,12 +15,13 @@ from accounts.services import profile_set_private
 from common.errors import NotFound
 from community.selectors import membership_current, team_get, team_members
 from community.services import team_disband, team_edit, team_found, team_hand_over, team_join, team_leave
-from figures import leaderboard, teams
+from figures import leaderboard, profiles, teams
+from figures.swarm import swarm_heldout, swarm_overview
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_catalogue, swarm_get
-from web import profiles, selectors
+from web import selectors
 from web.serializers import (
     ContributorFiguresSerializer,
     CurvePointSerializer,
@@ -98,7 +99,7 @@ class SwarmApi(APIView):
 
     @extend_schema(responses=SwarmSerializer, summary="Swarm status: the swarm page's figures and charts")
     def get(self, request: Request) -> Response:
-        return Response(SwarmSerializer(selectors.swarm_overview()).data)
+        return Response(SwarmSerializer(swarm_overview()).data)
 
 
 class SwarmListApi(APIView):
@@ -124,8 +125,8 @@ class SwarmDetailApi(APIView):
         body = {
             "swarm": swarm,
             "catalogue": swarm_catalogue(swarm=swarm).entries,
-            "figures": selectors.swarm_overview(swarm=swarm),
-            "heldout": selectors.swarm_heldout(swarm=swarm),
+            "figures": swarm_overview(swarm=swarm),
+            "heldout": swarm_heldout(swarm=swarm),
         }
         return Response(SwarmDetailSerializer(body).data)
 
@@ -149,7 +150,7 @@ class MyNodeCurveApi(APIView):
     @extend_schema(responses=CurvePointSerializer(many=True), summary="A node's verified reward per hour, 7 days")
     def get(self, request: Request, node_id: int) -> Response:
         node = access_node(request.user, node_id)
-        return Response(CurvePointSerializer(selectors.node_curve(node=node), many=True).data)
+        return Response(CurvePointSerializer(profiles.node_curve(node=node), many=True).data)
 
 
 class MyInboxApi(APIView):

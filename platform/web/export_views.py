@@ -1,4 +1,4 @@
-"""/stats/: the daily statistics export, served as the files web.export wrote (no query per request)."""
+"""/stats/: the daily statistics export, served as the files figures.export wrote (no query per request)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from django.shortcuts import render
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
-from web import export
+from figures import export
 
 
 @require_GET

@@ -11,8 +11,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.services import profile_set_private
 from common.errors import NotFound
+from figures import profiles
+from figures.swarm import node_heldout_curve
 from nodes.selectors import node_activity
-from web import profiles, selectors
+from web import selectors
 
 
 @require_GET
@@ -37,7 +39,7 @@ def node_view(request: HttpRequest, node_id: int) -> HttpResponse:
         "profile": profile,
         "swarm": selectors.node_swarms(nodes=[node]).get(node.id),
         "activity": node_activity(node, status=status),
-        "node_heldout": selectors.node_heldout_curve(node=node),
+        "node_heldout": node_heldout_curve(node=node),
     }
     return render(request, "web/node.html", context)
 

@@ -259,7 +259,7 @@ class SwarmFiguresSerializer(serializers.Serializer):
 
 
 class ProfileSerializer(serializers.Serializer):
-    """A public page's figures (web.profiles.Profile)."""
+    """A public page's figures (figures.profiles.Profile)."""
 
     contributor = serializers.CharField(source="owner.public_name")
     contributor_id = serializers.IntegerField(source="owner.id", help_text="Stable; the export's identifier.")

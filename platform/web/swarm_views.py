@@ -15,11 +15,11 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from common.errors import ApplicationError, NotFound
 from common.json_input import JSONInputError, json_loads_bounded
+from figures.heldout import MIN_ANSWERS
+from figures.swarm import swarm_heldout, swarm_overview
 from moderation.views import staff_required
 from swarms.selectors import swarm_catalogue, swarm_get, swarm_list
 from swarms.services import swarm_catalogue_set, swarm_create, swarm_make_default, swarm_state_set, swarm_update
-from web import selectors
-from web.heldout import MIN_ANSWERS
 
 #: The fields of the staff form, as swarms.services takes them.
 _FORM_FIELDS = (
@@ -44,7 +44,7 @@ def swarms_with_figures() -> list[tuple[Any, dict[str, Any]]]:
     """Every swarm (open first, retired last) with its figures (each cached a few seconds)."""
     order = {"open": 0, "paused": 1, "retired": 2}
     swarms = sorted(swarm_list(), key=lambda s: (order.get(s.state, 3), not s.is_default, s.slug))
-    return [(s, selectors.swarm_overview(swarm=s)) for s in swarms]
+    return [(s, swarm_overview(swarm=s)) for s in swarms]
 
 
 @require_GET
@@ -54,9 +54,9 @@ def swarm_list_view(request: HttpRequest) -> HttpResponse:
 
 def _page_context(swarm: Any) -> dict[str, Any]:
     return {
-        "swarm": selectors.swarm_overview(swarm=swarm),
+        "swarm": swarm_overview(swarm=swarm),
         "swarm_obj": swarm,
-        "heldout": selectors.swarm_heldout(swarm=swarm),
+        "heldout": swarm_heldout(swarm=swarm),
         "min_answers": MIN_ANSWERS,
         "figures_url": reverse("web:swarm-one-figures", args=[swarm.slug]),
         "api_url": reverse("web:api-swarm-one", args=[swarm.slug]),

@@ -24,6 +24,7 @@ from community.services import (
     team_moderate,
 )
 from figures import teams
+from figures.swarm import aha_groups
 from swarms.models import Swarm
 from swarms.scope import SITE, Scope
 from swarms.selectors import swarm_list
@@ -89,7 +90,7 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
             "membership": mine,
             "is_member": mine is not None and mine.team_id == team.id,
             "is_founder": user.is_authenticated and team.founder_id == user.id,
-            "aha": selectors.aha_groups(scope=SITE, author_owner_ids=[m.user_id for m in members]),
+            "aha": aha_groups(scope=SITE, author_owner_ids=[m.user_id for m in members]),
         },
     )
 

@@ -17,6 +17,7 @@ from alerts.services import alert_secret_rotate, alert_settings_update
 from common.errors import ApplicationError, NotFound
 from figures import credit, stats
 from figures import leaderboard as boards
+from figures.swarm import swarm_overview
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_activities, node_list
 from nodes.services import (
@@ -71,7 +72,7 @@ def _install_context(request: HttpRequest, token: str | None = None) -> dict:
 
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    swarm = selectors.swarm_overview()
+    swarm = swarm_overview()
     return render(request, "web/home.html", {"swarm": swarm})
 
 
@@ -146,7 +147,7 @@ def swarm_figures(request: HttpRequest) -> HttpResponse:
 
 
 def _site_swarm_context() -> dict:
-    return {"swarm": selectors.swarm_overview(), "figures_url": "/swarm/figures/", "api_url": "/api/v1/swarm/"}
+    return {"swarm": swarm_overview(), "figures_url": "/swarm/figures/", "api_url": "/api/v1/swarm/"}
 
 
 # ---------------------------------------------------------------------------- my nodes

@@ -11,12 +11,12 @@ from django.utils import timezone
 from factories import make_node
 from playwright.sync_api import expect
 
+from figures.heldout import wilson
 from figures.leaderboard import FIGURES_CACHE_SECONDS
 from figures.stats import stats_rebuild
 from nodes.models import Node
 from pool.models import HeldoutScore, NodeRound, Rollout, Verdict
 from swarms.services import swarm_default_ensure
-from web.heldout import wilson
 
 
 def _listed(node: Node) -> None:

@@ -20,7 +20,7 @@ from swarms.services import swarm_default_ensure
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
-#: A check after every round, four questions: two checks make an arm's figure (web.heldout.MIN_ANSWERS).
+#: A check after every round, four questions: two checks make an arm's figure (figures.heldout.MIN_ANSWERS).
 CHECKS = {"SAPO_HELDOUT_EVERY_ROUNDS": 1, "SAPO_HELDOUT_MIN_SECONDS": 0.0, "SAPO_HELDOUT_QUESTIONS": 4}
 
 

@@ -16,11 +16,10 @@ from test_web_data import fresh_figures, make_consumption, make_group, make_repo
 
 from community.models import Membership
 from community.services import team_join
-from figures import stats
+from figures import export, stats
 from pool.models import ModerationStatus, Verdict
 from pool.services import rollout_set_moderation
 from swarms.services import swarm_default_ensure
-from web import export
 
 pytestmark = pytest.mark.django_db
 

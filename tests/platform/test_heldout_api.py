@@ -10,10 +10,10 @@ from django.core.cache import cache
 from django.utils import timezone
 from factories import make_node
 
+from figures.heldout import wilson
 from nodes.models import Node
 from pool.models import HeldoutScore, NodeRound, Rollout, Verdict
 from swarms.services import swarm_default_ensure
-from web.heldout import wilson
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""web.heldout's pure figures: Wilson's interval on hand-checked cases, the arms' totals and spans,
+"""figures.heldout's pure figures: Wilson's interval on hand-checked cases, the arms' totals and spans,
 nodes of no arm left out, and the threshold below which an arm shows no figure."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from web.heldout import MIN_ANSWERS, HeldoutCell, compare_heldout, node_heldout, wilson
+from figures.heldout import MIN_ANSWERS, HeldoutCell, compare_heldout, node_heldout, wilson
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

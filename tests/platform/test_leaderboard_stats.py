@@ -10,12 +10,12 @@ from django.utils import timezone
 from factories import make_node, make_user
 from test_web_data import fresh_figures, make_consumption, make_group, make_report
 
-from figures import credit, stats
+from figures import credit, profiles, stats
 from figures import leaderboard as boards
+from figures import swarm as swarm_figures
 from figures.models import DatasetHour, NodeHour, NodeStats, StatsCursor
 from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Verdict
-from web import selectors
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
@@ -141,7 +141,7 @@ def test_only_nodes_with_accepted_groups_get_a_leaderboard_row(node):
     assert _figures(reporter).rounds == 3  # its owner still sees its figures (/me/)
     assert [r.node_id for r in boards.leaderboard(view="nodes").page.object_list] == [node.id]
     assert [r.owner_id for r in boards.leaderboard(view="contributors").page.object_list] == [node.owner_id]
-    swarm = selectors.swarm_overview()
+    swarm = swarm_figures.swarm_overview()
     assert swarm["nodes_total"] == 1
     assert swarm["acceptance_rate"] == pytest.approx(0.5)  # the junk node's rejection still counts
 
@@ -166,7 +166,7 @@ def test_swarm_overview_figures(node):
     aha = make_group(node, rewards=(1.0, 0.0))
     make_consumption(a, aha)
     make_consumption(b, aha)
-    swarm = selectors.swarm_overview()
+    swarm = swarm_figures.swarm_overview()
     assert swarm["groups_per_minute"] == pytest.approx(0.4)
     assert swarm["pool_size"] == 2
     assert swarm["acceptance_rate"] == pytest.approx(0.75)
@@ -183,7 +183,7 @@ def test_node_curve_and_inbox(user, node):
     bad = make_group(node, verdict=Verdict.REJECTED, reason="question_mismatch")
     held = make_group(node, moderation_status=ModerationStatus.QUARANTINED)
     make_group(make_node(), verdict=Verdict.REJECTED)  # someone else's
-    curve = selectors.node_curve(node=node)
+    curve = profiles.node_curve(node=node)
     assert [p["verified_reward"] for p in curve] == [2.0, 1.0]
     assert {e.rollout.id for e in rollout_inbox_list(owner=user)} == {bad.id, held.id}
 
@@ -230,9 +230,9 @@ def test_pool_size_is_exact_when_small_and_a_bound_when_large(node, monkeypatch)
     last = make_group(node, rewards=(0.0, 1.0))
     cutoff = timezone.now() - timedelta(hours=1)
     swarms = [first.swarm_id]
-    assert selectors._pool_size(cutoff, swarms) == 2
-    monkeypatch.setattr(selectors, "POOL_COUNT_EXACT_BELOW", 1)
-    assert selectors._pool_size(cutoff, swarms) == last.sample_seq - first.sample_seq + 1
+    assert swarm_figures._pool_size(cutoff, swarms) == 2
+    monkeypatch.setattr(swarm_figures, "POOL_COUNT_EXACT_BELOW", 1)
+    assert swarm_figures._pool_size(cutoff, swarms) == last.sample_seq - first.sample_seq + 1
 
 
 def test_a_group_of_more_completions_than_the_swarms_g_earns_no_more_than_a_group_of_g(node):

@@ -15,6 +15,7 @@ from factories import make_node
 from node_sockets import ask, open_socket
 
 from common.errors import ApplicationError
+from figures.swarm import swarm_overview
 from nodes import presence
 from nodes.models import Node, NodeStatus
 from nodes.selectors import PAUSE_ANSWER_WINDOW, node_activity
@@ -22,7 +23,6 @@ from nodes.services import node_pause_set, node_retire
 from pool.limits import current_limits
 from pool.messages import ProtocolError, Status, parse_frame
 from sapo_node import __version__, protocol
-from web.selectors import swarm_overview
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 

@@ -14,11 +14,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from factories import make_node
 
+from figures.swarm import swarm_overview
 from nodes import presence
 from nodes.models import Node, NodeConnection, NodeStatus
 from nodes.selectors import node_status
 from swarms.scope import Scope
-from web.selectors import swarm_overview
 
 pytestmark = pytest.mark.django_db
 

@@ -33,6 +33,7 @@ from community.models import Badge
 from community.services import team_found, team_join
 from figures import stats
 from figures.badges import badges_assign
+from figures.export import stats_export
 from moderation.services import rollout_moderate
 from nodes.models import Node
 from ops.scheduled import run_jobs
@@ -41,7 +42,6 @@ from pool.models import Consumption, ModerationStatus, RetentionDay, Rollout, Ro
 from pool.selectors import window_id_floor
 from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
-from web.export import stats_export
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,7 @@ from test_community_teams import found
 from test_web_data import fresh_figures, make_group
 
 from community.models import Membership
-from figures import stats
-from web import export
+from figures import export, stats
 
 pytestmark = pytest.mark.django_db
 

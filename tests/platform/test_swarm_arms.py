@@ -1,4 +1,4 @@
-"""Swarm against silo on the swarm page: the maths on hand-made node-hours (web.arms), each node's
+"""Swarm against silo on the swarm page: the maths on hand-made node-hours (figures.arms), each node's
 arm from its latest round report, folded and live rows of one hour counted once, and the panel."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from rest_framework.test import APIClient
 from test_web_data import fresh_figures, make_group
 
 from figures import stats
+from figures import swarm as swarm_figures
+from figures.arms import SHARING, SILO, NodeHourCell, arm_of, compare_arms, t975, welch_interval
 from pool.models import NodeRound
 from swarms.services import swarm_default_ensure
-from web import selectors
-from web.arms import SHARING, SILO, NodeHourCell, arm_of, compare_arms, t975, welch_interval
 
 H0 = datetime(2026, 11, 20, 10, tzinfo=UTC)
 
@@ -130,7 +130,7 @@ def test_the_swarm_overview_compares_the_arms_from_reports_and_folded_plus_live_
     make_group(sharing, rewards=(0.0, 1.0), created_at=now)
     make_group(silo, rewards=(0.0, 0.0), created_at=now)
 
-    arms = selectors.swarm_overview()["arms"]
+    arms = swarm_figures.swarm_overview()["arms"]
     assert arms["sharing"]["nodes"] == 1 and arms["silo"]["nodes"] == 1 and arms["unknown_nodes"] == 1
     assert arms["sharing"]["node_hours"] == 2 and arms["silo"]["node_hours"] == 2  # the banned node is left out
     by_hour = {p["hour"]: p for p in arms["curve"]}

@@ -22,9 +22,8 @@ from common.errors import ApplicationError, NotFound
 from community import selectors
 from community.models import Membership
 from community.services import team_disband, team_edit, team_hand_over, team_join, team_moderate
-from figures import stats
+from figures import export, stats
 from moderation.services import contributor_ban, node_ban
-from web import export
 
 pytestmark = pytest.mark.django_db
 

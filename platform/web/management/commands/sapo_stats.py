@@ -1,11 +1,11 @@
 """`python manage.py sapo_stats fold|rebuild|export`: fold new pool rows into the figures tables now
 (pages also do it lazily every few seconds), recount everything from the pool, or write the daily
-statistics export now (web.export; the scheduled job writes it once a day)."""
+statistics export now (figures.export; the scheduled job writes it once a day)."""
 
 from django.core.management.base import BaseCommand
 
+from figures.export import export_dir, stats_export
 from figures.stats import stats_fold, stats_rebuild
-from web.export import export_dir, stats_export
 
 
 class Command(BaseCommand):

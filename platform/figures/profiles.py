@@ -25,8 +25,9 @@ from figures.stats import Measures, live_rows, snapshot
 from nodes.models import Node
 from nodes.presence import with_connected
 from swarms.scope import SITE
-from web.selectors import NODE_CURVE_DAYS
 
+#: A node's curve on /me/ and the public pages' curves cover this many days.
+NODE_CURVE_DAYS = 7
 #: The per-dataset figures read the newest groups of the last NODE_CURVE_DAYS days, at most this many
 #: (the pool's (node, created_at) index): a bounded read, whatever the contributor's volume.
 DATASET_GROUPS_MAX = 20_000
@@ -71,10 +72,16 @@ def _curve(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
             "hour": hour,
             "verified_reward": m.reward,
             "accepted": m.accepted,
+            "rejected": m.rejected,
             "mean_reward": m.reward / m.completions if m.completions else None,
         }
         for hour, m in sorted(hours.items())
     ]
+
+
+def node_curve(*, node: Node, days: int = NODE_CURVE_DAYS) -> list[dict[str, Any]]:
+    """A node's verified reward per hour over the last `days` days (hours with groups only)."""
+    return _curve([node.id], timezone.now() - timedelta(days=days))
 
 
 def _datasets(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:

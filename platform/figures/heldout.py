@@ -1,10 +1,10 @@
 """Held-out accuracy, swarm against silo: the share of held-out questions (pool.heldout: questions no
 node trains on, answered greedily by each node's current policy) that sharing nodes and silo nodes
 answer right, over time, each with a Wilson 95% interval. Pure functions on hand-over rows, no I/O
-(web.selectors feeds them; docs/figures.md, "Held-out accuracy").
+(figures.swarm feeds them; docs/figures.md, "Held-out accuracy").
 
 The unit is an answer: a check's score is the sum of its answers' rewards (each in [0, 1]), and an arm's
-accuracy over a span is its answers' score over their count. The arms are web.arms's (a node's latest
+accuracy over a span is its answers' score over their count. The arms are figures.arms's (a node's latest
 round report: J = 0 is silo). Answers of one node are not independent draws, and nodes choose their arm:
 the interval measures the questions' sampling noise, not a controlled experiment.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from web.arms import SHARING, SILO
+from figures.arms import SHARING, SILO
 
 #: Answers an arm needs before its accuracy is shown (fewer: "not enough data yet").
 MIN_ANSWERS = 8

@@ -1,6 +1,6 @@
 """Swarm against silo: the verified reward of nodes that train on external groups (J > 0) against
 nodes in silo (J = 0), from what they share. Pure functions on hand-over data, no I/O
-(web.selectors feeds them from the folded tables; docs/figures.md, "Swarm against silo").
+(figures.swarm feeds them from the folded tables; docs/figures.md, "Swarm against silo").
 
 The unit is a node-hour: one node's credited groups in one hour, its value their verified reward
 per completion. An arm's value in an hour is the mean over its node-hours; the gain is the mean of
