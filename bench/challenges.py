@@ -1,4 +1,4 @@
-"""What checking proofs of work costs the server per group (pool.messages' proof validation and
+"""What checking proofs of work costs the server per group (sockets.messages' proof validation and
 pool.challenges.proofs_check), against a share's whole cost.
 
     .venv/bin/python bench/challenges.py                 # 4 nodes x 24 shares of 32 groups x 8 completions
@@ -104,9 +104,9 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     from pool.ingest import rollout_share
     from pool.ingest_statement import SwarmOfBatch
     from pool.limits import current_limits
-    from pool.messages import parse_frame
     from pool.models import Rollout
     from pool.verification import verify_rollout
+    from sockets.messages import parse_frame
     from swarms.selectors import swarm_place
     from swarms.services import swarm_default_ensure
 

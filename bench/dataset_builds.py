@@ -94,8 +94,8 @@ def run(bench_pool, count: int) -> None:  # noqa: ANN001
     from pool.ingest import rollout_share
     from pool.ingest_statement import SwarmOfBatch
     from pool.limits import current_limits
-    from pool.messages import parse_frame
     from sapo_node import proof
+    from sockets.messages import parse_frame
     from swarms.models import SwarmCatalogue
     from swarms.selectors import swarm_place
     from swarms.services import swarm_create

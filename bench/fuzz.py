@@ -37,7 +37,7 @@ from benchkit import ROOT, checkout_pythonpath, pool_bench, use_checkout
 
 use_checkout()
 
-#: Must match pool.messages.MAX_NESTING and pool.limits.WEBSOCKET_HEADROOM_BYTES (the oracle below
+#: Must match sockets.messages.MAX_NESTING and pool.limits.WEBSOCKET_HEADROOM_BYTES (the oracle below
 #: reimplements what a readable ref is, rather than asking the code under test).
 MAX_NESTING = 16
 REPLY_TYPES = {"error", "ack", "samples", "welcome"}
@@ -381,8 +381,8 @@ def figures(result: FuzzResult) -> str:
 
 def forged_rows(catalogue_name: str) -> list[str]:
     """Accepted groups in the pool that do not verify again (must be none)."""
-    from pool.messages import RolloutIn
     from pool.models import Rollout, Verdict
+    from pool.records import RolloutIn
     from pool.verification import verify_rollout
     from sapo_node.tasks import CATALOGUES
 

@@ -103,9 +103,9 @@ def run(args: argparse.Namespace, bench_pool) -> None:  # noqa: ANN001
     from django.db import connection
 
     from pool.limits import current_limits
-    from pool.messages import parse_frame
     from pool.models import Rollout
     from pool.seams import NO_MODERATION, moderation_register
+    from sockets.messages import parse_frame
     from swarms.selectors import swarm_place
     from swarms.services import swarm_default_ensure
 

@@ -84,9 +84,9 @@ _limit_redis: dict[str, Any] = {}
 
 @pytest.fixture(autouse=True)
 def _fresh_swarm_places() -> None:
-    """A process keeps each swarm's place a few seconds (pool.swarm_places): a test's database (rolled
+    """A process keeps each swarm's place a few seconds (sockets.swarm_places): a test's database (rolled
     back, or emptied after a transactional test) does not hold the previous test's swarms."""
-    from pool.swarm_places import places_forget
+    from sockets.swarm_places import places_forget
 
     places_forget()
 
@@ -109,7 +109,7 @@ def _fresh_abuse_limits() -> None:
             client = _limit_redis[settings.REDIS_URL] = redis.Redis.from_url(settings.REDIS_URL)
         keys = [
             key
-            for kind in ("limit", "budget")  # accounts.limits' counters, pool.ratelimit's buckets
+            for kind in ("limit", "budget")  # accounts.limits' counters, sockets.ratelimit's buckets
             for key in client.scan_iter(match=f"{settings.SAPO_REDIS_PREFIX}:{kind}:*", count=1000)
         ]
         if keys:

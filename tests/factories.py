@@ -60,7 +60,7 @@ def make_node_with_token(*, owner: User | None = None, name: str | None = None) 
 
 def socket_node(token: str | None, connection_id: uuid.UUID | None = None) -> Node:
     """What a node socket opening with `token` gets on the connect path (nodes.sessions.nodes_sessions_open,
-    as pool.opening calls it; its session and presence record are written): its node, or its refusal
+    as sockets.opening calls it; its session and presence record are written): its node, or its refusal
     raised (ApplicationError "unauthenticated" or "banned")."""
     from nodes.sessions import nodes_sessions_open
 

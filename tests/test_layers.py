@@ -23,6 +23,7 @@ LAYERS = [
     "nodes",
     "pool",
     "moderation",
+    "sockets",
     "community",
     "alerts",
     "figures",
@@ -133,8 +134,16 @@ def test_the_checks_see_what_they_must_refuse():
     # The graph is real: the pool imports the node client's protocol, moderation the pool's seam,
     # web the pool's signal; and an upward import or a circle would be caught.
     graph, _ = _graph()
-    assert "sapo_node.protocol" in graph["pool.messages"]
+    assert "sapo_node.protocol" in graph["sockets.messages"]
     assert "pool.seams" in graph["moderation.apps"]
     assert "pool.signals" in graph["figures.stats"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_node_socket_is_an_entry_point():
+    # The socket (sockets) parses, dispatches and closes; the ledger (pool) and everything else is
+    # called by it, never calls it: only the ASGI wiring imports it.
+    graph, _ = _graph()
+    importers = {m.split(".")[0] for m, targets in graph.items() for t in targets if t.split(".")[0] == "sockets"}
+    assert importers <= {"sockets", "config"}

@@ -9,7 +9,7 @@ is stored once by the pool. A rejected group keeps its reason and is never sent 
 An accepted group keeps its text for ACK_RETENTION_SECONDS after its acknowledgement (then only its
 id and verdict stay): if the server's database is restored from a backup older than that, the
 groups it lost are sent again (`requeue_acknowledged`, when the pool's epoch in `welcome` changes:
-platform/pool/epoch.py). The epoch last seen is kept here too, with the server it came from
+platform/sockets/epoch.py). The epoch last seen is kept here too, with the server it came from
 (`epoch`, `set_epoch`): a node pointed at another server meets another epoch, and that is no
 restore, so nothing is sent again for it.
 

@@ -1,6 +1,6 @@
 """The node protocol's shared vocabulary (docs/protocol.md): version, message types, error codes,
 close codes, limit names and their defaults, and the wire form of a group; one module for the node
-client and the server (pool.messages, pool.consumers, pool.limits, pool.services, nodes.events and
+client and the server (sockets.messages, sockets.consumers, pool.limits, pool.services, nodes.events and
 config.settings import it). Constants and msgspec Structs, no other dependency: the server imports
 it, and it imports nothing of the server's (tests/test_layers.py checks both)."""
 
@@ -104,7 +104,7 @@ PREPARING_STEPS = (PREPARING_LOAD, PREPARING_DOWNLOAD, PREPARING_BUILD)
 PAUSE_SITE = "site"
 MAX_PAUSE_REASONS = 8
 MAX_PAUSE_REASON_CHARS = 32
-#: Bounds of a status's figures (pool.messages refuses a value outside them as invalid_message).
+#: Bounds of a status's figures (sockets.messages refuses a value outside them as invalid_message).
 MAX_ROUND_SECONDS = 7 * 86_400.0
 MAX_TOKENS_PER_SECOND = 10_000_000.0
 
@@ -209,7 +209,7 @@ class WireProof(msgspec.Struct, kw_only=True):
     logprobs: list[str]
 
 
-#: A proof's bounds (pool.messages refuses a proof outside them as invalid_message): the model's name in
+#: A proof's bounds (sockets.messages refuses a proof outside them as invalid_message): the model's name in
 #: characters, the temperature's range.
 PROOF_MAX_MODEL_CHARS = 200
 PROOF_MAX_TEMPERATURE = 10.0
@@ -229,11 +229,11 @@ class WireAudit(msgspec.Struct, kw_only=True):
 class WireGroup(msgspec.Struct, kw_only=True):
     """A group as it travels (docs/protocol.md, "share"), declared once: the node client encodes and
     decodes through it (sapo_node.groups.Group.to_wire/from_wire), the server decodes a share into it
-    (pool.messages' typed path) and names a group's fields by it wherever it holds one. Each side keeps
+    (sockets.messages' typed path) and names a group's fields by it wherever it holds one. Each side keeps
     its own bounds.
 
     A field is added here (with a default when older nodes do not send it), plus its validation in
-    pool.messages (a check in `_GROUP_CHECKS`, a field of RolloutIn, the typed path's bound) and its
+    sockets.messages (a check in `_GROUP_CHECKS`, a field of RolloutIn, the typed path's bound) and its
     column where the pool stores it (a model field of its name, the INSERT, a field of
     pool.payloads.SampledGroup): an import-time assert fails until each has it (docs/architecture.md,
     "Add a field to a shared group"). A node that makes or reads the field carries it in

@@ -14,7 +14,7 @@ after a day; cleaning them up to a second late changes nothing a node sees.
 Its operations are bounded like every Redis client's commands (SAPO_REDIS_TIMEOUT_SECONDS), but
 by an asyncio timeout around each (`_bounded`), not by redis-py's socket timeout: with one, redis-py
 sends through asyncio.wait_for, which on Python 3.11 loses a task's cancellation when it lands as the
-send completes (fixed in 3.12), and the closes listener (pool.closes), always sending or waiting, then
+send completes (fixed in 3.12), and the closes listener (sockets.closes), always sending or waiting, then
 outlives its event loop's shutdown. The wait for a message blocks in BZPOPMIN for `brpop_timeout`
 (5 s) when no message comes, so it may take twice that: its timeout is a Redis that hangs, never a
 busy loop reading the empty answer late.

@@ -45,8 +45,8 @@ from nodes.presence import presence_server_start  # noqa: E402
 
 # Imported at start-up, not on the first connection: it loads reasoning-gym, which on a busy
 # machine can take longer than daphne's WebSocket handshake timeout.
-from pool.consumers import NodeConsumer  # noqa: E402
 from pool.limits import current_limits  # noqa: E402
+from sockets.consumers import NodeConsumer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -159,6 +159,7 @@ INSTALLED_APPS = [
     "localswarm",  # `manage.py sapo_local`, what `make run` starts
     # --- Added by other helpers: moderation, web. Keep the project apps above in this order. ---
     "moderation",
+    "sockets",  # the node socket (parse, dispatch, close): above the pool, on moderation's layer
     "community",  # teams and badges: between moderation and web (docs/architecture.md)
     "alerts",  # after moderation, before web (tests/test_layers.py)
     "figures",  # statistics and the credit rule: above the pool and community, below web
@@ -267,7 +268,7 @@ SAPO_LIMITS = {
     name: env_int(f"SAPO_{name.upper()}", 0) for name in LIMIT_NAMES if (env_str(f"SAPO_{name.upper()}") or "").strip()
 }
 SAPO_CATALOGUE = env_str("SAPO_CATALOGUE", "") or "sapo"
-# How long a server process keeps a swarm's settings before reading them again (pool.swarm_places; a
+# How long a server process keeps a swarm's settings before reading them again (sockets.swarm_places; a
 # staff change reaches every process at once regardless). Tests whose database is emptied between
 # them set 0, so no process keeps a swarm that no longer exists.
 SAPO_SWARM_PLACE_SECONDS = env_float("SAPO_SWARM_PLACE_SECONDS", 5.0)

@@ -1,4 +1,4 @@
-"""Held-out accuracy, swarm against silo: the share of held-out questions (pool.heldout: questions no
+"""Held-out accuracy, swarm against silo: the share of held-out questions (sockets.heldout: questions no
 node trains on, answered greedily by each node's current policy) that sharing nodes and silo nodes
 answer right, over time, each with a Wilson 95% interval. Pure functions on hand-over rows, no I/O
 (figures.swarm feeds them; docs/figures.md, "Held-out accuracy").

@@ -51,8 +51,8 @@ from moderation.trust import (
     trust_judged_params,
     trust_value,
 )
-from pool.messages import RolloutIn
 from pool.models import ModerationStatus
+from pool.records import RolloutIn
 from pool.seams import RECORD_READS_PARAMS, RecordPart, RecordSql, ShareToScreen
 from pool.verification import Verification
 

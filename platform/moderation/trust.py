@@ -137,7 +137,7 @@ def trust_for_nodes(node_ids: Iterable[int]) -> dict[int, float]:
 def node_message_quotas(*, node_ids: Sequence[int], base: int) -> dict[int, int]:
     """Messages per minute allowed to each node: base * (floor + (1 - floor) * trust) when the "trust"
     rule is enabled, else base. Never below 1. One query for all of them (sockets opening together
-    ask together: pool.opening)."""
+    ask together: sockets.opening)."""
     rule = rules_current()["trust"]
     if not rule.enabled:
         return dict.fromkeys(node_ids, base)

@@ -4,7 +4,7 @@ owner, and swarms' changes.
 An order is a row of nodes.models.SocketOrder, written in the transaction that makes the change
 (`socket_order`): it commits with the change or not at all, so a process that stops after the change,
 a Redis that is down or comes back empty, or a message sent to a group nobody has joined yet loses
-nothing. Every server process delivers each order to its own sockets once (pool.closes), by two paths:
+nothing. Every server process delivers each order to its own sockets once (sockets.closes), by two paths:
 
 - at once: once the transaction commits, the order is one message to the channel-layer group
   CLOSES_GROUP, which every process joins once (a socket closes within milliseconds);
@@ -37,9 +37,9 @@ __all__ = ["CLOSES_GROUP", "CLOSE_BANNED", "CLOSE_UNAUTHENTICATED", "NODE_PAUSED
 
 logger = logging.getLogger(__name__)
 
-#: The channel-layer group every server process joins once (pool.closes).
+#: The channel-layer group every server process joins once (sockets.closes).
 CLOSES_GROUP = "node-closes"
-#: Seconds between two joins of CLOSES_GROUP by each process (pool.closes): after Redis lost its data,
+#: Seconds between two joins of CLOSES_GROUP by each process (sockets.closes): after Redis lost its data,
 #: the longest a process is out of the group (the database's path delivers meanwhile).
 CLOSES_REJOIN_SECONDS = 5.0
 #: A close's type on the channel layer (a message between server processes, not a node protocol frame).

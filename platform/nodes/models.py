@@ -161,7 +161,7 @@ class SocketOrder(models.Model):
     """Something open node sockets must obey: a close (a token revoked, a ban) or a swarm's change (paused,
     retired, edited). Written in the transaction that makes the change (nodes.events.socket_order), so it
     lasts exactly as long as the change: no process stopping and no Redis losing a message can lose it.
-    Every server process reads the recent ones (pool.closes); rows older than a day are deleted."""
+    Every server process reads the recent ones (sockets.closes); rows older than a day are deleted."""
 
     id = models.BigAutoField(primary_key=True)
     # The database's clock (the transaction's start), the one the processes' reads compare with.

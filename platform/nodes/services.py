@@ -222,7 +222,7 @@ def node_status_fields(
     progress: float | None = None,
     eta_seconds: float | None = None,
 ) -> dict[str, object]:
-    """What a node says in `status` (parsed and bounded by pool.messages), as Node fields. What it
+    """What a node says in `status` (parsed and bounded by sockets.messages), as Node fields. What it
     prepares is kept only while it says it prepares."""
     preparing_now = state == NODE_PREPARING
     return {

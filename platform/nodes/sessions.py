@@ -1,6 +1,6 @@
 """Node sockets' sessions, opened in one statement: the bearer token checked again, the node's
 standing (banned, retired), the token's last use, the node's last seen and the socket's presence
-record, in one database round trip for all the sockets opening together (pool.opening;
+record, in one database round trip for all the sockets opening together (sockets.opening;
 docs/benchmarks.md, "Sockets").
 
 Raw SQL, not the ORM, on purpose: the socket opens under load all at once (a server restart brings

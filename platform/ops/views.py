@@ -59,7 +59,7 @@ _redis = per_loop(_new_redis)
 async def _channel_layer() -> None:
     """With REDIS_URL, Redis answers a PING on a connection of the probe's own. (A message through the
     layer would queue behind the closes listener: channels_redis lets one `receive` through per layer at
-    a time, and pool.closes waits in one for as long as the process serves node sockets.) Without,
+    a time, and sockets.closes waits in one for as long as the process serves node sockets.) Without,
     a message through the in-memory layer and back."""
     if settings.REDIS_URL:
         if not await _redis().ping():

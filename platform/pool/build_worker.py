@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from pool.messages import RolloutIn
+from pool.records import RolloutIn
 from pool.verification import Verification, entry_rebuilt, verify_entry
 from sapo_node.datasets import TaskSpec, dataset_for
 from sapo_node.tasks import score_completions

@@ -37,7 +37,7 @@ from django.conf import settings
 
 from pool.build_worker import groups_verified
 from pool.challenges import challenge_fault, challenge_read
-from pool.messages import RolloutIn
+from pool.records import RolloutIn
 from pool.verification import REJECTED, Verification, verify_entry
 from sapo_node.datasets import TaskSpec, dataset_bytes_set, dataset_cached
 from sapo_node.entry_check import BuildCost, BuildFailed, BuildTimeout, build_first_bounded, run_bounded

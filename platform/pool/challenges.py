@@ -30,8 +30,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from pool.messages import RolloutIn
 from pool.models import AuditReason, AuditState
+from pool.records import RolloutIn
 from pool.verification import Verification
 from sapo_node import proof
 

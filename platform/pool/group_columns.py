@@ -1,4 +1,4 @@
-"""Where the pool stores a group: each of its fields (pool.messages.GROUP_FIELDS, the protocol's names)
+"""Where the pool stores a group: each of its fields (pool.records.GROUP_FIELDS, the protocol's names)
 in the column of that name, in the texts (pool_rollouttext, aliased `t`) for TEXT_FIELDS and in the
 ledger (pool_rollout, `r`) for the others; its rewards twice, as claimed and as verified. For the
 statements that read groups back with those aliases (pool.sampling's draw, pool.retention's archive);
@@ -6,8 +6,8 @@ the INSERT that writes them is pool.ingest_statement's."""
 
 from __future__ import annotations
 
-from pool.messages import GROUP_FIELDS
 from pool.models import Rollout, RolloutText
+from pool.records import GROUP_FIELDS
 
 #: A column: (table alias, column name).
 Column = tuple[str, str]

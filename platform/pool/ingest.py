@@ -1,5 +1,5 @@
 """A share's server path, top to bottom (docs/protocol.md, "share"): what the node socket calls for a
-`share` (pool.consumers), in order:
+`share` (sockets.consumers), in order:
 
 0. turn: the share waits for its turn (pool.turns), then goes, with the shares of other nodes that
    waited at the same time, as one batch on a database thread (`rollout_share_in_turn`);
@@ -42,8 +42,8 @@ from pool.builds import ShareBuilds
 from pool.challenges import proofs_check, repeats_settle
 from pool.ingest_statement import NODE_HELD, ScreenedShare, SwarmOfBatch, insert_batch
 from pool.limits import Limits, current_limits
-from pool.messages import RolloutIn
 from pool.models import AuditState, Rollout, Verdict
+from pool.records import RolloutIn
 from pool.seams import ShareToScreen, moderation
 from pool.verification import Verification, verify_rollout
 from sapo_node import protocol

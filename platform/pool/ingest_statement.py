@@ -17,8 +17,8 @@ from common.compact_json import dumps, dumps_floats, dumps_texts
 from common.composed import cte_list, placeholder_names, placeholders, rendered
 from common.db import binary_array, prepare_hot, server_binding_cursor
 from pool.budgets import ROW_OVERHEAD_BYTES, StoredBytes, hour_of, owner_hour_bytes_sql, utf8_len
-from pool.messages import GROUP_FIELDS, RolloutIn
 from pool.models import AuditReason, AuditState
+from pool.records import GROUP_FIELDS, RolloutIn
 from pool.seams import INSERT_CTE_NAMES, INSERT_PARAM_NAMES, RecordPart, RecordSql, record_sql_check
 from pool.verification import Verification, has_variance
 from swarms.models import sample_sequence_name

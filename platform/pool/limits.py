@@ -3,7 +3,7 @@
 Every limit has an environment variable (docs/protocol.md, "Limits"), read once by config/settings.py
 into `settings.SAPO_LIMITS` (a dict of the names set; the others keep the defaults below). This module
 reads settings only. Values are taken when a connection opens, so a settings override (tests) applies
-to new connections; a swarm overrides some for its nodes (pool.swarm_places.place_limits). Each swarm
+to new connections; a swarm overrides some for its nodes (sockets.swarm_places.place_limits). Each swarm
 has its catalogue (swarms.SwarmCatalogue).
 """
 
@@ -41,7 +41,7 @@ class Limits:
     max_bytes_per_minute: int = DEFAULT_LIMITS["max_bytes_per_minute"]
     #: Server CPU a node's frames may cost per minute (milliseconds of the handling thread's CPU time:
     #: parsing, verification, moderation, the insert), charged after each frame to a bucket refilled
-    #: at 50 ms a second (pool.ratelimit); a node in debt has its frames refused unparsed until the
+    #: at 50 ms a second (sockets.ratelimit); a node in debt has its frames refused unparsed until the
     #: refill pays it back. A 32-group share costs a few ms of CPU (docs/benchmarks.md, "A share's
     #: fixed cost"); 3,000 ms (5% of a core) bounds what any one node, honest or not, takes from
     #: everyone else per minute. Within a burst the share turns (pool.turns) keep a heavy node from

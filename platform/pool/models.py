@@ -311,8 +311,8 @@ class NodeStorageHour(models.Model):
 
 
 class EpochMarker(models.Model):
-    """One row whose PostgreSQL `xmin` and `token` enter the pool's epoch (pool.epoch): a restore of the
-    pool's contents inserts it again. Nothing but pool.epoch writes it, and only when it is missing."""
+    """One row whose PostgreSQL `xmin` and `token` enter the pool's epoch (sockets.epoch): a restore of the
+    pool's contents inserts it again. Nothing but sockets.epoch writes it, and only when it is missing."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     token = models.UUIDField(help_text="Random, drawn when the row is made; a row made again draws another.")
@@ -325,7 +325,7 @@ class EpochMarker(models.Model):
 
 
 class HeldoutScore(models.Model):
-    """A node's answers to one held-out check, scored by the swarm's verifiers (pool.heldout,
+    """A node's answers to one held-out check, scored by the swarm's verifiers (sockets.heldout,
     docs/protocol.md, "heldout_check"): questions of the held-out stream no node trains on, answered
     greedily by the node's policy after round `round`. Kept for good, like the ledger."""
 

@@ -8,8 +8,8 @@ from typing import Any, NamedTuple, get_args, get_origin
 import msgspec
 
 from common.compact_json import Raw, dumps, dumps_object
-from pool.messages import flat_fields
 from pool.models import Rollout
+from pool.records import flat_fields
 from sapo_node.protocol import SampledWireGroup
 
 #: A sampled group's fields as the pool holds them (SampledWireGroup's, the task's in its place).

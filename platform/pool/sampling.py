@@ -1,5 +1,5 @@
 """A sample's server path, top to bottom (docs/protocol.md, "sample"): what the node socket calls for a
-`sample` (pool.consumers, on a database thread), in order:
+`sample` (sockets.consumers, on a database thread), in order:
 
 1. draw: distinct uniform numbers in the swarm's window of sample numbers, and the eligible groups
    they name (index lookups within the swarm), in rounds until there are enough;

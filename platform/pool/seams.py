@@ -19,7 +19,7 @@ plain message rate).
   now and then).
 - `sample_keep` / `weighted_pick`: pool.sampling.rollout_sample, on its uniform draws; both return
   None when weighting is off, and the pool then draws uniformly.
-- `node_message_quotas`: pool.opening, when sockets open (those opening together in one call).
+- `node_message_quotas`: sockets.opening, when sockets open (those opening together in one call).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Protocol
 from psycopg import sql
 
 from common.composed import placeholder_names
-from pool.messages import RolloutIn
+from pool.records import RolloutIn
 from pool.verification import Verification
 
 

@@ -25,7 +25,6 @@ from common.compact_json import dumps
 from common.errors import ApplicationError
 from pool.budgets import ROW_OVERHEAD_BYTES, hour_of, storage_charge, storage_check, utf8_len
 from pool.limits import Limits, current_limits
-from pool.messages import Report
 from pool.models import (
     AuditReason,
     AuditState,
@@ -37,6 +36,7 @@ from pool.models import (
     ServedGroup,
     Verdict,
 )
+from pool.records import Report
 from pool.signals import rollouts_moderation_changing
 from swarms.models import SAMPLE_SEQUENCE_PREFIX
 

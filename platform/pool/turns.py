@@ -9,7 +9,7 @@ as all of theirs together (docs/benchmarks.md, "Attacks on verification"). Here 
 recent CPU (each node's CPU seconds, decaying with a half-life of HALF_LIFE_SECONDS), so a node
 that sends little waits for at most the shares already running, whatever the others send, and the
 nodes that send the most wait for each other. Nothing is refused here: that is the budgets' work
-(pool.ratelimit); a socket handles one frame at a time, so at most one share per socket waits.
+(sockets.ratelimit); a socket handles one frame at a time, so at most one share per socket waits.
 
 Why together: a share costs the server and PostgreSQL about as much again whatever it holds (its
 statements, their planning and start-up, the commit: docs/benchmarks.md, "A share's fixed cost").

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from common.native import native
-from pool.messages import RolloutIn
+from pool.records import RolloutIn
 from sapo_node import protocol
 from sapo_node.tasks import (
     Catalogue,
@@ -30,7 +30,7 @@ from sapo_node.tasks import (
 
 ACCEPTED = "accepted"
 REJECTED = "rejected"
-#: The reason of a group of the held-out stream's seed, which no node may train on (pool.heldout).
+#: The reason of a group of the held-out stream's seed, which no node may train on (sockets.heldout).
 HELDOUT_SEED = "heldout_seed"
 
 

@@ -14,7 +14,7 @@ from swarms.models import Swarm, SwarmCatalogue, SwarmState
 @dataclass(frozen=True)
 class SwarmPlace:
     """What a node socket holds of its swarm: from its hello until the next, or until a change of the
-    swarm reaches it through pool.closes (a new catalogue version: the socket reads its place again)."""
+    swarm reaches it through sockets.closes (a new catalogue version: the socket reads its place again)."""
 
     swarm_id: int
     slug: str

@@ -202,7 +202,7 @@ def swarm_update(*, actor: Any, swarm: Swarm, reason: str = "", **fields: Any) -
 
 def swarm_catalogue_set(*, actor: Any, swarm: Swarm, entries: object, reason: str = "") -> SwarmCatalogue:
     """Write the swarm's next catalogue version and point the swarm at it. Groups stored before keep
-    their version; sockets open now take the new one once it commits (pool.swarm_places: the
+    their version; sockets open now take the new one once it commits (sockets.swarm_places: the
     swarm_changed order names it), and refuse groups of a dataset it dropped (`task_withdrawn`). Raises invalid_catalogue (with `field`), swarm_retired."""
     _require_staff(actor)
     catalogue = catalogue_entries_clean(entries)
@@ -226,7 +226,7 @@ def swarm_catalogue_set(*, actor: Any, swarm: Swarm, entries: object, reason: st
 
 
 def swarm_state_set(*, actor: Any, swarm: Swarm, state: str, reason: str) -> Swarm:
-    """Open, pause or retire a swarm; its connected nodes hear of it within seconds (pool.closes).
+    """Open, pause or retire a swarm; its connected nodes hear of it within seconds (sockets.closes).
     Retiring is final, and the default swarm cannot be retired (make another the default first).
     Raises ApplicationError: forbidden, invalid_state, swarm_retired, default_swarm, reason_required."""
     _require_staff(actor)

@@ -1,4 +1,4 @@
-"""Socket orders that no process and no Redis can lose (nodes.events, pool.closes): two site processes on
+"""Socket orders that no process and no Redis can lose (nodes.events, sockets.closes): two site processes on
 one database and one Redis of their own (tests/support/redis_server.py), and the changes made by a third
 process that exits at once, as an operator's `manage.py shell` or a web worker that restarts would.
 

@@ -3,7 +3,7 @@ import pytest
 from django.core.cache import cache
 from django.db.backends import utils as db_utils
 
-from pool import ratelimit
+from sockets import ratelimit
 
 
 @pytest.fixture

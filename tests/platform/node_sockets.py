@@ -14,7 +14,7 @@ TIMEOUT = 5
 
 async def open_socket(token: str | None, *, scheme: str = "Bearer", hello: bool = False) -> WebsocketCommunicator:
     """A connected socket. With hello=True it has also been welcomed, so it is registered for closes
-    (pool.closes: a ban sent now reaches it)."""
+    (sockets.closes: a ban sent now reaches it)."""
     headers = [(b"authorization", f"{scheme} {token}".encode())] if token is not None else []
     socket = WebsocketCommunicator(application, "/ws/node/", headers=headers)
     connected, _ = await socket.connect(timeout=TIMEOUT)

@@ -19,11 +19,11 @@ from daphne.ws_protocol import WebSocketProtocol
 from node_sockets import close_code, open_socket
 from websockets.asyncio.client import connect
 
-from pool import opening
 from sapo_node import protocol
+from sockets import opening
 
 PLATFORM = Path(__file__).resolve().parents[2] / "platform"
-CLOSERS = {"close", "_shut", "close_for"}  # how the platform closes a node socket (pool.consumers, pool.closes)
+CLOSERS = {"close", "_shut", "close_for"}  # how the platform closes a node socket (sockets.consumers, sockets.closes)
 
 
 def daphne_sends(code: int) -> None:
@@ -107,7 +107,7 @@ def _dead_port() -> int:
 @pytest.mark.django_db(transaction=True)
 def test_over_daphne_with_redis_down_every_socket_opens_and_the_log_has_one_line(asgi_server, node_token, tmp_path):
     """The channel layer's Redis is down (nothing listens on its port) from the server's start: the
-    process cannot join the closes group, and needs not (pool.closes reads the socket orders from the
+    process cannot join the closes group, and needs not (sockets.closes reads the socket orders from the
     database), so every socket is welcomed, and the server logs one warning for the outage, no ERROR."""
     dead_redis = {
         "default": {
@@ -139,7 +139,7 @@ async def test_the_servers_own_failures_never_close_a_socket_with_4429(node_toke
     the outage and one for its end."""
     import django.db
 
-    from pool import consumers
+    from sockets import consumers
 
     def down(**kwargs):
         raise django.db.OperationalError('connection failed: connection to server at "127.0.0.1" refused')

@@ -1,4 +1,4 @@
-"""pool.closes: which sockets a close reaches, and a close that arrives while a socket authenticates."""
+"""sockets.closes: which sockets a close reaches, and a close that arrives while a socket authenticates."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from nodes.events import close_event
-from pool import closes as closes_module
-from pool.closes import SocketCloses
+from sockets import closes as closes_module
+from sockets.closes import SocketCloses
 
 
 class Socket:

@@ -450,7 +450,7 @@ async def test_node_ban_closes_4403_through_the_in_memory_layer(node, node_token
 async def test_a_ban_sent_while_the_socket_authenticates_still_closes_it(node, node_token):
     """The ban commits after the socket's one authenticating call read the tables (its session statement
     waits for the node's row, locked here) and its close arrives before the socket registers: the
-    socket is closed all the same (pool.closes remembers recent closes)."""
+    socket is closed all the same (sockets.closes remembers recent closes)."""
     import psycopg
     from django.db import connection
 
@@ -509,7 +509,7 @@ async def test_hundreds_of_sockets_joining_groups_at_once_wait_for_redis_connect
 
 async def test_a_socket_open_longer_than_the_group_expiry_still_receives_its_ban(settings, node, node_token):
     """Channel layers drop a group membership `group_expiry` after it was added (a day by default): the
-    process joins the closes group again within half of it (pool.closes), so a ban still closes a socket
+    process joins the closes group again within half of it (sockets.closes), so a ban still closes a socket
     open for days."""
     from channels.layers import channel_layers
 

@@ -133,7 +133,8 @@ async def test_the_bytes_per_minute_count_every_connection_of_the_node(node, nod
 async def test_a_node_whose_frames_cost_its_cpu_budget_is_refused_until_it_is_paid_back(
     node, node_token, settings, monkeypatch
 ):
-    from pool import ingest, ratelimit
+    from pool import ingest
+    from sockets import ratelimit
 
     settings.SAPO_LIMITS = {"max_cpu_ms_per_minute": 1}
     verify = ingest.verify_rollout
@@ -163,12 +164,12 @@ async def test_a_node_whose_frames_cost_its_cpu_budget_is_refused_until_it_is_pa
 
 
 async def test_an_unexpected_failure_is_internal_error_with_ref_and_presence_still_ends(node, node_token, monkeypatch):
-    import pool.consumers
+    import sockets.consumers
 
     def broken(**kwargs):
         raise RuntimeError("a bug in a service")
 
-    monkeypatch.setattr(pool.consumers, "node_round_report", broken)
+    monkeypatch.setattr(sockets.consumers, "node_round_report", broken)
     socket = await open_socket(node_token)
     reply = await ask(socket, {"type": "report", "v": 1, "round": 1, "ref": "x"})
     assert (reply["type"], reply["code"], reply["ref"]) == ("error", "internal_error", "x")

@@ -17,12 +17,12 @@ from support.pool import default_swarm, make_group, proof_of, share_frame
 
 from pool import builds
 from pool.challenges import challenge_mint
-from pool.heldout import heldout_check_make
 from pool.ingest import ShareIn, rollout_share_batch
 from pool.limits import Limits
-from pool.messages import parse_frame
 from sapo_node import datasets, proof, protocol
 from sapo_node.tasks import Catalogue, TaskSpec, build_entry
+from sockets.heldout import heldout_check_make
+from sockets.messages import parse_frame
 from swarms.services import swarm_create
 
 COSTLY = TaskSpec("count_primes", {"min_n": 1, "max_n": 5_000_000})  # a 40 MiB sieve for every seed

@@ -1,4 +1,4 @@
-"""Held-out checks (pool.heldout, docs/protocol.md, "heldout_check"): over a real daphne socket, a node
+"""Held-out checks (sockets.heldout, docs/protocol.md, "heldout_check"): over a real daphne socket, a node
 whose hello says `heldout` is asked a check after its reports, its answers are scored and stored; a late
 answer, an answer to a check or question not asked and a second answer are refused with their codes and
 store nothing; a node whose hello does not say `heldout` (an older client) is never asked. Scoring itself,
@@ -19,11 +19,11 @@ from support.live_nodes import HELLO, TIMEOUT
 from support.pool import make_group, to_rollout_in
 from websockets.sync.client import ClientConnection, connect
 
-from pool.heldout import AskedCheck, heldout_score_record
 from pool.models import HeldoutScore
 from pool.verification import HELDOUT_SEED, verify_rollout
 from sapo_node import protocol
 from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE, build_first
+from sockets.heldout import AskedCheck, heldout_score_record
 from swarms.services import swarm_default_ensure
 
 #: The server's settings: a check after every second round reported, three questions, no pause between.

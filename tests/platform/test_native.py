@@ -154,7 +154,7 @@ def test_answers_match_the_node_clients_extract_answer():
 
 
 def test_a_group_is_verified_the_same_with_and_without_the_extension(settings):
-    from pool.messages import RolloutIn
+    from pool.records import RolloutIn
     from pool.verification import verify_rollout
     from sapo_node.tasks import EASY_CATALOGUE, build_entry
 

@@ -21,8 +21,8 @@ from nodes.models import Node, NodeStatus
 from nodes.selectors import PAUSE_ANSWER_WINDOW, node_activity
 from nodes.services import node_pause_set, node_retire
 from pool.limits import current_limits
-from pool.messages import ProtocolError, Status, parse_frame
 from sapo_node import __version__, protocol
+from sockets.messages import ProtocolError, Status, parse_frame
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 

@@ -1,4 +1,4 @@
-"""pool.opening: sockets opening together share one database call, and each gets its own answer."""
+"""sockets.opening: sockets opening together share one database call, and each gets its own answer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from factories import make_node_with_token, make_user
 
 from accounts.models import User
 from common.errors import ApplicationError
-from pool import opening
+from sockets import opening
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

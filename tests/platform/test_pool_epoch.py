@@ -1,4 +1,4 @@
-"""The pool's epoch (pool.epoch): it changes when the marker row is inserted again, as every restore of
+"""The pool's epoch (sockets.epoch): it changes when the marker row is inserted again, as every restore of
 the pool's contents does (`pg_restore --clean` into the same database keeps the cluster, its timeline
 and the database's OID), and stays the same through what PostgreSQL does to a table meanwhile.
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from pool.epoch import pool_epoch
 from pool.models import EpochMarker
+from sockets.epoch import pool_epoch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -65,10 +65,11 @@ def _error_codes_written_in(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def test_every_error_code_the_pool_sends_is_the_protocols():
+def test_every_error_code_the_server_sends_is_the_protocols():
     written = {
         (path.name, line, code)
-        for path in sorted((REPO / "platform" / "pool").glob("*.py"))
+        for app in ("pool", "sockets")
+        for path in sorted((REPO / "platform" / app).glob("*.py"))
         for line, code in _error_codes_written_in(path)
     }
     assert any(name == "messages.py" for name, _, _ in written)  # the parser's codes were read
@@ -83,10 +84,11 @@ def test_the_node_client_reacts_to_the_protocols_codes_and_handles_every_server_
     assert websocket.DEFAULT_LIMITS == {name: protocol.DEFAULT_LIMITS[name] for name in websocket.SHAPE_LIMITS}
 
 
-#: Where the protocol is spoken: the server's pool (its socket, the frames' parser, closes) and the
-#: closes nodes.events sends, and the node client's transports.
+#: Where the protocol is spoken: the server's socket (its consumer, the frames' parser, closes), the
+#: pool's verdicts, the closes nodes.events sends, and the node client's transports.
 SPEAKERS = sorted(
     [
+        *(REPO / "platform" / "sockets").glob("*.py"),
         *(REPO / "platform" / "pool").glob("*.py"),
         REPO / "platform" / "nodes" / "events.py",
         *(REPO / "node_client" / "sapo_node" / "transport").glob("*.py"),
@@ -145,7 +147,7 @@ def test_a_message_type_or_close_code_written_as_a_literal_is_seen(line):
 
 def test_the_server_and_the_client_write_message_types_and_close_codes_by_their_protocol_names():
     read = {path.relative_to(REPO).as_posix() for path in SPEAKERS}
-    assert {"platform/pool/consumers.py", "node_client/sapo_node/transport/websocket.py"} <= read
+    assert {"platform/sockets/consumers.py", "node_client/sapo_node/transport/websocket.py"} <= read
     written = [
         (path.relative_to(REPO).as_posix(), line, value)
         for path in SPEAKERS

@@ -1,4 +1,4 @@
-"""A node's frame budgets (pool.ratelimit): token buckets of one minute's allowance, refilled
+"""A node's frame budgets (sockets.ratelimit): token buckets of one minute's allowance, refilled
 continuously, in Redis and in-process; and whose share goes first (pool.turns)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from pool import ratelimit
-from pool.ratelimit import Budget
 from pool.turns import Turns
+from sockets import ratelimit
+from sockets.ratelimit import Budget
 
 pytestmark = pytest.mark.usefixtures("fresh_rate_counts")
 

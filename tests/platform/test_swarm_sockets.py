@@ -193,7 +193,7 @@ async def test_any_places_the_node_in_the_open_swarm_with_the_fewest_active_node
 def test_any_is_chosen_once_per_few_seconds_per_process_and_a_change_of_a_swarm_chooses_again(
     django_assert_num_queries,
 ):
-    from pool.swarm_places import place_forget, place_of_hello, places_forget
+    from sockets.swarm_places import place_forget, place_of_hello, places_forget
 
     make_swarm(slug="busy", catalogue="easy")
     make_swarm(slug="quiet", catalogue="easy")
@@ -213,7 +213,7 @@ def test_any_is_chosen_once_per_few_seconds_per_process_and_a_change_of_a_swarm_
 async def test_a_hello_that_reads_the_swarms_pays_for_it_from_the_nodes_cpu_budget(settings, monkeypatch):
     """`any`'s aggregate is PostgreSQL's work, not the socket thread's: its time is charged like a
     share's, so a node sending `any` hellos cannot make the server work for free."""
-    from pool import swarm_places
+    from sockets import swarm_places
 
     settings.SAPO_LIMITS = {"max_cpu_ms_per_minute": 20}
     await sync_to_async(make_swarm)(slug="easy", catalogue="easy")

@@ -9,7 +9,7 @@ from typing import Any
 
 from pool.ingest_statement import SwarmOfBatch
 from pool.limits import Limits
-from pool.messages import RolloutIn
+from pool.records import RolloutIn
 from sapo_node.ids import uuid7
 from sapo_node.tasks import CATALOGUES, build_entry, score_completion
 

@@ -816,7 +816,7 @@ class WebSocketTransport(Transport):
         )
 
     def _on_pool_epoch(self, epoch: Any) -> None:
-        """A new epoch: the server's database was restored from a backup (platform/pool/epoch.py), and may
+        """A new epoch: the server's database was restored from a backup (platform/sockets/epoch.py), and may
         have lost groups it acknowledged; those of the retention period are sent again."""
         if not isinstance(epoch, str) or not epoch:
             return

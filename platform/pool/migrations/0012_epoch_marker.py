@@ -1,6 +1,6 @@
 """The pool's epoch marker: one row whose `xmin` and random token enter the pool's epoch, so that a
-restore of the pool's contents, which inserts the row again, changes the epoch (pool.epoch). The row is
-made by pool.epoch when it finds none, not here."""
+restore of the pool's contents, which inserts the row again, changes the epoch (sockets.epoch). The row is
+made by sockets.epoch when it finds none, not here."""
 
 from django.db import migrations, models
 

@@ -12,7 +12,7 @@ whichever path brings it first:
   within that many seconds whatever Redis does, including while it is down; a socket opens whether or not
   the process could join the group.
 
-A socket opening is authenticated by one database call (pool.opening: shared with the sockets opening
+A socket opening is authenticated by one database call (sockets.opening: shared with the sockets opening
 with it, nodes.sessions.nodes_sessions_open) and then registered here, on the event loop, with no
 await in between. A close that committed after that call read the tables reaches this process either
 before the socket registers or after:
@@ -52,8 +52,8 @@ from nodes.events import (
     socket_orders_prune,
     socket_orders_recent,
 )
-from pool.swarm_places import SWARM_CHANGED, place_forget, places_forget
 from sapo_node import protocol
+from sockets.swarm_places import SWARM_CHANGED, place_forget, places_forget
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class SocketCloses:
 
     def deliver(self, event: dict[str, Any]) -> None:
         """A close from nodes.events: close this process's matching sockets, and remember it. A swarm's
-        change (pool.swarm_places): tell this process's sockets of that swarm."""
+        change (sockets.swarm_places): tell this process's sockets of that swarm."""
         if event.get("type") == SWARM_CHANGED:
             self._swarm_changed(event)
             return

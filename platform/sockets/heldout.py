@@ -27,10 +27,10 @@ from django.conf import settings
 from common.errors import ApplicationError
 from common.native import native
 from pool.builds import build_cost, is_cheap
-from pool.messages import HeldoutAnswers
 from pool.models import HeldoutScore
 from sapo_node import protocol
 from sapo_node.tasks import Catalogue, ScoringTimeout, TaskSpec, build_first, random_indices, score_completions
+from sockets.messages import HeldoutAnswers
 
 #: Checks a socket remembers after asking (the newest): enough to tell a late or repeated answer from one
 #: to a check never asked.

@@ -3,9 +3,9 @@
 A socket's swarm comes from its `hello` (`place_of_hello`; none named: the site's default), read at
 most once per settings.SAPO_SWARM_PLACE_SECONDS per process and swarm (a crowd of nodes saying hello at once costs one
 query per swarm); `any`'s choice (an aggregate over the open swarms' recent groups) is kept as long.
-Whoever's hello reads the tables pays what the read cost from its CPU budget (pool.ratelimit). A staff change of a swarm (swarms.signals.swarm_changed) is a socket order
+Whoever's hello reads the tables pays what the read cost from its CPU budget (sockets.ratelimit). A staff change of a swarm (swarms.signals.swarm_changed) is a socket order
 (nodes.events), written in the change's transaction: every server process forgets its copy and tells
-its sockets of that swarm (pool.closes, pool.consumers) within seconds, whatever Redis does. A change
+its sockets of that swarm (sockets.closes, sockets.consumers) within seconds, whatever Redis does. A change
 that names a newer catalogue version makes each socket read its place again (`place_after_change`,
 once per process), so a dataset staff withdrew is refused on sockets opened before the change.
 """
@@ -135,7 +135,7 @@ def swarm_state_message(*, slug: str, state: str, open_swarms: list[str]) -> dic
 
 
 def swarm_changed_broadcast(*, swarm: Swarm, **_: Any) -> None:
-    """swarms.signals.swarm_changed's receiver (PoolConfig.ready()), in the change's transaction: an
+    """swarms.signals.swarm_changed's receiver (SocketsConfig.ready()), in the change's transaction: an
     order every server process carries out once the change commits (nodes.events)."""
     swarm_id = swarm.id
     socket_order(

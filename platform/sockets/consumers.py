@@ -1,17 +1,17 @@
 """The node WebSocket, `/ws/node/` (docs/protocol.md). A dispatcher: authenticate, parse a frame with
-pool.messages, make one call per request type, send the reply (its message type and codes are
+sockets.messages, make one call per request type, send the reply (its message type and codes are
 sapo_node.protocol's names). A share is one call into its pipeline, pool.ingest (which waits for the
 share's turn and runs the batch on a database thread); a sample or a report is one call to
 pool.sampling or pool.services through common.db.db_call. A hello places the socket in its swarm
-(pool.swarm_places), hands what the node says about itself to the presence beat and, at the socket's
+(sockets.swarm_places), hands what the node says about itself to the presence beat and, at the socket's
 first welcome, reads the uploads the node owes (pool.audit_seam).
 
 Database calls run on db_call's threads, in parallel across sockets, each thread keeping its
 connection (not on Channels' one shared thread): opening a socket is one call (authenticate and open
 the session in one statement that does not wait for the disk, nodes.sessions, and read the quota),
-shared by the sockets opening at the same moment (pool.opening);
+shared by the sockets opening at the same moment (sockets.opening);
 what a node says in `hello` is written with the process's presence beat when it changed, and a
-frame's bookkeeping (rate limit, presence, last seen) costs no database round trip (pool.ratelimit,
+frame's bookkeeping (rate limit, presence, last seen) costs no database round trip (sockets.ratelimit,
 nodes.presence).
 What a socket costs the server is measured in docs/benchmarks.md, "Sockets".
 
@@ -28,7 +28,7 @@ died expires on its own. The record carries the socket's swarm once its hello (o
 the site's default) placed it.
 
 Closes (a token revoked, a node retired, a ban), a node's pause from the site and swarms' changes are
-socket orders (nodes.events): the socket registers with its process's pool.closes.SocketCloses once
+socket orders (nodes.events): the socket registers with its process's sockets.closes.SocketCloses once
 authenticated, which closes it (protocol.CLOSE_UNAUTHENTICATED or CLOSE_BANNED), sends it a `pause` or
 tells it its swarm's new state; it joins no
 channel-layer group of its own, and has no channel: the consumer reads only its own socket
@@ -44,7 +44,7 @@ import logging
 import math
 import time
 import uuid
-from typing import Any, assert_never
+from typing import Any, get_args
 
 import django.db
 import psycopg
@@ -61,19 +61,26 @@ from common.db import db_call
 from common.errors import ApplicationError
 from nodes import presence
 from nodes.services import node_hello_changed, node_hello_fields, node_status_fields
-from pool import audit_seam, ratelimit
+from pool import audit_seam
 from pool.challenges import SocketChallenge
-from pool.closes import socket_closes
-from pool.epoch import current_pool_epoch
-from pool.heldout import SocketHeldout, heldout_check_make, heldout_score_record
 from pool.ingest import ShareIn, rollout_share_in_turn
 from pool.ingest_statement import SwarmOfBatch
 from pool.limits import Limits, current_limits
-from pool.messages import (
+from pool.records import Report
+from pool.sampling import rollout_sample
+from pool.services import node_round_report
+from sapo_node import __version__ as LATEST_CLIENT
+from sapo_node import protocol
+from sapo_node.tasks import Catalogue
+from sockets import ratelimit
+from sockets.closes import socket_closes
+from sockets.epoch import current_pool_epoch
+from sockets.heldout import SocketHeldout, heldout_check_make, heldout_score_record
+from sockets.messages import (
     HeldoutAnswers,
     Hello,
+    Message,
     ProtocolError,
-    Report,
     Sample,
     Share,
     Status,
@@ -81,13 +88,8 @@ from pool.messages import (
     leading_ref,
     parse_frame,
 )
-from pool.opening import session_opens
-from pool.sampling import rollout_sample
-from pool.services import node_round_report
-from pool.swarm_places import place_after_change, place_limits, place_of_hello, swarm_state_message
-from sapo_node import __version__ as LATEST_CLIENT
-from sapo_node import protocol
-from sapo_node.tasks import Catalogue
+from sockets.opening import session_opens
+from sockets.swarm_places import place_after_change, place_limits, place_of_hello, swarm_state_message
 from swarms.selectors import SwarmPlace
 
 logger = logging.getLogger(__name__)
@@ -133,7 +135,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
     node = None
     closing = False  # set once the server has decided to close: nothing more is sent
     #: The node's swarm, from its hello (before any hello: the site's default, taken at the first frame
-    #: that needs it). Its state follows the swarm's through pool.closes.
+    #: that needs it). Its state follows the swarm's through sockets.closes.
     place: SwarmPlace | None = None
     frame_ref: str | None = None  # the ref of the frame being answered, once read
     welcomed: dict[str, Any] | None = None  # the last welcome sent: told again with a new catalogue
@@ -142,7 +144,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
     async def __call__(self, scope, receive, send) -> None:
         # Channels' AsyncConsumer.__call__ makes each consumer a channel on the layer and waits on it
         # and on the socket with two tasks, a new one per frame (await_many_dispatch). Closes reach
-        # this consumer through pool.closes instead, so it reads its socket only.
+        # this consumer through sockets.closes instead, so it reads its socket only.
         self.scope = scope
         self.channel_layer = None
         self.base_send = send
@@ -203,11 +205,11 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 bytes=self.limits.max_bytes_per_minute,
                 cpu_ms=self.limits.max_cpu_ms_per_minute,
             )
-            self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (pool.ratelimit)
+            self.owed_cpu_ms = 0  # what the last frame cost, charged with the next one (sockets.ratelimit)
             self.stored = None  # the bytes the last share left stored this hour (its budgets' next check)
             self.challenge = SocketChallenge(node.id)  # welcome.challenge, ack.challenge
             self.audits_told = False  # whether a welcome has named the uploads the node owes
-            self.heldout = SocketHeldout()  # the held-out checks asked on this socket (pool.heldout)
+            self.heldout = SocketHeldout()  # the held-out checks asked on this socket (sockets.heldout)
         except ApplicationError as exc:
             await self.close(code=protocol.CLOSE_BANNED if exc.code == "banned" else protocol.CLOSE_UNAUTHENTICATED)
             return
@@ -242,7 +244,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 if not outage.dependency_failed(exc):
                     logger.exception("node %s: forgetting connection %s failed", node.id, self.connection_id)
 
-    # Closes (pool.closes) ---------------------------------------------------------------------
+    # Closes (sockets.closes) ---------------------------------------------------------------------
 
     def close_for(self, code: int) -> None:
         """Close with `code` (a revocation, a retirement, a ban), now: a frame being answered gets no
@@ -307,12 +309,6 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.frame_ref = message.ref
         try:
             reply = await self._dispatch(message)
-            if (
-                isinstance(message, Hello) and reply is not None
-            ):  # the welcome names the pool's epoch (it changes on a restore) and the server's clock
-                reply["pool_epoch"] = await current_pool_epoch()
-                reply["server_time"] = round(time.time(), 3)  # the node makes its group ids by it
-                self.welcomed = reply
         except ApplicationError as exc:
             await self._error(exc.code, exc.message, message.ref)
             return
@@ -329,78 +325,89 @@ class NodeConsumer(AsyncWebsocketConsumer):
             await self._ask_heldout(message.round)
         presence.socket_book().seen(node.id)  # written with the others' on the next beat
 
-    async def _dispatch(
-        self, message: Hello | Share | Sample | Report | Status | HeldoutAnswers
-    ) -> dict[str, Any] | None:
-        node = self.node
-        if isinstance(message, Status):  # written with the process's next beat (presence.SocketBook)
-            fields = node_status_fields(
-                state=message.state,
-                paused_for=message.paused_for,
-                round_seconds=message.round_seconds,
-                tokens_per_second=message.tokens_per_second,
-                preparing=message.preparing,
-                progress=message.progress,
-                eta_seconds=message.eta_seconds,
-            )
-            presence.socket_book().reported(node.id, fields)
-            return {"type": protocol.ACK, "for": protocol.STATUS}
-        if isinstance(message, Share):
-            place = await self._in_swarm()
-            if place.state == protocol.STATE_PAUSED:
-                await self._paused(message.ref)
-                return None
-            # The share waits for its turn, behind the nodes that cost the least lately, and goes with
-            # other nodes' shares of the same swarm waiting at once (pool.ingest, step 0).
-            result, cpu = await rollout_share_in_turn(
-                share=ShareIn(node=node, rollouts=message.rollouts, stored=self.stored),
-                limits=self.limits,
-                catalogue=place.catalogue,
-                swarm=SwarmOfBatch(place.swarm_id, place.catalogue_version),
-                frame_cpu=self.frame_cpu,
-            )
-            self.stored = result.stored
-            self.frame_cpu += cpu
-            return {
-                "type": protocol.ACK,
-                "for": protocol.SHARE,
-                "accepted": result.accepted,
-                "rejected": result.rejected,
-                "challenge": self.challenge.current(),
-                **({"audits": result.audits} if result.audits else {}),  # what to upload (docs/audits.md)
-            }
-        if isinstance(message, Sample):
-            place = await self._in_swarm()
-            if place.state == protocol.STATE_PAUSED:
-                await self._paused(message.ref)
-                return None
-            rollouts = await db_call(rollout_sample, retry_lost=True)(
-                node=node, n=message.n, window_seconds=self.limits.sample_window_seconds, swarm_id=place.swarm_id
-            )
-            return {"type": protocol.SAMPLES, "rollouts": rollouts}
-        if isinstance(message, Report):
-            place = await self._in_swarm()
-            if place.state == protocol.STATE_PAUSED:
-                await self._paused(message.ref)
-                return None
-            await db_call(node_round_report)(node=node, report=message, limits=self.limits, swarm_id=place.swarm_id)
-            return {"type": protocol.ACK, "for": protocol.REPORT, "round": message.round}
-        if isinstance(message, HeldoutAnswers):
-            place = await self._in_swarm()
-            check, texts = self.heldout.take(message, time.time())  # a refusal raises: nothing stored
-            score = await db_call(heldout_score_record)(
-                node_id=node.id, swarm_id=place.swarm_id, check=check, texts=texts, round_=message.round
-            )
-            check.answered = True
-            return {
-                "type": protocol.ACK,
-                "for": protocol.HELDOUT_ANSWERS,
-                "check": str(check.id),
-                "score": score.score,
-                "questions": score.questions,
-            }
-        if not isinstance(message, Hello):  # exhaustive: a new message type must be handled above
-            assert_never(message)
+    async def _dispatch(self, message: Message) -> dict[str, Any] | None:
+        """The reply to one parsed frame, or None when there is none to send (the frame was answered
+        and the socket closed, or refused for a paused swarm): one handler per message type."""
+        return await _HANDLERS[type(message)](self, message)
+
+    async def _open_place(self, ref: str | None) -> SwarmPlace | None:
+        """The socket's swarm for a share, a sample or a report; None once the node was told its swarm
+        is paused (the frame is answered by that)."""
+        place = await self._in_swarm()
+        if place.state == protocol.STATE_PAUSED:
+            await self._paused(ref)
+            return None
+        return place
+
+    async def _status(self, message: Status) -> dict[str, Any]:
+        # Written with the process's next beat (presence.SocketBook).
+        fields = node_status_fields(
+            state=message.state,
+            paused_for=message.paused_for,
+            round_seconds=message.round_seconds,
+            tokens_per_second=message.tokens_per_second,
+            preparing=message.preparing,
+            progress=message.progress,
+            eta_seconds=message.eta_seconds,
+        )
+        presence.socket_book().reported(self.node.id, fields)
+        return {"type": protocol.ACK, "for": protocol.STATUS}
+
+    async def _share(self, message: Share) -> dict[str, Any] | None:
+        if (place := await self._open_place(message.ref)) is None:
+            return None
+        # The share waits for its turn, behind the nodes that cost the least lately, and goes with
+        # other nodes' shares of the same swarm waiting at once (pool.ingest, step 0).
+        result, cpu = await rollout_share_in_turn(
+            share=ShareIn(node=self.node, rollouts=message.rollouts, stored=self.stored),
+            limits=self.limits,
+            catalogue=place.catalogue,
+            swarm=SwarmOfBatch(place.swarm_id, place.catalogue_version),
+            frame_cpu=self.frame_cpu,
+        )
+        self.stored = result.stored
+        self.frame_cpu += cpu
+        return {
+            "type": protocol.ACK,
+            "for": protocol.SHARE,
+            "accepted": result.accepted,
+            "rejected": result.rejected,
+            "challenge": self.challenge.current(),
+            **({"audits": result.audits} if result.audits else {}),  # what to upload (docs/audits.md)
+        }
+
+    async def _sample(self, message: Sample) -> dict[str, Any] | None:
+        if (place := await self._open_place(message.ref)) is None:
+            return None
+        rollouts = await db_call(rollout_sample, retry_lost=True)(
+            node=self.node, n=message.n, window_seconds=self.limits.sample_window_seconds, swarm_id=place.swarm_id
+        )
+        return {"type": protocol.SAMPLES, "rollouts": rollouts}
+
+    async def _report(self, message: Report) -> dict[str, Any] | None:
+        if (place := await self._open_place(message.ref)) is None:
+            return None
+        await db_call(node_round_report)(node=self.node, report=message, limits=self.limits, swarm_id=place.swarm_id)
+        return {"type": protocol.ACK, "for": protocol.REPORT, "round": message.round}
+
+    async def _heldout_answers(self, message: HeldoutAnswers) -> dict[str, Any]:
+        place = await self._in_swarm()
+        check, texts = self.heldout.take(message, time.time())  # a refusal raises: nothing stored
+        score = await db_call(heldout_score_record)(
+            node_id=self.node.id, swarm_id=place.swarm_id, check=check, texts=texts, round_=message.round
+        )
+        check.answered = True
+        return {
+            "type": protocol.ACK,
+            "for": protocol.HELDOUT_ANSWERS,
+            "check": str(check.id),
+            "score": score.score,
+            "questions": score.questions,
+        }
+
+    async def _hello(self, message: Hello) -> dict[str, Any] | None:
+        """Place the socket in the swarm the hello names, note what the node says of itself, welcome it
+        (None: the hello was refused and the socket closed)."""
         since = socket_closes().clock()
         try:
             place, cost = await db_call(place_of_hello, retry_lost=True)(slug=message.swarm)
@@ -415,15 +422,24 @@ class NodeConsumer(AsyncWebsocketConsumer):
             return None
         self._join(place, since=since)
         self.heldout.supported = message.heldout
+        self._note_said(message)
+        self.welcomed = await self._welcome(place)
+        return self.welcomed
+
+    def _note_said(self, hello: Hello) -> None:
         # What the node says about itself is written with the process's next beat (presence.SocketBook,
         # one statement for every node that said something new), not by a call per hello; a node
         # reconnecting says the same again, and nothing is written. (Its last seen was written when
         # the socket opened.)
-        said = node_hello_fields(client=message.client, model=message.model, hardware=message.hardware)
+        node = self.node
+        said = node_hello_fields(client=hello.client, model=hello.model, hardware=hello.hardware)
         if node_hello_changed(node=node, fields=said):
             for name, value in said.items():
                 setattr(node, name, value)
             presence.socket_book().said(node.id, said)
+
+    async def _welcome(self, place: SwarmPlace) -> dict[str, Any]:
+        node = self.node
         catalogue, limits = _catalogue_and_limits(place.catalogue, self.limits)
         # The uploads still owed, at the socket's first welcome only: later ones reach the node in its
         # shares' acks, and a node saying hello again on the socket costs no statement.
@@ -455,10 +471,13 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 "local": place.default_local,
                 "external": place.default_external,
             },
+            # The pool's epoch changes on a restore; the node makes its group ids by the server's clock.
+            "pool_epoch": await current_pool_epoch(),
+            "server_time": round(time.time(), 3),
         }
 
     async def _ask_heldout(self, round_: int) -> None:
-        """Ask the node a held-out check when its report of `round_` earns one (pool.heldout). Never
+        """Ask the node a held-out check when its report of `round_` earns one (sockets.heldout). Never
         fails the socket: a check not asked is only a figure missing."""
         now = time.time()
         place = self.place
@@ -480,7 +499,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         self.heldout.record(check, round_, now)
         await self._send(check.wire(settings.SAPO_HELDOUT_MAX_NEW_TOKENS), None)
 
-    # Swarms (pool.swarm_places) -------------------------------------------------------------
+    # Swarms (sockets.swarm_places) -------------------------------------------------------------
 
     async def _in_swarm(self) -> SwarmPlace:
         """The socket's swarm: the site's default until a hello names one; once a change of it names a
@@ -509,7 +528,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
         await self._send({"type": protocol.ERROR, "code": protocol.SWARM_PAUSED, "detail": detail}, ref)
 
     def swarm_changed(self, event: dict[str, Any]) -> None:
-        """The socket's swarm changed (pool.closes, on the event loop): a newer catalogue version is read
+        """The socket's swarm changed (sockets.closes, on the event loop): a newer catalogue version is read
         and told (`_catalogue_changed`); a change of state is told; a retired swarm's sockets are closed
         with protocol.CLOSE_SWARM_RETIRED."""
         version = event.get("catalogue_version")
@@ -560,7 +579,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
             self.close_for(protocol.CLOSE_SWARM_RETIRED)
 
     def node_paused(self, paused: bool) -> None:
-        """The owner paused the node from the site, or resumed it (pool.closes, on the event loop): tell it.
+        """The owner paused the node from the site, or resumed it (sockets.closes, on the event loop): tell it.
         A client older than the `pause` message ignores it; the site shows that it did not say so."""
         node = self.node
         if node is None or self.closing or (node.paused_at is not None) == paused:
@@ -590,3 +609,15 @@ class NodeConsumer(AsyncWebsocketConsumer):
         await self._send({"type": protocol.ERROR, "code": code, "detail": detail}, ref)
         if self.consecutive_errors >= self.limits.max_consecutive_errors:
             await self._shut(protocol.CLOSE_TOO_MANY_ERRORS)
+
+
+#: One handler per node message type (sockets.messages.Message): a new type is named here.
+_HANDLERS = {
+    Hello: NodeConsumer._hello,
+    Share: NodeConsumer._share,
+    Sample: NodeConsumer._sample,
+    Report: NodeConsumer._report,
+    Status: NodeConsumer._status,
+    HeldoutAnswers: NodeConsumer._heldout_answers,
+}
+assert set(_HANDLERS) == set(get_args(Message)), "every node message type has a handler"

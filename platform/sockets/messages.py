@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from pool.limits import Limits
+from pool.records import Report, RolloutIn
 from sapo_node import proof as proof_of_work
 from sapo_node import protocol
 from sapo_node.protocol import WireGroup, WireProof, WireTask
@@ -62,40 +63,6 @@ class ProtocolError(Exception):
         self.ref = ref
 
 
-def flat_fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
-    """A wire Struct's field names, a nested Struct's (a group's task) replaced by its own: the fields of
-    a group as the pool holds it (a row, RolloutIn, pool.payloads.SampledGroup, the archive)."""
-    names: list[str] = []
-    for field in msgspec.structs.fields(struct):
-        nested = isinstance(field.type, type) and issubclass(field.type, msgspec.Struct)
-        names += flat_fields(field.type) if nested else [field.name]
-    return tuple(names)
-
-
-#: A group's fields as the pool holds them (sapo_node.protocol.WireGroup's, the task's in its place).
-GROUP_FIELDS = flat_fields(WireGroup)
-
-
-class RolloutIn(msgspec.Struct, frozen=True, kw_only=True):
-    """A group as shared, validated: GROUP_FIELDS (asserted below), the id parsed, the lists as tuples.
-    A msgspec Struct rather than a frozen dataclass: built 32 times a share, and a frozen dataclass
-    sets each field through object.__setattr__, several times slower."""
-
-    id: uuid.UUID
-    round: int
-    dataset: str
-    seed: int
-    index: int
-    question: str
-    answer: str | None
-    completions: tuple[str, ...]
-    rewards: tuple[float, ...]
-    proof: WireProof | None = None
-
-
-assert RolloutIn.__struct_fields__ == GROUP_FIELDS, "RolloutIn holds sapo_node.protocol.WireGroup's fields"
-
-
 @dataclass(frozen=True)
 class Hello:
     ref: str | None
@@ -120,14 +87,6 @@ class Share:
 class Sample:
     ref: str | None
     n: int
-
-
-@dataclass(frozen=True)
-class Report:
-    ref: str | None
-    round: int
-    figures: dict[str, float | None]
-    used: tuple[uuid.UUID, ...]
 
 
 @dataclass(frozen=True)
@@ -710,7 +669,7 @@ assert set(_PARSERS) == set(protocol.NODE_MESSAGES), "every node message type ha
 # message type, an unknown key, a wrong type, an escape msgspec refuses such as a lone surrogate, a
 # failed check) makes `_typed_share` answer None, and the frame is parsed again the general way, whose
 # errors are the protocol's. So this path accepts only frames the general one accepts, with the same
-# Share (tests/platform/test_pool_messages.py compares the two on the fuzzer's frames); a refused frame
+# Share (tests/platform/test_socket_messages.py compares the two on the fuzzer's frames); a refused frame
 # costs one more linear pass. No schema here nests past four levels, and msgspec bounds the depth of
 # what it passes over (a RecursionError, caught).
 

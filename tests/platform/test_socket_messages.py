@@ -11,19 +11,10 @@ from pathlib import Path
 import pytest
 from support.pool import make_group
 
-from pool import messages
 from pool.limits import Limits
-from pool.messages import (
-    MAX_INT_DIGITS,
-    MAX_NESTING,
-    Hello,
-    ProtocolError,
-    Report,
-    Sample,
-    Share,
-    leading_ref,
-    parse_frame,
-)
+from pool.records import Report
+from sockets import messages
+from sockets.messages import MAX_INT_DIGITS, MAX_NESTING, Hello, ProtocolError, Sample, Share, leading_ref, parse_frame
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -253,7 +244,7 @@ def test_the_leading_ref_looks_at_the_first_characters_only():
     assert leading_ref('{"type": "' + "a" * 300 + '", "ref": "r"}') is None
 
 
-# --- The typed path of a share (pool.messages._typed_share) ------------------------------------------
+# --- The typed path of a share (sockets.messages._typed_share) ------------------------------------------
 
 
 def _general(text: str | bytes, limits: Limits) -> object:
