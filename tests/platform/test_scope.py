@@ -35,6 +35,7 @@ def test_a_scope_is_the_site_or_one_swarm_and_nothing_else():
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("no_cached_figures")
 def test_figures_of_the_pools_default_swarm_are_that_swarms_not_the_sites():
     """The pool's default swarm (where a hello naming none lands) handed to figures gives that swarm's
     figures: 2 groups, not the site's 3; a bare None or id is refused rather than read as a scope."""
