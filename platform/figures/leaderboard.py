@@ -22,7 +22,7 @@ from accounts.models import User
 from community.selectors import badges_of_users
 from figures import credit
 from figures.models import NodeStats, NodeSwarmStats
-from figures.stats import Measures, live_rows, snapshot, stats_fold_if_due
+from figures.stats import Measures, live_rows, measures_of, snapshot, stats_fold_if_due
 from figures.teams import TEAM_SORTS, team_figures_all
 from nodes.models import Node
 from nodes.presence import connected_among, is_connected, with_connected
@@ -130,16 +130,7 @@ def _compute_node_figures(now: datetime, scope: Scope) -> list[NodeFigures]:
         m = Measures()
         helped = rounds = 0
         if (s := folded.get(node.id)) is not None:
-            m.add(
-                Measures(
-                    s.accepted_groups,
-                    s.rejected_groups,
-                    s.moderated_groups,
-                    s.credited_completions,
-                    s.verified_reward,
-                    s.credit_growth,
-                )
-            )
+            m.add(measures_of(s))
             helped, rounds = s.helped, s.rounds
         if (extra := live_groups.get(node.id)) is not None:
             m.add(extra)
@@ -329,16 +320,7 @@ def swarm_figures_of(*, node_ids: list[int]) -> list[SwarmFigures]:
     with snapshot():
         live = live_rows(node_ids=node_ids)
         for s in NodeSwarmStats.objects.filter(node_id__in=node_ids):
-            measures.setdefault(s.swarm_id, Measures()).add(
-                Measures(
-                    s.accepted_groups,
-                    s.rejected_groups,
-                    s.moderated_groups,
-                    s.credited_completions,
-                    s.verified_reward,
-                    s.credit_growth,
-                )
-            )
+            measures.setdefault(s.swarm_id, Measures()).add(measures_of(s))
             c = counts.setdefault(s.swarm_id, [0, 0])
             c[0], c[1] = c[0] + s.helped, c[1] + s.rounds
     wanted = set(node_ids)

@@ -21,7 +21,7 @@ from community.selectors import badges_of_users, current_teams_of
 from figures.datasets import datasets_by_day
 from figures.leaderboard import NodeFigures, SwarmFigures, node_figures_for, swarm_figures_of
 from figures.models import NodeHour
-from figures.stats import Measures, live_rows, snapshot
+from figures.stats import Measures, live_rows, measures_of, snapshot
 from nodes.models import Node
 from nodes.presence import with_connected
 from swarms.scope import SITE
@@ -61,9 +61,7 @@ def _curve(node_ids: list[int], start: datetime) -> list[dict[str, Any]]:
         live = live_rows(node_ids=node_ids)
         hours: dict[datetime, Measures] = {}
         for h in NodeHour.objects.filter(node_id__in=node_ids, hour__gte=start):
-            hours.setdefault(h.hour, Measures()).add(
-                Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions, h.verified_reward)
-            )
+            hours.setdefault(h.hour, Measures()).add(measures_of(h))
     for (node_id, hour), m in live.groups.by_node_hour.items():
         if node_id in node_ids and hour >= start:
             hours.setdefault(hour, Measures()).add(m)

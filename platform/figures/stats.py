@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.core.cache import cache
 from django.db import connection, transaction
@@ -75,6 +76,30 @@ class Measures:
         self.completions += other.completions
         self.reward += other.reward
         self.growth += other.growth
+
+
+#: Each folded column and the Measures field it holds, in the tables' order: the one mapping between the
+#: figures tables' rows and Measures (an hour's row keeps no moderated groups and no growth).
+MEASURE_COLUMNS = {
+    "accepted_groups": "accepted",
+    "rejected_groups": "rejected",
+    "moderated_groups": "moderated",
+    "credited_completions": "completions",
+    "verified_reward": "reward",
+    "credit_growth": "growth",
+}
+_HOUR_COLUMNS = ["accepted_groups", "rejected_groups", "credited_completions", "verified_reward"]
+
+
+def measures_of(row: Any) -> Measures:
+    """The Measures a folded row holds (NodeStats, NodeSwarmStats, NodeHour, NodeSwarmHour, DatasetHour);
+    a column the row's table does not have counts 0."""
+    return Measures(**{f: getattr(row, c) for c, f in MEASURE_COLUMNS.items() if hasattr(row, c)})
+
+
+def measures_values(m: Measures, columns: Sequence[str]) -> tuple:
+    """`m`'s values for these folded columns, in their order (a row to write)."""
+    return tuple(getattr(m, MEASURE_COLUMNS[c]) for c in columns)
 
 
 @dataclass
@@ -193,21 +218,11 @@ def _update_add(table: str, keys: Sequence[str], columns: Sequence[str], rows: l
         cursor.executemany(query, rows)
 
 
-_STATS_COLUMNS = [
-    "accepted_groups",
-    "rejected_groups",
-    "moderated_groups",
-    "credited_completions",
-    "verified_reward",
-    "credit_growth",
-    "helped",
-    "rounds",
-]
-_HOUR_COLUMNS = ["accepted_groups", "rejected_groups", "credited_completions", "verified_reward"]
+_STATS_COLUMNS = [*MEASURE_COLUMNS, "helped", "rounds"]
 
 
 def _stats_row(m: Measures, helped: int, rounds: int) -> tuple:
-    return (m.accepted, m.rejected, m.moderated, m.completions, m.reward, m.growth, helped, rounds)
+    return (*measures_values(m, MEASURE_COLUMNS), helped, rounds)
 
 
 def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[tuple[int, int], int]) -> None:
@@ -235,7 +250,7 @@ def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[t
         ["node_id", "hour"],
         _HOUR_COLUMNS,
         [
-            (n, h, m.accepted, m.rejected, m.completions, m.reward)
+            (n, h, *measures_values(m, _HOUR_COLUMNS))
             for (n, h), m in sorted(groups.by_node_hour.items())
             if n in existing
         ],
@@ -245,7 +260,7 @@ def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[t
         ["node_id", "swarm_id", "hour"],
         _HOUR_COLUMNS,
         [
-            (n, s, h, m.accepted, m.rejected, m.completions, m.reward)
+            (n, s, h, *measures_values(m, _HOUR_COLUMNS))
             for (n, s, h), m in sorted(groups.by_node_swarm_hour.items())
             if n in existing
         ],
@@ -254,10 +269,7 @@ def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[t
         "web_datasethour",
         ["swarm_id", "hour", "dataset"],
         _HOUR_COLUMNS,
-        [
-            (s, h, d, m.accepted, m.rejected, m.completions, m.reward)
-            for (s, d, h), m in sorted(groups.by_dataset_hour.items())
-        ],
+        [(s, h, d, *measures_values(m, _HOUR_COLUMNS)) for (s, d, h), m in sorted(groups.by_dataset_hour.items())],
     )
 
 
@@ -370,50 +382,47 @@ def _apply_credit_change(
         )
         if credit.is_credited(r.verdict, r.moderation_status, r.audit_state) != credited_after(r)
     ]
-    totals: dict[tuple[int, ...], list] = {}
-    per_swarm: dict[tuple[int, ...], list] = {}
-    node_hours: dict[tuple[int, ...], list] = {}
-    node_swarm_hours: dict[tuple[int, ...], list] = {}
-    dataset_hours: dict[tuple[int, datetime, str], list] = {}
+    totals: dict[tuple[int, ...], Measures] = {}
+    per_swarm: dict[tuple[int, ...], Measures] = {}
+    node_hours: dict[tuple[int, ...], Measures] = {}
+    node_swarm_hours: dict[tuple[int, ...], Measures] = {}
+    dataset_hours: dict[tuple[int, datetime, str], Measures] = {}
     for r in changing:
         sign = 1 if credited_after(r) else -1
         reward = credit.group_reward(r.verified_rewards, r.completion_count)
         hour = r.created_at.replace(minute=0, second=0, microsecond=0)
         for key, bucket in (((r.node_id,), totals), ((r.node_id, r.swarm_id), per_swarm)):
-            t = bucket.setdefault(key, [0, 0, 0.0, 0.0])
-            t[0] -= sign if sign_moderated else 0  # moderated_groups moves the other way
-            t[1] += sign * r.completion_count
-            t[2] += sign * reward
-            t[3] += sign * credit.growth_of(reward, r.created_at)
+            t = bucket.setdefault(key, Measures())
+            t.moderated -= sign if sign_moderated else 0  # moderated_groups moves the other way
+            t.completions += sign * r.completion_count
+            t.reward += sign * reward
+            t.growth += sign * credit.growth_of(reward, r.created_at)
         for key, bucket in (
             ((r.node_id, hour), node_hours),
             ((r.node_id, r.swarm_id, hour), node_swarm_hours),
             ((r.swarm_id, hour, r.dataset), dataset_hours),
         ):
-            b = bucket.setdefault(key, [0, 0.0])
-            b[0] += sign * r.completion_count
-            b[1] += sign * reward
+            b = bucket.setdefault(key, Measures())
+            b.completions += sign * r.completion_count
+            b.reward += sign * reward
     # Folded groups have their rows already: add to them in place.
-    columns = ["moderated_groups", "credited_completions", "verified_reward", "credit_growth"]
-    _update_add("web_nodestats", ["node_id"], columns, [(*v, *k) for k, v in sorted(totals.items())])
-    _update_add(
-        "figures_nodeswarmstats", ["node_id", "swarm_id"], columns, [(*v, *k) for k, v in sorted(per_swarm.items())]
-    )
-    columns = ["credited_completions", "verified_reward"]
-    _update_add("web_nodehour", ["node_id", "hour"], columns, [(*v, *key) for key, v in sorted(node_hours.items())])
-    _update_add(
-        "figures_nodeswarmhour",
-        ["node_id", "swarm_id", "hour"],
-        columns,
-        [(*v, *key) for key, v in sorted(node_swarm_hours.items())],
-    )
-    _update_add(
-        "web_datasethour",
-        ["swarm_id", "hour", "dataset"],
-        columns,
-        [(*v, *k) for k, v in sorted(dataset_hours.items())],
-    )
+    stats, hours = _MOVED_STATS_COLUMNS, _MOVED_HOUR_COLUMNS
+    _update_add("web_nodestats", ["node_id"], stats, _delta_rows(totals, stats))
+    _update_add("figures_nodeswarmstats", ["node_id", "swarm_id"], stats, _delta_rows(per_swarm, stats))
+    _update_add("web_nodehour", ["node_id", "hour"], hours, _delta_rows(node_hours, hours))
+    _update_add("figures_nodeswarmhour", ["node_id", "swarm_id", "hour"], hours, _delta_rows(node_swarm_hours, hours))
+    _update_add("web_datasethour", ["swarm_id", "hour", "dataset"], hours, _delta_rows(dataset_hours, hours))
     return len(changing)
+
+
+#: What moderation moves in a node's totals and in an hour's row (a group stays accepted as it was shared).
+_MOVED_STATS_COLUMNS = ["moderated_groups", "credited_completions", "verified_reward", "credit_growth"]
+_MOVED_HOUR_COLUMNS = ["credited_completions", "verified_reward"]
+
+
+def _delta_rows(bucket: dict[tuple, Measures], columns: list[str]) -> list[tuple]:
+    """`_update_add`'s rows: each key's values for `columns`, then the key."""
+    return [(*measures_values(m, columns), *key) for key, m in sorted(bucket.items())]
 
 
 def _follow_moderation(sender: object, *, rollouts: QuerySet[Rollout], status: str, **kwargs: object) -> None:

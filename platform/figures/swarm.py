@@ -19,7 +19,7 @@ from figures.arms import NodeHourCell, arm_of, compare_arms
 from figures.heldout import HeldoutCell, compare_heldout, node_heldout
 from figures.leaderboard import FIGURES_CACHE_SECONDS, listed, node_figures_all
 from figures.models import DatasetHour, NodeHour
-from figures.stats import Measures, active_node_ids, live_rows, snapshot
+from figures.stats import Measures, active_node_ids, live_rows, measures_of, snapshot
 from nodes.models import Node
 from nodes.presence import PresenceUnknown, connected_filter
 from pool.limits import current_limits
@@ -117,7 +117,7 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
         (
             h.dataset,
             h.hour,
-            Measures(h.accepted_groups, h.rejected_groups, 0, h.credited_completions, h.verified_reward),
+            measures_of(h),
         )
         for h in hours
     ]
@@ -164,7 +164,7 @@ def _swarm_arms(
     merged: dict[tuple[int, datetime], Measures] = {}
     for h in node_hours:
         if h.node_id in public:
-            merged[(h.node_id, h.hour)] = Measures(completions=h.credited_completions, reward=h.verified_reward)
+            merged[(h.node_id, h.hour)] = measures_of(h)
     for (node_id, hour), m in live.items():
         if node_id in public and hour >= start:
             merged.setdefault((node_id, hour), Measures()).add(m)
