@@ -457,9 +457,9 @@ OTHER_TABLES = (
     "pool_noderound",
     "pool_nodestoragehour",
     "pool_servedgroup",
-    "web_nodehour",
+    "figures_nodehour",
     "figures_nodeswarmhour",
-    "web_datasethour",
+    "figures_datasethour",
 )
 
 

@@ -4,8 +4,6 @@ The pool's groups, consumptions and round reports are folded into these small ta
 `figures.stats.stats_fold`, incrementally: rows older than FOLD_LAG are added once, in order of time
 (groups) or id (consumptions, reports), and `StatsCursor` remembers how far the fold got. Readers add
 the few rows newer than the cursor on the fly (figures.leaderboard), in the same snapshot.
-
-The tables were made by the web app and keep its names (`db_table`): moving the models here moved no row.
 """
 
 from __future__ import annotations
@@ -21,9 +19,6 @@ class StatsCursor(models.Model):
     consumption_id = models.BigIntegerField(default=0, help_text="Consumption rows with id <= this are counted.")
     round_id = models.BigIntegerField(default=0, help_text="NodeRound rows with id <= this are counted.")
     updated_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        db_table = "web_statscursor"
 
     def __str__(self) -> str:
         return f"folded until {self.folded_until:%Y-%m-%d %H:%M:%S}"
@@ -43,9 +38,6 @@ class NodeStats(models.Model):
     )
     helped = models.PositiveIntegerField(default=0, help_text="(other node, group) pairs that trained on its groups.")
     rounds = models.PositiveIntegerField(default=0, help_text="Round reports received (self-reported).")
-
-    class Meta:
-        db_table = "web_nodestats"
 
     def __str__(self) -> str:
         return f"stats of node {self.node_id}"
@@ -84,7 +76,6 @@ class NodeHour(models.Model):
     verified_reward = models.FloatField(default=0.0)
 
     class Meta:
-        db_table = "web_nodehour"
         constraints = [models.UniqueConstraint(fields=["node", "hour"], name="web_nodehour_unique")]
 
     def __str__(self) -> str:
@@ -122,7 +113,6 @@ class DatasetHour(models.Model):
     verified_reward = models.FloatField(default=0.0)
 
     class Meta:
-        db_table = "web_datasethour"
         constraints = [
             models.UniqueConstraint(fields=["swarm", "hour", "dataset"], name="web_datasethour_swarm_unique")
         ]

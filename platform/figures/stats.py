@@ -41,11 +41,11 @@ _LOCK_KEY = 0x5A90_57A7  # pg advisory lock id of the fold
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 _MEASURES = ("accepted", "rejected", "moderated", "completions", "reward", "growth")
 _FOLDED_TABLES = (
-    "web_nodestats",
+    "figures_nodestats",
     "figures_nodeswarmstats",
-    "web_nodehour",
+    "figures_nodehour",
     "figures_nodeswarmhour",
-    "web_datasethour",
+    "figures_datasethour",
 )
 
 
@@ -238,7 +238,7 @@ def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[t
         )
         for node_id in sorted(existing)
     ]
-    _upsert_add("web_nodestats", ["node_id"], _STATS_COLUMNS, totals)
+    _upsert_add("figures_nodestats", ["node_id"], _STATS_COLUMNS, totals)
     per_swarm = [
         (n, s, *_stats_row(groups.by_node_swarm.get((n, s), Measures()), helped.get((n, s), 0), rounds.get((n, s), 0)))
         for n, s in sorted(pairs)
@@ -246,7 +246,7 @@ def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[t
     ]
     _upsert_add("figures_nodeswarmstats", ["node_id", "swarm_id"], _STATS_COLUMNS, per_swarm)
     _upsert_add(
-        "web_nodehour",
+        "figures_nodehour",
         ["node_id", "hour"],
         _HOUR_COLUMNS,
         [
@@ -266,7 +266,7 @@ def _write(groups: GroupRows, helped: dict[tuple[int, int], int], rounds: dict[t
         ],
     )
     _upsert_add(
-        "web_datasethour",
+        "figures_datasethour",
         ["swarm_id", "hour", "dataset"],
         _HOUR_COLUMNS,
         [(s, h, d, *measures_values(m, _HOUR_COLUMNS)) for (s, d, h), m in sorted(groups.by_dataset_hour.items())],
@@ -407,11 +407,11 @@ def _apply_credit_change(
             b.reward += sign * reward
     # Folded groups have their rows already: add to them in place.
     stats, hours = _MOVED_STATS_COLUMNS, _MOVED_HOUR_COLUMNS
-    _update_add("web_nodestats", ["node_id"], stats, _delta_rows(totals, stats))
+    _update_add("figures_nodestats", ["node_id"], stats, _delta_rows(totals, stats))
     _update_add("figures_nodeswarmstats", ["node_id", "swarm_id"], stats, _delta_rows(per_swarm, stats))
-    _update_add("web_nodehour", ["node_id", "hour"], hours, _delta_rows(node_hours, hours))
+    _update_add("figures_nodehour", ["node_id", "hour"], hours, _delta_rows(node_hours, hours))
     _update_add("figures_nodeswarmhour", ["node_id", "swarm_id", "hour"], hours, _delta_rows(node_swarm_hours, hours))
-    _update_add("web_datasethour", ["swarm_id", "hour", "dataset"], hours, _delta_rows(dataset_hours, hours))
+    _update_add("figures_datasethour", ["swarm_id", "hour", "dataset"], hours, _delta_rows(dataset_hours, hours))
     return len(changing)
 
 

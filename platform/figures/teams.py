@@ -48,10 +48,10 @@ JOIN nodes_node n ON n.owner_id = m.user_id AND n.banned_at IS NULL
 
 def _hours_sql(team_filter: sql.Composable, scope: Scope) -> sql.Composed:
     """Folded whole hours of each period, per hour from `since` (the curve) and in one sum before it;
-    of every swarm (web_nodehour) or of one (figures_nodeswarmhour, the same rows narrowed to it).
+    of every swarm (figures_nodehour) or of one (figures_nodeswarmhour, the same rows narrowed to it).
     Each hour's reward decays from the start of the hour."""
     if scope.is_site:
-        hours, swarm_filter = sql.Identifier("web_nodehour"), sql.SQL("")
+        hours, swarm_filter = sql.Identifier("figures_nodehour"), sql.SQL("")
     else:
         hours, swarm_filter = sql.Identifier("figures_nodeswarmhour"), sql.SQL("AND h.swarm_id = %(swarm)s")
     return sql.SQL("""
