@@ -5,7 +5,7 @@ SAPO_HELDOUT_MIN_SECONDS) the server asks a node socket whose hello said `heldou
 swarm's held-out stream: dataset seed protocol.HELDOUT_SEED, which a node's own stream never takes
 (sapo_node.tasks.TaskStream) and the pool refuses in a share (pool.verification), at random indices, datasets drawn by the catalogue's weights. The node answers greedily with its current policy between two rounds (sapo_node.heldout_check);
 the answers are scored by the verifiers a share is verified with and one row per check is stored
-(pool.models.HeldoutScore). The figures read those rows (web.heldout).
+(pool.models.HeldoutScore). The figures read those rows (figures.swarm, figures.heldout).
 
 What a socket asked is held by the socket (`SocketHeldout`), in memory: answers on another socket, for a
 check it did not ask, after the deadline, or a second time are refused with a typed error
