@@ -26,7 +26,9 @@ from nodes.presence import connected_node_ids
 from pool.limits import WEBSOCKET_HEADROOM_BYTES
 from pool.models import Consumption, NodeRound, Rollout, Verdict
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# Last, not first: bench/pool.py would otherwise shadow the platform's pool package for every process
+# the run starts afterwards (a multiprocessing child unpickling pool.build_worker imports by this path).
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import fuzz  # noqa: E402
 

@@ -13,7 +13,9 @@ from websockets.asyncio.server import serve
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# Last, not first: bench/pool.py would otherwise shadow the platform's pool package for every process
+# the run starts afterwards (a multiprocessing child unpickling pool.build_worker imports by this path).
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import leanws  # noqa: E402
 

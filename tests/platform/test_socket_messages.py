@@ -16,7 +16,9 @@ from pool.records import Report
 from sockets import messages
 from sockets.messages import MAX_INT_DIGITS, MAX_NESTING, Hello, ProtocolError, Sample, Share, leading_ref, parse_frame
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# Last, not first: bench/pool.py would otherwise shadow the platform's pool package for every process
+# the run starts afterwards (a multiprocessing child unpickling pool.build_worker imports by this path).
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import fuzz  # noqa: E402
 
