@@ -8,15 +8,18 @@ from __future__ import annotations
 import itertools
 import uuid
 
+from django.utils import timezone
+
 from accounts.models import User
 from accounts.services import user_create
 from common.errors import ApplicationError
 from nodes.models import Node, NodeToken
 from nodes.services import node_create, node_token_issue
+from pool.models import Rollout, Verdict
 from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue
 from swarms.models import Swarm
-from swarms.services import swarm_create
+from swarms.services import swarm_create, swarm_default_ensure
 
 DEFAULT_PASSWORD = "a-long-test-passphrase-42"
 _sequence = itertools.count(1)
@@ -77,4 +80,29 @@ def make_swarm(*, slug: str | None = None, catalogue: str = "easy", actor: User 
     entries = entries_of_catalogue(CATALOGUES[catalogue])
     return swarm_create(
         actor=actor, slug=slug or f"swarm-{n}", title=fields.pop("title", f"Swarm {n}"), entries=entries, **fields
+    )
+
+
+def make_credited_group(node: Node, rewards: tuple[float, ...] = (1.0, 0.0), created_at=None) -> Rollout:
+    """An accepted, audited group of `node` in the default swarm, stored as the pool stores one (no
+    re-verification: for tests of the figures, which list a node and credit it for such groups).
+    Unlike the other factories it writes the row itself: the pool's own path verifies a real share."""
+    return Rollout.objects.create(
+        id=uuid.uuid4(),
+        node=node,
+        swarm=swarm_default_ensure(),
+        catalogue_version=1,
+        round=1,
+        dataset="basic_arithmetic",
+        seed=1,
+        index=Rollout.objects.count(),
+        completion_count=len(rewards),
+        claimed_rewards=list(rewards),
+        verified_rewards=list(rewards),
+        verdict=Verdict.ACCEPTED,
+        has_variance=len(set(rewards)) > 1,
+        sampleable=len(set(rewards)) > 1,
+        sample_seq=Rollout.objects.count() + 1,
+        created_at=created_at or timezone.now(),
+        audit_state="audited",
     )

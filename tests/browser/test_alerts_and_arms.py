@@ -3,43 +3,24 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 from django.core.cache import cache
 from django.utils import timezone
-from factories import make_node
+from factories import make_credited_group, make_node
 from playwright.sync_api import expect
 
 from alerts.models import Alert, Condition
 from figures.leaderboard import FIGURES_CACHE_SECONDS
 from figures.stats import stats_rebuild
 from nodes.models import Node
-from pool.models import NodeRound, Rollout, RolloutText, Verdict
+from pool.models import NodeRound, RolloutText
 from swarms.services import swarm_default_ensure
 
 
 def _group(node: Node, rewards: tuple[float, ...], created_at) -> None:
     """An accepted, credited group as the pool stores it (no re-verification: the figures are under test)."""
-    rollout = Rollout.objects.create(
-        id=uuid.uuid4(),
-        node=node,
-        swarm=swarm_default_ensure(),
-        catalogue_version=1,
-        round=1,
-        dataset="basic_arithmetic",
-        seed=1,
-        index=Rollout.objects.count(),
-        completion_count=len(rewards),
-        claimed_rewards=list(rewards),
-        verified_rewards=list(rewards),
-        verdict=Verdict.ACCEPTED,
-        has_variance=True,
-        sampleable=True,
-        sample_seq=Rollout.objects.count() + 1,
-        created_at=created_at,
-        audit_state="audited",  # credited: the figures count audited work
-    )
+    rollout = make_credited_group(node, rewards, created_at)  # credited: the figures count audited work
     RolloutText.objects.create(
         rollout=rollout,
         swarm_id=rollout.swarm_id,

@@ -3,50 +3,25 @@ Wilson intervals, over time) and a node page's own held-out checks, read from st
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 from django.core.cache import cache
 from django.utils import timezone
-from factories import make_node
+from factories import make_credited_group, make_node
 from playwright.sync_api import expect
 
 from figures.heldout import wilson
 from figures.leaderboard import FIGURES_CACHE_SECONDS
 from figures.stats import stats_rebuild
-from nodes.models import Node
-from pool.models import HeldoutScore, NodeRound, Rollout, Verdict
+from pool.models import HeldoutScore, NodeRound
 from swarms.services import swarm_default_ensure
-
-
-def _listed(node: Node) -> None:
-    """One accepted, audited group of `node`: the figures list it (the panel shows public, listed nodes)."""
-    Rollout.objects.create(
-        id=uuid.uuid4(),
-        node=node,
-        swarm=swarm_default_ensure(),
-        catalogue_version=1,
-        round=1,
-        dataset="basic_arithmetic",
-        seed=1,
-        index=Rollout.objects.count(),
-        completion_count=2,
-        claimed_rewards=[1.0, 0.0],
-        verified_rewards=[1.0, 0.0],
-        verdict=Verdict.ACCEPTED,
-        has_variance=True,
-        sampleable=True,
-        sample_seq=Rollout.objects.count() + 1,
-        created_at=timezone.now(),
-        audit_state="audited",
-    )
 
 
 def test_the_swarm_page_and_a_node_page_show_held_out_accuracy(live_server, page, screenshot):
     swarm = swarm_default_ensure()
     sharer, loner = make_node(name="sharer"), make_node(name="loner")
     for node, external in ((sharer, 4), (loner, 0)):
-        _listed(node)
+        make_credited_group(node)
         NodeRound.objects.create(node=node, swarm=swarm, round=30, figures={"external": external}, used_count=0)
     now = timezone.now()
     for i, (shared, alone) in enumerate(((3.0, 1.0), (3.0, 2.0), (4.0, 2.0))):
@@ -86,7 +61,7 @@ def test_an_arm_without_enough_answers_says_so(live_server, page):
     swarm = swarm_default_ensure()
     sharer, loner = make_node(name="sharer"), make_node(name="loner")
     for node, external in ((sharer, 4), (loner, 0)):
-        _listed(node)
+        make_credited_group(node)
         NodeRound.objects.create(node=node, swarm=swarm, round=3, figures={"external": external}, used_count=0)
     at = timezone.now()
     HeldoutScore.objects.create(node=sharer, swarm=swarm, round=3, questions=4, score=2.0, asked_at=at, answered_at=at)

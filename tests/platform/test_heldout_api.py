@@ -3,49 +3,24 @@ page's panel, banned nodes left out."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.core.cache import cache
 from django.utils import timezone
-from factories import make_node
+from factories import make_credited_group, make_node
 
 from figures.heldout import wilson
 from nodes.models import Node
-from pool.models import HeldoutScore, NodeRound, Rollout, Verdict
+from pool.models import HeldoutScore, NodeRound
 from swarms.services import swarm_default_ensure
 
 pytestmark = pytest.mark.django_db
-
-
-def _listed(node: Node) -> None:
-    """One accepted, audited group of `node`, so the figures list it."""
-    Rollout.objects.create(
-        id=uuid.uuid4(),
-        node=node,
-        swarm=swarm_default_ensure(),
-        catalogue_version=1,
-        round=1,
-        dataset="basic_arithmetic",
-        seed=1,
-        index=Rollout.objects.count(),
-        completion_count=2,
-        claimed_rewards=[1.0, 0.0],
-        verified_rewards=[1.0, 0.0],
-        verdict=Verdict.ACCEPTED,
-        has_variance=True,
-        sampleable=True,
-        sample_seq=Rollout.objects.count() + 1,
-        created_at=timezone.now(),
-        audit_state="audited",
-    )
 
 
 def test_the_swarm_api_gives_each_arms_held_out_accuracy_and_leaves_banned_nodes_out(client):
     swarm = swarm_default_ensure()
     sharer, loner, banned = make_node(name="sharer"), make_node(name="loner"), make_node(name="banned")
     for node, external in ((sharer, 4), (loner, 0), (banned, 0)):
-        _listed(node)
+        make_credited_group(node)
         NodeRound.objects.create(node=node, swarm=swarm, round=5, figures={"external": external}, used_count=0)
     at = timezone.now()
     for node, scores in ((sharer, (3.0, 4.0)), (loner, (1.0, 2.0)), (banned, (4.0, 4.0))):
