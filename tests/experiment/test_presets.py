@@ -129,3 +129,19 @@ def test_a_study_node_takes_no_live_held_out_check(tmp_path):
     greedy answers run between their rounds."""
     config = node_config(preset("cpu-real-hard"), "ws://x", "t", "smollm2-135m", tmp_path, 1, 0, "4/4", 2, 2)
     assert config.no_heldout_check
+
+
+def test_cpu_real_hard_is_what_its_pre_registration_says():
+    """docs/experiment.md's pre-registered settings of cpu-real-hard, field by field."""
+    cfg = preset("cpu-real-hard")
+    assert (cfg.model, cfg.catalogue, cfg.nodes, cfg.rounds, cfg.questions, cfg.generations) == (
+        "smollm2-135m",
+        "sapo",
+        4,
+        30,
+        4,
+        4,
+    )
+    assert (cfg.max_new_tokens, cfg.micro_batch, cfg.threads, cfg.heldout) == (32, 8, 1, 100)
+    assert cfg.datasets == ["basic_arithmetic", "calendar_arithmetic", "fraction_simplification", "decimal_arithmetic"]
+    assert (cfg.seeds, cfg.pilot_seeds, cfg.pilot_configs) == ([1, 2, 3, 4, 5, 6], [101, 102], ["4/4+tis", "4/4+gate"])
