@@ -1,7 +1,7 @@
-"""One-way layers (docs/architecture.md): the import graph of the platform's apps and of the node
-client, built from the source with `ast` (every import, module level or inside a function), must have
-no circle, no import from a lower layer to a higher one, and no import of Django or the platform from
-the node client."""
+"""One-way layers (docs/architecture.md): the import graph of the platform's apps, of the node client
+and of the research harness, built from the source with `ast` (every import, module level or inside a
+function), must have no circle, no import from a lower layer to a higher one, and no import of Django
+or the platform from the node client."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PLATFORM = REPO / "platform"
 NODE_CLIENT = REPO / "node_client"
+#: (folder on sys.path, where its modules are): the research harness is a package at the repository root.
+SOURCES = [(PLATFORM, PLATFORM), (NODE_CLIENT, NODE_CLIENT), (REPO, REPO / "research")]
 
 #: Lowest first. An app may import its own layer's modules and any lower layer's, never a higher one.
 LAYERS = [
@@ -32,15 +34,17 @@ LAYERS = [
     "ops",
     "localswarm",
     "config",
+    # The research harness drives the node client against the platform it starts: nothing imports it.
+    "research",
 ]
 #: What the node client must never import: the server side and its framework.
-SERVER_SIDE = {"django", "channels", "daphne", "rest_framework", *LAYERS[1:]}
+SERVER_SIDE = {"django", "channels", "daphne", "rest_framework", *LAYERS[1:-1]}
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for root in (PLATFORM, NODE_CLIENT):
-        for path in root.rglob("*.py"):
+    for root, folder in SOURCES:
+        for path in folder.rglob("*.py"):
             parts = path.relative_to(root).with_suffix("").parts
             if parts[0] not in LAYERS or "migrations" in parts:
                 continue
@@ -132,9 +136,11 @@ def test_no_circle_between_modules():
 
 def test_the_checks_see_what_they_must_refuse():
     # The graph is real: the pool imports the node client's protocol, moderation the pool's seam,
-    # web the pool's signal; and an upward import or a circle would be caught.
+    # web the pool's signal, the research harness the node's round; and an upward import or a circle
+    # would be caught.
     graph, _ = _graph()
     assert "sapo_node.protocol" in graph["sockets.messages"]
+    assert "sapo_node.loop" in graph["research.swarm"]
     assert "pool.seams" in graph["moderation.apps"]
     assert "pool.signals" in graph["figures.stats"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -147,3 +153,12 @@ def test_the_node_socket_is_an_entry_point():
     graph, _ = _graph()
     importers = {m.split(".")[0] for m, targets in graph.items() for t in targets if t.split(".")[0] == "sockets"}
     assert importers <= {"sockets", "config"}
+
+
+def test_nothing_imports_the_research_harness():
+    # The harness starts the platform from the checkout, so the wheel cannot carry it: a node client
+    # or platform module that imported it would break outside the checkout.
+    graph, _ = _graph()
+    assert any(m.startswith("research.") for m in graph)
+    importers = {m.split(".")[0] for m, targets in graph.items() for t in targets if t.split(".")[0] == "research"}
+    assert importers <= {"research"}

@@ -1,4 +1,5 @@
-"""The pinned packages a GPU machine needs for `sapo-node experiment` besides what it already has.
+"""The pinned packages a GPU machine needs for the research harness (`python -m research`) besides
+what it already has.
 
     .venv/bin/python deploy/gpu/requirements.py [--without NAME ...] > var/gpu-wheels/requirements.txt
 

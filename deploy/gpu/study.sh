@@ -13,13 +13,13 @@
 #   round.txt   a node round of gpu-learn's sizes (bench/round.py)
 #   rounds.csv  the study's rows, merged from its parallel parts every 10 s and at the end
 #   table.md, summary.json, study.tar.gz   the analysis (where scipy is installed; else run
-#               `sapo-node experiment --analyze` on the returned rows) and the whole study folder
+#               `python -m research --analyze` on the returned rows) and the whole study folder
 #   run.log     everything the script printed
 # SECONDS (default 540) bounds the whole script: the study gets what the build and the benchmarks
 # left, less 30 s to pack OUT. `--resume` continues the study found in var/gpu-study.
 # For a dry run on a CPU: SAPO_GPU_STUDY_SKIP_INSTALL=1 SAPO_GPU_STUDY_MODEL=tiny-mini SAPO_BUILD_WORKERS=2
-# SAPO_GPU_STUDY_DEVICE=cpu SAPO_GPU_STUDY_FLAGS="--preset smoke --device cpu" (any `sapo-node
-# experiment` flags, after the preset's) SAPO_GPU_STUDY_BENCH="--questions 2 --generations 4 --micro-batch 8" (any
+# SAPO_GPU_STUDY_DEVICE=cpu SAPO_GPU_STUDY_FLAGS="--preset smoke --device cpu" (any `python -m
+# research` flags, after the preset's) SAPO_GPU_STUDY_BENCH="--questions 2 --generations 4 --micro-batch 8" (any
 # bench/round.py flags, after the study's sizes).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -162,7 +162,7 @@ say "study: gpu-learn, configurations side by side, ${STUDY_SECONDS}s"
 if [ "$RESUME" != "--resume" ]; then rm -rf "$STUDY"; fi
 ( while sleep 10; do merge 2>/dev/null || true; done ) &
 MERGER=$!
-"$PY" -m sapo_node.experiment --preset gpu-learn --parallel 4 --model "$MODEL" ${SAPO_GPU_STUDY_FLAGS:-} \
+"$PY" -m research --preset gpu-learn --parallel 4 --model "$MODEL" ${SAPO_GPU_STUDY_FLAGS:-} \
   --time-limit "$STUDY_SECONDS" --out "$STUDY" --no-progress $RESUME || true
 kill "$MERGER" 2>/dev/null || true
 merge

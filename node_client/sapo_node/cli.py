@@ -8,10 +8,9 @@
     sapo-node service install --server URL --model tiny-mini      # run it as a user service (systemd, launchd)
 
 Adding a subcommand is one function `add_command(subparsers)` that registers a parser and sets
-`handler=callable(args) -> exit code`: write it in a module and list the module in COMMAND_MODULES
-with its command's name. A listed module that is not installed still gets its command, which says
-why it is missing and exits with status 2: `sapo-node experiment` starts the platform from the
-repository checkout, so the wheel leaves it out (node_client/pyproject.toml).
+`handler=callable(args) -> exit code`: write it in a module and list the module in COMMAND_MODULES. The
+research harness (the paper's controlled experiment) is no subcommand: it starts the platform from
+the repository checkout, so it lives there (`python -m research`, docs/experiment.md).
 """
 
 from __future__ import annotations
@@ -34,19 +33,8 @@ from sapo_node.machine import read_machine
 if TYPE_CHECKING:
     from sapo_node.loop import RunResult  # torch: imported only once a run starts
 
-#: Modules that add subcommands beside `run` (each defines add_command(subparsers)): module -> the
-#: command's name, and what a user without the module is told.
-COMMAND_MODULES = {
-    "sapo_node.export": ("export", "`sapo-node export` is part of the sapo-node package: reinstall it."),
-    "sapo_node.service": ("service", "`sapo-node service` is part of the sapo-node package: reinstall it."),
-    "sapo_node.experiment": (
-        "experiment",
-        "`sapo-node experiment` runs the SAPO Swarm platform from its repository checkout, so the "
-        "installed sapo-node package does not include it. Run it from a checkout: "
-        "git clone the project, `make venv`, then `.venv/bin/sapo-node experiment ...` "
-        "(docs/experiment.md).",
-    ),
-}
+#: Modules that add subcommands beside `run`, each with add_command(subparsers).
+COMMAND_MODULES = ("sapo_node.export", "sapo_node.service")
 
 #: Short metavars for the flags SAPO's paper names with a letter.
 METAVARS = {
@@ -82,34 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sapo-node {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_run_command(subparsers)
-    for name, (command, missing) in COMMAND_MODULES.items():
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            add_missing_command(subparsers, command, missing)
-            continue
-        module.add_command(subparsers)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_command(subparsers)
     return parser
-
-
-def add_missing_command(subparsers: Any, command: str, why: str) -> None:
-    """A command whose module is not installed: it takes any arguments and exits 2 saying why."""
-
-    def handler(args: argparse.Namespace) -> int:
-        print(f"sapo-node {command}: not installed. {why}", file=sys.stderr)
-        return 2
-
-    parser = subparsers.add_parser(command, help="(not installed: needs the repository checkout)", add_help=False)
-    parser.set_defaults(handler=handler, any_arguments=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2

@@ -121,7 +121,7 @@ class Node:
     idle: IdleMonitor | None = None
     #: Gives a proof (its log-probabilities) to each group a round made without a server challenge; None:
     #: such groups go without one. The experiment's nodes, whose paired question streams ignore the
-    #: challenge, set it (experiment.swarm.LogprobProofs).
+    #: challenge, set it (research.swarm.LogprobProofs, in the repository checkout).
     prove_unchallenged: Callable[[list[tuple[Group, Generated]]], None] | None = None
 
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from sapo_node.experiment import main as experiment_main
-from sapo_node.experiment.analysis import (
+from research import main as experiment_main
+from research.analysis import (
     ROUND_FIELDS,
     analyse,
     benjamini_hochberg,
@@ -23,7 +23,7 @@ from sapo_node.experiment.analysis import (
     summary_table,
     write_rounds,
 )
-from sapo_node.experiment.presets import parse_config
+from research.presets import parse_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

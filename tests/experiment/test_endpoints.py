@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_analysis import make_row
 
-from sapo_node.experiment.endpoints import dataset_rewards, endpoints, endpoints_markdown, learning, paired_endpoint
+from research.endpoints import dataset_rewards, endpoints, endpoints_markdown, learning, paired_endpoint
 
 
 def _run(config: str, seed: int, rewards: list[float]) -> list[dict]:
@@ -55,7 +55,7 @@ def test_the_markdown_names_every_configuration():
 
 
 def test_transfer_is_the_reward_on_the_datasets_a_nodes_warm_start_does_not_know():
-    from sapo_node.experiment.endpoints import node_known, transfer
+    from research.endpoints import node_known, transfer
 
     known = node_known({"study": {"model": "tiny-learn-a,tiny-learn-b", "nodes": 2}})
     assert known == {

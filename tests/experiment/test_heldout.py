@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sapo_node.experiment.heldout import heldout_rows, keep_rows, markdown, read_heldout, summarise, write_heldout
+from research.heldout import heldout_rows, keep_rows, markdown, read_heldout, summarise, write_heldout
 
 SILO = {1: 0.20, 2: 0.30, 3: 0.40}
 SWARM = {1: 0.25, 2: 0.33, 3: 0.38}  # +5, +3, -2 accuracy points

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node.experiment.heldout import read_heldout
-from sapo_node.experiment.presets import PILOT, preset
-from sapo_node.experiment.study import CHOICE_FILE, choose_pilot, pilot_accuracy, run_study
+from research.heldout import read_heldout
+from research.presets import PILOT, preset
+from research.study import CHOICE_FILE, choose_pilot, pilot_accuracy, run_study
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sapo_node.experiment import main as experiment_main
-from sapo_node.experiment.presets import node_options, preset
-from sapo_node.experiment.study import node_config, node_seed
-from sapo_node.experiment.swarm import StratifiedTaskStream
+from research import main as experiment_main
+from research.presets import node_options, preset
+from research.study import node_config, node_seed
+from research.swarm import StratifiedTaskStream
 from sapo_node.tasks import EASY_CATALOGUE, SAPO_CATALOGUE
 
 

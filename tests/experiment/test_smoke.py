@@ -11,9 +11,9 @@ from collections import defaultdict
 
 import pytest
 
-from sapo_node.experiment.analysis import ROUND_FIELDS
-from sapo_node.experiment.presets import PAPER_CONFIGS, preset
-from sapo_node.experiment.study import run_study
+from research.analysis import ROUND_FIELDS
+from research.presets import PAPER_CONFIGS, preset
+from research.study import run_study
 from sapo_node.outbox import Outbox
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,6 @@
 """A study stopped by Ctrl-C keeps every finished round and stops at a round boundary with no
 traceback; --resume finishes it; --parallel runs configurations side by side as processes. Run as a
-user runs them: the `sapo-node experiment` command, against the real platform."""
+user runs them: `python -m research` from the repository root, against the real platform."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NODES = 2  # the smoke preset's
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def experiment(out: Path, *flags: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "sapo_node.experiment",
+        "research",
         "--preset",
         "smoke",
         "--out",
@@ -35,8 +36,7 @@ def experiment(out: Path, *flags: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    root = Path(__file__).resolve().parents[2]
-    return {**os.environ, "PYTHONPATH": f"{root / 'node_client'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return {**os.environ, "PYTHONPATH": f"{ROOT / 'node_client'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -50,7 +50,7 @@ def test_ctrl_c_stops_at_a_round_boundary_keeps_the_rounds_and_resume_finishes(t
     out = tmp_path / "study"
     flags = ("--configs", "8/0,4/4", "--rounds", "4")
     proc = subprocess.Popen(
-        experiment(out, *flags), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        experiment(out, *flags), env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 600
     while len(rows(out / "rounds.csv")) < NODES and time.monotonic() < deadline:  # round 1 of 8/0 is written
@@ -69,10 +69,12 @@ def test_ctrl_c_stops_at_a_round_boundary_keeps_the_rounds_and_resume_finishes(t
     finished = {r["config"] for r in kept if int(r["round"]) == 4}
     assert {r["config"] for r in rows(out / "heldout.csv") if r["stage"] == "after"} == finished
 
-    again = subprocess.run(experiment(out, *flags), env=env(), capture_output=True, text=True, timeout=60)
+    again = subprocess.run(experiment(out, *flags), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr  # a study is never overwritten
 
-    done = subprocess.run(experiment(out, *flags, "--resume"), env=env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        experiment(out, *flags, "--resume"), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     final = rows(out / "rounds.csv")
     assert len(final) == 2 * 4 * NODES
@@ -90,6 +92,7 @@ def test_parallel_configurations_run_as_processes_and_merge_into_one_study(tmp_p
     done = subprocess.run(
         experiment(out, "--configs", "8/0,4/4", "--rounds", "2", "--parallel", "2"),
         env=env(),
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,

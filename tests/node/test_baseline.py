@@ -8,10 +8,10 @@ import pytest
 import torch
 from node_toys import collate, make_policy
 
+from research.presets import StudyConfig, node_options
 from sapo_node.assemble import assemble
 from sapo_node.baseline import MAX_ADVANTAGE, OwnBaseline
 from sapo_node.config import NodeConfig
-from sapo_node.experiment.presets import StudyConfig, node_options
 from sapo_node.generate import encode_prompt
 from sapo_node.groups import Group, TrainGroup
 from sapo_node.grpo import baseline_advantages, grpo_update, token_logprobs, train_group_advantages

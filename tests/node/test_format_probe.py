@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from node_toys import make_policy
 
-from sapo_node.experiment.learned import format_report
+from research.learned import format_report
 from sapo_node.tasks import EASY_CATALOGUE
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 import uuid
 
+from research.heldout import evaluate_policy
 from sapo_node import protocol
-from sapo_node.experiment.heldout import evaluate_policy
 from sapo_node.heldout_check import answer_check, answer_pending_check
 from sapo_node.tasks import EASY_CATALOGUE, Catalogue, build_entries, score_completion
 from sapo_node.transport import SiloTransport

@@ -1,6 +1,6 @@
 """The node client's wheel, as a contributor installs it: built from node_client/ the way the site
-builds it (web.wheel), without the experiment harness, which starts the platform from the
-repository checkout; and `sapo-node experiment` from the wheel fails saying so, while `run` is there."""
+builds it (web.wheel). It holds the node and nothing of the research harness (research/, which starts
+the platform from the repository checkout and so stays there), and its `sapo-node` runs."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
 
 
 #: The wheel's copy alone, as in a contributor's environment: this environment's editable install of
-#: the checkout puts a finder on sys.meta_path that would answer `sapo_node.experiment` from the
-#: checkout when the wheel's copy has none.
+#: the checkout puts a finder on sys.meta_path that would answer `sapo_node` modules from the checkout
+#: when the wheel's copy has none.
 _WHEEL_ONLY = """
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
@@ -51,32 +51,20 @@ def _run_cli(target: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_wheel_ships_the_node_and_not_the_experiment_harness(installed_wheel):
+def test_the_wheel_ships_the_node_and_not_the_research_harness(installed_wheel):
     wheel, _ = installed_wheel
     names = zipfile.ZipFile(wheel).namelist()
     assert "sapo_node/cli.py" in names and "sapo_node/loop.py" in names and "sapo_node/protocol.py" in names
     assert "sapo_node/transport/websocket.py" in names and "sapo_node/verifiers/__init__.py" in names
+    assert "sapo_node/export.py" in names and "sapo_node/service.py" in names
+    assert not [n for n in names if not n.startswith(("sapo_node/", "sapo_node-"))]  # no research/, no tests
     assert not [n for n in names if n.startswith("sapo_node/experiment")]
 
 
-def test_sapo_node_experiment_from_the_wheel_says_it_needs_the_checkout(installed_wheel):
-    _, target = installed_wheel
-    result = _run_cli(target, "experiment", "--preset", "smoke")
-    assert result.stdout.startswith(str(target)), result.stdout  # the wheel's copy answered
-    assert result.returncode == 2
-    assert "sapo-node experiment: not installed" in result.stderr and "repository checkout" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
-def test_the_wheels_cli_still_runs_and_lists_the_experiment_as_not_installed(installed_wheel):
+def test_the_wheels_cli_runs_with_its_commands(installed_wheel):
     _, target = installed_wheel
     result = _run_cli(target, "--help")
     assert result.returncode == 0, result.stderr
-    assert "run" in result.stdout and "not installed: needs the repository checkout" in result.stdout
-
-
-def test_the_checkout_has_the_experiment_command():
-    from sapo_node.cli import build_parser
-
-    args = build_parser().parse_args(["experiment", "--preset", "smoke"])
-    assert args.handler.__module__ == "sapo_node.experiment"
+    assert result.stdout.startswith(str(target)), result.stdout  # the wheel's copy answered
+    assert "run" in result.stdout and "export" in result.stdout and "service" in result.stdout
+    assert "experiment" not in result.stdout

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-#: The checkout that contains this package: <root>/node_client/sapo_node/experiment/server.py.
-DEFAULT_ROOT = Path(__file__).resolve().parents[3]
+#: The checkout that contains this package: <root>/research/server.py.
+DEFAULT_ROOT = Path(__file__).resolve().parents[1]
 
 #: Contributor that owns the study's nodes in every run database.
 USERNAME = "experiment"

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapo_node.experiment.endpoints import endpoints, endpoints_markdown, node_known
-from sapo_node.experiment.heldout import markdown as heldout_markdown
-from sapo_node.experiment.heldout import summarise as heldout_summary
-from sapo_node.experiment.runs import baseline_config, config_counts, config_order, cumulative_by_run, moving_average
+from research.endpoints import endpoints, endpoints_markdown, node_known
+from research.heldout import markdown as heldout_markdown
+from research.heldout import summarise as heldout_summary
+from research.runs import baseline_config, config_counts, config_order, cumulative_by_run, moving_average
 
 if TYPE_CHECKING:
-    from sapo_node.experiment.presets import StudyConfig
+    from research.presets import StudyConfig
 
 #: The columns of rounds.csv, in order. `questions` lists the round's question identities as
 #: "dataset/seed/index" joined by ";" (same in every configuration for a given node, seed, round).
@@ -506,7 +506,7 @@ def analyse(
     cost_levels: Sequence[float] = (),
 ) -> dict[str, Any]:
     """Write table.csv, table.md, rewards.png, significance.csv, significance.png, endpoints.md and
-    summary.json into `out`; returns the summary. `heldout`: the rows of heldout.csv (experiment/heldout.py)
+    summary.json into `out`; returns the summary. `heldout`: the rows of heldout.csv (research/heldout.py)
     of the same runs, whose tables join endpoints.md; `cost_levels`: the rewards whose generation cost
     endpoints.md gives (endpoints.generation_cost)."""
     out = Path(out)

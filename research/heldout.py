@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sapo_node.experiment.runs import t_interval, wilcoxon_p
+from research.runs import t_interval, wilcoxon_p
 
 #: The columns of heldout.csv. stage "before": a model's initial policy (config empty, seed and
 #: node 0); "after": node `node`'s final policy in run (config, seed).

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sapo_node.experiment.runs import (
+from research.runs import (
     baseline_config,
     config_order,
     cumulative_by_run,
@@ -124,7 +124,7 @@ def dataset_rewards(
 def node_known(meta: dict[str, Any] | None) -> dict[int, frozenset[str]]:
     """Node k -> the datasets its built-in warm start knows, for the nodes whose model (from the
     study's settings in `meta`) is a tiny variant that knows a subset of its catalogue."""
-    from sapo_node.experiment.presets import StudyConfig
+    from research.presets import StudyConfig
     from sapo_node.tiny.variants import get_variant
 
     study = (meta or {}).get("study") or {}

@@ -25,18 +25,18 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from research import heldout
+from research.analysis import analyse_study, read_rounds, write_rounds
+from research.heldout import HELDOUT_FILE
+from research.presets import StudyConfig, node_options
+from research.server import DEFAULT_ROOT, Platform, PlatformError
 from sapo_node import __version__
-from sapo_node.experiment import heldout
-from sapo_node.experiment.analysis import analyse_study, read_rounds, write_rounds
-from sapo_node.experiment.heldout import HELDOUT_FILE
-from sapo_node.experiment.presets import StudyConfig, node_options
-from sapo_node.experiment.server import DEFAULT_ROOT, Platform, PlatformError
 from sapo_node.progress import progress_bar
 from sapo_node.tasks import CATALOGUES
 
 if TYPE_CHECKING:
+    from research.swarm import SwarmNode
     from sapo_node.config import NodeConfig
-    from sapo_node.experiment.swarm import SwarmNode
     from sapo_node.transport.websocket import WebSocketTransport
 
 #: Node k's seed in the run of study seed s: the same in every configuration.
@@ -375,7 +375,7 @@ def analyse_complete(out: Path, cfg: StudyConfig, meta: dict[str, Any]) -> dict[
     rows = [r for r in rows if (r["config"], r["seed"]) in complete]
     missing = [name for name in ("scipy", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:  # a GPU machine may carry only what the runs need: analyse rounds.csv elsewhere
-        meta["analysis"] = f"not run here ({', '.join(missing)} not installed): sapo-node experiment --analyze DIR"
+        meta["analysis"] = f"not run here ({', '.join(missing)} not installed): python -m research --analyze DIR"
         print(meta["analysis"], file=sys.stderr)
     if not rows or missing:
         (out / "summary.json").write_text(json.dumps({"meta": meta}, indent=2) + "\n")
@@ -474,12 +474,20 @@ def _start_part(cfg: StudyConfig, label: str, folder: Path, out: Path, resume: b
         cfg, configs=[label], out=str(folder), parallel=1, time_limit=max(left, 1.0) if left else 0
     )
     part.save(folder / "part.json")
-    command = [sys.executable, "-m", "sapo_node.experiment.study", str(folder / "part.json")]
+    command = [sys.executable, "-m", "research.study", str(folder / "part.json")]
     if resume and (folder / "rounds.csv").exists():
         command.append("--resume")
     log = (out / "logs" / f"{folder.name}.log").open("a")
+    # The harness is no installed package: the part finds it in this checkout whatever its working folder.
+    pythonpath = os.pathsep.join(filter(None, (str(DEFAULT_ROOT), os.environ.get("PYTHONPATH"))))
     # A session of its own: a Ctrl-C in the terminal reaches the parent only, which passes it on once.
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        command,
+        env={**os.environ, "PYTHONPATH": pythonpath},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _line_count(path: Path) -> int:
@@ -605,7 +613,7 @@ def node_config(
         checkpoint_every=0,
         connect_wait=cfg.connect_wait,
         flush_wait=cfg.flush_wait,
-        # The study measures held-out accuracy itself (experiment.heldout), on its own schedule; the
+        # The study measures held-out accuracy itself (research.heldout), on its own schedule; the
         # site's live check would add greedy answers between rounds that no arm of another version had.
         no_heldout_check=True,
         **node_options(label),
@@ -616,7 +624,7 @@ def start_node(k: int, config: NodeConfig, initial: tuple[Any, Any], datasets: C
     """Node k (a SwarmNode) on a copy of its initial weights, its transport connected to `config.server`
     and its outbox in its run folder, drawing from `datasets` of the catalogue (empty: all). The transport
     keeps J external groups at most."""
-    from sapo_node.experiment.swarm import SwarmNode, clone_policy
+    from research.swarm import SwarmNode, clone_policy
     from sapo_node.transport import OUTBOX_FILE
     from sapo_node.transport.websocket import WebSocketTransport
 
@@ -701,10 +709,10 @@ def _csv_row(row: dict[str, Any], *, label: str, local: int, external: int, seed
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One part of a parallel study: `python -m sapo_node.experiment.study PART_JSON [--resume]`."""
+    """One part of a parallel study: `python -m research.study PART_JSON [--resume]`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m sapo_node.experiment.study")
+    parser = argparse.ArgumentParser(prog="python -m research.study")
     parser.add_argument("config", type=Path)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)

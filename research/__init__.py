@@ -1,12 +1,14 @@
-"""`sapo-node experiment`: the SAPO paper's controlled experiment against the real platform.
+"""The research harness: the SAPO paper's controlled experiment against the real platform.
 
-    sapo-node experiment --preset smoke                      # every moving part, < 2 minutes
-    sapo-node experiment --preset cpu-tiny                   # the study on 2 CPU cores, < 1 hour
-    sapo-node experiment --preset gpu-qwen                   # the paper's settings, on a GPU
-    sapo-node experiment --analyze results/cpu-tiny          # redo the table and plots from rounds.csv
+    .venv/bin/python -m research --preset smoke                  # every moving part, < 2 minutes
+    .venv/bin/python -m research --preset cpu-tiny               # the study on 2 CPU cores, < 1 hour
+    .venv/bin/python -m research --preset gpu-qwen               # the paper's settings, on a GPU
+    .venv/bin/python -m research --analyze results/cpu-tiny      # redo the table and plots from rounds.csv
 
-(`python -m sapo_node.experiment ...` is the same.) Importing this module stays cheap: torch,
-numpy and matplotlib load only when a study or an analysis runs.
+Run from the repository root: the harness starts the platform from this checkout, so it lives beside
+platform/ and bench/, not in the node client's package, and imports only sapo_node's public pieces
+(nothing in sapo_node or the platform imports it). Importing this module stays cheap: torch, numpy
+and matplotlib load only when a study or an analysis runs.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sapo_node.experiment.presets import PRESETS, StudyConfig, preset
+from research.presets import PRESETS, StudyConfig, preset
 
-HELP = "run the paper's controlled experiment (local/external configurations) against the real platform"
+#: How a user runs it, in its usage line and its errors.
+PROG = "python -m research"
 
 DESCRIPTION = """\
 Runs a swarm of N nodes for R rounds for each local/external configuration (default 8/0, 6/2, 4/4,
@@ -104,15 +107,6 @@ def _study_docs() -> dict[str, str]:
     return docs
 
 
-def add_command(subparsers: Any) -> None:
-    """Register `sapo-node experiment` (called by sapo_node.cli)."""
-    parser = subparsers.add_parser(
-        "experiment", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_flags(parser)
-    parser.set_defaults(handler=experiment_command)
-
-
 def study_config(args: argparse.Namespace) -> StudyConfig:
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(StudyConfig) if hasattr(args, f.name)}
     given.pop("preset", None)
@@ -146,8 +140,8 @@ PUBLISHED = (
 
 def experiment_command(args: argparse.Namespace) -> int:
     if args.analyze:
-        from sapo_node.experiment import heldout
-        from sapo_node.experiment.analysis import analyse_study, read_rounds, write_rounds
+        from research import heldout
+        from research.analysis import analyse_study, read_rounds, write_rounds
 
         folders = [Path(f) for f in args.analyze.split(",") if f]
         folder = folders[0]
@@ -161,9 +155,7 @@ def experiment_command(args: argparse.Namespace) -> int:
         if len(folders) > 1 or hasattr(args, "seeds") or hasattr(args, "configs"):
             # A merged or filtered analysis writes its own rounds.csv: never over a study's own.
             if not getattr(args, "out", "") or Path(args.out).resolve() in {f.resolve() for f in folders}:
-                print(
-                    "sapo-node experiment: error: a merged or filtered --analyze needs another --out", file=sys.stderr
-                )
+                print(f"{PROG}: error: a merged or filtered --analyze needs another --out", file=sys.stderr)
                 return 2
             out = Path(args.out)
         runs = {(row["config"], row["seed"]) for row in rows}
@@ -178,12 +170,12 @@ def experiment_command(args: argparse.Namespace) -> int:
             meta = {"analysed_from": [str(f) for f in folders], **meta}
         summary = analyse_study(cfg, rows, out, meta=meta, heldout=held)
     else:
-        from sapo_node.experiment.study import out_dir, run_study
+        from research.study import out_dir, run_study
 
         try:
             cfg = study_config(args)
         except ValueError as exc:
-            print(f"sapo-node experiment: error: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
         print(
             f"study ({cfg.preset}): {len(cfg.seeds)} seeds x {len(cfg.configs)} configurations "
@@ -201,12 +193,12 @@ def experiment_command(args: argparse.Namespace) -> int:
             summary = run_study(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             print(
-                "sapo-node experiment: stopped; the finished rounds are in rounds.csv (--resume continues)",
+                f"{PROG}: stopped; the finished rounds are in rounds.csv (--resume continues)",
                 file=sys.stderr,
             )
             return 130
         except FileExistsError as exc:
-            print(f"sapo-node experiment: error: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
         out = out_dir(cfg)
         if "table" not in summary:
@@ -236,7 +228,7 @@ def _saved_meta(folder: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sapo_node.experiment",
+        prog=PROG,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -112,7 +112,7 @@ class StudyConfig:
     (`window` rounds) of its nodes' mean reward first reached each; empty = none."""
     heldout: int = 0
     """Held-out questions per dataset answered greedily by each model's initial policy and by every node's
-    policy at the end of its run (experiment/heldout.py, heldout.csv); 0 = no held-out evaluation."""
+    policy at the end of its run (research/heldout.py, heldout.csv); 0 = no held-out evaluation."""
     datasets: list[str] = field(default_factory=list)
     """The catalogue's datasets the nodes draw from and the held-out evaluation asks (the server still serves
     the whole catalogue); empty = all of them."""

@@ -2,7 +2,7 @@
 held-out questions, per dataset: the verifier's score, the share of answers given in <answer> tags,
 and the score when an untagged answer is read as the answer (what the model knows, any format).
 
-    python -m sapo_node.experiment.learned --model tiny-learn --seed 1 --rounds 80
+    python -m research.learned --model tiny-learn --seed 1 --rounds 80
 
 (docs/experiment.md, "What the nodes learn", was measured with these defaults.)
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from research.presets import LEARN_LR
 from sapo_node.config import NodeConfig
-from sapo_node.experiment.presets import LEARN_LR
 from sapo_node.loop import run
 from sapo_node.models import load_policy
 from sapo_node.tasks import EASY_CATALOGUE, extract_answer, score_completion
@@ -43,9 +43,7 @@ def format_report(model: Any, tokenizer: Any, *, n: int, temperature: float, max
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m sapo_node.experiment.learned", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m research.learned", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny-learn")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=80)
