@@ -3,6 +3,7 @@ audit costs: the tolerance sapo_node.audit needs (EPS, LOGPROB_TOL) and its fals
 
     .venv/bin/python bench/audit_replay.py                          # tiny-mini, tiny, smollm2-135m
     .venv/bin/python bench/audit_replay.py --models tiny-mini --groups 2000
+    .venv/bin/python bench/audit_replay.py --compare      # the cached replay against the full pass
 
 For each model and generation dtype (float32, bfloat16) it generates --groups honest groups (G
 completions of a question of the easy catalogue, keys from a random challenge, at the node's
@@ -12,7 +13,9 @@ runs it). Printed per case: the worst token margin of each completion (negative:
 outside its token's cdf interval, by that much), its quantiles and the largest violation seen; the
 largest log-probability error; the groups that fail at audit.tolerances(the generation's dtype)
 (the false-positive rate); the CPU-seconds of one audited group (process time of the replay, one
-thread); and the load average beside each.
+thread); and the load average beside each. --compare replays every group both ways, the prompt's
+cache copied to the rows (the audit's path) and each row's prompt + completion whole (cached=False),
+alternating which goes first, and prints a line for each.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import copy
 import os
 import secrets
 import time
+from dataclasses import dataclass, field
 
 from benchkit import load, use_checkout
 
@@ -57,17 +61,15 @@ def run_case(
     max_new_tokens: int,
     batch: int,
     temperature,
+    compare: bool,
 ):
     generator = copy.deepcopy(model).to(dtype)
     auditor = copy.deepcopy(generator).to(audit_dtype or dtype)
     challenge = secrets.token_hex(16)
     stream = TaskStream(CATALOGUES["easy"], seed=proof.task_seed(challenge))
-    margins: list[float] = []
-    errors: list[float] = []
+    paths = (True, False) if compare else (True,)
+    stats = {cached: Stats() for cached in paths}
     eps, logprob_tol = tolerances(dtype)
-    failed_groups = 0
-    audit_cpu = 0.0
-    tokens = 0
     done = 0
     start = time.monotonic()
     while done < groups:
@@ -86,37 +88,59 @@ def run_case(
             temperature=temperature,
             keys=keys,
         )
-        for g in generated:
-            cpu = time.process_time()
-            results = replay_groups(
-                auditor,
-                tok,
-                g.prompt_ids,
-                g.completion_ids,
-                g.keys,
-                temperature,
-                logprobs=g.logprobs,
-                eps=float("inf"),
-                logprob_tol=float("inf"),
-            )
-            audit_cpu += time.process_time() - cpu
-            margins += [r.margin for r in results]
-            errors += [r.logprob_error for r in results]
-            tokens += sum(r.tokens for r in results)
-            failed_groups += any(r.margin < -eps or r.logprob_error > logprob_tol for r in results)
+        for j, g in enumerate(generated):
+            order = paths if (done + j) % 2 == 0 else paths[::-1]  # alternating: neither path always warm
+            for cached in order:
+                cpu = time.process_time()
+                results = replay_groups(
+                    auditor,
+                    tok,
+                    g.prompt_ids,
+                    g.completion_ids,
+                    g.keys,
+                    temperature,
+                    logprobs=g.logprobs,
+                    eps=float("inf"),
+                    logprob_tol=float("inf"),
+                    cached=cached,
+                )
+                stats[cached].add(time.process_time() - cpu, results, eps, logprob_tol)
         done += len(generated)
-    worst = min(margins)
-    print(
-        f"{name} {str(dtype).removeprefix('torch.')} audited in {str(auditor.dtype).removeprefix('torch.')}: "
-        f"{done} groups, {len(margins)} completions, {tokens} tokens "
-        f"in {time.monotonic() - start:.0f} s; worst margin per completion {quantiles(margins)}; "
-        f"max violation {max(0.0, -worst):.2e} ({sum(m < 0 for m in margins)} completions below 0); "
-        f"max logprob error {max(errors):.2e} (q0.999 {sorted(errors)[int(0.999 * (len(errors) - 1))]:.2e}); "
-        f"failed at eps {eps:g}, logprob_tol {logprob_tol:g}: {failed_groups}/{done} groups; "
-        f"audit {audit_cpu / done:.3f} CPU-s/group ({audit_cpu / max(1, tokens) * 1000:.2f} ms/token); "
-        f"load {load()}",
-        flush=True,
-    )
+    for cached, st in stats.items():
+        margins, errors = st.margins, st.errors
+        worst = min(margins)
+        print(
+            f"{name} {str(dtype).removeprefix('torch.')} audited in {str(auditor.dtype).removeprefix('torch.')}"
+            f"{(' (cached)' if cached else ' (full pass)') if compare else ''}: "
+            f"{done} groups, {len(margins)} completions, {st.tokens} tokens "
+            f"in {time.monotonic() - start:.0f} s; worst margin per completion {quantiles(margins)}; "
+            f"max violation {max(0.0, -worst):.2e} ({sum(m < 0 for m in margins)} completions below 0); "
+            f"max logprob error {max(errors):.2e} (q0.999 {sorted(errors)[int(0.999 * (len(errors) - 1))]:.2e}); "
+            f"failed at eps {eps:g}, logprob_tol {logprob_tol:g}: {st.failed_groups}/{done} groups; "
+            f"audit {st.cpu / done:.3f} CPU-s/group ({st.cpu / max(1, st.tokens) * 1000:.2f} ms/token); "
+            f"load {load()}",
+            flush=True,
+        )
+    if compare:
+        print(f"{name}: full pass / cached CPU-s per group {stats[False].cpu / stats[True].cpu:.2f}x", flush=True)
+
+
+@dataclass
+class Stats:
+    """One replay path's figures over a case's groups."""
+
+    margins: list[float] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    cpu: float = 0.0
+    tokens: int = 0
+    failed_groups: int = 0
+
+    def add(self, cpu: float, results, eps: float, logprob_tol: float) -> None:
+        self.cpu += cpu
+        self.margins += [r.margin for r in results]
+        self.errors += [r.logprob_error for r in results]
+        self.tokens += sum(r.tokens for r in results)
+        self.failed_groups += any(r.margin < -eps or r.logprob_error > logprob_tol for r in results)
 
 
 def main() -> int:
@@ -128,6 +152,9 @@ def main() -> int:
     parser.add_argument("--audit-dtype", default="float32", help="the replay's dtype; 'same': the generation's")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--compare", action="store_true", help="replay each group cached and as a full pass too, alternating"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{os.cpu_count()} cores, --threads {args.threads}, load {load()} at the start", flush=True)
@@ -150,6 +177,7 @@ def main() -> int:
                 max_new_tokens,
                 batch,
                 args.temperature,
+                args.compare,
             )
     print(f"load {load()} at the end")
     return 0

@@ -1,8 +1,10 @@
 """Replaying a completion: given the weights that generated it, its prompt and its sampling key, is
 each of its tokens the one the seeded draw picks (sapo_node.generate, docs/protocol.md, "Sampling")?
 
-One teacher-forced forward pass (no cache) over prompt + completion gives the distribution every
-completion token was drawn from. Token t passes when the draw's target, u * cdf[-1] with
+A teacher-forced forward pass gives the distribution every completion token was drawn from: the
+prompt once, then a group's completions together on copies of its key/value cache
+(shared_prefix.completion_hidden), as generation ran them; `cached=False` runs prompt + completion
+whole for each row instead, the reference the cached pass is measured against. Token t passes when the draw's target, u * cdf[-1] with
 u = proof.uniforms(key, n)[t], lies within the token's cdf interval [cdf[t-1], cdf[t]] widened by
 `eps` on each side, and its claimed log-probability (when given) is within `logprob_tol` of the
 replayed one. The widening absorbs floating-point differences between the generating machine and
@@ -24,6 +26,7 @@ import torch
 
 from sapo_node import proof
 from sapo_node.generate import refused_tokens, stop_ids
+from sapo_node.shared_prefix import completion_hidden
 
 #: Half-width of the band around a token's cdf interval that the draw may fall in and still pass:
 #: floating-point noise between machines, for weights that generated in float32 (docs/benchmarks.md,
@@ -121,9 +124,11 @@ def replay_groups(
     refused: torch.Tensor | None = None,
     eps: float = EPS,
     logprob_tol: float = LOGPROB_TOL,
+    cached: bool = True,
 ) -> list[Replay]:
-    """`replay` for the completions of one prompt (a group) at once: one forward pass over the rows,
-    right-padded (a causal model's earlier positions do not see the padding). ValueError when the
+    """`replay` for the completions of one prompt (a group) at once: the prompt's pass, then one over
+    the rows, right-padded (a causal model's earlier positions do not see the padding); `cached`
+    False: one pass over the rows' whole sequences (see the module docstring). ValueError when the
     input cannot be a completion of this model (empty, an id outside the vocabulary, longer than
     its positions, counts that do not match)."""
     if temperature < 0 or not math.isfinite(temperature):
@@ -149,15 +154,9 @@ def replay_groups(
     if refused is None:
         refused = refused_tokens(tokenizer, vocab, device, stops)
     refused = refused.to(device)
-    n, p = len(rows), len(prompt)
-    width = p + max(map(len, rows))
-    input_ids = torch.full((n, width), 0, dtype=torch.long, device=device)
-    mask = torch.zeros((n, width), dtype=torch.long, device=device)
-    for i, row in enumerate(rows):
-        input_ids[i, : p + len(row)] = torch.tensor(prompt + row)
-        mask[i, : p + len(row)] = 1
     model.eval()
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
+    decoder = model.get_decoder()
+    hidden = (_cached_hidden if cached else _full_hidden)(decoder, prompt, rows, device)  # (n, T, H)
     head = model.get_output_embeddings()
 
     results = []
@@ -167,8 +166,7 @@ def replay_groups(
         errors: list[float] = []
         for start in range(0, len(row), CHUNK):
             ids = torch.tensor(row[start : start + CHUNK], device=device)  # (C,)
-            # Completion token t is predicted at position p + t - 1.
-            logits = head(hidden[i, p - 1 + start : p - 1 + start + len(ids)]).float()  # (C, V)
+            logits = head(hidden[i, start : start + len(ids)]).float()  # (C, V)
             logits = logits.masked_fill(refused, -torch.inf)
             uu = torch.tensor(u[start : start + len(ids)], dtype=torch.float64, device=device)
             m, lp = _margins(logits, ids, uu, temperature)
@@ -180,6 +178,34 @@ def replay_groups(
                 errors += torch.where(torch.isfinite(err), err, math.inf).tolist()
         results.append(_verdict(row, margins, errors, stops, eps, logprob_tol))
     return results
+
+
+def _cached_hidden(decoder: Any, prompt: list[int], rows: list[list[int]], device: Any) -> torch.Tensor:
+    """(n, T, H) hidden states predicting each row's tokens (T the longest row): the prompt as one row
+    with a cache, copied to the n rows, then the rows' tokens."""
+    n, width = len(rows), max(map(len, rows))
+    prompt_ids = torch.tensor([prompt], device=device)  # (1, p)
+    out = decoder(input_ids=prompt_ids, use_cache=True)
+    ids = torch.zeros((n, width), dtype=torch.long, device=device)
+    mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    owner = torch.zeros(n, dtype=torch.long, device=device)
+    return completion_hidden(decoder, out, torch.ones_like(prompt_ids), owner, ids, mask)
+
+
+def _full_hidden(decoder: Any, prompt: list[int], rows: list[list[int]], device: Any) -> torch.Tensor:
+    """`_cached_hidden` by one pass over each row's prompt + completion, no cache."""
+    n, p = len(rows), len(prompt)
+    width = p + max(map(len, rows))
+    input_ids = torch.full((n, width), 0, dtype=torch.long, device=device)
+    mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        input_ids[i, : p + len(row)] = torch.tensor(prompt + row)
+        mask[i, : p + len(row)] = 1
+    hidden = decoder(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
+    return hidden[:, p - 1 : -1]  # completion token t is predicted at position p + t - 1
 
 
 def _margins(

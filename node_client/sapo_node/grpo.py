@@ -40,7 +40,7 @@ from torch.nn import functional as F
 
 from sapo_node.baseline import MAX_ADVANTAGE
 from sapo_node.groups import TrainGroup
-from sapo_node.shared_prefix import prompt_layout, prompt_pass, returned_cache, with_cache
+from sapo_node.shared_prefix import completion_hidden, prompt_layout, prompt_pass
 
 ADVANTAGE_EPS = 1e-4
 
@@ -352,18 +352,9 @@ def completion_logprobs(model: Any, batch: GroupedBatch, temperature: float = 1.
         return logp * batch.completion_mask
     backbone = model.base_model
     out = prompt_pass(backbone, batch.prompt_ids, batch.prompt_mask, batch.shared)
-    hidden = out.last_hidden_state[:, -1][batch.owner][:, None]  # (N, 1, H): the prompt's end predicts token 0
-    t_len = batch.completion_ids.shape[1]
-    if t_len > 1:  # tokens 0..T-2 predict tokens 1..T-1; the last token is never an input
-        cache = returned_cache(out)
-        cache.reorder_cache(batch.owner)  # a copy of the prompt's keys/values per row, differentiable
-        inputs = batch.completion_ids[:, :-1]
-        mask = torch.cat([batch.prompt_mask[batch.owner], batch.completion_mask[:, :-1]], dim=1)
-        positions = batch.prompt_mask.sum(dim=-1)[batch.owner][:, None] + torch.arange(t_len - 1, device=inputs.device)
-        rest = backbone(
-            input_ids=inputs, attention_mask=mask, position_ids=positions, use_cache=True, **with_cache(backbone, cache)
-        ).last_hidden_state  # (N, T - 1, H)
-        hidden = torch.cat([hidden, rest], dim=1)  # (N, T, H)
+    hidden = completion_hidden(
+        backbone, out, batch.prompt_mask, batch.owner, batch.completion_ids, batch.completion_mask
+    )  # (N, T, H)
     keep = batch.completion_mask.bool()
     logp = target_logprobs(hidden[keep], head, batch.completion_ids[keep], temperature)  # (M,)
     return logp.new_zeros(keep.shape).masked_scatter(keep, logp)

@@ -12,7 +12,9 @@ tokens (`prompt_layout`), with an attention mask that is 0 on the padding and po
 only real tokens, so every real token sits at the position, and attends to the tokens, it would have
 in its prompt alone (tests/node/test_generate.py, tests/node/test_grpo.py compare both passes
 against a model run on each sequence whole). With no prefix worth sharing (the built-in models'
-plain prompts share "Question:"), the layout is the usual left padding and the pass one call.
+plain prompts share "Question:"), the layout is the usual left padding and the pass one call. A
+prompt's completions then run on copies of its key/value cache (`completion_hidden`): the update
+and the audit's replay score G completions behind one prompt pass.
 """
 
 from __future__ import annotations
@@ -100,3 +102,33 @@ def prompt_pass(forward: Any, ids: torch.Tensor, mask: torch.Tensor, shared: int
         **with_cache(forward, cache),
         **kwargs,
     )
+
+
+def completion_hidden(
+    forward: Any,
+    out: Any,
+    prompt_mask: torch.Tensor,
+    owner: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> torch.Tensor:
+    """(N, T, H): the hidden state each completion token is predicted from. `out` is `forward`'s (a
+    backbone's) pass over K prompts ending in a real token (`prompt_pass`, or a plain call with
+    use_cache=True; `prompt_mask` (K, P)); row i completes prompt owner[i] ((N,) long). Token 0 is
+    predicted from its prompt's last position; tokens 0..T-2 then run as one batch on a copy of their
+    prompt's keys/values per row (differentiable), at the positions that follow the prompt's.
+    `completion_ids` (N, T) are right padded, `completion_mask` 0 on the padding, which no real token
+    attends to. The cache in `out` is consumed."""
+    hidden = out.last_hidden_state[:, -1][owner][:, None]  # (N, 1, H)
+    t_len = completion_ids.shape[1]
+    if t_len == 1:  # the last token is never an input
+        return hidden
+    cache = returned_cache(out)
+    cache.reorder_cache(owner)
+    inputs = completion_ids[:, :-1]  # (N, T - 1)
+    mask = torch.cat([prompt_mask[owner], completion_mask[:, :-1]], dim=1)
+    positions = prompt_mask.sum(dim=-1)[owner][:, None] + torch.arange(t_len - 1, device=inputs.device)
+    rest = forward(
+        input_ids=inputs, attention_mask=mask, position_ids=positions, use_cache=True, **with_cache(forward, cache)
+    ).last_hidden_state  # (N, T - 1, H)
+    return torch.cat([hidden, rest], dim=1)

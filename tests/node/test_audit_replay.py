@@ -91,6 +91,42 @@ def test_one_altered_token_fails_at_its_position(tiny_mini_policy, temperature):
         assert not r.passed and r.failed_at == t and r.reason == "token" and r.margin < -EPS
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_cached_replay_equals_each_sequence_run_whole(tiny_mini_policy, temperature):
+    # The prompt once and its cache copied to the rows gives, per token, what one pass over prompt +
+    # completion gives: a row's log-probabilities to 1e-4, and a forged token fails at its position.
+    model, tok = tiny_mini_policy
+    g = _generate(model, tok, _prompts(tok, 1), temperature)[0]
+    # Unequal lengths (an honest completion's beginning is one too), one of a single token.
+    rows = [c[: max(1, len(c) - i)] for i, c in enumerate(g.completion_ids)] + [g.completion_ids[0][:1]]
+    keys = [*g.keys, g.keys[0]]
+    assert len({len(r) for r in rows}) > 2
+    refused = refused_tokens(tok, model.config.vocab_size, "cpu", stop_ids(model, tok))
+    p = len(g.prompt_ids)
+    whole = []
+    with torch.no_grad():
+        for row in rows:
+            logits = model(input_ids=torch.tensor([g.prompt_ids + row])).logits[0, p - 1 : -1]  # (T, V)
+            logp = torch.log_softmax(logits.float().masked_fill(refused, -torch.inf) / (temperature or 1.0), -1)
+            whole.append(logp.gather(-1, torch.tensor(row)[:, None]).squeeze(1).tolist())
+    replays = {
+        cached: replay_groups(model, tok, g.prompt_ids, rows, keys, temperature, logprobs=whole, cached=cached)
+        for cached in (True, False)
+    }
+    for cached, results in replays.items():
+        assert all(r.passed for r in results), (cached, results)
+        assert max(r.logprob_error for r in results) < 1e-4
+    assert max(abs(a.margin - b.margin) for a, b in zip(replays[True], replays[False], strict=True)) < 1e-4
+
+    k = max(range(len(rows)), key=lambda i: len(rows[i]))
+    t = len(rows[k]) // 2
+    forged = list(rows[k])
+    forged[t] = _far_token(model, tok, g, k, t, temperature)
+    for cached in (True, False):
+        r = replay_groups(model, tok, g.prompt_ids, [forged, rows[-1]], [keys[k], keys[-1]], temperature, cached=cached)
+        assert (r[0].failed_at, r[0].reason) == (t, "token") and r[0].margin < -EPS and r[1].passed
+
+
 def test_a_forged_log_probability_or_an_early_stop_fails(tiny_mini_policy):
     model, tok = tiny_mini_policy
     g = _generate(model, tok, _prompts(tok, 1), 1.0, generations=2)[0]
