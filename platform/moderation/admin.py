@@ -12,6 +12,7 @@ from moderation.models import (
     TrustRecord,
 )
 from moderation.rules import RULES, RuleError, clean_params
+from swarms.scope import SITE, Scope
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -87,7 +88,7 @@ class ModerationRuleAdmin(admin.ModelAdmin):
             enabled=obj.enabled,
             action=obj.action,
             params=obj.params or {},
-            swarm=obj.swarm,
+            scope=SITE if obj.swarm_id is None else Scope.swarm(obj.swarm_id),
         )
         obj.pk = row.pk
         obj.refresh_from_db()

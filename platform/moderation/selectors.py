@@ -16,7 +16,7 @@ from moderation.trust import trust_value
 from nodes.models import Node
 from nodes.presence import with_connected
 from pool.models import ModerationStatus, RejectReason, RetentionDay, Rollout, Verdict
-from swarms.models import Swarm
+from swarms.scope import Scope
 
 
 def rollout_queue_base(*, filters: dict[str, Any]) -> QuerySet[Rollout]:
@@ -158,12 +158,18 @@ def node_moderation_list(*, filters: dict[str, Any]) -> QuerySet[Node]:
     return queryset.order_by("-created_at", "-id")
 
 
-def rule_list(*, swarm: Swarm | None = None) -> list[dict[str, Any]]:
-    """The site's rules (`swarm` None), each with its spec, current settings and last change; or a
-    swarm's own (the keys a swarm may have), its settings where it has a row, else the rule's defaults
-    switched off (not applied)."""
-    rows = {r.key: r for r in ModerationRule.objects.filter(swarm=swarm).select_related("updated_by")}
-    if swarm is None:
+def rule_swarm_id(scope: Scope) -> int | None:
+    """The `ModerationRule.swarm_id` of the rules of `scope`: NULL for the site's, which apply to every
+    swarm, else the swarm's id."""
+    return None if Scope.check(scope).is_site else scope.swarm_id
+
+
+def rule_list(*, scope: Scope) -> list[dict[str, Any]]:
+    """The site's rules (`Scope.site()`), each with its spec, current settings and last change; or one
+    swarm's own (`Scope.swarm(id)`: the keys a swarm may have), its settings where it has a row, else
+    the rule's defaults switched off (not applied)."""
+    rows = {r.key: r for r in ModerationRule.objects.filter(swarm_id=rule_swarm_id(scope)).select_related("updated_by")}
+    if scope.is_site:
         current = rules_current(use_cache=False)
         return [{"spec": spec, "rule": current[key], "row": rows.get(key)} for key, spec in RULES.items()]
     items = []

@@ -29,12 +29,14 @@ from moderation.models import (
     TargetType,
 )
 from moderation.rules import RULES, RuleError, clean_params, rules_forget
+from moderation.selectors import rule_swarm_id
 from moderation.trust import trust_reset
 from nodes.events import CLOSE_BANNED, contributor_disconnect_on_commit, node_disconnect_on_commit
 from nodes.models import Node
 from pool.models import ModerationStatus, Rollout
 from pool.services import rollout_set_moderation
 from swarms.models import Swarm
+from swarms.scope import Scope
 
 #: Queue actions and the moderation status each sets.
 ACTIONS = {
@@ -327,17 +329,26 @@ def contributor_unban(*, actor: User, user: User, reason: str, restore_groups: b
 # --- rules and flags ------------------------------------------------------------------------------
 
 
+def _swarm_slug(swarm_id: int) -> str:
+    slug = Swarm.objects.filter(id=swarm_id).values_list("slug", flat=True).first()
+    if slug is None:
+        raise ApplicationError("unknown_swarm", "No such swarm.", status=404)
+    return slug
+
+
 @transaction.atomic
 def rule_update(
-    *, actor: User, key: str, enabled: bool, action: str, params: dict[str, Any], swarm: Swarm | None = None
+    *, actor: User, key: str, enabled: bool, action: str, params: dict[str, Any], scope: Scope
 ) -> ModerationRule:
-    """Switch or tune an automatic rule: the site's (`swarm` None), or a swarm's own, which applies to
-    that swarm's shares besides the site's (only the keys RuleSpec.per_swarm allows). Raises
-    ApplicationError: unknown_rule (404), invalid_rule."""
+    """Switch or tune an automatic rule: the site's (`Scope.site()`), applied to every swarm's shares,
+    or one swarm's own (`Scope.swarm(id)`), applied to that swarm's shares besides the site's (only the
+    keys RuleSpec.per_swarm allows). Raises ApplicationError: unknown_rule (404), invalid_rule,
+    unknown_swarm (404)."""
     spec = RULES.get(key)
     if spec is None:
         raise ApplicationError("unknown_rule", f"No rule {key!r}.", status=404)
-    if swarm is not None and not spec.per_swarm:
+    slug = None if Scope.check(scope).is_site else _swarm_slug(scope.swarm_id)
+    if slug is not None and not spec.per_swarm:
         raise ApplicationError("invalid_rule", f"The rule {key!r} is the site's only; a swarm cannot have its own.")
     if not isinstance(params, dict):
         raise ApplicationError("invalid_rule", "Parameters must be a JSON object.")
@@ -347,9 +358,10 @@ def rule_update(
         raise ApplicationError("invalid_rule", str(exc)) from exc
     if action not in ("flag", "hold"):
         raise ApplicationError("invalid_rule", "The action is 'flag' or 'hold'.")
-    row, created = ModerationRule.objects.select_for_update().get_or_create(key=key, swarm=swarm)
+    row, created = ModerationRule.objects.select_for_update().get_or_create(key=key, swarm_id=rule_swarm_id(scope))
+    # The site's rules have a row from the start (migrations), a swarm's only once edited.
     before = (
-        None if created and swarm is not None else {"enabled": row.enabled, "action": row.action, "params": row.params}
+        None if created and slug is not None else {"enabled": row.enabled, "action": row.action, "params": row.params}
     )
     row.enabled = bool(enabled) if spec.switchable else True
     row.action = action if spec.has_action else spec.action
@@ -359,14 +371,14 @@ def rule_update(
     row.save()
     after = {"enabled": row.enabled, "action": row.action, "params": row.params}
     details: dict[str, Any] = {"before": before, "after": after}
-    if swarm is not None:
-        details["swarm"] = swarm.slug
+    if slug is not None:
+        details["swarm"] = slug
     _audit(
         actor=actor,
         action=AuditAction.RULE_CHANGE,
         target_type=TargetType.RULE,
         target_id=key,
-        reason="rule settings changed" if swarm is None else f"rule settings of swarm {swarm.slug} changed",
+        reason="rule settings changed" if slug is None else f"rule settings of swarm {slug} changed",
         details=details,
     )
     transaction.on_commit(rules_forget)

@@ -28,6 +28,7 @@ from moderation.rules import RULES
 from nodes.models import Node
 from nodes.selectors import node_status, node_statuses
 from swarms.models import Swarm
+from swarms.scope import SITE, Scope
 
 QUEUE_PAGE_SIZE = 20
 AUDIT_PAGE_SIZE = 50
@@ -265,25 +266,26 @@ def audit(request: HttpRequest) -> HttpResponse:
     return render(request, "moderation/audit.html", context, status=status)
 
 
-def _rules_swarm(slug: str | None) -> Swarm | None:
-    """The swarm a rules page or form names by slug (None: the site's rules); ApplicationError
-    unknown_swarm (404) for a slug no swarm has."""
+def _rules_of(slug: str | None) -> tuple[Scope, Swarm | None]:
+    """Whose rules a rules page or form names by `swarm` slug: the site's (no slug; no swarm to name on
+    the page) or one swarm's (its scope and the swarm). ApplicationError unknown_swarm (404) for a slug
+    no swarm has."""
     if not slug:
-        return None
+        return SITE, None
     swarm = Swarm.objects.filter(slug=slug[:64]).first()
     if swarm is None:
         raise ApplicationError("unknown_swarm", "No such swarm.", status=404)
-    return swarm
+    return Scope.swarm(swarm.id), swarm
 
 
 @require_GET
 @staff_required
 def rules(request: HttpRequest) -> HttpResponse:
     try:
-        swarm = _rules_swarm(request.GET.get("swarm"))
+        scope, swarm = _rules_of(request.GET.get("swarm"))
     except ApplicationError as exc:
         return _error(request, exc)
-    items = selectors.rule_list(swarm=swarm)
+    items = selectors.rule_list(scope=scope)
     for item in items:
         item["form"] = RuleForm(item["spec"], item["rule"])
     context = {
@@ -301,7 +303,7 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
     if key not in RULES:
         return _error(request, ApplicationError("unknown_rule", "No such rule.", status=404))
     try:
-        swarm = _rules_swarm(request.POST.get("swarm"))
+        scope, swarm = _rules_of(request.POST.get("swarm"))
     except ApplicationError as exc:
         return _error(request, exc)
     spec = RULES[key]
@@ -327,11 +329,11 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
     if error is None:
         try:
             services.rule_update(
-                actor=request.user, key=key, enabled=enabled, action=action, params=params, swarm=swarm
+                actor=request.user, key=key, enabled=enabled, action=action, params=params, scope=scope
             )
         except ApplicationError as exc:
             error = exc
-    item = next((i for i in selectors.rule_list(swarm=swarm) if i["spec"].key == key), None)
+    item = next((i for i in selectors.rule_list(scope=scope) if i["spec"].key == key), None)
     if item is None:  # a key a swarm cannot have: the error above says so
         return _error(request, error or ApplicationError("invalid_rule", "No such rule for a swarm."))
     # After an error the form shows what was typed, with each field's error beside it.

@@ -15,6 +15,7 @@ from moderation.rules import RULES, Rule, default_rule, rules_forget
 from moderation.screening import outlier_scan, outlier_scores
 from moderation.services import rule_update
 from pool.models import ModerationStatus, Rollout
+from swarms.scope import SITE
 
 pytestmark = pytest.mark.django_db
 
@@ -33,6 +34,7 @@ def set_rule(key: str, *, enabled: bool = True, action: str = "hold", **params) 
         enabled=enabled,
         action=action,
         params={**default_rule(key).params, **params},
+        scope=SITE,
     )
     rules_forget()
 

@@ -16,6 +16,7 @@ from moderation.models import ModerationFlag
 from moderation.rules import RULES, Rule, default_rule, rules_forget
 from moderation.services import rule_update
 from pool.models import ModerationStatus
+from swarms.scope import SITE
 
 pytestmark = pytest.mark.django_db
 
@@ -84,7 +85,9 @@ def _fresh_rules():
 
 
 def set_rule(key: str, **params) -> None:
-    rule_update(actor=staff(), key=key, enabled=True, action="hold", params={**default_rule(key).params, **params})
+    rule_update(
+        actor=staff(), key=key, enabled=True, action="hold", params={**default_rule(key).params, **params}, scope=SITE
+    )
     rules_forget()
 
 

@@ -12,12 +12,15 @@ from factories import make_node, make_swarm
 from support.moderation import group, staff
 from support.pool import SAPO, to_rollout_in
 
+from common.errors import ApplicationError
 from moderation.models import AuditEntry, ModerationFlag, ModerationRule
-from moderation.rules import default_rule, rules_current, rules_forget, swarm_rules_current
+from moderation.rules import PER_SWARM_KEYS, default_rule, rules_current, rules_forget, swarm_rules_current
+from moderation.selectors import rule_list
 from moderation.services import rule_update
 from pool.ingest import rollout_share
 from pool.ingest_statement import SwarmOfBatch
 from pool.models import ModerationStatus, Rollout
+from swarms.scope import SITE, Scope
 
 pytestmark = pytest.mark.django_db
 
@@ -34,9 +37,9 @@ def swarms():
     return make_swarm(slug="alpha", catalogue="sapo"), make_swarm(slug="beta", catalogue="sapo")
 
 
-def set_rule(key: str, *, swarm=None, action: str = "hold", **params) -> None:
+def set_rule(key: str, *, scope: Scope, action: str = "hold", **params) -> None:
     rule_update(
-        actor=staff(), key=key, enabled=True, action=action, params={**default_rule(key).params, **params}, swarm=swarm
+        actor=staff(), key=key, enabled=True, action=action, params={**default_rule(key).params, **params}, scope=scope
     )
     rules_forget()
 
@@ -65,8 +68,8 @@ def held_by(row: Rollout) -> list[tuple[str, int | None]]:
 
 def test_a_swarms_rule_screens_its_shares_only_and_a_site_rule_screens_every_swarms(swarms):
     alpha, beta = swarms
-    set_rule("blocklist", swarm=alpha, patterns=["casino"])
-    set_rule("blocklist", patterns=["lottery"])
+    set_rule("blocklist", scope=Scope.swarm(alpha.id), patterns=["casino"])
+    set_rule("blocklist", scope=SITE, patterns=["lottery"])
 
     assert held_by(share_in(alpha, "casino tonight", 40)) == [("blocklist", alpha.id)]
     assert held_by(share_in(beta, "casino tonight", 41)) == []  # alpha's rule is not beta's
@@ -77,7 +80,7 @@ def test_a_swarms_rule_screens_its_shares_only_and_a_site_rule_screens_every_swa
 
 def test_a_swarms_length_rule_holds_what_the_sites_lets_through(swarms):
     alpha, beta = swarms
-    set_rule("length", swarm=alpha, max_chars=60)
+    set_rule("length", scope=Scope.swarm(alpha.id), max_chars=60)
     text = "a careful line of working, written out step by step. " * 2  # ~110 characters: the site allows it
     assert held_by(share_in(alpha, text, 50)) == [("length", alpha.id)]
     assert held_by(share_in(beta, text, 51)) == []
@@ -85,18 +88,37 @@ def test_a_swarms_length_rule_holds_what_the_sites_lets_through(swarms):
 
 def test_a_swarms_rules_are_kept_apart_from_the_sites(swarms):
     alpha, _ = swarms
-    set_rule("blocklist", swarm=alpha, action="flag", patterns=["casino"])
+    set_rule("blocklist", scope=Scope.swarm(alpha.id), action="flag", patterns=["casino"])
     assert rules_current()["blocklist"].enabled is False  # the site's is untouched
     assert swarm_rules_current(alpha.id)["blocklist"]["patterns"] == ["casino"]
     with pytest.raises(Exception, match="site's only"):
-        rule_update(actor=staff(), key="trust", enabled=True, action="hold", params={}, swarm=alpha)
+        rule_update(actor=staff(), key="trust", enabled=True, action="hold", params={}, scope=Scope.swarm(alpha.id))
     assert not ModerationRule.objects.filter(key="trust", swarm=alpha).exists()
     # Switched off, it no longer applies.
     rule_update(
-        actor=staff(), key="blocklist", enabled=False, action="flag", params={"patterns": ["casino"]}, swarm=alpha
+        actor=staff(),
+        key="blocklist",
+        enabled=False,
+        action="flag",
+        params={"patterns": ["casino"]},
+        scope=Scope.swarm(alpha.id),
     )
     rules_forget()
     assert swarm_rules_current(alpha.id) == {}
+
+
+def test_whose_rules_is_said_not_left_out(swarms):
+    """No swarm (None) names neither the site's rules nor a swarm's: the scope is required, and a
+    swarm id no swarm has is refused rather than read as the site's."""
+    with pytest.raises(TypeError):
+        rule_update(actor=staff(), key="blocklist", enabled=True, action="flag", params={}, scope=None)
+    with pytest.raises(TypeError):
+        rule_list(scope=None)
+    with pytest.raises(ApplicationError) as missing:
+        rule_update(actor=staff(), key="blocklist", enabled=True, action="flag", params={}, scope=Scope.swarm(10**6))
+    assert missing.value.code == "unknown_swarm"
+    assert not ModerationRule.objects.filter(key="blocklist", swarm__isnull=False).exists()
+    assert [item["spec"].key for item in rule_list(scope=Scope.swarm(swarms[0].id))] == list(PER_SWARM_KEYS)
 
 
 def test_the_rules_page_edits_a_swarms_rules(client, swarms):

@@ -19,6 +19,7 @@ from moderation.trust import (
     verdict_counts,
 )
 from pool.models import ModerationStatus
+from swarms.scope import SITE
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +32,14 @@ def _fresh_rules():
 
 
 def set_rule(key: str, *, enabled: bool = True, action: str = "hold", **params) -> None:
-    rule_update(actor=staff(), key=key, enabled=enabled, action=action, params={**default_rule(key).params, **params})
+    rule_update(
+        actor=staff(),
+        key=key,
+        enabled=enabled,
+        action=action,
+        params={**default_rule(key).params, **params},
+        scope=SITE,
+    )
     rules_forget()
 
 
