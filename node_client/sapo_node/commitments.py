@@ -23,6 +23,10 @@ take the file does the same.
 
 Audits held are written to holds.json beside the files, so a restarted node keeps what the server
 asked for before its welcome repeats it.
+
+A store given its model's base (`base`: the model's name, for a model the server holds too) uploads
+a committed file as its difference from that base (sapo_node.weightdiff), made when an audit asks for
+it, as `.diff-<audit id>.sapodiff` beside the files, and deleted with the audit's hold.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ log = logging.getLogger("sapo_node.commitments")
 FOLDER = "commitments"
 SUFFIX = ".safetensors"
 HOLDS = "holds.json"
+DIFF_PREFIX, DIFF_SUFFIX = ".diff-", ".sapodiff"
 #: Files kept at most (a checkpoint per round of weights whose groups wait, or that an audit asked for).
 MAX_COUNT = 8
 #: Bytes of files kept at most: 8 of SmolLM2-135M's float32 checkpoints (538 MB each) fit.
@@ -115,8 +120,13 @@ class CommitmentStore:
         max_bytes: int = MAX_BYTES,
         max_age: float = MAX_AGE_SECONDS,
         clock: Callable[[], float] = time.time,
+        base: str | None = None,
+        base_cache: str | Path | None = None,
     ) -> None:
         self.root = Path(root)
+        #: The model whose base a checkpoint is uploaded as a difference from (None: whole files), and
+        #: the cache folder its copy is in (None: the node's default).
+        self.base, self.base_cache = base if base in proof.AUDITABLE_MODELS else None, base_cache
         self.max_count, self.max_bytes, self.max_age = max_count, max_bytes, max_age
         self._clock = clock
         self._lock = threading.Lock()
@@ -196,6 +206,11 @@ class CommitmentStore:
             if expired:
                 self._write_holds()
             held = {digest for digest, _ in self._holds.values()}
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(self.root):
+                    name = entry.name
+                    if name.startswith(DIFF_PREFIX) and name[len(DIFF_PREFIX) :].split(".")[0] not in self._holds:
+                        Path(entry.path).unlink(missing_ok=True)
             deleted = []
             for digest, _ in self.files().items():
                 path = self.root / f"{digest}{SUFFIX}"
@@ -228,6 +243,33 @@ class CommitmentStore:
         path = self.root / f"{digest}{SUFFIX}"
         return path if path.is_file() else None
 
+    def diff(self, audit: str, digest: str) -> Path | None:
+        """The file committed as `digest` as its difference from the store's base, made once per audit
+        (sapo_node.weightdiff); None without a base, or when it cannot be made (the whole file is sent)."""
+        path, source = self.root / f"{DIFF_PREFIX}{audit}{DIFF_SUFFIX}", self.path(digest)
+        if self.base is None or source is None:
+            return None
+        if path.is_file():
+            return path
+        from safetensors.torch import load_file
+
+        from sapo_node import weightdiff
+
+        tmp = path.with_name(f"{DIFF_PREFIX}{audit}.tmp{DIFF_SUFFIX}")
+        try:
+            base_digest, base = weightdiff.base_tensors(self.base, cache_dir=self.base_cache)
+            weightdiff.write_diff(
+                tmp, load_file(str(source)), base, model=self.base, base_digest=base_digest, weights=digest
+            )
+            os.replace(tmp, path)
+        except Exception as exc:  # noqa: BLE001 - the whole file is the answer to anything that goes wrong here
+            tmp.unlink(missing_ok=True)
+            log.warning(
+                "audit %s: no difference from the %s base (%s); the whole checkpoint is sent", audit, self.base, exc
+            )
+            return None
+        return path
+
     def hold(self, audit: str, digest: str, deadline: float) -> bool:
         """Keep `digest`'s file for `audit` until `deadline` (unix seconds) or `release`; False when the
         node no longer has the file."""
@@ -245,6 +287,7 @@ class CommitmentStore:
         with self._lock:
             if self._holds.pop(audit, None) is not None:
                 self._write_holds()
+            (self.root / f"{DIFF_PREFIX}{audit}{DIFF_SUFFIX}").unlink(missing_ok=True)
 
     def holds(self) -> dict[str, tuple[str, float]]:
         with self._lock:

@@ -179,7 +179,7 @@ def start_node(
     idle = start_idle_policy(gate, busy_load=config.pause_when_busy, battery=config.pause_on_battery)
     commitments = None
     if not isinstance(transport, SiloTransport):
-        commitments = CommitmentStore(out / FOLDER)
+        commitments = CommitmentStore(out / FOLDER, base=config.model)  # audits get differences from its base
         transport.answer_audits(commitments)
     stream = TaskStream(starting_catalogue(transport, config), config.seed)
     state = TrainingState(model, optimizer, stream, random.Random(config.seed + 1))

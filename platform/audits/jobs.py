@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from audits.models import Audit, AuditGroup, AuditState
-from audits.services import audit_error, audit_fail, audit_pass, errored_uploads_expire
+from audits.services import audit_base_record, audit_error, audit_fail, audit_pass, errored_uploads_expire
 from common.errors import ApplicationError
 from pool.models import Rollout
 
@@ -178,10 +178,20 @@ def _replay_and_decide(audit: Audit) -> str:
     torch.set_num_threads(1)  # one core per worker: the worker count is the audits' CPU bound
     groups = _groups_to_replay(audit)
     try:
-        tensors = replay.load_checkpoint(Path(audit.upload_path), sha256=audit.upload_sha256, weights=audit.weights)
+        cache_dir = Path(settings.SAPO_AUDIT_MODEL_CACHE)
+        tensors = replay.load_checkpoint(
+            Path(audit.upload_path),
+            sha256=audit.upload_sha256,
+            weights=audit.weights,
+            model=audit.model,
+            cache_dir=cache_dir,
+            max_bytes=settings.SAPO_AUDIT_MAX_CHECKPOINT_BYTES,
+        )
         tolerances = replay.tolerances_for(tensors)
-        model, tokenizer = replay.load_model(audit.model, tensors, cache_dir=Path(settings.SAPO_AUDIT_MODEL_CACHE))
+        model, tokenizer = replay.load_model(audit.model, tensors, cache_dir=cache_dir)
         del tensors
+        if (base := replay.base_digest(audit.model)) is not None:
+            audit_base_record(model=audit.model, digest=base)
         report = replay.replay_groups(
             model, tokenizer, groups, max_tokens=settings.SAPO_AUDIT_MAX_TOKENS, tolerances=tolerances
         )

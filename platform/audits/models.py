@@ -125,3 +125,19 @@ class NodeHold(models.Model):
 
     def __str__(self) -> str:
         return f"hold of node {self.node_id}"
+
+
+class AuditBase(models.Model):
+    """A public base model's weights as an audit worker of this site holds them: the digest a checkpoint
+    uploaded as a difference must name (sapo_node.weightdiff). Recorded by the worker whenever it builds
+    a model from the site's copy, so until a worker has built one, its nodes upload whole checkpoints."""
+
+    model = models.CharField(max_length=200)
+    digest = models.CharField(max_length=64, db_collation="C", help_text="weights_digest of the base in float32.")
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "digest"], name="audits_base_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.model} base {self.digest[:12]}"

@@ -3,12 +3,15 @@ tensors' commitment, the named model rebuilt from the site's own copy with the u
 each sampled group's tokens replayed under them (sapo_node.audit.replay_groups, which a node can run
 on itself). Django-free apart from the rows it is handed; torch is imported here only, by the worker.
 
-The uploaded file is parsed by the safetensors library (a header and raw tensors: no pickle, no code)
-only after its sha256 matched the one the node announced.
+The uploaded file is parsed by the safetensors library (a header and raw tensors: no pickle, no code),
+or reconstructed from the model's base when it is a difference (sapo_node.weightdiff), only after its
+sha256 matched the one the node announced, and its tensors are read only after their weights_digest
+matched the commitment.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,19 +50,64 @@ def auditable_models() -> frozenset[str]:
     return proof.AUDITABLE_MODELS
 
 
-def load_checkpoint(path: Path, *, sha256: str, weights: str) -> dict[str, Any]:
-    """The upload's tensors, once its bytes match `sha256` and its tensors the commitment `weights`."""
+class BaseUnavailable(RuntimeError):
+    """A difference names a base other than this worker's copy, though the site recorded it (another
+    worker's copy differs): the site's fault, so the job raises and is retried, and never fails the node."""
+
+
+#: weights_digest of each model's base as this process built it from the site's copy (load_model).
+_BASE_DIGESTS: dict[str, str] = {}
+
+
+def base_digest(name: str) -> str | None:
+    """The digest of `name`'s base weights, once this process has built the model."""
+    return _BASE_DIGESTS.get(name)
+
+
+@functools.lru_cache(maxsize=1)
+def _base(name: str, cache_dir: Path) -> tuple[str, dict[str, Any]]:
+    from sapo_node.weightdiff import base_tensors
+
+    digest, tensors = base_tensors(name, cache_dir=cache_dir)
+    _BASE_DIGESTS[name] = digest
+    return digest, tensors
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    sha256: str,
+    weights: str,
+    model: str = "",
+    cache_dir: Path | None = None,
+    max_bytes: int = 1 << 30,
+) -> dict[str, Any]:
+    """The upload's tensors, once its bytes match `sha256` and its tensors the commitment `weights`. A
+    difference from `model`'s base (sapo_node.weightdiff) is reconstructed from the site's own copy in
+    `cache_dir`, at most `max_bytes` of tensors, and checked against `weights` like a whole file."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from sapo_node import weightdiff
     from sapo_node.commitments import tensors_digest
 
     if proof.file_sha256(path) != sha256:
         raise AuditFailed("the stored checkpoint does not match the sha256 its upload announced")
-    try:
-        tensors = load_file(str(path), device="cpu")
-    except (SafetensorError, ValueError, OSError) as exc:
-        raise AuditFailed(f"the checkpoint is not a safetensors file of tensors: {str(exc)[:200]}") from None
+    if weightdiff.is_diff(path):
+        if model not in auditable_models():
+            raise AuditFailed(f"the model {model!r} is not one the site can rebuild (built-in or packaged models only)")
+        digest, base = _base(model, Path(cache_dir) if cache_dir else None)
+        try:
+            tensors = weightdiff.read_diff(path, base, base_digest=digest, max_bytes=max_bytes)
+        except weightdiff.DiffError as exc:
+            if exc.code == "unknown_base":
+                raise BaseUnavailable(f"{model}'s base here is {digest[:12]}, not the difference's") from None
+            raise AuditFailed(f"the checkpoint difference is refused ({exc.code}: {str(exc)[:200]})") from None
+    else:
+        try:
+            tensors = load_file(str(path), device="cpu")
+        except (SafetensorError, ValueError, OSError) as exc:
+            raise AuditFailed(f"the checkpoint is not a safetensors file of tensors: {str(exc)[:200]}") from None
     if tensors_digest(tensors) != weights:
         raise AuditFailed("the checkpoint's weights_digest is not the digest its groups committed to")
     return tensors
@@ -70,11 +118,14 @@ def load_model(name: str, tensors: dict[str, Any], *, cache_dir: Path) -> tuple[
     with the uploaded weights."""
     import torch
 
+    from sapo_node.commitments import model_tensors, tensors_digest
     from sapo_node.models import load_policy
 
     if name not in auditable_models():
         raise AuditFailed(f"the model {name!r} is not one the site can rebuild (built-in or packaged models only)")
     model, tokenizer, _ = load_policy(name, device="cpu", cache_dir=cache_dir, dtype=torch.float32)
+    if name not in _BASE_DIGESTS:  # the site's base, for the differences it may take (audits.models.AuditBase)
+        _BASE_DIGESTS[name] = tensors_digest(model_tensors(model))
     state = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in tensors.items()}
     expected = model.state_dict()
     if set(state) != set(expected) or any(tuple(state[k].shape) != tuple(expected[k].shape) for k in expected):

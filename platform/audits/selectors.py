@@ -10,7 +10,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from accounts.models import User
-from audits.models import Audit, AuditState, NodeHold
+from audits.models import Audit, AuditBase, AuditState, NodeHold
 from figures import credit
 
 
@@ -65,3 +65,8 @@ def pending_credit(*, node_ids: list[int]) -> dict[int, PendingCredit]:
         rows = cursor.fetchall()
     found = {node_id: PendingCredit(groups, float(reward)) for node_id, groups, reward in rows}
     return {node_id: found.get(node_id, PendingCredit(0, 0.0)) for node_id in node_ids}
+
+
+def audit_base_known(*, model: str, digest: str) -> bool:
+    """Whether a worker of this site has built `model`'s base with these weights (audits.models.AuditBase)."""
+    return AuditBase.objects.filter(model=model, digest=digest).exists()

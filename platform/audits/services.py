@@ -25,7 +25,7 @@ from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from accounts.models import User
-from audits.models import Audit, AuditGroup, AuditState, NodeHold
+from audits.models import Audit, AuditBase, AuditGroup, AuditState, NodeHold
 from figures.stats import node_stats_apply_audit
 from pool.models import Rollout
 
@@ -179,3 +179,9 @@ def _delete_upload(audit: Audit) -> None:
     if audit.upload_path:
         for path in (Path(audit.upload_path), Path(audit.upload_path + ".part")):
             path.unlink(missing_ok=True)
+
+
+def audit_base_record(*, model: str, digest: str) -> None:
+    """A worker built `model` from the site's copy, whose float32 weights have `digest`: checkpoints of
+    it may be uploaded as differences from it (audits.upload checks the base they name)."""
+    AuditBase.objects.get_or_create(model=model, digest=digest)

@@ -2,7 +2,9 @@
 /api/v1/audits/<id>/checkpoint` with the node's token, `Content-Range: bytes a-b/total`, chunks in
 order, at most MAX_CHUNK_BYTES each and SAPO_AUDIT_MAX_CHECKPOINT_BYTES in all, the last one with
 `X-Checkpoint-Sha256`. The file grows in a private folder under SAPO_VAR_DIR; its sha256 is checked
-when the last chunk is in, before anything parses it, and the audit is then queued.
+when the last chunk is in, before anything parses it, and the audit is then queued. The file is a
+safetensors checkpoint or its difference from the model's base (sapo_node.weightdiff), whose header is
+checked here too.
 
 Every refusal is an ApplicationError with a stable code (the view answers `{"code", "detail"}`).
 """
@@ -23,14 +25,18 @@ from django.utils import timezone
 from accounts import limits
 from audits.jobs import audit_enqueue_on_commit
 from audits.models import Audit, AuditState
+from audits.selectors import audit_base_known
 from common.errors import ApplicationError, NotFound
 from nodes.models import Node, NodeToken
 from nodes.services import token_hash, token_is_well_formed
+from sapo_node import weightdiff
 from sapo_node.proof import file_sha256
 
 #: The largest chunk one request may carry.
 MAX_CHUNK_BYTES = 8 * 1024 * 1024
 READ_BYTES = 1 << 20
+#: A checkpoint sent as a difference from its model's base is kept under this suffix.
+DIFF_SUFFIX = ".sapodiff"
 #: The endpoint's path (audits.urls under /api/v1/), for the servers' check before any body is read.
 UPLOAD_PATH = re.compile(r"/api/v1/audits/[^/]+/checkpoint")
 _RANGE = re.compile(r"bytes (\d{1,15})-(\d{1,15})/(\d{1,15})")
@@ -146,23 +152,54 @@ def chunk_receive(
             audit.save(update_fields=["upload_path", "upload_total", "upload_size"])
             return {"state": audit.state, "received": audit.upload_size, "total": chunk.total}
         expected = sha256.strip().lower()  # type: ignore[union-attr]: checked above
-        matches = file_sha256(part) == expected
-        if not matches:  # nothing parses it: the node starts again from byte 0 (the deadline bounds retries)
+        refused = None
+        if file_sha256(part) != expected:
+            refused = ApplicationError(
+                "hash_mismatch", "The file's sha256 is not the one announced: upload it again from byte 0.", 422
+            )
+        elif weightdiff.is_diff(part):
+            refused = _diff_refused(part, audit)
+            path = path.with_suffix(DIFF_SUFFIX)
+        if refused is not None:  # the node starts again from byte 0 (the deadline bounds retries)
             part.unlink(missing_ok=True)
             audit.upload_size, audit.upload_total = 0, None
             audit.save(update_fields=["upload_path", "upload_total", "upload_size"])
         else:
             os.replace(part, path)
+            audit.upload_path = str(path)
             audit.state, audit.upload_sha256, audit.uploaded_at = AuditState.UPLOADED, expected, timezone.now()
             audit.save(
                 update_fields=["upload_path", "upload_total", "upload_size", "state", "upload_sha256", "uploaded_at"]
             )
             audit_enqueue_on_commit(audit.id)
-    if not matches:
-        raise ApplicationError(
-            "hash_mismatch", "The file's sha256 is not the one announced: upload it again from byte 0.", 422
-        )
+    if refused is not None:
+        raise refused
     return {"state": AuditState.UPLOADED.value, "received": chunk.total, "total": chunk.total}
+
+
+def _diff_refused(part: Path, audit: Audit) -> ApplicationError | None:
+    """Why a checkpoint sent as a difference (sapo_node.weightdiff) is refused before it is queued: a
+    malformed header, another model's, a base no worker of this site holds (the node then sends the
+    whole checkpoint), or weights past the size bound once reconstructed. The worker checks the rest."""
+    try:
+        with part.open("rb") as f:
+            header = weightdiff.read_header(f, file_size=part.stat().st_size)
+    except weightdiff.DiffError as exc:
+        return ApplicationError(exc.code, f"This checkpoint difference is refused: {exc}", 422)
+    if header.model != audit.model:
+        return ApplicationError("bad_diff", f"This audit is of {audit.model}, not {header.model}.", 422)
+    if not audit_base_known(model=audit.model, digest=header.base):
+        return ApplicationError(
+            "unknown_base", "This site holds no such base weights: upload the whole checkpoint instead.", 422
+        )
+    if header.raw_bytes > settings.SAPO_AUDIT_MAX_CHECKPOINT_BYTES:
+        return ApplicationError(
+            "checkpoint_too_large",
+            f"A checkpoint is at most {settings.SAPO_AUDIT_MAX_CHECKPOINT_BYTES} bytes; this one would be "
+            f"{header.raw_bytes}.",
+            413,
+        )
+    return None
 
 
 def _check_open(audit: Audit, chunk: ChunkRange) -> None:

@@ -6,7 +6,9 @@ the live tests (tests/integration)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -16,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
+from sapo_node import weightdiff
 from sapo_node.commitments import CommitmentStore
 from sapo_node.transport.upload import CheckpointUploader, http_base, parse_audits
 
@@ -26,7 +29,8 @@ class Receiver(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.puts: list[tuple[str, dict[str, str], bytes]] = []
-        self.script: list[int] = []
+        self.refused: list[bytes] = []
+        self.script: list[int | tuple[int, str]] = []
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -48,11 +52,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
         status = self.server.script.pop(0) if self.server.script else 204
+        answer = b""
+        if isinstance(status, tuple):  # (status, the refusal's code)
+            status, answer = status[0], json.dumps({"code": status[1]}).encode()
         if status == 204:
             self.server.puts.append((self.path, dict(self.headers), body))
+        else:
+            self.server.refused.append(body)
         self.send_response(status)
-        self.send_header("Content-Length", "0")
+        self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
+        self.wfile.write(answer)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -106,6 +116,33 @@ def test_the_committed_file_goes_in_ordered_chunks_with_its_sha256_and_is_releas
         hashlib.sha256(data).hexdigest()
     ]
     assert store.holds() == {} and store.prune(keep=set()) == [c.digest]
+
+
+def test_a_model_with_a_base_sends_its_difference_and_the_whole_file_when_the_server_refuses_it(
+    receiver, tmp_path, tiny_mini_policy, tiny_cache_dir
+):
+    model = copy.deepcopy(tiny_mini_policy[0])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape) * 1e-5)
+    store = CommitmentStore(tmp_path / "commitments", base="tiny-mini", base_cache=tiny_cache_dir)
+    c = store.commit(model)
+    first, second = audit(c.digest), audit(c.digest)
+    uploader = CheckpointUploader(receiver.base, "tok", store)
+    uploader.request(parse_audits([first]))
+    wait_until(lambda: uploader.uploaded == [first["id"]], timeout=60)
+    sent = receiver.body()
+    assert sent.startswith(weightdiff.MAGIC) and len(sent) < 0.75 * c.bytes
+    assert receiver.puts[-1][1]["X-Checkpoint-Sha256"] == hashlib.sha256(sent).hexdigest()
+
+    receiver.puts.clear()
+    receiver.script = [(422, "unknown_base")]  # a site no worker of which has built tiny-mini yet
+    uploader.request(parse_audits([second]))
+    wait_until(lambda: uploader.uploaded == [first["id"], second["id"]], timeout=60)
+    uploader.close()
+    assert receiver.refused[0].startswith(weightdiff.MAGIC) and receiver.body() == c.path.read_bytes()
+    store.prune(keep=set())
+    assert sorted(p.name for p in (tmp_path / "commitments").iterdir()) == ["holds.json"]
 
 
 def test_a_failed_chunk_is_retried_and_a_refusal_is_not(receiver, committed):

@@ -5,7 +5,6 @@ queues the audit again) each end as they must. The upload goes through the endpo
 
 from __future__ import annotations
 
-import hashlib
 import signal
 import subprocess
 import sys
@@ -21,20 +20,22 @@ from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 from safetensors.torch import save
-from support.audits import REPO, audit_worker_env, make_audit, pending_group, run_audit_worker
+from support.audits import (
+    REPO,
+    audit_worker_env,
+    honest_groups,
+    make_audit,
+    pending_group,
+    run_audit_worker,
+    upload,
+)
 
 from audits import jobs
 from audits.models import Audit
 from pool.models import Rollout
-from sapo_node import proof
 from sapo_node.commitments import model_tensors, tensors_digest
-from sapo_node.generate import generate_groups
-from sapo_node.prompts import format_prompt
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
-
-CHALLENGE = "c1.test.audit"
-CHUNK = 256 * 1024
 
 
 @pytest.fixture
@@ -46,66 +47,6 @@ def worker_env(settings, tmp_path, tiny_cache_dir, redis_url) -> dict[str, str]:
     settings.SAPO_AUDIT_UPLOAD_DIR = tmp_path / "uploads"
     settings.SAPO_AUDIT_MODEL_CACHE = tiny_cache_dir
     return audit_worker_env(SAPO_AUDIT_MODEL_CACHE=str(tiny_cache_dir))
-
-
-def honest_groups(model, tokenizer, node, digest: str, *, count: int = 2, tamper: bool = False) -> list[Rollout]:
-    """Groups as an honest node makes them under CHALLENGE: seeded draws, their tokens and log-probs."""
-    questions = [f"What is {i} + {i + 2}?" for i in range(count)]
-    keys = [[proof.completion_key(CHALLENGE, "basic_arithmetic", 77, i, k) for k in range(3)] for i in range(count)]
-    generated = generate_groups(
-        model,
-        tokenizer,
-        [format_prompt(tokenizer, q) for q in questions],
-        generations=3,
-        max_new_tokens=12,
-        temperature=1.0,
-        keys=keys,
-    )
-    groups = []
-    for i, (question, g) in enumerate(zip(questions, generated, strict=True)):
-        ids = [list(c) for c in g.completion_ids]
-        if tamper and i == 0:
-            ids[1][2] = (ids[1][2] + 1) % 50  # one token of one completion altered, text kept
-        groups.append(
-            pending_group(
-                node,
-                weights=digest,
-                rewards=(1.0, 0.0, 0.5),
-                question=question,
-                completions=g.texts,
-                seed=77,
-                index=i,
-                proof={
-                    "challenge": CHALLENGE,
-                    "weights": digest,
-                    "model": "tiny-mini",
-                    "temperature": 1.0,
-                    "tokens": [proof.encode_ids(c) for c in ids],
-                    "logprobs": [proof.encode_floats(lp) for lp in g.logprobs],
-                },
-            )
-        )
-    return groups
-
-
-def upload(client, token: str, audit: Audit, data: bytes) -> dict:
-    """The checkpoint through the endpoint, CHUNK bytes at a time, as a node's transport sends it."""
-    sha = hashlib.sha256(data).hexdigest()
-    answer = {}
-    for first in range(0, len(data), CHUNK):
-        body = data[first : first + CHUNK]
-        headers = {
-            "HTTP_AUTHORIZATION": f"Bearer {token}",
-            "HTTP_CONTENT_RANGE": f"bytes {first}-{first + len(body) - 1}/{len(data)}",
-        }
-        if first + len(body) == len(data):
-            headers["HTTP_X_CHECKPOINT_SHA256"] = sha
-        response = client.put(
-            f"/api/v1/audits/{audit.id}/checkpoint", data=body, content_type="application/octet-stream", **headers
-        )
-        assert response.status_code == 200, response.json()
-        answer = response.json()
-    return answer
 
 
 def checkpoint(model) -> tuple[bytes, str]:

@@ -3,6 +3,7 @@ and the audit worker as a separate process."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -16,12 +17,16 @@ from django.utils import timezone
 from audits.models import Audit, AuditGroup
 from nodes.models import Node
 from pool.models import ModerationStatus, Rollout, RolloutText, Verdict
+from sapo_node import proof
 from sapo_node.ids import uuid7
 from swarms.services import swarm_default_ensure
 
 WEIGHTS = "ab" * 32
 OTHER_WEIGHTS = "cd" * 32
 REPO = Path(__file__).resolve().parents[2]
+#: The challenge honest_groups answer, and the bytes per chunk `upload` sends.
+CHALLENGE = "c1.test.audit"
+CHUNK = 256 * 1024
 
 
 def pending_group(
@@ -121,3 +126,68 @@ def run_audit_worker(env: dict[str, str], *, timeout: float) -> subprocess.Compl
         text=True,
         timeout=timeout,
     )
+
+
+def honest_groups(model, tokenizer, node, digest: str, *, count: int = 2, tamper: bool = False) -> list[Rollout]:
+    """Groups as an honest node makes them under CHALLENGE: seeded draws, their tokens and log-probs."""
+    from sapo_node.generate import generate_groups  # torch: only the tests that generate pay for it
+    from sapo_node.prompts import format_prompt
+
+    questions = [f"What is {i} + {i + 2}?" for i in range(count)]
+    keys = [[proof.completion_key(CHALLENGE, "basic_arithmetic", 77, i, k) for k in range(3)] for i in range(count)]
+    generated = generate_groups(
+        model,
+        tokenizer,
+        [format_prompt(tokenizer, q) for q in questions],
+        generations=3,
+        max_new_tokens=12,
+        temperature=1.0,
+        keys=keys,
+    )
+    groups = []
+    for i, (question, g) in enumerate(zip(questions, generated, strict=True)):
+        ids = [list(c) for c in g.completion_ids]
+        if tamper and i == 0:
+            ids[1][2] = (ids[1][2] + 1) % 50  # one token of one completion altered, text kept
+        groups.append(
+            pending_group(
+                node,
+                weights=digest,
+                rewards=(1.0, 0.0, 0.5),
+                question=question,
+                completions=g.texts,
+                seed=77,
+                index=i,
+                proof={
+                    "challenge": CHALLENGE,
+                    "weights": digest,
+                    "model": "tiny-mini",
+                    "temperature": 1.0,
+                    "tokens": [proof.encode_ids(c) for c in ids],
+                    "logprobs": [proof.encode_floats(lp) for lp in g.logprobs],
+                },
+            )
+        )
+    return groups
+
+
+def upload(client, token: str, audit: Audit, data: bytes, *, status: int = 200) -> dict:
+    """The checkpoint through the endpoint, CHUNK bytes at a time, as a node's transport sends it; the
+    last chunk's answer (which must have `status`)."""
+    sha = hashlib.sha256(data).hexdigest()
+    answer = {}
+    for first in range(0, len(data), CHUNK):
+        body = data[first : first + CHUNK]
+        headers = {
+            "HTTP_AUTHORIZATION": f"Bearer {token}",
+            "HTTP_CONTENT_RANGE": f"bytes {first}-{first + len(body) - 1}/{len(data)}",
+        }
+        if first + len(body) == len(data):
+            headers["HTTP_X_CHECKPOINT_SHA256"] = sha
+        response = client.put(
+            f"/api/v1/audits/{audit.id}/checkpoint", data=body, content_type="application/octet-stream", **headers
+        )
+        answer = response.json()
+        last = first + len(body) == len(data)
+        assert response.status_code == (status if last else 200), answer
+    return answer

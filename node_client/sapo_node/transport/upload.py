@@ -14,6 +14,10 @@ other than those, a 409 that says where the server stands (`out_of_order`: the u
 there) and a 422 (the file's sha256 did not match: it starts again) means the server no longer wants
 this upload (the audit finished, expired or is not this node's): the node stops. Either way the file is released to the commitments' pruning. An audit
 of weights the node no longer has is answered by nothing (the deadline decides) and logged once.
+
+A store that knows its model's base sends the checkpoint as its difference from it
+(CommitmentStore.diff, sapo_node.weightdiff); a server that refuses it (`unknown_base`: no worker of
+the site holds that base yet; `bad_diff`) gets the whole file, from byte 0.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 
 from sapo_node import __version__, protocol
-from sapo_node.commitments import CommitmentStore
+from sapo_node.commitments import DIFF_SUFFIX, CommitmentStore
 from sapo_node.proof import file_sha256
 
 log = logging.getLogger("sapo_node.transport")
@@ -50,6 +54,8 @@ RETRY_MIN = 2.0
 RETRY_MAX = 120.0
 #: Answers after which the same request may succeed later.
 RETRY_STATUSES = {408, 425, 429}
+#: The server's codes for a difference it does not take (an unknown base, a format it does not read).
+DIFF_REFUSALS = {"unknown_base", "bad_diff"}
 #: Bounds on what the server's audit entries may hold (an upload path's length).
 MAX_UPLOAD_PATH_CHARS = 512
 
@@ -96,6 +102,10 @@ def http_base(ws_url: str) -> str:
 
 class UploadRefused(Exception):
     """The server answered a status that retrying cannot change."""
+
+
+class DiffRefused(UploadRefused):
+    """The server refused the checkpoint's difference from its base (DIFF_REFUSALS): send the whole file."""
 
 
 class _Retry(Exception):
@@ -175,14 +185,21 @@ class CheckpointUploader:
                 self._queue.task_done()
 
     def _until_deadline(self, audit: AuditRequest) -> None:
-        delay, offset = self.retry_min, 0
+        delay, offset, whole = self.retry_min, 0, False
         while not self._stop.is_set():
             path = self.store.path(audit.weights)
             if path is None:  # pruned meanwhile: past its deadline, or gone from the disk
                 self.given_up.append(audit.id)
                 return
+            if not whole:
+                path = self.store.diff(audit.id, audit.weights) or path
+                whole = not path.name.endswith(DIFF_SUFFIX)
             try:
                 self._upload(audit, path, offset)
+            except DiffRefused as exc:
+                log.info("audit %s: the server takes no difference (%s); sending the whole checkpoint", audit.id, exc)
+                whole, offset = True, 0
+                continue
             except UploadRefused as exc:
                 log.warning("audit %s: the server refused the upload (%s); not retrying", audit.id, exc)
                 self.given_up.append(audit.id)
@@ -236,7 +253,10 @@ class CheckpointUploader:
             with self._opener.open(request, timeout=REQUEST_TIMEOUT) as response:
                 response.read(65_536)
         except urllib.error.HTTPError as exc:
-            detail = _received(exc)
+            answer = _answer(exc)
+            detail = _received(answer)
+            if answer.get("code") in DIFF_REFUSALS:  # a difference only: the whole file may be taken
+                raise DiffRefused(f"HTTP {exc.code} {answer['code']}") from exc
             if exc.code >= 500 or exc.code in RETRY_STATUSES:
                 raise _Retry(f"HTTP {exc.code}", detail or 0) from exc
             if exc.code == 409 and detail is not None:  # out of order: the server says where it stands
@@ -246,11 +266,16 @@ class CheckpointUploader:
             raise UploadRefused(f"HTTP {exc.code}") from exc
 
 
-def _received(exc: urllib.error.HTTPError) -> int | None:
-    """The byte count the server says it holds (`{"received": n}` in its answer), if it says one."""
+def _answer(exc: urllib.error.HTTPError) -> dict[str, Any]:
+    """The server's JSON answer to a refused request ({} when it is not one)."""
     with contextlib.suppress(Exception):
         body = json.loads(exc.read(65_536) or b"{}")
-        value = body.get("received") if isinstance(body, dict) else None
-        if type(value) is int and value >= 0:
-            return value
-    return None
+        if isinstance(body, dict):
+            return body
+    return {}
+
+
+def _received(answer: dict[str, Any]) -> int | None:
+    """The byte count the server says it holds (`{"received": n}` in its answer), if it says one."""
+    value = answer.get("received")
+    return value if type(value) is int and value >= 0 else None
