@@ -76,7 +76,7 @@ class NodeHour(models.Model):
     verified_reward = models.FloatField(default=0.0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["node", "hour"], name="web_nodehour_unique")]
+        constraints = [models.UniqueConstraint(fields=["node", "hour"], name="figures_nodehour_unique")]
 
     def __str__(self) -> str:
         return f"node {self.node_id} at {self.hour:%Y-%m-%d %H}h"
@@ -114,7 +114,7 @@ class DatasetHour(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["swarm", "hour", "dataset"], name="web_datasethour_swarm_unique")
+            models.UniqueConstraint(fields=["swarm", "hour", "dataset"], name="figures_datasethour_swarm_unique")
         ]
 
     def __str__(self) -> str:
