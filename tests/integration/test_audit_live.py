@@ -2,7 +2,9 @@
 groups under the server's challenges over a live socket (daphne, PostgreSQL), is asked in its ack to
 upload the weights its first groups committed to, uploads them through the checkpoint endpoint, and
 the audit worker (`manage.py sapo_audit_worker`, a separate process) replays them: the audit passes
-and the node's groups with a proof become audited."""
+and the node's groups with a proof become audited. On a site whose worker has built tiny-mini's base
+the node uploads its weights as a difference from it; on one whose worker has not, the site answers
+the difference `unknown_base`, the node sends the whole file, and the worker records the base."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from django.db import connection
 from factories import make_node_with_token
 from support.live_nodes import wait_for
 
-from audits.models import Audit
+from audits.models import Audit, AuditBase
 from pool.models import Rollout
+from sapo_node import weightdiff
 from sapo_node.cli import main
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
@@ -25,7 +28,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_an_honest_node_passes_its_first_audit_over_a_real_socket(swarm_servers, tiny_cache_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("base_known", [False, True], ids=["whole-file", "difference"])
+def test_an_honest_node_passes_its_first_audit_over_a_real_socket(
+    swarm_servers, tiny_cache_dir, tmp_path, monkeypatch, base_known
+):
     uploads = tmp_path / "uploads"
     # Its first digest is always drawn; a later one is drawn at the rate, boosted for a node this young
     # (0.05 x 4 for tiny-mini): none here, so the one audit below is the first digest's.
@@ -40,6 +46,9 @@ def test_an_honest_node_passes_its_first_audit_over_a_real_socket(swarm_servers,
         "SAPO_AUDIT_MODEL_CACHE": str(tiny_cache_dir),
         "OMP_NUM_THREADS": "1",
     }
+    base, _ = weightdiff.base_tensors("tiny-mini", cache_dir=tiny_cache_dir)
+    if base_known:
+        AuditBase.objects.create(model="tiny-mini", digest=base)
     monkeypatch.setenv("SAPO_TOKEN", token)
     monkeypatch.setenv("SAPO_CACHE", str(tiny_cache_dir))  # the node's built-in model, built once per test run
     with swarm_servers(settings=settings) as server:
@@ -49,6 +58,7 @@ def test_an_honest_node_passes_its_first_audit_over_a_real_socket(swarm_servers,
         assert main(argv) == 0
         audit = Audit.objects.get(node=node)  # the node's first weights: always audited
         assert audit.state == "uploaded" and audit.model == "tiny-mini"
+        assert Path(audit.upload_path).suffix == (".sapodiff" if base_known else ".safetensors")
         worker = subprocess.run(
             [sys.executable, "manage.py", "sapo_audit_worker", "--burst"],
             cwd=REPO,
@@ -61,6 +71,7 @@ def test_an_honest_node_passes_its_first_audit_over_a_real_socket(swarm_servers,
     audit.refresh_from_db()
     assert (audit.state, audit.reason) == ("passed", ""), worker.stdout + worker.stderr
     assert audit.groups_replayed > 0 and audit.cpu_seconds > 0
+    assert AuditBase.objects.filter(model="tiny-mini", digest=base).exists()
     proved = Rollout.objects.filter(node=node).exclude(proof_weights=None)
     assert proved.filter(proof_weights=audit.weights).exists()
     assert wait_for(
