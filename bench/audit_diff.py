@@ -4,7 +4,7 @@ CPU-seconds to make and to reconstruct.
     .venv/bin/python bench/audit_diff.py --models tiny-mini,tiny
     .venv/bin/python bench/audit_diff.py --models smollm2-135m --steps 3 --groups 2 --generations 4 --max-new-tokens 16
 
-Per model it loads the base (sapo_node.weightdiff.base_tensors: float32, from --cache, as the node's
+Per model it loads the base (sapo_node.commitments.base_tensors: float32, from --cache, as the node's
 store and the audit worker load it), trains a copy with the node's own update (sapo_node.grpo:
 grpo_update with AdamW at --lr, weight decay 0 as NodeConfig's default) for --steps rounds of
 --groups groups of --generations seeded completions of up to --max-new-tokens tokens with rewards
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from sapo_node import proof, weightdiff  # noqa: E402
-from sapo_node.commitments import model_tensors, tensors_digest  # noqa: E402
+from sapo_node.commitments import base_tensors, model_tensors, tensors_digest  # noqa: E402
 from sapo_node.generate import generate_groups  # noqa: E402
 from sapo_node.groups import TrainGroup  # noqa: E402
 from sapo_node.grpo import grpo_update, make_optimizer  # noqa: E402
@@ -87,7 +87,7 @@ def train(name: str, args: argparse.Namespace) -> tuple[dict, float]:
 
 
 def measure(name: str, args: argparse.Namespace) -> None:
-    (base_digest, base), base_cpu = cpu(weightdiff.base_tensors, name, cache_dir=Path(args.cache))
+    (base_digest, base), base_cpu = cpu(base_tensors, name, cache_dir=Path(args.cache))
     tensors, train_cpu = train(name, args)
     digest = tensors_digest(tensors)
     raw = sum(t.numel() * t.element_size() for t in tensors.values())

@@ -99,6 +99,17 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
     )
 
 
+def base_tensors(model: str, *, cache_dir: str | Path | None = None) -> tuple[str, dict[str, torch.Tensor]]:
+    """(digest, tensors) of `model`'s base in float32 on the CPU, from the local copy (the node's cache,
+    the site's SAPO_AUDIT_MODEL_CACHE): the weights a checkpoint's difference is taken from
+    (sapo_node.weightdiff)."""
+    from sapo_node.models import load_policy
+
+    policy, _, _ = load_policy(model, device="cpu", cache_dir=cache_dir, dtype=torch.float32)
+    tensors = model_tensors(policy)
+    return tensors_digest(tensors), tensors
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # not every file system lets a directory be opened
         fd = os.open(path, os.O_RDONLY)
@@ -257,7 +268,7 @@ class CommitmentStore:
 
         tmp = path.with_name(f"{DIFF_PREFIX}{audit}.tmp{DIFF_SUFFIX}")
         try:
-            base_digest, base = weightdiff.base_tensors(self.base, cache_dir=self.base_cache)
+            base_digest, base = base_tensors(self.base, cache_dir=self.base_cache)
             weightdiff.write_diff(
                 tmp, load_file(str(source)), base, model=self.base, base_digest=base_digest, weights=digest
             )

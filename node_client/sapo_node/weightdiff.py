@@ -160,19 +160,6 @@ def read_header(f: IO[bytes], *, file_size: int) -> DiffHeader:
 # ---------------------------------------------------------------------- torch from here on
 
 
-def base_tensors(model: str, *, cache_dir: Path | str | None = None) -> tuple[str, dict[str, Any]]:
-    """(digest, tensors) of `model`'s base in float32 on the CPU, from the local copy (the node's cache,
-    the site's SAPO_AUDIT_MODEL_CACHE): the weights every difference of that model is taken from."""
-    import torch
-
-    from sapo_node.commitments import model_tensors, tensors_digest
-    from sapo_node.models import load_policy
-
-    policy, _, _ = load_policy(model, device="cpu", cache_dir=cache_dir, dtype=torch.float32)
-    tensors = model_tensors(policy)
-    return tensors_digest(tensors), tensors
-
-
 def _bits(tensor: Any) -> Any:
     """The tensor's bit patterns as a flat numpy array of unsigned integers of its width (a view)."""
     import torch

@@ -66,7 +66,7 @@ def base_digest(name: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _base(name: str, cache_dir: Path) -> tuple[str, dict[str, Any]]:
-    from sapo_node.weightdiff import base_tensors
+    from sapo_node.commitments import base_tensors
 
     digest, tensors = base_tensors(name, cache_dir=cache_dir)
     _BASE_DIGESTS[name] = digest

@@ -20,8 +20,8 @@ from support.live_nodes import wait_for
 
 from audits.models import Audit, AuditBase
 from pool.models import Rollout
-from sapo_node import weightdiff
 from sapo_node.cli import main
+from sapo_node.commitments import base_tensors
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
 
@@ -46,7 +46,7 @@ def test_an_honest_node_passes_its_first_audit_over_a_real_socket(
         "SAPO_AUDIT_MODEL_CACHE": str(tiny_cache_dir),
         "OMP_NUM_THREADS": "1",
     }
-    base, _ = weightdiff.base_tensors("tiny-mini", cache_dir=tiny_cache_dir)
+    base, _ = base_tensors("tiny-mini", cache_dir=tiny_cache_dir)
     if base_known:
         AuditBase.objects.create(model="tiny-mini", digest=base)
     monkeypatch.setenv("SAPO_TOKEN", token)

@@ -23,7 +23,7 @@ from audits import jobs
 from audits.models import Audit, AuditBase
 from pool.models import Rollout
 from sapo_node import weightdiff
-from sapo_node.commitments import CommitmentStore, model_tensors, tensors_digest
+from sapo_node.commitments import CommitmentStore, base_tensors, model_tensors, tensors_digest
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(600)]
 
@@ -53,7 +53,7 @@ def updated(tiny_mini_policy):
 @pytest.fixture
 def base(tiny_cache_dir):
     """The site's tiny-mini base, recorded as a worker records it once it has built the model."""
-    digest, tensors = weightdiff.base_tensors("tiny-mini", cache_dir=tiny_cache_dir)
+    digest, tensors = base_tensors("tiny-mini", cache_dir=tiny_cache_dir)
     AuditBase.objects.get_or_create(model="tiny-mini", digest=digest)
     return digest, tensors
 
@@ -175,5 +175,5 @@ def test_a_worker_records_the_base_it_builds(client, node, node_token, updated, 
     audit, _, _ = audited(node, model, tokenizer)
     assert upload(client, node_token, audit, save(model_tensors(model)))["state"] == "uploaded"
     jobs.audit_run(audit.id)
-    digest, _ = weightdiff.base_tensors("tiny-mini", cache_dir=site.SAPO_AUDIT_MODEL_CACHE)
+    digest, _ = base_tensors("tiny-mini", cache_dir=site.SAPO_AUDIT_MODEL_CACHE)
     assert AuditBase.objects.filter(model="tiny-mini", digest=digest).exists()
