@@ -264,15 +264,14 @@ class Leaderboard:
     descending: bool
     page: Page
     total: int
-    swarm: Swarm | None = None  # the swarm picked on the page; None: none (the figures are the site's)
 
 
 def leaderboard(
-    *, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1, swarm: Swarm | None = None
+    *, view: str = "contributors", sort: str = "reward", order: str = "desc", page: Any = 1, scope: Scope
 ) -> Leaderboard:
-    """One sorted page of the public leaderboard, of the swarm picked on the page (`swarm`) or of the
-    whole site when none is; unknown parameters fall back to the defaults."""
-    scope = SITE if swarm is None else Scope.swarm(swarm.id)
+    """One sorted page of the public leaderboard, of the whole site (`Scope.site()`) or of one swarm;
+    unknown parameters fall back to the defaults."""
+    Scope.check(scope)
     view = view if view in VIEWS else "contributors"
     sorts = BOARD_SORTS[view]
     sort = sort if sort in sorts else "reward"
@@ -291,7 +290,7 @@ def leaderboard(
         badges = badges_of_users((f.owner_id for f in page_rows.object_list), scope=scope)
         for f in page_rows.object_list:
             f.badges = badges.get(f.owner_id, [])
-    return Leaderboard(view, sort, descending, page_rows, len(rows), swarm)
+    return Leaderboard(view, sort, descending, page_rows, len(rows))
 
 
 @dataclass

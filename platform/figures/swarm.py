@@ -39,12 +39,13 @@ def _rate(reward: float, completions: int) -> float | None:
     return reward / completions if completions else None
 
 
-def swarm_overview(*, swarm: Swarm | None = None) -> dict[str, Any]:
-    """The swarm page's figures, of the whole site or of one swarm (cached a few seconds)."""
-    key = "figures:swarm" if swarm is None else f"figures:swarm:{swarm.id}"
+def swarm_overview(*, scope: Scope) -> dict[str, Any]:
+    """The swarm page's figures, of the whole site (`Scope.site()`) or of one swarm (cached a few
+    seconds)."""
+    key = f"figures:swarm:{Scope.check(scope).key()}"
     cached = cache.get(key)
     if cached is None:
-        cached = _compute_swarm(timezone.now(), swarm)
+        cached = _compute_swarm(timezone.now(), scope)
         cache.set(key, cached, FIGURES_CACHE_SECONDS)
     return cached
 
@@ -62,8 +63,7 @@ def _swarm_node_ids(swarm_id: int, since: datetime) -> set[int]:
     return set(shared.distinct()) | set(reported.distinct())
 
 
-def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
-    scope = SITE if swarm is None else Scope.swarm(swarm.id)
+def _compute_swarm(now: datetime, scope: Scope) -> dict[str, Any]:
     public = [f for f in node_figures_all(scope=SITE) if f.public]
     try:
         online_nodes = Node.objects.filter(
@@ -86,9 +86,12 @@ def _compute_swarm(now: datetime, swarm: Swarm | None = None) -> dict[str, Any]:
     figures = [f for f in public if listed(f)]
     online: int | None = None if online_nodes is None else online_nodes.count()
     recent_groups = recent.count()
-    window = current_limits().sample_window_seconds
-    if swarm is not None and swarm.sample_window_seconds:
-        window = swarm.sample_window_seconds
+    own_window = (
+        None
+        if scope.is_site
+        else Swarm.objects.filter(id=scope.swarm_id).values_list("sample_window_seconds", flat=True).first()
+    )
+    window = own_window or current_limits().sample_window_seconds
     swarm_ids = list(Swarm.objects.values_list("id", flat=True)) if scope.is_site else [scope.swarm_id]
     pool_size = _pool_size(now - timedelta(seconds=window), swarm_ids)
 

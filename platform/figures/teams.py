@@ -31,8 +31,7 @@ from figures import credit as rule
 from figures.stats import Measures, live_rows, snapshot
 from nodes.models import Node
 from nodes.presence import PresenceUnknown, connected_filter
-from swarms.models import Swarm
-from swarms.scope import SITE, Scope
+from swarms.scope import Scope
 
 TEAM_FIGURES_CACHE_SECONDS = 15
 TEAM_CURVE_DAYS = 7
@@ -303,13 +302,12 @@ class TeamDetail:
     members: list[dict[str, Any]]
     reward_per_hour: float
     curve: list[dict[str, Any]]
-    swarm: Swarm | None = None  # the swarm picked on the page; None: none (the figures are the site's)
 
 
-def team_detail(*, team: Team, members: list[Membership], swarm: Swarm | None = None) -> TeamDetail:
-    """One team's page: its figures, each current member's credit for it, its hourly curve; in the
-    swarm picked on the page (`swarm`), or in the whole site when none is."""
-    scope = SITE if swarm is None else Scope.swarm(swarm.id)
+def team_detail(*, team: Team, members: list[Membership], scope: Scope) -> TeamDetail:
+    """One team's page: its figures, each current member's credit for it, its hourly curve; in the whole
+    site (`Scope.site()`) or in one swarm."""
+    Scope.check(scope)
     now = timezone.now()
     start = (now - timedelta(days=TEAM_CURVE_DAYS)).replace(minute=0, second=0, microsecond=0)
     credit = _team_credit_cached(team_id=team.id, since=start, scope=scope)
@@ -348,4 +346,4 @@ def team_detail(*, team: Team, members: list[Membership], swarm: Swarm | None = 
         {"hour": hour, "verified_reward": h.reward, "accepted": h.accepted}
         for (_, hour), h in sorted(hours.items(), key=lambda item: item[0][1])
     ]
-    return TeamDetail(team, figures, rows, last_day / 24, curve, swarm)
+    return TeamDetail(team, figures, rows, last_day / 24, curve)

@@ -28,7 +28,7 @@ from moderation.rules import RULES
 from nodes.models import Node
 from nodes.selectors import node_status, node_statuses
 from swarms.models import Swarm
-from swarms.scope import SITE, Scope
+from swarms.selectors import swarm_pick
 
 QUEUE_PAGE_SIZE = 20
 AUDIT_PAGE_SIZE = 50
@@ -266,31 +266,19 @@ def audit(request: HttpRequest) -> HttpResponse:
     return render(request, "moderation/audit.html", context, status=status)
 
 
-def _rules_of(slug: str | None) -> tuple[Scope, Swarm | None]:
-    """Whose rules a rules page or form names by `swarm` slug: the site's (no slug; no swarm to name on
-    the page) or one swarm's (its scope and the swarm). ApplicationError unknown_swarm (404) for a slug
-    no swarm has."""
-    if not slug:
-        return SITE, None
-    swarm = Swarm.objects.filter(slug=slug[:64]).first()
-    if swarm is None:
-        raise ApplicationError("unknown_swarm", "No such swarm.", status=404)
-    return Scope.swarm(swarm.id), swarm
-
-
 @require_GET
 @staff_required
 def rules(request: HttpRequest) -> HttpResponse:
     try:
-        scope, swarm = _rules_of(request.GET.get("swarm"))
+        pick = swarm_pick(request.GET.get("swarm"))
     except ApplicationError as exc:
         return _error(request, exc)
-    items = selectors.rule_list(scope=scope)
+    items = selectors.rule_list(scope=pick.scope)
     for item in items:
         item["form"] = RuleForm(item["spec"], item["rule"])
     context = {
         "rules": items,
-        "swarm": swarm,
+        "swarm": pick.swarm,
         "swarms": Swarm.objects.only("slug", "title", "state"),
         "section": "rules",
     }
@@ -303,7 +291,7 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
     if key not in RULES:
         return _error(request, ApplicationError("unknown_rule", "No such rule.", status=404))
     try:
-        scope, swarm = _rules_of(request.POST.get("swarm"))
+        pick = swarm_pick(request.POST.get("swarm"))
     except ApplicationError as exc:
         return _error(request, exc)
     spec = RULES[key]
@@ -329,11 +317,11 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
     if error is None:
         try:
             services.rule_update(
-                actor=request.user, key=key, enabled=enabled, action=action, params=params, scope=scope
+                actor=request.user, key=key, enabled=enabled, action=action, params=params, scope=pick.scope
             )
         except ApplicationError as exc:
             error = exc
-    item = next((i for i in selectors.rule_list(scope=scope) if i["spec"].key == key), None)
+    item = next((i for i in selectors.rule_list(scope=pick.scope) if i["spec"].key == key), None)
     if item is None:  # a key a swarm cannot have: the error above says so
         return _error(request, error or ApplicationError("invalid_rule", "No such rule for a swarm."))
     # After an error the form shows what was typed, with each field's error beside it.
@@ -343,7 +331,9 @@ def rule_update(request: HttpRequest, key: str) -> HttpResponse:
         if error is not None:
             return _error(request, error)
         return redirect(
-            f"{reverse('moderation:rules')}?{urlencode({'swarm': swarm.slug})}" if swarm else "moderation:rules"
+            f"{reverse('moderation:rules')}?{urlencode({'swarm': pick.swarm.slug})}"
+            if pick.swarm
+            else "moderation:rules"
         )
-    context = {"item": item, "swarm": swarm, "error": error, "saved": error is None}
+    context = {"item": item, "swarm": pick.swarm, "error": error, "saved": error is None}
     return render(request, "moderation/partials/rule.html", context, status=status)

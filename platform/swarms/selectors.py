@@ -1,4 +1,4 @@
-"""Reads of swarms: by slug, the default one, the open ones, a version's catalogue."""
+"""Reads of swarms: by slug, a page's pick, the default one, the open ones, a version's catalogue."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from sapo_node import protocol
 from sapo_node.tasks import Catalogue
 from swarms.catalogue import catalogue_from_entries
 from swarms.models import Swarm, SwarmCatalogue, SwarmState
+from swarms.scope import SITE, Scope
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,25 @@ def swarm_get(*, slug: str) -> Swarm:
     if swarm is None:
         raise NotFound("No such swarm.")
     return swarm
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmPick:
+    """What a page's `?swarm=` selector picked: the scope of what the page shows, and the swarm the page
+    names (None when it names none: then the scope is the whole site)."""
+
+    scope: Scope
+    swarm: Swarm | None
+
+
+def swarm_pick(slug: str | None) -> SwarmPick:
+    """The pick of a `?swarm=` selector: the whole site when empty, else the swarm it names. An unknown
+    slug raises NotFound: what a page shows under a swarm's name must be that swarm's."""
+    slug = str(slug or "").strip()[:64]
+    if not slug:
+        return SwarmPick(SITE, None)
+    swarm = swarm_get(slug=slug)
+    return SwarmPick(Scope.swarm(swarm.id), swarm)
 
 
 def swarm_default() -> Swarm | None:

@@ -20,7 +20,7 @@ from figures.swarm import swarm_heldout, swarm_overview
 from moderation.selectors import rollout_inbox_list
 from nodes.selectors import access_node, node_list
 from swarms.scope import SITE, Scope
-from swarms.selectors import swarm_catalogue, swarm_get
+from swarms.selectors import swarm_catalogue, swarm_get, swarm_pick
 from web import selectors
 from web.serializers import (
     ContributorFiguresSerializer,
@@ -67,16 +67,17 @@ class LeaderboardApi(APIView):
 
     @extend_schema(parameters=_BOARD_PARAMS, responses=LeaderboardSerializer, summary="The public leaderboard")
     def get(self, request: Request) -> Response:
+        pick = swarm_pick(request.query_params.get("swarm"))
         board = leaderboard.leaderboard(
             view=request.query_params.get("view", "contributors"),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
             page=request.query_params.get("page", 1),
-            swarm=selectors.figures_swarm(request.query_params.get("swarm")),
+            scope=pick.scope,
         )
         rows = list(board.page.object_list)
         body = {
-            "swarm": board.swarm.slug if board.swarm else None,
+            "swarm": pick.swarm.slug if pick.swarm else None,
             "view": board.view,
             "sort": board.sort,
             "order": "desc" if board.descending else "asc",
@@ -99,7 +100,7 @@ class SwarmApi(APIView):
 
     @extend_schema(responses=SwarmSerializer, summary="Swarm status: the swarm page's figures and charts")
     def get(self, request: Request) -> Response:
-        return Response(SwarmSerializer(swarm_overview()).data)
+        return Response(SwarmSerializer(swarm_overview(scope=SITE)).data)
 
 
 class SwarmListApi(APIView):
@@ -125,7 +126,7 @@ class SwarmDetailApi(APIView):
         body = {
             "swarm": swarm,
             "catalogue": swarm_catalogue(swarm=swarm).entries,
-            "figures": swarm_overview(swarm=swarm),
+            "figures": swarm_overview(scope=Scope.swarm(swarm.id)),
             "heldout": swarm_heldout(swarm=swarm),
         }
         return Response(SwarmDetailSerializer(body).data)
@@ -195,12 +196,12 @@ class TeamListApi(APIView):
         summary="Listed teams with their figures",
     )
     def get(self, request: Request) -> Response:
-        swarm = selectors.figures_swarm(request.query_params.get("swarm"))
+        pick = swarm_pick(request.query_params.get("swarm"))
         rows, _, _ = teams.team_rows(
             q=request.query_params.get("q", ""),
             sort=request.query_params.get("sort", "reward"),
             order=request.query_params.get("order", "desc"),
-            scope=SITE if swarm is None else Scope.swarm(swarm.id),
+            scope=pick.scope,
         )
         return Response(TeamFiguresSerializer(rows, many=True).data)
 
@@ -225,9 +226,9 @@ class TeamDetailApi(APIView):
     )
     def get(self, request: Request, slug: str) -> Response:
         team = team_get(slug=slug, viewer=request.user)
-        swarm = selectors.figures_swarm(request.query_params.get("swarm"))
-        detail = teams.team_detail(team=team, members=team_members(team=team), swarm=swarm)
-        return Response(TeamDetailSerializer(detail).data)
+        pick = swarm_pick(request.query_params.get("swarm"))
+        detail = teams.team_detail(team=team, members=team_members(team=team), scope=pick.scope)
+        return Response(TeamDetailSerializer(detail, context={"swarm": pick.swarm}).data)
 
     @extend_schema(request=TeamEditInputSerializer, responses=TeamRefSerializer, summary="Edit a team (its founder)")
     def put(self, request: Request, slug: str) -> Response:

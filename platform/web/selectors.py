@@ -1,5 +1,5 @@
-"""Reads behind the pages that are not figures: which swarm a page's picker names, a contributor's
-nodes' latest round reports and swarms. The figures are the `figures` app's (figures.swarm,
+"""Reads behind the pages that are not figures: a contributor's nodes' latest round reports and
+swarms (a page's swarm picker is swarms.selectors.swarm_pick). The figures are the `figures` app's (figures.swarm,
 figures.leaderboard, figures.profiles); docs/figures.md says how each is computed.
 """
 
@@ -12,14 +12,6 @@ from django.db.models import OuterRef, Subquery
 from nodes.models import Node
 from pool.models import NodeRound, Rollout
 from swarms.models import Swarm
-from swarms.selectors import swarm_get
-
-
-def figures_swarm(slug: str | None) -> Swarm | None:
-    """The swarm a `?swarm=` selector names; None (the whole site) when empty. An unknown slug raises
-    NotFound: figures shown under a swarm's name must be that swarm's."""
-    slug = str(slug or "").strip()[:64]
-    return swarm_get(slug=slug) if slug else None
 
 
 def last_reports(*, nodes: list[Node]) -> dict[int, NodeRound]:

@@ -1,5 +1,6 @@
 """Output shapes of the figures API (web.api). Fields mirror web.selectors' dataclasses."""
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 
@@ -294,9 +295,7 @@ class TeamCurvePointSerializer(serializers.Serializer):
 class TeamDetailSerializer(serializers.Serializer):
     """A team's page (figures.teams.TeamDetail)."""
 
-    swarm = serializers.SlugField(
-        source="swarm.slug", allow_null=True, default=None, help_text="The swarm of these figures; null: every swarm."
-    )
+    swarm = serializers.SerializerMethodField(help_text="The swarm of these figures; null: every swarm.")
     name = serializers.CharField(source="team.name")
     slug = serializers.SlugField(source="team.slug")
     description = serializers.CharField(source="team.description")
@@ -305,6 +304,12 @@ class TeamDetailSerializer(serializers.Serializer):
     reward_per_hour = serializers.FloatField(help_text="Verified reward of the last 24 hours / 24.")
     members = TeamMemberSerializer(many=True)
     curve = TeamCurvePointSerializer(many=True, help_text="Verified reward per hour, 7 days.")
+
+    @extend_schema_field(serializers.SlugField(allow_null=True))
+    def get_swarm(self, detail: object) -> str | None:
+        """The swarm the request picked (the view's context), whose figures these are."""
+        swarm = self.context.get("swarm")
+        return swarm.slug if swarm is not None else None
 
 
 class TeamFoundInputSerializer(serializers.Serializer):

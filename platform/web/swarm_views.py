@@ -18,6 +18,7 @@ from common.json_input import JSONInputError, json_loads_bounded
 from figures.heldout import MIN_ANSWERS
 from figures.swarm import swarm_heldout, swarm_overview
 from moderation.views import staff_required
+from swarms.scope import Scope
 from swarms.selectors import swarm_catalogue, swarm_get, swarm_list
 from swarms.services import swarm_catalogue_set, swarm_create, swarm_make_default, swarm_state_set, swarm_update
 
@@ -44,7 +45,7 @@ def swarms_with_figures() -> list[tuple[Any, dict[str, Any]]]:
     """Every swarm (open first, retired last) with its figures (each cached a few seconds)."""
     order = {"open": 0, "paused": 1, "retired": 2}
     swarms = sorted(swarm_list(), key=lambda s: (order.get(s.state, 3), not s.is_default, s.slug))
-    return [(s, swarm_overview(swarm=s)) for s in swarms]
+    return [(s, swarm_overview(scope=Scope.swarm(s.id))) for s in swarms]
 
 
 @require_GET
@@ -54,7 +55,7 @@ def swarm_list_view(request: HttpRequest) -> HttpResponse:
 
 def _page_context(swarm: Any) -> dict[str, Any]:
     return {
-        "swarm": swarm_overview(swarm=swarm),
+        "swarm": swarm_overview(scope=Scope.swarm(swarm.id)),
         "swarm_obj": swarm,
         "heldout": swarm_heldout(swarm=swarm),
         "min_answers": MIN_ANSWERS,

@@ -25,15 +25,13 @@ from community.services import (
 )
 from figures import teams
 from figures.swarm import aha_groups
-from swarms.models import Swarm
-from swarms.scope import SITE, Scope
-from swarms.selectors import swarm_list
-from web import selectors
+from swarms.scope import SITE
+from swarms.selectors import SwarmPick, swarm_list, swarm_pick
 
 
-def _swarm_or_404(request: HttpRequest) -> Swarm | None:
+def _pick_or_404(request: HttpRequest) -> SwarmPick:
     try:
-        return selectors.figures_swarm(request.GET.get("swarm"))
+        return swarm_pick(request.GET.get("swarm"))
     except NotFound as exc:
         raise Http404(exc.message) from exc
 
@@ -48,13 +46,13 @@ def _team_or_404(request: HttpRequest, slug: str) -> Team:
 @require_GET
 def team_list_view(request: HttpRequest) -> HttpResponse:
     q = request.GET.get("q", "")
-    swarm = _swarm_or_404(request)
+    pick = _pick_or_404(request)
     page, sort, descending, total = teams.team_page(
         q=q,
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
         page=request.GET.get("page", 1),
-        scope=SITE if swarm is None else Scope.swarm(swarm.id),
+        scope=pick.scope,
     )
     return render(
         request,
@@ -65,7 +63,7 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
             "descending": descending,
             "total": total,
             "q": q[:64],
-            "swarm": swarm,
+            "swarm": pick.swarm,
             "swarms": swarm_list(),
             "membership": community.membership_current(user=request.user),
         },
@@ -76,8 +74,8 @@ def team_list_view(request: HttpRequest) -> HttpResponse:
 def team_view(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
     members = community.team_members(team=team)
-    swarm = _swarm_or_404(request)
-    detail = teams.team_detail(team=team, members=members, swarm=swarm)
+    pick = _pick_or_404(request)
+    detail = teams.team_detail(team=team, members=members, scope=pick.scope)
     user = request.user
     mine = community.membership_current(user=user)
     return render(
@@ -86,6 +84,7 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
         {
             "team": team,
             "detail": detail,
+            "swarm": pick.swarm,
             "swarms": swarm_list(),
             "membership": mine,
             "is_member": mine is not None and mine.team_id == team.id,

@@ -29,7 +29,8 @@ from nodes.services import (
     node_token_revoke,
     node_token_rotate,
 )
-from swarms.selectors import swarm_list
+from swarms.scope import SITE
+from swarms.selectors import swarm_list, swarm_pick
 from web import selectors
 from web.install import TOKEN_PLACEHOLDER, TORCH_VERSION, TRANSFORMERS_VERSION, install_machines, install_swarms
 from web.wheel import wheel_find, wheel_get
@@ -72,7 +73,7 @@ def _install_context(request: HttpRequest, token: str | None = None) -> dict:
 
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    swarm = swarm_overview()
+    swarm = swarm_overview(scope=SITE)
     return render(request, "web/home.html", {"swarm": swarm})
 
 
@@ -98,7 +99,7 @@ def download_file(request: HttpRequest, build_id: str, filename: str) -> HttpRes
 
 def _leaderboard_context(request: HttpRequest) -> dict:
     try:
-        swarm = selectors.figures_swarm(request.GET.get("swarm"))
+        pick = swarm_pick(request.GET.get("swarm"))
     except NotFound as exc:
         raise Http404(exc.message) from exc
     board = boards.leaderboard(
@@ -106,9 +107,9 @@ def _leaderboard_context(request: HttpRequest) -> dict:
         sort=request.GET.get("sort", "reward"),
         order=request.GET.get("order", "desc"),
         page=request.GET.get("page", 1),
-        swarm=swarm,
+        scope=pick.scope,
     )
-    return {"board": board, "swarms": swarm_list()}
+    return {"board": board, "swarm": pick.swarm, "swarms": swarm_list()}
 
 
 @require_GET
@@ -147,7 +148,7 @@ def swarm_figures(request: HttpRequest) -> HttpResponse:
 
 
 def _site_swarm_context() -> dict:
-    return {"swarm": swarm_overview(), "figures_url": "/swarm/figures/", "api_url": "/api/v1/swarm/"}
+    return {"swarm": swarm_overview(scope=SITE), "figures_url": "/swarm/figures/", "api_url": "/api/v1/swarm/"}
 
 
 # ---------------------------------------------------------------------------- my nodes

@@ -62,6 +62,7 @@ from sapo_node.ids import uuid7
 from sapo_node.loop import finish_node, play_round, start_node
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import EASY_CATALOGUE, build_entry, score_completion
+from swarms.scope import SITE
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -321,7 +322,7 @@ def credit(*nodes: Node) -> dict[int, float]:
 def board_credit() -> dict[int, float]:
     """The public leaderboard's nodes and their credit."""
     cache.clear()
-    return {f.node_id: f.verified_reward for f in leaderboard(view="nodes").page.object_list}
+    return {f.node_id: f.verified_reward for f in leaderboard(view="nodes", scope=SITE).page.object_list}
 
 
 def audited_reward(node: Node) -> float:

@@ -19,6 +19,7 @@ from community.services import team_join
 from figures import export, stats
 from pool.models import ModerationStatus, Verdict
 from pool.services import rollout_set_moderation
+from swarms.scope import SITE, Scope
 from swarms.services import swarm_default_ensure
 
 pytestmark = pytest.mark.django_db
@@ -239,7 +240,7 @@ def test_rank_badges_are_earned_per_swarm_too(client):
     # On the whole site Alice leads; each leads the swarm they worked in.
     assert ranks == {(alice.id, None): "top1", (alice.id, main.id): "top1", (bob.id, hard.id): "top1"}
     fresh_figures()
-    rows = {r.owner_id: r.badges for r in leaderboard(swarm=hard).page.object_list}
+    rows = {r.owner_id: r.badges for r in leaderboard(scope=Scope.swarm(hard.id)).page.object_list}
     assert rows == {bob.id: ["top1"]}
-    assert "top1" not in {r.owner_id: r.badges for r in leaderboard().page.object_list}[bob.id]
+    assert "top1" not in {r.owner_id: r.badges for r in leaderboard(scope=SITE).page.object_list}[bob.id]
     assert "Top 1%" in client.get("/leaderboard/", {"swarm": "hard"}).content.decode()

@@ -16,6 +16,7 @@ from figures import swarm as swarm_figures
 from figures.models import DatasetHour, NodeHour, NodeStats, StatsCursor
 from moderation.selectors import rollout_inbox_list
 from pool.models import ModerationStatus, Verdict
+from swarms.scope import SITE
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_cached_figures")]
 
@@ -122,11 +123,11 @@ def test_contributors_sum_their_nodes_and_banned_ones_are_hidden():
     make_group(make_node(owner=banned), rewards=(1.0, 1.0, 1.0))
     banned.banned_at = timezone.now()
     banned.save(update_fields=["banned_at"])
-    board = boards.leaderboard(view="contributors")
+    board = boards.leaderboard(view="contributors", scope=SITE)
     rows = list(board.page.object_list)
     assert [r.contributor for r in rows] == ["Alice A"]
     assert rows[0].verified_reward == pytest.approx(3.0) and rows[0].nodes == 2
-    nodes = boards.leaderboard(view="nodes", sort="reward")
+    nodes = boards.leaderboard(view="nodes", sort="reward", scope=SITE)
     assert [r.node_id for r in nodes.page.object_list] == [desktop.id, laptop.id]
 
 
@@ -139,9 +140,9 @@ def test_only_nodes_with_accepted_groups_get_a_leaderboard_row(node):
     make_group(junk, verdict=Verdict.REJECTED)
     fresh_figures()
     assert _figures(reporter).rounds == 3  # its owner still sees its figures (/me/)
-    assert [r.node_id for r in boards.leaderboard(view="nodes").page.object_list] == [node.id]
-    assert [r.owner_id for r in boards.leaderboard(view="contributors").page.object_list] == [node.owner_id]
-    swarm = swarm_figures.swarm_overview()
+    assert [r.node_id for r in boards.leaderboard(view="nodes", scope=SITE).page.object_list] == [node.id]
+    assert [r.owner_id for r in boards.leaderboard(view="contributors", scope=SITE).page.object_list] == [node.owner_id]
+    swarm = swarm_figures.swarm_overview(scope=SITE)
     assert swarm["nodes_total"] == 1
     assert swarm["acceptance_rate"] == pytest.approx(0.5)  # the junk node's rejection still counts
 
@@ -149,12 +150,12 @@ def test_only_nodes_with_accepted_groups_get_a_leaderboard_row(node):
 def test_leaderboard_sorts_and_paginates():
     for i in range(boards.PAGE_SIZE + 3):
         make_group(make_node(name=f"n{i:02d}"), rewards=(1.0,) * (i % 5 + 1))
-    board = boards.leaderboard(view="nodes", sort="name", order="asc", page=2)
+    board = boards.leaderboard(view="nodes", sort="name", order="asc", page=2, scope=SITE)
     assert board.total == boards.PAGE_SIZE + 3
     assert [r.name for r in board.page.object_list] == ["n25", "n26", "n27"]
-    top = boards.leaderboard(view="nodes", sort="reward")
+    top = boards.leaderboard(view="nodes", sort="reward", scope=SITE)
     assert list(top.page.object_list)[0].verified_reward == 5.0
-    odd = boards.leaderboard(view="bogus", sort="bogus", page="x")
+    odd = boards.leaderboard(view="bogus", sort="bogus", page="x", scope=SITE)
     assert (odd.view, odd.sort, odd.page.number) == ("contributors", "reward", 1)
 
 
@@ -166,7 +167,7 @@ def test_swarm_overview_figures(node):
     aha = make_group(node, rewards=(1.0, 0.0))
     make_consumption(a, aha)
     make_consumption(b, aha)
-    swarm = swarm_figures.swarm_overview()
+    swarm = swarm_figures.swarm_overview(scope=SITE)
     assert swarm["groups_per_minute"] == pytest.approx(0.4)
     assert swarm["pool_size"] == 2
     assert swarm["acceptance_rate"] == pytest.approx(0.75)

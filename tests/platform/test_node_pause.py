@@ -23,6 +23,7 @@ from nodes.services import node_pause_set, node_retire
 from pool.limits import current_limits
 from sapo_node import __version__, protocol
 from sockets.messages import ProtocolError, Status, parse_frame
+from swarms.scope import SITE
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_rate_counts")]
 
@@ -201,7 +202,7 @@ def test_a_node_quiet_for_long_with_its_socket_open_counts_among_nodes_online(us
     Node.objects.filter(id=quiet.id).update(last_seen_at=timezone.now() - timedelta(minutes=30))
     presence.connections_renew(connections={uuid.uuid4(): quiet.id})
     cache.clear()
-    assert swarm_overview()["nodes_online"] == 1
+    assert swarm_overview(scope=SITE)["nodes_online"] == 1
 
 
 def test_me_shows_what_the_client_says(client, user, node):

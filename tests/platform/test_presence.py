@@ -18,7 +18,7 @@ from figures.swarm import swarm_overview
 from nodes import presence
 from nodes.models import Node, NodeConnection, NodeStatus
 from nodes.selectors import node_status
-from swarms.scope import Scope
+from swarms.scope import SITE, Scope
 
 pytestmark = pytest.mark.django_db
 
@@ -134,7 +134,7 @@ def test_listings_show_who_is_connected_at_a_cost_that_does_not_grow_with_nodes(
 
     def online() -> int:
         cache.clear()  # the swarm's figures are cached a few seconds
-        return swarm_overview()["nodes_online"]
+        return swarm_overview(scope=SITE)["nodes_online"]
 
     connect(node)
     make_node(owner=user, name="desktop")

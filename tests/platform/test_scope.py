@@ -9,8 +9,9 @@ from factories import make_node, make_swarm
 from support.pool import SAPO, default_swarm, make_group, to_rollout_in
 
 from community.selectors import badges_of_users
-from figures.leaderboard import contributor_figures_all, listed_node_figures
-from figures.teams import team_figures_all
+from figures.leaderboard import contributor_figures_all, leaderboard, listed_node_figures
+from figures.swarm import swarm_overview
+from figures.teams import team_detail, team_figures_all
 from nodes import presence
 from pool.ingest import rollout_share
 from pool.ingest_statement import SwarmOfBatch
@@ -52,9 +53,11 @@ def test_figures_of_the_pools_default_swarm_are_that_swarms_not_the_sites():
     assert accepted(Scope.swarm(other.id)) == 1
     assert accepted(SITE) == 3
     for bad in (None, in_default.swarm_id):
-        for figure in (contributor_figures_all, listed_node_figures, team_figures_all):
+        for figure in (contributor_figures_all, listed_node_figures, team_figures_all, swarm_overview, leaderboard):
             with pytest.raises(TypeError):
                 figure(scope=bad)
+        with pytest.raises(TypeError):
+            team_detail(team=None, members=[], scope=bad)  # refused before the team is read
         with pytest.raises(TypeError):
             badges_of_users([node.owner_id], scope=bad)
         with pytest.raises(TypeError):

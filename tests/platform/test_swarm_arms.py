@@ -16,6 +16,7 @@ from figures import stats
 from figures import swarm as swarm_figures
 from figures.arms import SHARING, SILO, NodeHourCell, arm_of, compare_arms, t975, welch_interval
 from pool.models import NodeRound
+from swarms.scope import SITE
 from swarms.services import swarm_default_ensure
 
 H0 = datetime(2026, 11, 20, 10, tzinfo=UTC)
@@ -130,7 +131,7 @@ def test_the_swarm_overview_compares_the_arms_from_reports_and_folded_plus_live_
     make_group(sharing, rewards=(0.0, 1.0), created_at=now)
     make_group(silo, rewards=(0.0, 0.0), created_at=now)
 
-    arms = swarm_figures.swarm_overview()["arms"]
+    arms = swarm_figures.swarm_overview(scope=SITE)["arms"]
     assert arms["sharing"]["nodes"] == 1 and arms["silo"]["nodes"] == 1 and arms["unknown_nodes"] == 1
     assert arms["sharing"]["node_hours"] == 2 and arms["silo"]["node_hours"] == 2  # the banned node is left out
     by_hour = {p["hour"]: p for p in arms["curve"]}

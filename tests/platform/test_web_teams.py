@@ -75,7 +75,7 @@ def test_credit_is_exact_to_the_group_inside_the_hours_of_joining_and_leaving(us
     stats.stats_fold() if folded else stats.stats_fold(now=_hour(40))
     row = _team_row(team)
     assert (row.accepted, row.verified_reward) == (3, pytest.approx(3.5))
-    detail = teams.team_detail(team=team, members=[])
+    detail = teams.team_detail(team=team, members=[], scope=SITE)
     assert sum(p["verified_reward"] for p in detail.curve) == pytest.approx(3.5)
 
 

@@ -61,17 +61,18 @@ def signed(value: float | None, digits: int = 3) -> str:
     return f"{'+' if value > 0 else '−'}{text}"
 
 
-@register.simple_tag
-def board_url(board, **changes) -> str:
-    """The leaderboard's query string with some parameters changed (sorting resets the page)."""
+@register.simple_tag(takes_context=True)
+def board_url(context, board, **changes) -> str:
+    """The leaderboard's query string with some parameters changed (sorting resets the page); the
+    page's swarm (`swarm` in the context) is kept."""
     params = {
         "view": board.view,
         "sort": board.sort,
         "order": "desc" if board.descending else "asc",
         "page": board.page.number,
     }
-    if board.swarm is not None:
-        params["swarm"] = board.swarm.slug
+    if context.get("swarm") is not None:
+        params["swarm"] = context["swarm"].slug
     params.update({k: v for k, v in changes.items() if v is not None})
     return "?" + urlencode(params)
 
@@ -88,13 +89,13 @@ def swarm_url(context, slug: str = "") -> str:
     return "?" + params.urlencode()
 
 
-@register.simple_tag
-def sort_url(board, key: str) -> str:
+@register.simple_tag(takes_context=True)
+def sort_url(context, board, key: str) -> str:
     """Sort by `key`: descending first, flipping the order when it is already the sort key."""
     order = "asc" if board.sort == key and board.descending else "desc"
     if key == "name" and board.sort != key:
         order = "asc"
-    return board_url(board, sort=key, order=order, page=1)
+    return board_url(context, board, sort=key, order=order, page=1)
 
 
 @register.simple_tag
