@@ -3,7 +3,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from audits.jobs import audit_rerun
-from audits.models import Audit, NodeHold
+from audits.models import Audit, AuditBase, NodeHold
 from audits.services import node_release
 from common.errors import ApplicationError
 
@@ -70,3 +70,15 @@ class NodeHoldAdmin(admin.ModelAdmin):
     def release(self, request: HttpRequest, queryset: QuerySet[NodeHold]) -> None:
         released = sum(node_release(actor=request.user, node_id=h.node_id) for h in queryset)
         self.message_user(request, f"{released} node(s) released.", messages.SUCCESS)
+
+
+@admin.register(AuditBase)
+class AuditBaseAdmin(admin.ModelAdmin):
+    # The bases a checkpoint may be uploaded as a difference from (recorded by the workers); deleting one
+    # makes nodes send whole files for it until a worker builds it again.
+    list_display = ("model", "digest", "recorded_at")
+    list_filter = ("model",)
+    readonly_fields = ("model", "digest", "recorded_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

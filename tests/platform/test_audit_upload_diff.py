@@ -177,3 +177,9 @@ def test_a_worker_records_the_base_it_builds(client, node, node_token, updated, 
     jobs.audit_run(audit.id)
     digest, _ = base_tensors("tiny-mini", cache_dir=site.SAPO_AUDIT_MODEL_CACHE)
     assert AuditBase.objects.filter(model="tiny-mini", digest=digest).exists()
+
+
+def test_staff_see_the_recorded_bases_in_the_admin(admin_client, base):
+    page = admin_client.get("/admin/audits/auditbase/")
+    assert page.status_code == 200 and base[0] in page.content.decode()
+    assert admin_client.get("/admin/audits/auditbase/add/").status_code == 403
