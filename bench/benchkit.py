@@ -1,7 +1,8 @@
 """What the benchmark scripts share: this checkout's packages on the import path, bench/pool.py's
 helpers (servers, databases, nodes, the CPU of a process), a throwaway site (its own PostgreSQL, its
 nodes' tokens, a daphne on it), the set-up of a subprocess that measures another source tree
-(`tree_run`) and the load average as they print it.
+(`tree_run`), the load average as they print it, and a worker process kept off the CPU as a loaded
+machine would (`stall_next_worker`).
 
 bench/pool.py is loaded by path, once: imported by its name it would be the platform's `pool` app.
 """
@@ -13,10 +14,12 @@ import functools
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -148,6 +151,59 @@ def throwaway_site(name: str, nodes: int) -> Iterator[ThrowawaySite]:
     finally:
         embedded_db.stop()
         shutil.rmtree(var, ignore_errors=True)
+
+
+def _children(pid: int) -> set[int]:
+    """`pid`'s children, from Linux's /proc/<pid>/task/<tid>/children."""
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children |= {int(child) for child in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    """`pid`'s descendants (a fork server's workers are its children's children)."""
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = set().union(*map(_children, frontier)) - found
+        found |= frontier
+    return found
+
+
+def _resident_mib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def stall_next_worker(before: set[int], seconds: float, grown_mib: int, done: threading.Event) -> int | None:
+    """Stop (SIGSTOP) for `seconds` the first of this process's descendants not in `before` whose
+    resident set grows by `grown_mib` (a fork server's worker in its work, not while it starts; not the
+    fork server, a child of this process, which grows as it imports), as a loaded machine keeps a
+    process off the CPU, then let it go on. Its pid; None when `done` was set first."""
+    first: dict[int, int] = {}
+    while not done.wait(0.002):
+        for pid in descendants(os.getpid()) - _children(os.getpid()) - before:
+            mib = _resident_mib(pid)
+            if mib is None:
+                continue
+            if mib - first.setdefault(pid, mib) >= grown_mib:
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    time.sleep(seconds)
+                finally:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:  # killed while stopped
+                        pass
+                return pid
+    return None
 
 
 @contextmanager

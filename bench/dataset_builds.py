@@ -5,15 +5,18 @@ was charged (ShareResult.verification_seconds), and the process's resident memor
 
     .venv/bin/python bench/dataset_builds.py                      # this tree
     .venv/bin/python bench/dataset_builds.py --trees /tmp/base,.  # two trees, one after the other, twice
+    .venv/bin/python bench/dataset_builds.py --trees /tmp/base,. --stall 11  # each worker stopped 11 s
 
 The swarm's catalogue is a count_primes of max_n 40 million (`--max-n`: a sieve of 40 million flags
-for every seed, which passes the catalogue check on an idle machine) and basic_arithmetic. Each frame is one group of count_primes
+for every seed, 3 to 5 CPU-s, which passes the catalogue check) and basic_arithmetic. Each frame is one group of count_primes
 (2.6 KB: a made-up question, which the server can only find wrong once it has built the dataset):
 `--frames` with fresh seeds the node chose (no proof), then as many with the task seed of a fresh
 challenge the server issued to the node (a proof naming it). The first frame's share pays for the
 dataset's measurement, where a tree charges it. Each tree runs in a subprocess with its
 own `platform` and `node_client` on its path, in a database of its own on DATABASE_URL's server
-(created, migrated, dropped). Prints the load average with each run.
+(created, migrated, dropped). Prints the load average with each run. `--stall`: each worker that
+measures or builds the dataset is stopped (SIGSTOP) for that many seconds in the middle of its build,
+as a loaded machine keeps a process off the CPU: its wall clock grows, its CPU does not.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchkit import load, tree_run
+from benchkit import descendants, load, stall_next_worker, tree_run
 
 HERE = Path(__file__).resolve().parent
 COSTLY = {"dataset": "count_primes", "config": {"min_n": 1, "max_n": 40_000_000}, "weight": 1.0}
@@ -40,6 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=3, help="frames of each kind per run")
     parser.add_argument("--runs", type=int, default=2, help="runs of each tree, in alternation")
     parser.add_argument("--max-n", type=int, default=40_000_000, help="count_primes' max_n (its sieve's flags)")
+    parser.add_argument("--stall", type=float, default=0.0, help="seconds each worker is stopped in its build")
     parser.add_argument(
         "--database-url", default=os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     )
@@ -85,10 +91,10 @@ def _group(seed: int, challenge: str | None) -> dict:
 def child(args: argparse.Namespace) -> None:
     args.catalogue = "easy"
     with tree_run(args) as bench_pool:
-        run(bench_pool, args.frames)
+        run(bench_pool, args.frames, args.stall)
 
 
-def run(bench_pool, count: int) -> None:  # noqa: ANN001
+def run(bench_pool, count: int, stall: float) -> None:  # noqa: ANN001
     from accounts.services import user_create
     from pool.challenges import challenge_mint
     from pool.ingest import rollout_share
@@ -103,8 +109,8 @@ def run(bench_pool, count: int) -> None:  # noqa: ANN001
     staff = user_create(username="staff", display_name="staff", password=None)
     staff.is_staff = True
     staff.save()
-    # The costly entry stored as the check would store it, without the check: on a loaded machine its
-    # build takes longer than the check's 10 s of wall clock (it is 3 to 5 CPU-s).
+    # The costly entry stored as the check would store it, without the check: a tree whose bound is
+    # wall clock refuses it on a loaded machine.
     swarm = swarm_create(actor=staff, slug="primes", title="Primes", entries=[CHEAP])
     SwarmCatalogue.objects.create(swarm=swarm, version=2, entries=[COSTLY, CHEAP], created_by=staff)
     swarm.catalogue_version = 2
@@ -123,21 +129,28 @@ def run(bench_pool, count: int) -> None:  # noqa: ANN001
     for kind, group in frames:
         text = json.dumps({"type": "share", "v": 1, "rollouts": [group]})
         message = parse_frame(text, limits)
-        t0 = time.thread_time()
-        result = rollout_share(
-            node=node,
-            rollouts=message.rollouts,
-            catalogue=place.catalogue,
-            limits=limits,
-            swarm=SwarmOfBatch(place.swarm_id, place.catalogue_version),
-        )
-        cpu = time.thread_time() - t0
+        done = threading.Event()
+        with ThreadPoolExecutor(1) as staller:
+            # The sieve's first 24 MiB: the worker is in its build.
+            stalled = staller.submit(stall_next_worker, descendants(os.getpid()), stall, 24, done) if stall else None
+            t0, wall0 = time.thread_time(), time.monotonic()
+            result = rollout_share(
+                node=node,
+                rollouts=message.rollouts,
+                catalogue=place.catalogue,
+                limits=limits,
+                swarm=SwarmOfBatch(place.swarm_id, place.catalogue_version),
+            )
+            cpu, wall = time.thread_time() - t0, time.monotonic() - wall0
+            done.set()
         reason = result.rejected[0]["reason"] if result.rejected else "accepted"
         out.append(
             {
                 "kind": kind,
                 "bytes": len(text),
                 "cpu_s": round(cpu, 3),
+                "wall_s": round(wall, 1),
+                "stalled": stalled is not None and stalled.result() is not None,
                 "workers_s": round(getattr(result, "worker_seconds", 0.0), 3),
                 "charged_s": round(result.verification_seconds, 3),
                 "rss_growth_mib": round((_status("VmRSS") - start_rss) / 2**20, 1),
@@ -170,7 +183,7 @@ def main() -> None:
     for run_no in range(args.runs):
         for tree in trees if run_no % 2 == 0 else reversed(trees):
             argv = [sys.executable, __file__, "--child", tree, "--frames", str(args.frames), "--max-n", str(args.max_n)]
-            argv += ["--database-url", args.database_url]
+            argv += ["--database-url", args.database_url, "--stall", str(args.stall)]
             before = load()
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
             if done.returncode != 0:
@@ -184,7 +197,8 @@ def main() -> None:
                 print(
                     f"  {frame['kind']:<12} {frame['bytes']:>5} B  {frame['cpu_s']:>6.3f} CPU-s here"
                     f" + {frame['workers_s']:>6.3f} in workers, {frame['charged_s']:>6.3f} charged"
-                    f"  RSS +{frame['rss_growth_mib']:>6.1f} MiB  {frame['verdict']}"
+                    f"  RSS +{frame['rss_growth_mib']:>6.1f} MiB  {frame['wall_s']:>5.1f} s"
+                    f"{' (stalled)' if frame['stalled'] else ''}  {frame['verdict']}"
                 )
 
 

@@ -4,12 +4,12 @@
 A group names its dataset's seed, and verification builds the reasoning-gym dataset of that seed
 (sapo_node.datasets, cached). Most datasets cost microseconds to build, but a configuration can make
 one costly for every seed: a count_primes of max_n 40 million builds a sieve of 305 MiB in about 3
-CPU-seconds, and passes the catalogue check (swarms.catalogue: BUILD_SECONDS, MEMORY_BYTES). So:
+CPU-seconds, and passes the catalogue check (swarms.catalogue: BUILD_CPU_SECONDS, MEMORY_BYTES). So:
 
 - Each catalogue dataset is measured in a worker process with the check's bounds
   (sapo_node.entry_check), which reports its CPU and peak memory; the share that asked first pays the
-  worker's CPU. Once per process, except that a measurement that ran out of time or failed (a loaded
-  machine, the kernel's OOM killer) is tried again after a backoff (RETRY_SECONDS, doubling up to
+  worker's CPU. Once per process, except that a measurement that ran out of time or failed (a worker
+  starved past its wall clock, the kernel's OOM killer) is tried again after a backoff (RETRY_SECONDS, doubling up to
   RETRY_MAX_SECONDS), its dataset refused meanwhile. The built-in catalogues' datasets
   (sapo_node.tasks.CATALOGUES: reviewed, microseconds) are not measured.
 - A cheap one (at most CHEAP_SECONDS of CPU and CHEAP_BYTES) is built for any seed, in the verifying
@@ -17,7 +17,8 @@ CPU-seconds, and passes the catalogue check (swarms.catalogue: BUILD_SECONDS, ME
 - A costly one is built only for a seed the server issued to the sharing node (its challenge's task
   seed: a valid MAC, this node, not expired), at most one (dataset, seed) per share, and only in a
   worker process under the same bounds (pool.build_worker): it verifies the share's groups of that
-  dataset and seed and is killed past 10 s or 512 MiB (its groups then get `build_refused`); the
+  dataset and seed and is killed past 10 CPU-s, 30 s of wall clock or 512 MiB (its groups then get
+  `build_refused`); the
   server's process keeps nothing of it. The share pays the worker's CPU (pool.ingest charges each
   share its own verification), so a node collecting challenges to make the server build runs out of
   its CPU budget. Any other group of a costly dataset gets `build_refused`, at no cost.
@@ -40,10 +41,18 @@ from pool.challenges import challenge_fault, challenge_read
 from pool.records import RolloutIn
 from pool.verification import REJECTED, Verification, verify_entry
 from sapo_node.datasets import TaskSpec, dataset_bytes_set, dataset_cached
-from sapo_node.entry_check import BuildCost, BuildFailed, BuildTimeout, build_first_bounded, run_bounded
+from sapo_node.entry_check import (
+    BUILD_CPU_SECONDS,
+    BUILD_WALL_SECONDS,
+    BuildCost,
+    BuildFailed,
+    BuildTimeout,
+    build_first_bounded,
+    run_bounded,
+)
 from sapo_node.tasks import CATALOGUES, Catalogue
 from sapo_node.verifiers import extract_answer, score_answers_in_sandbox
-from sapo_node.verifiers.sandbox import BUILD_SECONDS, MEMORY_BYTES
+from sapo_node.verifiers.sandbox import MEMORY_BYTES
 
 #: The verdict of a group whose dataset the server would not build for it.
 BUILD_REFUSED = "build_refused"
@@ -64,7 +73,7 @@ _worker_slot = threading.Lock()
 
 def build_cost(spec: TaskSpec) -> BuildCost | None:
     """What one of `spec`'s datasets costs to build (measured in a worker bounded by the catalogue
-    check's time and memory); None when it could not be built within them (measured again after a
+    check's CPU time, wall clock and memory); None when it could not be built within them (measured again after a
     backoff)."""
     return _cost_charged(spec)[0]
 
@@ -86,7 +95,11 @@ def _cost_charged(spec: TaskSpec) -> tuple[BuildCost | None, float]:
             return None, 0.0
         try:
             cost = build_first_bounded(
-                spec.dataset, dict(spec.config), seconds=BUILD_SECONDS, memory_bytes=MEMORY_BYTES
+                spec.dataset,
+                dict(spec.config),
+                cpu_seconds=BUILD_CPU_SECONDS,
+                wall_seconds=BUILD_WALL_SECONDS,
+                memory_bytes=MEMORY_BYTES,
             )
         except (BuildTimeout, BuildFailed) as exc:
             backoff = min(RETRY_MAX_SECONDS, 2 * _retry[key][1]) if key in _retry else RETRY_SECONDS
@@ -143,7 +156,13 @@ class ShareBuilds:
         mine = [r for r in self.rollouts if r.dataset == spec.dataset and r.seed == seed]
         try:
             with _worker_slot:
-                done = run_bounded(groups_verified, (spec, mine), seconds=BUILD_SECONDS, memory_bytes=MEMORY_BYTES)
+                done = run_bounded(
+                    groups_verified,
+                    (spec, mine),
+                    cpu_seconds=BUILD_CPU_SECONDS,
+                    wall_seconds=BUILD_WALL_SECONDS,
+                    memory_bytes=MEMORY_BYTES,
+                )
         except (BuildTimeout, BuildFailed) as exc:
             self.cpu_seconds += exc.cpu_seconds
             self._built = {id(r): _refused() for r in mine}

@@ -2,8 +2,8 @@
 
 An entry is {"dataset", "config", "weight"}. The check builds one entry of each dataset with
 reasoning-gym, as verification will, so a configuration reasoning-gym refuses is refused here with
-the field named, never at a node's first share; so is one it takes longer than BUILD_SECONDS to
-build with (in a worker process, killed then).
+the field named, never at a node's first share; so is one it takes more than BUILD_CPU_SECONDS of CPU
+to build with (in a worker process, killed then).
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from typing import Any
 
 from common.errors import ApplicationError
 from sapo_node.datasets import TaskSpec
-from sapo_node.entry_check import BuildTimeout, build_first_bounded
+from sapo_node.entry_check import BUILD_CPU_SECONDS, BUILD_WALL_SECONDS, BuildTimeout, build_first_bounded
 from sapo_node.tasks import Catalogue
 
 MAX_ENTRIES = 32
 MAX_CONFIG_BYTES = 4096
 MAX_WEIGHT = 1000.0
-#: Wall-clock seconds building one entry of a dataset may take, and all of a catalogue's together: a
-#: configuration can make reasoning-gym build for ever (a chain_sum of millions of terms), so each is
-#: built in a worker process that is killed when its time is up (sapo_node.entry_check).
-BUILD_SECONDS = 10.0
+#: Wall-clock seconds building all of a catalogue's entries may take. A configuration can make
+#: reasoning-gym build for ever (a chain_sum of millions of terms), so each entry is built in a worker
+#: process that is killed past BUILD_CPU_SECONDS of CPU, BUILD_WALL_SECONDS, or the catalogue's time
+#: left (sapo_node.entry_check): the bounds the server builds a dataset under (pool.builds).
 CHECK_SECONDS = 30.0
 
 
@@ -73,14 +73,16 @@ def catalogue_entries_clean(entries: object) -> list[dict[str, Any]]:
         weight = entry.get("weight", 1)
         if type(weight) not in (int, float) or not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT:
             raise _invalid(f"{where}.weight", f"expected a number in (0, {MAX_WEIGHT:g}]")
-        seconds = min(BUILD_SECONDS, max(0.0, deadline - time.monotonic()))
+        seconds = min(BUILD_WALL_SECONDS, max(0.0, deadline - time.monotonic()))
         spent = f"building the catalogue's entries took more than {CHECK_SECONDS:g} s in all, up to {dataset}"
         if seconds <= 0:  # no time left: a build that answers at once must not slip through
             raise _invalid(f"{where}.config", spent)
         try:
-            build_first_bounded(dataset, config, seconds=seconds)
-        except BuildTimeout:
-            if seconds < BUILD_SECONDS:  # the catalogue's time ran out first
+            build_first_bounded(dataset, config, cpu_seconds=BUILD_CPU_SECONDS, wall_seconds=seconds)
+        except BuildTimeout as exc:
+            if not exc.wall:
+                why = f"reasoning-gym took more than {BUILD_CPU_SECONDS:g} CPU-s to build an entry of {dataset} with it"
+            elif seconds < BUILD_WALL_SECONDS:  # the catalogue's time ran out first
                 why = spent
             else:
                 why = f"reasoning-gym took more than {seconds:g} s to build an entry of {dataset} with it"
