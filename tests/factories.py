@@ -83,26 +83,28 @@ def make_swarm(*, slug: str | None = None, catalogue: str = "easy", actor: User 
     )
 
 
-def make_credited_group(node: Node, rewards: tuple[float, ...] = (1.0, 0.0), created_at=None) -> Rollout:
+def make_credited_group(node: Node, rewards: tuple[float, ...] = (1.0, 0.0), created_at=None, **fields) -> Rollout:
     """An accepted, audited group of `node` in the default swarm, stored as the pool stores one (no
     re-verification: for tests of the figures, which list a node and credit it for such groups).
-    Unlike the other factories it writes the row itself: the pool's own path verifies a real share."""
-    return Rollout.objects.create(
-        id=uuid.uuid4(),
-        node=node,
-        swarm=swarm_default_ensure(),
-        catalogue_version=1,
-        round=1,
-        dataset="basic_arithmetic",
-        seed=1,
-        index=Rollout.objects.count(),
-        completion_count=len(rewards),
-        claimed_rewards=list(rewards),
-        verified_rewards=list(rewards),
-        verdict=Verdict.ACCEPTED,
-        has_variance=len(set(rewards)) > 1,
-        sampleable=len(set(rewards)) > 1,
-        sample_seq=Rollout.objects.count() + 1,
-        created_at=created_at or timezone.now(),
-        audit_state="audited",
-    )
+    Unlike the other factories it writes the row itself: the pool's own path verifies a real share.
+    `fields` set other columns (swarm, dataset, sampleable, moderation_status, ...)."""
+    row = {
+        "id": uuid.uuid4(),
+        "node": node,
+        "swarm": swarm_default_ensure(),
+        "catalogue_version": 1,
+        "round": 1,
+        "dataset": "basic_arithmetic",
+        "seed": 1,
+        "index": Rollout.objects.count(),
+        "completion_count": len(rewards),
+        "claimed_rewards": list(rewards),
+        "verified_rewards": list(rewards),
+        "verdict": Verdict.ACCEPTED,
+        "has_variance": len(set(rewards)) > 1,
+        "sampleable": len(set(rewards)) > 1,
+        "sample_seq": Rollout.objects.count() + 1,
+        "created_at": created_at or timezone.now(),
+        "audit_state": "audited",
+    }
+    return Rollout.objects.create(**{**row, **fields})

@@ -10,16 +10,14 @@ in the moderation queue."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.utils import timezone
-from factories import make_node, make_swarm, make_user
+from factories import make_credited_group, make_node, make_swarm, make_user
 
 from community.models import Badge
 from community.services import team_found, team_join
 from nodes.models import Node
-from pool.models import ModerationStatus, NodeRound, Rollout, RolloutText, Verdict
+from pool.models import ModerationStatus, NodeRound, Rollout, RolloutText
 from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
 
@@ -107,25 +105,7 @@ CHECK = r"""() => {
 def _group(node: Node, swarm: Swarm, rewards: tuple[float, ...], dataset: str, **fields) -> Rollout:
     """One accepted group, counted in the figures (so the charts draw their dataset labels)."""
     now = timezone.now()
-    rollout = Rollout.objects.create(
-        id=uuid.uuid4(),
-        node=node,
-        swarm=swarm,
-        catalogue_version=1,
-        round=1,
-        dataset=dataset,
-        seed=1,
-        index=Rollout.objects.count(),
-        completion_count=len(rewards),
-        claimed_rewards=list(rewards),
-        verified_rewards=list(rewards),
-        verdict=Verdict.ACCEPTED,
-        has_variance=len(set(rewards)) > 1,
-        sampleable=False,
-        created_at=now,
-        audit_state="audited",  # credited: the figures count audited work
-        **fields,
-    )
+    rollout = make_credited_group(node, rewards, now, swarm=swarm, dataset=dataset, sampleable=False, **fields)
     RolloutText.objects.create(
         rollout=rollout,
         swarm_id=swarm.id,

@@ -3,15 +3,13 @@ refreshes itself, and "All swarms" brings the site's totals back."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.utils import timezone
-from factories import make_node, make_swarm, make_user
+from factories import make_credited_group, make_node, make_swarm, make_user
 from playwright.sync_api import expect
 
 from nodes.models import Node
-from pool.models import Rollout, RolloutText, Verdict
+from pool.models import RolloutText
 from swarms.services import swarm_default_ensure
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -20,24 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def _group(node: Node, swarm, rewards: tuple[float, ...]) -> None:
     """One accepted group of `node` in `swarm`, stored as the pool stores it (no re-verification)."""
     now = timezone.now()
-    rollout = Rollout.objects.create(
-        id=uuid.uuid4(),
-        node=node,
-        swarm=swarm,
-        catalogue_version=1,
-        round=1,
-        dataset="basic_arithmetic",
-        seed=1,
-        index=Rollout.objects.count(),
-        completion_count=len(rewards),
-        claimed_rewards=list(rewards),
-        verified_rewards=list(rewards),
-        verdict=Verdict.ACCEPTED,
-        has_variance=False,
-        sampleable=False,
-        created_at=now,
-        audit_state="audited",  # credited: the figures count audited work
-    )
+    rollout = make_credited_group(node, rewards, now, swarm=swarm, has_variance=False, sampleable=False)
     RolloutText.objects.create(
         rollout=rollout,
         swarm_id=swarm.id,

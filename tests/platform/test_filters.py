@@ -7,15 +7,13 @@ import uuid
 
 import pytest
 from factories import make_node
-from support.moderation import group, hamming, long_reasoning, share, staff
+from support.moderation import group, hamming, long_reasoning, set_rule, share
 
 from moderation import filters, kernels, safe_regex
 from moderation.models import AuditEntry, ModerationDecision, ModerationFlag, RolloutFingerprint
 from moderation.rules import RULES, Rule, default_rule, rules_forget
 from moderation.screening import outlier_scan, outlier_scores
-from moderation.services import rule_update
 from pool.models import ModerationStatus, Rollout
-from swarms.scope import SITE
 
 pytestmark = pytest.mark.django_db
 
@@ -24,18 +22,6 @@ pytestmark = pytest.mark.django_db
 def _fresh_rules():
     rules_forget()
     yield
-    rules_forget()
-
-
-def set_rule(key: str, *, enabled: bool = True, action: str = "hold", **params) -> None:
-    rule_update(
-        actor=staff(),
-        key=key,
-        enabled=enabled,
-        action=action,
-        params={**default_rule(key).params, **params},
-        scope=SITE,
-    )
     rules_forget()
 
 

@@ -9,14 +9,12 @@ from collections import Counter
 
 import pytest
 from factories import make_node
-from support.moderation import group, hamming, long_reasoning, share, staff
+from support.moderation import group, hamming, long_reasoning, set_rule, share
 
 from moderation import filters
 from moderation.models import ModerationFlag
 from moderation.rules import RULES, Rule, default_rule, rules_forget
-from moderation.services import rule_update
 from pool.models import ModerationStatus
-from swarms.scope import SITE
 
 pytestmark = pytest.mark.django_db
 
@@ -81,13 +79,6 @@ LOCAL_1_PLUSES = [" <answer>1/1</answer>"] * 7 + [
 def _fresh_rules():
     rules_forget()
     yield
-    rules_forget()
-
-
-def set_rule(key: str, **params) -> None:
-    rule_update(
-        actor=staff(), key=key, enabled=True, action="hold", params={**default_rule(key).params, **params}, scope=SITE
-    )
     rules_forget()
 
 

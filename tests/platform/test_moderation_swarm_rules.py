@@ -9,12 +9,12 @@ import uuid
 import pytest
 from django.urls import reverse
 from factories import make_node, make_swarm
-from support.moderation import group, staff
+from support.moderation import group, set_rule, staff
 from support.pool import SAPO, to_rollout_in
 
 from common.errors import ApplicationError
 from moderation.models import AuditEntry, ModerationFlag, ModerationRule
-from moderation.rules import PER_SWARM_KEYS, default_rule, rules_current, rules_forget, swarm_rules_current
+from moderation.rules import PER_SWARM_KEYS, rules_current, rules_forget, swarm_rules_current
 from moderation.selectors import rule_list
 from moderation.services import rule_update
 from pool.ingest import rollout_share
@@ -35,13 +35,6 @@ def _fresh_rules():
 @pytest.fixture
 def swarms():
     return make_swarm(slug="alpha", catalogue="sapo"), make_swarm(slug="beta", catalogue="sapo")
-
-
-def set_rule(key: str, *, scope: Scope, action: str = "hold", **params) -> None:
-    rule_update(
-        actor=staff(), key=key, enabled=True, action=action, params={**default_rule(key).params, **params}, scope=scope
-    )
-    rules_forget()
 
 
 def share_in(swarm, text: str, index: int) -> Rollout:

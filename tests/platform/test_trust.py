@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from factories import make_node
-from support.moderation import group, share, staff
+from support.moderation import group, set_rule, share, staff
 from support.pool import sampled
 
 from moderation.models import TrustRecord
-from moderation.rules import default_rule, rules_forget
-from moderation.services import rollout_moderate, rule_update
+from moderation.rules import rules_forget
+from moderation.services import rollout_moderate
 from moderation.trust import (
     VerdictCounts,
     node_message_quotas,
@@ -19,7 +19,6 @@ from moderation.trust import (
     verdict_counts,
 )
 from pool.models import ModerationStatus
-from swarms.scope import SITE
 
 pytestmark = pytest.mark.django_db
 
@@ -28,18 +27,6 @@ pytestmark = pytest.mark.django_db
 def _fresh_rules():
     rules_forget()
     yield
-    rules_forget()
-
-
-def set_rule(key: str, *, enabled: bool = True, action: str = "hold", **params) -> None:
-    rule_update(
-        actor=staff(),
-        key=key,
-        enabled=enabled,
-        action=action,
-        params={**default_rule(key).params, **params},
-        scope=SITE,
-    )
     rules_forget()
 
 

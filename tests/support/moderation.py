@@ -6,10 +6,13 @@ import uuid
 from typing import Any
 
 from accounts.models import User
+from moderation.rules import default_rule, rules_forget
+from moderation.services import rule_update
 from nodes.models import Node
 from pool.ingest import rollout_share
 from pool.models import Rollout
 from support.pool import SAPO, default_swarm, make_group, to_rollout_in
+from swarms.scope import SITE, Scope
 
 
 def share(node: Node, *groups: dict[str, Any]) -> list[Rollout]:
@@ -57,6 +60,20 @@ def staff(username: str | None = None) -> User:
     if username and User.objects.filter(username=username).exists():
         return User.objects.get(username=username)
     return make_user(username=username, is_staff=True)
+
+
+def set_rule(key: str, *, scope: Scope = SITE, enabled: bool = True, action: str = "hold", **params: Any) -> None:
+    """Set one automatic rule as staff do (the site's, or `scope`'s own), its parameters over the rule's
+    defaults, and forget this process's copy of the rules so the next share reads it."""
+    rule_update(
+        actor=staff(),
+        key=key,
+        enabled=enabled,
+        action=action,
+        params={**default_rule(key).params, **params},
+        scope=scope,
+    )
+    rules_forget()
 
 
 def hamming(a: int, b: int) -> int:
