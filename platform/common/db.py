@@ -290,7 +290,7 @@ def prepare_hot() -> bool:
     """`prepare=` for the statements every share runs (the pool's INSERT, the screening's read, the
     rules' record): True prepares each once per connection, and `server_binding_cursor` asks for
     generic plans, so PostgreSQL plans it once instead of at every share (planning the INSERT, with
-    its 16 arrays and 4 CTEs, was a quarter of its PostgreSQL CPU: docs/benchmarks.md, "Pool").
+    its arrays and CTEs, is a large share of its PostgreSQL CPU: docs/benchmarks.md, "Pool").
     SAPO_DB_PREPARE=0 turns it off (and the settings then leave psycopg's prepare_threshold at None,
     Django's default for connection poolers)."""
     return bool(settings.SAPO_DB_PREPARE)
