@@ -355,11 +355,14 @@ if not (0 <= SAPO_AUDIT_RATE <= 1 and SAPO_AUDIT_BOOST >= 1):
 SAPO_AUDIT_RATES: dict[str, float] = {}
 for _pair in env_list("SAPO_AUDIT_RATES"):
     _model, _, _rate = _pair.partition("=")
+    _model = _model.strip()
+    if _model in SAPO_AUDIT_RATES:  # which of the two was meant is not ours to guess
+        raise EnvError(f"SAPO_AUDIT_RATES: {_model!r} is named twice")
     try:
-        SAPO_AUDIT_RATES[_model.strip()] = float(_rate)
+        SAPO_AUDIT_RATES[_model] = float(_rate)
     except ValueError:
         raise EnvError(f"SAPO_AUDIT_RATES: expected model=rate pairs, got {_pair!r}") from None
-    if not (_model.strip() and 0 <= SAPO_AUDIT_RATES[_model.strip()] <= 1):
+    if not (_model and 0 <= SAPO_AUDIT_RATES[_model] <= 1):
         raise EnvError(f"SAPO_AUDIT_RATES: a model name and a rate in [0, 1], got {_pair!r}")
 # Seconds a node has to upload the checkpoint an audit asks for (a node offline meanwhile has this
 # long, not an instant penalty).

@@ -89,6 +89,37 @@ class TestSettings:
         assert run_settings({"SAPO_VAR_DIR": str(tmp_path)}, code).stdout.strip() == "[] sapo"
         assert "not an integer" in run_settings({**env, "SAPO_MAX_SAMPLE_N": "many"}, code).stderr
 
+    def test_audit_rates_per_model_are_read_once_into_settings(self, tmp_path):
+        code = "import config.settings as s; print(sorted(s.SAPO_AUDIT_RATES.items()))"
+        env = {"SAPO_VAR_DIR": str(tmp_path)}
+        rates = " smollm2-135m=0.005, tiny = 0.05 ,,small=0,tiny-mini=1,learn=1e-3"
+        result = run_settings({**env, "SAPO_AUDIT_RATES": rates}, code)
+        assert result.stdout.strip() == str(
+            [("learn", 0.001), ("small", 0.0), ("smollm2-135m", 0.005), ("tiny", 0.05), ("tiny-mini", 1.0)]
+        ), result.stderr
+        assert run_settings({**env, "SAPO_AUDIT_RATES": ""}, code).stdout.strip() == "[]"
+        assert run_settings(env, code).stdout.strip() == "[]"
+
+    @pytest.mark.parametrize(
+        ("rates", "said"),
+        [
+            ("smollm2-135m", "expected model=rate pairs, got 'smollm2-135m'"),
+            ("tiny=0.05,smollm2-135m=", "expected model=rate pairs, got 'smollm2-135m='"),
+            ("smollm2-135m=rarely", "expected model=rate pairs, got 'smollm2-135m=rarely'"),
+            ("smollm2-135m=0.1=0.2", "expected model=rate pairs, got 'smollm2-135m=0.1=0.2'"),
+            ("=0.1", "a model name and a rate in [0, 1], got '=0.1'"),
+            ("tiny=1.5", "a model name and a rate in [0, 1], got 'tiny=1.5'"),
+            ("tiny=-0.01", "a model name and a rate in [0, 1], got 'tiny=-0.01'"),
+            ("tiny=nan", "a model name and a rate in [0, 1], got 'tiny=nan'"),
+            ("tiny=inf", "a model name and a rate in [0, 1], got 'tiny=inf'"),
+            ("tiny=0.1,small=0.2,tiny=0.3", "'tiny' is named twice"),
+        ],
+    )
+    def test_a_bad_audit_rate_is_refused_at_start_up(self, tmp_path, rates, said):
+        result = run_settings({"SAPO_VAR_DIR": str(tmp_path), "SAPO_AUDIT_RATES": rates})
+        assert result.returncode != 0 and not result.stdout
+        assert f"common.env.EnvError: SAPO_AUDIT_RATES: {said}" in result.stderr, result.stderr
+
     def test_file_emails_go_under_the_var_dir(self, tmp_path):
         code = "import config.settings as s; print(s.EMAIL_FILE_PATH)"
         result = run_settings({"SAPO_VAR_DIR": str(tmp_path)}, code)
