@@ -121,6 +121,15 @@ def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def _credit(figures: Any) -> dict[str, Any]:
+    """The credit columns every table has (a contributor's, a team's or a node's figures)."""
+    return {
+        "verified_reward": round(figures.verified_reward, 6),
+        "recent_credit": round(figures.recent_credit, 6),
+        "accepted": figures.accepted,
+    }
+
+
 def _rows() -> dict[str, list[dict[str, Any]]]:
     """Every table's rows, from the figures the pages show (one computation of each)."""
     contributors = [c for c in contributor_figures_all(scope=SITE) if c.username]  # private profiles have none
@@ -136,9 +145,7 @@ def _rows() -> dict[str, list[dict[str, Any]]]:
                 "name": c.contributor,
                 "page": f"/contributors/{c.username}/",
                 "team_id": teams_of[c.owner_id].id if c.owner_id in teams_of else None,
-                "verified_reward": round(c.verified_reward, 6),
-                "recent_credit": round(c.recent_credit, 6),
-                "accepted": c.accepted,
+                **_credit(c),
                 "rejected": c.rejected,
                 "helped": c.helped,
                 "nodes": c.nodes,
@@ -154,9 +161,7 @@ def _rows() -> dict[str, list[dict[str, Any]]]:
                 "name": t.name,
                 "page": f"/teams/{t.slug}/",
                 "members": t.members,
-                "verified_reward": round(t.verified_reward, 6),
-                "recent_credit": round(t.recent_credit, 6),
-                "accepted": t.accepted,
+                **_credit(t),
                 "badges": sorted(team_badges.get(t.team_id, [])),
                 "created_at": _time(t.created_at),
             }
@@ -168,9 +173,7 @@ def _rows() -> dict[str, list[dict[str, Any]]]:
                 "name": f.name,
                 "page": f"/nodes/{f.node_id}/",
                 "contributor_id": f.owner_id,
-                "verified_reward": round(f.verified_reward, 6),
-                "recent_credit": round(f.recent_credit, 6),
-                "accepted": f.accepted,
+                **_credit(f),
                 "rejected": f.rejected,
                 "helped": f.helped,
                 "model_id": f.model_id,
