@@ -6,6 +6,7 @@ or the platform from the node client."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,3 +163,12 @@ def test_nothing_imports_the_research_harness():
     assert any(m.startswith("research.") for m in graph)
     importers = {m.split(".")[0] for m, targets in graph.items() for t in targets if t.split(".")[0] == "research"}
     assert importers <= {"research"}
+
+
+def test_the_architecture_table_names_the_layers_in_their_order():
+    """docs/architecture.md's layer table names every layer, lowest first, as LAYERS orders them."""
+    lines = (REPO / "docs" / "architecture.md").read_text().splitlines()
+    start = lines.index("| layer | what it holds | may import |") + 2
+    rows = lines[start : lines.index("", start)]
+    named = [name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])]
+    assert named == LAYERS
