@@ -6,16 +6,19 @@ prompt and completion) that the node's grouped layout and `completion_logprobs` 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast
 
 from sapo_node.grpo import Sequences
 from sapo_node.prompts import format_plain, format_target
 from sapo_node.tasks import EASY_CATALOGUE, build_entry
+from sapo_node.tiny.model import build_model
+from sapo_node.tiny.variants import VARIANTS
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
@@ -60,25 +63,15 @@ def make_policy(variant: str = "a", seed: int = 0) -> tuple[Any, Any]:
     """(model, tokenizer): variant "a" (BPE 400) or "b" (BPE 300 with single digits, wider model)."""
     tokenizer = make_tokenizer(400, False) if variant == "a" else make_tokenizer(300, True)
     hidden = 32 if variant == "a" else 48
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    shape = replace(
+        VARIANTS["tiny-mini"],
         hidden_size=hidden,
         intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
     )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    return model, tokenizer
+    return build_model(shape, tokenizer, seed), tokenizer
 
 
 def fake_load_policy(
