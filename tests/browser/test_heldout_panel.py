@@ -13,16 +13,27 @@ from playwright.sync_api import expect
 from figures.heldout import wilson
 from figures.leaderboard import FIGURES_CACHE_SECONDS
 from figures.stats import stats_rebuild
+from nodes.models import Node
 from pool.models import HeldoutScore, NodeRound
+from swarms.models import Swarm
 from swarms.services import swarm_default_ensure
 
 
-def test_the_swarm_page_and_a_node_page_show_held_out_accuracy(live_server, page, screenshot):
+def _sharer_and_loner(*, report_round: int) -> tuple[Swarm, Node, Node]:
+    """Two credited nodes of the default swarm whose report of `report_round` puts one in each arm: "sharer"
+    trained on others' groups, "loner" on its own only."""
     swarm = swarm_default_ensure()
     sharer, loner = make_node(name="sharer"), make_node(name="loner")
     for node, external in ((sharer, 4), (loner, 0)):
         make_credited_group(node)
-        NodeRound.objects.create(node=node, swarm=swarm, round=30, figures={"external": external}, used_count=0)
+        NodeRound.objects.create(
+            node=node, swarm=swarm, round=report_round, figures={"external": external}, used_count=0
+        )
+    return swarm, sharer, loner
+
+
+def test_the_swarm_page_and_a_node_page_show_held_out_accuracy(live_server, page, screenshot):
+    swarm, sharer, loner = _sharer_and_loner(report_round=30)
     now = timezone.now()
     for i, (shared, alone) in enumerate(((3.0, 1.0), (3.0, 2.0), (4.0, 2.0))):
         at = now - timedelta(minutes=20 - 10 * i)
@@ -58,11 +69,7 @@ def test_the_swarm_page_and_a_node_page_show_held_out_accuracy(live_server, page
 
 
 def test_an_arm_without_enough_answers_says_so(live_server, page):
-    swarm = swarm_default_ensure()
-    sharer, loner = make_node(name="sharer"), make_node(name="loner")
-    for node, external in ((sharer, 4), (loner, 0)):
-        make_credited_group(node)
-        NodeRound.objects.create(node=node, swarm=swarm, round=3, figures={"external": external}, used_count=0)
+    swarm, sharer, loner = _sharer_and_loner(report_round=3)
     at = timezone.now()
     HeldoutScore.objects.create(node=sharer, swarm=swarm, round=3, questions=4, score=2.0, asked_at=at, answered_at=at)
     stats_rebuild()
