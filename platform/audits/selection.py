@@ -39,18 +39,18 @@ HELD_REASON = AuditReason.NODE_HELD.value
 #: CPU-seconds one audit job costs, per model (docs/audits.md, "Cost": bench/audit_job.py, one torch
 #: thread); the tiny-learn variants are tiny-mini's shape. A model not listed counts as the costliest.
 JOB_SECONDS = {
-    "tiny-mini": 0.11,
-    "tiny-learn": 0.11,
-    "tiny-learn-a": 0.11,
-    "tiny-learn-b": 0.11,
-    "tiny-sparse": 0.11,
-    "tiny": 0.25,
-    "smollm2-135m": 19.6,
+    "tiny-mini": 0.07,
+    "tiny-learn": 0.07,
+    "tiny-learn-a": 0.07,
+    "tiny-learn-b": 0.07,
+    "tiny-sparse": 0.07,
+    "tiny": 0.16,
+    "smollm2-135m": 5.9,
 }
 #: A model whose job costs at most this many CPU-seconds is audited at SAPO_AUDIT_RATE; a costlier one
 #: at that rate scaled down in proportion to its cost, to no less than MIN_RATE_SHARE of it, so the
 #: audits' CPU per round stays near the tiny models' while a real model is still drawn often enough
-#: (SmolLM2: a tenth of the rate, docs/audits.md).
+#: (SmolLM2: the rate over 5.9, docs/audits.md).
 FULL_RATE_SECONDS = 1.0
 MIN_RATE_SHARE = 0.1
 

@@ -116,16 +116,18 @@ def test_a_model_whose_audits_cost_more_is_drawn_at_its_own_lower_rate(node, set
         node = old(node)
     assert stored(smollm2_group(node, WEIGHTS))  # a node's first weights: always, whatever the model
     stored(smollm2_group(node, OTHER_WEIGHTS))
-    # SmolLM2's job costs ~180x tiny-mini's: a tenth of the rate (the floor), boosted as any node's.
-    expected = 0.005 * (4.0 if boosted else 1.0)
+    # SmolLM2's job costs 5.9 CPU-s: the rate over 5.9, boosted as any node's.
+    expected = 0.05 / 5.9 * (4.0 if boosted else 1.0)
     assert AuditDraw.objects.get(node=node, weights=OTHER_WEIGHTS).probability == pytest.approx(expected)
 
 
-def test_the_rate_per_model_follows_its_cost_and_the_settings_name_it(settings):
+def test_the_rate_per_model_follows_its_cost_and_the_settings_name_it(settings, monkeypatch):
     settings.SAPO_AUDIT_RATE, settings.SAPO_AUDIT_RATES = 0.05, {}
     assert selection.model_rate("tiny-mini") == selection.model_rate("tiny") == pytest.approx(0.05)
-    assert selection.model_rate("smollm2-135m") == pytest.approx(0.005)
-    assert selection.model_rate("small") == pytest.approx(0.005)  # not measured: counted as the costliest
+    assert selection.model_rate("smollm2-135m") == pytest.approx(0.05 / 5.9)
+    assert selection.model_rate("small") == pytest.approx(0.05 / 5.9)  # not measured: counted as the costliest
+    monkeypatch.setitem(selection.JOB_SECONDS, "costlier", 40.0)
+    assert selection.model_rate("costlier") == selection.model_rate("small") == pytest.approx(0.005)  # the floor
     settings.SAPO_AUDIT_RATES = {"smollm2-135m": 0.02, "tiny": 0.0}
     assert (selection.model_rate("smollm2-135m"), selection.model_rate("tiny")) == (0.02, 0.0)
     assert selection.model_rate("tiny-mini") == pytest.approx(0.05)
