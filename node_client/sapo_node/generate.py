@@ -17,7 +17,7 @@ stream anyone holding the completion's key can recompute (`sapo_node.proof`, doc
 p = softmax(logits / temperature) in float32 with the refused tokens at -inf, cdf = cumsum(p) in
 float64 in token-id order, the first id whose cdf exceeds u * cdf[-1]. A row's draw reads only its
 own logits and its own stream, so its tokens do not depend on which other rows share its batch or
-are still running, and a verifier holding the weights replays them with one forward pass
+are still running, and a verifier holding the weights replays them teacher-forced
 (sapo_node.audit). The key of a group made under a server challenge is
 proof.completion_key(challenge, ...); without one the node draws a key from torch's generator, so
 there is one sampler. Each sampled token's log-probability, log p[token] of that float32
