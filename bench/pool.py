@@ -24,7 +24,9 @@
     unless --force).
 (b) Sampling: the pool is filled server-side (INSERT ... SELECT generate_series) to each size, then
     `pool.sampling.rollout_sample` (what the `sample` message calls: the draw, the groups' JSON, the
-    served record) is timed.
+    served record) is timed. With `--trees`, at one size: each tree's `rollout_sample` in a process of
+    its own, on a database made with that tree's migrations, the trees timed in alternation,
+    SAMPLE_BLOCK calls at a time.
 
 Runs in its own database (`--db-name`, dropped at the end unless --keep-db) on DATABASE_URL's server.
 """
@@ -111,8 +113,10 @@ def parse_args() -> argparse.Namespace:
         default="",
         help="source trees the servers run (their platform/ and node_client/), comma-separated: each WebSocket"
         " path measured with each, in alternation (default: this one). They must share this tree's migrations"
-        " (the database is made with them)",
+        " (the database is made with them). Sampling (one --sizes) times each tree's own code on a database"
+        " made with its own migrations",
     )
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # the sampling subprocess of one of --trees
     parser.add_argument("--rounds", type=int, default=3, help="ingest: measures of each path, in alternation")
     parser.add_argument("--force", action="store_true", help=f"print ingest ratios even above load {MAX_QUIET_LOAD}")
     parser.add_argument("--skip-ingest", action="store_true")
@@ -834,6 +838,19 @@ def fill_pool(size: int, authors: list[int], window: int) -> None:
         cur.execute("VACUUM ANALYZE pool_rollouttext")
 
 
+def timed_sample(asker: object, n: int, window: int, swarm_id: int) -> tuple[float, int]:
+    """One `sample` of `n` by `asker`: its milliseconds and the groups it got (never the asker's own)."""
+    from pool.sampling import rollout_sample
+
+    t0 = time.perf_counter()
+    drawn = rollout_sample(node=asker, n=n, window_seconds=window, swarm_id=swarm_id)
+    ms = (time.perf_counter() - t0) * 1000
+    rows = [json.loads(text) for text in drawn.texts]
+    if any(r["node"] == asker.name for r in rows):
+        raise SystemExit("sampled the asker's own group")
+    return ms, len(rows)
+
+
 def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
     """One database per pool size (copies of the benchmark database), filled, then timed in
     alternation: call i goes to every size in turn, so each size sees the same machine load."""
@@ -879,37 +896,126 @@ def bench_sampling(args: argparse.Namespace) -> list[dict[str, float]]:
         for _ in progress_bar(range(args.samples), desc=f"sampling {args.sizes}", unit="round", leave=False):
             for size, alias in aliases.items():
                 connections["default"] = connections[alias]
-                t0 = time.perf_counter()
-                drawn = rollout_sample(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
-                timings[size].append((time.perf_counter() - t0) * 1000)
-                rows = [json.loads(text) for text in drawn.texts]
-                got[size] += len(rows)
-                if any(r["node"] == asker.name for r in rows):
-                    raise SystemExit("sampled the asker's own group")
+                ms, groups = timed_sample(asker, args.n, window, swarm_id)
+                timings[size].append(ms)
+                got[size] += groups
         load_end = load1()
     finally:
         connections["default"] = default
         for alias in aliases.values():
             connections[alias].close()
-    results = []
-    for size in sizes:
-        ts = sorted(timings[size])
-        results.append(
-            {
-                "size": size,
-                "fill_s": fill_s[size],
-                "p50": statistics.median(ts),
-                "p99": ts[min(len(ts) - 1, int(len(ts) * 0.99))],
-                "mean": statistics.fmean(ts),
-                "load": f"{load_start:.2f}-{load_end:.2f}",
-                "per_call": got[size] / len(ts),
-            }
-        )
-    return results
+    load = f"{load_start:.2f}-{load_end:.2f}"
+    return [latencies(size, fill_s[size], timings[size], got[size], load) for size in sizes]
+
+
+def latencies(size: int, fill_s: float, ms: list[float], got: int, load: str) -> dict:
+    """A row of the sampling table: the calls' milliseconds `ms` summed up, with the groups they got."""
+    ts = sorted(ms)
+    p99 = ts[min(len(ts) - 1, int(len(ts) * 0.99))]
+    return {
+        "size": size,
+        "fill_s": fill_s,
+        "p50": statistics.median(ts),
+        "p99": p99,
+        "mean": statistics.fmean(ts),
+        "load": load,
+        "per_call": got / len(ts),
+    }
+
+
+#: With --trees, the sampling's calls go to each tree's process this many at a time, in alternation.
+SAMPLE_BLOCK = 10
+#: The start of a sampling child's replies on its standard output.
+CHILD_MARK = "@@sample "
+
+
+def sample_child(args: argparse.Namespace) -> None:
+    """--child TREE: the sampling part for one of --trees, in that tree's code (benchkit.tree_run: its
+    platform first on the path, a database of its own made with its migrations): the pool filled to
+    --sizes, then for each line K read, K timed calls, answered as one line of milliseconds."""
+    from benchkit import tree_run
+
+    with tree_run(args):
+        from pool.sampling import rollout_sample
+        from swarms.services import swarm_default_ensure
+
+        window = 86_400
+        nodes = make_nodes(20, "author")
+        asker = nodes[0][0]
+        started = time.perf_counter()
+        fill_pool(int(args.sizes), [n.id for n, _ in nodes], window)
+        fill_s = time.perf_counter() - started
+        swarm_id = swarm_default_ensure().id
+        for _ in range(20):  # warm caches and the connection
+            rollout_sample(node=asker, n=args.n, window_seconds=window, swarm_id=swarm_id)
+        print(CHILD_MARK + json.dumps({"fill_s": fill_s}), flush=True)
+        for line in sys.stdin:
+            timings, got = [], 0
+            for _ in range(int(line)):
+                ms, groups = timed_sample(asker, args.n, window, swarm_id)
+                timings.append(ms)
+                got += groups
+            print(CHILD_MARK + json.dumps({"ms": timings, "got": got}), flush=True)
+
+
+def child_reply(child: subprocess.Popen) -> dict:
+    for line in child.stdout:
+        if line.startswith(CHILD_MARK):
+            return json.loads(line[len(CHILD_MARK) :])
+    raise SystemExit(f"a sampling child exited ({child.wait()})")
+
+
+def bench_sampling_trees(args: argparse.Namespace) -> list[dict]:
+    """--trees: one sampling child per tree (sample_child), filled one after the other, then timed in
+    alternation, SAMPLE_BLOCK calls at a time, the order reversed every other block; the ratios of
+    each block's median to the first tree's say how much the load moved them."""
+    trees = server_trees(args)
+    if "," in args.sizes:
+        raise SystemExit("--trees with sampling: one --sizes")
+    children, fill_s = [], []
+    try:
+        for i, tree in enumerate(trees):
+            argv = ["--child", str(tree), "--db-name", f"{args.db_name}_tree{i}", "--database-url", args.database_url]
+            argv += ["--catalogue", args.catalogue, "--sizes", args.sizes, "--n", str(args.n)]
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+                )
+            )
+            fill_s.append(child_reply(children[-1])["fill_s"])
+        timings: list[list[float]] = [[] for _ in trees]
+        blocks: list[list[float]] = [[] for _ in trees]
+        got = [0] * len(trees)
+        load_start = load1()
+        for b, first in enumerate(range(0, args.samples, SAMPLE_BLOCK)):
+            for i in range(len(trees)) if b % 2 == 0 else reversed(range(len(trees))):
+                children[i].stdin.write(f"{min(SAMPLE_BLOCK, args.samples - first)}\n")
+                children[i].stdin.flush()
+                reply = child_reply(children[i])
+                timings[i] += reply["ms"]
+                blocks[i].append(statistics.median(reply["ms"]))
+                got[i] += reply["got"]
+        load_end = load1()
+    finally:
+        for child in children:
+            child.stdin.close()  # the child leaves its loop and drops its database
+        for child in children:
+            child.wait(timeout=120)
+    load = f"{load_start:.2f}-{load_end:.2f}"
+    return [
+        {
+            **latencies(int(args.sizes), fill_s[i], timings[i], got[i], load),
+            "tree": f"tree {i} ({tree})",
+            "block_ratios": sorted(b / b0 for b, b0 in zip(blocks[i], blocks[0], strict=True)),
+        }
+        for i, tree in enumerate(trees)
+    ]
 
 
 def main() -> None:
     args = parse_args()
+    if args.child:
+        return sample_child(args)
     args.worker_counts = [int(w) for w in args.workers.split(",")]
     if any(w < 1 for w in args.worker_counts):
         raise SystemExit("--workers: counts of at least 1")
@@ -923,7 +1029,10 @@ def main() -> None:
     try:
         setup_django(args)
         ingest = None if args.skip_ingest else bench_ingest(args)
-        sampling = [] if args.skip_sample else bench_sampling(args)
+        if args.skip_sample:
+            sampling = []
+        else:
+            sampling = bench_sampling_trees(args) if args.trees else bench_sampling(args)
     finally:
         from django.db import connections
 
@@ -936,8 +1045,9 @@ def main() -> None:
     published = print_ingest(args, ingest) if ingest else True
     if sampling:
         print(
-            f"\n(b) sample latency, n={args.n}, {args.samples} calls per size, sizes in alternation"
-            " (selector + JSON payload)"
+            f"\n(b) sample latency, n={args.n}, {args.samples} calls per size, "
+            + (f"trees in alternation, {SAMPLE_BLOCK} calls at a time" if args.trees else "sizes in alternation")
+            + " (selector + JSON payload)"
         )
         print(
             "| groups in pool | fill (s) | p50 (ms) | p99 (ms) | mean (ms) | groups per call | load start-end |\n"
@@ -945,10 +1055,19 @@ def main() -> None:
         )
         for r in sampling:
             print(
-                f"| {r['size']:,} | {r['fill_s']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['mean']:.2f} | {r['per_call']:.1f}"
+                f"| {r['size']:,}{', ' + r['tree'] if 'tree' in r else ''} | {r['fill_s']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['mean']:.2f} | {r['per_call']:.1f}"
                 f" | {r['load']} |"
             )
-        if len(sampling) > 1:
+        if args.trees:
+            for r in sampling[1:]:
+                q = statistics.quantiles(r["block_ratios"], n=4) if len(r["block_ratios"]) > 1 else [1.0] * 3
+                print(
+                    f"{r['tree']} / tree 0: p50 {r['p50'] / sampling[0]['p50']:.2f}, p99"
+                    f" {r['p99'] / sampling[0]['p99']:.2f}, mean {r['mean'] / sampling[0]['mean']:.2f}; block medians"
+                    f" ({SAMPLE_BLOCK} calls each, {len(r['block_ratios'])} blocks): median ratio {q[1]:.2f},"
+                    f" quartiles {q[0]:.2f}-{q[2]:.2f}"
+                )
+        elif len(sampling) > 1:
             print(f"p99 ratio largest/smallest: {sampling[-1]['p99'] / sampling[0]['p99']:.2f}")
     print(f"\nload average at end {load1():.2f}")
     if not published:

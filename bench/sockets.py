@@ -7,8 +7,10 @@
     .venv/bin/python bench/sockets.py --workers 2 --redis-url redis://127.0.0.1:6379/0   # two site processes
     .venv/bin/python bench/sockets.py --n 10000 --servers daphne,uvicorn --rounds 2 --skip-restart
                                                   # ten thousand, each server in turn, storm and steady rate
+    .venv/bin/python bench/sockets.py --trees /tmp/base,. --rounds 3   # two commits' servers, alternating
 
-Each server (`--servers`, taken in turn, `--rounds` times: compared in one run, alternating) is
+Each server (`--servers`, taken in turn, `--rounds` times: compared in one run, alternating; with
+`--trees`, each server from each of those source trees in turn, as bench/pool.py's --trees) is
 started as docs/deploy.md says, the settings' defaults (connection pool, moderation rules on):
 `daphne` with no access log and a listen backlog of 4096; `uvicorn` with the same backlog, no access
 log, the protocol's frame limit and no per-message compression (as daphne), and its loop, HTTP parser
@@ -80,6 +82,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=1, help="times every server is measured, alternating")
     parser.add_argument(
+        "--trees",
+        default="",
+        help="source trees the servers run (their platform/ and node_client/), comma-separated: each server"
+        " measured from each, in alternation (default: this one); the database is made with this tree's migrations",
+    )
+    parser.add_argument(
         "--client",
         choices=("websockets", "lean"),
         default="websockets",
@@ -98,6 +106,7 @@ def parse_args() -> argparse.Namespace:
         args.steady_seconds = args.steady_seconds or 3
         args.period = min(args.period, 1.0)
     args.servers = [server_spec(name) for name in args.servers.split(",")]
+    args.trees = [Path(t).resolve() for t in args.trees.split(",")] if args.trees else []
     args.catalogue = "easy"
     return args
 
@@ -115,8 +124,9 @@ def server_spec(name: str) -> tuple[str, ...]:
     raise SystemExit(f"unknown server {name!r}: daphne, uvicorn or uvicorn:LOOP:HTTP:WS")
 
 
-def server_name(spec: tuple[str, ...]) -> str:
-    return ":".join(spec)
+def server_name(spec: tuple[str, ...], tree: int | None = None) -> str:
+    """The server column: `spec`, and the index of its --trees tree when there are trees."""
+    return ":".join(spec) + ("" if tree is None else f" (tree {tree})")
 
 
 def raise_fd_limit(n: int) -> None:
@@ -143,14 +153,16 @@ def server_command(args: argparse.Namespace, spec: tuple[str, ...], port: int) -
     return argv
 
 
-def start_server(args: argparse.Namespace, spec: tuple[str, ...], port: int, log, worker: int = 0) -> subprocess.Popen:
-    """The server `spec` on 127.0.0.1:port, the settings' defaults; `worker` names the process in
-    presence records."""
+def start_server(
+    args: argparse.Namespace, spec: tuple[str, ...], port: int, log, worker: int = 0, tree: Path = ROOT
+) -> subprocess.Popen:
+    """The server `spec` on 127.0.0.1:port, the settings' defaults, running the source tree `tree`;
+    `worker` names the process in presence records."""
     # The restarted process gets a new name: it forgets its previous run's sockets.
-    env = POOL.server_env(args, f"bench-sockets-{worker}", redis_url=args.redis_url or None)
+    env = POOL.server_env(args, f"bench-sockets-{worker}", redis_url=args.redis_url or None, tree=tree)
     for name in ("SAPO_CONN_MAX_AGE", "SAPO_DB_POOL_SIZE"):
         env.pop(name, None)
-    proc = subprocess.Popen(server_command(args, spec, port), env=env, cwd=ROOT, stdout=log, stderr=log)
+    proc = subprocess.Popen(server_command(args, spec, port), env=env, cwd=tree, stdout=log, stderr=log)
     deadline = time.time() + 120
     while time.time() < deadline:
         with socket.socket() as s:
@@ -319,8 +331,10 @@ def cpu_now(servers: dict) -> tuple[float, float]:
     return servers_cpu(servers), time.process_time()
 
 
-def start_servers(args: argparse.Namespace, spec: tuple[str, ...], ports: list[int], log) -> list[subprocess.Popen]:
-    return [start_server(args, spec, port, log, worker) for worker, port in enumerate(ports)]
+def start_servers(
+    args: argparse.Namespace, spec: tuple[str, ...], ports: list[int], log, tree: Path = ROOT
+) -> list[subprocess.Popen]:
+    return [start_server(args, spec, port, log, worker, tree) for worker, port in enumerate(ports)]
 
 
 async def run_phases(
@@ -328,7 +342,7 @@ async def run_phases(
 ) -> None:
     # Node i on worker i mod K: what a round-robin proxy in front of the workers does.
     urls = [f"ws://127.0.0.1:{port}/ws/node/" for port in ports]
-    n, name = args.n, server_name(spec)
+    n, name = args.n, server_name(spec, servers["tree_index"])
 
     # Warm-up: the first socket imports nothing any more, but the first connection of each pool does.
     for worker_url in urls:
@@ -407,7 +421,7 @@ async def run_phases(
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     returns = [asyncio.create_task(come_back(node, killed_at, counts)) for node in nodes]
-    servers["procs"] = await asyncio.to_thread(start_servers, args, spec, ports, servers["log"])
+    servers["procs"] = await asyncio.to_thread(start_servers, args, spec, ports, servers["log"], servers["tree"])
     listening = time.perf_counter() - killed_at
     back = await asyncio.gather(*returns)
     why = " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts["why"].items())) + ")" if counts["why"] else ""
@@ -467,13 +481,17 @@ def main() -> None:
         connections.close_all()
         while args.after_pid and Path(f"/proc/{args.after_pid}").exists():  # another run on these cores
             time.sleep(1.0)
+        trees = list(enumerate(args.trees)) if args.trees else [(None, ROOT)]
+        for index, tree in enumerate(args.trees):
+            print(f"tree {index}: {tree}")
         print("\n| server | phase | sockets | p50 ms | p99 ms | max ms | notes | load start-end |")
         print("|---|---|---:|---:|---:|---:|---|---|", flush=True)
         with log_path.open("w") as log:
             for _ in range(args.rounds):
-                for spec in args.servers:
+                for spec, (index, tree) in ((s, t) for s in args.servers for t in trees):
                     ports = [POOL.free_port() for _ in range(args.workers)]
-                    servers = {"procs": start_servers(args, spec, ports, log), "log": log}
+                    servers = {"procs": start_servers(args, spec, ports, log, tree), "log": log}
+                    servers.update(tree=tree, tree_index=index)
                     try:
                         client_loop(run_phases(args, spec, ports, [t for _, t in nodes], servers))
                     finally:

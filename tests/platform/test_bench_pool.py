@@ -101,3 +101,21 @@ def test_the_sampling_benchmark_times_each_pool_size_and_gets_whole_samples(tmp_
     assert [r[0].strip() for r in rows] == ["100", "400"], out
     assert all(float(r[5]) == 4.0 for r in rows), out  # groups per call
     assert "load average at end" in out
+
+
+def test_the_sampling_benchmark_times_each_tree_in_its_own_process_in_alternation(tmp_path):
+    """--trees with sampling: each tree's rollout_sample in a child of its own, on a database made with
+    its migrations (dropped when the child ends), the trees timed 10 calls at a time in turn."""
+    import psycopg
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = ["--skip-ingest", "--sizes", "200", "--samples", "25", "--n", "4", "--trees", f"{root},{root}"]
+    out = run_bench("pool.py", args, "sapo_bench_sample_trees", tmp_path)
+    rows = [line.strip(" |").split("|") for line in out.splitlines() if re.match(r"\| 200, tree \d ", line)]
+    assert [r[0].strip() for r in rows] == [f"200, tree 0 ({root})", f"200, tree 1 ({root})"], out
+    assert all(float(r[5]) == 4.0 for r in rows), out  # groups per call
+    assert f"tree 1 ({root}) / tree 0: p50 " in out and "(10 calls each, 3 blocks)" in out, out
+    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    with psycopg.connect(url) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'sapo_bench_sample_trees%'").fetchall()
+    assert left == [], left
