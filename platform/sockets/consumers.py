@@ -75,7 +75,7 @@ from sapo_node.tasks import Catalogue
 from sockets import ratelimit
 from sockets.closes import socket_closes
 from sockets.epoch import current_pool_epoch
-from sockets.heldout import SocketHeldout, heldout_check_make, heldout_score_record
+from sockets.heldout import CHECK_RNG, SocketHeldout, heldout_check_make, heldout_score_record
 from sockets.messages import (
     HeldoutAnswers,
     Hello,
@@ -489,7 +489,7 @@ class NodeConsumer(AsyncWebsocketConsumer):
                 catalogue=place.catalogue,
                 questions=settings.SAPO_HELDOUT_QUESTIONS,
                 now=now,
-                rng=self.heldout.rng,
+                rng=CHECK_RNG,
             )
         except Exception:
             logger.exception("node %s: making a held-out check failed", self.node.id)

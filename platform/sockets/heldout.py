@@ -35,6 +35,9 @@ from sockets.messages import HeldoutAnswers
 #: Checks a socket remembers after asking (the newest): enough to tell a late or repeated answer from one
 #: to a check never asked.
 REMEMBERED_CHECKS = 8
+#: Which questions a check asks: the operating system's randomness, so no node can foresee them, and one
+#: for the process, since a generator per socket would hold its 2.5 KiB state on every open socket.
+CHECK_RNG = random.SystemRandom()
 
 
 @dataclass
@@ -89,7 +92,6 @@ class SocketHeldout:
     last_round: int | None = None
     last_at: float = float("-inf")
     asked: dict[uuid.UUID, AskedCheck] = field(default_factory=dict)
-    rng: random.Random = field(default_factory=random.Random)
 
     def due(self, round_: int, now: float) -> bool:
         """Whether a report of `round_` at `now` earns a check: the node takes them, checks are on, every
