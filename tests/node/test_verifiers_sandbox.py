@@ -18,6 +18,7 @@ import pytest
 from node_toys import make_policy
 
 from sapo_node.assemble import assemble
+from sapo_node.datasets import datasets_forget
 from sapo_node.groups import Group
 from sapo_node.prompts import format_prompt
 from sapo_node.tasks import (
@@ -104,6 +105,38 @@ def test_a_scorer_that_eats_memory_gets_memory_error_and_scores_zero():
         sandbox.close()
 
 
+def _score_count_primes_filling_a_worker(**sandbox_args) -> int:
+    """Each count_primes seed here is a 20 MB sieve a worker keeps, and each entry lists its primes: a
+    few thousand, then 160,259 (5 MB in the worker). Whatever room the worker's bound leaves it when
+    that last batch arrives (swept in 2 MiB steps), every batch is scored right; returns the workers
+    lost."""
+    spec = TaskSpec("count_primes", {"min_n": 1, "max_n": 2_500_000})
+    # (seed, index): entries of 737, 3,614, 2,832 and 160,259 primes
+    entries = [
+        (seed, build_entry(spec, seed, index)) for seed, index in ((300, 1750), (0, 2000), (200, 3000), (100, 2750))
+    ]
+    datasets_forget()
+    killed = 0
+    for memory_mib in range(56, 68, 2):
+        sandbox = ScoringSandbox(workers=1, seconds_per_answer=30, memory_bytes=memory_mib * 2**20, **sandbox_args)
+        try:
+            scores = [sandbox.score(spec.dataset, spec.config, seed, e, [e["answer"], "1"]) for seed, e in entries]
+            assert scores == [[1.0, 0.0]] * len(entries), memory_mib
+            killed += sandbox.killed
+        finally:
+            sandbox.close()
+    return killed
+
+
+def test_a_worker_keeps_room_for_the_next_batch_whatever_its_datasets_hold():
+    assert _score_count_primes_filling_a_worker() == 0  # none died taking a batch
+
+
+def test_a_batch_a_worker_has_no_room_to_take_goes_to_a_fresh_one():
+    # Keeping no room, a worker whose datasets fill its bound dies receiving the next batch.
+    assert _score_count_primes_filling_a_worker(headroom=0) >= 1
+
+
 def test_a_timeout_raises_with_the_scores_it_has(logic_changed):
     entry = build_entry(LOGIC, 5, 11)
     ds = dataset_for(LOGIC, 5)
@@ -168,7 +201,7 @@ def test_a_scorer_whose_caller_has_gone_ends_quietly():
 
     ctx = worker_context()
     conn, child = ctx.Pipe()
-    args = (child, ctx.RawValue("i", 0), ctx.RawArray("d", MAX_BATCH), MEMORY_BYTES)
+    args = (child, ctx.RawValue("i", 0), ctx.RawArray("d", MAX_BATCH), MEMORY_BYTES, MEMORY_BYTES // 4)
     process = ctx.Process(target=_serve, args=args, name="sapo-scorer")
     process.start()
     child.close()
