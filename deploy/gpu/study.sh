@@ -151,7 +151,7 @@ if [ -n "${PRESET:-}" ]; then
     done
     tar -czf "$ROOT/var/gpu-study.tar.gz" -C "$ROOT/var" --exclude='outbox.sqlite3*' --exclude='checkpoint*' \
       "$(basename "$STUDY")" 2>/dev/null || true
-    mv "$ROOT/var/gpu-study.tar.gz" "$OUT/study.tar.gz"
+    mv "$ROOT/var/gpu-study.tar.gz" "$OUT/study.tar.gz" || true
   }
   signature() { find "$STUDY" -name '*.csv' -printf '%p %s %T@\n' 2>/dev/null | sort | cksum; }
   # A packaged model is found before the study starts, or the reason it is not is the last line here.
@@ -164,7 +164,7 @@ for name in str(PRESETS[sys.argv[1]].get("model", "")).split(","):
         print(name, "from", gguf_path(name))
 PY
   mkdir -p "$STUDY"
-  ( last=; while sleep 10; do now=$(signature); [ "$now" = "$last" ] || { pack; last=$now; }; done ) &
+  ( set +e; last=; while sleep 10; do now=$(signature); [ "$now" = "$last" ] || { pack; last=$now; }; done ) &
   PACKER=$!
   STUDY_SECONDS=$(( $(left) - 20 ))
   say "study: preset $PRESET, resumed in var/$(basename "$STUDY"), ${STUDY_SECONDS}s"
