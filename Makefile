@@ -34,8 +34,15 @@ ARGS ?=
 run: $(STAMP)
 	$(PY) manage.py sapo_local $(ARGS)
 
+# The built-in tiny models the tests share (tests/conftest.py's tiny_policy, tiny_mini_policy), built
+# before pytest starts: a session fixture that builds one inside a test runs under that test's timeout,
+# and on a loaded machine the warm start can outlast it, failing every later test that shares the model.
+TEST_CACHE := $(or $(SAPO_TEST_CACHE),$(CURDIR)/var/test-cache)
+
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
+	$(PY) -m sapo_node.tiny --variant tiny --cache-dir $(TEST_CACHE)
+	$(PY) -m sapo_node.tiny --variant tiny-mini --cache-dir $(TEST_CACHE)
 	$(PY) -m pytest
 
 # The browser tests need a chromium: $$SAPO_CHROMIUM, one on PATH, or Playwright's; with none, this
