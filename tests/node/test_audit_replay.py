@@ -213,6 +213,7 @@ def test_input_that_cannot_be_a_completion_is_refused():
     with pytest.raises(ValueError):
         replay(model, tok, [1, 2], [3, 4], key, 1.0, logprobs=[-1.0])
     with pytest.raises(ValueError):
-        replay(model, tok, [1] * 500, [3] * 20, key, 1.0)  # past its 512 positions
+        limit = model.config.max_position_embeddings
+        replay(model, tok, [1] * (limit - 10), [3] * 20, key, 1.0)  # past its positions
     with pytest.raises(ValueError):
         replay(model, tok, [1, 2], [3], key, -1.0)
