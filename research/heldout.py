@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from research.runs import t_interval, wilcoxon_p
+from research.endpoints import paired_points
 
 #: The columns of heldout.csv. stage "before": a model's initial policy (config empty, seed and
 #: node 0); "after": node `node`'s final policy in run (config, seed).
@@ -142,16 +142,9 @@ def summarise(rows: Sequence[dict[str, Any]], baseline: str | None, order: Seque
             seeds = sorted(set(runs) & set(silo))
             if config == baseline or not seeds:
                 continue
-            diffs = np.array([100 * (runs[s]["accuracy"] - silo[s]["accuracy"]) for s in seeds])
-            result["paired"][config] = {
-                "seeds": seeds,
-                "diff_points": [round(float(d), 3) for d in diffs],
-                "mean_points": float(diffs.mean()),
-                "sd_points": float(diffs.std(ddof=1)) if len(diffs) > 1 else None,
-                "ci95_points": t_interval(diffs),
-                "seeds_gaining": int((diffs > 0).sum()),
-                "wilcoxon_p": wilcoxon_p(diffs),
-            }
+            result["paired"][config] = paired_points(
+                [runs[s]["accuracy"] for s in seeds], [silo[s]["accuracy"] for s in seeds], seeds
+            )
     return result
 
 
