@@ -79,12 +79,14 @@ def _connection_options() -> dict[str, Any]:
     return {"driver_info": DriverInfo(name="redis-py", lib_version=get_lib_version())}
 
 
-def async_pool(url: str, **options: Any) -> Any:
+def async_pool(url: str, pool_class: Any = None, **options: Any) -> Any:
     """A bounded asyncio connection pool for `url` (a command waits for a free connection); `options`
-    override the connections' defaults (the channel layer's wait for a message reads for longer)."""
+    override the connections' defaults (the channel layer's wait for a message reads for longer).
+    `pool_class`: a subclass of redis-py's BlockingConnectionPool to build instead."""
     import redis.asyncio as aioredis
 
-    return aioredis.BlockingConnectionPool.from_url(
+    pool_class = pool_class or aioredis.BlockingConnectionPool
+    return pool_class.from_url(
         url,
         max_connections=REDIS_MAX_CONNECTIONS,
         timeout=REDIS_WAIT_SECONDS,

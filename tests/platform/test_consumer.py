@@ -507,6 +507,30 @@ async def test_hundreds_of_sockets_joining_groups_at_once_wait_for_redis_connect
     await layer.flush()
 
 
+async def test_a_join_that_waits_for_a_free_connection_longer_than_the_bound_still_joins(
+    redis_layer, settings, monkeypatch
+):
+    """The bound (SAPO_REDIS_TIMEOUT_SECONDS) is for Redis to answer, not for the queue for one of the
+    pool's connections: a full pool in a burst of joins is not a Redis that stopped."""
+    import common.redis_client
+
+    settings.SAPO_REDIS_TIMEOUT_SECONDS = 0.2
+    monkeypatch.setattr(common.redis_client, "REDIS_MAX_CONNECTIONS", 1)
+    layer = get_channel_layer()
+    pool = layer.connection(0).connection_pool
+    assert pool.max_connections == 1
+    held = await pool.get_connection()  # the pool's only connection, busy for five bounds
+    channel = await layer.new_channel()
+    join = asyncio.ensure_future(layer.group_add("patient", channel))
+    await asyncio.sleep(1.0)
+    assert not join.done()
+    await pool.release(held)
+    await asyncio.wait_for(join, 5)  # joined: no TimeoutError
+    await layer.group_send("patient", {"type": "hi"})
+    assert (await asyncio.wait_for(layer.receive(channel), 5))["type"] == "hi"
+    await layer.flush()
+
+
 async def test_a_socket_open_longer_than_the_group_expiry_still_receives_its_ban(settings, node, node_token):
     """Channel layers drop a group membership `group_expiry` after it was added (a day by default): the
     process joins the closes group again within half of it (sockets.closes), so a ban still closes a socket
