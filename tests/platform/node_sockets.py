@@ -9,7 +9,11 @@ from channels.testing import WebsocketCommunicator
 
 from config.asgi import application
 
-TIMEOUT = 5
+# How long a reply may take. A share's answer takes well under a second here, but a fresh machine's
+# full run (.ci/run) once answered one after more than 5 s, its whole process stalled (the channel
+# layer's wait for a message, bounded at 10 s for a 5 s BZPOPMIN, timed out in the same seconds);
+# a wait that ends as soon as the reply comes costs nothing longer.
+TIMEOUT = 20
 
 
 async def open_socket(token: str | None, *, scheme: str = "Bearer", hello: bool = False) -> WebsocketCommunicator:
