@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/audit_job.py                       # tiny-mini and tiny
     .venv/bin/python bench/audit_job.py --models tiny-mini --audits 5
+    .venv/bin/python bench/audit_job.py --models smollm2-135m --compare-batch   # groups one pass each vs together
 
 Per model it generates honest groups under a random challenge (sapo_node.generate, the node's seeded
 sampler: --generations completions of up to --max-new-tokens tokens, temperature 1), writes the
@@ -13,6 +14,10 @@ worker runs) of each step, of a whole job and per audited group, and what the de
 1,000 nodes: each node's weights change every round, so a node draws once per round, audited with
 probability SAPO_AUDIT_RATE (0.05) or 4x that when boosted (--boosted, the share of nodes boosted),
 plus its first digest once. The load average is printed beside the figures.
+
+--compare-batch replays each job's groups twice, alternating which goes first: one pass per group,
+and the worker's way (audits.replay.REPLAY_BATCH_ROWS completions a pass, the prompts' common prefix
+once), and prints both CPU-seconds per group and their ratio.
 """
 
 from __future__ import annotations
@@ -48,10 +53,21 @@ def cpu(fn, *args, **kwargs):
     return out, time.process_time() - started
 
 
-def measure(model_name: str, *, audits: int, groups: int, generations: int, tokens: int, cache: Path) -> dict:
+def replay_cpu(model, tok, to_replay, *, batch_rows: int) -> tuple[replay.ReplayReport, float]:
+    default, replay.REPLAY_BATCH_ROWS = replay.REPLAY_BATCH_ROWS, batch_rows
+    try:
+        return cpu(replay.replay_groups, model, tok, to_replay, max_tokens=1 << 20)
+    finally:
+        replay.REPLAY_BATCH_ROWS = default
+
+
+def measure(
+    model_name: str, *, audits: int, groups: int, generations: int, tokens: int, cache: Path, compare: bool
+) -> dict:
     policy, tokenizer, _ = load_policy(model_name, device="cpu", cache_dir=cache, dtype=torch.float32)
     challenge = "c1.bench." + secrets.token_hex(8)
     steps: dict[str, float] = {"sha256+parse+digest": 0.0, "model": 0.0, "replay": 0.0}
+    one_by_one = 0.0
     replayed = replayed_tokens = 0
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "upload.safetensors"
@@ -95,7 +111,13 @@ def measure(model_name: str, *, audits: int, groups: int, generations: int, toke
             steps["sha256+parse+digest"] += seconds
             (model, tok), seconds = cpu(replay.load_model, model_name, loaded, cache_dir=cache)
             steps["model"] += seconds
-            report, seconds = cpu(replay.replay_groups, model, tok, to_replay, max_tokens=1 << 20)
+            if compare and a % 2 == 0:  # alternating: neither way always runs warm
+                _, one_by_one_seconds = replay_cpu(model, tok, to_replay, batch_rows=1)
+            report, seconds = replay_cpu(model, tok, to_replay, batch_rows=replay.REPLAY_BATCH_ROWS)
+            if compare and a % 2 == 1:
+                _, one_by_one_seconds = replay_cpu(model, tok, to_replay, batch_rows=1)
+            if compare:
+                one_by_one += one_by_one_seconds
             steps["replay"] += seconds
             replayed += report.groups
             replayed_tokens += report.tokens
@@ -106,6 +128,7 @@ def measure(model_name: str, *, audits: int, groups: int, generations: int, toke
         "per_group": steps["replay"] / replayed,
         "tokens_per_group": replayed_tokens / replayed,
         "file_mb": path_size_mb(tensors),
+        "per_group_one_by_one": one_by_one / replayed if compare else None,
     }
 
 
@@ -123,6 +146,9 @@ def main() -> None:
     parser.add_argument("--rounds-per-hour", type=float, default=30.0, help="Rounds a node plays per hour.")
     parser.add_argument("--rate", type=float, default=0.05)
     parser.add_argument("--boosted", type=float, default=0.1, help="Share of nodes drawn at 4x the rate.")
+    parser.add_argument(
+        "--compare-batch", action="store_true", help="also replay each job's groups one pass per group, alternating"
+    )
     parser.add_argument("--cache", default=os.environ.get("SAPO_AUDIT_MODEL_CACHE") or "var/test-cache")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -135,6 +161,7 @@ def main() -> None:
             generations=args.generations,
             tokens=args.max_new_tokens,
             cache=Path(args.cache),
+            compare=args.compare_batch,
         )
         rate = args.rate * (1 - args.boosted) + min(1.0, 4 * args.rate) * args.boosted
         audits_per_hour = 1000 * args.rounds_per_hour * rate
@@ -145,6 +172,12 @@ def main() -> None:
             f"1,000 nodes at {args.rounds_per_hour:g} rounds/h, rate {args.rate} ({args.boosted:.0%} boosted x4): "
             f"{audits_per_hour:.0f} audits/h, {audits_per_hour * m['job'] / 3600:.2f} worker cores  [load {load()}]"
         )
+        if m["per_group_one_by_one"] is not None:
+            print(
+                f"{name}: replay CPU-s per group, one pass per group {m['per_group_one_by_one']:.3f}, "
+                f"{args.groups} groups in a pass {m['per_group']:.3f} "
+                f"({m['per_group_one_by_one'] / m['per_group']:.2f}x)  [load {load()}]"
+            )
 
 
 if __name__ == "__main__":

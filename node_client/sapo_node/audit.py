@@ -2,8 +2,9 @@
 each of its tokens the one the seeded draw picks (sapo_node.generate, docs/protocol.md, "Sampling")?
 
 A teacher-forced forward pass gives the distribution every completion token was drawn from: the
-prompt once, then a group's completions together on copies of its key/value cache
-(shared_prefix.completion_hidden), as generation ran them; `cached=False` runs prompt + completion
+prompts of the groups replayed together once (their common prefix once for all), then each group's
+completions on copies of its prompt's key/value cache (shared_prefix.completion_hidden), as
+generation ran them; `cached=False` runs prompt + completion
 whole for each row instead, the reference the cached pass is measured against. Token t passes when the draw's target, u * cdf[-1] with
 u = proof.uniforms(key, n)[t], lies within the token's cdf interval [cdf[t-1], cdf[t]] widened by
 `eps` on each side, and its claimed log-probability (when given) is within `logprob_tol` of the
@@ -17,16 +18,18 @@ No Django and no I/O: the server's audit worker and a node checking itself call 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from sapo_node import proof
 from sapo_node.generate import refused_tokens, stop_ids
-from sapo_node.shared_prefix import completion_hidden
+from sapo_node.shared_prefix import completion_hidden, prompt_layout, prompt_pass, returned_cache
 
 #: Half-width of the band around a token's cdf interval that the draw may fall in and still pass:
 #: floating-point noise between machines, for weights that generated in float32 (docs/benchmarks.md,
@@ -41,6 +44,8 @@ LOGPROB_TOL = 0.25
 HALF_TOLERANCES = (0.15, 1.0)
 #: Completion positions whose logits are materialised at once: a (rows, chunk, V) float64 cdf.
 CHUNK = 64
+#: Completions run through the model in one pass (`_cached_hidden`), grouped by length.
+ROWS_PER_PASS = 8
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,27 @@ def model_digest(model: Any) -> str:
     return proof.weights_digest(tensors())
 
 
+@dataclass(frozen=True)
+class GroupInput:
+    """One group to replay: its prompt's token ids, its completions' token ids, one sampling key per
+    completion, the temperature they were drawn at, and each completion's claimed per-token
+    log-probabilities (None: none claimed)."""
+
+    prompt_ids: Sequence[int]
+    completions: Sequence[Sequence[int]]
+    keys: Sequence[bytes]
+    temperature: float
+    logprobs: Sequence[Sequence[float]] | None = None
+
+
+class ReplayInputError(ValueError):
+    """A group that cannot be a completion of this model; `index` is its place in the batch."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
 def replay(
     model: Any,
     tokenizer: Any,
@@ -112,7 +138,6 @@ def replay(
     )[0]
 
 
-@torch.inference_mode()
 def replay_groups(
     model: Any,
     tokenizer: Any,
@@ -127,28 +152,62 @@ def replay_groups(
     logprob_tol: float = LOGPROB_TOL,
     cached: bool = True,
 ) -> list[Replay]:
-    """`replay` for the completions of one prompt (a group) at once: the prompt's pass, then one over
-    the rows, right-padded (a causal model's earlier positions do not see the padding); `cached`
-    False: one pass over the rows' whole sequences (see the module docstring). ValueError when the
-    input cannot be a completion of this model (empty, an id outside the vocabulary, longer than
-    its positions, counts that do not match)."""
+    """`replay` for the completions of one prompt (a group) at once: `replay_batch` of one group."""
+    group = GroupInput(prompt_ids, completions, keys, temperature, logprobs)
+    return replay_batch(model, tokenizer, [group], refused=refused, eps=eps, logprob_tol=logprob_tol, cached=cached)[0]
+
+
+def _check(group: GroupInput, vocab: int, limit: int | None) -> None:
+    temperature = group.temperature
     if temperature < 0 or not math.isfinite(temperature):
         raise ValueError("temperature must be finite and >= 0")
-    if len(keys) != len(completions) or (logprobs is not None and len(logprobs) != len(completions)):
+    logprobs, completions = group.logprobs, group.completions
+    if len(group.keys) != len(completions) or (logprobs is not None and len(logprobs) != len(completions)):
         raise ValueError("one key (and one log-probability list) per completion")
-    vocab = model.config.vocab_size
-    limit = getattr(model.config, "max_position_embeddings", None)
-    prompt = list(prompt_ids)
-    rows = [list(c) for c in completions]
-    for i, row in enumerate(rows):
+    prompt = group.prompt_ids
+    for i, row in enumerate(completions):
         if not prompt or not row:
             raise ValueError("empty prompt or completion")
         if logprobs is not None and len(logprobs[i]) != len(row):
             raise ValueError("one log-probability per completion token")
         if limit is not None and len(prompt) + len(row) > limit:
             raise ValueError(f"prompt + completion is longer than the model's {limit} positions")
-    if any(not 0 <= t < vocab for t in prompt) or any(not 0 <= t < vocab for row in rows for t in row):
+    if any(not 0 <= t < vocab for t in prompt) or any(not 0 <= t < vocab for row in completions for t in row):
         raise ValueError("a token id outside the model's vocabulary")
+
+
+@torch.inference_mode()
+def replay_batch(
+    model: Any,
+    tokenizer: Any,
+    groups: Sequence[GroupInput],
+    *,
+    refused: torch.Tensor | None = None,
+    eps: float = EPS,
+    logprob_tol: float = LOGPROB_TOL,
+    cached: bool = True,
+) -> list[list[Replay]]:
+    """Replay several groups together, each completion's `Replay` per group: their prompts as one
+    batch whose common prefix (a chat model's system message and worked turns) runs once
+    (shared_prefix.prompt_pass), then the completions, rows of about one length a pass, on copies of
+    their own prompts' caches, right-padded (a causal model's earlier positions do not see the
+    padding); `cached` False: one pass
+    over each row's prompt + completion whole (see the module docstring). ReplayInputError when a
+    group cannot be a completion of this model (empty, an id outside the vocabulary, longer than its
+    positions, counts that do not match)."""
+    vocab = model.config.vocab_size
+    limit = getattr(model.config, "max_position_embeddings", None)
+    for j, group in enumerate(groups):
+        try:
+            _check(group, vocab, limit)
+        except ValueError as exc:
+            raise ReplayInputError(j, str(exc)) from None
+    if not groups:
+        return []
+    prompts = [list(g.prompt_ids) for g in groups]
+    rows = [list(c) for g in groups for c in g.completions]
+    owner = [j for j, g in enumerate(groups) for _ in g.completions]
+    where = [k for g in groups for k in range(len(g.completions))]  # each row's place in its group
 
     device = next(model.parameters()).device
     stops = stop_ids(model, tokenizer)
@@ -157,52 +216,76 @@ def replay_groups(
     refused = refused.to(device)
     model.eval()
     decoder = model.get_decoder()
-    hidden = (_cached_hidden if cached else _full_hidden)(decoder, prompt, rows, device)  # (n, T, H)
+    if cached:
+        hidden = _cached_hidden(decoder, prompts, rows, owner, device)
+    else:
+        hidden = [h for j, p in enumerate(prompts) for h in _full_hidden(decoder, p, rows, owner, j, device)]
     head = model.get_output_embeddings()
 
-    results = []
+    results: list[list[Replay]] = [[] for _ in groups]
     for i, row in enumerate(rows):
-        u = proof.uniforms(keys[i], len(row))
+        group, k = groups[owner[i]], where[i]
+        u = proof.uniforms(group.keys[k], len(row))
         margins: list[float] = []
         errors: list[float] = []
         for start in range(0, len(row), CHUNK):
             ids = torch.tensor(row[start : start + CHUNK], device=device)  # (C,)
-            logits = head(hidden[i, start : start + len(ids)]).float()  # (C, V)
+            logits = head(hidden[i][start : start + len(ids)]).float()  # (C, V)
             logits = logits.masked_fill(refused, -torch.inf)
             uu = torch.tensor(u[start : start + len(ids)], dtype=torch.float64, device=device)
-            m, lp = _margins(logits, ids, uu, temperature)
+            m, lp = _margins(logits, ids, uu, group.temperature)
             m = torch.where(refused[ids], -math.inf, m)  # a refused token is never drawn
             margins += m.tolist()
-            if logprobs is not None:
-                claimed = torch.tensor(logprobs[i][start : start + len(ids)], dtype=torch.float64, device=device)
+            if group.logprobs is not None:
+                claimed = torch.tensor(group.logprobs[k][start : start + len(ids)], dtype=torch.float64, device=device)
                 err = (claimed - lp.double()).abs()
                 errors += torch.where(torch.isfinite(err), err, math.inf).tolist()
-        results.append(_verdict(row, margins, errors, stops, eps, logprob_tol))
+        results[owner[i]].append(_verdict(row, margins, errors, stops, eps, logprob_tol))
     return results
 
 
-def _cached_hidden(decoder: Any, prompt: list[int], rows: list[list[int]], device: Any) -> torch.Tensor:
-    """(n, T, H) hidden states predicting each row's tokens (T the longest row): the prompt as one row
-    with a cache, copied to the n rows, then the rows' tokens."""
-    n, width = len(rows), max(map(len, rows))
-    prompt_ids = torch.tensor([prompt], device=device)  # (1, p)
-    out = decoder(input_ids=prompt_ids, use_cache=True)
-    ids = torch.zeros((n, width), dtype=torch.long, device=device)
-    mask = torch.zeros((n, width), dtype=torch.long, device=device)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    owner = torch.zeros(n, dtype=torch.long, device=device)
-    return completion_hidden(decoder, out, torch.ones_like(prompt_ids), owner, ids, mask)
+def _cached_hidden(
+    decoder: Any, prompts: list[list[int]], rows: list[list[int]], owner: list[int], device: Any
+) -> list[torch.Tensor]:
+    """Each row's (T, H) hidden states predicting its tokens: the prompts as one batch with a cache
+    (their shared prefix once), then the rows in passes of ROWS_PER_PASS, shortest first, each on
+    copies of its rows' prompts' caches. Rows of about one length share a pass: padded to the
+    longest row of the whole batch, a group of short completions paid for another group's long one
+    (SmolLM2, 4 groups of 8: twice the completion work of one group a pass)."""
+    prompt_ids, prompt_mask, shared = prompt_layout(prompts, 0, device)  # (K, P): padding is masked
+    out = prompt_pass(decoder, prompt_ids, prompt_mask, shared)
+    cache = returned_cache(out)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    passes = [order[at : at + ROWS_PER_PASS] for at in range(0, len(order), ROWS_PER_PASS)]
+    hidden: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+    for n, members in enumerate(passes):
+        # completion_hidden consumes the cache it is given: the last pass takes the original.
+        mine = cache if n == len(passes) - 1 else copy.deepcopy(cache)
+        width = len(rows[members[-1]])
+        ids = torch.zeros((len(members), width), dtype=torch.long, device=device)
+        mask = torch.zeros((len(members), width), dtype=torch.long, device=device)
+        for r, i in enumerate(members):
+            ids[r, : len(rows[i])] = torch.tensor(rows[i])
+            mask[r, : len(rows[i])] = 1
+        rows_owner = torch.tensor([owner[i] for i in members], dtype=torch.long, device=device)
+        view = SimpleNamespace(last_hidden_state=out.last_hidden_state, past_key_values=mine)
+        states = completion_hidden(decoder, view, prompt_mask, rows_owner, ids, mask)  # (n, width, H)
+        for r, i in enumerate(members):
+            hidden[i] = states[r, : len(rows[i])]
+    return hidden
 
 
-def _full_hidden(decoder: Any, prompt: list[int], rows: list[list[int]], device: Any) -> torch.Tensor:
-    """`_cached_hidden` by one pass over each row's prompt + completion, no cache."""
-    n, p = len(rows), len(prompt)
-    width = p + max(map(len, rows))
+def _full_hidden(
+    decoder: Any, prompt: list[int], rows: list[list[int]], owner: list[int], group: int, device: Any
+) -> torch.Tensor:
+    """`_cached_hidden` for the rows of one group by one pass over each row's prompt + completion,
+    no cache: (n, T, H) for the n rows whose owner is `group`."""
+    mine = [row for row, j in zip(rows, owner, strict=True) if j == group]
+    n, p = len(mine), len(prompt)
+    width = p + max(map(len, mine))
     input_ids = torch.full((n, width), 0, dtype=torch.long, device=device)
     mask = torch.zeros((n, width), dtype=torch.long, device=device)
-    for i, row in enumerate(rows):
+    for i, row in enumerate(mine):
         input_ids[i, : p + len(row)] = torch.tensor(prompt + row)
         mask[i, : p + len(row)] = 1
     hidden = decoder(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state

@@ -1,7 +1,8 @@
 """The audit's replay, as the worker runs it (docs/audits.md, "The worker"): the upload's hash, its
 tensors' commitment, the named model rebuilt from the site's own copy with the uploaded weights, and
-each sampled group's tokens replayed under them (sapo_node.audit.replay_groups, which a node can run
-on itself). Django-free apart from the rows it is handed; torch is imported here only, by the worker.
+each sampled group's tokens replayed under them (sapo_node.audit.replay_batch, which a node can run
+on itself), up to REPLAY_BATCH_ROWS completions in one pass: the groups' prompts begin with the same
+chat template, and that prefix then runs once for them all. Django-free apart from the rows it is handed; torch is imported here only, by the worker.
 
 The uploaded file is parsed by the safetensors library (a header and raw tensors: no pickle, no code),
 or reconstructed from the model's base when it is a difference (sapo_node.weightdiff), only after its
@@ -18,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from sapo_node import proof
+
+#: Completions replayed in one pass at most: the key/value cache each row carries (SmolLM2-135M:
+#: about 12 MB for a 200-token prompt and 64 tokens) bounds the worker's memory.
+REPLAY_BATCH_ROWS = 32
 
 
 class AuditFailed(Exception):
@@ -167,6 +172,29 @@ def replay_groups(
     report = ReplayReport()
     stops = stop_ids(model, tokenizer)
     refused = refused_tokens(tokenizer, model.config.vocab_size, "cpu", stops)
+    batch: list[tuple[GroupToReplay, int, audit.GroupInput]] = []
+
+    def replay_pending() -> None:
+        """Replays `batch` in one pass and raises at its first group (in order) that fails."""
+        try:
+            verdicts = audit.replay_batch(
+                model, tokenizer, [g for _, _, g in batch], refused=refused, eps=eps, logprob_tol=logprob_tol
+            )
+        except audit.ReplayInputError as exc:
+            name = batch[exc.index][0].rollout_id
+            raise AuditFailed(f"group {name}: not a completion of this model ({exc})") from None
+        for (group, size, _), results in zip(batch, verdicts, strict=True):
+            for k, result in enumerate(results):
+                if not result.passed:
+                    raise AuditFailed(
+                        f"group {group.rollout_id}, completion {k}: token {result.failed_at} is not the seeded draw "
+                        f"of the committed weights ({result.reason}, margin {result.margin:.3g})"
+                    )
+            report.tokens += size
+            report.groups += 1
+        batch.clear()
+
+    taken = 0  # tokens of the groups read so far that are within the bound
     for group in groups:
         p = group.proof
         n = len(group.completions)
@@ -179,35 +207,18 @@ def replay_groups(
         if len(rows) != n or len(claimed) != n:
             raise AuditFailed(f"group {group.rollout_id}: its proof does not have one token list per completion")
         size = sum(map(len, rows))
-        if report.tokens + size > max_tokens:
+        if taken + size > max_tokens:
             report.notes.append(f"left out group {group.rollout_id}: past SAPO_AUDIT_MAX_TOKENS")
             continue
+        taken += size
         for k, (ids, text) in enumerate(zip(rows, group.completions, strict=True)):
             if tokenizer.decode([t for t in ids if t not in stops], skip_special_tokens=True) != text:
                 raise AuditFailed(f"group {group.rollout_id}, completion {k}: its tokens do not decode to its text")
         prompt_ids = encode_prompt(tokenizer, format_prompt(tokenizer, group.question))
         keys = [proof.completion_key(challenge, group.dataset, group.seed, group.index, k) for k in range(n)]
-        try:
-            results = audit.replay_groups(
-                model,
-                tokenizer,
-                prompt_ids,
-                rows,
-                keys,
-                temperature,
-                logprobs=claimed,
-                refused=refused,
-                eps=eps,
-                logprob_tol=logprob_tol,
-            )
-        except ValueError as exc:
-            raise AuditFailed(f"group {group.rollout_id}: not a completion of this model ({exc})") from None
-        for k, result in enumerate(results):
-            if not result.passed:
-                raise AuditFailed(
-                    f"group {group.rollout_id}, completion {k}: token {result.failed_at} is not the seeded draw of "
-                    f"the committed weights ({result.reason}, margin {result.margin:.3g})"
-                )
-        report.tokens += size
-        report.groups += 1
+        if batch and sum(len(g.completions) for _, _, g in batch) + n > REPLAY_BATCH_ROWS:
+            replay_pending()
+        batch.append((group, size, audit.GroupInput(prompt_ids, rows, keys, temperature, claimed)))
+    if batch:
+        replay_pending()
     return report

@@ -13,10 +13,21 @@ from node_toys import make_policy
 from transformers import AutoModelForCausalLM
 
 from sapo_node import proof
-from sapo_node.audit import EPS, LOGPROB_TOL, model_digest, replay, replay_groups, tolerances
+from sapo_node.audit import (
+    EPS,
+    LOGPROB_TOL,
+    GroupInput,
+    ReplayInputError,
+    model_digest,
+    replay,
+    replay_batch,
+    replay_groups,
+    tolerances,
+)
 from sapo_node.generate import generate_groups, refused_tokens, stop_ids
 from sapo_node.prompts import format_prompt
 from sapo_node.sample import sample_questions
+from sapo_node.shared_prefix import MIN_SHARED_PREFIX, shared_prefix
 from sapo_node.tasks import CATALOGUES, TaskStream
 
 
@@ -125,6 +136,46 @@ def test_cached_replay_equals_each_sequence_run_whole(tiny_mini_policy, temperat
     for cached in (True, False):
         r = replay_groups(model, tok, g.prompt_ids, [forged, rows[-1]], [keys[k], keys[-1]], temperature, cached=cached)
         assert (r[0].failed_at, r[0].reason) == (t, "token") and r[0].margin < -EPS and r[1].passed
+
+
+@pytest.mark.parametrize("preamble", [False, True])
+def test_groups_replayed_in_one_pass_give_each_groups_own_verdicts(tiny_mini_policy, preamble):
+    """replay_batch (the audit worker's pass over a job's groups) gives, per completion, what replaying
+    each group alone gives, with prompts of different lengths left-padded and, behind a long common
+    preamble (a chat model's system message), that prefix run once; a forged token fails its own
+    group's completion only, and a malformed group is named by its place."""
+    model, tok = tiny_mini_policy
+    prompts = _prompts(tok, 4, seed=11)
+    if preamble:
+        prompts = ["You are a careful assistant. Think step by step, then answer in tags. " * 2 + p for p in prompts]
+    groups = _generate(model, tok, prompts, 1.0, generations=3, max_new_tokens=16)
+    lengths = {len(g.prompt_ids) for g in groups}
+    shared = shared_prefix([g.prompt_ids for g in groups])
+    assert len(lengths) > 1 and (shared >= MIN_SHARED_PREFIX) == preamble
+    inputs = [GroupInput(g.prompt_ids, g.completion_ids, g.keys, 1.0, g.logprobs) for g in groups]
+    together = replay_batch(model, tok, inputs)
+    alone = [
+        replay_groups(model, tok, g.prompt_ids, g.completion_ids, g.keys, 1.0, logprobs=g.logprobs) for g in groups
+    ]
+    assert [len(r) for r in together] == [3] * 4
+    for batch_results, own in zip(together, alone, strict=True):
+        assert all(r.passed for r in batch_results)
+        for a, b in zip(batch_results, own, strict=True):
+            assert a.tokens == b.tokens and abs(a.margin - b.margin) < 1e-4 and a.logprob_error < 1e-4
+
+    g, k = groups[2], 1
+    t = len(g.completion_ids[k]) // 2
+    forged = [list(c) for c in g.completion_ids]
+    forged[k][t] = _far_token(model, tok, g, k, t, 1.0)
+    inputs[2] = GroupInput(g.prompt_ids, forged, g.keys, 1.0)
+    verdicts = replay_batch(model, tok, inputs)
+    assert [[r.passed for r in v] for v in verdicts] == [[True] * 3, [True] * 3, [True, False, True], [True] * 3]
+    assert (verdicts[2][k].failed_at, verdicts[2][k].reason) == (t, "token")
+
+    inputs[3] = GroupInput(g.prompt_ids, [[model.config.vocab_size]], [g.keys[0]], 1.0)
+    with pytest.raises(ReplayInputError, match="outside the model's vocabulary") as raised:
+        replay_batch(model, tok, inputs)
+    assert raised.value.index == 3
 
 
 def test_a_forged_log_probability_or_an_early_stop_fails(tiny_mini_policy):
