@@ -28,6 +28,13 @@ about 3/n, the rule of three), the margins' quantiles, the largest violation and
 error, and the CPU-seconds per group. --compare replays every group both ways, the prompt's cache
 copied to the rows (the audit's path) and each row's prompt + completion whole (cached=False),
 alternating which goes first.
+
+--generate-device cuda generates on a GPU (its kernels, its dtype) and replays on the CPU as the site's
+worker does: the margin a GPU-generated completion needs. Its records name the device, and the summary
+counts them as cases of their own ("bfloat16 generated on cuda").
+
+    python3 bench/audit_replay.py --models smollm2-135m --generate-device cuda --groups 2000 \
+        --out docs/audits/smollm2-gpu.jsonl --resume
 """
 
 from __future__ import annotations
@@ -91,10 +98,12 @@ class Record:
     load: float
     host: str
     at: str
+    device: str = "cpu"  # where the groups were generated (--generate-device); the replay is on the CPU
 
     @property
     def case(self) -> tuple[str, str, str, str]:
-        return self.model, self.dtype, self.audit_dtype, self.replay
+        generated = self.dtype if self.device == "cpu" else f"{self.dtype} generated on {self.device}"
+        return self.model, generated, self.audit_dtype, self.replay
 
     @property
     def key(self) -> tuple[str, str, str, str, int, int]:
@@ -119,6 +128,7 @@ class Case:
     max_new_tokens: int
     batch: int
     groups: int
+    device: str = "cpu"
     done: set[int] = field(default_factory=set)
 
     @property
@@ -202,6 +212,7 @@ def run_batch(case: Case, numbers: list[int], seed: int, generations: int, tempe
                 load=round(os.getloadavg()[0], 2),
                 host=socket.gethostname(),
                 at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                device=case.device,
             )
 
 
@@ -304,6 +315,11 @@ def main() -> int:
     parser.add_argument(
         "--compare", action="store_true", help="replay each group cached and as a full pass too, alternating"
     )
+    parser.add_argument(
+        "--generate-device",
+        default="cpu",
+        help="generate on this device (cuda: a GPU's kernels), replay on the CPU as the site's worker does",
+    )
     parser.add_argument("--out", type=Path, help="append one JSON line per replayed group to this file")
     parser.add_argument("--resume", action="store_true", help="add to --out's groups: generate only those it lacks")
     parser.add_argument("--summary", type=Path, help="print the tallies of this file's records and exit")
@@ -315,6 +331,9 @@ def main() -> int:
     if args.out and args.out.exists() and args.out.stat().st_size and not args.resume:
         parser.error(f"{args.out} holds groups: --resume adds to them")
     held = read_records(args.out, repair=True) if args.out else []
+    device = args.generate_device
+    if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
+        parser.error(f"--generate-device {device}: no such device here")
     torch.set_num_threads(args.threads)
     print(f"{os.cpu_count()} cores, --threads {args.threads}, load {load()} at the start", flush=True)
     cases = []
@@ -329,9 +348,16 @@ def main() -> int:
             dtype = getattr(torch, dtype_name)
             generator = copy.deepcopy(model).to(dtype)
             audit_dtype = dtype if args.audit_dtype == "same" else getattr(torch, args.audit_dtype)
+            # The auditor has the generator's own weights (rounded to its dtype), as an upload carries them.
             auditor = generator if audit_dtype == dtype else copy.deepcopy(generator).to(audit_dtype)
-            case = Case(name, dtype, generator, auditor, tok, max_new_tokens, batch, args.groups or default_groups)
-            case.done = {r.group for r in held if (r.model, r.dtype, r.seed) == (name, dtype_name, args.seed)}
+            if device != "cpu":
+                auditor = auditor if auditor is not generator else copy.deepcopy(generator)
+                generator = generator.to(device)
+            groups = args.groups or default_groups
+            case = Case(name, dtype, generator, auditor, tok, max_new_tokens, batch, groups, device=device)
+            case.done = {
+                r.group for r in held if (r.model, r.dtype, r.seed, r.device) == (name, dtype_name, args.seed, device)
+            }
             cases.append(case)
     records = []
     out = args.out.open("a") if args.out else None

@@ -92,3 +92,29 @@ def test_a_run_cut_and_resumed_loses_and_repeats_no_group_and_the_summary_tallie
     summary = "\n".join(audit_replay.summary(audit_replay.read_records(pieces)))
     assert f": {n} groups," in summary and f": 1/{n} groups, false-positive rate {1 / n:.2g}" in summary
     assert f"{n} repeated groups counted once" in summary
+
+
+def test_groups_generated_on_a_gpu_are_cases_of_their_own_and_older_lines_were_generated_on_the_cpu(
+    audit_replay, tmp_path
+):
+    out = tmp_path / "honest.jsonl"
+    _bench(*TINY, "--groups", "2", "--out", str(out), cwd=tmp_path)
+    lines = _lines(out)
+    assert [r["device"] for r in lines] == ["cpu", "cpu"]
+    older = [{k: v for k, v in r.items() if k != "device"} for r in lines]  # written before the field
+    on_gpu = [dict(r, device="cuda", passed=False) for r in lines]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in [*older, *on_gpu]))
+    summary = "\n".join(audit_replay.summary(audit_replay.read_records(mixed)))
+    assert "tiny-mini float32 audited in float32 (cached): 2 groups" in summary
+    assert "tiny-mini float32 generated on cuda audited in float32 (cached): 2 groups" in summary
+    assert ": 2/2 groups" in summary and ": 0/2 groups" in summary
+    if not audit_replay.torch.cuda.is_available():
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "audit_replay.py"), *TINY, "--generate-device", "cuda"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2 and "--generate-device cuda: no such device here" in done.stderr
