@@ -4,8 +4,7 @@ each of its tokens the one the seeded draw picks (sapo_node.generate, docs/proto
 A teacher-forced forward pass gives the distribution every completion token was drawn from: the
 prompts of the groups replayed together once (their common prefix once for all), then each group's
 completions on copies of its prompt's key/value cache (shared_prefix.completion_hidden), as
-generation ran them; `cached=False` runs prompt + completion
-whole for each row instead, the reference the cached pass is measured against. Token t passes when the draw's target, u * cdf[-1] with
+generation ran them; `cached=False` runs prompt + completion whole for each row instead, the reference the cached pass is measured against. Token t passes when the draw's target, u * cdf[-1] with
 u = proof.uniforms(key, n)[t], lies within the token's cdf interval [cdf[t-1], cdf[t]] widened by
 `eps` on each side, and its claimed log-probability (when given) is within `logprob_tol` of the
 replayed one. The widening absorbs floating-point differences between the generating machine and
@@ -191,10 +190,9 @@ def replay_batch(
     batch whose common prefix (a chat model's system message and worked turns) runs once
     (shared_prefix.prompt_pass), then the completions, rows of about one length a pass, on copies of
     their own prompts' caches, right-padded (a causal model's earlier positions do not see the
-    padding); `cached` False: one pass
-    over each row's prompt + completion whole (see the module docstring). ReplayInputError when a
-    group cannot be a completion of this model (empty, an id outside the vocabulary, longer than its
-    positions, counts that do not match)."""
+    padding); `cached` False: one pass over each row's prompt + completion whole (see the module
+    docstring). ReplayInputError when a group cannot be a completion of this model (empty, an id
+    outside the vocabulary, longer than its positions, counts that do not match)."""
     vocab = model.config.vocab_size
     limit = getattr(model.config, "max_position_embeddings", None)
     for j, group in enumerate(groups):
@@ -219,7 +217,11 @@ def replay_batch(
     if cached:
         hidden = _cached_hidden(decoder, prompts, rows, owner, device)
     else:
-        hidden = [h for j, p in enumerate(prompts) for h in _full_hidden(decoder, p, rows, owner, j, device)]
+        hidden = [
+            h
+            for g, p in zip(groups, prompts, strict=True)
+            for h in _full_hidden(decoder, p, [list(c) for c in g.completions], device)
+        ]
     head = model.get_output_embeddings()
 
     results: list[list[Replay]] = [[] for _ in groups]
@@ -275,17 +277,14 @@ def _cached_hidden(
     return hidden
 
 
-def _full_hidden(
-    decoder: Any, prompt: list[int], rows: list[list[int]], owner: list[int], group: int, device: Any
-) -> torch.Tensor:
-    """`_cached_hidden` for the rows of one group by one pass over each row's prompt + completion,
-    no cache: (n, T, H) for the n rows whose owner is `group`."""
-    mine = [row for row, j in zip(rows, owner, strict=True) if j == group]
-    n, p = len(mine), len(prompt)
-    width = p + max(map(len, mine))
+def _full_hidden(decoder: Any, prompt: list[int], rows: list[list[int]], device: Any) -> torch.Tensor:
+    """`_cached_hidden` for one group's rows by one pass over each row's prompt + completion, no
+    cache: (n, T, H)."""
+    n, p = len(rows), len(prompt)
+    width = p + max(map(len, rows))
     input_ids = torch.full((n, width), 0, dtype=torch.long, device=device)
     mask = torch.zeros((n, width), dtype=torch.long, device=device)
-    for i, row in enumerate(mine):
+    for i, row in enumerate(rows):
         input_ids[i, : p + len(row)] = torch.tensor(prompt + row)
         mask[i, : p + len(row)] = 1
     hidden = decoder(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state

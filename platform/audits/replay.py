@@ -2,7 +2,8 @@
 tensors' commitment, the named model rebuilt from the site's own copy with the uploaded weights, and
 each sampled group's tokens replayed under them (sapo_node.audit.replay_batch, which a node can run
 on itself), up to REPLAY_BATCH_ROWS completions in one pass: the groups' prompts begin with the same
-chat template, and that prefix then runs once for them all. Django-free apart from the rows it is handed; torch is imported here only, by the worker.
+chat template, and that prefix then runs once for them all. Django-free apart from the rows it is
+handed; torch is imported here only, by the worker.
 
 The uploaded file is parsed by the safetensors library (a header and raw tensors: no pickle, no code),
 or reconstructed from the model's base when it is a difference (sapo_node.weightdiff), only after its
