@@ -269,3 +269,21 @@ def test_make_runs_built_in_models_anchored_to_their_initial_policy():
         assert config(model).kl_coef == 0.1
     real = config("smollm2-135m")
     assert (real.kl_coef, real.max_new_tokens, real.micro_batch) == (0.0, 64, 4)
+
+
+def test_make_run_gives_its_builds_and_nodes_the_cores_other_work_leaves_idle():
+    """A build or a node's torch threads on a core another process uses spin-wait against it (2
+    threads beside one busy core of 2: 3x slower), so make run divides the idle cores, not all of
+    them, among the processes it starts, and gives each at least one."""
+    from localswarm.management.commands.sapo_local import _threads
+
+    from sapo_node.machine import Machine
+
+    def machine(cores, load):
+        return Machine(cores=cores, load=load, free_memory=8 << 30)
+
+    assert _threads(1, machine(2, 0.1)) == "2"  # a quiet laptop: both cores to one build
+    assert _threads(1, machine(2, 1.3)) == "1"  # one core busy elsewhere
+    assert _threads(2, machine(2, 0.1)) == "1"
+    assert _threads(3, machine(8, 0.5)) == "2"  # 7 idle cores among 3 nodes
+    assert _threads(3, machine(8, 9.0)) == "1"  # none idle: still one each

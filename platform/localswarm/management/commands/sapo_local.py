@@ -31,6 +31,7 @@ from accounts.services import user_create
 from alerts.models import AlertSettings
 from nodes.models import Node
 from nodes.services import node_provision, node_retire
+from sapo_node.machine import Machine, choose_threads, read_machine
 from sapo_node.tasks import CATALOGUES
 from swarms.catalogue import entries_of_catalogue
 from swarms.models import DEFAULT_TITLE, Swarm
@@ -317,10 +318,13 @@ def model_flags(model: str) -> list[str]:
     return list(BUILT_IN_MODEL_FLAGS if model in BUILT_IN_MODELS else REAL_MODEL_FLAGS)
 
 
-def _threads(processes: int) -> str:
-    """Torch threads for each of `processes` processes sharing this machine's cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return str(max(1, cores // max(1, processes)))
+def _threads(processes: int, machine: Machine | None = None) -> str:
+    """Torch threads for each of `processes` processes sharing the cores that other work leaves idle
+    (this machine's when none is given), by the rule a node uses alone (machine.choose_threads):
+    threads on a core that another process is using spin-wait against it. Beside a study busy on one
+    of 2 cores, 40 steps of tiny-mini's build took 32 s on 2 threads and 10.5 s on 1."""
+    idle = choose_threads(machine or read_machine("cpu"), environ={})
+    return str(max(1, idle // max(1, processes)))
 
 
 def _spawn(cmd: list[str], *, prefix: str, **kwargs) -> subprocess.Popen:
