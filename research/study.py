@@ -8,7 +8,9 @@ in rounds.csv.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -245,11 +247,22 @@ def evaluate_initial(cfg: StudyConfig, initial: dict[str, tuple[Any, Any]], out:
 
 
 def evaluate_final(cfg: StudyConfig, nodes: list[SwarmNode], out: Path, *, label: str, seed: int) -> None:
-    """Every node's policy at the end of run (label, seed) on the held-out questions, to out/heldout.csv."""
-    rows = []
-    for node in nodes:
+    """Every node's policy at the end of run (label, seed) on the held-out questions, to out/heldout.csv.
+
+    On a CPU the policies are evaluated side by side, as many at once as torch's threads per operation
+    fit in the cores (a study on one thread a node uses one core while its nodes play their rounds in
+    turn). Each answer is the one a lone evaluation gives: greedy decoding, the same operations on the
+    same thread count, and a tokenizer of its own per policy. A GPU evaluates them one after another."""
+    import torch
+
+    def one(node: SwarmNode) -> list[dict[str, Any]]:
         where = {"stage": "after", "model": node.config.model, "config": label, "seed": seed, "node": node.index}
-        rows += _evaluate(cfg, node.node.model, node.node.tokenizer, **where)
+        return _evaluate(cfg, node.node.model, copy.deepcopy(node.node.tokenizer), **where)
+
+    on_cpu = all(next(node.node.model.parameters()).device.type == "cpu" for node in nodes)
+    workers = max(1, min(len(nodes), cpu_threads() // torch.get_num_threads())) if on_cpu else 1
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="heldout") as pool:
+        rows = [row for node_rows in pool.map(one, nodes) for row in node_rows]
     heldout.write_heldout(out / HELDOUT_FILE, rows, append=True)
 
 

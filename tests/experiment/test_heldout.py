@@ -66,3 +66,55 @@ def test_a_run_cut_short_loses_its_rows_and_the_initial_policy_is_kept_once():
     # Without the silo's seed, no pair.
     result = summarise([r for r in kept if r["config"] != "8/0" or r["seed"] != 1], "8/0", ["8/0", "4/4"])
     assert "4/4" not in result["paired"]
+
+
+def test_a_runs_policies_evaluated_side_by_side_answer_as_each_alone(
+    tmp_path, tiny_policy, tiny_mini_policy, monkeypatch
+):
+    """At a run's end its nodes' policies are evaluated at once, one a core; the rows are the ones each
+    policy's evaluation gives alone (greedy, the same operations), so the endpoint does not depend on it.
+    Two models with two tokenizers: each evaluation keeps a tokenizer of its own."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from research import study
+    from research.presets import preset
+
+    cfg = preset("cpu-swarm", heldout=6, max_new_tokens=16)
+    nodes = [
+        SimpleNamespace(index=k, config=SimpleNamespace(model=name), node=SimpleNamespace(model=m, tokenizer=t))
+        for k, (name, (m, t)) in enumerate((("tiny", tiny_policy), ("tiny-mini", tiny_mini_policy)), start=1)
+    ]
+    alone = []
+    for node in nodes:
+        where = {"stage": "after", "model": node.config.model, "config": "4/4", "seed": 3, "node": node.index}
+        alone += study._evaluate(cfg, node.node.model, node.node.tokenizer, **where)
+
+    threads, evaluate = set(), study._evaluate
+
+    def recorded(*args, **kwargs):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(study, "_evaluate", recorded)
+    monkeypatch.setattr(study, "cpu_threads", lambda: 2)  # two cores, whatever this machine has
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        study.evaluate_final(cfg, nodes, tmp_path, label="4/4", seed=3)
+    finally:
+        torch.set_num_threads(before)
+    assert len(threads) == 2 and all(name.startswith("heldout") for name in threads)  # side by side
+
+    def answers(rows):
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+    together = read_heldout(tmp_path / "heldout.csv")
+    assert answers(together) == answers(alone)
+    assert {row["model"] for row in together} == {"tiny", "tiny-mini"} and len(together) == 2 * len(
+        cfg.task_catalogue().tasks
+    )
+    assert any(row["accuracy"] > 0 for row in together)  # scored answers, not empty ones
