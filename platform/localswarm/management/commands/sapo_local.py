@@ -321,8 +321,7 @@ def model_flags(model: str) -> list[str]:
 def _threads(processes: int, machine: Machine | None = None) -> str:
     """Torch threads for each of `processes` processes sharing the cores that other work leaves idle
     (this machine's when none is given), by the rule a node uses alone (machine.choose_threads):
-    threads on a core that another process is using spin-wait against it. Beside a study busy on one
-    of 2 cores, 40 steps of tiny-mini's build took 32 s on 2 threads and 10.5 s on 1."""
+    threads on a core that another process is using spin-wait against it."""
     idle = choose_threads(machine or read_machine("cpu"), environ={})
     return str(max(1, idle // max(1, processes)))
 
