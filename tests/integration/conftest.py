@@ -9,6 +9,7 @@ loopback.
   runs on the same Redis reuse). `swarm_servers(port=...)` starts one of its own (to kill and restart).
 - `tiny_policy`, `tiny_mini_policy` (session, tests/conftest.py): the built-in models; shared, so a
   node trains a deep copy.
+- the nodes' SAPO_CACHE is the run's model cache (tiny_cache_dir), as for the fixtures' models.
 - `transports(url, token, path, **kw)`: WebSocketTransports with fast test backoff, closed at teardown.
 - `proxies(port)`: CutProxy instances (cut_proxy.py) in front of a server, stopped at teardown.
 """
@@ -30,6 +31,15 @@ SWARM_SETTINGS = {
 }
 #: Reconnect fast: the tests cut connections on purpose.
 FAST = {"backoff_min": 0.05, "backoff_max": 0.3, "poll_interval": 0.1, "open_timeout": 5.0}
+
+
+@pytest.fixture(autouse=True)
+def _node_cache(monkeypatch, tiny_cache_dir: Path) -> None:
+    """The nodes' model cache (SAPO_CACHE) is the test run's, where the built-in models are built once.
+    A node's first weights are always audited, and its upload is their difference from the base model
+    it loads from that cache: with the home directory's empty cache it would build the base first
+    (a warm start of a minute or more of CPU), while the test waits on its flush."""
+    monkeypatch.setenv("SAPO_CACHE", str(tiny_cache_dir))
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ difference whose weights would pass the size bound is refused before it is queue
 from __future__ import annotations
 
 import copy
+import io
 import json
 import struct
 import time
@@ -68,6 +69,20 @@ def node_diff(tmp_path: Path, model, audit: Audit, cache: Path) -> bytes:
     return path.read_bytes()
 
 
+def inside_the_largest_stream(data: bytes) -> int:
+    """The offset of a byte a quarter into the file's largest zlib stream: in its low byte plane, whose
+    bytes are noise stored as literals, so a flipped bit changes the weights. (Near a stream's end lie
+    the high planes' runs of zeros, where a flipped bit may turn one copy of zeros into another, and
+    the file reconstructs the same weights.)"""
+    header = weightdiff.read_header(io.BytesIO(data), file_size=len(data))
+    offset, largest = header.data_offset, max(header.tensors, key=lambda t: t.stored)
+    for entry in header.tensors:
+        if entry is largest:
+            return offset + entry.stored // 4
+        offset += entry.stored
+    raise AssertionError("unreachable")
+
+
 def audited(node, model, tokenizer) -> tuple[Audit, list[Rollout], str]:
     digest = tensors_digest(model_tensors(model))
     groups = honest_groups(model, tokenizer, node, digest)
@@ -118,7 +133,7 @@ def test_a_corrupted_difference_fails_the_audit(
     model, tokenizer = updated
     audit, groups, _ = audited(node, model, tokenizer)
     data = bytearray(node_diff(tmp_path, model, audit, tiny_cache_dir))
-    data[-200] ^= 0x10  # one bit of the last tensor's stream; the upload's sha256 is of these bytes
+    data[inside_the_largest_stream(bytes(data))] ^= 0x10  # the upload's sha256 is of these bytes
     upload(client, node_token, audit, bytes(data))
     jobs.audit_run(audit.id)
     audit.refresh_from_db()
