@@ -144,7 +144,15 @@ def test_warm_started_completions_use_the_answer_tags(tiny_policy):
     assert len(tagged) >= 0.9 * len(completions), completions
 
 
-def test_command_line_prints_an_accuracy_table(tmp_path, capsys):
+@pytest.fixture
+def keep_threads():
+    """The command sets torch's threads for the process; the tests after it get theirs back."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_command_line_prints_an_accuracy_table(tmp_path, capsys, keep_threads):
     main(["--variant", "tiny-mini", "--steps", "2", "--cache-dir", str(tmp_path), "--eval", "-n", "2"])
 
     out = capsys.readouterr().out
@@ -153,6 +161,15 @@ def test_command_line_prints_an_accuracy_table(tmp_path, capsys):
         assert spec.dataset in out
     info = json.loads((tiny_path("tiny-mini", tmp_path, steps=2) / BUILD_INFO).read_text())
     assert info["recipe"]["variant"]["steps"] == 2
+
+
+def test_command_line_builds_on_the_threads_it_is_given(tmp_path, capsys, keep_threads):
+    main(["--variant", "tiny-mini", "--steps", "2", "--cache-dir", str(tmp_path), "--threads", "1"])
+    assert "on 1 threads)" in capsys.readouterr().out
+    assert json.loads((tiny_path("tiny-mini", tmp_path, steps=2) / BUILD_INFO).read_text())["torch_threads"] == 1
+    with pytest.raises(SystemExit):
+        main(["--variant", "tiny-mini", "--steps", "2", "--cache-dir", str(tmp_path), "--threads", "0"])
+    assert "--threads must be at least 1" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- warm-start recipes

@@ -26,13 +26,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval", action="store_true", help="print per-dataset accuracy on held-out questions")
     parser.add_argument("-n", type=int, default=64, help="questions per dataset for --eval")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --eval")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: OMP_NUM_THREADS, else the cores no other process is using, as the node)",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
 
+    import torch
+
+    from sapo_node.machine import choose_threads, read_machine
+
+    # As the node (sapo_node.machine.choose_threads): on a machine already at work, a thread on every core
+    # spin-waits against that work, and a warm start runs several times slower than on the idle cores.
+    torch.set_num_threads(args.threads or choose_threads(read_machine("cpu")))
     started = time.perf_counter()
     model, tokenizer = load_tiny(args.variant, args.cache_dir, args.seed, args.steps)
     path = tiny_path(args.variant, args.cache_dir, args.seed, args.steps)
     info = build_info(path) or {}
-    print(f"{args.variant}: {path} (loaded in {time.perf_counter() - started:.1f} s)")
+    print(
+        f"{args.variant}: {path} (loaded in {time.perf_counter() - started:.1f} s on {torch.get_num_threads()} threads)"
+    )
     print(
         f"  params {info.get('params')}, vocab {info.get('vocab_size')}, tokenizer {info.get('tokenizer_seconds')} s, "
         f"warm start {info.get('warm_start_seconds')} s on {info.get('torch_threads')} threads, "
