@@ -75,12 +75,10 @@ def inside_the_largest_stream(data: bytes) -> int:
     the high planes' runs of zeros, where a flipped bit may turn one copy of zeros into another, and
     the file reconstructs the same weights.)"""
     header = weightdiff.read_header(io.BytesIO(data), file_size=len(data))
-    offset, largest = header.data_offset, max(header.tensors, key=lambda t: t.stored)
-    for entry in header.tensors:
-        if entry is largest:
-            return offset + entry.stored // 4
-        offset += entry.stored
-    raise AssertionError("unreachable")
+    tensors = header.tensors
+    i = max(range(len(tensors)), key=lambda k: tensors[k].stored)
+    before = sum(t.stored for t in tensors[:i])  # the streams lie in the header's order
+    return header.data_offset + before + tensors[i].stored // 4
 
 
 def audited(node, model, tokenizer) -> tuple[Audit, list[Rollout], str]:
