@@ -11,7 +11,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import ctypes
 import dataclasses
+import gc
 import importlib.util
 import json
 import math
@@ -65,7 +67,19 @@ def node_name(node: int) -> str:
 
 
 def cpu_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from sapo_node.machine import usable_cores
+
+    return usable_cores()
+
+
+def free_memory() -> None:
+    """Give back a finished run's memory before the next run starts. A node's objects refer to one another
+    (its proof-maker holds the node), so its model and optimizer, gigabytes for a real model, would
+    otherwise wait for the cyclic collector well into the next run: a SmolLM2 study held 15 GB in its
+    second run against 10 GB in its first. glibc keeps freed heap pages unless asked to return them."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def out_dir(cfg: StudyConfig) -> Path:
@@ -336,6 +350,7 @@ def run_plan(
                     on_round=keep,
                     stop=stop,
                 )
+                free_memory()
                 if len(rows) == cfg.nodes * cfg.rounds:
                     timings.append({"config": label, "seed": seed, "seconds": round(time.time() - run_started, 2)})
                     runs_bar.update(1)

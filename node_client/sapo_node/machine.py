@@ -309,14 +309,19 @@ def too_small_message(model: str, machine: Machine, budget: int) -> str:
 def read_machine(device: str = "auto") -> Machine:
     """This machine's facts. torch is imported only to confirm a CUDA or MPS device that the
     system shows signs of, or that the user named."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    cores = min(cores, _cgroup_cores() or cores)
+    cores = usable_cores()
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):
         load = 0.0
     device, device_memory = _device(device)
     return Machine(cores, load, _free_memory(), device, device_memory)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, bounded by a container's CPU quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, _cgroup_cores() or cores)
 
 
 def _device(device: str) -> tuple[str, int | None]:
@@ -365,10 +370,10 @@ def _cgroup_room() -> int | None:
         return None
 
 
-def _cgroup_cores() -> int | None:
+def _cgroup_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
     """A container's CPU quota (cgroup v2 cpu.max, e.g. `200000 100000` for 2 cores), rounded up."""
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        quota, period = cpu_max.read_text().split()[:2]
         return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
         return None

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from sapo_node import machine as machine_module
 from sapo_node.config import NodeConfig
 from sapo_node.machine import (
     GIB,
@@ -20,6 +21,7 @@ from sapo_node.machine import (
     model_shape,
     peak_bytes,
     read_machine,
+    usable_cores,
 )
 
 #: A 2-core laptop in use by other work, with 6 GiB to spare.
@@ -94,6 +96,26 @@ def test_the_one_line_names_every_choice_and_the_machine_behind_it(monkeypatch):
     assert "\n" not in line and line.startswith("config: model tiny-mini on cpu, threads 1 (2 cores, load 3.1)")
     assert "B 8, G 8, 48 new tokens, micro-batch 16" in line and "free 6.0 GiB" in line
     assert "override with --threads/--questions/--generations/--max-new-tokens/--micro-batch" in line
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cores"),
+    [("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)],
+)
+def test_a_containers_cpu_quota_is_read_in_whole_cores_rounded_up(tmp_path, cpu_max, cores):
+    path = tmp_path / "cpu.max"
+    path.write_text(cpu_max)
+    assert machine_module._cgroup_cores(path) == cores
+
+
+def test_the_cores_a_process_may_use_are_its_affinity_bounded_by_its_quota(monkeypatch):
+    import os
+
+    affinity = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(machine_module, "_cgroup_cores", lambda: None)
+    assert usable_cores() == affinity == read_machine("cpu").cores
+    monkeypatch.setattr(machine_module, "_cgroup_cores", lambda: 1)
+    assert usable_cores() == 1 == read_machine("cpu").cores
 
 
 def test_an_unknown_model_is_sized_from_its_config_on_disk(tmp_path):
