@@ -35,6 +35,7 @@ from research.heldout import HELDOUT_FILE
 from research.presets import StudyConfig, node_options
 from research.server import DEFAULT_ROOT, Platform, PlatformError
 from sapo_node import __version__
+from sapo_node.machine import usable_cores
 from sapo_node.progress import progress_bar
 from sapo_node.tasks import CATALOGUES
 
@@ -67,16 +68,14 @@ def node_name(node: int) -> str:
 
 
 def cpu_threads() -> int:
-    from sapo_node.machine import usable_cores
-
     return usable_cores()
 
 
 def free_memory() -> None:
     """Give back a finished run's memory before the next run starts. A node's objects refer to one another
     (its proof-maker holds the node), so its model and optimizer, gigabytes for a real model, would
-    otherwise wait for the cyclic collector well into the next run: a SmolLM2 study held 15 GB in its
-    second run against 10 GB in its first. glibc keeps freed heap pages unless asked to return them."""
+    otherwise wait for the cyclic collector well into the next run, beside the next run's own nodes.
+    glibc keeps freed heap pages unless asked to return them."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)

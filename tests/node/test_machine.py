@@ -5,6 +5,7 @@ laptop and a GPU server are described, not needed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -109,8 +110,6 @@ def test_a_containers_cpu_quota_is_read_in_whole_cores_rounded_up(tmp_path, cpu_
 
 
 def test_the_cores_a_process_may_use_are_its_affinity_bounded_by_its_quota(monkeypatch):
-    import os
-
     affinity = len(os.sched_getaffinity(0))
     monkeypatch.setattr(machine_module, "_cgroup_cores", lambda: None)
     assert usable_cores() == affinity == read_machine("cpu").cores
