@@ -4,6 +4,7 @@
     .venv/bin/python -m research --preset cpu-tiny               # the study on 2 CPU cores, < 1 hour
     .venv/bin/python -m research --preset gpu-qwen               # the paper's settings, on a GPU
     .venv/bin/python -m research --analyze results/cpu-tiny      # redo the table and plots from rounds.csv
+    .venv/bin/python -m research --merge results/b --out results/a   # runs played elsewhere, into one study
 
 Run from the repository root: the harness starts the platform from this checkout, so it lives beside
 platform/ and bench/, not in the node client's package, and imports only sapo_node's public pieces
@@ -79,6 +80,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "written to --out (default: the first DIR)",
     )
     parser.add_argument(
+        "--merge",
+        metavar="DIR[,DIR...]",
+        help="only copy the complete runs of the studies in DIR (run elsewhere with other --seeds or --configs) "
+        "into the study in --out; nothing is run or analysed",
+    )
+    parser.add_argument(
         "--publish",
         metavar="DIR",
         help="then copy table.md/.csv, the PNGs and summary.json to DIR (e.g. docs/experiment)",
@@ -139,6 +146,8 @@ PUBLISHED = (
 
 
 def experiment_command(args: argparse.Namespace) -> int:
+    if args.merge:
+        return merge_command(args)
     if args.analyze:
         from research import heldout
         from research.analysis import analyse_study, read_rounds, write_rounds
@@ -170,6 +179,7 @@ def experiment_command(args: argparse.Namespace) -> int:
             meta = {"analysed_from": [str(f) for f in folders], **meta}
         summary = analyse_study(cfg, rows, out, meta=meta, heldout=held)
     else:
+        from research.lock import StudyBusy
         from research.study import out_dir, run_study
 
         try:
@@ -197,7 +207,7 @@ def experiment_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 130
-        except FileExistsError as exc:
+        except (FileExistsError, StudyBusy) as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
         out = out_dir(cfg)
@@ -213,6 +223,31 @@ def experiment_command(args: argparse.Namespace) -> int:
         for name in PUBLISHED:
             shutil.copy2(out / name, target / name)
         print(f"published {', '.join(PUBLISHED)} to {target}/")
+    return 0
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    from research.lock import StudyBusy
+    from research.merge import MergeError, merge_studies
+
+    if not getattr(args, "out", ""):
+        print(f"{PROG}: error: --merge needs --out, the study to merge into", file=sys.stderr)
+        return 2
+    target = Path(args.out)
+    sources = [Path(f) for f in args.merge.split(",") if f]
+    try:
+        merged = merge_studies(target, sources)
+    except (MergeError, StudyBusy) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    names = ", ".join(f"{config} seed {seed}" for config, seed in merged.runs) or "none (no complete run to take)"
+    print(f"merged into {target}: {names}")
+    missing = [f"{config} seed {seed}" for config, seed in merged.planned if (config, seed) not in merged.complete]
+    print(
+        f"{target} holds {len(merged.complete)} complete runs"
+        + (f"; not yet run of its study.json's plan: {', '.join(missing)}" if missing else "")
+        + f"; `{PROG} --analyze {target}` redoes its analysis"
+    )
     return 0
 
 

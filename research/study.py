@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from research import heldout
 from research.analysis import analyse_study, read_rounds, write_rounds
 from research.heldout import HELDOUT_FILE
+from research.lock import study_lock
 from research.presets import StudyConfig, node_options
 from research.server import DEFAULT_ROOT, Platform, PlatformError
 from sapo_node import __version__
@@ -138,8 +139,14 @@ def run_study(
 
     Every finished round is appended to rounds.csv at once, so a study cut anywhere keeps it. A run cut
     short (Ctrl-C, the time limit, a crash) is run again from its first round by `resume`: its pool is
-    gone with its server. `analysis` False (a part of a parallel study) writes rounds.csv only."""
+    gone with its server. `analysis` False (a part of a parallel study) writes rounds.csv only. Raises
+    StudyBusy if another process is writing to the same folder."""
     cfg.validate()
+    with study_lock(out_dir(cfg)):
+        return _run_study(cfg, resume=resume, progress=progress, analysis=analysis)
+
+
+def _run_study(cfg: StudyConfig, *, resume: bool, progress: bool, analysis: bool) -> dict[str, Any]:
     out = out_dir(cfg)
     if cfg.pilot_seeds:
         choice = run_pilot(cfg, resume=resume, progress=progress)
