@@ -175,6 +175,10 @@ def experiment_command(args: argparse.Namespace) -> int:
             if held:
                 heldout.write_heldout(out / heldout.HELDOUT_FILE, held)
         meta = _saved_meta(folder)
+        if (folder / "study.json").exists():
+            # The summary a study process left names that process's settings: a study resumed with other
+            # --seeds, or with runs merged in from another folder, is the one its study.json plans.
+            meta = {**meta, "study": cfg.to_json()}
         if out != folder:
             meta = {"analysed_from": [str(f) for f in folders], **meta}
         summary = analyse_study(cfg, rows, out, meta=meta, heldout=held)

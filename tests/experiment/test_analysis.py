@@ -23,7 +23,7 @@ from research.analysis import (
     summary_table,
     write_rounds,
 )
-from research.presets import parse_config
+from research.presets import parse_config, preset
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -190,6 +190,18 @@ def test_the_command_redoes_the_analysis_of_a_folder(tmp_path, capsys):
     assert "| 4/4 |" in capsys.readouterr().out
     assert (publish / "rewards.png").read_bytes().startswith(PNG_SIGNATURE)
     assert json.loads((publish / "summary.json").read_text())["moving_average_window"] == 3
+
+
+def test_the_analysis_names_the_study_its_folder_plans_not_the_last_process_that_ran_there(tmp_path):
+    write_rounds(tmp_path / "rounds.csv", _separated_study(0.3))
+    preset("cpu-tiny", seeds=[1, 2], out=str(tmp_path)).save(tmp_path / "study.json")
+    # The summary of a process that ran seed 2 only, as a resumed `--seeds 2` leaves it.
+    (tmp_path / "summary.json").write_text(json.dumps({"meta": {"study": {"seeds": [2]}, "seconds": 60.0}}))
+
+    assert experiment_main(["--analyze", str(tmp_path)]) == 0
+
+    meta = json.loads((tmp_path / "summary.json").read_text())["meta"]
+    assert meta["study"]["seeds"] == [1, 2] and meta["study"]["preset"] == "cpu-tiny" and meta["seconds"] == 60.0
 
 
 def test_the_command_analyses_studies_together_and_a_subset_of_seeds_into_another_folder(tmp_path, capsys):
