@@ -78,10 +78,11 @@ def merge_studies(target: Path, sources: Sequence[Path]) -> Merged:
         raise MergeError("no folder to merge from")
     if any(s.resolve() == target.resolve() for s in sources):
         raise MergeError(f"{target} is the folder merged into: it cannot also be a source")
+    for folder in sources:
+        if not (folder / "rounds.csv").exists():
+            raise MergeError(f"{folder} holds no study (no rounds.csv)")
     with contextlib.ExitStack() as locks:
         for folder in (target, *sources):
-            if folder != target and not (folder / "rounds.csv").exists():
-                raise MergeError(f"{folder} holds no study (no rounds.csv)")
             locks.enter_context(study_lock(folder))
         cfg = _study_config(target if (target / "study.json").exists() else sources[0])
         rows = _read_rounds(target)

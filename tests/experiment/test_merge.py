@@ -176,6 +176,9 @@ def test_bad_folders_get_a_typed_error(tmp_path, capsys):
     target = study(tmp_path / "a", {("8/0", 1): FULL})
     with pytest.raises(MergeError, match="holds no study"):
         merge_studies(target, [tmp_path / "nothing"])
+    with pytest.raises(MergeError, match="holds no study"):
+        merge_studies(tmp_path / "new", [tmp_path / "nothing"])
+    assert not (tmp_path / "new").exists() and not (tmp_path / "nothing").exists()
     with pytest.raises(MergeError, match="cannot also be a source"):
         merge_studies(target, [target])
     assert experiment_main(["--merge", str(target)]) == 2
