@@ -337,11 +337,13 @@ def states(node: Node, ids: list[str] | None = None) -> set[tuple[str, str]]:
     return set(rows.values_list("audit_state", "audit_reason"))
 
 
-def assert_caught(node: Node, audit: Audit, ids: list[str]) -> None:
+def assert_caught(node: Node, audit: Audit, ids: list[str], *, rewarded: bool = True) -> None:
     """What a failed audit leaves: its groups failed and out of sampling, the node held, its
-    contributor's page listing the audit, no credit."""
-    worth = Rollout.objects.filter(id__in=ids).values_list("verified_rewards", flat=True)
-    assert sum(map(sum, worth)) > 0  # credited on acceptance, they would show in the figures
+    contributor's page listing the audit, no credit. `rewarded`: the groups scored a reward when
+    accepted (credited on acceptance, they would show in the figures)."""
+    if rewarded:
+        worth = Rollout.objects.filter(id__in=ids).values_list("verified_rewards", flat=True)
+        assert sum(map(sum, worth)) > 0
     assert states(node, ids) == {("failed", "audit_failed")}
     assert not Rollout.objects.filter(id__in=ids, sampleable=True).exists()
     hold = NodeHold.objects.get(node=node, released_at=None)
@@ -458,7 +460,9 @@ def test_a_node_resharing_an_honest_nodes_groups_fails(site, transports, tiny_mi
         script.upload(asked, tmp_path / "tiny-mini.safetensors")
     audit = decided(the_audit(copier), site=site)
     assert audit.state == AuditState.FAILED and "is not the seeded draw" in audit.reason, audit.reason
-    assert_caught(copier, audit, [g["id"] for g in copied])
+    # The copied completions answer other questions than the copier's, so whether any scores a reward
+    # under its questions is chance (a sample of two groups scored 0 in a CI run); the catch is not.
+    assert_caught(copier, audit, [g["id"] for g in copied], rewarded=False)
 
     honest_audit = decided(the_audit(honest), site=site)
     assert honest_audit.state == AuditState.PASSED
