@@ -122,16 +122,12 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
 
 def saved_study_config(folder: Path, args: argparse.Namespace) -> StudyConfig:
     """The config saved beside a study's rounds.csv (study.json), with the flags given now on top."""
-    import json
-
     saved = folder / "study.json"
     if not saved.exists():
         return study_config(args)
-    values = json.loads(saved.read_text())
     names = {f.name for f in dataclasses.fields(StudyConfig)}
-    values = {k: v for k, v in values.items() if k in names}
-    values.update({k: getattr(args, k) for k in names if hasattr(args, k) and k != "preset"})
-    return StudyConfig(**values)
+    given = {k: getattr(args, k) for k in names if hasattr(args, k) and k != "preset"}
+    return dataclasses.replace(StudyConfig.load(saved), **given)
 
 
 PUBLISHED = (

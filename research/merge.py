@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 from collections.abc import Iterable, Sequence
@@ -29,6 +28,7 @@ from research.analysis import read_rounds, write_rounds
 from research.heldout import HELDOUT_FILE
 from research.lock import study_lock
 from research.presets import StudyConfig
+from research.study import complete_runs, run_folder
 
 #: StudyConfig fields that say where and how a study ran, or how it is analysed, not what a run is:
 #: folders that differ in them still hold runs of one experiment. Every other field must be equal.
@@ -121,21 +121,14 @@ def merge_studies(target: Path, sources: Sequence[Path]) -> Merged:
         )
 
 
-def run_folder(config: str, seed: int) -> str:
-    """A run's folder under runs/, as research.study names it: "4/4+gate", seed 2 -> "4-4+gate-s2"."""
-    return f"{config.replace('/', '-')}-s{seed}"
-
-
 def _study_config(folder: Path) -> StudyConfig:
     path = folder / "study.json"
     try:
-        values = json.loads(path.read_text())
+        return StudyConfig.load(path)
     except OSError:
         raise MergeError(f"{folder} has no study.json: not a study folder") from None
     except ValueError as exc:
         raise MergeError(f"{path} is not JSON: {exc}") from None
-    names = {f.name for f in dataclasses.fields(StudyConfig)}
-    return StudyConfig(**{k: v for k, v in values.items() if k in names})
 
 
 def _check_same_experiment(cfg: StudyConfig, other: StudyConfig, source: Path) -> None:
@@ -153,8 +146,6 @@ def _read_rounds(folder: Path) -> list[dict[str, Any]]:
 def _complete(cfg: StudyConfig, rows: Sequence[dict[str, Any]], held: Sequence[dict[str, Any]]) -> set[tuple[str, int]]:
     """Runs with all their rounds and, where the study evaluates held-out questions, all their `after` rows
     (every node on every dataset the initial policy was evaluated on)."""
-    from research.study import complete_runs
-
     runs = complete_runs(list(rows), cfg)
     if not cfg.heldout:
         return runs

@@ -199,6 +199,13 @@ class StudyConfig:
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
+    @classmethod
+    def load(cls, path: Path) -> StudyConfig:
+        """A study.json as `save` wrote it; fields it has that this version does not know are left out."""
+        values = json.loads(Path(path).read_text())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
 
 def config_base(label: str) -> str:
     """A configuration label without its option suffixes: "4/4+tis+gate" -> "4/4"."""

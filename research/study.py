@@ -64,6 +64,11 @@ def node_seed(seed: int, node: int) -> int:
     return seed * NODE_SEED_STRIDE + node
 
 
+def run_folder(config: str, seed: int) -> str:
+    """A run's folder under OUT/runs/: "4/4+gate", seed 2 -> "4-4+gate-s2"."""
+    return f"{config.replace('/', '-')}-s{seed}"
+
+
 def node_name(node: int) -> str:
     return f"node-{node}"
 
@@ -562,7 +567,7 @@ def run_swarm(
 ) -> list[dict[str, Any]]:
     """One run: a fresh pool, N nodes from their initial weights (`initial`: by model), R rounds round-robin.
     Returns one row per node per round (analysis.ROUND_FIELDS); fewer when `stop()` turned true after a round."""
-    run_label = f"{label.replace('/', '-')}-s{seed}"
+    run_label = run_folder(label, seed)
     run_dir = out / "runs" / run_label
     if run_dir.exists():  # a run cut short: its outboxes hold groups of a pool that no longer exists
         shutil.rmtree(run_dir)
